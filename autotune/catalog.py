@@ -1,0 +1,129 @@
+"""Built-in GPU catalog, model presets and cluster presets.
+
+Each GPU number is the vendor datasheet value: ``peak_tflops`` is dense (no sparsity) 16-bit tensor
+throughput, ``memory_GiB`` the datasheet capacity converted from GB (1e9 bytes) to GiB, and
+``memory_bandwidth_GBps`` the datasheet memory bandwidth. The ``source`` field names the sheet.
+"""
+
+from __future__ import annotations
+
+from autotune.specs import DeviceSpec
+
+_GB_TO_GiB = 1e9 / 2**30
+
+
+def _gb(gigabytes: float) -> float:
+    return round(gigabytes * _GB_TO_GiB, 2)
+
+
+GPU_CATALOG: dict[str, DeviceSpec] = {
+    d.name: d
+    for d in (
+        # NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity -> 989 dense; 141 GB HBM3e; 4.8 TB/s
+        DeviceSpec("H200", peak_tflops=989.0, memory_GiB=_gb(141), memory_bandwidth_GBps=4800.0,
+                   source="NVIDIA H200 datasheet (SXM), dense BF16"),
+        # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with sparsity -> 989 dense; 80 GB HBM3; 3.35 TB/s
+        DeviceSpec("H100-80GB", peak_tflops=989.0, memory_GiB=_gb(80), memory_bandwidth_GBps=3350.0,
+                   source="NVIDIA H100 datasheet (SXM5), dense BF16"),
+        # NVIDIA A100 datasheet (SXM4 80GB): BF16 312 TFLOPS dense; 80 GB HBM2e; 2,039 GB/s
+        DeviceSpec("A100-80GB", peak_tflops=312.0, memory_GiB=_gb(80), memory_bandwidth_GBps=2039.0,
+                   source="NVIDIA A100 datasheet (SXM4 80GB), dense BF16"),
+        # NVIDIA A100 datasheet (SXM4 40GB): BF16 312 TFLOPS dense; 40 GB HBM2; 1,555 GB/s
+        DeviceSpec("A100-40GB", peak_tflops=312.0, memory_GiB=_gb(40), memory_bandwidth_GBps=1555.0,
+                   source="NVIDIA A100 datasheet (SXM4 40GB), dense BF16"),
+        # NVIDIA V100 datasheet (SXM2 32GB): 125 TFLOPS tensor (FP16); 32 GB HBM2; 900 GB/s
+        DeviceSpec("V100-32GB", peak_tflops=125.0, memory_GiB=_gb(32), memory_bandwidth_GBps=900.0,
+                   source="NVIDIA V100 datasheet (SXM2), FP16 tensor"),
+        # NVIDIA A10G (AWS EC2 G5 documentation): ~70 TFLOPS FP16 tensor dense; 24 GB GDDR6; 600 GB/s
+        DeviceSpec("A10G", peak_tflops=70.0, memory_GiB=_gb(24), memory_bandwidth_GBps=600.0,
+                   source="AWS EC2 G5 / NVIDIA A10G, FP16 tensor dense"),
+        # NVIDIA L4 datasheet: BF16 242 TFLOPS with sparsity -> 121 dense; 24 GB GDDR6; 300 GB/s
+        DeviceSpec("L4", peak_tflops=121.0, memory_GiB=_gb(24), memory_bandwidth_GBps=300.0,
+                   source="NVIDIA L4 datasheet, dense BF16"),
+        # NVIDIA T4 datasheet: 65 TFLOPS mixed precision (FP16/FP32); 16 GB GDDR6; 320 GB/s
+        DeviceSpec("T4", peak_tflops=65.0, memory_GiB=_gb(16), memory_bandwidth_GBps=320.0,
+                   source="NVIDIA T4 datasheet, FP16 mixed precision"),
+        # NVIDIA Ada GPU architecture whitepaper (RTX 4090): FP16 tensor, FP32 accumulate 165.2 dense; 24 GB GDDR6X; 1,008 GB/s
+        DeviceSpec("RTX-4090", peak_tflops=165.2, memory_GiB=_gb(24), memory_bandwidth_GBps=1008.0,
+                   source="NVIDIA Ada whitepaper (RTX 4090), FP16 tensor FP32-accumulate dense"),
+        # NVIDIA Ampere GA102 whitepaper (RTX 3090): FP16 tensor 71 TFLOPS dense (FP16 accumulate); 24 GB GDDR6X; 936 GB/s
+        DeviceSpec("RTX-3090", peak_tflops=71.0, memory_GiB=_gb(24), memory_bandwidth_GBps=936.0,
+                   source="NVIDIA GA102 whitepaper (RTX 3090), FP16 tensor dense"),
+        # NVIDIA RTX A6000 datasheet: 309.7 TFLOPS tensor with sparsity -> 154.8 dense; 48 GB GDDR6; 768 GB/s
+        DeviceSpec("A6000", peak_tflops=154.8, memory_GiB=_gb(48), memory_bandwidth_GBps=768.0,
+                   source="NVIDIA RTX A6000 datasheet, dense FP16 tensor"),
+        # One core of this kind of host, used by the CPU runner: AVX2 2 FMA units x 8 fp32 lanes x 2 flop x ~3 GHz
+        # = ~0.096 TFLOPS fp32 nominal; memory is what a rank may use here. Calibrate with `autotune profile`.
+        DeviceSpec("cpu", peak_tflops=0.096, memory_GiB=8.0, memory_bandwidth_GBps=20.0,
+                   source="nominal one x86-64 AVX2 core (fp32); replace with `autotune profile`"),
+    )
+}
+
+# Model presets. Shapes from the papers / model cards named beside each.
+MODEL_PRESETS: dict[str, dict] = {
+    # Small enough to train on a CPU in seconds (tests, runner equivalence).
+    "tiny": dict(num_layers=4, hidden_size=64, num_heads=4, ffn_hidden_size=256, mlp="gelu",
+                 vocab_size=256, seq_len=64, global_batch_size=8),
+    # A little bigger than tiny, for the calibration fidelity experiment on CPU ranks.
+    "small": dict(num_layers=8, hidden_size=256, num_heads=8, ffn_hidden_size=1024, mlp="gelu",
+                  vocab_size=256, seq_len=128, global_batch_size=16),
+    # Radford et al. 2019 (GPT-2) table 2: 117M / 1.5B
+    "gpt2-small": dict(num_layers=12, hidden_size=768, num_heads=12, ffn_hidden_size=3072, mlp="gelu",
+                       vocab_size=50257, seq_len=1024, global_batch_size=512),
+    "gpt2-xl": dict(num_layers=48, hidden_size=1600, num_heads=25, ffn_hidden_size=6400, mlp="gelu",
+                    vocab_size=50257, seq_len=1024, global_batch_size=512),
+    # Touvron et al. 2023 (Llama 2) table 1 and the released configs
+    "llama2-7b": dict(num_layers=32, hidden_size=4096, num_heads=32, ffn_hidden_size=11008, mlp="swiglu",
+                      vocab_size=32000, seq_len=4096, global_batch_size=512),
+    "llama2-13b": dict(num_layers=40, hidden_size=5120, num_heads=40, ffn_hidden_size=13824, mlp="swiglu",
+                       vocab_size=32000, seq_len=4096, global_batch_size=512),
+    "llama2-70b": dict(num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, ffn_hidden_size=28672,
+                       mlp="swiglu", vocab_size=32000, seq_len=4096, global_batch_size=1024),
+    # Meta Llama 3 8B model card / config.json
+    "llama3-8b": dict(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+                      mlp="swiglu", vocab_size=128256, seq_len=8192, global_batch_size=512),
+}
+
+# Cluster presets, in the cluster-file format of SPEC.md.
+CLUSTER_PRESETS: dict[str, dict] = {
+    # The SPEC.md example: 4 A100 on NVLink beside 4 V100 on PCIe, joined by 100 Gbit/s Ethernet.
+    "mixed-a100-v100": dict(
+        nodes=[
+            dict(name="a100", gpu="A100-80GB", count=4, intra_node=dict(bandwidth_GBps=300, latency_us=2)),
+            dict(name="v100", gpu="V100-32GB", count=4, intra_node=dict(bandwidth_GBps=16, latency_us=5)),
+        ],
+        network=dict(bandwidth_GBps=12.5, latency_us=10),
+    ),
+    # Two H100 nodes and two A100 nodes, 8 GPUs each, 200 Gbit/s between nodes.
+    "mixed-h100-a100-32": dict(
+        nodes=[
+            dict(name="h100", gpu="H100-80GB", count=8, repeat=2, intra_node=dict(bandwidth_GBps=450, latency_us=2)),
+            dict(name="a100", gpu="A100-40GB", count=8, repeat=2, intra_node=dict(bandwidth_GBps=300, latency_us=2)),
+        ],
+        network=dict(bandwidth_GBps=25, latency_us=10),
+    ),
+    # Consumer cards on PCIe beside a datacenter node, 10 Gbit/s Ethernet.
+    "mixed-consumer-16": dict(
+        nodes=[
+            dict(name="a100", gpu="A100-80GB", count=8, intra_node=dict(bandwidth_GBps=300, latency_us=2)),
+            dict(name="rtx", gpu="RTX-4090", count=4, repeat=2, intra_node=dict(bandwidth_GBps=16, latency_us=5)),
+        ],
+        network=dict(bandwidth_GBps=1.25, latency_us=30),
+    ),
+    # This machine: two CPU ranks, one of them emulated 2x slower (runner testing).
+    "cpu-2": dict(
+        nodes=[dict(name="cpu", gpu="cpu", count=2, intra_node=dict(bandwidth_GBps=5, latency_us=20))],
+        network=dict(bandwidth_GBps=5, latency_us=20),
+    ),
+    "cpu-4": dict(
+        nodes=[dict(name="cpu", gpu="cpu", count=4, intra_node=dict(bandwidth_GBps=5, latency_us=20))],
+        network=dict(bandwidth_GBps=5, latency_us=20),
+    ),
+    "cpu-hetero": dict(
+        nodes=[
+            dict(name="fast", gpu="cpu", count=2, intra_node=dict(bandwidth_GBps=5, latency_us=20)),
+            dict(name="slow", gpu="cpu", count=2, slowdown=2.0, intra_node=dict(bandwidth_GBps=5, latency_us=20)),
+        ],
+        network=dict(bandwidth_GBps=5, latency_us=20),
+    ),
+}

@@ -1,0 +1,160 @@
+"""The ``autotune`` command line (SPEC.md "Commands").
+
+Each command's work lives in ``autotune.commands.<name>`` and is imported only when that command
+runs, so ``autotune --help`` stays instant (no torch, sb3 or MLflow at import). Bad input raises
+``SpecError``; ``main`` prints it as one line on stderr and exits 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Find and run the fastest training plan for an LLM on a mixed GPU cluster.")
+
+ClusterOpt = typer.Option(..., "--cluster", help="Cluster YAML path or preset name.")
+ModelOpt = typer.Option(..., "--model", help="Model YAML path or preset name.")
+GbsOpt = typer.Option(None, "--global-batch-size", help="Override the model's global batch size (sequences).")
+
+
+def _run(module: str, **kwargs) -> None:
+    code = importlib.import_module(f"autotune.commands.{module}").run(**kwargs)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def simulate(
+    cluster: str = ClusterOpt,
+    model: str = ModelOpt,
+    config: Path = typer.Option(..., "--config", help="Parallel config JSON."),
+    global_batch_size: Optional[int] = GbsOpt,
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Calibration profile from `autotune profile`."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+) -> None:
+    """Predict iteration time, throughput and memory of a plan with the simulator."""
+    _run("simulate", cluster=cluster, model=model, config=config, global_batch_size=global_batch_size,
+         profile=profile, json_out=json_out)
+
+
+@app.command()
+def measure(
+    cluster: str = ClusterOpt,
+    model: str = ModelOpt,
+    config: Path = typer.Option(..., "--config", help="Parallel config JSON."),
+    global_batch_size: Optional[int] = GbsOpt,
+    steps: int = typer.Option(3, "--steps", help="Timed steps (after warm-up)."),
+    warmup: int = typer.Option(1, "--warmup", help="Warm-up steps, not timed."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Wall-clock limit for the whole run, seconds."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+) -> None:
+    """Run a short profiled training run of a plan through the runner and report what it measured."""
+    _run("measure", cluster=cluster, model=model, config=config, global_batch_size=global_batch_size,
+         steps=steps, warmup=warmup, timeout=timeout, json_out=json_out)
+
+
+@app.command()
+def profile(
+    cluster: str = ClusterOpt,
+    model: Optional[str] = typer.Option(None, "--model", help="Model whose shapes to profile."),
+    output: Path = typer.Option(Path("profile.json"), "--output", help="Where to write the profile."),
+) -> None:
+    """Micro-benchmark each device type and link of the cluster; write a calibration profile."""
+    _run("profile", cluster=cluster, model=model, output=output)
+
+
+@app.command()
+def search(
+    cluster: str = ClusterOpt,
+    model: str = ModelOpt,
+    method: str = typer.Option("optuna", "--method", help="rl | optuna | random | uniform | exhaustive"),
+    budget: int = typer.Option(100, "--budget", help="Number of evaluated plans."),
+    global_batch_size: Optional[int] = GbsOpt,
+    backend: str = typer.Option("sim", "--backend", help="sim (simulator) or real (profiled runs)."),
+    seed: int = typer.Option(0, "--seed"),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write the best config JSON here."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow.db)."),
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment (default: cluster+model)."),
+    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: local SQLite)."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Calibration profile for the simulator."),
+    workers: int = typer.Option(1, "--workers", help="Optuna worker processes on one study."),
+    policy: Optional[Path] = typer.Option(None, "--policy", help="RL policy file (default: the shipped one)."),
+) -> None:
+    """Search for the fastest plan that fits; log every evaluation to MLflow."""
+    _run("search", cluster=cluster, model=model, method=method, budget=budget, global_batch_size=global_batch_size,
+         backend=backend, seed=seed, output=output, tracking_uri=tracking_uri, experiment=experiment,
+         storage=storage, profile=profile, workers=workers, policy=policy)
+
+
+@app.command()
+def best(
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment name."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
+) -> None:
+    """Print the best config JSON recorded in MLflow."""
+    _run("best", experiment=experiment, tracking_uri=tracking_uri)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def train(
+    ctx: typer.Context,
+    cluster: str = ClusterOpt,
+    model: str = ModelOpt,
+    config: Path = typer.Option(..., "--config", help="Parallel config JSON (e.g. from search --output)."),
+    global_batch_size: Optional[int] = GbsOpt,
+    steps: int = typer.Option(10, "--steps"),
+    checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir"),
+    checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Checkpoint every K steps (0: only at the end)."),
+    resume: bool = typer.Option(False, "--resume"),
+    metrics_out: Optional[Path] = typer.Option(None, "--metrics-out", help="Append one JSON line per step."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Text file (byte-level tokens); default synthetic."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Also log steps to MLflow."),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Train the model with a plan on torch.distributed (torchrun); extra args go to torchrun."""
+    _run("train", cluster=cluster, model=model, config=config, global_batch_size=global_batch_size, steps=steps,
+         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume, metrics_out=metrics_out,
+         data=data, tracking_uri=tracking_uri, seed=seed, torchrun_args=list(ctx.args))
+
+
+@app.command()
+def ui(
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
+    port: int = typer.Option(5000, "--port"),
+) -> None:
+    """Start the MLflow UI on 127.0.0.1 for the local store."""
+    _run("ui", tracking_uri=tracking_uri, port=port)
+
+
+def main() -> None:
+    from autotune.errors import SpecError
+
+    try:
+        app(standalone_mode=False)
+    except SpecError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:  # click usage errors etc.
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

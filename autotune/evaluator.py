@@ -1,0 +1,53 @@
+"""The one evaluator interface: ``evaluate(config) -> Measurement``.
+
+The simulator (``autotune.simulator``) and the real profiled run (``runner``) both implement it;
+``CachedEvaluator`` wraps any of them so a repeated plan costs nothing; the env, Optuna and RL
+call only this.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol, runtime_checkable
+
+from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """Evaluates plans of one cluster and model. Never raises for a bad plan: returns a Measurement
+    whose ``status`` says what went wrong (``invalid``, ``oom``, ``failed``, ``timeout``)."""
+
+    cluster: ClusterSpec
+    model: ModelSpec
+
+    def evaluate(self, config: ParallelConfig) -> Measurement: ...
+
+
+class CachedEvaluator:
+    """Memoises another evaluator by config (configs are frozen, so hashable)."""
+
+    def __init__(self, inner: Evaluator) -> None:
+        self.inner = inner
+        self.cluster = inner.cluster
+        self.model = inner.model
+        self._cache: dict[ParallelConfig, Measurement] = {}
+        self.hits = 0
+
+    @property
+    def misses(self) -> int:
+        return len(self._cache)
+
+    def __contains__(self, config: ParallelConfig) -> bool:
+        return config in self._cache
+
+    def evaluate(self, config: ParallelConfig) -> Measurement:
+        cached = self._cache.get(config)
+        if cached is not None:
+            self.hits += 1
+            return cached
+        result = self.inner.evaluate(config)
+        self._cache[config] = result
+        return result

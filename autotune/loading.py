@@ -1,0 +1,184 @@
+"""Turn cluster / model / config files (or preset names) into typed specs, once, with clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from autotune.catalog import CLUSTER_PRESETS, GPU_CATALOG, MODEL_PRESETS
+from autotune.errors import SpecError
+from autotune.specs import ClusterSpec, DeviceSpec, LinkSpec, ModelSpec, NodeSpec, ParallelConfig
+
+PathLike = str | Path
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
+    source = str(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(source, "", f"cannot read file: {e.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise SpecError(source, "", f"invalid YAML: {getattr(e, 'problem', None) or e}{at}") from None
+    except json.JSONDecodeError as e:
+        raise SpecError(source, "", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(data, dict):
+        raise SpecError(source, "", f"must be a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _is_path(ref: PathLike) -> bool:
+    return isinstance(ref, Path) or str(ref).endswith((".yaml", ".yml", ".json")) or "/" in str(ref)
+
+
+def _only(source: str, field: str, data: Mapping[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(data) - allowed)
+    if extra:
+        prefix = f"{field}." if field else ""
+        raise SpecError(source, prefix + extra[0], f"unknown field (expected one of {', '.join(sorted(allowed))})")
+
+
+def _rebase(source: str, field: str, err: SpecError) -> SpecError:
+    """Re-anchor an error raised inside a spec constructor at the file and field it came from."""
+    inner = f"{field}.{err.field}" if field and err.field else (field or err.field)
+    return SpecError(source, inner, err.rule)
+
+
+def _link(source: str, field: str, raw: Any) -> LinkSpec:
+    if not isinstance(raw, Mapping):
+        raise SpecError(source, field, "must be a mapping like {bandwidth_GBps: 300, latency_us: 2}")
+    _only(source, field, raw, {"bandwidth_GBps", "latency_us"})
+    if "bandwidth_GBps" not in raw:
+        raise SpecError(source, f"{field}.bandwidth_GBps", "is required")
+    try:
+        return LinkSpec(raw["bandwidth_GBps"], raw.get("latency_us", 0.0))
+    except SpecError as e:
+        raise _rebase(source, field, e) from None
+
+
+def _device(source: str, field: str, raw: Any) -> DeviceSpec:
+    if isinstance(raw, str):
+        if raw not in GPU_CATALOG:
+            raise SpecError(source, field, f"unknown GPU {raw!r}; the catalog has {', '.join(GPU_CATALOG)} "
+                                           "(or give {name, peak_tflops, memory_GiB, memory_bandwidth_GBps})")
+        return GPU_CATALOG[raw]
+    if not isinstance(raw, Mapping):
+        raise SpecError(source, field, "must be a catalog name or a mapping")
+    _only(source, field, raw, {"name", "peak_tflops", "memory_GiB", "memory_bandwidth_GBps", "source"})
+    base = GPU_CATALOG.get(str(raw.get("name")))
+    values = {}
+    for key in ("peak_tflops", "memory_GiB", "memory_bandwidth_GBps"):
+        if key in raw:
+            values[key] = raw[key]
+        elif base is not None:
+            values[key] = getattr(base, key)
+        else:
+            raise SpecError(source, f"{field}.{key}", "is required for a GPU not in the catalog")
+    if "name" not in raw:
+        raise SpecError(source, f"{field}.name", "is required")
+    try:
+        return DeviceSpec(str(raw["name"]), source=str(raw.get("source", "cluster file")), **values)
+    except SpecError as e:
+        raise SpecError(source, f"{field}.{e.field}", e.rule) from None
+
+
+def cluster_from_dict(data: Mapping[str, Any], source: str, default_name: str = "cluster") -> ClusterSpec:
+    _only(source, "", data, {"name", "nodes", "network"})
+    network = _link(source, "network", data["network"]) if "network" in data else None
+    nodes_raw = data.get("nodes")
+    if not isinstance(nodes_raw, list) or not nodes_raw:
+        raise SpecError(source, "nodes", "is required and must be a non-empty list")
+    nodes: list[NodeSpec] = []
+    for i, raw in enumerate(nodes_raw):
+        f = f"nodes[{i}]"
+        if not isinstance(raw, Mapping):
+            raise SpecError(source, f, "must be a mapping")
+        _only(source, f, raw, {"name", "gpu", "count", "intra_node", "network", "slowdown", "repeat"})
+        for key in ("name", "gpu", "count"):
+            if key not in raw:
+                raise SpecError(source, f"{f}.{key}", "is required")
+        device = _device(source, f"{f}.gpu", raw["gpu"])
+        intra = _link(source, f"{f}.intra_node", raw["intra_node"]) if "intra_node" in raw else LinkSpec(16.0, 5.0)
+        node_net = _link(source, f"{f}.network", raw["network"]) if "network" in raw else network
+        if node_net is None:
+            raise SpecError(source, "network", "is required (each node's bandwidth to the others)")
+        slowdown = raw.get("slowdown", 1.0)
+        if slowdown != 1.0 and device.name != "cpu":
+            raise SpecError(source, f"{f}.slowdown", "is CPU emulation only: allowed on gpu 'cpu' nodes")
+        repeat = raw.get("repeat", 1)
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+            raise SpecError(source, f"{f}.repeat", f"must be an integer >= 1, got {repeat!r}")
+        names = [str(raw["name"])] if repeat == 1 else [f"{raw['name']}-{k}" for k in range(repeat)]
+        for name in names:
+            try:
+                nodes.append(NodeSpec(name, device, raw["count"], intra, node_net, slowdown))
+            except SpecError as e:
+                raise SpecError(source, f"{f}.{e.field}", e.rule) from None
+    try:
+        return ClusterSpec(str(data.get("name", default_name)), tuple(nodes))
+    except SpecError as e:
+        raise SpecError(source, e.field, e.rule) from None
+
+
+def load_cluster(ref: PathLike | ClusterSpec) -> ClusterSpec:
+    """A cluster from a YAML/JSON path or a preset name (``autotune.catalog.CLUSTER_PRESETS``)."""
+    if isinstance(ref, ClusterSpec):
+        return ref
+    if not _is_path(ref):
+        if str(ref) not in CLUSTER_PRESETS:
+            raise SpecError("--cluster", "", f"no file or preset named {str(ref)!r}; presets: "
+                                             f"{', '.join(CLUSTER_PRESETS)}")
+        return cluster_from_dict({"name": str(ref), **CLUSTER_PRESETS[str(ref)]}, f"preset {ref!r}")
+    path = Path(ref)
+    return cluster_from_dict(_read_mapping(path), str(path), default_name=path.stem)
+
+
+_MODEL_FIELDS = {"name", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "mlp",
+                 "vocab_size", "seq_len", "global_batch_size"}
+
+
+def model_from_dict(data: Mapping[str, Any], source: str, default_name: str = "model") -> ModelSpec:
+    _only(source, "", data, _MODEL_FIELDS)
+    for key in sorted(_MODEL_FIELDS - {"name", "num_kv_heads", "mlp"}):
+        if key not in data:
+            raise SpecError(source, key, "is required")
+    values = {k: data[k] for k in _MODEL_FIELDS - {"name"} if k in data}
+    try:
+        return ModelSpec(name=str(data.get("name", default_name)), **values)
+    except SpecError as e:
+        raise SpecError(source, e.field, e.rule) from None
+
+
+def load_model(ref: PathLike | ModelSpec, global_batch_size: int | None = None) -> ModelSpec:
+    """A model from a YAML/JSON path or a preset name; ``global_batch_size`` overrides the file's."""
+    if isinstance(ref, ModelSpec):
+        model = ref
+    elif not _is_path(ref):
+        if str(ref) not in MODEL_PRESETS:
+            raise SpecError("--model", "", f"no file or preset named {str(ref)!r}; presets: {', '.join(MODEL_PRESETS)}")
+        model = model_from_dict({"name": str(ref), **MODEL_PRESETS[str(ref)]}, f"preset {ref!r}")
+    else:
+        path = Path(ref)
+        model = model_from_dict(_read_mapping(path), str(path), default_name=path.stem)
+    if global_batch_size is not None:
+        if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
+            raise SpecError("--global-batch-size", "", f"must be a positive integer, got {global_batch_size!r}")
+        model = model.with_global_batch_size(global_batch_size)
+    return model
+
+
+def load_config(ref: PathLike | ParallelConfig | Mapping[str, Any]) -> ParallelConfig:
+    """A parallel config from a JSON path, a dict, or a config (returned as is)."""
+    if isinstance(ref, ParallelConfig):
+        return ref
+    if isinstance(ref, Mapping):
+        return ParallelConfig.from_dict(ref)
+    path = Path(ref)
+    return ParallelConfig.from_dict(_read_mapping(path), str(path))

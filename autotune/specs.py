@@ -1,0 +1,470 @@
+"""Typed, frozen domain values: devices, links, clusters, models, parallel configs, measurements.
+
+Files are converted into these objects once, where they are loaded (``autotune.loading``); everything
+else passes the objects. Each value validates itself in ``__post_init__`` and raises ``SpecError``
+naming the field and the numbers. ``ParallelConfig.validate(cluster, model)`` checks the rules that
+need the cluster and the model (SPEC.md, "Parallel config").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+from autotune.errors import SpecError
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
+MLP_KINDS = ("gelu", "swiglu")
+
+
+def _positive(source: str, name: str, value: float, *, integer: bool = False, minimum: float = 0.0,
+              strict: bool = True) -> None:
+    if integer and (isinstance(value, bool) or not isinstance(value, int)):
+        raise SpecError(source, name, f"must be an integer, got {value!r}")
+    if not integer and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        raise SpecError(source, name, f"must be a number, got {value!r}")
+    if strict and value <= minimum:
+        raise SpecError(source, name, f"must be > {minimum:g}, got {value}")
+    if not strict and value < minimum:
+        raise SpecError(source, name, f"must be >= {minimum:g}, got {value}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Cluster
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """One accelerator type. ``peak_tflops`` is dense 16-bit tensor throughput (datasheet)."""
+
+    name: str
+    peak_tflops: float
+    memory_GiB: float
+    memory_bandwidth_GBps: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"gpu {self.name!r}"
+        _positive(where, "peak_tflops", self.peak_tflops)
+        _positive(where, "memory_GiB", self.memory_GiB)
+        _positive(where, "memory_bandwidth_GBps", self.memory_bandwidth_GBps)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSpec:
+    """A link in one direction: bandwidth in gigabytes (1e9 B) per second, latency in microseconds."""
+
+    bandwidth_GBps: float
+    latency_us: float = 0.0
+
+    def __post_init__(self) -> None:
+        _positive("link", "bandwidth_GBps", self.bandwidth_GBps)
+        _positive("link", "latency_us", self.latency_us, strict=False)
+
+    def transfer_time_s(self, num_bytes: float) -> float:
+        """Alpha-beta time to send ``num_bytes`` over this link."""
+        return self.latency_us * 1e-6 + num_bytes / (self.bandwidth_GBps * 1e9)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One machine: ``count`` devices of one type joined by ``intra_node``; ``network`` to other nodes."""
+
+    name: str
+    device: DeviceSpec
+    count: int
+    intra_node: LinkSpec
+    network: LinkSpec
+    slowdown: float = 1.0  # CPU runner emulation only: compute stretched by this factor
+
+    def __post_init__(self) -> None:
+        where = f"node {self.name!r}"
+        if not self.name or ":" in self.name:
+            raise SpecError(where, "name", "must be non-empty and contain no ':'")
+        _positive(where, "count", self.count, integer=True)
+        _positive(where, "slowdown", self.slowdown, minimum=1.0, strict=False)
+
+    def device_ids(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}:{i}" for i in range(self.count))
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    name: str
+    nodes: tuple[NodeSpec, ...]
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise SpecError(f"cluster {self.name!r}", "nodes", "must list at least one node")
+        seen: set[str] = set()
+        for node in self.nodes:
+            if node.name in seen:
+                raise SpecError(f"cluster {self.name!r}", "nodes", f"node name {node.name!r} is used twice")
+            seen.add(node.name)
+
+    @property
+    def num_devices(self) -> int:
+        return sum(n.count for n in self.nodes)
+
+    def device_ids(self) -> tuple[str, ...]:
+        return tuple(d for n in self.nodes for d in n.device_ids())
+
+    def node_of(self, device_id: str) -> NodeSpec:
+        node_name, _, index = device_id.rpartition(":")
+        for node in self.nodes:
+            if node.name == node_name and index.isdigit() and int(index) < node.count:
+                return node
+        raise SpecError(f"cluster {self.name!r}", "devices", f"unknown device id {device_id!r}")
+
+    def device(self, device_id: str) -> DeviceSpec:
+        return self.node_of(device_id).device
+
+    def link(self, a: str, b: str) -> LinkSpec:
+        """The link data takes from device ``a`` to device ``b``: intra-node, else the slower NIC."""
+        na, nb = self.node_of(a), self.node_of(b)
+        if na.name == nb.name:
+            return na.intra_node
+        return LinkSpec(min(na.network.bandwidth_GBps, nb.network.bandwidth_GBps),
+                        max(na.network.latency_us, nb.network.latency_us))
+
+    def group_link(self, device_ids: tuple[str, ...] | list[str]) -> LinkSpec:
+        """The bottleneck link of a collective among ``device_ids`` (ring over the slowest hop)."""
+        nodes = {self.node_of(d).name: self.node_of(d) for d in device_ids}
+        if len(nodes) == 1:
+            return next(iter(nodes.values())).intra_node
+        bw = min(min(n.network.bandwidth_GBps, n.intra_node.bandwidth_GBps) for n in nodes.values())
+        lat = max(n.network.latency_us for n in nodes.values())
+        return LinkSpec(bw, lat)
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A GPT/Llama-style decoder. ``global_batch_size`` is sequences per optimizer step."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_len: int
+    global_batch_size: int
+    num_kv_heads: int = 0  # 0 means num_heads
+    mlp: str = "gelu"
+
+    def __post_init__(self) -> None:
+        where = f"model {self.name!r}"
+        for name in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len",
+                     "global_batch_size"):
+            _positive(where, name, getattr(self, name), integer=True)
+        if self.num_kv_heads == 0:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        _positive(where, "num_kv_heads", self.num_kv_heads, integer=True)
+        if self.hidden_size % self.num_heads:
+            raise SpecError(where, "hidden_size",
+                            f"must be divisible by num_heads ({self.hidden_size} % {self.num_heads} != 0)")
+        if self.num_heads % self.num_kv_heads:
+            raise SpecError(where, "num_kv_heads",
+                            f"must divide num_heads ({self.num_heads} % {self.num_kv_heads} != 0)")
+        if self.mlp not in MLP_KINDS:
+            raise SpecError(where, "mlp", f"must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_hidden_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights of one transformer block (attention + MLP matrices, biases ignored, 2 norms)."""
+        h = self.hidden_size
+        attention = h * h * 2 + h * self.kv_hidden_size * 2  # Q, O and K, V projections
+        mlp_matrices = 3 if self.mlp == "swiglu" else 2
+        return attention + mlp_matrices * h * self.ffn_hidden_size + 2 * h
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """Total weights with an untied LM head: embedding + blocks + final norm + head."""
+        return self.embedding_params * 2 + self.num_layers * self.params_per_layer + self.hidden_size
+
+    def with_global_batch_size(self, global_batch_size: int | None) -> "ModelSpec":
+        if global_batch_size is None:
+            return self
+        from dataclasses import replace
+
+        return replace(self, global_batch_size=global_batch_size)
+
+
+# --------------------------------------------------------------------------------------------------
+# Parallel config
+
+
+@dataclass(frozen=True, slots=True)
+class StageConfig:
+    devices: tuple[str, ...]
+    layers: int
+    recompute: bool = False
+
+    @property
+    def tp(self) -> int:
+        return len(self.devices)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    num_microbatches: int
+    stages: tuple[StageConfig, ...]
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(d for s in self.stages for d in s.devices)
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    """A plan (SPEC.md "Parallel config"). Hashable, so it is a cache key."""
+
+    micro_batch_size: int
+    pipelines: tuple[PipelineConfig, ...]
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+
+    def __post_init__(self) -> None:
+        where = "config"
+        _positive(where, "micro_batch_size", self.micro_batch_size, integer=True)
+        _positive(where, "virtual_stages", self.virtual_stages, integer=True)
+        if self.schedule not in SCHEDULES:
+            raise SpecError(where, "schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.schedule != "interleaved-1f1b" and self.virtual_stages != 1:
+            raise SpecError(where, "virtual_stages", f"only applies to interleaved-1f1b, got {self.virtual_stages} "
+                                                     f"with schedule {self.schedule!r}")
+        if not self.pipelines:
+            raise SpecError(where, "pipelines", "must list at least one pipeline")
+        for p, pipe in enumerate(self.pipelines):
+            _positive(where, f"pipelines[{p}].num_microbatches", pipe.num_microbatches, integer=True)
+            if not pipe.stages:
+                raise SpecError(where, f"pipelines[{p}].stages", "must list at least one stage")
+            for s, stage in enumerate(pipe.stages):
+                f = f"pipelines[{p}].stages[{s}]"
+                if not stage.devices:
+                    raise SpecError(where, f"{f}.devices", "must list at least one device")
+                _positive(where, f"{f}.layers", stage.layers, integer=True, strict=False)
+                if not isinstance(stage.recompute, bool):
+                    raise SpecError(where, f"{f}.recompute", f"must be true or false, got {stage.recompute!r}")
+
+    # -- derived -----------------------------------------------------------------------------------
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(d for p in self.pipelines for d in p.devices)
+
+    @property
+    def global_batch_size(self) -> int:
+        return sum(p.num_microbatches for p in self.pipelines) * self.micro_batch_size
+
+    def validate(self, cluster: ClusterSpec, model: ModelSpec, source: str = "config") -> None:
+        """Check the rules that need the cluster and model; raise SpecError naming the broken one."""
+        known = set(cluster.device_ids())
+        seen: set[str] = set()
+        for p, pipe in enumerate(self.pipelines):
+            total = sum(s.layers for s in pipe.stages)
+            if total != model.num_layers:
+                raise SpecError(source, f"pipelines[{p}].stages",
+                                f"layers sum to {total}, model {model.name!r} has num_layers={model.num_layers}")
+            for s, stage in enumerate(pipe.stages):
+                if stage.layers < 1 and len(pipe.stages) > 1:
+                    raise SpecError(source, f"pipelines[{p}].stages[{s}].layers",
+                                    "must be >= 1 in a pipeline of several stages")
+                if self.schedule == "interleaved-1f1b" and stage.layers % self.virtual_stages:
+                    raise SpecError(source, f"pipelines[{p}].stages[{s}].layers",
+                                    f"{stage.layers} layers do not split into virtual_stages={self.virtual_stages} chunks")
+                for d in stage.devices:
+                    if d not in known:
+                        raise SpecError(source, f"pipelines[{p}].stages[{s}].devices",
+                                        f"unknown device id {d!r} (cluster {cluster.name!r} has "
+                                        f"{', '.join(n.name + ':0..' + str(n.count - 1) for n in cluster.nodes)})")
+                    if d in seen:
+                        raise SpecError(source, f"pipelines[{p}].stages[{s}].devices",
+                                        f"device {d!r} is used more than once")
+                    seen.add(d)
+                tp = stage.tp
+                if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
+                    raise SpecError(source, f"pipelines[{p}].stages[{s}].devices",
+                                    f"tensor-parallel degree {tp} must divide num_heads={model.num_heads} "
+                                    f"and num_kv_heads={model.num_kv_heads} (or be a multiple of it)")
+                if model.ffn_hidden_size % tp:
+                    raise SpecError(source, f"pipelines[{p}].stages[{s}].devices",
+                                    f"tensor-parallel degree {tp} must divide ffn_hidden_size={model.ffn_hidden_size}")
+        if self.global_batch_size != model.global_batch_size:
+            parts = " + ".join(f"{p.num_microbatches}" for p in self.pipelines)
+            raise SpecError(source, "num_microbatches",
+                            f"({parts}) x micro_batch_size {self.micro_batch_size} = {self.global_batch_size} "
+                            f"sequences, global_batch_size is {model.global_batch_size}")
+
+    # -- (de)serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"micro_batch_size": self.micro_batch_size, "schedule": self.schedule}
+        if self.schedule == "interleaved-1f1b":
+            out["virtual_stages"] = self.virtual_stages
+        out["pipelines"] = [
+            {"num_microbatches": p.num_microbatches,
+             "stages": [{"devices": list(s.devices), "layers": s.layers, "recompute": s.recompute}
+                        for s in p.stages]}
+            for p in self.pipelines
+        ]
+        return out
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> "ParallelConfig":
+        if not isinstance(data, Mapping):
+            raise SpecError(source, "", f"must be a JSON object, got {type(data).__name__}")
+        unknown = set(data) - {"micro_batch_size", "schedule", "virtual_stages", "pipelines", "measurement"}
+        if unknown:
+            raise SpecError(source, sorted(unknown)[0], "unknown field")
+        try:
+            pipelines_raw = data["pipelines"]
+            mbs = data["micro_batch_size"]
+        except KeyError as e:
+            raise SpecError(source, str(e.args[0]), "is required") from None
+        if not isinstance(pipelines_raw, list):
+            raise SpecError(source, "pipelines", "must be a list")
+        pipelines = []
+        for p, raw in enumerate(pipelines_raw):
+            if not isinstance(raw, Mapping):
+                raise SpecError(source, f"pipelines[{p}]", "must be an object")
+            stages_raw = raw.get("stages")
+            if not isinstance(stages_raw, list):
+                raise SpecError(source, f"pipelines[{p}].stages", "is required and must be a list")
+            stages = []
+            for s, st in enumerate(stages_raw):
+                f = f"pipelines[{p}].stages[{s}]"
+                if not isinstance(st, Mapping):
+                    raise SpecError(source, f, "must be an object")
+                extra = set(st) - {"devices", "layers", "recompute"}
+                if extra:
+                    raise SpecError(source, f"{f}.{sorted(extra)[0]}", "unknown field")
+                devices = st.get("devices")
+                if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+                    raise SpecError(source, f"{f}.devices", "is required and must be a list of device ids")
+                if "layers" not in st:
+                    raise SpecError(source, f"{f}.layers", "is required")
+                stages.append(StageConfig(tuple(devices), st["layers"], st.get("recompute", False)))
+            if "num_microbatches" not in raw:
+                raise SpecError(source, f"pipelines[{p}].num_microbatches", "is required")
+            pipelines.append(PipelineConfig(raw["num_microbatches"], tuple(stages)))
+        try:
+            return cls(micro_batch_size=mbs, pipelines=tuple(pipelines), schedule=data.get("schedule", "1f1b"),
+                       virtual_stages=data.get("virtual_stages", 1))
+        except SpecError as e:
+            raise SpecError(source, e.field, e.rule) from None
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "config") -> "ParallelConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecError(source, "", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        return cls.from_dict(data, source)
+
+    def describe(self) -> str:
+        """A short human summary, e.g. ``mbs=2 1f1b | [a100:0-1 x20 | v100:0-3 x12 R] m=64``."""
+        parts = []
+        for p in self.pipelines:
+            stages = " | ".join(f"{','.join(s.devices)} x{s.layers}{' R' if s.recompute else ''}" for s in p.stages)
+            parts.append(f"[{stages}] m={p.num_microbatches}")
+        return f"mbs={self.micro_batch_size} {self.schedule} " + " ; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# Measurement
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEvent:
+    device: str
+    op: str  # e.g. "F3" (forward of micro-batch 3), "B3", "allreduce", "optimizer", "send"
+    start_s: float
+    end_s: float
+
+
+MEASUREMENT_STATUSES = ("ok", "oom", "failed", "timeout", "invalid")
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """What one evaluation of a plan returns: the simulator's prediction or a profiled run's reading."""
+
+    tokens_per_s: float
+    iteration_time_s: float
+    oom: bool
+    peak_memory_GiB: Mapping[str, float] = field(default_factory=dict)
+    mfu: float = 0.0
+    bubble_fraction: float = 0.0
+    stage_busy_s: tuple[float, ...] = ()  # per stage of the slowest pipeline: forward + backward busy time
+    timeline: tuple[TimelineEvent, ...] = ()
+    status: str = "ok"
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and not self.oom
+
+    def score(self) -> float:
+        """Throughput that counts for search: 0 for any plan that does not run."""
+        return self.tokens_per_s if self.ok else 0.0
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "tokens_per_s": self.tokens_per_s,
+            "iteration_time_s": self.iteration_time_s,
+            "oom": self.oom,
+            "peak_memory_GiB": dict(self.peak_memory_GiB),
+            "mfu": self.mfu,
+            "bubble_fraction": self.bubble_fraction,
+            "stage_busy_s": list(self.stage_busy_s),
+            "status": self.status,
+            "error": self.error,
+        }
+        if timeline:
+            out["timeline"] = [[e.device, e.op, e.start_s, e.end_s] for e in self.timeline]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Measurement":
+        return cls(
+            tokens_per_s=float(data.get("tokens_per_s", 0.0)),
+            iteration_time_s=float(data.get("iteration_time_s", 0.0)),
+            oom=bool(data.get("oom", False)),
+            peak_memory_GiB={str(k): float(v) for k, v in dict(data.get("peak_memory_GiB", {})).items()},
+            mfu=float(data.get("mfu", 0.0)),
+            bubble_fraction=float(data.get("bubble_fraction", 0.0)),
+            stage_busy_s=tuple(float(x) for x in data.get("stage_busy_s", ())),
+            timeline=tuple(TimelineEvent(str(d), str(o), float(a), float(b)) for d, o, a, b in data.get("timeline", ())),
+            status=str(data.get("status", "ok")),
+            error=str(data.get("error", "")),
+        )
+
+    @classmethod
+    def failure(cls, status: str, error: str, oom: bool = False) -> "Measurement":
+        return cls(tokens_per_s=0.0, iteration_time_s=0.0, oom=oom, status=status, error=error)
+
+
+def iter_stages(config: ParallelConfig) -> Iterator[tuple[int, int, StageConfig]]:
+    for p, pipe in enumerate(config.pipelines):
+        for s, stage in enumerate(pipe.stages):
+            yield p, s, stage
