@@ -1,0 +1,22 @@
+"""Real training of a parallel plan on torch.distributed: short profiled runs and full training.
+
+Rank mapping: rank ``r`` runs device ``config.devices[r]``, the config's device order (pipelines in
+order, their stages in order, each stage's devices in order). On CPU every rank is one process
+with one thread on the gloo backend; on CUDA the backend is NCCL and local rank ``k`` uses
+``cuda:k`` (so a node's ranks must be that node's devices, in config order).
+
+Emulated slowdown: a ``cpu`` node with ``slowdown: f`` in the cluster file makes its ranks sleep
+``(f - 1)`` times their measured forward/backward compute after each one, to test heterogeneous
+plans on one machine. It is emulation, off unless the cluster sets it.
+
+Memory: CUDA reports ``torch.cuda.max_memory_allocated``; CPU reports the growth of the process's
+peak RSS during the run.
+
+Test-only fault injection: ``AUTOTUNE_FAULT=raise:rank1`` / ``hang:rank1`` (``runner.worker``).
+
+Entry points: ``profiled_run`` and ``RealEvaluator`` (``runner.launch``), ``train`` (``runner.train``).
+"""
+
+from runner.launch import RealEvaluator, profiled_run
+
+__all__ = ["RealEvaluator", "profiled_run"]

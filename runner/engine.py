@@ -1,0 +1,223 @@
+"""One rank's training engine: build this rank's chunks, wrap them as pipeline stages, run a schedule,
+average gradients across replicas, step AdamW. Reads like torchtitan's train loop, in this order:
+
+1. ``RankModel``: this rank's chunks (``runner.model.StageChunk``), with global parameter names.
+2. Process groups, created by every rank in one fixed order: one point-to-point group per pipeline,
+   one gradient group per set of ranks that hold the same weights (``Layout.grad_groups``).
+3. ``TimedStage`` (a ``PipelineStage`` that clocks forward/backward and emulates ``slowdown``) and
+   the schedule the config names (``Schedule1F1B``, ``ScheduleGPipe``, ``ScheduleInterleaved1F1B``).
+4. ``step``: schedule -> weighted gradient all-reduce per holder group -> AdamW -> global loss.
+
+Gradient weighting: each schedule averages its micro-batch losses (``scale_grads``), so a pipeline's
+gradient is that of the mean loss over its own ``B_p`` sequences. The global loss is the mean over
+all ``B`` sequences, whose gradient is ``sum_p (B_p / B) grad_p``: every rank multiplies its
+gradients by ``B_p / B`` and the holders of each weight sum them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from autotune.errors import SpecError
+from autotune.specs import ModelSpec
+from runner.data import TokenSource
+from runner.layout import EMBED_KEY, HEAD_KEY, Layout, RankPlan
+from runner.model import StageChunk, lm_loss
+
+log = logging.getLogger(__name__)
+
+# AdamW settings, the same on every rank and in the single-process reference (GPT-3 paper, table 2.1
+# style betas; lr sized for the tiny models this runs on CPU).
+ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+
+
+def make_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, **ADAMW, foreach=False)
+
+
+class RankModel(nn.Module):
+    """All weights of one rank under their global names: ``embed``, ``blocks.<i>``, ``norm``, ``head``.
+
+    The chunks share these modules; optimizer, gradient sync and checkpoints go through this module,
+    so a weight's name does not depend on the plan.
+    """
+
+    def __init__(self, chunks: list[StageChunk]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleDict()
+        for chunk in chunks:
+            if chunk.embed is not None:
+                self.embed = chunk.embed
+            for key, block in chunk.blocks.items():
+                self.blocks[key] = block
+            if chunk.head is not None:
+                self.norm = chunk.norm
+                self.head = chunk.head
+
+    def params_of(self, key: str) -> list[nn.Parameter]:
+        """Parameters of a holder key (``Layout``): ``embed``, ``layer<i>`` or ``head`` (norm + head)."""
+        if key == EMBED_KEY:
+            mods = [self.embed]
+        elif key == HEAD_KEY:
+            mods = [self.norm, self.head]
+        else:
+            mods = [self.blocks[key.removeprefix("layer")]]
+        return [p for m in mods for _, p in sorted(m.named_parameters(), key=lambda kv: kv[0])]
+
+
+class TimedStage(PipelineStage):
+    """A ``PipelineStage`` that adds up its forward and backward compute time.
+
+    ``slowdown`` > 1 emulates a slower device (CPU testing only, off by default): after each forward
+    or backward the rank sleeps ``(slowdown - 1)`` times the compute time it just measured.
+    """
+
+    def __init__(self, *args, slowdown: float = 1.0, cuda: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.slowdown = slowdown
+        self.cuda = cuda
+        self.forward_s = 0.0
+        self.backward_s = 0.0
+
+    def _clock(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _stretch(self, elapsed: float) -> float:
+        if self.slowdown > 1.0:
+            time.sleep((self.slowdown - 1.0) * elapsed)
+            return elapsed * self.slowdown
+        return elapsed
+
+    def forward_one_chunk(self, *args, **kwargs):
+        t0 = self._clock()
+        out = super().forward_one_chunk(*args, **kwargs)
+        self.forward_s += self._stretch(self._clock() - t0)
+        return out
+
+    def backward_one_chunk(self, *args, **kwargs):
+        t0 = self._clock()
+        out = super().backward_one_chunk(*args, **kwargs)
+        self.backward_s += self._stretch(self._clock() - t0)
+        return out
+
+
+@dataclass
+class StepResult:
+    loss: float
+    stop: bool
+    time_s: float
+
+
+@dataclass
+class BusyClock:
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    step_times_s: list[float] = field(default_factory=list)
+
+
+def check_supported(plan: RankPlan, schedule: str) -> None:
+    if plan.tp_degree > 1:
+        raise SpecError("runner", f"pipelines[{plan.pipeline}].stages[{plan.stage}].devices",
+                        f"tensor parallelism (a stage with {plan.tp_degree} devices) is not supported by the "
+                        "runner: DTensor tensor parallelism inside torch.distributed.pipelining stages is not "
+                        "wired up; give each stage one device")
+
+
+class Engine:
+    """Everything one rank needs to train its part of the plan."""
+
+    def __init__(self, layout: Layout, model: ModelSpec, rank: int, device: torch.device, *, schedule: str,
+                 micro_batch_size: int, seed: int, tokens: TokenSource) -> None:
+        self.layout = layout
+        self.plan = layout.ranks[rank]
+        self.rank = rank
+        self.model_spec = model
+        self.device = device
+        self.tokens = tokens
+        check_supported(self.plan, schedule)
+
+        # 1. this rank's chunks, deterministic weights per layer index
+        self.chunks = [StageChunk(model, c.layers, first=c.first, last=c.last, seed=seed,
+                                  recompute=self.plan.recompute).to(device) for c in self.plan.chunks]
+        self.module = RankModel(self.chunks)
+        self.optimizer = make_optimizer(self.module.parameters())
+
+        # 2. process groups: every rank creates every group, in the same order
+        self.pp_group = None
+        for ranks in layout.pipeline_groups():
+            group = dist.new_group(list(ranks))
+            if rank in ranks:
+                self.pp_group = group
+        self.grad_groups: list[tuple[dist.ProcessGroup | None, list[nn.Parameter]]] = []
+        for ranks, keys in layout.grad_groups().items():
+            group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+            if rank in ranks:
+                params = [p for key in sorted(keys) for p in self.module.params_of(key)]
+                self.grad_groups.append((group, params))
+
+        # 3. stages and schedule
+        cuda = device.type == "cuda"
+        self.stages = [TimedStage(chunk, c.stage_index, c.num_stages, device, group=self.pp_group,
+                                  slowdown=self.plan.slowdown, cuda=cuda)
+                       for chunk, c in zip(self.chunks, self.plan.chunks)]
+        n = self.plan.num_microbatches
+        try:
+            if schedule == "interleaved-1f1b":
+                self.schedule = ScheduleInterleaved1F1B(self.stages, n, loss_fn=lm_loss)
+            elif schedule == "gpipe":
+                self.schedule = ScheduleGPipe(self.stages[0], n, loss_fn=lm_loss)
+            else:
+                self.schedule = Schedule1F1B(self.stages[0], n, loss_fn=lm_loss)
+        except ValueError as e:  # e.g. interleaved 1F1B's micro-batch rule
+            raise SpecError("runner", "schedule", f"torch.distributed.pipelining rejects this plan: {e}") from None
+
+    # ---------------------------------------------------------------------------------------------
+    def busy(self) -> tuple[float, float]:
+        return sum(s.forward_s for s in self.stages), sum(s.backward_s for s in self.stages)
+
+    def _sync_gradients(self) -> None:
+        w = self.plan.grad_weight
+        for group, params in self.grad_groups:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            if group is None:  # the only holder: weight is 1 unless a replica lost its partner
+                if w != 1.0:
+                    for g in grads:
+                        g.mul_(w)
+                continue
+            flat = torch.cat([g.reshape(-1) for g in grads]).mul_(w)
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for p, g in zip(params, grads):
+                n = g.numel()
+                p.grad = flat[offset:offset + n].view_as(g).clone() if p.grad is None else p.grad.copy_(
+                    flat[offset:offset + n].view_as(g))
+                offset += n
+
+    def step(self, step_index: int, stop_requested: bool = False) -> StepResult:
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        x, y = self.tokens.pipeline_batch(step_index, self.plan.batch_offset, self.plan.batch_size)
+        x, y = x.to(self.device), y.to(self.device)
+        losses: list[torch.Tensor] = []
+        args = (x,) if self.plan.first else ()
+        self.schedule.step(*args, target=y if self.plan.last else None, losses=losses if self.plan.last else None,
+                           return_outputs=False)
+        self._sync_gradients()
+        self.optimizer.step()
+        # Global loss (and an agreed stop flag) in one all-reduce: the last stage of each pipeline
+        # contributes its share of the mean.
+        contrib = 0.0
+        if self.plan.last and self.plan.tp_index == 0 and losses:
+            contrib = float(torch.stack([l.detach().float() for l in losses]).mean()) * self.plan.grad_weight
+        t = torch.tensor([contrib, 1.0 if stop_requested else 0.0], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return StepResult(loss=float(t[0]), stop=bool(t[1] > 0), time_s=time.perf_counter() - t0)

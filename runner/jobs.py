@@ -1,0 +1,72 @@
+"""The job a launcher hands its ranks (a JSON file), and the checks done before anything is launched.
+
+A job carries the cluster, model and config as plain data (so a ``ClusterSpec`` built in memory can
+travel to worker processes), the mode (``profile`` or ``train``) and that mode's options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.loading import cluster_from_dict, model_from_dict
+from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
+from runner.layout import Layout, build_layout
+
+
+def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
+    """A cluster in the cluster-file format (GPUs inline), readable by ``cluster_from_dict``."""
+    nodes = []
+    for n in cluster.nodes:
+        node: dict[str, Any] = {
+            "name": n.name,
+            "gpu": {"name": n.device.name, "peak_tflops": n.device.peak_tflops, "memory_GiB": n.device.memory_GiB,
+                    "memory_bandwidth_GBps": n.device.memory_bandwidth_GBps, "source": n.device.source},
+            "count": n.count,
+            "intra_node": {"bandwidth_GBps": n.intra_node.bandwidth_GBps, "latency_us": n.intra_node.latency_us},
+            "network": {"bandwidth_GBps": n.network.bandwidth_GBps, "latency_us": n.network.latency_us},
+        }
+        if n.slowdown != 1.0:
+            node["slowdown"] = n.slowdown
+        nodes.append(node)
+    return {"name": cluster.name, "nodes": nodes}
+
+
+def make_job(mode: str, cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, **options: Any) -> dict:
+    return {"mode": mode, "cluster": cluster_to_dict(cluster), "model": asdict(model), "config": config.to_dict(),
+            **options}
+
+
+def read_job(job: dict) -> tuple[ClusterSpec, ModelSpec, ParallelConfig]:
+    cluster = cluster_from_dict(job["cluster"], "job cluster")
+    model = model_from_dict(job["model"], "job model")
+    config = ParallelConfig.from_dict(job["config"], "job config")
+    return cluster, model, config
+
+
+def uses_cuda(cluster: ClusterSpec, config: ParallelConfig, cuda_available: bool) -> bool:
+    """True for a GPU plan (NCCL), False for a CPU plan (gloo); SpecError if this machine cannot run it."""
+    kinds = {cluster.device(d).name for d in config.devices}
+    gpus = sorted(k for k in kinds if k != "cpu")
+    if gpus and "cpu" in kinds:
+        raise SpecError("runner", "devices", f"plan mixes cpu and GPU devices ({', '.join(gpus)}); the runner "
+                                             "runs one kind per plan")
+    if gpus and not cuda_available:
+        raise SpecError("runner", "cluster", f"cluster {cluster.name!r} has GPU devices ({', '.join(gpus)}) but this "
+                                             "machine has no CUDA; use a cpu cluster (cpu-2, cpu-4, cpu-hetero)")
+    return bool(gpus)
+
+
+def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, schedule_check: bool = True) -> Layout:
+    """Everything that can be checked before launching: validity, runner support, CUDA presence."""
+    layout = build_layout(cluster, model, config)
+    for plan in layout.ranks:
+        if plan.tp_degree > 1:
+            from runner.engine import check_supported  # torch import only when needed
+
+            check_supported(plan, config.schedule)
+    import torch
+
+    uses_cuda(cluster, config, torch.cuda.is_available())
+    return layout

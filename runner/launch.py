@@ -1,0 +1,200 @@
+"""Launch a job's ranks as subprocesses that can always be ended: ``profiled_run`` and ``RealEvaluator``.
+
+Each rank is ``python -m runner.worker JOB.json`` with RANK / WORLD_SIZE in its environment and a
+``file://`` rendezvous in a fresh temporary directory (no ports to race for). All ranks share one
+new process group, so ``os.killpg`` ends every one of them: on the wall-clock timeout, or as soon
+as one rank exits with an error (the others would otherwise wait in a collective until the
+process-group timeout). The caller never hangs and always learns why a run ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.errors import SpecError
+from autotune.loading import load_cluster, load_config, load_model
+from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
+from runner.jobs import make_job, preflight
+
+log = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_GRACE_S = 1.0  # after a rank fails, time the others get to write their own error before the kill
+
+
+@dataclass
+class RunOutcome:
+    status: str  # ok | failed | oom | timeout
+    error: str = ""
+    result: dict | None = None
+    errors: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(extra or {})
+    return env
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - exists but not ours
+        return True
+
+
+def _kill_group(pgid: int, procs: list[subprocess.Popen]) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in procs:
+        p.wait()
+    deadline = time.monotonic() + 5.0
+    while _group_alive(pgid) and time.monotonic() < deadline:  # grandchildren, if any
+        time.sleep(0.05)
+
+
+def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = False) -> RunOutcome:
+    """Run ``world_size`` ranks of ``job``; end them all by ``timeout_s``; collect rank 0's result."""
+    run_dir = Path(tempfile.mkdtemp(prefix="autotune-run-"))
+    job = {**job, "out_dir": str(run_dir), "init_method": f"file://{run_dir}/rendezvous",
+           "pg_timeout_s": max(30.0, timeout_s)}
+    job_path = run_dir / "job.json"
+    job_path.write_text(json.dumps(job))
+    procs: list[subprocess.Popen] = []
+    logs = []
+    t0 = time.monotonic()
+    pgid = 0
+    try:
+        for rank in range(world_size):
+            env = worker_env({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)})
+            out = open(run_dir / f"rank{rank}.log", "wb")
+            logs.append(out)
+            group = {"process_group": 0 if rank == 0 else pgid}  # one new group for all ranks
+            procs.append(subprocess.Popen([sys.executable, "-m", "runner.worker", str(job_path)], env=env,
+                                          stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), **group))
+            if rank == 0:
+                pgid = procs[0].pid
+        status = "timeout"
+        deadline = t0 + timeout_s
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in procs]
+            if any(c not in (None, 0) for c in codes):
+                status = "failed"
+                time.sleep(_GRACE_S)
+                break
+            if all(c == 0 for c in codes):
+                status = "ok"
+                break
+            time.sleep(0.05)
+    finally:
+        if pgid:
+            _kill_group(pgid, procs)
+        for f in logs:
+            f.close()
+    wall = time.monotonic() - t0
+    outcome = _collect(run_dir, status, world_size, timeout_s, wall, procs)
+    if keep_dir or os.environ.get("AUTOTUNE_KEEP_RUN_DIR"):
+        log.info("run directory kept: %s", run_dir)
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return outcome
+
+
+def _collect(run_dir: Path, status: str, world: int, timeout_s: float, wall: float,
+             procs: list[subprocess.Popen]) -> RunOutcome:
+    errors = []
+    for r in range(world):
+        path = run_dir / f"error-rank{r}.json"
+        if path.exists():
+            try:
+                errors.append(json.loads(path.read_text()))
+            except json.JSONDecodeError:
+                errors.append({"rank": r, "type": "?", "message": "unreadable error report", "oom": False})
+    result_path = run_dir / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else None
+    if status == "ok" and result is None:
+        status = "failed"
+    if status == "ok":
+        return RunOutcome("ok", result=result, wall_s=wall)
+    if status == "timeout":
+        stuck = [str(r) for r, p in enumerate(procs) if p.returncode not in (0,)]
+        msg = (f"no result after {timeout_s:g} s wall clock; killed {len(stuck)} rank process(es) "
+               f"(ranks {', '.join(stuck)})")
+        if errors:
+            msg += f"; rank {errors[0]['rank']} had failed: {errors[0]['type']}: {errors[0]['message']}"
+        return RunOutcome("timeout", msg, errors=errors, wall_s=wall)
+    if errors:
+        # the first error by rank is usually the cause; others are often peers losing their connection
+        first = min(errors, key=lambda e: (e.get("type") in ("DistBackendError",), e["rank"]))
+        oom = any(e.get("oom") for e in errors)
+        msg = f"rank {first['rank']} failed: {first['type']}: {first['message']}"
+        return RunOutcome("oom" if oom else "failed", msg, errors=errors, wall_s=wall)
+    codes = {r: p.returncode for r, p in enumerate(procs) if p.returncode}
+    tail = ""
+    for r in codes:
+        log_path = run_dir / f"rank{r}.log"
+        if log_path.exists():
+            lines = log_path.read_text(errors="replace").strip().splitlines()
+            tail = lines[-1] if lines else ""
+            break
+    return RunOutcome("failed", f"rank process(es) exited with {codes}; {tail}".strip("; "), wall_s=wall)
+
+
+def profiled_run(cluster: str | ClusterSpec, model: str | ModelSpec, config: str | Path | ParallelConfig | dict, *,
+                 steps: int = 3, warmup: int = 1, timeout_s: float = 300.0, seed: int = 0,
+                 global_batch_size: int | None = None) -> Measurement:
+    """Train ``steps`` timed steps (after ``warmup``) of ``config`` on real ranks; return what was measured.
+
+    Never raises for a bad plan: an invalid or unsupported plan gives status ``invalid`` / ``failed``,
+    a crashed rank ``failed`` (or ``oom``), a hung one ``timeout``; ``error`` says why.
+    """
+    try:
+        cluster = load_cluster(cluster)
+        model = load_model(model, global_batch_size)
+        config = load_config(config)
+    except SpecError as e:
+        return Measurement.failure("invalid", str(e))
+    try:
+        layout = preflight(cluster, model, config)
+    except SpecError as e:
+        return Measurement.failure("failed" if e.source == "runner" else "invalid", str(e))
+    job = make_job("profile", cluster, model, config, steps=steps, warmup=warmup, seed=seed)
+    outcome = run_ranks(job, layout.world_size, timeout_s)
+    if outcome.status != "ok":
+        return Measurement.failure(outcome.status, outcome.error, oom=outcome.status == "oom")
+    return Measurement.from_dict(outcome.result["measurement"])
+
+
+class RealEvaluator:
+    """The evaluator interface (``autotune.evaluator.Evaluator``) backed by short profiled runs."""
+
+    def __init__(self, cluster: str | ClusterSpec, model: str | ModelSpec, *, steps: int = 2, warmup: int = 1,
+                 timeout_s: float = 300.0, seed: int = 0) -> None:
+        self.cluster = load_cluster(cluster)
+        self.model = load_model(model)
+        self.steps, self.warmup, self.timeout_s, self.seed = steps, warmup, timeout_s, seed
+
+    def evaluate(self, config: ParallelConfig) -> Measurement:
+        try:
+            return profiled_run(self.cluster, self.model, config, steps=self.steps, warmup=self.warmup,
+                                timeout_s=self.timeout_s, seed=self.seed)
+        except Exception as e:  # the interface never raises for a plan
+            log.exception("profiled run crashed")
+            return Measurement.failure("failed", f"{type(e).__name__}: {e}")

@@ -1,0 +1,155 @@
+"""Which rank does what: a ``ParallelConfig`` turned into one ``RankPlan`` per rank (pure Python, no torch).
+
+Rank order is the config's device order: pipelines in order, their stages in order, each stage's
+devices in order (``ParallelConfig.devices``). So rank ``r`` runs device ``config.devices[r]``.
+
+Pipelines are data-parallel replicas. Pipeline ``p`` takes ``num_microbatches * micro_batch_size``
+consecutive sequences of the global batch, starting after those of pipelines ``0..p-1``; its
+gradients are weighted by its share of the global batch before they are summed, so the update is
+the one a single process makes on the whole global batch (loss = mean over all its tokens).
+
+With ``interleaved-1f1b`` and ``virtual_stages = v`` each stage's layers split into ``v`` equal
+chunks placed Megatron-style: virtual stage ``c * S + s`` (chunk ``c`` of stage ``s`` of ``S``)
+holds the next ``layers_s / v`` blocks, so a rank's chunks are not contiguous in the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.errors import SpecError
+from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
+
+EMBED_KEY, HEAD_KEY = "embed", "head"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlan:
+    """One (virtual) pipeline stage held by a rank."""
+
+    stage_index: int  # virtual stage index in its pipeline, 0..num_stages-1
+    num_stages: int  # virtual stages of the pipeline (stages x virtual_stages)
+    layers: tuple[int, ...]  # global block indices, in model order
+
+    @property
+    def first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+
+@dataclass(frozen=True, slots=True)
+class RankPlan:
+    rank: int
+    device_id: str
+    pipeline: int
+    stage: int  # physical stage index in the pipeline
+    tp_index: int
+    tp_degree: int
+    chunks: tuple[ChunkPlan, ...]
+    recompute: bool
+    slowdown: float
+    num_microbatches: int
+    batch_offset: int  # first sequence of this pipeline in the global batch
+    batch_size: int  # sequences this pipeline takes per step
+    grad_weight: float  # batch_size / global batch size
+
+    @property
+    def first(self) -> bool:
+        return any(c.first for c in self.chunks)
+
+    @property
+    def last(self) -> bool:
+        return any(c.last for c in self.chunks)
+
+    def holds(self) -> tuple[str, ...]:
+        """Keys of the weights this rank holds: ``embed``, ``layer<i>``, ``head``."""
+        keys = [EMBED_KEY] if self.first else []
+        keys += [f"layer{i}" for c in self.chunks for i in c.layers]
+        return tuple(keys + ([HEAD_KEY] if self.last else []))
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    ranks: tuple[RankPlan, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def pipeline_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Point-to-point groups: for each pipeline and tensor-parallel index, its ranks in stage order."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for r in self.ranks:
+            groups.setdefault((r.pipeline, r.tp_index), []).append(r.rank)
+        return tuple(tuple(v) for _, v in sorted(groups.items()))
+
+    def tp_groups(self) -> tuple[tuple[int, ...], ...]:
+        groups: dict[tuple[int, int], list[int]] = {}
+        for r in self.ranks:
+            groups.setdefault((r.pipeline, r.stage), []).append(r.rank)
+        return tuple(tuple(v) for _, v in sorted(groups.items()) if len(v) > 1)
+
+    def grad_groups(self) -> dict[tuple[int, ...], tuple[str, ...]]:
+        """Ranks that hold the same weights (one per pipeline, same tensor-parallel shard) -> those
+        weight keys. Each group all-reduces exactly the gradients of its keys."""
+        holders: dict[tuple[str, int], list[int]] = {}
+        for r in self.ranks:
+            for key in r.holds():
+                holders.setdefault((key, r.tp_index), []).append(r.rank)
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for (key, _), ranks in holders.items():
+            groups.setdefault(tuple(sorted(ranks)), []).append(key)
+        return {g: tuple(keys) for g, keys in sorted(groups.items())}
+
+
+def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig) -> Layout:
+    """Validate ``config`` against ``cluster`` and ``model`` and place it on ranks.
+
+    Raises SpecError for an invalid plan and for plan shapes the runner does not support.
+    """
+    config.validate(cluster, model)
+    v = config.virtual_stages
+    ranks: list[RankPlan] = []
+    offset = 0
+    tp_of_layer: dict[int, tuple[int, int]] = {}
+    for p, pipe in enumerate(config.pipelines):
+        degrees = {s.tp for s in pipe.stages}
+        if len(degrees) > 1:
+            raise SpecError("runner", f"pipelines[{p}].stages",
+                            f"stages of one pipeline with different tensor-parallel degrees {sorted(degrees)} "
+                            "are not supported by the runner (activations would need resharding between stages)")
+        num_virtual = len(pipe.stages) * v
+        chunk_layers: dict[tuple[int, int], tuple[int, ...]] = {}
+        next_layer = 0
+        for c in range(v):
+            for s, stage in enumerate(pipe.stages):
+                n = stage.layers // v
+                chunk_layers[(s, c)] = tuple(range(next_layer, next_layer + n))
+                next_layer += n
+        batch = pipe.num_microbatches * config.micro_batch_size
+        for s, stage in enumerate(pipe.stages):
+            chunks = tuple(ChunkPlan(c * len(pipe.stages) + s, num_virtual, chunk_layers[(s, c)]) for c in range(v))
+            for layer in (i for ch in chunks for i in ch.layers):
+                seen = tp_of_layer.setdefault(layer, (stage.tp, p))
+                if seen[0] != stage.tp:
+                    raise SpecError("runner", f"pipelines[{p}].stages[{s}].devices",
+                                    f"layer {layer} has tensor-parallel degree {stage.tp} here but {seen[0]} in "
+                                    f"pipeline {seen[1]}; replicas must shard a layer the same way to average "
+                                    "its gradients")
+            for j, device in enumerate(stage.devices):
+                ranks.append(RankPlan(
+                    rank=len(ranks), device_id=device, pipeline=p, stage=s, tp_index=j, tp_degree=stage.tp,
+                    chunks=chunks, recompute=stage.recompute, slowdown=cluster.node_of(device).slowdown,
+                    num_microbatches=pipe.num_microbatches, batch_offset=offset, batch_size=batch,
+                    grad_weight=batch / model.global_batch_size))
+        offset += batch
+    for key in (EMBED_KEY, HEAD_KEY):
+        degrees = {(r.tp_degree) for r in ranks if key in r.holds()}
+        if len(degrees) > 1:
+            raise SpecError("runner", "pipelines",
+                            f"the {key} sits on stages of different tensor-parallel degrees {sorted(degrees)}; "
+                            "replicas must shard it the same way")
+    return Layout(tuple(ranks))

@@ -1,0 +1,166 @@
+"""A GPT/Llama-style decoder in plain torch, built from a ``ModelSpec`` and split into pipeline chunks.
+
+- Pre-norm blocks: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; causal attention through
+  ``F.scaled_dot_product_attention``; grouped-query attention when ``num_kv_heads < num_heads``.
+- ``mlp: gelu`` is GPT-2's two-matrix MLP with LayerNorm; ``mlp: swiglu`` is Llama's three-matrix
+  MLP with RMSNorm. No biases (Llama); untied LM head (``ModelSpec.num_params`` counts it).
+- Initialisation is random from a seed, **per layer index**: block ``i`` draws its weights from a
+  generator seeded by ``(seed, i)``, the embedding and the head from their own seeds. So block ``i``
+  starts from the same weights whichever stage or chunk holds it, and every plan of the same model
+  and seed starts from identical weights (the equivalence tests rely on this).
+
+A ``StageChunk`` is what one pipeline (virtual) stage runs: optional embedding, a run of blocks,
+optional final norm + LM head. Its parameter names carry the global layer index
+(``blocks.7.attn.q_proj.weight``), so the same weight has the same name on every rank and in every
+plan: gradient sync groups and checkpoints key on it.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from autotune.specs import ModelSpec
+
+INIT_STD = 0.02  # GPT-2 / nanoGPT initialiser
+_EMBED_SEED, _HEAD_SEED = 1_000_003, 2_000_003
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    return RMSNorm(spec.hidden_size) if spec.mlp == "swiglu" else nn.LayerNorm(spec.hidden_size, bias=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, kv = spec.hidden_size, spec.kv_hidden_size
+        self.head_dim = spec.head_dim
+        self.q_proj = nn.Linear(h, h, bias=False)
+        self.k_proj = nn.Linear(h, kv, bias=False)
+        self.v_proj = nn.Linear(h, kv, bias=False)
+        self.o_proj = nn.Linear(h, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds a slice of the heads.
+        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, f = spec.hidden_size, spec.ffn_hidden_size
+        self.swiglu = spec.mlp == "swiglu"
+        self.up_proj = nn.Linear(h, f, bias=False)
+        if self.swiglu:
+            self.gate_proj = nn.Linear(h, f, bias=False)
+        self.down_proj = nn.Linear(f, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.attn_norm = _norm(spec)
+        self.attn = Attention(spec)
+        self.mlp_norm = _norm(spec)
+        self.mlp = MLP(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def _init_(module: nn.Module, seed: int) -> None:
+    """Deterministic init from ``seed``: matrices N(0, 0.02) in name order, norms 1.
+
+    Output projections get GPT-2's 1/sqrt(2 * num_layers) scaling left out on purpose: the std must
+    not depend on how many layers a stage holds.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(module.named_parameters(), key=lambda kv: kv[0]):
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * INIT_STD)
+            else:
+                p.fill_(1.0)
+
+
+def layer_seed(seed: int, layer: int) -> int:
+    return seed * 7919 + 17 + layer
+
+
+class StageChunk(nn.Module):
+    """Embedding (first chunk) -> blocks ``layers`` -> final norm + LM head (last chunk).
+
+    Input: token ids ``(batch, seq)`` on the first chunk, hidden states ``(batch, seq, hidden)``
+    elsewhere. Output: logits ``(batch, seq, vocab)`` on the last chunk, hidden states elsewhere.
+    """
+
+    def __init__(self, spec: ModelSpec, layers: Iterable[int], *, first: bool, last: bool, seed: int,
+                 recompute: bool = False) -> None:
+        super().__init__()
+        self.layer_ids = tuple(layers)
+        self.recompute = recompute
+        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size) if first else None
+        self.blocks = nn.ModuleDict({str(i): Block(spec) for i in self.layer_ids})
+        self.norm = _norm(spec) if last else None
+        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) if last else None
+        if self.embed is not None:
+            _init_(self.embed, seed * 7919 + _EMBED_SEED)
+        for i in self.layer_ids:
+            _init_(self.blocks[str(i)], layer_seed(seed, i))
+        if self.head is not None:
+            _init_(self.head, seed * 7919 + _HEAD_SEED)
+            self.norm.weight.data.fill_(1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.blocks.values():
+            if self.recompute and torch.is_grad_enabled():
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        if self.head is not None:
+            x = self.head(self.norm(x))
+        return x
+
+
+def build_full_model(spec: ModelSpec, seed: int) -> StageChunk:
+    """The whole model as one chunk: the single-process reference the equivalence tests train."""
+    return StageChunk(spec, range(spec.num_layers), first=True, last=True, seed=seed)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy over every token of the (micro-)batch."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def flops_per_token(spec: ModelSpec) -> float:
+    """Training FLOPs per token: 6 N (forward + backward matmuls, N = non-embedding weights + LM head)
+    plus attention scores 12 L h s (PaLM, Chowdhery et al. 2022, appendix B)."""
+    n = spec.num_layers * spec.params_per_layer + spec.embedding_params  # head matmul; the lookup is free
+    return 6.0 * n + 12.0 * spec.num_layers * spec.hidden_size * spec.seq_len

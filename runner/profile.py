@@ -1,0 +1,103 @@
+"""A short profiled run on one rank, and how rank 0 turns all ranks' readings into a ``Measurement``.
+
+Readings, per rank, over the timed steps (after warm-up):
+- step wall time; the iteration time is the slowest rank's mean (steps end in a global all-reduce,
+  so ranks agree to within that collective);
+- forward and backward compute time of its stage(s) (``TimedStage``), including emulated slowdown;
+- peak memory: CUDA ``torch.cuda.max_memory_allocated``; CPU the growth of the process's peak RSS
+  (``getrusage`` max RSS minus the RSS before the model was built), which also counts allocator
+  and communication buffers. A CPU rank whose growth exceeds its device's ``memory_GiB`` is
+  reported as ``oom`` (emulation: the process itself did not run out).
+
+Derived:
+- ``stage_busy_s``: per stage of the slowest pipeline, forward + backward seconds per step (the
+  slowest tensor-parallel rank of each stage); the slowest pipeline is the one with the largest
+  ``max_stage_busy * (1 + (S - 1) / m)``, the 1F1B estimate of its step time;
+- ``bubble_fraction``: ``1 - mean over ranks (busy / iteration time)``: the share of rank-time not
+  spent computing (pipeline bubbles, communication, gradient sync, optimizer);
+- ``mfu``: model FLOPs per second (``runner.model.flops_per_token``) over the plan's devices' summed
+  ``peak_tflops`` (datasheet 16-bit numbers; for ``cpu`` the catalog's nominal fp32 core).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
+from runner.data import TokenSource
+from runner.engine import Engine
+from runner.layout import Layout
+from runner.model import flops_per_token
+
+log = logging.getLogger(__name__)
+GiB = 2**30
+
+
+def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig,
+                 rank: int, device: torch.device, baseline_rss: int, peak_rss: Callable[[], int],
+                 fault: Callable[[int], None]) -> None:
+    steps, warmup = int(job["steps"]), int(job["warmup"])
+    engine = Engine(layout, model, rank, device, schedule=config.schedule, micro_batch_size=config.micro_batch_size,
+                    seed=int(job.get("seed", 0)), tokens=TokenSource(model, int(job.get("seed", 0))))
+    fault(rank)
+    losses = []
+    for i in range(warmup):
+        losses.append(engine.step(i).loss)
+    dist.barrier()
+    fwd0, bwd0 = engine.busy()
+    t0 = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        losses.append(engine.step(i).loss)
+    elapsed = time.perf_counter() - t0
+    fwd, bwd = engine.busy()
+    if device.type == "cuda":
+        peak_GiB = torch.cuda.max_memory_allocated(device) / GiB
+    else:
+        peak_GiB = max(0, peak_rss() - baseline_rss) / GiB
+    plan = layout.ranks[rank]
+    reading = {"rank": rank, "device": plan.device_id, "pipeline": plan.pipeline, "stage": plan.stage,
+               "forward_s": (fwd - fwd0) / steps, "backward_s": (bwd - bwd0) / steps,
+               "iteration_time_s": elapsed / steps, "peak_memory_GiB": peak_GiB}
+    readings: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
+    dist.all_gather_object(readings, reading)
+    if rank == 0:
+        m = summarize(readings, cluster, model, config)
+        log.info("measured %.1f tokens/s, %.3f s/iteration", m.tokens_per_s, m.iteration_time_s)
+        out = {"measurement": m.to_dict(), "losses": losses}
+        Path(job["out_dir"], "result.json").write_text(json.dumps(out))
+
+
+def summarize(readings: list[dict], cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig) -> Measurement:
+    iteration = max(r["iteration_time_s"] for r in readings)
+    tokens_per_s = model.global_batch_size * model.seq_len / iteration
+    stage_busy: dict[tuple[int, int], float] = {}
+    for r in readings:
+        key = (r["pipeline"], r["stage"])
+        stage_busy[key] = max(stage_busy.get(key, 0.0), r["forward_s"] + r["backward_s"])
+
+    def estimate(p: int) -> float:
+        busy = [b for (q, _), b in stage_busy.items() if q == p]
+        pipe = config.pipelines[p]
+        return max(busy) * (1 + (len(pipe.stages) - 1) / pipe.num_microbatches)
+
+    slowest = max(range(len(config.pipelines)), key=estimate)
+    busy_of_slowest = tuple(stage_busy[(slowest, s)] for s in range(len(config.pipelines[slowest].stages)))
+    bubble = 1.0 - sum((r["forward_s"] + r["backward_s"]) / iteration for r in readings) / len(readings)
+    peak_flops = sum(cluster.device(d).peak_tflops for d in config.devices) * 1e12
+    mfu = tokens_per_s * flops_per_token(model) / peak_flops
+    memory = {r["device"]: r["peak_memory_GiB"] for r in readings}
+    over = [(d, gib, cluster.device(d).memory_GiB) for d, gib in memory.items() if gib > cluster.device(d).memory_GiB]
+    status, error = "ok", ""
+    if over:
+        d, gib, cap = over[0]
+        status, error = "oom", f"device {d} used {gib:.2f} GiB, more than its {cap:.2f} GiB"
+    return Measurement(tokens_per_s=tokens_per_s, iteration_time_s=iteration, oom=bool(over), peak_memory_GiB=memory,
+                       mfu=mfu, bubble_fraction=max(0.0, bubble), stage_busy_s=busy_of_slowest, status=status,
+                       error=error)
