@@ -1,0 +1,287 @@
+"""Calibration profiles: measured device and link speeds that replace the simulator's defaults.
+
+``autotune profile`` measures a cluster and writes one of these; ``autotune simulate --profile P``
+and ``Simulator(..., profile=...)`` read it. The file is JSON::
+
+    {
+      "format_version": 1,
+      "created": "2026-11-29T15:00:00+00:00",          # ISO-8601, when it was measured
+      "cluster": "mixed-a100-v100",                      # the cluster it was measured on (informative)
+      "versions": {"torch": "2.13.0", "cuda": "12.4"},   # software that measured it (informative)
+      "devices": {
+        "A100-80GB": {                                   # a DeviceSpec name, as in the cluster file
+          "matmul_tflops": [[512, 110.0], [1024, 205.0], [4096, 265.0]],
+          "memory_bandwidth_GBps": 1700.0,               # optional: measured copy bandwidth
+          "layers": [                                    # optional: measured transformer layers
+            {"hidden_size": 4096, "num_heads": 32, "num_kv_heads": 32, "ffn_hidden_size": 11008,
+             "mlp": "swiglu", "seq_len": 4096, "micro_batch_size": 1, "tp": 1,
+             "forward_s": 0.0123, "backward_s": 0.0251}
+          ]
+        }
+      },
+      "links": {                                         # optional, per node of the cluster file
+        "a100": {"intra_node": {"bandwidth_GBps": 240.0, "latency_us": 3.0},
+                 "network": {"bandwidth_GBps": 11.0, "latency_us": 12.0}}
+      }
+    }
+
+- ``matmul_tflops``: sustained 16-bit TFLOP/s of an ``n x n x n`` matrix multiply, as ``[n, tflops]``
+  pairs (at least one). For other shapes the simulator uses the cube root of ``M * N * K`` as ``n``
+  and interpolates linearly in ``log n`` between measured sizes, clamping outside the measured range.
+- ``layers``: per-transformer-layer times for one micro-batch of ``micro_batch_size`` sequences on a
+  tensor-parallel group of ``tp`` such devices, tensor-parallel communication included, backward
+  without recomputation. When a stage matches an entry exactly, the simulator uses it instead of the
+  FLOP model.
+- ``links``: measured one-direction bandwidth and latency, replacing the cluster file's numbers.
+
+Every field is validated on load; a bad file raises one ``SpecError`` naming the file and field.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from autotune.errors import SpecError
+from autotune.specs import MLP_KINDS, LinkSpec, ModelSpec
+
+FORMAT_VERSION = 1
+
+
+def _number(source: str, field: str, value: Any, *, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SpecError(source, field, f"must be a number, got {value!r}")
+    if positive and value <= 0:
+        raise SpecError(source, field, f"must be > 0, got {value}")
+    if not positive and value < 0:
+        raise SpecError(source, field, f"must be >= 0, got {value}")
+    return float(value)
+
+
+def _integer(source: str, field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(source, field, f"must be an integer >= 1, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTiming:
+    """Measured forward and backward time of one transformer layer for one micro-batch."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    mlp: str
+    seq_len: int
+    micro_batch_size: int
+    tp: int
+    forward_s: float
+    backward_s: float
+
+    def key(self) -> tuple:
+        return (self.hidden_size, self.num_heads, self.num_kv_heads, self.ffn_hidden_size, self.mlp,
+                self.seq_len, self.micro_batch_size, self.tp)
+
+    @staticmethod
+    def key_for(model: ModelSpec, micro_batch_size: int, tp: int) -> tuple:
+        return (model.hidden_size, model.num_heads, model.num_kv_heads, model.ffn_hidden_size, model.mlp,
+                model.seq_len, micro_batch_size, tp)
+
+
+_LAYER_FIELDS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "mlp", "seq_len",
+                 "micro_batch_size", "tp", "forward_s", "backward_s")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceProfile:
+    """One device type's measurements. ``matmul`` holds ``(n, tflops)`` sorted by ``n``."""
+
+    name: str
+    matmul: tuple[tuple[float, float], ...]
+    memory_bandwidth_GBps: float | None = None
+    layers: tuple[LayerTiming, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.matmul:
+            raise SpecError(f"profile device {self.name!r}", "matmul_tflops", "must list at least one [n, tflops]")
+        object.__setattr__(self, "matmul", tuple(sorted((float(n), float(t)) for n, t in self.matmul)))
+
+    def matmul_tflops(self, n: float) -> float:
+        """Sustained TFLOP/s for an ``n``-sized (cube-root of M*N*K) matmul: linear in log n, clamped."""
+        sizes = [s for s, _ in self.matmul]
+        if n <= sizes[0]:
+            return self.matmul[0][1]
+        if n >= sizes[-1]:
+            return self.matmul[-1][1]
+        i = bisect.bisect_right(sizes, n)
+        (n0, t0), (n1, t1) = self.matmul[i - 1], self.matmul[i]
+        w = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
+        return t0 + w * (t1 - t0)
+
+    def layer_timing(self, model: ModelSpec, micro_batch_size: int, tp: int) -> LayerTiming | None:
+        key = LayerTiming.key_for(model, micro_batch_size, tp)
+        for layer in self.layers:
+            if layer.key() == key:
+                return layer
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLinks:
+    """Measured links of one node of the cluster file (either may be absent)."""
+
+    node: str
+    intra_node: LinkSpec | None = None
+    network: LinkSpec | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationProfile:
+    devices: tuple[DeviceProfile, ...]
+    links: tuple[NodeLinks, ...] = ()
+    created: str = ""
+    cluster: str = ""
+    versions: tuple[tuple[str, str], ...] = ()
+
+    def device(self, name: str) -> DeviceProfile | None:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        return None
+
+    def node_links(self, node: str) -> NodeLinks | None:
+        for link in self.links:
+            if link.node == node:
+                return link
+        return None
+
+    # -- (de)serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        devices: dict[str, Any] = {}
+        for d in self.devices:
+            entry: dict[str, Any] = {"matmul_tflops": [[n, t] for n, t in d.matmul]}
+            if d.memory_bandwidth_GBps is not None:
+                entry["memory_bandwidth_GBps"] = d.memory_bandwidth_GBps
+            if d.layers:
+                entry["layers"] = [{f: getattr(layer, f) for f in _LAYER_FIELDS} for layer in d.layers]
+            devices[d.name] = entry
+        links: dict[str, Any] = {}
+        for nl in self.links:
+            links[nl.node] = {kind: {"bandwidth_GBps": spec.bandwidth_GBps, "latency_us": spec.latency_us}
+                              for kind, spec in (("intra_node", nl.intra_node), ("network", nl.network))
+                              if spec is not None}
+        return {"format_version": FORMAT_VERSION, "created": self.created, "cluster": self.cluster,
+                "versions": dict(self.versions), "devices": devices, "links": links}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "profile") -> "CalibrationProfile":
+        if not isinstance(data, Mapping):
+            raise SpecError(source, "", f"must be a JSON object, got {type(data).__name__}")
+        extra = sorted(set(data) - {"format_version", "created", "cluster", "versions", "devices", "links"})
+        if extra:
+            raise SpecError(source, extra[0], "unknown field")
+        version = data.get("format_version", FORMAT_VERSION)
+        if version != FORMAT_VERSION:
+            raise SpecError(source, "format_version", f"must be {FORMAT_VERSION}, got {version!r}")
+        devices_raw = data.get("devices")
+        if not isinstance(devices_raw, Mapping) or not devices_raw:
+            raise SpecError(source, "devices", "is required and must map device names to measurements")
+        devices = tuple(_device_from_dict(source, str(name), raw) for name, raw in devices_raw.items())
+        links_raw = data.get("links", {})
+        if not isinstance(links_raw, Mapping):
+            raise SpecError(source, "links", "must map node names to {intra_node, network}")
+        links = []
+        for node, raw in links_raw.items():
+            f = f"links.{node}"
+            if not isinstance(raw, Mapping):
+                raise SpecError(source, f, "must be a mapping with intra_node and/or network")
+            extra = sorted(set(raw) - {"intra_node", "network"})
+            if extra:
+                raise SpecError(source, f"{f}.{extra[0]}", "unknown field (expected intra_node, network)")
+            specs = {}
+            for kind in ("intra_node", "network"):
+                if kind in raw:
+                    specs[kind] = _link_from_dict(source, f"{f}.{kind}", raw[kind])
+            links.append(NodeLinks(str(node), **specs))
+        versions = data.get("versions", {})
+        if not isinstance(versions, Mapping):
+            raise SpecError(source, "versions", "must map package names to version strings")
+        return cls(devices=devices, links=tuple(links), created=str(data.get("created", "")),
+                   cluster=str(data.get("cluster", "")),
+                   versions=tuple((str(k), str(v)) for k, v in versions.items()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CalibrationProfile":
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise SpecError(source, "", f"cannot read file: {e.strerror}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecError(source, "", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        return cls.from_dict(data, source)
+
+
+def _link_from_dict(source: str, field: str, raw: Any) -> LinkSpec:
+    if not isinstance(raw, Mapping) or "bandwidth_GBps" not in raw:
+        raise SpecError(source, field, "must be a mapping like {bandwidth_GBps: 300, latency_us: 2}")
+    bw = _number(source, f"{field}.bandwidth_GBps", raw["bandwidth_GBps"])
+    lat = _number(source, f"{field}.latency_us", raw.get("latency_us", 0.0), positive=False)
+    return LinkSpec(bw, lat)
+
+
+def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
+    f = f"devices.{name}"
+    if not isinstance(raw, Mapping):
+        raise SpecError(source, f, "must be a mapping with matmul_tflops")
+    extra = sorted(set(raw) - {"matmul_tflops", "memory_bandwidth_GBps", "layers"})
+    if extra:
+        raise SpecError(source, f"{f}.{extra[0]}", "unknown field (expected matmul_tflops, memory_bandwidth_GBps, "
+                                                   "layers)")
+    points_raw = raw.get("matmul_tflops")
+    if not isinstance(points_raw, list) or not points_raw:
+        raise SpecError(source, f"{f}.matmul_tflops", "is required: a non-empty list of [n, tflops] pairs")
+    points = []
+    for i, pt in enumerate(points_raw):
+        if not isinstance(pt, list) or len(pt) != 2:
+            raise SpecError(source, f"{f}.matmul_tflops[{i}]", f"must be a pair [n, tflops], got {pt!r}")
+        points.append((_number(source, f"{f}.matmul_tflops[{i}][0]", pt[0]),
+                       _number(source, f"{f}.matmul_tflops[{i}][1]", pt[1])))
+    if len({n for n, _ in points}) != len(points):
+        raise SpecError(source, f"{f}.matmul_tflops", "lists the same size twice")
+    bw = raw.get("memory_bandwidth_GBps")
+    if bw is not None:
+        bw = _number(source, f"{f}.memory_bandwidth_GBps", bw)
+    layers_raw = raw.get("layers", [])
+    if not isinstance(layers_raw, list):
+        raise SpecError(source, f"{f}.layers", "must be a list")
+    layers = []
+    for i, lr in enumerate(layers_raw):
+        lf = f"{f}.layers[{i}]"
+        if not isinstance(lr, Mapping):
+            raise SpecError(source, lf, "must be a mapping")
+        missing = [k for k in _LAYER_FIELDS if k not in lr and k != "num_kv_heads"]
+        if missing:
+            raise SpecError(source, f"{lf}.{missing[0]}", "is required")
+        extra = sorted(set(lr) - set(_LAYER_FIELDS))
+        if extra:
+            raise SpecError(source, f"{lf}.{extra[0]}", "unknown field")
+        if lr["mlp"] not in MLP_KINDS:
+            raise SpecError(source, f"{lf}.mlp", f"must be one of {', '.join(MLP_KINDS)}, got {lr['mlp']!r}")
+        ints = {k: _integer(source, f"{lf}.{k}", lr[k]) for k in
+                ("hidden_size", "num_heads", "ffn_hidden_size", "seq_len", "micro_batch_size", "tp")}
+        kv = _integer(source, f"{lf}.num_kv_heads", lr.get("num_kv_heads", lr["num_heads"]))
+        layers.append(LayerTiming(num_kv_heads=kv, mlp=lr["mlp"],
+                                  forward_s=_number(source, f"{lf}.forward_s", lr["forward_s"]),
+                                  backward_s=_number(source, f"{lf}.backward_s", lr["backward_s"]), **ints))
+    return DeviceProfile(name, tuple(points), bw, tuple(layers))

@@ -1,0 +1,55 @@
+"""How fast a device runs a matmul or a memory-bound kernel: the sustained fraction of its peak.
+
+Without a calibration profile a matmul of equivalent square size ``n`` (cube root of ``M * N * K``)
+sustains
+
+    peak_tflops * PEAK_FRACTION * n^2 / (n^2 + HALF_SIZE^2)
+
+a saturating curve: small matmuls cannot fill the GPU's streaming multiprocessors and are bound by
+memory traffic and launch overhead, large ones approach ``PEAK_FRACTION`` of the datasheet peak.
+``PEAK_FRACTION = 0.8`` is an assumption in the range public 16-bit cuBLAS benchmarks report for large
+GEMMs (roughly 0.75 on H100 SXM to 0.9 on A100); ``HALF_SIZE = 512`` puts a 512-cube matmul at half of
+that and a 2048-cube one at 94% of it. Both are defaults only: ``autotune profile`` measures the curve
+per device type and a ``CalibrationProfile`` replaces it (interpolated in log n, clamped at the ends).
+
+Memory-bound kernels (layer norms, activations, softmax, dropout, residual adds, the optimizer step)
+move their bytes at ``MEMORY_FRACTION`` of the datasheet memory bandwidth (or of the profiled one).
+"""
+
+from __future__ import annotations
+
+from autotune.profile import DeviceProfile
+from autotune.simulator.flops import Matmul
+from autotune.specs import DeviceSpec
+
+PEAK_FRACTION = 0.8    # sustained fraction of datasheet dense 16-bit peak for large matmuls (assumption)
+HALF_SIZE = 512.0      # equivalent square size at which a matmul reaches half of PEAK_FRACTION
+MEMORY_FRACTION = 0.8  # sustained fraction of datasheet memory bandwidth for streaming kernels (assumption)
+
+
+class DeviceRates:
+    """Sustained speeds of one device type, from the default curve or a profile."""
+
+    __slots__ = ("device", "profile", "slowdown", "memory_bandwidth_GBps")
+
+    def __init__(self, device: DeviceSpec, profile: DeviceProfile | None = None, slowdown: float = 1.0) -> None:
+        self.device = device
+        self.profile = profile
+        self.slowdown = slowdown
+        if profile is not None and profile.memory_bandwidth_GBps is not None:
+            self.memory_bandwidth_GBps = profile.memory_bandwidth_GBps  # measured: already sustained
+        else:
+            self.memory_bandwidth_GBps = device.memory_bandwidth_GBps * MEMORY_FRACTION
+
+    def matmul_tflops(self, size: float) -> float:
+        """Sustained TFLOP/s for a matmul of equivalent square size ``size``."""
+        if self.profile is not None:
+            return self.profile.matmul_tflops(size) / self.slowdown
+        n2 = size * size
+        return self.device.peak_tflops * PEAK_FRACTION * n2 / (n2 + HALF_SIZE * HALF_SIZE) / self.slowdown
+
+    def matmul_s(self, mm: Matmul) -> float:
+        return mm.flops / (self.matmul_tflops(mm.size) * 1e12)
+
+    def memory_s(self, num_bytes: float) -> float:
+        return num_bytes * self.slowdown / (self.memory_bandwidth_GBps * 1e9)

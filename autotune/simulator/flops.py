@@ -1,0 +1,95 @@
+"""FLOP counts of a GPT/Llama decoder, per matrix multiply, and the model FLOPs used for MFU.
+
+Forward FLOPs of one transformer layer for ``b`` sequences of ``s`` tokens, hidden ``h``, ``a`` heads,
+key/value width ``h_kv`` (grouped-query attention: ``num_kv_heads * head_dim``) and MLP width ``f``
+(a multiply-add is 2 FLOPs):
+
+- Q, K, V projections: ``2 b s h (h + 2 h_kv)``
+- attention scores ``Q K^T`` and scores times ``V``: ``2 b s^2 h`` each (full, unmasked, as Megatron counts)
+- output projection: ``2 b s h^2``
+- MLP: ``2 b s h f`` per matrix, 2 matrices (GeLU) or 3 (SwiGLU: gate, up, down)
+
+For a GPT layer (``h_kv = h``, ``f = 4h``, GeLU) this sums to ``24 b s h^2 + 4 b s^2 h``, the per-layer
+forward count of Narayanan et al. 2021 (SC'21, "Efficient Large-Scale Language Model Training on GPU
+Clusters Using Megatron-LM", Sec. 5.1 / Appendix: ``96 B s l h^2 (1 + s/6h + V/16lh)`` per iteration
+with recomputation = 4 passes of 24 B s h^2 + 4 B s^2 h per layer, plus 3 passes of the LM head
+``2 B s h V``). Backward is twice the forward; recomputation adds one forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.specs import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Matmul:
+    """``count`` independent ``(m x k) @ (k x n)`` products on one device."""
+
+    m: int
+    n: int
+    k: int
+    count: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+    @property
+    def size(self) -> float:
+        """Equivalent square size: the cube root of m * n * k (what calibration profiles index by)."""
+        return float(self.m * self.n * self.k) ** (1.0 / 3.0)
+
+
+def layer_matmuls(model: ModelSpec, micro_batch_size: int, tp: int) -> tuple[Matmul, ...]:
+    """The forward matmuls of one transformer layer on one of ``tp`` tensor-parallel devices.
+
+    Megatron-style splits: Q/K/V and the MLP's first matrices by columns, the output projection and
+    the MLP's last matrix by rows, attention by heads. With fewer key/value heads than ``tp`` each device
+    keeps one (replicated) key/value head.
+    """
+    b, s, h, f = micro_batch_size, model.seq_len, model.hidden_size, model.ffn_hidden_size
+    tokens = b * s
+    heads = model.num_heads // tp
+    kv_dev = max(model.kv_hidden_size // tp, model.head_dim)
+    up = 2 * f if model.mlp == "swiglu" else f  # SwiGLU: gate and up projections, fused
+    return (
+        Matmul(tokens, h // tp + 2 * kv_dev, h),           # Q, K, V projections
+        Matmul(s, s, model.head_dim, b * heads),            # scores Q K^T, per sequence and head
+        Matmul(s, model.head_dim, s, b * heads),            # probabilities times V
+        Matmul(tokens, h, h // tp),                         # output projection
+        Matmul(tokens, up // tp, h),                        # MLP up (and gate)
+        Matmul(tokens, h, f // tp),                         # MLP down
+    )
+
+
+def layer_forward_flops(model: ModelSpec, micro_batch_size: int) -> float:
+    """Forward FLOPs of one layer for one micro-batch on one device (no tensor parallelism)."""
+    return sum(mm.flops for mm in layer_matmuls(model, micro_batch_size, 1))
+
+
+def head_matmul(model: ModelSpec, micro_batch_size: int, tp: int) -> Matmul:
+    """The LM head (logits) matmul, vocabulary-parallel over ``tp`` devices."""
+    return Matmul(micro_batch_size * model.seq_len, -(-model.vocab_size // tp), model.hidden_size)
+
+
+def model_flops_per_token(model: ModelSpec) -> float:
+    """Training FLOPs per token for MFU: ``6 N + 12 L h s`` (PaLM, Chowdhery et al. 2022, Appendix B).
+
+    ``N`` counts the weights that take part in matmuls: every block and the untied LM head, not the
+    input embedding (a table lookup). ``12 L h s`` is the attention (``Q K^T`` and ``P V``) term. No
+    recomputation is counted: MFU charges only the FLOPs the model needs.
+    """
+    n = model.num_params - model.embedding_params
+    return 6.0 * n + 12.0 * model.num_layers * model.hidden_size * model.seq_len
+
+
+def megatron_flops_per_iteration(model: ModelSpec, recompute: bool = True) -> float:
+    """Narayanan et al. 2021, Sec. 5.1: ``96 B s l h^2 (1 + s/6h + V/16lh)`` FLOPs per iteration with
+    activation recomputation (4 passes over the layers), ``72 B s l h^2 (1 + s/6h + V/12lh)`` without.
+    GPT shapes (``f = 4h``, no GQA). Used to compare with their Table 1."""
+    B, s, l, h, V = model.global_batch_size, model.seq_len, model.num_layers, model.hidden_size, model.vocab_size
+    passes = 4 if recompute else 3
+    per_layer = passes * (24 * B * s * h * h + 4 * B * s * s * h)
+    return l * per_layer + 6 * B * s * h * V

@@ -1,0 +1,395 @@
+"""The heterogeneous training simulator: ``Simulator(cluster, model).evaluate(config) -> Measurement``.
+
+One training iteration of a plan, as Megatron-LM runs it:
+
+1. Every stage's forward and backward time per micro-batch (``_stage_costs``): per layer, its matmuls
+   (``flops.layer_matmuls``) at the device's sustained rate for their size (``efficiency``), the
+   memory-bound kernels (approximated as moving the layer's stored activation bytes, Korthikanti et al.
+   2022, once forward and twice backward), and tensor parallelism's two all-reduces of the ``b s h``
+   activations forward and two backward (Shoeybi et al. 2019, Megatron-LM, Sec. 3) over the stage's
+   group link; recomputation adds one more forward to the backward. The embedding sits on the first
+   stage, the final norm, LM head and loss on the last. A stage of mixed device types runs at the
+   pace of its slowest type.
+2. The pipeline schedule per micro-batch (``schedule``), with the activation / gradient transfers
+   between consecutive stages over the link between their devices (intra-node or network). Each
+   data-parallel replica is simulated on its own.
+3. The data-parallel gradient all-reduce: for every run of layers held by the same stages across the
+   replicas (replicas may be split differently), a ring all-reduce of their 16-bit gradients among
+   those stages, starting when the last of them finishes its backward, at the pace of the slowest
+   participant (``_dp_bandwidth``); a stage's all-reduces run one after another.
+4. The optimizer step, memory-bandwidth bound: 28 bytes of traffic per parameter (read the fp32 weight,
+   both Adam moments and the 16-bit gradient; write the three fp32 tensors and the 16-bit weight).
+
+The iteration ends when the last device finishes its optimizer step. ``evaluate`` never raises for a
+bad plan: invalid plans come back with status ``invalid``, plans that do not fit with ``oom``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+from autotune.errors import SpecError
+from autotune.loading import load_cluster, load_config, load_model
+from autotune.profile import CalibrationProfile
+from autotune.simulator.communication import allreduce_over_link_s, p2p_s, ring_allreduce_s
+from autotune.simulator.efficiency import DeviceRates
+from autotune.simulator.flops import head_matmul, layer_matmuls, model_flops_per_token
+from autotune.simulator.memory import layer_activation_bytes, stage_params, stage_peak_GiB, usable_memory_GiB
+from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, compile_schedule, run_program
+from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, NodeSpec, ParallelConfig, TimelineEvent
+
+log = logging.getLogger(__name__)
+
+ACTIVATION_BYTES = 2       # 16-bit activations and gradients cross stage boundaries and TP all-reduces
+GRAD_BYTES = 2             # 16-bit gradients in the data-parallel all-reduce (Megatron-LM fp16/bf16 default)
+OPTIMIZER_BYTES_PER_PARAM = 28  # Adam step traffic: read 4+4+4+2, write 4+4+4+2 bytes per parameter
+_PIPELINE_CACHE_SIZE = 50_000
+
+
+def _apply_profile(cluster: ClusterSpec, profile: CalibrationProfile | None) -> ClusterSpec:
+    """The cluster with the profile's measured links and memory bandwidths in place of the file's."""
+    if profile is None:
+        return cluster
+    nodes = []
+    for node in cluster.nodes:
+        links = profile.node_links(node.name)
+        dev = profile.device(node.device.name)
+        new = node
+        if links is not None:
+            new = replace(new, intra_node=links.intra_node or node.intra_node, network=links.network or node.network)
+        if dev is not None and dev.memory_bandwidth_GBps is not None:
+            new = replace(new, device=replace(node.device, memory_bandwidth_GBps=dev.memory_bandwidth_GBps))
+        nodes.append(new)
+    return replace(cluster, nodes=tuple(nodes))
+
+
+class Simulator:
+    """Predicts a plan's iteration time, throughput and memory on a cluster (the simulator evaluator).
+
+    ``record_timeline=True`` makes ``evaluate`` also return every operation as a ``TimelineEvent``
+    (slower; the search leaves it off). ``evaluate_detailed`` does that for one call.
+    """
+
+    def __init__(self, cluster: ClusterSpec, model: ModelSpec, profile: CalibrationProfile | None = None,
+                 record_timeline: bool = False) -> None:
+        self.cluster = cluster
+        self.model = model
+        self.profile = profile
+        self.record_timeline = record_timeline
+        self._eff = _apply_profile(cluster, profile)
+        self._node: dict[str, NodeSpec] = {d: n for n in self._eff.nodes for d in n.device_ids()}
+        self._rates: dict[str, DeviceRates] = {}
+        for n in self._eff.nodes:
+            key = f"{n.device.name}@{n.slowdown:g}"
+            if key not in self._rates:
+                self._rates[key] = DeviceRates(n.device, profile.device(n.device.name) if profile else None,
+                                               n.slowdown)
+        self._rate_key = {d: f"{n.device.name}@{n.slowdown:g}" for d, n in self._node.items()}
+        self._layer_cache: dict[tuple, tuple[float, float]] = {}
+        self._stage_cache: dict[tuple, tuple] = {}
+        self._memory_cache: dict[tuple, float] = {}
+        self._p2p_cache: dict[tuple, float] = {}
+        self._dp_bw_cache: dict[tuple, tuple[float, float]] = {}
+        self._pipeline_cache: dict[tuple, tuple[float, ...]] = {}
+        self._flops_per_token = model_flops_per_token(model)
+
+    # ---------------------------------------------------------------------------------------------
+    # Evaluator interface
+
+    def evaluate(self, config: ParallelConfig) -> Measurement:
+        return self._evaluate(config, self.record_timeline)
+
+    def evaluate_detailed(self, config: ParallelConfig) -> Measurement:
+        """``evaluate`` with the per-operation timeline filled in."""
+        return self._evaluate(config, True)
+
+    def _evaluate(self, config: ParallelConfig, timeline: bool) -> Measurement:
+        try:
+            config.validate(self.cluster, self.model)
+        except SpecError as e:
+            return Measurement.failure("invalid", str(e))
+        try:
+            return self._simulate(config, timeline)
+        except ScheduleDeadlock as e:
+            return Measurement.failure("invalid", f"config: schedule: {e}")
+
+    # ---------------------------------------------------------------------------------------------
+    # Cost model
+
+    def _layer_costs(self, rate_key: str, tp: int, mbs: int, link: LinkSpec) -> tuple[float, ...]:
+        """(layer forward, layer backward, embedding fwd, embedding bwd, head fwd, head bwd) seconds on one
+        device type for one micro-batch, tensor-parallel communication included, no recomputation."""
+        key = (rate_key, tp, mbs, link)
+        hit = self._layer_cache.get(key)
+        if hit is not None:
+            return hit
+        rates = self._rates[rate_key]
+        model = self.model
+        s, h, V = model.seq_len, model.hidden_size, model.vocab_size
+        tokens = mbs * s
+        act_bytes = ACTIVATION_BYTES * tokens * h
+        tp_ar = allreduce_over_link_s(act_bytes, tp, link)  # one all-reduce of the b s h activations
+        mm = sum(rates.matmul_s(m) for m in layer_matmuls(model, mbs, tp))
+        elementwise = rates.memory_s(layer_activation_bytes(model, mbs, tp))
+        layer_f = mm + elementwise + 2 * tp_ar
+        layer_b = 2 * mm + 2 * elementwise + 2 * tp_ar
+        # embedding: gather rows and write the output (4 s b h bytes); vocab-parallel: one all-reduce
+        emb_f = rates.memory_s(2.0 * act_bytes) + tp_ar
+        emb_b = rates.memory_s(2.0 * act_bytes)
+        # final norm, logits matmul, vocabulary-parallel cross-entropy (~10 bytes per logit each way,
+        # 3 small fp32 all-reduces of b s values)
+        head = rates.matmul_s(head_matmul(model, mbs, tp))
+        logits = tokens * -(-V // tp)
+        ce_ar = 3 * allreduce_over_link_s(4.0 * tokens, tp, link)
+        head_f = head + rates.memory_s(10.0 * logits + 2.0 * act_bytes) + ce_ar
+        head_b = 2 * head + rates.memory_s(10.0 * logits + 2.0 * act_bytes) + tp_ar
+        if rates.profile is not None:
+            measured = rates.profile.layer_timing(model, mbs, tp)
+            if measured is not None:
+                layer_f, layer_b = measured.forward_s, measured.backward_s
+        out = (layer_f, layer_b, emb_f, emb_b, head_f, head_b)
+        self._layer_cache[key] = out
+        return out
+
+    def _stage_costs(self, devices: tuple[str, ...], layers: int, recompute: bool, first: bool, last: bool,
+                     mbs: int, v: int) -> tuple:
+        """(durations [F, B per chunk], params per device, optimizer seconds) of one stage."""
+        key = (devices, layers, recompute, first, last, mbs, v)
+        hit = self._stage_cache.get(key)
+        if hit is not None:
+            return hit
+        tp = len(devices)
+        link = self._eff.group_link(devices) if tp > 1 else LinkSpec(1.0, 0.0)
+        lpc = layers / v
+        durs = [0.0] * (2 * v)
+        for rk in sorted({self._rate_key[d] for d in devices}):  # mixed types: the slowest sets the pace
+            lf, lb, ef, eb, hf, hb = self._layer_costs(rk, tp, mbs, link)
+            for c in range(v):
+                f = lpc * lf
+                b = lpc * (lb + lf) if recompute else lpc * lb
+                if first and c == 0:
+                    f += ef
+                    b += eb
+                if last and c == v - 1:
+                    f += hf
+                    b += hb
+                durs[2 * c] = max(durs[2 * c], f)
+                durs[2 * c + 1] = max(durs[2 * c + 1], b)
+        params = stage_params(self.model, layers, tp, first, last)
+        opt_s = max(self._rates[self._rate_key[d]].memory_s(OPTIMIZER_BYTES_PER_PARAM * params) for d in devices)
+        out = (durs, params, opt_s)
+        self._stage_cache[key] = out
+        return out
+
+    def _stage_memory_GiB(self, devices: tuple[str, ...], layers: int, recompute: bool, first: bool, last: bool,
+                          mbs: int, in_flight: int, v: int) -> float:
+        key = (len(devices), layers, recompute, first, last, mbs, in_flight, v)
+        hit = self._memory_cache.get(key)
+        if hit is None:
+            hit = stage_peak_GiB(self.model, mbs, len(devices), layers, recompute, in_flight, v, first, last)
+            self._memory_cache[key] = hit
+        return hit
+
+    def _p2p(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int) -> float:
+        key = (src[0], dst[0], mbs)
+        hit = self._p2p_cache.get(key)
+        if hit is None:
+            nbytes = ACTIVATION_BYTES * mbs * self.model.seq_len * self.model.hidden_size
+            hit = p2p_s(nbytes, self._eff.link(src[0], dst[0]))
+            self._p2p_cache[key] = hit
+        return hit
+
+    def _dp_bandwidth(self, owners: tuple[tuple[str, ...], ...]) -> tuple[float, float]:
+        """(GB/s, latency us) of a ring among stages ``owners``: each stage's tensor-parallel ranks carry
+        their shards in parallel, so a stage moves ``tp x`` its devices' intra-node bandwidth, capped by
+        its nodes' network bandwidth when the ring leaves the node; the slowest stage sets the pace."""
+        hit = self._dp_bw_cache.get(owners)
+        if hit is not None:
+            return hit
+        nodes = {self._node[d].name for stage in owners for d in stage}
+        bw = float("inf")
+        lat = 0.0
+        for stage in owners:
+            stage_nodes = {self._node[d].name: self._node[d] for d in stage}
+            intra = len(stage) * min(n.intra_node.bandwidth_GBps for n in stage_nodes.values())
+            if len(nodes) == 1:
+                stage_bw = intra
+                lat = max(lat, max(n.intra_node.latency_us for n in stage_nodes.values()))
+            else:
+                stage_bw = min(intra, sum(n.network.bandwidth_GBps for n in stage_nodes.values()))
+                lat = max(lat, max(n.network.latency_us for n in stage_nodes.values()))
+            bw = min(bw, stage_bw)
+        self._dp_bw_cache[owners] = (bw, lat)
+        return bw, lat
+
+    # ---------------------------------------------------------------------------------------------
+    # One iteration
+
+    def _simulate(self, config: ParallelConfig, timeline: bool) -> Measurement:
+        model = self.model
+        mbs, v, schedule = config.micro_batch_size, config.virtual_stages, config.schedule
+        L = model.num_layers
+        usable = {}
+        peak: dict[str, float] = {}
+        oom_devices = []
+        stage_costs = []
+        compiled = []
+        for pipe in config.pipelines:
+            p = len(pipe.stages)
+            comp = compile_schedule(schedule, p, pipe.num_microbatches, v)
+            compiled.append(comp)
+            costs = []
+            for s, st in enumerate(pipe.stages):
+                first, last = s == 0, s == p - 1
+                costs.append(self._stage_costs(st.devices, st.layers, st.recompute, first, last, mbs, v))
+                gib = self._stage_memory_GiB(st.devices, st.layers, st.recompute, first, last, mbs,
+                                             comp.in_flight[s], v)
+                for d in st.devices:
+                    peak[d] = gib
+                    cap = usable.get(d)
+                    if cap is None:
+                        cap = usable_memory_GiB(self._node[d].device.memory_GiB)
+                    if gib > cap:
+                        oom_devices.append(d)
+            stage_costs.append(costs)
+        if oom_devices:
+            d = oom_devices[0]
+            cap = self._node[d].device.memory_GiB
+            return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=True, peak_memory_GiB=peak,
+                               status="oom",
+                               error=f"{len(oom_devices)} device(s) out of memory, e.g. {d} needs {peak[d]:.1f} GiB "
+                                     f"of {cap:g} GiB (usable {usable_memory_GiB(cap):.1f})")
+
+        # -- pipelines -----------------------------------------------------------------------------
+        finish: list[tuple[float, ...]] = []
+        slowest = (-1.0, 0)
+        events: list[TimelineEvent] = []
+        for r, pipe in enumerate(config.pipelines):
+            p = len(pipe.stages)
+            costs = stage_costs[r]
+            durs: list[float] = []
+            for c in costs:
+                durs += c[0]
+            comms = [0.0] * (1 + 2 * p)
+            stages = pipe.stages
+            for s in range(p):
+                if s > 0 or v > 1:
+                    comms[1 + s] = self._p2p(stages[s - 1].devices, stages[s].devices, mbs)
+                if s < p - 1 or v > 1:
+                    comms[1 + p + s] = self._p2p(stages[(s + 1) % p].devices, stages[s].devices, mbs)
+            comp = compiled[r]
+            if timeline:
+                end, free = run_program(comp, durs, comms)
+                self._pipeline_events(events, comp, pipe, end, durs, v)
+                free_t = tuple(free)
+            else:
+                key = (schedule, pipe.num_microbatches, v, tuple(durs), tuple(comms))
+                free_t = self._pipeline_cache.get(key)
+                if free_t is None:
+                    free_t = tuple(run_program(comp, durs, comms)[1])
+                    if len(self._pipeline_cache) > _PIPELINE_CACHE_SIZE:
+                        self._pipeline_cache.clear()
+                    self._pipeline_cache[key] = free_t
+            finish.append(free_t)
+            makespan = max(free_t)
+            if makespan > slowest[0]:
+                slowest = (makespan, r)
+
+        # -- data-parallel gradient all-reduce, then the optimizer ---------------------------------
+        cursor = [list(f) for f in finish]
+        if len(config.pipelines) > 1:
+            self._data_parallel(config, cursor, events if timeline else None)
+        iteration = 0.0
+        for r, pipe in enumerate(config.pipelines):
+            for s, st in enumerate(pipe.stages):
+                opt = stage_costs[r][s][2]
+                t = cursor[r][s] + opt
+                if timeline:
+                    events.extend(TimelineEvent(d, "optimizer", cursor[r][s], t) for d in st.devices)
+                if t > iteration:
+                    iteration = t
+
+        # -- measurement ---------------------------------------------------------------------------
+        makespan, r = slowest
+        costs = stage_costs[r]
+        m = config.pipelines[r].num_microbatches
+        busy = tuple(m * sum(c[0]) for c in costs)
+        bubble = 1.0 - sum(busy) / (len(busy) * makespan) if makespan > 0 else 0.0
+        tokens = config.global_batch_size * model.seq_len
+        peak_flops = sum(self._node[d].device.peak_tflops / self._node[d].slowdown for d in peak) * 1e12
+        mfu = self._flops_per_token * tokens / (iteration * peak_flops)
+        return Measurement(tokens_per_s=tokens / iteration, iteration_time_s=iteration, oom=False,
+                           peak_memory_GiB=peak, mfu=mfu, bubble_fraction=max(0.0, bubble), stage_busy_s=busy,
+                           timeline=tuple(sorted(events, key=lambda e: (e.start_s, e.device))) if timeline else ())
+
+    def _data_parallel(self, config: ParallelConfig, cursor: list[list[float]],
+                       events: list[TimelineEvent] | None) -> None:
+        """Advance each stage's clock through its gradient all-reduces (in place in ``cursor``)."""
+        model = self.model
+        L = model.num_layers
+        starts = []
+        cuts = {0, L}
+        for pipe in config.pipelines:
+            acc, st = 0, []
+            for stage in pipe.stages:
+                st.append(acc)
+                cuts.add(acc)
+                acc += stage.layers
+            starts.append(st)
+        cuts_sorted = sorted(cuts)
+        # runs of layers held by the same stage in every replica, last layers first (backward order)
+        segments: list[tuple[tuple[int, ...], float]] = []
+        for x, y in zip(cuts_sorted, cuts_sorted[1:]):
+            owners = tuple(bisect.bisect_right(st, x) - 1 for st in starts)
+            params = (y - x) * model.params_per_layer
+            if x == 0:
+                params += model.embedding_params
+            if y == L:
+                params += model.embedding_params + model.hidden_size
+            if segments and segments[-1][0] == owners:
+                segments[-1] = (owners, segments[-1][1] + params)
+            else:
+                segments.append((owners, params))
+        n = len(config.pipelines)
+        for owners, params in reversed(segments):
+            stages = tuple(config.pipelines[r].stages[s].devices for r, s in enumerate(owners))
+            bw, lat = self._dp_bandwidth(stages)
+            t = ring_allreduce_s(GRAD_BYTES * params, n, bw, lat)
+            start = max(cursor[r][s] for r, s in enumerate(owners))
+            for r, s in enumerate(owners):
+                cursor[r][s] = start + t
+            if events is not None:
+                events.extend(TimelineEvent(d, "allreduce", start, start + t) for devs in stages for d in devs)
+
+    @staticmethod
+    def _pipeline_events(events: list[TimelineEvent], comp, pipe, end: list[float], durs: list[float],
+                         v: int) -> None:
+        for k, ((s, di, _, _), (kind, c, j)) in enumerate(zip(comp.program, comp.labels)):
+            t1 = end[k + 1]
+            t0 = t1 - durs[di]
+            name = ("F" if kind == FORWARD else "B") + str(j) + (f".c{c}" if v > 1 else "")
+            events.extend(TimelineEvent(d, name, t0, t1) for d in pipe.stages[s].devices)
+
+
+def simulate(cluster, model, config, profile=None, global_batch_size: int | None = None,
+             timeline: bool = False) -> Measurement:
+    """Simulate one plan (SPEC.md "Library"): the same numbers as ``autotune simulate``.
+
+    ``cluster``, ``model`` and ``config`` are paths, preset names or spec objects; ``profile`` a path or a
+    ``CalibrationProfile``. Unlike ``Simulator.evaluate``, bad input raises ``SpecError`` naming the
+    file, field and rule.
+    """
+    cluster_spec = load_cluster(cluster)
+    model_spec = load_model(model, global_batch_size)
+    cfg = load_config(config)
+    if profile is not None and not isinstance(profile, CalibrationProfile):
+        profile = CalibrationProfile.load(Path(profile))
+    cfg.validate(cluster_spec, model_spec, source=str(config) if isinstance(config, (str, Path)) else "config")
+    sim = Simulator(cluster_spec, model_spec, profile)
+    result = sim.evaluate_detailed(cfg) if timeline else sim.evaluate(cfg)
+    if result.status == "invalid":
+        raise SpecError("config", "", result.error)
+    return result
