@@ -1,0 +1,86 @@
+"""``autotune search``: run one search with a live progress bar, print the best plan and where it is
+recorded in MLflow, optionally write it to ``--output``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def run(cluster: str, model: str, method: str, budget: int, global_batch_size: int | None, backend: str, seed: int,
+        output: Path | None, tracking_uri: str | None, experiment: str | None, storage: str | None,
+        profile: Path | None, workers: int, policy: Path | None) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autotune.search.api import tune
+
+    quiet_libraries()
+    console = Console(stderr=True)
+    out = Console()
+    progress = Progress(TextColumn("[bold]{task.fields[method]}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("evaluations  best {task.fields[best]}"), TimeElapsedColumn(), console=console,
+                        transient=False)
+    state = {"best": 0.0, "task": None}
+
+    def on_start(run_id: str, done: int) -> None:
+        state["task"] = progress.add_task("search", total=budget, completed=done, method=method, best="-")
+        if done:
+            console.print(f"resuming: {done} of {budget} plans already evaluated")
+
+    def on_evaluation(ev) -> None:
+        state["best"] = max(state["best"], ev.score)
+        progress.update(state["task"], advance=1, best=f"{state['best']:,.0f} tokens/s" if state["best"] else "-")
+
+    with progress:
+        result = tune(cluster, model, method=method, budget=budget, backend=backend, seed=seed,
+                      global_batch_size=global_batch_size, tracking_uri=tracking_uri, experiment=experiment,
+                      storage=storage, profile=profile, workers=workers, policy=policy,
+                      on_evaluation=on_evaluation, on_start=on_start)
+    _print_result(out, result)
+    if output is not None:
+        output.write_text(json.dumps(result.output_document(), indent=2) + "\n")
+        out.print(f"best config written to [bold]{output}[/bold]")
+    if not result.best_measurement.ok:
+        console.print(f"[red]no evaluated plan runs[/red] ({result.best_measurement.status}: "
+                      f"{result.best_measurement.error or 'out of memory'}); try a larger budget or another method")
+        return 1
+    return 0
+
+
+def quiet_libraries() -> None:
+    """MLflow and alembic announce database creation at INFO; the progress bar says enough."""
+    import logging
+
+    for name in ("mlflow", "alembic", "optuna"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _print_result(out, result) -> None:
+    from rich.table import Table
+
+    m = result.best_measurement
+    summary = Table(title=f"best plan: {result.method} on {result.cluster} / {result.model}", show_header=False)
+    summary.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
+    summary.add_row("iteration time", f"{m.iteration_time_s:.3f} s")
+    summary.add_row("MFU", f"{m.mfu:.1%}")
+    summary.add_row("bubble", f"{m.bubble_fraction:.1%}")
+    summary.add_row("peak memory", f"{max(m.peak_memory_GiB.values(), default=0.0):.1f} GiB")
+    summary.add_row("status", m.status if not m.oom else "oom")
+    summary.add_row("evaluations", f"{result.evaluations} (budget {result.budget}, backend {result.backend})")
+    cfg = result.best_config
+    summary.add_row("micro-batch / schedule", f"{cfg.micro_batch_size} / {cfg.schedule}")
+    out.print(summary)
+    plan = Table(title="pipelines (data-parallel replicas)")
+    for col in ("replica", "micro-batches", "stage", "devices", "layers", "recompute"):
+        plan.add_column(col)
+    for p, pipe in enumerate(cfg.pipelines):
+        for s, stage in enumerate(pipe.stages):
+            plan.add_row(str(p) if s == 0 else "", str(pipe.num_microbatches) if s == 0 else "", str(s),
+                         ", ".join(stage.devices), str(stage.layers), "yes" if stage.recompute else "")
+    out.print(plan)
+    if result.run_id:
+        uri = result.tracking_uri
+        out.print(f"MLflow: experiment [bold]{result.experiment}[/bold], run {result.run_id} in {uri}\n"
+                  f"        see it with `autotune ui{'' if uri == 'sqlite:///mlflow.db' else ' --tracking-uri ' + uri}`"
+                  f" then open http://127.0.0.1:5000")

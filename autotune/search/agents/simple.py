@@ -1,0 +1,55 @@
+"""The three agents without a model: random sampling, the uniform baseline grid, exhaustive search."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from autotune.search.budget import BudgetedEvaluator
+from autotune.search.space import EXHAUSTIVE_LIMIT, SearchSpace
+
+log = logging.getLogger(__name__)
+
+
+def run_random(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, max_tries_per_eval: int = 200) -> None:
+    """Uniform samples of the encoding; invalid and repeated plans are redrawn (they cost nothing)."""
+    rng = np.random.default_rng(seed)
+    misses = 0
+    while not evaluator.exhausted and misses < max_tries_per_eval:
+        params = space.sample(rng)
+        decoded = space.decode(params)
+        if not decoded.ok or not evaluator.would_cost(decoded.config):
+            misses += 1
+            continue
+        misses = 0
+        evaluator.evaluate(decoded.config, params)
+    if not evaluator.exhausted:
+        log.info("random: no new valid plan in %d draws; stopping at %d evaluations", max_tries_per_eval,
+                 evaluator.used)
+
+
+def run_uniform(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0) -> None:
+    """The heterogeneity-blind grid (``SearchSpace.uniform_plans``), in a seeded random order when the
+    budget does not cover it all."""
+    plans = space.uniform_plans()
+    order = np.random.default_rng(seed).permutation(len(plans)) if len(plans) > evaluator.remaining else range(len(plans))
+    for i in order:
+        if evaluator.exhausted:
+            log.info("uniform: budget spent after %d of %d grid plans", evaluator.used, len(plans))
+            break
+        evaluator.evaluate(plans[int(i)], {"uniform_index": int(i)})
+
+
+def run_exhaustive(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0,
+                   limit: int = EXHAUSTIVE_LIMIT) -> None:
+    """Every distinct valid plan of the space (refuses spaces above ``limit`` raw combinations)."""
+    del seed
+    plans = space.enumerate(limit)
+    if len(plans) > evaluator.remaining:
+        log.warning("exhaustive: the space has %d distinct plans, the budget covers %d; the rest is not evaluated",
+                    len(plans), evaluator.remaining)
+    for params, config in plans:
+        if evaluator.exhausted:
+            break
+        evaluator.evaluate(config, params)

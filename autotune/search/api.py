@@ -1,0 +1,239 @@
+"""The library call: ``autotune.tune(...) -> TuneResult`` and ``autotune.best_config(...)``.
+
+``tune`` loads the cluster and model, builds the shared ``SearchSpace``, the evaluator for the
+backend (``sim``: ``autotune.simulator.Simulator``; ``real``: ``runner.RealEvaluator``, one short
+profiled run per plan), wraps it in the one ``BudgetedEvaluator``, opens the MLflow record, runs the
+agent and returns the best plan. An Optuna search resumes from its study (same study name) and its
+MLflow parent run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from autotune.errors import SpecError
+from autotune.evaluator import Evaluator
+from autotune.loading import load_cluster, load_model
+from autotune.search.agents import METHODS, run_exhaustive, run_random, run_uniform
+from autotune.search.budget import BudgetedEvaluator, Evaluation
+from autotune.search.space import SearchSpace
+from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("sim", "real")
+
+
+@dataclass(frozen=True, slots=True)
+class TuneResult:
+    """What a search found. ``best_curve[i]`` is the best tokens/s after i+1 evaluations."""
+
+    best_config: ParallelConfig
+    best_measurement: Measurement
+    evaluations: int
+    method: str
+    cluster: str
+    model: str
+    budget: int
+    seed: int
+    backend: str
+    experiment: str = ""
+    run_id: str = ""
+    tracking_uri: str = ""
+    best_curve: tuple[float, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"best_config": self.best_config.to_dict(), "best_measurement": self.best_measurement.to_dict(),
+                "evaluations": self.evaluations, "method": self.method, "cluster": self.cluster,
+                "model": self.model, "budget": self.budget, "seed": self.seed, "backend": self.backend,
+                "experiment": self.experiment, "run_id": self.run_id, "tracking_uri": self.tracking_uri,
+                "best_curve": list(self.best_curve)}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TuneResult":
+        d = json.loads(text)
+        return cls(best_config=ParallelConfig.from_dict(d["best_config"], source="TuneResult"),
+                   best_measurement=Measurement.from_dict(d["best_measurement"]),
+                   evaluations=int(d["evaluations"]), method=d["method"], cluster=d["cluster"], model=d["model"],
+                   budget=int(d["budget"]), seed=int(d["seed"]), backend=d["backend"],
+                   experiment=d.get("experiment", ""), run_id=d.get("run_id", ""),
+                   tracking_uri=d.get("tracking_uri", ""), best_curve=tuple(d.get("best_curve", ())))
+
+    def output_document(self) -> dict[str, Any]:
+        """The ``search --output`` file: the config (SPEC.md format) plus ``"measurement"``."""
+        doc = self.best_config.to_dict()
+        doc["measurement"] = self.best_measurement.to_dict()
+        return doc
+
+
+def make_evaluator(cluster: ClusterSpec, model: ModelSpec, backend: str = "sim",
+                   profile: str | Path | None = None) -> Evaluator:
+    if backend == "sim":
+        from autotune.profile import CalibrationProfile
+        from autotune.simulator import Simulator
+
+        if profile is not None and not isinstance(profile, CalibrationProfile):
+            profile = CalibrationProfile.load(Path(profile))
+        return Simulator(cluster, model, profile=profile)
+    if backend == "real":
+        from runner import RealEvaluator
+
+        return RealEvaluator(cluster, model)
+    raise SpecError("search", "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, method: str = "optuna", budget: int = 100,
+         backend: str = "sim", seed: int = 0, global_batch_size: int | None = None, tracking_uri: str | None = None,
+         experiment: str | None = None, storage: str | None = None, profile: str | Path | None = None, *,
+         workers: int = 1, policy: str | Path | None = None, study_name: str | None = None,
+         evaluator: Evaluator | None = None, restrict: Mapping[str, Any] | None = None,
+         on_evaluation: Callable[[Evaluation], None] | None = None, track: bool = True,
+         on_start: Callable[[str, int], None] | None = None) -> TuneResult:
+    """Search ``budget`` distinct plans with ``method``; log the search to MLflow; return the best.
+
+    ``evaluator`` replaces the backend's evaluator (it must be for the same cluster and model);
+    ``restrict`` narrows dimensions of the space; ``track=False`` skips MLflow (experiments);
+    ``on_start(run_id, already_done)`` is called once the record is open.
+    """
+    if method not in METHODS:
+        raise SpecError("search", "method", f"must be one of {' | '.join(METHODS)}, got {method!r}")
+    if backend not in BACKENDS:
+        raise SpecError("search", "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if workers < 1:
+        raise SpecError("search", "workers", f"must be >= 1, got {workers}")
+    if workers > 1 and method != "optuna":
+        raise SpecError("search", "workers", f"several workers share one Optuna study; --method {method} runs in one")
+    cluster_spec = load_cluster(cluster)
+    model_spec = load_model(model, global_batch_size)
+    space = SearchSpace(cluster_spec, model_spec, restrict=restrict)
+    inner = evaluator if evaluator is not None else make_evaluator(cluster_spec, model_spec, backend, profile)
+    exp_name = experiment or f"{cluster_spec.name}__{model_spec.name}"
+
+    from autotune.search import tracking
+
+    tracker = tracking.SearchTracker(tracking_uri, exp_name) if track else None
+    study = None
+    resume_id = None
+    if method == "optuna":
+        from autotune.search.agents import tpe
+
+        name = study_name or f"{exp_name}__optuna__seed{seed}"
+        study = tpe.open_study(space, name, storage, seed)
+        resume_id = study.user_attrs.get(tpe.MLFLOW_RUN_ATTR) if tracker else None
+        if resume_id and tracker is not None:
+            try:
+                tracker.client.get_run(resume_id)
+            except Exception:
+                resume_id = None
+        if workers == 1:
+            stale = tpe.fail_stale_trials(study)
+            if stale:
+                log.info("optuna: marked %d trials of a killed run as FAIL", stale)
+
+    listeners: list[Callable[[Evaluation], None]] = []
+    if tracker is not None:
+        listeners.append(lambda ev: tracker.log_evaluation(ev, space.params_of(ev.config)))
+    if on_evaluation is not None:
+        listeners.append(on_evaluation)
+    budgeted = BudgetedEvaluator(inner, space, budget, listeners)
+
+    if tracker is not None:
+        run_params = {"cluster": cluster_spec.name, "model": model_spec.name, "method": method, "budget": budget,
+                      "seed": seed, "backend": backend, "global_batch_size": model_spec.global_batch_size,
+                      "num_devices": cluster_spec.num_devices, "space_size": space.size,
+                      "workers": workers}
+        tags = {"autotune.method": method, "autotune.backend": backend, "autotune.cluster": cluster_spec.name,
+                "autotune.model": model_spec.name}
+        tracker.start(f"{method}-budget{budget}-seed{seed}", run_params, tags, resume_run_id=resume_id)
+        if resume_id:
+            for rec in tracker.recorded():
+                budgeted.preload(rec.config, rec.measurement, rec.params)
+    if study is not None:
+        from autotune.search.agents import tpe
+
+        if tracker is not None:
+            study.set_user_attr(tpe.MLFLOW_RUN_ATTR, tracker.parent_id)
+        added = tpe.sync_from_evaluator(study, space, budgeted)
+        if added:
+            log.info("optuna: recovered %d evaluated plans from MLflow into the study", added)
+    if on_start is not None:
+        on_start(tracker.parent_id if tracker else "", budgeted.used)
+
+    status = "FAILED"
+    try:
+        _run_agent(method, space, budgeted, seed, study=study, storage=storage, workers=workers, policy=policy,
+                   tracking_uri=tracking_uri, experiment=exp_name, run_id=tracker.parent_id if tracker else None,
+                   cluster=cluster_spec, model=model_spec, backend=backend, profile=profile,
+                   study_name=study.study_name if study is not None else None)
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        best = _best_with_timeline(budgeted)
+        if tracker is not None:
+            tracker.finish(best, budgeted.best_curve(), [ev.score for ev in budgeted.history],
+                           title=f"{method} on {cluster_spec.name} / {model_spec.name}", status=status)
+    best = _best_with_timeline(budgeted)
+    if best is None:
+        raise SpecError("search", "space", f"no plan was evaluated: the space of {cluster_spec.name} / "
+                                           f"{model_spec.name} has no valid plan the method could reach")
+    return TuneResult(best_config=best.config, best_measurement=best.measurement, evaluations=budgeted.used,
+                      method=method, cluster=cluster_spec.name, model=model_spec.name, budget=budget, seed=seed,
+                      backend=backend, experiment=exp_name if tracker else "",
+                      run_id=tracker.parent_id or "" if tracker else "",
+                      tracking_uri=tracker.tracking_uri if tracker else "", best_curve=tuple(budgeted.best_curve()))
+
+
+def _best_with_timeline(budgeted: BudgetedEvaluator) -> Evaluation | None:
+    """The best evaluation, its measurement re-done with the per-operation timeline when the backend
+    can (the simulator's ``evaluate_detailed``; free: the plan was already evaluated)."""
+    best = budgeted.best
+    if best is None or best.measurement.timeline:
+        return best
+    detailed = getattr(budgeted.inner, "evaluate_detailed", None)
+    if detailed is None:
+        return best
+    try:
+        m = detailed(best.config)
+    except Exception as e:  # the picture is optional
+        log.warning("no timeline for the best plan: %s", e)
+        return best
+    return Evaluation(best.index, best.config, m, best.params) if m.ok else best
+
+
+def _run_agent(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, **kw: Any) -> None:
+    if method == "random":
+        run_random(space, budgeted, seed)
+    elif method == "uniform":
+        run_uniform(space, budgeted, seed)
+    elif method == "exhaustive":
+        run_exhaustive(space, budgeted, seed)
+    elif method == "optuna":
+        from autotune.search.agents import tpe
+
+        if kw["workers"] > 1:
+            from autotune.search.agents import parallel
+
+            parallel.run_workers(space, budgeted, seed, **kw)
+        else:
+            tpe.run_optuna(space, budgeted, seed, study=kw["study"])
+    elif method == "rl":
+        from autotune.search.agents import rl
+
+        policy = kw.get("policy")
+        rl.run_rl(space, budgeted, budgeted.budget, seed, policy_path=policy)
+
+
+def best_config(experiment: str | None = None, tracking_uri: str | None = None) -> ParallelConfig:
+    """The best plan recorded in MLflow (``autotune best`` prints the same)."""
+    from autotune.search.tracking import read_best
+
+    return read_best(experiment, tracking_uri)[0]

@@ -1,0 +1,122 @@
+"""The one budget rule: ``budget`` counts distinct evaluated plans; repeats and invalid plans are free.
+
+``BudgetedEvaluator`` is a ``CachedEvaluator`` that every agent (and the env) calls. It checks the
+plan against the search space first (an invalid plan is answered ``status="invalid"`` without an
+evaluation), serves repeats from the cache, refuses a new plan once the budget is spent
+(``BudgetExhausted``), keeps the history of evaluations in order and tells listeners (MLflow, the
+progress bar) about each new one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from autotune.evaluator import CachedEvaluator, Evaluator
+from autotune.search.space import SearchSpace
+from autotune.specs import Measurement, ParallelConfig
+
+log = logging.getLogger(__name__)
+
+
+class BudgetExhausted(RuntimeError):
+    """Raised when an agent asks for a new plan after ``budget`` plans were evaluated."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """One distinct evaluated plan. ``index`` counts from 1 in evaluation order."""
+
+    index: int
+    config: ParallelConfig
+    measurement: Measurement
+    params: Mapping[str, Any] = field(default_factory=dict)  # the encoding that produced it, if any
+
+    @property
+    def score(self) -> float:
+        return self.measurement.score()
+
+
+Listener = Callable[[Evaluation], None]
+
+
+class BudgetedEvaluator(CachedEvaluator):
+    def __init__(self, inner: Evaluator, space: SearchSpace, budget: int,
+                 listeners: list[Listener] | None = None) -> None:
+        super().__init__(inner)
+        if budget < 1:
+            from autotune.errors import SpecError
+
+            raise SpecError("search", "budget", f"must be >= 1, got {budget}")
+        self.space = space
+        self.budget = budget
+        self.listeners = list(listeners or [])
+        self.history: list[Evaluation] = []
+        self.invalid = 0
+        self._best: Evaluation | None = None
+
+    # -- counting ----------------------------------------------------------------------------------
+    @property
+    def used(self) -> int:
+        return len(self.history)
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.budget - self.used)
+
+    @property
+    def exhausted(self) -> bool:
+        return self.used >= self.budget
+
+    @property
+    def best(self) -> Evaluation | None:
+        return self._best
+
+    def would_cost(self, config: ParallelConfig) -> bool:
+        """True when evaluating ``config`` would spend one unit of budget."""
+        return config not in self
+
+    # -- evaluating --------------------------------------------------------------------------------
+    def evaluate(self, config: ParallelConfig, params: Mapping[str, Any] | None = None) -> Measurement:
+        if config in self:
+            return super().evaluate(config)
+        reason = self.space.check(config)
+        if reason is not None:
+            self.invalid += 1
+            return Measurement.failure("invalid", reason)
+        if self.exhausted:
+            raise BudgetExhausted(f"budget of {self.budget} evaluations is spent")
+        try:
+            measurement = self.inner.evaluate(config)
+        except Exception as e:  # an evaluator should not raise; a search must not die of it
+            log.warning("evaluator raised on %s: %s", config.describe(), e)
+            measurement = Measurement.failure("failed", f"{type(e).__name__}: {e}")
+        self._record(config, measurement, params or {})
+        return measurement
+
+    def preload(self, config: ParallelConfig, measurement: Measurement,
+                params: Mapping[str, Any] | None = None) -> None:
+        """Count an evaluation done earlier (a resumed search) without telling the listeners."""
+        if config in self:
+            return
+        self._record(config, measurement, params or {}, notify=False)
+
+    def _record(self, config: ParallelConfig, measurement: Measurement, params: Mapping[str, Any],
+                notify: bool = True) -> None:
+        self._cache[config] = measurement
+        ev = Evaluation(len(self.history) + 1, config, measurement, dict(params))
+        self.history.append(ev)
+        if self._best is None or ev.score > self._best.score:
+            self._best = ev
+        if notify:
+            for listener in self.listeners:
+                listener(ev)
+
+    def best_curve(self) -> list[float]:
+        """Best tokens/s after each evaluation (the search-progress curve)."""
+        out, best = [], 0.0
+        for ev in self.history:
+            best = max(best, ev.score)
+            out.append(best)
+        return out

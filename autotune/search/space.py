@@ -1,0 +1,498 @@
+"""The one search space every method shares: a compact plan encoding and its decoder.
+
+The raw space (which devices form each stage, how stages chain into pipelines, layers per stage,
+micro-batches per replica, micro-batch size, schedule, recompute per stage) is astronomically large.
+Every method searches instead over a small set of *dimensions*, each a finite list of choices:
+
+``tp.<class>``     tensor-parallel degree on each node class (power of 2 dividing heads and ffn; a TP
+                   group never leaves its node). A node class is a set of identical nodes.
+``use.<class>``    whether that node class takes part at all (idle devices), only with several classes.
+``pp``             stages per pipeline. Replicas = as many as the TP groups allow; the slowest
+                   left-over groups stay idle.
+``assign``         ``grouped``: pipelines are cut from the TP groups sorted by speed (homogeneous
+                   pipelines, stages node-adjacent); ``mixed``: every pipeline takes one group from
+                   each speed tier (identical replicas of a heterogeneous pipeline).
+``order``          stage order inside a pipeline: ``fast-first`` or ``slow-first``.
+``layer_split``    exponent a: layers per stage proportional to (stage speed)^a, with the LM head
+                   counted as extra work on the last stage (0 = even split, 1 = speed-proportional).
+``batch_split``    exponent b: micro-batches per replica proportional to (replica speed)^b.
+``mbs``            micro-batch size (divides the global batch).
+``schedule``       ``1f1b``, ``gpipe`` or ``interleaved-1f1b`` (two virtual stages).
+``recompute``      ``none``, ``all``, or ``low-memory`` (stages whose devices have less memory than
+                   the largest used device).
+
+``SearchSpace.decode(params)`` turns one choice per dimension into a valid ``ParallelConfig`` or the
+reason it cannot. ``SearchSpace.check(config)`` says whether *any* plan (also one edited by the env)
+is valid and why not. The heterogeneity-blind baseline (``uniform_plans``) and the speed-proportional
+starting points (``heuristic_params``) live here too, so all agents see the same plans.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from autotune.errors import SpecError
+from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig, PipelineConfig, SCHEDULES, StageConfig
+
+log = logging.getLogger(__name__)
+
+#: exhaustive enumeration refuses spaces with more raw combinations than this
+EXHAUSTIVE_LIMIT = 50_000
+#: the interleaved schedule always uses this many model chunks per stage
+INTERLEAVED_CHUNKS = 2
+ASSIGNMENTS = ("grouped", "mixed")
+ORDERS = ("fast-first", "slow-first")
+RECOMPUTE_MODES = ("none", "all", "low-memory")
+SPLIT_EXPONENTS = (0.0, 0.5, 1.0)
+
+Params = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Dimension:
+    """One decision with a finite list of choices; ``ordinal`` when the choices are ordered numbers."""
+
+    name: str
+    choices: tuple
+    ordinal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeClass:
+    """Identical nodes (same device type, device count and intra-node link)."""
+
+    name: str
+    node_names: tuple[str, ...]
+    count: int  # devices per node
+    peak_tflops: float
+    memory_GiB: float
+    intra_bandwidth_GBps: float
+
+
+@dataclass(frozen=True, slots=True)
+class TPGroup:
+    """Devices of one node that together form one stage (its tensor-parallel group)."""
+
+    devices: tuple[str, ...]
+    node_class: str
+    speed_tflops: float  # tp x peak: the nominal compute of the group
+    memory_GiB: float  # per device
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A decoded plan, or why it cannot exist."""
+
+    config: ParallelConfig | None
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.config is not None
+
+
+def apportion(total: int, weights: Sequence[float], minimum: int = 1, quantum: int = 1) -> list[int] | None:
+    """Split ``total`` into integers proportional to ``weights`` (largest remainder), each at least
+    ``minimum`` and a multiple of ``quantum``; None when impossible."""
+    n = len(weights)
+    if total % quantum or n * minimum > total or minimum % quantum:
+        return None
+    units = total // quantum
+    min_units = minimum // quantum
+    w = np.asarray(weights, dtype=float)
+    w = np.where(np.isfinite(w) & (w > 0), w, 0.0)
+    if w.sum() <= 0:
+        w = np.ones(n)
+    free = units - n * min_units
+    raw = w / w.sum() * free
+    base = np.floor(raw).astype(int)
+    rest = free - int(base.sum())
+    order = np.argsort(-(raw - base), kind="stable")
+    base[order[:rest]] += 1
+    return [int((b + min_units) * quantum) for b in base]
+
+
+def _powers_of_two_upto(n: int) -> list[int]:
+    return [1 << k for k in range(int(math.log2(n)) + 1)] if n >= 1 else []
+
+
+def valid_tp(model: ModelSpec, tp: int) -> bool:
+    return (model.num_heads % tp == 0 and (model.num_kv_heads % tp == 0 or tp % model.num_kv_heads == 0)
+            and model.ffn_hidden_size % tp == 0)
+
+
+def head_extra_layers(model: ModelSpec) -> float:
+    """LM-head work in units of one transformer block's work, per token (forward flops).
+
+    Block: 2 x params (matmuls) + 4 x seq x hidden (attention scores and values, causal average
+    ignored), as in Megatron-LM's flops formula (Narayanan et al. 2021, appendix); head: 2 x h x V.
+    """
+    block = 2 * model.params_per_layer + 4 * model.seq_len * model.hidden_size
+    return 2 * model.hidden_size * model.vocab_size / block
+
+
+class SearchSpace:
+    """Plans for one cluster and model. ``restrict`` narrows any dimension's choices by name."""
+
+    def __init__(self, cluster: ClusterSpec, model: ModelSpec, *, max_mbs: int = 32,
+                 restrict: Mapping[str, Sequence[Any]] | None = None) -> None:
+        self.cluster = cluster
+        self.model = model
+        self.node_classes = self._node_classes(cluster)
+        self._class_of_node = {n: c.name for c in self.node_classes for n in c.node_names}
+        self.head_extra = head_extra_layers(model)
+        self.max_peak_tflops = max(n.device.peak_tflops for n in cluster.nodes)
+        dims = []
+        for c in self.node_classes:
+            tps = [t for t in _powers_of_two_upto(c.count) if valid_tp(model, t)]
+            dims.append(Dimension(f"tp.{c.name}", tuple(tps), ordinal=True))
+        if len(self.node_classes) > 1:
+            for c in self.node_classes:
+                dims.append(Dimension(f"use.{c.name}", (True, False)))
+        max_pp = min(model.num_layers, cluster.num_devices)
+        pps = sorted({p for p in range(1, max_pp + 1)
+                      if p <= 8 or model.num_layers % p == 0 or p & (p - 1) == 0})
+        dims.append(Dimension("pp", tuple(pps), ordinal=True))
+        if len(self.node_classes) > 1:
+            dims.append(Dimension("assign", ASSIGNMENTS))
+            dims.append(Dimension("order", ORDERS))
+            dims.append(Dimension("layer_split", SPLIT_EXPONENTS, ordinal=True))
+            dims.append(Dimension("batch_split", SPLIT_EXPONENTS, ordinal=True))
+        else:
+            dims.append(Dimension("assign", ("grouped",)))
+            dims.append(Dimension("order", ("fast-first",)))
+            dims.append(Dimension("layer_split", (1.0,), ordinal=True))
+            dims.append(Dimension("batch_split", (1.0,), ordinal=True))
+        gbs = model.global_batch_size
+        dims.append(Dimension("mbs", tuple(m for m in range(1, min(max_mbs, gbs) + 1) if gbs % m == 0),
+                              ordinal=True))
+        dims.append(Dimension("schedule", SCHEDULES))
+        memories = {c.memory_GiB for c in self.node_classes}
+        dims.append(Dimension("recompute", RECOMPUTE_MODES if len(memories) > 1 else ("none", "all")))
+        if restrict:
+            by_name = {d.name: d for d in dims}
+            for name, allowed in restrict.items():
+                if name not in by_name:
+                    raise SpecError("search space", name,
+                                    f"unknown dimension (the space has {', '.join(by_name)})")
+                kept = tuple(c for c in by_name[name].choices if c in set(allowed))
+                if not kept:
+                    raise SpecError("search space", name, f"none of {list(allowed)} is a valid choice "
+                                                          f"(choices: {list(by_name[name].choices)})")
+                by_name[name] = Dimension(name, kept, by_name[name].ordinal)
+            dims = [by_name[d.name] for d in dims]
+        self.dimensions: tuple[Dimension, ...] = tuple(dims)
+        self._dims = {d.name: d for d in dims}
+
+    # -- structure ---------------------------------------------------------------------------------
+    @staticmethod
+    def _node_classes(cluster: ClusterSpec) -> tuple[NodeClass, ...]:
+        groups: dict[tuple, list[str]] = {}
+        first = {}
+        for node in cluster.nodes:
+            key = (node.device.name, node.device.peak_tflops, node.device.memory_GiB, node.count,
+                   node.intra_node.bandwidth_GBps, node.slowdown)
+            groups.setdefault(key, []).append(node.name)
+            first.setdefault(key, node)
+        classes = []
+        used_names: set[str] = set()
+        for key, names in groups.items():
+            node = first[key]
+            base = node.name if len(names) == 1 else node.device.name
+            base = base.replace(".", "_").replace(":", "_")
+            name, k = base, 1
+            while name in used_names:
+                k += 1
+                name = f"{base}-{k}"
+            used_names.add(name)
+            classes.append(NodeClass(name, tuple(names), node.count, node.device.peak_tflops / node.slowdown,
+                                     node.device.memory_GiB, node.intra_node.bandwidth_GBps))
+        return tuple(classes)
+
+    def node_class(self, name: str) -> NodeClass:
+        return next(c for c in self.node_classes if c.name == name)
+
+    def tp_groups(self, tp_by_class: Mapping[str, int], used: Mapping[str, bool] | None = None) -> list[TPGroup]:
+        """TP groups of the used classes, fastest first; ties keep cluster order (node-adjacent)."""
+        groups = []
+        for node in self.cluster.nodes:
+            cname = self._class_of_node[node.name]
+            if used is not None and not used.get(cname, True):
+                continue
+            tp = tp_by_class[cname]
+            ids = node.device_ids()
+            speed = tp * node.device.peak_tflops / node.slowdown
+            for g in range(node.count // tp):
+                groups.append(TPGroup(ids[g * tp:(g + 1) * tp], cname, speed, node.device.memory_GiB))
+        groups.sort(key=lambda g: -g.speed_tflops)  # stable: cluster order within equal speed
+        return groups
+
+    def group_speed(self, devices: Sequence[str]) -> float:
+        node = self.cluster.node_of(devices[0])
+        return len(devices) * node.device.peak_tflops / node.slowdown
+
+    @property
+    def size(self) -> int:
+        """Raw number of combinations (before removing invalid and duplicate plans)."""
+        return math.prod(len(d.choices) for d in self.dimensions)
+
+    # -- decoding ----------------------------------------------------------------------------------
+    def decode(self, params: Mapping[str, Any]) -> Decoded:
+        """One choice per dimension -> a valid ParallelConfig, or the reason there is none."""
+        missing = [d.name for d in self.dimensions if d.name not in params]
+        if missing:
+            return Decoded(None, f"missing choice for {', '.join(missing)}")
+        model = self.model
+        tp_by_class = {c.name: int(params[f"tp.{c.name}"]) for c in self.node_classes}
+        used = {c.name: bool(params.get(f"use.{c.name}", True)) for c in self.node_classes}
+        if not any(used.values()):
+            return Decoded(None, "no node class is used")
+        groups = self.tp_groups(tp_by_class, used)
+        pp = int(params["pp"])
+        if pp > model.num_layers:
+            return Decoded(None, f"pp={pp} exceeds num_layers={model.num_layers}")
+        if len(groups) < pp:
+            return Decoded(None, f"pp={pp} needs {pp} TP groups, the used devices form {len(groups)}")
+        dp = len(groups) // pp
+        groups = groups[:dp * pp]  # the slowest left-over groups stay idle
+        if params["assign"] == "grouped":
+            pipes = [groups[p * pp:(p + 1) * pp] for p in range(dp)]
+        else:
+            pipes = self._mixed_pipelines(groups, dp)
+        if params["order"] == "slow-first":
+            pipes = [list(reversed(p)) for p in pipes]
+        schedule = str(params["schedule"])
+        quantum = INTERLEAVED_CHUNKS if schedule == "interleaved-1f1b" else 1
+        if schedule == "interleaved-1f1b" and pp == 1:
+            return Decoded(None, "interleaved-1f1b needs pp >= 2")
+        alpha, beta = float(params["layer_split"]), float(params["batch_split"])
+        layer_splits = []
+        for pipe in pipes:
+            split = self.split_layers([g.speed_tflops for g in pipe], alpha, quantum)
+            if split is None:
+                return Decoded(None, f"{model.num_layers} layers do not split into {pp} stages of multiples of "
+                                     f"{quantum}")
+            layer_splits.append(split)
+        mbs = int(params["mbs"])
+        if model.global_batch_size % mbs:
+            return Decoded(None, f"mbs={mbs} does not divide global_batch_size={model.global_batch_size}")
+        total_mb = model.global_batch_size // mbs
+        if total_mb < dp:
+            return Decoded(None, f"{total_mb} micro-batches of {mbs} cannot feed {dp} replicas")
+        speeds = [self.replica_speed([g.speed_tflops for g in pipe], split) for pipe, split in zip(pipes, layer_splits)]
+        mbs_split = apportion(total_mb, [s ** beta for s in speeds])
+        assert mbs_split is not None  # total_mb >= dp checked above
+        mode = params["recompute"]
+        max_mem = max(g.memory_GiB for g in groups)
+        pipelines = []
+        for pipe, split, m in zip(pipes, layer_splits, mbs_split):
+            stages = tuple(
+                StageConfig(g.devices, n, mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem))
+                for g, n in zip(pipe, split))
+            pipelines.append(PipelineConfig(m, stages))
+        try:
+            config = ParallelConfig(mbs, tuple(pipelines), schedule,
+                                    INTERLEAVED_CHUNKS if schedule == "interleaved-1f1b" else 1)
+        except SpecError as e:
+            return Decoded(None, str(e))
+        reason = self.check(config)
+        return Decoded(config, "") if reason is None else Decoded(None, reason)
+
+    @staticmethod
+    def _mixed_pipelines(groups: list[TPGroup], dp: int) -> list[list[TPGroup]]:
+        """Identical replicas: each pipeline takes a contiguous run of every class's groups, fastest
+        class first; quotas per class are g_c // dp plus a round-robin share of the remainders."""
+        by_class: dict[str, list[TPGroup]] = {}
+        for g in groups:
+            by_class.setdefault(g.node_class, []).append(g)
+        pipes: list[list[TPGroup]] = [[] for _ in range(dp)]
+        turn = 0
+        for members in by_class.values():
+            quota = [len(members) // dp] * dp
+            for _ in range(len(members) % dp):
+                quota[turn % dp] += 1
+                turn += 1
+            start = 0
+            for p in range(dp):
+                pipes[p].extend(members[start:start + quota[p]])
+                start += quota[p]
+        return pipes
+
+    def split_layers(self, speeds: Sequence[float], alpha: float, quantum: int = 1) -> list[int] | None:
+        """Layers per stage proportional to speed^alpha, the LM head's work counted on the last stage."""
+        n = len(speeds)
+        weights = [s ** alpha for s in speeds]
+        total_work = self.model.num_layers + self.head_extra
+        share = [w / sum(weights) * total_work for w in weights]
+        share[-1] -= self.head_extra
+        share = [max(x, 1e-3) for x in share]
+        return apportion(self.model.num_layers, share, minimum=quantum, quantum=quantum) if n else None
+
+    def replica_speed(self, speeds: Sequence[float], layers: Sequence[int]) -> float:
+        """Nominal micro-batches per unit time of a pipeline: set by its bottleneck stage."""
+        work = [n + (self.head_extra if i == len(layers) - 1 else 0.0) for i, n in enumerate(layers)]
+        return 1.0 / max(w / s for w, s in zip(work, speeds))
+
+    # -- validity of any plan ------------------------------------------------------------------------
+    def check(self, config: ParallelConfig) -> str | None:
+        """None when ``config`` is a valid plan of this cluster and model, else the broken rule."""
+        try:
+            config.validate(self.cluster, self.model)
+        except SpecError as e:
+            return f"{e.field}: {e.rule}" if e.field else e.rule
+        for p, pipe in enumerate(config.pipelines):
+            for s, stage in enumerate(pipe.stages):
+                nodes = {self.cluster.node_of(d).name for d in stage.devices}
+                if len(nodes) > 1:
+                    return f"pipelines[{p}].stages[{s}]: TP group spans nodes {sorted(nodes)}"
+                if stage.layers < 1:
+                    return f"pipelines[{p}].stages[{s}]: has no layers"
+        return None
+
+    # -- sampling and enumeration ---------------------------------------------------------------------
+    def sample(self, rng: np.random.Generator) -> Params:
+        return {d.name: d.choices[int(rng.integers(len(d.choices)))] for d in self.dimensions}
+
+    def sample_valid(self, rng: np.random.Generator, tries: int = 1000) -> tuple[Params, ParallelConfig]:
+        for _ in range(tries):
+            params = self.sample(rng)
+            decoded = self.decode(params)
+            if decoded.ok:
+                return params, decoded.config  # type: ignore[return-value]
+        raise SpecError("search space", "", f"no valid plan in {tries} random samples")
+
+    def all_params(self, limit: int = EXHAUSTIVE_LIMIT) -> Iterator[Params]:
+        if self.size > limit:
+            sizes = " x ".join(f"{d.name}:{len(d.choices)}" for d in self.dimensions)
+            raise SpecError("search space", "exhaustive",
+                            f"{self.size:,} combinations ({sizes}) exceed the limit of {limit:,}; "
+                            "use --method optuna, random or rl")
+        names = [d.name for d in self.dimensions]
+        for combo in itertools.product(*(d.choices for d in self.dimensions)):
+            yield dict(zip(names, combo))
+
+    def enumerate(self, limit: int = EXHAUSTIVE_LIMIT) -> list[tuple[Params, ParallelConfig]]:
+        """Every distinct valid plan of the space (first encoding that produces it), in a fixed order."""
+        seen: set[ParallelConfig] = set()
+        out = []
+        for params in self.all_params(limit):
+            decoded = self.decode(params)
+            if decoded.ok and decoded.config not in seen:
+                seen.add(decoded.config)  # type: ignore[arg-type]
+                out.append((params, decoded.config))
+        return out  # type: ignore[return-value]
+
+    # -- heuristics ------------------------------------------------------------------------------------
+    def rough_weight_memory_GiB(self, tp: int, pp: int) -> float:
+        """Weights + grads + Adam states per device, 16 bytes/param (mixed precision, Rajbhandari et al.
+        2020, ZeRO sec. 3.1), model split evenly into tp x pp pieces. A rough filter for start points."""
+        return 16 * self.model.num_params / (tp * pp) / 2**30
+
+    def heuristic_params(self) -> list[Params]:
+        """Speed-proportional starting points, most promising first (the RL start and Optuna seeds).
+
+        All node classes used, the largest TP degree that keeps per-device weight state under half
+        the smallest device memory at the smallest such pp, layers and batch proportional to speed.
+        """
+        def pick(dim: str, want: Any) -> Any:
+            choices = self._dims[dim].choices
+            if want in choices:
+                return want
+            if self._dims[dim].ordinal:
+                return min(choices, key=lambda c: abs(float(c) - float(want)))
+            return choices[0]
+
+        min_mem = min(c.memory_GiB for c in self.node_classes)
+        candidates = []
+        for tp_mode in ("small", "large"):
+            base: Params = {}
+            for c in self.node_classes:
+                tps = self._dims[f"tp.{c.name}"].choices
+                base[f"tp.{c.name}"] = tps[0] if tp_mode == "small" else tps[-1]
+                if f"use.{c.name}" in self._dims:
+                    base[f"use.{c.name}"] = pick(f"use.{c.name}", True)
+            tp_min = min(base[f"tp.{c.name}"] for c in self.node_classes)
+            pps = self._dims["pp"].choices
+            fitting = [p for p in pps if self.rough_weight_memory_GiB(tp_min, p) < 0.5 * min_mem]
+            pp = fitting[0] if fitting else pps[-1]
+            mbs_choices = self._dims["mbs"].choices
+            for assign in ("mixed", "grouped"):
+                params = dict(base, pp=pp, assign=pick("assign", assign), order=pick("order", "fast-first"),
+                              layer_split=pick("layer_split", 1.0), batch_split=pick("batch_split", 1.0),
+                              mbs=pick("mbs", 1 if pp > 1 else 4), schedule=pick("schedule", "1f1b"),
+                              recompute=pick("recompute", "none"))
+                candidates.append(params)
+                if len(self.node_classes) == 1:
+                    break
+            del mbs_choices
+        out, seen = [], set()
+        for params in candidates:
+            for pp_shift in (0, 1, -1, 2):
+                pps = self._dims["pp"].choices
+                i = pps.index(params["pp"]) + pp_shift
+                if not 0 <= i < len(pps):
+                    continue
+                p = dict(params, pp=pps[i])
+                d = self.decode(p)
+                if d.ok and d.config not in seen:
+                    seen.add(d.config)  # type: ignore[arg-type]
+                    out.append(p)
+                    break
+        return out
+
+    def uniform_plans(self) -> list[ParallelConfig]:
+        """The heterogeneity-blind baseline grid (SPEC.md ``--method uniform``).
+
+        One TP degree for every stage, pp dividing num_layers (even layers), every replica identical
+        and fed an equal share of the batch, devices taken in cluster order as a homogeneous-cluster
+        user would (Megatron-style tp/pp/dp flags), recompute off or on everywhere, schedule 1f1b.
+        Devices that do not fill a TP group or a whole replica stay idle.
+        """
+        model, cluster = self.model, self.cluster
+        tps = [t for t in _powers_of_two_upto(max(n.count for n in cluster.nodes)) if valid_tp(model, t)]
+        mbs_choices = self._dims["mbs"].choices
+        recompute = [r == "all" for r in self._dims["recompute"].choices if r in ("none", "all")]
+        plans, seen = [], set()
+        for tp in tps:
+            groups = [node.device_ids()[g * tp:(g + 1) * tp] for node in cluster.nodes for g in range(node.count // tp)]
+            for pp in range(1, min(len(groups), model.num_layers) + 1):
+                if model.num_layers % pp:
+                    continue
+                dp = len(groups) // pp
+                for mbs in mbs_choices:
+                    if model.global_batch_size % (mbs * dp):
+                        continue
+                    per_replica = model.global_batch_size // (mbs * dp)
+                    for rc in recompute:
+                        pipes = tuple(
+                            PipelineConfig(per_replica, tuple(StageConfig(groups[r * pp + s], model.num_layers // pp, rc)
+                                                              for s in range(pp)))
+                            for r in range(dp))
+                        config = ParallelConfig(mbs, pipes, "1f1b")
+                        if config not in seen and self.check(config) is None:
+                            seen.add(config)
+                            plans.append(config)
+        return plans
+
+    # -- describing plans --------------------------------------------------------------------------------
+    def params_of(self, config: ParallelConfig) -> dict[str, Any]:
+        """Flat, MLflow-friendly parameters of any plan (also those not from ``decode``)."""
+        pipes = config.pipelines
+        return {
+            "dp": len(pipes),
+            "pp": ",".join(sorted({str(len(p.stages)) for p in pipes})),
+            "tp": ",".join(sorted({str(s.tp) for p in pipes for s in p.stages})),
+            "mbs": config.micro_batch_size,
+            "schedule": config.schedule,
+            "layers": "|".join("-".join(str(s.layers) for s in p.stages) for p in pipes),
+            "microbatches": "-".join(str(p.num_microbatches) for p in pipes),
+            "recompute_stages": sum(s.recompute for p in pipes for s in p.stages),
+            "devices_used": len(config.devices),
+            "devices_idle": self.cluster.num_devices - len(config.devices),
+        }
