@@ -1,0 +1,222 @@
+"""Full training of a plan: ``train`` launches ``torchrun`` with one rank per device; ``train_rank`` is the
+loop each rank runs (``runner.worker`` in ``train`` mode).
+
+Per optimizer step rank 0 appends ``{"step", "loss", "tokens_per_s"}`` to ``--metrics-out`` and,
+with a tracking URI, logs the same to MLflow. ``step`` counts optimizer steps done (1 = first).
+Checkpoints every ``checkpoint_every`` steps and at the end; ``resume`` continues from the newest
+one. The data of step ``k`` depends only on ``(seed, k)``, so a resumed run sees exactly the data
+the uninterrupted run would have seen.
+
+SIGTERM (sent to ``autotune train``, to torchrun, or to any rank) stops the run cleanly: ranks agree
+on it in the step's closing all-reduce, finish that step together, write a checkpoint and exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import tempfile
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from autotune.errors import SpecError
+from autotune.loading import load_cluster, load_config, load_model
+from autotune.specs import ModelSpec, ParallelConfig
+
+log = logging.getLogger(__name__)
+
+_MULTI_NODE_FLAGS = ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-addr", "--master_addr",
+                     "--rdzv-backend", "--rdzv_backend", "--node-rank", "--node_rank")
+
+
+# --------------------------------------------------------------------------------------------------
+# Each rank
+
+
+def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank: int, device,
+               fault: Callable[[int], None]) -> None:
+    import torch  # noqa: F401  (worker side only)
+
+    from runner import checkpoint
+    from runner.data import TokenSource
+    from runner.engine import Engine
+
+    seed = int(job.get("seed", 0))
+    tokens = TokenSource(model, seed, job.get("data"))
+    engine = Engine(layout, model, rank, device, schedule=config.schedule, micro_batch_size=config.micro_batch_size,
+                    seed=seed, tokens=tokens)
+    ckpt_dir = job.get("checkpoint_dir")
+    every = int(job.get("checkpoint_every") or 0)
+    start = 0
+    if job.get("resume"):
+        found = checkpoint.latest(ckpt_dir)
+        if found is None:
+            log.warning("--resume: no checkpoint in %s; starting from step 0", ckpt_dir)
+        else:
+            start = checkpoint.load(found, engine)
+
+    stop = {"requested": False}
+
+    def on_sigterm(signum, frame):  # finish the step, checkpoint, exit
+        stop["requested"] = True
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    metrics = open(job["metrics_out"], "a") if rank == 0 and job.get("metrics_out") else None
+    tracker = _MlflowLogger(job, config, model) if rank == 0 and job.get("tracking_uri") else None
+    fault(rank)
+    tokens_per_step = model.global_batch_size * model.seq_len
+    done = start
+    saved_at = start if start else -1
+    try:
+        for index in range(start, int(job["steps"])):
+            result = engine.step(index, stop_requested=stop["requested"])
+            done = index + 1
+            record = {"step": done, "loss": result.loss, "tokens_per_s": tokens_per_step / result.time_s}
+            if rank == 0:
+                log.info("step %d loss %.4f %.0f tokens/s", done, result.loss, record["tokens_per_s"])
+                if metrics:
+                    metrics.write(json.dumps(record) + "\n")
+                    metrics.flush()
+                if tracker:
+                    tracker.log(record)
+            if ckpt_dir and (result.stop or (every and done % every == 0)):
+                checkpoint.save(ckpt_dir, engine, done)
+                saved_at = done
+            if result.stop:
+                log.info("stopped by SIGTERM after step %d", done)
+                break
+        if ckpt_dir and saved_at != done:
+            checkpoint.save(ckpt_dir, engine, done)
+        if rank == 0:
+            Path(job["out_dir"], "result.json").write_text(json.dumps({"steps_done": done,
+                                                                       "stopped": stop["requested"]}))
+    finally:
+        if metrics:
+            metrics.close()
+        if tracker:
+            tracker.close()
+
+
+class _MlflowLogger:
+    """Rank 0's MLflow run for a training job (mlflow imported only when a tracking URI is given)."""
+
+    def __init__(self, job: dict, config: ParallelConfig, model: ModelSpec) -> None:
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_tracking_uri(job["tracking_uri"])
+        mlflow.set_experiment(job.get("experiment") or "autotune-train")
+        mlflow.start_run(run_name=f"train {model.name} {config.describe()}"[:250])
+        mlflow.log_params({"model": model.name, "config": config.to_json(indent=None)[:6000],
+                           "steps": job["steps"], "seed": job.get("seed", 0),
+                           "data": job.get("data") or "synthetic"})
+
+    def log(self, record: dict) -> None:
+        self.mlflow.log_metrics({"loss": record["loss"], "tokens_per_s": record["tokens_per_s"]}, step=record["step"])
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+# --------------------------------------------------------------------------------------------------
+# The launcher (`autotune train`)
+
+
+@dataclass
+class TrainOutcome:
+    returncode: int
+    steps_done: int = 0
+    stopped: bool = False
+    errors: list[dict] = field(default_factory=list)
+
+    @property
+    def error(self) -> str:
+        if not self.errors:
+            return "" if self.returncode == 0 else f"torchrun exited with {self.returncode}"
+        e = min(self.errors, key=lambda e: e["rank"])
+        return f"rank {e['rank']} failed: {e['type']}: {e['message']}"
+
+
+def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str]) -> list[str]:
+    """``python -m torch.distributed.run`` for ``job_path``: ``--standalone`` unless multi-node flags are given."""
+    args = list(torchrun_args)
+    flags = {a.split("=", 1)[0] for a in args if a.startswith("--")}
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if not flags & set(_MULTI_NODE_FLAGS) and "--standalone" not in flags:
+        cmd.append("--standalone")
+    if not flags & {"--nproc-per-node", "--nproc_per_node"}:
+        cmd += ["--nproc-per-node", str(world_size)]
+    return cmd + args + ["-m", "runner.worker", str(job_path)]
+
+
+def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
+          resume: bool = False, metrics_out: str | Path | None = None, data: str | Path | None = None,
+          tracking_uri: str | None = None, seed: int = 0, torchrun_args: list[str] | None = None,
+          global_batch_size: int | None = None, timeout_s: float | None = None,
+          quiet: bool = False) -> TrainOutcome:
+    """Train ``model`` under ``config`` for ``steps`` optimizer steps on torchrun-launched ranks.
+
+    Bad input raises SpecError before anything is launched. ``timeout_s`` (tests) kills the whole
+    job after that many seconds.
+    """
+    from runner.data import TokenSource
+    from runner.jobs import make_job, preflight
+    from runner.launch import worker_env
+
+    cluster = load_cluster(cluster)
+    model = load_model(model, global_batch_size)
+    config = load_config(config)
+    layout = preflight(cluster, model, config)
+    if steps < 1:
+        raise SpecError("--steps", "", f"must be >= 1, got {steps}")
+    if checkpoint_every < 0:
+        raise SpecError("--checkpoint-every", "", f"must be >= 0, got {checkpoint_every}")
+    if resume and checkpoint_dir is None:
+        raise SpecError("--resume", "", "needs --checkpoint-dir")
+    if data is not None:
+        TokenSource(model, seed, data)  # checks the file and the vocabulary now, with a clear error
+    run_dir = Path(tempfile.mkdtemp(prefix="autotune-train-"))
+    job = make_job("train", cluster, model, config, steps=steps, seed=seed, out_dir=str(run_dir),
+                   checkpoint_dir=str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
+                   checkpoint_every=checkpoint_every, resume=resume,
+                   metrics_out=str(Path(metrics_out).resolve()) if metrics_out else None,
+                   data=str(Path(data).resolve()) if data else None, tracking_uri=tracking_uri,
+                   pg_timeout_s=1800)
+    job_path = run_dir / "job.json"
+    job_path.write_text(json.dumps(job))
+    cmd = torchrun_command(layout.world_size, job_path, torchrun_args or [])
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen(cmd, env=worker_env(), stdout=out, stderr=out)
+
+    def forward(signum, frame):  # torchrun passes SIGTERM on to every rank
+        proc.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    outcome = TrainOutcome(code)
+    result = run_dir / "result.json"
+    if result.exists():
+        info = json.loads(result.read_text())
+        outcome.steps_done, outcome.stopped = info["steps_done"], info["stopped"]
+        if outcome.stopped:
+            outcome.returncode = 0  # a clean stop on SIGTERM, checkpoint written
+    for path in sorted(run_dir.glob("error-rank*.json")):
+        outcome.errors.append(json.loads(path.read_text()))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return outcome
