@@ -14,24 +14,35 @@ and ``Simulator(..., profile=...)`` read it. The file is JSON::
           "memory_bandwidth_GBps": 1700.0,               # optional: measured copy bandwidth
           "layers": [                                    # optional: measured transformer layers
             {"hidden_size": 4096, "num_heads": 32, "num_kv_heads": 32, "ffn_hidden_size": 11008,
-             "mlp": "swiglu", "seq_len": 4096, "micro_batch_size": 1, "tp": 1,
+             "mlp": "swiglu", "seq_len": 4096, "micro_batch_size": 1, "tp": 1, "recompute": false,
              "forward_s": 0.0123, "backward_s": 0.0251}
-          ]
+          ],
+          "edges": [                                     # optional: measured embedding and LM head + loss
+            {"hidden_size": 4096, "vocab_size": 32000, "seq_len": 4096, "micro_batch_size": 1, "tp": 1,
+             "embedding_forward_s": 0.0002, "embedding_backward_s": 0.0004,
+             "head_forward_s": 0.004, "head_backward_s": 0.008}
+          ],
+          "optimizer_s_per_param": 2.0e-11              # optional: measured Adam step time per parameter
         }
       },
       "links": {                                         # optional, per node of the cluster file
         "a100": {"intra_node": {"bandwidth_GBps": 240.0, "latency_us": 3.0},
                  "network": {"bandwidth_GBps": 11.0, "latency_us": 12.0}}
-      }
+      },
+      "step_overhead_s": 0.0,                            # optional: fixed time added to every iteration
+      "notes": "free text: how it was measured, what was skipped"
     }
 
 - ``matmul_tflops``: sustained 16-bit TFLOP/s of an ``n x n x n`` matrix multiply, as ``[n, tflops]``
   pairs (at least one). For other shapes the simulator uses the cube root of ``M * N * K`` as ``n``
   and interpolates linearly in ``log n`` between measured sizes, clamping outside the measured range.
 - ``layers``: per-transformer-layer times for one micro-batch of ``micro_batch_size`` sequences on a
-  tensor-parallel group of ``tp`` such devices, tensor-parallel communication included, backward
-  without recomputation. When a stage matches an entry exactly, the simulator uses it instead of the
-  FLOP model.
+  tensor-parallel group of ``tp`` such devices, tensor-parallel communication included; with
+  ``"recompute": true`` the backward includes the recomputed forward (default false). When a stage
+  matches an entry exactly (shape, micro-batch, tp), the simulator uses it instead of the FLOP model;
+  a recomputing stage without a ``recompute: true`` entry uses ``forward_s + backward_s`` as backward.
+- ``edges``: the same for the embedding (first stage) and the final norm + LM head + loss (last stage).
+- ``optimizer_s_per_param``: the optimizer step's time per parameter a device holds.
 - ``links``: measured one-direction bandwidth and latency, replacing the cluster file's numbers.
 
 Every field is validated on load; a bad file raises one ``SpecError`` naming the file and field.
@@ -82,19 +93,46 @@ class LayerTiming:
     tp: int
     forward_s: float
     backward_s: float
+    recompute: bool = False
 
     def key(self) -> tuple:
         return (self.hidden_size, self.num_heads, self.num_kv_heads, self.ffn_hidden_size, self.mlp,
-                self.seq_len, self.micro_batch_size, self.tp)
+                self.seq_len, self.micro_batch_size, self.tp, self.recompute)
 
     @staticmethod
-    def key_for(model: ModelSpec, micro_batch_size: int, tp: int) -> tuple:
+    def key_for(model: ModelSpec, micro_batch_size: int, tp: int, recompute: bool = False) -> tuple:
         return (model.hidden_size, model.num_heads, model.num_kv_heads, model.ffn_hidden_size, model.mlp,
-                model.seq_len, micro_batch_size, tp)
+                model.seq_len, micro_batch_size, tp, recompute)
 
 
 _LAYER_FIELDS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "mlp", "seq_len",
-                 "micro_batch_size", "tp", "forward_s", "backward_s")
+                 "micro_batch_size", "tp", "recompute", "forward_s", "backward_s")
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeTiming:
+    """Measured embedding (first stage) and final norm + LM head + loss (last stage) times."""
+
+    hidden_size: int
+    vocab_size: int
+    seq_len: int
+    micro_batch_size: int
+    tp: int
+    embedding_forward_s: float
+    embedding_backward_s: float
+    head_forward_s: float
+    head_backward_s: float
+
+    def key(self) -> tuple:
+        return (self.hidden_size, self.vocab_size, self.seq_len, self.micro_batch_size, self.tp)
+
+    @staticmethod
+    def key_for(model: ModelSpec, micro_batch_size: int, tp: int) -> tuple:
+        return (model.hidden_size, model.vocab_size, model.seq_len, micro_batch_size, tp)
+
+
+_EDGE_FIELDS = ("hidden_size", "vocab_size", "seq_len", "micro_batch_size", "tp", "embedding_forward_s",
+                "embedding_backward_s", "head_forward_s", "head_backward_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +143,8 @@ class DeviceProfile:
     matmul: tuple[tuple[float, float], ...]
     memory_bandwidth_GBps: float | None = None
     layers: tuple[LayerTiming, ...] = ()
+    edges: tuple[EdgeTiming, ...] = ()
+    optimizer_s_per_param: float | None = None
 
     def __post_init__(self) -> None:
         if not self.matmul:
@@ -123,11 +163,19 @@ class DeviceProfile:
         w = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
         return t0 + w * (t1 - t0)
 
-    def layer_timing(self, model: ModelSpec, micro_batch_size: int, tp: int) -> LayerTiming | None:
-        key = LayerTiming.key_for(model, micro_batch_size, tp)
+    def layer_timing(self, model: ModelSpec, micro_batch_size: int, tp: int,
+                     recompute: bool = False) -> LayerTiming | None:
+        key = LayerTiming.key_for(model, micro_batch_size, tp, recompute)
         for layer in self.layers:
             if layer.key() == key:
                 return layer
+        return None
+
+    def edge_timing(self, model: ModelSpec, micro_batch_size: int, tp: int) -> EdgeTiming | None:
+        key = EdgeTiming.key_for(model, micro_batch_size, tp)
+        for edge in self.edges:
+            if edge.key() == key:
+                return edge
         return None
 
 
@@ -147,6 +195,8 @@ class CalibrationProfile:
     created: str = ""
     cluster: str = ""
     versions: tuple[tuple[str, str], ...] = ()
+    step_overhead_s: float = 0.0
+    notes: str = ""
 
     def device(self, name: str) -> DeviceProfile | None:
         for d in self.devices:
@@ -169,6 +219,10 @@ class CalibrationProfile:
                 entry["memory_bandwidth_GBps"] = d.memory_bandwidth_GBps
             if d.layers:
                 entry["layers"] = [{f: getattr(layer, f) for f in _LAYER_FIELDS} for layer in d.layers]
+            if d.edges:
+                entry["edges"] = [{f: getattr(edge, f) for f in _EDGE_FIELDS} for edge in d.edges]
+            if d.optimizer_s_per_param is not None:
+                entry["optimizer_s_per_param"] = d.optimizer_s_per_param
             devices[d.name] = entry
         links: dict[str, Any] = {}
         for nl in self.links:
@@ -176,7 +230,8 @@ class CalibrationProfile:
                               for kind, spec in (("intra_node", nl.intra_node), ("network", nl.network))
                               if spec is not None}
         return {"format_version": FORMAT_VERSION, "created": self.created, "cluster": self.cluster,
-                "versions": dict(self.versions), "devices": devices, "links": links}
+                "versions": dict(self.versions), "devices": devices, "links": links,
+                "step_overhead_s": self.step_overhead_s, "notes": self.notes}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
@@ -185,7 +240,8 @@ class CalibrationProfile:
     def from_dict(cls, data: Any, source: str = "profile") -> "CalibrationProfile":
         if not isinstance(data, Mapping):
             raise SpecError(source, "", f"must be a JSON object, got {type(data).__name__}")
-        extra = sorted(set(data) - {"format_version", "created", "cluster", "versions", "devices", "links"})
+        extra = sorted(set(data) - {"format_version", "created", "cluster", "versions", "devices", "links",
+                                    "step_overhead_s", "notes"})
         if extra:
             raise SpecError(source, extra[0], "unknown field")
         version = data.get("format_version", FORMAT_VERSION)
@@ -214,9 +270,11 @@ class CalibrationProfile:
         versions = data.get("versions", {})
         if not isinstance(versions, Mapping):
             raise SpecError(source, "versions", "must map package names to version strings")
+        overhead = _number(source, "step_overhead_s", data.get("step_overhead_s", 0.0), positive=False)
         return cls(devices=devices, links=tuple(links), created=str(data.get("created", "")),
                    cluster=str(data.get("cluster", "")),
-                   versions=tuple((str(k), str(v)) for k, v in versions.items()))
+                   versions=tuple((str(k), str(v)) for k, v in versions.items()),
+                   step_overhead_s=overhead, notes=str(data.get("notes", "")))
 
     @classmethod
     def load(cls, path: str | Path) -> "CalibrationProfile":
@@ -244,10 +302,10 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     f = f"devices.{name}"
     if not isinstance(raw, Mapping):
         raise SpecError(source, f, "must be a mapping with matmul_tflops")
-    extra = sorted(set(raw) - {"matmul_tflops", "memory_bandwidth_GBps", "layers"})
+    allowed = {"matmul_tflops", "memory_bandwidth_GBps", "layers", "edges", "optimizer_s_per_param"}
+    extra = sorted(set(raw) - allowed)
     if extra:
-        raise SpecError(source, f"{f}.{extra[0]}", "unknown field (expected matmul_tflops, memory_bandwidth_GBps, "
-                                                   "layers)")
+        raise SpecError(source, f"{f}.{extra[0]}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
     points_raw = raw.get("matmul_tflops")
     if not isinstance(points_raw, list) or not points_raw:
         raise SpecError(source, f"{f}.matmul_tflops", "is required: a non-empty list of [n, tflops] pairs")
@@ -270,7 +328,7 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         lf = f"{f}.layers[{i}]"
         if not isinstance(lr, Mapping):
             raise SpecError(source, lf, "must be a mapping")
-        missing = [k for k in _LAYER_FIELDS if k not in lr and k != "num_kv_heads"]
+        missing = [k for k in _LAYER_FIELDS if k not in lr and k not in ("num_kv_heads", "recompute")]
         if missing:
             raise SpecError(source, f"{lf}.{missing[0]}", "is required")
         extra = sorted(set(lr) - set(_LAYER_FIELDS))
@@ -281,7 +339,30 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         ints = {k: _integer(source, f"{lf}.{k}", lr[k]) for k in
                 ("hidden_size", "num_heads", "ffn_hidden_size", "seq_len", "micro_batch_size", "tp")}
         kv = _integer(source, f"{lf}.num_kv_heads", lr.get("num_kv_heads", lr["num_heads"]))
-        layers.append(LayerTiming(num_kv_heads=kv, mlp=lr["mlp"],
+        recompute = lr.get("recompute", False)
+        if not isinstance(recompute, bool):
+            raise SpecError(source, f"{lf}.recompute", f"must be true or false, got {recompute!r}")
+        layers.append(LayerTiming(num_kv_heads=kv, mlp=lr["mlp"], recompute=recompute,
                                   forward_s=_number(source, f"{lf}.forward_s", lr["forward_s"]),
                                   backward_s=_number(source, f"{lf}.backward_s", lr["backward_s"]), **ints))
-    return DeviceProfile(name, tuple(points), bw, tuple(layers))
+    edges_raw = raw.get("edges", [])
+    if not isinstance(edges_raw, list):
+        raise SpecError(source, f"{f}.edges", "must be a list")
+    edges = []
+    for i, er in enumerate(edges_raw):
+        ef = f"{f}.edges[{i}]"
+        if not isinstance(er, Mapping):
+            raise SpecError(source, ef, "must be a mapping")
+        missing = [k for k in _EDGE_FIELDS if k not in er]
+        if missing:
+            raise SpecError(source, f"{ef}.{missing[0]}", "is required")
+        extra = sorted(set(er) - set(_EDGE_FIELDS))
+        if extra:
+            raise SpecError(source, f"{ef}.{extra[0]}", "unknown field")
+        ints = {k: _integer(source, f"{ef}.{k}", er[k]) for k in _EDGE_FIELDS[:5]}
+        times = {k: _number(source, f"{ef}.{k}", er[k], positive=False) for k in _EDGE_FIELDS[5:]}
+        edges.append(EdgeTiming(**ints, **times))
+    opt = raw.get("optimizer_s_per_param")
+    if opt is not None:
+        opt = _number(source, f"{f}.optimizer_s_per_param", opt, positive=False)
+    return DeviceProfile(name, tuple(points), bw, tuple(layers), tuple(edges), opt)

@@ -41,14 +41,16 @@ def usable_memory_GiB(capacity_GiB: float) -> float:
     return capacity_GiB - RESERVE_GiB - RESERVE_FRACTION * capacity_GiB
 
 
-def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int) -> float:
-    """Bytes one transformer layer keeps for the backward of one micro-batch (Korthikanti et al. 2022)."""
+def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, flash_attention: bool = False) -> float:
+    """Bytes one transformer layer keeps for the backward of one micro-batch (Korthikanti et al. 2022).
+    ``flash_attention`` drops the ``5 a s^2 b`` attention-score term (fused attention stores no scores)."""
     s, b, h, f = model.seq_len, micro_batch_size, model.hidden_size, model.ffn_hidden_size
     a, hkv = model.num_heads, model.kv_hidden_size
     mlp_inner = (6 if model.mlp == "swiglu" else 4) * f
     replicated = 10 * h
     split = 2 * h + 4 * hkv + 2 * h + mlp_inner
-    return s * b * (replicated + split / tp) + 5.0 * a * s * s * b / tp
+    scores = 0.0 if flash_attention else 5.0 * a * s * s * b / tp
+    return s * b * (replicated + split / tp) + scores
 
 
 def layer_input_bytes(model: ModelSpec, micro_batch_size: int) -> float:
@@ -67,10 +69,11 @@ def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool
 
 
 def stage_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, layers: int, recompute: bool,
-                           in_flight_chunks: int, chunks: int, first: bool, last: bool) -> float:
+                           in_flight_chunks: int, chunks: int, first: bool, last: bool,
+                           flash_attention: bool = False) -> float:
     """Peak activation bytes of one device of a stage holding ``in_flight_chunks`` chunk activations."""
     layers_per_chunk = layers / chunks
-    full = layer_activation_bytes(model, micro_batch_size, tp)
+    full = layer_activation_bytes(model, micro_batch_size, tp, flash_attention)
     if recompute:
         kept = layer_input_bytes(model, micro_batch_size)
         total = in_flight_chunks * layers_per_chunk * kept + (full if layers else 0.0)
@@ -85,8 +88,8 @@ def stage_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, lay
 
 
 def stage_peak_GiB(model: ModelSpec, micro_batch_size: int, tp: int, layers: int, recompute: bool,
-                   in_flight_chunks: int, chunks: int, first: bool, last: bool) -> float:
+                   in_flight_chunks: int, chunks: int, first: bool, last: bool, flash_attention: bool = False) -> float:
     states = BYTES_PER_PARAM_STATE * stage_params(model, layers, tp, first, last)
     acts = stage_activation_bytes(model, micro_batch_size, tp, layers, recompute, in_flight_chunks, chunks,
-                                  first, last)
+                                  first, last, flash_attention)
     return (states + acts) / GiB

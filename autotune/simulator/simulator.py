@@ -47,6 +47,7 @@ ACTIVATION_BYTES = 2       # 16-bit activations and gradients cross stage bounda
 GRAD_BYTES = 2             # 16-bit gradients in the data-parallel all-reduce (Megatron-LM fp16/bf16 default)
 OPTIMIZER_BYTES_PER_PARAM = 28  # Adam step traffic: read 4+4+4+2, write 4+4+4+2 bytes per parameter
 _PIPELINE_CACHE_SIZE = 50_000
+_NO_LINK = LinkSpec(1.0, 0.0)  # a group of one device communicates with nobody
 
 
 def _apply_profile(cluster: ClusterSpec, profile: CalibrationProfile | None) -> ClusterSpec:
@@ -71,14 +72,19 @@ class Simulator:
 
     ``record_timeline=True`` makes ``evaluate`` also return every operation as a ``TimelineEvent``
     (slower; the search leaves it off). ``evaluate_detailed`` does that for one call.
+    ``flash_attention=True`` models fused attention that never stores the ``s x s`` scores (Dao et al.
+    2022): their memory and memory traffic disappear. The default (off) is the Megatron-LM setting of
+    Narayanan et al. 2021 and Korthikanti et al. 2022, whose formulas the memory model follows.
     """
 
     def __init__(self, cluster: ClusterSpec, model: ModelSpec, profile: CalibrationProfile | None = None,
-                 record_timeline: bool = False) -> None:
+                 record_timeline: bool = False, flash_attention: bool = False) -> None:
         self.cluster = cluster
         self.model = model
         self.profile = profile
         self.record_timeline = record_timeline
+        self.flash_attention = flash_attention
+        self._step_overhead_s = profile.step_overhead_s if profile is not None else 0.0
         self._eff = _apply_profile(cluster, profile)
         self._node: dict[str, NodeSpec] = {d: n for n in self._eff.nodes for d in n.device_ids()}
         self._rates: dict[str, DeviceRates] = {}
@@ -88,6 +94,7 @@ class Simulator:
                 self._rates[key] = DeviceRates(n.device, profile.device(n.device.name) if profile else None,
                                                n.slowdown)
         self._rate_key = {d: f"{n.device.name}@{n.slowdown:g}" for d, n in self._node.items()}
+        self._usable = {d: usable_memory_GiB(n.device.memory_GiB) for d, n in self._node.items()}
         self._layer_cache: dict[tuple, tuple[float, float]] = {}
         self._stage_cache: dict[tuple, tuple] = {}
         self._memory_cache: dict[tuple, float] = {}
@@ -120,8 +127,9 @@ class Simulator:
     # Cost model
 
     def _layer_costs(self, rate_key: str, tp: int, mbs: int, link: LinkSpec) -> tuple[float, ...]:
-        """(layer forward, layer backward, embedding fwd, embedding bwd, head fwd, head bwd) seconds on one
-        device type for one micro-batch, tensor-parallel communication included, no recomputation."""
+        """Seconds on one device type for one micro-batch, tensor-parallel communication included:
+        (layer forward, layer backward, layer backward with recomputation, embedding forward, embedding
+        backward, head forward, head backward, optimizer seconds per parameter)."""
         key = (rate_key, tp, mbs, link)
         hit = self._layer_cache.get(key)
         if hit is not None:
@@ -133,9 +141,10 @@ class Simulator:
         act_bytes = ACTIVATION_BYTES * tokens * h
         tp_ar = allreduce_over_link_s(act_bytes, tp, link)  # one all-reduce of the b s h activations
         mm = sum(rates.matmul_s(m) for m in layer_matmuls(model, mbs, tp))
-        elementwise = rates.memory_s(layer_activation_bytes(model, mbs, tp))
+        elementwise = rates.memory_s(layer_activation_bytes(model, mbs, tp, self.flash_attention))
         layer_f = mm + elementwise + 2 * tp_ar
         layer_b = 2 * mm + 2 * elementwise + 2 * tp_ar
+        layer_br = layer_b + layer_f
         # embedding: gather rows and write the output (4 s b h bytes); vocab-parallel: one all-reduce
         emb_f = rates.memory_s(2.0 * act_bytes) + tp_ar
         emb_b = rates.memory_s(2.0 * act_bytes)
@@ -146,30 +155,44 @@ class Simulator:
         ce_ar = 3 * allreduce_over_link_s(4.0 * tokens, tp, link)
         head_f = head + rates.memory_s(10.0 * logits + 2.0 * act_bytes) + ce_ar
         head_b = 2 * head + rates.memory_s(10.0 * logits + 2.0 * act_bytes) + tp_ar
-        if rates.profile is not None:
-            measured = rates.profile.layer_timing(model, mbs, tp)
+        opt = rates.memory_s(OPTIMIZER_BYTES_PER_PARAM)
+        prof = rates.profile
+        if prof is not None:  # measured times replace the model where the profile has them
+            measured = prof.layer_timing(model, mbs, tp)
             if measured is not None:
                 layer_f, layer_b = measured.forward_s, measured.backward_s
-        out = (layer_f, layer_b, emb_f, emb_b, head_f, head_b)
+                layer_br = layer_f + layer_b
+            measured = prof.layer_timing(model, mbs, tp, recompute=True)
+            if measured is not None:
+                layer_br = measured.backward_s
+            edge = prof.edge_timing(model, mbs, tp)
+            if edge is not None:
+                emb_f, emb_b = edge.embedding_forward_s, edge.embedding_backward_s
+                head_f, head_b = edge.head_forward_s, edge.head_backward_s
+            if prof.optimizer_s_per_param is not None:
+                opt = prof.optimizer_s_per_param * rates.slowdown
+        out = (layer_f, layer_b, layer_br, emb_f, emb_b, head_f, head_b, opt)
         self._layer_cache[key] = out
         return out
 
     def _stage_costs(self, devices: tuple[str, ...], layers: int, recompute: bool, first: bool, last: bool,
                      mbs: int, v: int) -> tuple:
-        """(durations [F, B per chunk], params per device, optimizer seconds) of one stage."""
+        """(durations [F, B per chunk], parameters per device, optimizer seconds) of one stage."""
         key = (devices, layers, recompute, first, last, mbs, v)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
         tp = len(devices)
-        link = self._eff.group_link(devices) if tp > 1 else LinkSpec(1.0, 0.0)
+        link = self._eff.group_link(devices) if tp > 1 else _NO_LINK
         lpc = layers / v
+        params = stage_params(self.model, layers, tp, first, last)
         durs = [0.0] * (2 * v)
+        opt_s = 0.0
         for rk in sorted({self._rate_key[d] for d in devices}):  # mixed types: the slowest sets the pace
-            lf, lb, ef, eb, hf, hb = self._layer_costs(rk, tp, mbs, link)
+            lf, lb, lbr, ef, eb, hf, hb, opt = self._layer_costs(rk, tp, mbs, link)
             for c in range(v):
                 f = lpc * lf
-                b = lpc * (lb + lf) if recompute else lpc * lb
+                b = lpc * (lbr if recompute else lb)
                 if first and c == 0:
                     f += ef
                     b += eb
@@ -178,8 +201,7 @@ class Simulator:
                     b += hb
                 durs[2 * c] = max(durs[2 * c], f)
                 durs[2 * c + 1] = max(durs[2 * c + 1], b)
-        params = stage_params(self.model, layers, tp, first, last)
-        opt_s = max(self._rates[self._rate_key[d]].memory_s(OPTIMIZER_BYTES_PER_PARAM * params) for d in devices)
+            opt_s = max(opt_s, opt * params)
         out = (durs, params, opt_s)
         self._stage_cache[key] = out
         return out
@@ -189,7 +211,8 @@ class Simulator:
         key = (len(devices), layers, recompute, first, last, mbs, in_flight, v)
         hit = self._memory_cache.get(key)
         if hit is None:
-            hit = stage_peak_GiB(self.model, mbs, len(devices), layers, recompute, in_flight, v, first, last)
+            hit = stage_peak_GiB(self.model, mbs, len(devices), layers, recompute, in_flight, v, first, last,
+                                 self.flash_attention)
             self._memory_cache[key] = hit
         return hit
 
@@ -231,8 +254,7 @@ class Simulator:
     def _simulate(self, config: ParallelConfig, timeline: bool) -> Measurement:
         model = self.model
         mbs, v, schedule = config.micro_batch_size, config.virtual_stages, config.schedule
-        L = model.num_layers
-        usable = {}
+        usable = self._usable
         peak: dict[str, float] = {}
         oom_devices = []
         stage_costs = []
@@ -249,10 +271,7 @@ class Simulator:
                                              comp.in_flight[s], v)
                 for d in st.devices:
                     peak[d] = gib
-                    cap = usable.get(d)
-                    if cap is None:
-                        cap = usable_memory_GiB(self._node[d].device.memory_GiB)
-                    if gib > cap:
+                    if gib > usable[d]:
                         oom_devices.append(d)
             stage_costs.append(costs)
         if oom_devices:
@@ -302,11 +321,11 @@ class Simulator:
         cursor = [list(f) for f in finish]
         if len(config.pipelines) > 1:
             self._data_parallel(config, cursor, events if timeline else None)
-        iteration = 0.0
+        iteration = self._step_overhead_s
         for r, pipe in enumerate(config.pipelines):
             for s, st in enumerate(pipe.stages):
                 opt = stage_costs[r][s][2]
-                t = cursor[r][s] + opt
+                t = cursor[r][s] + opt + self._step_overhead_s
                 if timeline:
                     events.extend(TimelineEvent(d, "optimizer", cursor[r][s], t) for d in st.devices)
                 if t > iteration:

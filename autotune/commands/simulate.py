@@ -1,0 +1,72 @@
+"""``autotune simulate``: predict one plan's iteration with the simulator; a table or one JSON object."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autotune.loading import load_cluster, load_config, load_model
+from autotune.profile import CalibrationProfile
+from autotune.simulator import Simulator
+from autotune.simulator.memory import usable_memory_GiB
+
+
+def run(cluster: str, model: str, config: Path, global_batch_size: int | None = None, profile: Path | None = None,
+        json_out: bool = False) -> int:
+    cluster_spec = load_cluster(cluster)
+    model_spec = load_model(model, global_batch_size)
+    cfg = load_config(config)
+    prof = CalibrationProfile.load(profile) if profile is not None else None
+    cfg.validate(cluster_spec, model_spec, source=str(config))
+    sim = Simulator(cluster_spec, model_spec, prof)
+    result = sim.evaluate(cfg) if json_out else sim.evaluate_detailed(cfg)
+    if json_out:
+        print(json.dumps(result.to_dict()))
+        return 0
+    _print_table(cluster_spec, model_spec, cfg, result, profile)
+    return 0
+
+
+def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    title = escape(f"{model.name} on {cluster.name}: {cfg.describe()}")
+    summary = Table(title=title, show_header=False, title_justify="left")
+    summary.add_column("quantity")
+    summary.add_column("value", justify="right")
+    status = "[red]out of memory[/red]" if result.oom else result.status
+    summary.add_row("status", status)
+    if result.ok:
+        summary.add_row("tokens/s", f"{result.tokens_per_s:,.0f}")
+        summary.add_row("iteration time", f"{result.iteration_time_s:.3f} s")
+        summary.add_row("MFU", f"{result.mfu:.1%}")
+        summary.add_row("bubble (slowest pipeline)", f"{result.bubble_fraction:.1%}")
+    else:
+        summary.add_row("why", result.error)
+    summary.add_row("global batch", f"{cfg.global_batch_size} x {model.seq_len} tokens")
+    summary.add_row("calibration", str(profile) if profile else "defaults (no --profile)")
+    console.print(summary)
+
+    stages = Table(title="stages", title_justify="left")
+    for col, just in (("pipeline", "right"), ("stage", "right"), ("devices", "left"), ("layers", "right"),
+                      ("recompute", "left"), ("busy s", "right"), ("peak GiB / usable", "right")):
+        stages.add_column(col, justify=just)
+    busy_s: dict[str, float] = {}  # forward + backward time per device, from the timeline
+    for e in result.timeline:
+        if e.op[0] in "FB":
+            busy_s[e.device] = busy_s.get(e.device, 0.0) + e.end_s - e.start_s
+    for r, pipe in enumerate(cfg.pipelines):
+        for s, st in enumerate(pipe.stages):
+            d = st.devices[0]
+            cap = usable_memory_GiB(cluster.device(d).memory_GiB)
+            gib = result.peak_memory_GiB.get(d, 0.0)
+            mem = f"{gib:.1f} / {cap:.1f}"
+            if gib > cap:
+                mem = f"[red]{mem}[/red]"
+            busy = f"{busy_s[d]:.3f}" if d in busy_s else "-"
+            stages.add_row(str(r), str(s), " ".join(st.devices), str(st.layers), "yes" if st.recompute else "no",
+                           busy, mem)
+    console.print(stages)
