@@ -1,0 +1,46 @@
+"""``autotune measure``: a short profiled real run of one plan through the runner (``runner.profiled_run``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def run(cluster: str, model: str, config: Path, global_batch_size: int | None, steps: int, warmup: int,
+        timeout: float, json_out: bool) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from autotune.errors import SpecError
+    from autotune.loading import load_cluster, load_config, load_model
+    from runner.jobs import preflight
+    from runner.launch import profiled_run
+
+    if steps < 1:
+        raise SpecError("--steps", "", f"must be >= 1, got {steps}")
+    if warmup < 0:
+        raise SpecError("--warmup", "", f"must be >= 0, got {warmup}")
+    if timeout <= 0:
+        raise SpecError("--timeout", "", f"must be > 0, got {timeout}")
+    cluster_spec = load_cluster(cluster)
+    model_spec = load_model(model, global_batch_size)
+    plan = load_config(config)
+    preflight(cluster_spec, model_spec, plan)  # bad or unsupported plans: one SpecError line, exit 2
+    m = profiled_run(cluster_spec, model_spec, plan, steps=steps, warmup=warmup, timeout_s=timeout)
+    if json_out:
+        print(json.dumps(m.to_dict()))
+    else:
+        out = Console()
+        table = Table(title=f"measured: {model_spec.name} on {cluster_spec.name} ({steps} steps after {warmup} warm-up)",
+                      show_header=False)
+        table.add_row("status", m.status + (f": {m.error}" if m.error else ""))
+        if m.status in ("ok", "oom") and m.iteration_time_s > 0:
+            table.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
+            table.add_row("iteration time", f"{m.iteration_time_s:.4f} s")
+            table.add_row("MFU", f"{m.mfu:.1%}")
+            table.add_row("bubble", f"{m.bubble_fraction:.1%}")
+            table.add_row("stage busy (slowest pipeline)", ", ".join(f"{b:.4f} s" for b in m.stage_busy_s))
+            for device, gib in m.peak_memory_GiB.items():
+                table.add_row(f"peak memory {device}", f"{gib:.3f} GiB")
+        out.print(table)
+    return 0 if m.status == "ok" else 1

@@ -1,0 +1,127 @@
+"""Runner pieces that need no process group: rank layout, model construction and splitting, data, job files."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune import SpecError, load_cluster, load_model
+from autotune.loading import cluster_from_dict
+from autotune.specs import ModelSpec, ParallelConfig
+from runner.data import TokenSource
+from runner.jobs import cluster_to_dict, uses_cuda
+from runner.layout import build_layout
+from runner.model import StageChunk, build_full_model, lm_loss
+
+torch.set_num_threads(1)
+
+
+def cfg(pipelines, mbs=1, **kw) -> ParallelConfig:
+    return ParallelConfig.from_dict({"micro_batch_size": mbs, "pipelines": pipelines, **kw})
+
+
+def stage(devices, layers, recompute=False):
+    return {"devices": devices, "layers": layers, "recompute": recompute}
+
+
+TWO_BY_TWO = cfg([{"num_microbatches": 5, "stages": [stage(["cpu:0"], 3), stage(["cpu:1"], 1)]},
+                  {"num_microbatches": 3, "stages": [stage(["cpu:2"], 1), stage(["cpu:3"], 3)]}])
+
+
+def test_ranks_follow_config_device_order_and_batch_shares():
+    layout = build_layout(load_cluster("cpu-4"), load_model("tiny"), TWO_BY_TWO)
+    assert [r.device_id for r in layout.ranks] == ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
+    assert [r.chunks[0].layers for r in layout.ranks] == [(0, 1, 2), (3,), (0,), (1, 2, 3)]
+    assert [(r.batch_offset, r.batch_size) for r in layout.ranks] == [(0, 5), (0, 5), (5, 3), (5, 3)]
+    assert [r.grad_weight for r in layout.ranks] == [5 / 8, 5 / 8, 3 / 8, 3 / 8]
+    assert layout.pipeline_groups() == ((0, 1), (2, 3))
+
+
+def test_grad_groups_are_exactly_the_holders_of_each_weight():
+    groups = build_layout(load_cluster("cpu-4"), load_model("tiny"), TWO_BY_TWO).grad_groups()
+    # layer 0 + embedding on ranks 0 and 2; layers 1, 2 on 0 and 3; layer 3 + head on 1 and 3
+    assert groups == {(0, 2): ("embed", "layer0"), (0, 3): ("layer1", "layer2"), (1, 3): ("layer3", "head")}
+
+
+def test_interleaved_chunks_are_placed_megatron_style():
+    config = cfg([{"num_microbatches": 4, "stages": [stage(["cpu:0"], 2), stage(["cpu:1"], 2)]}], mbs=2,
+                 schedule="interleaved-1f1b", virtual_stages=2)
+    r0, r1 = build_layout(load_cluster("cpu-2"), load_model("tiny"), config).ranks
+    assert [(c.stage_index, c.layers) for c in r0.chunks] == [(0, (0,)), (2, (2,))]
+    assert [(c.stage_index, c.layers) for c in r1.chunks] == [(1, (1,)), (3, (3,))]
+    assert r0.first and not r0.last and r1.last
+
+
+def test_unsupported_and_invalid_plans_raise_spec_errors():
+    tiny = load_model("tiny")
+    with pytest.raises(SpecError, match="layers sum to 3"):
+        build_layout(load_cluster("cpu-2"), tiny, cfg([{"num_microbatches": 8, "stages": [stage(["cpu:0"], 3)]}]))
+    mixed_tp = cfg([{"num_microbatches": 8, "stages": [stage(["cpu:0", "cpu:1"], 2), stage(["cpu:2"], 2)]}])
+    with pytest.raises(SpecError, match="different tensor-parallel degrees"):
+        build_layout(load_cluster("cpu-4"), tiny, mixed_tp)
+
+
+def test_gpu_plan_without_cuda_is_a_clear_error():
+    cluster = load_cluster("mixed-a100-v100")
+    config = cfg([{"num_microbatches": 8, "stages": [stage(["a100:0"], 4)]}])
+    with pytest.raises(SpecError, match="has GPU devices .A100-80GB. but this machine has no CUDA; use a cpu cluster"):
+        uses_cuda(cluster, config, cuda_available=False)
+    assert uses_cuda(cluster, config, cuda_available=True)
+    assert not uses_cuda(load_cluster("cpu-2"), cfg([{"num_microbatches": 8, "stages": [stage(["cpu:0"], 4)]}]), False)
+
+
+def test_cluster_round_trips_through_job_dict():
+    cluster = load_cluster("cpu-hetero")
+    assert cluster_from_dict(cluster_to_dict(cluster), "job") == cluster
+
+
+@pytest.mark.parametrize("split", [(4,), (1, 3), (2, 2), (1, 1, 1, 1)])
+def test_layer_weights_do_not_depend_on_the_split(split):
+    spec = load_model("tiny")
+    full = dict(build_full_model(spec, seed=3).named_parameters())
+    start = 0
+    for s, n in enumerate(split):
+        chunk = StageChunk(spec, range(start, start + n), first=s == 0, last=s == len(split) - 1, seed=3)
+        for name, p in chunk.named_parameters():
+            assert torch.equal(p, full[name]), name
+        start += n
+
+
+def test_split_forward_equals_full_forward_swiglu_gqa_recompute():
+    spec = ModelSpec("llama-ish", num_layers=3, hidden_size=32, num_heads=4, num_kv_heads=2, ffn_hidden_size=48,
+                     vocab_size=64, seq_len=8, global_batch_size=2, mlp="swiglu")
+    x = torch.randint(0, 64, (2, 8))
+    full = build_full_model(spec, seed=0)
+    a = StageChunk(spec, [0], first=True, last=False, seed=0)
+    b = StageChunk(spec, [1, 2], first=False, last=True, seed=0, recompute=True)
+    assert b.blocks["1"].mlp.swiglu and b.blocks["1"].attn.k_proj.out_features == 16  # GQA: 2 kv heads x 8
+    torch.testing.assert_close(b(a(x)), full(x), rtol=0, atol=0)
+    loss = lm_loss(b(a(x)), torch.randint(0, 64, (2, 8)))
+    loss.backward()
+    assert all(p.grad is not None for p in b.parameters())
+
+
+def test_model_is_causal():
+    spec = load_model("tiny")
+    model = build_full_model(spec, 0)
+    x = torch.randint(0, spec.vocab_size, (1, 16))
+    y = x.clone()
+    y[0, 10:] = (y[0, 10:] + 1) % spec.vocab_size
+    torch.testing.assert_close(model(x)[0, :10], model(y)[0, :10])
+
+
+def test_data_is_deterministic_per_step_and_sliced_per_pipeline(tmp_path):
+    spec = load_model("tiny")
+    a, b = TokenSource(spec, seed=1), TokenSource(spec, seed=1)
+    assert torch.equal(a.global_batch(7), b.global_batch(7))
+    assert not torch.equal(a.global_batch(7), a.global_batch(8))
+    x, y = a.pipeline_batch(7, 5, 3)
+    rows = a.global_batch(7)[5:8]
+    assert torch.equal(x, rows[:, :-1]) and torch.equal(y, rows[:, 1:]) and x.shape == (3, spec.seq_len)
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(256)) * 4)
+    batch = TokenSource(spec, 0, text).global_batch(0)
+    assert batch.shape == (spec.global_batch_size, spec.seq_len + 1) and int(batch.max()) < 256
+    small_vocab = ModelSpec("v", 1, 16, 2, 32, vocab_size=100, seq_len=8, global_batch_size=2)
+    with pytest.raises(SpecError, match="vocab_size >= 256"):
+        TokenSource(small_vocab, 0, text)
