@@ -118,6 +118,13 @@ class Simulator:
             config.validate(self.cluster, self.model)
         except SpecError as e:
             return Measurement.failure("invalid", str(e))
+        if config.schedule == "interleaved-1f1b":
+            for r, pipe in enumerate(config.pipelines):
+                if pipe.num_microbatches % len(pipe.stages):
+                    return Measurement.failure(
+                        "invalid", f"config: pipelines[{r}].num_microbatches: interleaved-1f1b needs a multiple of "
+                                   f"the number of stages ({pipe.num_microbatches} % {len(pipe.stages)} != 0), "
+                                   "as in Megatron-LM")
         try:
             return self._simulate(config, timeline)
         except ScheduleDeadlock as e:
@@ -410,5 +417,5 @@ def simulate(cluster, model, config, profile=None, global_batch_size: int | None
     sim = Simulator(cluster_spec, model_spec, profile)
     result = sim.evaluate_detailed(cfg) if timeline else sim.evaluate(cfg)
     if result.status == "invalid":
-        raise SpecError("config", "", result.error)
+        raise SpecError("", "", result.error)
     return result
