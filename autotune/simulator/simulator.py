@@ -4,8 +4,10 @@ One training iteration of a plan, as Megatron-LM runs it:
 
 1. Every stage's forward and backward time per micro-batch (``_stage_costs``): per layer, its matmuls
    (``flops.layer_matmuls``) at the device's sustained rate for their size (``efficiency``), the
-   memory-bound kernels (approximated as moving the layer's stored activation bytes, Korthikanti et al.
-   2022, once forward and twice backward), and tensor parallelism's two all-reduces of the ``b s h``
+   memory-bound kernels (norms, softmax, dropout, activations, residual adds: approximated from the
+   layer's stored activation bytes of Korthikanti et al. 2022, each written once and read once in the
+   forward, and read, with a gradient of the same size written and read, in the backward: 2x forward,
+   4x backward), and tensor parallelism's two all-reduces of the ``b s h``
    activations forward and two backward (Shoeybi et al. 2019, Megatron-LM, Sec. 3) over the stage's
    group link; recomputation adds one more forward to the backward. The embedding sits on the first
    stage, the final norm, LM head and loss on the last. A stage of mixed device types runs at the
@@ -148,9 +150,10 @@ class Simulator:
         act_bytes = ACTIVATION_BYTES * tokens * h
         tp_ar = allreduce_over_link_s(act_bytes, tp, link)  # one all-reduce of the b s h activations
         mm = sum(rates.matmul_s(m) for m in layer_matmuls(model, mbs, tp))
-        elementwise = rates.memory_s(layer_activation_bytes(model, mbs, tp, self.flash_attention))
+        # memory-bound kernels: every stored activation byte is written and read once forward (2x) ...
+        elementwise = 2.0 * rates.memory_s(layer_activation_bytes(model, mbs, tp, self.flash_attention))
         layer_f = mm + elementwise + 2 * tp_ar
-        layer_b = 2 * mm + 2 * elementwise + 2 * tp_ar
+        layer_b = 2 * mm + 2 * elementwise + 2 * tp_ar  # ... and read plus a gradient written and read backward
         layer_br = layer_b + layer_f
         # embedding: gather rows and write the output (4 s b h bytes); vocab-parallel: one all-reduce
         emb_f = rates.memory_s(2.0 * act_bytes) + tp_ar

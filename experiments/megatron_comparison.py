@@ -1,0 +1,104 @@
+"""Simulated vs published: Megatron-LM weak scaling on DGX A100 clusters (Narayanan et al. 2021, Table 1).
+
+Source: D. Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", SC'21 (arXiv:2104.04473), Table 1: GPT models of 1.7B to 1T parameters, vocabulary 51,200,
+sequence 2048, on Selene (DGX A100 nodes: 8 x A100-80GB on NVLink/NVSwitch, 600 GB/s bidirectional per
+GPU; 8 x 200 Gbit/s HDR InfiniBand per node), mixed precision, activation recomputation. "Achieved
+teraFLOP/s per GPU" counts FLOPs with the paper's formula 96 B s l h^2 (1 + s/6h + V/16lh) (recomputation
+included) over the measured iteration time. The rows below are copied from that table (parameter
+count, heads, hidden size, layers, tensor- and pipeline-parallel size, GPUs, batch size, achieved
+TFLOP/s per GPU); the aggregate column (per-GPU x GPUs) was checked against them.
+
+Not in the table, so assumed here (the same for every row, chosen before comparing): micro-batch size 1
+(what the paper's Table 2 uses for its PTD-P runs), full recomputation on every stage, the 1F1B
+schedule (the interleaved schedule with 2 chunks per stage is printed beside it for the rows with
+pipelining), simulator defaults (no calibration profile).
+
+    .venv/bin/python experiments/megatron_comparison.py
+
+Prints, per row, the simulated and published TFLOP/s per GPU and the error, then the mean and max
+absolute error.
+"""
+
+from __future__ import annotations
+
+import time
+
+from autotune.loading import cluster_from_dict, model_from_dict
+from autotune.simulator import Simulator
+from autotune.simulator.flops import megatron_flops_per_iteration
+from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
+
+# params (B), heads, hidden, layers, TP, PP, GPUs, batch, achieved TFLOP/s per GPU (Narayanan et al. 2021, Table 1)
+TABLE_1 = [
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+VOCAB, SEQ = 51200, 2048
+MICRO_BATCH = 1
+
+
+def selene(num_gpus: int):
+    """DGX A100 nodes: NVLink3 300 GB/s per direction per GPU; 8 x 200 Gbit/s HDR = 200 GB/s per node."""
+    return cluster_from_dict({
+        "name": f"selene-{num_gpus}",
+        "nodes": [{"name": "dgx", "gpu": "A100-80GB", "count": 8, "repeat": num_gpus // 8,
+                   "intra_node": {"bandwidth_GBps": 300, "latency_us": 3}}],
+        "network": {"bandwidth_GBps": 200, "latency_us": 5},
+    }, "selene")
+
+
+def plan(cluster, layers: int, tp: int, pp: int, batch: int, schedule: str, v: int) -> ParallelConfig:
+    devices = [d for node in cluster.nodes for d in node.device_ids()]  # node-major: a TP group stays in a node
+    dp = len(devices) // (tp * pp)
+    pipelines = []
+    for r in range(dp):
+        stages = tuple(StageConfig(tuple(devices[(r * pp + s) * tp:(r * pp + s + 1) * tp]), layers // pp, True)
+                       for s in range(pp))
+        pipelines.append(PipelineConfig(batch // (dp * MICRO_BATCH), stages))
+    return ParallelConfig(MICRO_BATCH, tuple(pipelines), schedule=schedule, virtual_stages=v)
+
+
+def main() -> None:
+    print(f"{'params':>8} {'TP':>3} {'PP':>3} {'GPUs':>5} {'batch':>5} | {'published':>9} {'1F1B':>7} {'error':>7}"
+          f" | {'interleaved':>11} {'error':>7} | {'bubble':>6} {'sim s':>6}")
+    errors = []
+    t0 = time.perf_counter()
+    for params, heads, hidden, layers, tp, pp, gpus, batch, published in TABLE_1:
+        model = model_from_dict(dict(name=f"gpt-{params}B", num_layers=layers, hidden_size=hidden, num_heads=heads,
+                                     ffn_hidden_size=4 * hidden, mlp="gelu", vocab_size=VOCAB, seq_len=SEQ,
+                                     global_batch_size=batch), "table-1")
+        cluster = selene(gpus)
+        sim = Simulator(cluster, model)
+        flops = megatron_flops_per_iteration(model, recompute=True)
+        m = sim.evaluate(plan(cluster, layers, tp, pp, batch, "1f1b", 1))
+        if not m.ok:
+            print(f"{params:8.1f} {tp:3d} {pp:3d} {gpus:5d} {batch:5d} | {published:9d}   {m.status}: {m.error}")
+            continue
+        tflops = flops / m.iteration_time_s / gpus / 1e12
+        err = (tflops - published) / published
+        errors.append(abs(err))
+        inter = ""
+        if pp > 1 and (layers // pp) % 2 == 0:
+            mi = sim.evaluate(plan(cluster, layers, tp, pp, batch, "interleaved-1f1b", 2))
+            if mi.ok:
+                ti = flops / mi.iteration_time_s / gpus / 1e12
+                inter = f"{ti:11.1f} {100 * (ti - published) / published:+6.1f}%"
+            else:
+                inter = f"{mi.status:>11} {'':7}"
+        print(f"{params:8.1f} {tp:3d} {pp:3d} {gpus:5d} {batch:5d} | {published:9d} {tflops:7.1f} {100 * err:+6.1f}%"
+              f" | {inter or '-':>19} | {m.bubble_fraction:6.1%} {m.iteration_time_s:6.2f}")
+    print(f"1F1B: mean |error| {100 * sum(errors) / len(errors):.1f}%, max |error| {100 * max(errors):.1f}% "
+          f"over {len(errors)} rows ({time.perf_counter() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
