@@ -141,8 +141,8 @@ def _collect(run_dir: Path, status: str, world: int, timeout_s: float, wall: flo
             msg += f"; rank {errors[0]['rank']} had failed: {errors[0]['type']}: {errors[0]['message']}"
         return RunOutcome("timeout", msg, errors=errors, wall_s=wall)
     if errors:
-        # the first error by rank is usually the cause; others are often peers losing their connection
-        first = min(errors, key=lambda e: (e.get("type") in ("DistBackendError",), e["rank"]))
+        # the cause is the earliest error that is not a peer losing its connection to the failed rank
+        first = min(errors, key=lambda e: (_is_peer_loss(e), e.get("time", 0.0), e["rank"]))
         oom = any(e.get("oom") for e in errors)
         msg = f"rank {first['rank']} failed: {first['type']}: {first['message']}"
         return RunOutcome("oom" if oom else "failed", msg, errors=errors, wall_s=wall)
@@ -155,6 +155,12 @@ def _collect(run_dir: Path, status: str, world: int, timeout_s: float, wall: flo
             tail = lines[-1] if lines else ""
             break
     return RunOutcome("failed", f"rank process(es) exited with {codes}; {tail}".strip("; "), wall_s=wall)
+
+
+def _is_peer_loss(error: dict) -> bool:
+    text = error.get("message", "").lower()
+    return error.get("type") == "DistBackendError" or any(
+        k in text for k in ("connection closed by peer", "connection reset", "remote worker crashing", "broken pipe"))
 
 
 def profiled_run(cluster: str | ClusterSpec, model: str | ModelSpec, config: str | Path | ParallelConfig | dict, *,

@@ -138,7 +138,9 @@ class TrainOutcome:
     def error(self) -> str:
         if not self.errors:
             return "" if self.returncode == 0 else f"torchrun exited with {self.returncode}"
-        e = min(self.errors, key=lambda e: e["rank"])
+        from runner.launch import _is_peer_loss
+
+        e = min(self.errors, key=lambda e: (_is_peer_loss(e), e.get("time", 0.0), e["rank"]))
         return f"rank {e['rank']} failed: {e['type']}: {e['message']}"
 
 

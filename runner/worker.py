@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
             root = root.__cause__
         lines = [line.strip() for line in str(root).splitlines() if line.strip()]
         err = {"rank": rank, "type": type(root).__name__, "message": lines[0] if lines else "",
-               "oom": _is_oom(root), "traceback": traceback.format_exc()}
+               "oom": _is_oom(root), "time": time.time(), "traceback": traceback.format_exc()}
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"error-rank{rank}.json").write_text(json.dumps(err))
         log.error("rank %d failed: %s: %s", rank, err["type"], err["message"])
