@@ -3,7 +3,8 @@
 Plans: llama2-7b (global batch 256 sequences) on the ``mixed-h100-a100-32`` preset (16 H100 + 16 A100-40GB),
 8 pipeline stages per replica, 64 micro-batches per replica, tensor parallelism 1, 2 or 4 (so 4, 2 or 1
 replicas, micro-batch 1, 2 or 4), random layer splits, random placement of tensor-parallel groups
-(kept inside a node), recomputation on every stage (without it most llama2-7b plans at 4096 tokens do not fit), 1F1B or GPipe. Every plan is distinct.
+(kept inside a node), recomputation on every stage (without it most llama2-7b plans at 4096 tokens do not fit),
+1F1B, GPipe or interleaved 1F1B with 2 chunks per stage. Every plan is distinct.
 
     .venv/bin/python experiments/bench_simulator.py [--configs 3000] [--seed 0]
 
@@ -23,9 +24,11 @@ from autotune.simulator import simulator as simulator_module
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 
 STAGES, MICROBATCHES, GLOBAL_BATCH = 8, 64, 256
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
 
 
 def random_config(rng: random.Random, cluster, num_layers: int, schedule: str) -> ParallelConfig:
+    v = 2 if schedule == "interleaved-1f1b" else 1  # interleaved: 2 chunks per stage, so even layer counts
     tp = rng.choice([1, 2, 4])
     dp = cluster.num_devices // (STAGES * tp)
     groups = []
@@ -35,11 +38,11 @@ def random_config(rng: random.Random, cluster, num_layers: int, schedule: str) -
     rng.shuffle(groups)
     pipelines = []
     for r in range(dp):
-        cuts = sorted(rng.sample(range(1, num_layers), STAGES - 1))
-        layers = [b - a for a, b in zip([0] + cuts, cuts + [num_layers])]
+        cuts = sorted(rng.sample(range(1, num_layers // v), STAGES - 1))
+        layers = [v * (b - a) for a, b in zip([0] + cuts, cuts + [num_layers // v])]
         stages = tuple(StageConfig(groups[r * STAGES + s], layers[s], True) for s in range(STAGES))
         pipelines.append(PipelineConfig(MICROBATCHES, stages))
-    return ParallelConfig(GLOBAL_BATCH // (dp * MICROBATCHES), tuple(pipelines), schedule=schedule)
+    return ParallelConfig(GLOBAL_BATCH // (dp * MICROBATCHES), tuple(pipelines), schedule=schedule, virtual_stages=v)
 
 
 def bench(sim: Simulator, configs: list[ParallelConfig]) -> tuple[float, int]:
@@ -56,7 +59,7 @@ def main() -> None:
     cluster = load_cluster("mixed-h100-a100-32")
     model = load_model("llama2-7b", global_batch_size=GLOBAL_BATCH)
     rng = random.Random(args.seed)
-    configs = list({random_config(rng, cluster, model.num_layers, rng.choice(["1f1b", "gpipe"])): None
+    configs = list({random_config(rng, cluster, model.num_layers, rng.choice(SCHEDULES)): None
                     for _ in range(args.configs)})
     print(f"{len(configs)} distinct plans: {cluster.name} ({cluster.num_devices} GPUs), {model.name}, "
           f"{STAGES} stages, {MICROBATCHES} micro-batches per replica")
@@ -71,10 +74,10 @@ def main() -> None:
         rate, _ = bench(Simulator(cluster, model), configs)
         print(f"whole-pipeline cache off:                     {rate:8.0f} configs/s")
         fits = [c for c in configs if Simulator(cluster, model).evaluate(c).ok]
-        for schedule in ("1f1b", "gpipe"):
+        for schedule in SCHEDULES:
             subset = [c for c in fits if c.schedule == schedule]
             rate, _ = bench(Simulator(cluster, model), subset)
-            print(f"  {schedule:6s} plans that fit ({len(subset):5d}), cache off: {rate:8.0f} configs/s")
+            print(f"  {schedule:16s} plans that fit ({len(subset):5d}), cache off: {rate:8.0f} configs/s")
     finally:
         simulator_module._PIPELINE_CACHE_SIZE = size
 

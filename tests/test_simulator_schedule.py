@@ -79,7 +79,8 @@ def test_schedule_respects_dependencies_and_never_overlaps(schedule: str, p: int
     durs = {}
     seen = set()
     last_end = [0.0] * p
-    for k, ((s, di, dep, ci), (kind, c, j)) in enumerate(zip(comp.program, comp.labels)):
+    for k, ((prev, dep, ci, di), s, (kind, c, j)) in enumerate(zip(comp.program, comp.stages, comp.labels)):
+        assert prev == 0 or comp.stages[prev - 1] == s
         d = (fwd[s] if kind == FORWARD else bwd[s]) / v
         start = end[k + 1] - d
         assert start >= last_end[s] - 1e-12              # one operation at a time per stage

@@ -70,12 +70,17 @@ def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool
 
 def stage_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, layers: int, recompute: bool,
                            in_flight_chunks: int, chunks: int, first: bool, last: bool,
-                           flash_attention: bool = False) -> float:
-    """Peak activation bytes of one device of a stage holding ``in_flight_chunks`` chunk activations."""
+                           flash_attention: bool = False, measured_full_bytes: float | None = None,
+                           measured_kept_bytes: float | None = None) -> float:
+    """Peak activation bytes of one device of a stage holding ``in_flight_chunks`` chunk activations.
+    ``measured_full_bytes`` / ``measured_kept_bytes`` (a calibration profile's per-layer
+    ``activation_bytes`` without / with recomputation) replace the formulas when given."""
     layers_per_chunk = layers / chunks
     full = layer_activation_bytes(model, micro_batch_size, tp, flash_attention)
+    if measured_full_bytes is not None:
+        full = measured_full_bytes
     if recompute:
-        kept = layer_input_bytes(model, micro_batch_size)
+        kept = layer_input_bytes(model, micro_batch_size) if measured_kept_bytes is None else measured_kept_bytes
         total = in_flight_chunks * layers_per_chunk * kept + (full if layers else 0.0)
     else:
         total = in_flight_chunks * layers_per_chunk * full
@@ -88,8 +93,11 @@ def stage_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, lay
 
 
 def stage_peak_GiB(model: ModelSpec, micro_batch_size: int, tp: int, layers: int, recompute: bool,
-                   in_flight_chunks: int, chunks: int, first: bool, last: bool, flash_attention: bool = False) -> float:
+                   in_flight_chunks: int, chunks: int, first: bool, last: bool, flash_attention: bool = False,
+                   measured_full_bytes: float | None = None, measured_kept_bytes: float | None = None,
+                   baseline_GiB: float = 0.0) -> float:
+    """``baseline_GiB``: a profile's measured per-process memory besides states and activations."""
     states = BYTES_PER_PARAM_STATE * stage_params(model, layers, tp, first, last)
     acts = stage_activation_bytes(model, micro_batch_size, tp, layers, recompute, in_flight_chunks, chunks,
-                                  first, last, flash_attention)
-    return (states + acts) / GiB
+                                  first, last, flash_attention, measured_full_bytes, measured_kept_bytes)
+    return (states + acts) / GiB + baseline_GiB

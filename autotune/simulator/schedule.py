@@ -39,15 +39,19 @@ FORWARD, BACKWARD = 0, 1
 class CompiledSchedule:
     """A schedule's operations in dependency order, ready for ``run_program``.
 
-    ``program[k]`` is ``(stage, duration_slot, dependency, transfer_slot)`` for operation ``k + 1``;
-    dependency 0 means none (operation ids start at 1, 0 is a sentinel that ends at time 0).
-    ``labels[k]`` is ``(kind, chunk, microbatch)``. ``in_flight[s]`` is the most model-chunk
-    activations stage ``s`` holds at once (forwards done whose backward has not run).
+    ``program[k]`` describes operation ``k + 1`` (ids start at 1; id 0 is a sentinel that ends at time 0)
+    as ``(previous, dependency, transfer_slot, duration_slot)``: the id of the previous operation on the
+    same stage (0 if none), the id of the operation it waits for on another stage (0 if none), and the
+    slots of its transfer and duration. ``stages[k]`` and ``labels[k] = (kind, chunk, microbatch)`` say
+    what it is; ``last[s]`` is the id of stage ``s``'s final operation. ``in_flight[s]`` is the most
+    model-chunk activations stage ``s`` holds at once (forwards done whose backward has not run).
     """
 
     num_stages: int
     program: tuple[tuple[int, int, int, int], ...]
+    stages: tuple[int, ...]
     labels: tuple[tuple[int, int, int], ...]
+    last: tuple[int, ...]
     in_flight: tuple[int, ...]
 
 
@@ -91,7 +95,9 @@ def compile_schedule(schedule: str, p: int, m: int, v: int = 1) -> CompiledSched
     orders = _stage_orders(schedule, p, m, v)
     op_id: dict[tuple[int, int, int, int], int] = {}
     program: list[tuple[int, int, int, int]] = []
+    stages: list[int] = []
     labels: list[tuple[int, int, int]] = []
+    last = [0] * p
     ptr = [0] * p
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -120,8 +126,10 @@ def compile_schedule(schedule: str, p: int, m: int, v: int = 1) -> CompiledSched
                     dep = op_id.get(dep_key, -1)
                     if dep < 0:
                         break
-                program.append((s, (s * v + c) * 2 + kind, dep, slot))
+                program.append((last[s], dep, slot, (s * v + c) * 2 + kind))
+                stages.append(s)
                 labels.append((kind, c, j))
+                last[s] = len(program)
                 op_id[(kind, s, c, j)] = len(program)
                 ptr[s] += 1
                 remaining -= 1
@@ -136,22 +144,17 @@ def compile_schedule(schedule: str, p: int, m: int, v: int = 1) -> CompiledSched
             live += 1 if kind == FORWARD else -1
             peak = max(peak, live)
         in_flight.append(peak)
-    return CompiledSchedule(p, tuple(program), tuple(labels), tuple(in_flight))
+    return CompiledSchedule(p, tuple(program), tuple(stages), tuple(labels), tuple(last), tuple(in_flight))
 
 
 def run_program(compiled: CompiledSchedule, durs: list[float] | tuple[float, ...],
                 comms: list[float] | tuple[float, ...]) -> tuple[list[float], list[float]]:
-    """Simulate one pipeline; return (end time of every operation, with the sentinel at 0; finish time
-    of every stage). This loop is the simulator's hot path: plain lists and floats only."""
+    """Simulate one pipeline; return (end time of every operation, sentinel 0 first; finish time of every
+    stage). This loop is the simulator's hot path: plain lists and floats only."""
     end = [0.0]
     append = end.append
-    free = [0.0] * compiled.num_stages
-    for s, di, dep, ci in compiled.program:
+    for prev, dep, ci, di in compiled.program:
         t = end[dep] + comms[ci]
-        f = free[s]
-        if f > t:
-            t = f
-        t += durs[di]
-        append(t)
-        free[s] = t
-    return end, free
+        f = end[prev]
+        append((f if f > t else t) + durs[di])
+    return end, [end[k] for k in compiled.last]

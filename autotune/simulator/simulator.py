@@ -101,7 +101,7 @@ class Simulator:
         self._stage_cache: dict[tuple, tuple] = {}
         self._memory_cache: dict[tuple, float] = {}
         self._p2p_cache: dict[tuple, float] = {}
-        self._dp_bw_cache: dict[tuple, tuple[float, float]] = {}
+        self._dp_stage_cache: dict[tuple, tuple] = {}
         self._pipeline_cache: dict[tuple, tuple[float, ...]] = {}
         self._flops_per_token = model_flops_per_token(model)
 
@@ -168,17 +168,18 @@ class Simulator:
         opt = rates.memory_s(OPTIMIZER_BYTES_PER_PARAM)
         prof = rates.profile
         if prof is not None:  # measured times replace the model where the profile has them
+            sd = rates.slowdown  # measured on the real device; an emulated slow node stretches them
             measured = prof.layer_timing(model, mbs, tp)
             if measured is not None:
-                layer_f, layer_b = measured.forward_s, measured.backward_s
+                layer_f, layer_b = measured.forward_s * sd, measured.backward_s * sd
                 layer_br = layer_f + layer_b
             measured = prof.layer_timing(model, mbs, tp, recompute=True)
             if measured is not None:
-                layer_br = measured.backward_s
+                layer_br = measured.backward_s * sd
             edge = prof.edge_timing(model, mbs, tp)
             if edge is not None:
-                emb_f, emb_b = edge.embedding_forward_s, edge.embedding_backward_s
-                head_f, head_b = edge.head_forward_s, edge.head_backward_s
+                emb_f, emb_b = edge.embedding_forward_s * sd, edge.embedding_backward_s * sd
+                head_f, head_b = edge.head_forward_s * sd, edge.head_backward_s * sd
             if prof.optimizer_s_per_param is not None:
                 opt = prof.optimizer_s_per_param * rates.slowdown
         out = (layer_f, layer_b, layer_br, emb_f, emb_b, head_f, head_b, opt)
@@ -200,9 +201,12 @@ class Simulator:
         opt_s = 0.0
         for rk in sorted({self._rate_key[d] for d in devices}):  # mixed types: the slowest sets the pace
             lf, lb, lbr, ef, eb, hf, hb, opt = self._layer_costs(rk, tp, mbs, link)
+            # a profile's measured pipeline-runtime cost per micro-batch and stage chunk (calibration)
+            prof = self._rates[rk].profile
+            ovh = (prof.microbatch_overhead_s or 0.0) * self._rates[rk].slowdown / 2 if prof is not None else 0.0
             for c in range(v):
-                f = lpc * lf
-                b = lpc * (lbr if recompute else lb)
+                f = lpc * lf + ovh
+                b = lpc * (lbr if recompute else lb) + ovh
                 if first and c == 0:
                     f += ef
                     b += eb
@@ -218,13 +222,39 @@ class Simulator:
 
     def _stage_memory_GiB(self, devices: tuple[str, ...], layers: int, recompute: bool, first: bool, last: bool,
                           mbs: int, in_flight: int, v: int) -> float:
-        key = (len(devices), layers, recompute, first, last, mbs, in_flight, v)
+        prof = self.profile.device(self._node[devices[0]].device.name) if self.profile is not None else None
+        key = (len(devices), layers, recompute, first, last, mbs, in_flight, v, prof.name if prof else None)
         hit = self._memory_cache.get(key)
         if hit is None:
+            full = kept = None
+            baseline = 0.0
+            if prof is not None:  # calibration: measured activation bytes and per-process baseline
+                measured = prof.layer_timing(self.model, mbs, len(devices))
+                full = measured.activation_bytes if measured is not None else None
+                measured = prof.layer_timing(self.model, mbs, len(devices), recompute=True)
+                kept = measured.activation_bytes if measured is not None else None
+                baseline = prof.memory_baseline_GiB or 0.0
             hit = stage_peak_GiB(self.model, mbs, len(devices), layers, recompute, in_flight, v, first, last,
-                                 self.flash_attention)
+                                 self.flash_attention, full, kept, baseline)
             self._memory_cache[key] = hit
         return hit
+
+    def _contention(self, config: ParallelConfig) -> dict[str, float]:
+        """Compute stretch per device type from a profile's host-contention curve (calibration): the
+        plan's ranks of that type that compute at once on one shared host, each weighted
+        ``1 / slowdown`` (an emulated slow rank sleeps the rest of its time)."""
+        if self.profile is None:
+            return {}
+        load: dict[str, float] = {}
+        for d in config.devices:
+            node = self._node[d]
+            load[node.device.name] = load.get(node.device.name, 0.0) + 1.0 / node.slowdown
+        out = {}
+        for name, n in load.items():
+            prof = self.profile.device(name)
+            if prof is not None and prof.contention:
+                out[name] = prof.contention_stretch(n)
+        return out
 
     def _p2p(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int) -> float:
         key = (src[0], dst[0], mbs)
@@ -235,28 +265,28 @@ class Simulator:
             self._p2p_cache[key] = hit
         return hit
 
+    def _dp_stage(self, devices: tuple[str, ...]) -> tuple:
+        """(nodes, intra-node GB/s, network GB/s, intra latency us, network latency us) of one stage as a
+        data-parallel ring member: its tensor-parallel ranks carry their shards in parallel."""
+        hit = self._dp_stage_cache.get(devices)
+        if hit is None:
+            nodes = {self._node[d].name: self._node[d] for d in devices}
+            hit = (frozenset(nodes), len(devices) * min(n.intra_node.bandwidth_GBps for n in nodes.values()),
+                   sum(n.network.bandwidth_GBps for n in nodes.values()),
+                   max(n.intra_node.latency_us for n in nodes.values()),
+                   max(n.network.latency_us for n in nodes.values()))
+            self._dp_stage_cache[devices] = hit
+        return hit
+
     def _dp_bandwidth(self, owners: tuple[tuple[str, ...], ...]) -> tuple[float, float]:
-        """(GB/s, latency us) of a ring among stages ``owners``: each stage's tensor-parallel ranks carry
-        their shards in parallel, so a stage moves ``tp x`` its devices' intra-node bandwidth, capped by
-        its nodes' network bandwidth when the ring leaves the node; the slowest stage sets the pace."""
-        hit = self._dp_bw_cache.get(owners)
-        if hit is not None:
-            return hit
-        nodes = {self._node[d].name for stage in owners for d in stage}
-        bw = float("inf")
-        lat = 0.0
-        for stage in owners:
-            stage_nodes = {self._node[d].name: self._node[d] for d in stage}
-            intra = len(stage) * min(n.intra_node.bandwidth_GBps for n in stage_nodes.values())
-            if len(nodes) == 1:
-                stage_bw = intra
-                lat = max(lat, max(n.intra_node.latency_us for n in stage_nodes.values()))
-            else:
-                stage_bw = min(intra, sum(n.network.bandwidth_GBps for n in stage_nodes.values()))
-                lat = max(lat, max(n.network.latency_us for n in stage_nodes.values()))
-            bw = min(bw, stage_bw)
-        self._dp_bw_cache[owners] = (bw, lat)
-        return bw, lat
+        """(GB/s, latency us) of a ring among stages ``owners``: a stage moves ``tp x`` its devices'
+        intra-node bandwidth, capped by its nodes' network bandwidth when the ring leaves the node; the
+        slowest stage sets the pace."""
+        infos = [self._dp_stage(stage) for stage in owners]
+        first = infos[0][0]
+        if len(first) == 1 and all(info[0] == first for info in infos):
+            return min(info[1] for info in infos), max(info[3] for info in infos)
+        return min(min(info[1], info[2]) for info in infos), max(info[4] for info in infos)
 
     # ---------------------------------------------------------------------------------------------
     # One iteration
@@ -269,6 +299,7 @@ class Simulator:
         oom_devices = []
         stage_costs = []
         compiled = []
+        stretch = self._contention(config)
         for pipe in config.pipelines:
             p = len(pipe.stages)
             comp = compile_schedule(schedule, p, pipe.num_microbatches, v)
@@ -276,7 +307,11 @@ class Simulator:
             costs = []
             for s, st in enumerate(pipe.stages):
                 first, last = s == 0, s == p - 1
-                costs.append(self._stage_costs(st.devices, st.layers, st.recompute, first, last, mbs, v))
+                cost = self._stage_costs(st.devices, st.layers, st.recompute, first, last, mbs, v)
+                k = max((stretch.get(self._node[d].device.name, 1.0) for d in st.devices), default=1.0)
+                if k != 1.0:
+                    cost = ([x * k for x in cost[0]], cost[1], cost[2] * k)
+                costs.append(cost)
                 gib = self._stage_memory_GiB(st.devices, st.layers, st.recompute, first, last, mbs,
                                              comp.in_flight[s], v)
                 for d in st.devices:
@@ -396,7 +431,7 @@ class Simulator:
     @staticmethod
     def _pipeline_events(events: list[TimelineEvent], comp, pipe, end: list[float], durs: list[float],
                          v: int) -> None:
-        for k, ((s, di, _, _), (kind, c, j)) in enumerate(zip(comp.program, comp.labels)):
+        for k, ((_, _, _, di), s, (kind, c, j)) in enumerate(zip(comp.program, comp.stages, comp.labels)):
             t1 = end[k + 1]
             t0 = t1 - durs[di]
             name = ("F" if kind == FORWARD else "B") + str(j) + (f".c{c}" if v > 1 else "")
