@@ -85,7 +85,7 @@ def action_name(a: int) -> str:
 
 
 class ParallelConfigEnv(gym.Env):
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, space: SearchSpace | None = None, evaluator: Evaluator | None = None, *,
                  cluster: Any = None, model: Any = None, backend: str = "sim", max_steps: int = 32,

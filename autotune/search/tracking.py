@@ -47,6 +47,9 @@ def config_key(config: ParallelConfig) -> str:
 
 
 def _client(tracking_uri: str | None):
+    import os
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
     from mlflow.tracking import MlflowClient
 

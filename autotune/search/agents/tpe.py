@@ -2,7 +2,8 @@
 
 Every dimension of the space is a categorical parameter. The study lives in a storage on disk
 (default ``sqlite:///optuna.db``; a ``.journal`` path or ``journal:`` URL selects Optuna's
-``JournalStorage`` with a file backend, the storage for several worker processes), so a re-run with
+``JournalStorage`` with a file backend, the storage for several worker processes; ``memory`` keeps
+it in memory, for experiments that need no resume), so a re-run with
 the same study name continues where the last one stopped.
 
 Trial bookkeeping: a trial that evaluated a new plan carries ``user_attrs["evaluated"] = True``;
@@ -36,6 +37,8 @@ def open_storage(storage: str | None):
     from optuna.storages.journal import JournalFileBackend
 
     url = storage or DEFAULT_STORAGE
+    if url == "memory":  # no file: experiments that need no resume
+        return optuna.storages.InMemoryStorage()
     if url.startswith("journal:") or url.endswith(".journal"):
         path = url.removeprefix("journal:").removeprefix("///") if url.startswith("journal:") else url
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +60,7 @@ def open_study(space: SearchSpace, study_name: str, storage: str | None, seed: i
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=10, multivariate=True, group=True)
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=10, multivariate=True)
     return optuna.create_study(study_name=study_name, storage=open_storage(storage), sampler=sampler,
                                direction="maximize", load_if_exists=True)
 

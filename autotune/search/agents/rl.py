@@ -1,0 +1,90 @@
+"""The ``rl`` agent: sb3-contrib MaskablePPO on ``autotune/ParallelConfig-v0`` within the budget.
+
+Without a policy file it learns online: every env step edits the plan and evaluates it through the
+shared ``BudgetedEvaluator`` (repeats are free), and learning stops the moment the budget is spent.
+With ``policy_path`` it loads a pretrained policy and either fine-tunes it the same way
+(``fine_tune=True``) or acts with it (masked, deterministic first, sampling when the greedy walk
+stops finding new plans) until the budget is spent.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from autotune.search.budget import BudgetedEvaluator
+from autotune.search.space import SearchSpace
+
+log = logging.getLogger(__name__)
+
+#: env steps allowed per unit of budget before the agent gives up (steps on cached plans are free)
+STEPS_PER_EVALUATION = 40
+
+
+def make_model(env, seed: int, n_steps: int = 64):
+    """A small MaskablePPO, sized for a budget of tens to hundreds of evaluations."""
+    import torch
+    from sb3_contrib import MaskablePPO
+
+    torch.set_num_threads(1)
+    return MaskablePPO("MlpPolicy", env, n_steps=n_steps, batch_size=32, n_epochs=4, learning_rate=3e-4,
+                       gamma=0.9, ent_coef=0.01, seed=seed, device="cpu", verbose=0,
+                       policy_kwargs={"net_arch": [128, 128]})
+
+
+def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None = None, seed: int = 0,
+           policy_path: str | Path | None = None, fine_tune: bool = True, max_episode_steps: int = 32,
+           n_steps: int = 64) -> None:
+    """Spend ``evaluator``'s budget with MaskablePPO. ``budget`` defaults to the evaluator's."""
+    import torch
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from envs.parallel_config import ParallelConfigEnv
+
+    torch.set_num_threads(1)
+    if budget is not None and budget != evaluator.budget:
+        evaluator.budget = budget
+    env = ParallelConfigEnv(space, evaluator, max_steps=max_episode_steps)
+    max_steps = max(STEPS_PER_EVALUATION * evaluator.budget, 2 * n_steps)
+
+    class StopOnBudget(BaseCallback):
+        def _on_step(self) -> bool:
+            return not evaluator.exhausted
+
+    if policy_path is not None:
+        model = MaskablePPO.load(str(policy_path), env=env, device="cpu", seed=seed)
+        log.info("rl: loaded policy %s", policy_path)
+    else:
+        model = make_model(env, seed, n_steps)
+    if policy_path is None or fine_tune:
+        if evaluator.exhausted:
+            return
+        model.learn(total_timesteps=max_steps, callback=StopOnBudget())
+    else:
+        act_greedy(model, env, evaluator, max_steps, seed)
+    if not evaluator.exhausted:
+        log.info("rl: stopped after %d env steps with %d of %d evaluations", max_steps, evaluator.used,
+                 evaluator.budget)
+
+
+def act_greedy(model, env, evaluator: BudgetedEvaluator, max_steps: int, seed: int = 0) -> None:
+    """Follow the policy's masked choices; sample instead of argmax while it revisits known plans."""
+    obs, _ = env.reset(seed=seed)
+    stale = 0
+    for _ in range(max_steps):
+        if evaluator.exhausted:
+            break
+        mask = env.action_masks()
+        action, _ = model.predict(obs, action_masks=mask, deterministic=stale < 3)
+        used = evaluator.used
+        obs, _, terminated, truncated, info = env.step(int(action))
+        stale = 0 if evaluator.used > used else stale + 1
+        if info.get("budget_exhausted"):
+            break
+        if terminated or truncated:
+            obs, _ = env.reset()
+            stale = 0
+

@@ -1,0 +1,254 @@
+"""Random but realistic (cluster, model) scenarios for pretraining the RL policy, and the held-out set.
+
+``draw_scenario(rng)`` returns one ``Scenario``: a ``ClusterSpec`` whose GPU types come from
+``autotune.catalog.GPU_CATALOG`` (never ``cpu``), 4 to 128 GPUs on 1 to 16 nodes, NVLink-class
+(150-450 GBps) or PCIe-class (8-32 GBps) links inside nodes and 1 Gbit/s (0.125 GBps) to 400 Gbit/s
+(50 GBps) between them; and a ``ModelSpec`` that is a preset or a random decoder shape (hidden size
+= heads x head_dim, kv heads divide heads, TP-friendly FFN), with a global batch size. Every drawn
+scenario has at least one plan that runs on the simulator (``feasible``): models too big for the
+cluster are redrawn.
+
+The train / held-out split is structural:
+
+- **GPU mixes**: ``HELDOUT_MIXES`` are sets of GPU types that training never draws (a training
+  cluster whose set of GPU types equals a held-out mix is rejected and redrawn). Every held-out
+  scenario uses one of them, so no held-out cluster's mix of devices was seen in training.
+- **Scenarios**: ``heldout_scenarios()`` is a fixed, hand-written list (not drawn from a seed), with
+  shapes chosen to be unlike the bulk of the training draws: a 4-node cluster joined by a 1 Gbit/s
+  internet link, a 128-GPU cluster, a homogeneous cluster of a held-out type, 3-type mixes.
+- **Seeds**: training draws from ``training_rng(seed)`` (a ``SeedSequence`` with spawn key
+  ``TRAIN_SPAWN_KEY``); anything else that needs random scenarios (validation while developing the
+  policy) uses ``validation_rng`` (a different spawn key). The held-out list uses no randomness.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autotune.catalog import GPU_CATALOG, MODEL_PRESETS
+from autotune.specs import ClusterSpec, LinkSpec, ModelSpec, NodeSpec
+
+log = logging.getLogger(__name__)
+
+#: the catalog's accelerators (``cpu`` is the local test device, not a scenario GPU)
+GPU_TYPES: tuple[str, ...] = tuple(name for name in GPU_CATALOG if name != "cpu")
+#: SXM-socket datacenter parts: nodes of 4 or 8 usually joined by NVLink / NVSwitch
+NVLINK_CAPABLE = frozenset({"H200", "H100-80GB", "A100-80GB", "A100-40GB", "V100-32GB"})
+
+#: GPU-type sets that training never draws; every held-out scenario uses one of them
+HELDOUT_MIXES: tuple[frozenset[str], ...] = (
+    frozenset({"A100-80GB", "RTX-4090"}),
+    frozenset({"H200", "V100-32GB"}),
+    frozenset({"H100-80GB", "L4"}),
+    frozenset({"A6000", "RTX-3090", "T4"}),
+    frozenset({"A100-40GB", "A10G"}),
+    frozenset({"H100-80GB", "A100-80GB", "V100-32GB"}),
+    frozenset({"L4"}),
+    frozenset({"H200", "A6000", "A10G", "T4"}),
+)
+
+TRAIN_SPAWN_KEY = 1
+VALIDATION_SPAWN_KEY = 2
+
+# Ranges from the issue: NVLink-class / PCIe-class inside a node, 1 Gbit/s .. 400 Gbit/s between nodes.
+NVLINK_GBPS = (150.0, 450.0)
+PCIE_GBPS = (8.0, 32.0)
+NETWORK_GBPS = (0.125, 50.0)
+MIN_GPUS, MAX_GPUS = 4, 128
+MAX_NODES = 16
+#: mixed-precision Adam keeps 16 bytes per parameter (Rajbhandari et al. 2020, ZeRO sec. 3.1);
+#: a model is drawn only if that state fits in this share of the cluster's total memory
+WEIGHT_STATE_BYTES = 16
+MAX_STATE_SHARE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One search problem: a cluster, a model (with its global batch size) and a name."""
+
+    name: str
+    cluster: ClusterSpec
+    model: ModelSpec
+
+    @property
+    def gpu_types(self) -> frozenset[str]:
+        return frozenset(n.device.name for n in self.cluster.nodes)
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.gpu_types) > 1
+
+    def describe(self) -> str:
+        parts = []
+        for t in sorted(self.gpu_types):
+            nodes = [n for n in self.cluster.nodes if n.device.name == t]
+            parts.append(f"{len(nodes)}x{nodes[0].count} {t}")
+        net = self.cluster.nodes[0].network.bandwidth_GBps
+        return (f"{self.name}: {' + '.join(parts)} ({self.cluster.num_devices} GPUs, net {net:g} GBps) / "
+                f"{self.model.name} L{self.model.num_layers} h{self.model.hidden_size} gbs {self.model.global_batch_size}")
+
+
+def training_rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(TRAIN_SPAWN_KEY,)))
+
+
+def validation_rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(VALIDATION_SPAWN_KEY,)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Clusters
+
+
+def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def _intra_link(rng: np.random.Generator, gpu: str) -> LinkSpec:
+    if gpu in NVLINK_CAPABLE and rng.random() < 0.8:
+        return LinkSpec(round(float(rng.uniform(*NVLINK_GBPS)), 1), round(float(rng.uniform(1, 3)), 1))
+    return LinkSpec(round(float(rng.uniform(*PCIE_GBPS)), 1), round(float(rng.uniform(3, 8)), 1))
+
+
+def draw_cluster(rng: np.random.Generator, *, exclude_mixes: tuple[frozenset[str], ...] = HELDOUT_MIXES,
+                 name: str = "cluster") -> ClusterSpec:
+    """A random cluster; its set of GPU types is never one of ``exclude_mixes``."""
+    for _ in range(1000):
+        n_types = int(rng.choice([1, 2, 3, 4], p=[0.15, 0.45, 0.3, 0.1]))
+        types = [str(t) for t in rng.choice(GPU_TYPES, size=n_types, replace=False)]
+        if frozenset(types) in exclude_mixes:
+            continue
+        nodes: list[NodeSpec] = []
+        net = LinkSpec(round(_log_uniform(rng, *NETWORK_GBPS), 3), round(float(rng.uniform(5, 50)), 1))
+        for t in types:
+            per_node = int(rng.choice([8, 4])) if t in NVLINK_CAPABLE else int(rng.choice([1, 2, 4, 8]))
+            n_nodes = int(rng.choice([1, 1, 1, 2, 2, 3, 4, 6, 8]))
+            intra = _intra_link(rng, t)
+            for k in range(n_nodes):
+                nodes.append(NodeSpec(f"{t.lower()}-{k}".replace(".", "_"), GPU_CATALOG[t], per_node, intra, net))
+        gpus = sum(n.count for n in nodes)
+        if len(nodes) <= MAX_NODES and MIN_GPUS <= gpus <= MAX_GPUS:
+            return ClusterSpec(name, tuple(nodes))
+    raise RuntimeError("could not draw a cluster within the limits")  # pragma: no cover (probability ~0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Models
+
+_PRESETS_FOR_TRAINING = ("gpt2-small", "gpt2-xl", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b")
+
+
+def draw_model(rng: np.random.Generator, name: str = "model") -> ModelSpec:
+    """A preset (1 in 3) or a random GPT/Llama-style shape, with a random global batch size."""
+    gbs = int(rng.choice([64, 128, 256, 512, 1024]))
+    if rng.random() < 1 / 3:
+        preset = str(rng.choice(_PRESETS_FOR_TRAINING))
+        return ModelSpec(name=preset, global_batch_size=gbs, **{k: v for k, v in MODEL_PRESETS[preset].items()
+                                                                 if k != "global_batch_size"})
+    head_dim = int(rng.choice([64, 128]))
+    heads = int(rng.choice([8, 12, 16, 20, 24, 32, 40, 48, 64]))
+    hidden = heads * head_dim
+    swiglu = bool(rng.random() < 0.5)
+    if swiglu:
+        ffn = int(round(hidden * 8 / 3 / 256)) * 256  # Llama: ~8/3 h, rounded to a multiple of 256
+        kv = int(rng.choice([d for d in (heads, heads // 2, heads // 4, 8) if d >= 1 and heads % d == 0]))
+    else:
+        ffn, kv = 4 * hidden, heads
+    layers = int(rng.choice([12, 16, 20, 24, 28, 32, 36, 40, 48, 60, 64, 80]))
+    return ModelSpec(name=f"{name}-L{layers}-h{hidden}", num_layers=layers, hidden_size=hidden, num_heads=heads,
+                     num_kv_heads=kv, ffn_hidden_size=ffn, mlp="swiglu" if swiglu else "gelu",
+                     vocab_size=int(rng.choice([32000, 50257, 65536, 128256])),
+                     seq_len=int(rng.choice([1024, 2048, 4096], p=[0.35, 0.4, 0.25])), global_batch_size=gbs)
+
+
+def state_fits(cluster: ClusterSpec, model: ModelSpec) -> bool:
+    total_GiB = sum(n.count * n.device.memory_GiB for n in cluster.nodes)
+    return WEIGHT_STATE_BYTES * model.num_params / 2**30 <= MAX_STATE_SHARE * total_GiB
+
+
+def feasible(cluster: ClusterSpec, model: ModelSpec, max_uniform: int = 40) -> bool:
+    """True when some plan runs on the simulator: a speed-proportional start or a uniform plan."""
+    from autotune.search.space import SearchSpace
+    from autotune.simulator import Simulator
+
+    space = SearchSpace(cluster, model)
+    sim = Simulator(cluster, model)
+    for params in space.heuristic_params():
+        decoded = space.decode(params)
+        if decoded.ok and sim.evaluate(decoded.config).ok:  # type: ignore[arg-type]
+            return True
+    plans = space.uniform_plans()
+    step = max(1, len(plans) // max_uniform)
+    return any(sim.evaluate(p).ok for p in plans[::step][:max_uniform])
+
+
+def draw_scenario(rng: np.random.Generator, *, exclude_mixes: tuple[frozenset[str], ...] = HELDOUT_MIXES,
+                  name: str = "train", check_feasible: bool = True) -> Scenario:
+    """A random scenario whose GPU mix is not held out and that has a plan that runs."""
+    for _ in range(200):
+        cluster = draw_cluster(rng, exclude_mixes=exclude_mixes, name=name)
+        for _ in range(20):
+            model = draw_model(rng)
+            if state_fits(cluster, model) and (not check_feasible or feasible(cluster, model)):
+                return Scenario(name, cluster, model)
+    raise RuntimeError("could not draw a feasible scenario")  # pragma: no cover
+
+
+# --------------------------------------------------------------------------------------------------
+# The held-out set: fixed, hand-written, every one on a held-out GPU mix.
+
+
+def _nodes(prefix: str, gpu: str, count: int, repeat: int, intra_GBps: float, net: LinkSpec) -> list[NodeSpec]:
+    intra = LinkSpec(intra_GBps, 2.0 if intra_GBps >= 100 else 5.0)
+    return [NodeSpec(f"{prefix}-{k}", GPU_CATALOG[gpu], count, intra, net) for k in range(repeat)]
+
+
+def _preset(name: str, gbs: int) -> ModelSpec:
+    fields = {k: v for k, v in MODEL_PRESETS[name].items() if k != "global_batch_size"}
+    return ModelSpec(name=name, global_batch_size=gbs, **fields)
+
+
+def heldout_scenarios() -> list[Scenario]:
+    """The fixed held-out scenarios (never used in training; see the module docstring)."""
+    out = []
+
+    def add(name: str, nodes: list[NodeSpec], model: ModelSpec) -> None:
+        out.append(Scenario(name, ClusterSpec(name, tuple(nodes)), model))
+
+    internet = LinkSpec(0.125, 30_000.0)  # 1 Gbit/s over the internet, ~30 ms
+    add("internet-4node",
+        _nodes("a100", "A100-80GB", 4, 2, 300, internet) + _nodes("rtx4090", "RTX-4090", 4, 2, 16, internet),
+        _preset("gpt2-xl", 256))
+    add("big-128",
+        _nodes("h200", "H200", 8, 6, 450, LinkSpec(50, 5)) + _nodes("v100", "V100-32GB", 8, 10, 300, LinkSpec(50, 5)),
+        _preset("llama2-70b", 1024))
+    add("h100-l4-32",
+        _nodes("h100", "H100-80GB", 8, 2, 450, LinkSpec(12.5, 10)) + _nodes("l4", "L4", 4, 4, 16, LinkSpec(12.5, 10)),
+        _preset("llama2-7b", 512))
+    add("workstations-20",
+        _nodes("a6000", "A6000", 4, 1, 25, LinkSpec(3.125, 20)) + _nodes("rtx3090", "RTX-3090", 4, 2, 16, LinkSpec(3.125, 20))
+        + _nodes("t4", "T4", 4, 2, 12, LinkSpec(3.125, 20)),
+        ModelSpec("random-1.3b", num_layers=24, hidden_size=2048, num_heads=16, ffn_hidden_size=8192,
+                  vocab_size=50257, seq_len=2048, global_batch_size=128))
+    add("a100-a10g-48",
+        _nodes("a100", "A100-40GB", 8, 4, 300, LinkSpec(50, 5)) + _nodes("a10g", "A10G", 4, 4, 16, LinkSpec(50, 5)),
+        _preset("llama3-8b", 512))
+    add("three-gen-24",
+        _nodes("h100", "H100-80GB", 8, 1, 450, LinkSpec(12.5, 10)) + _nodes("a100", "A100-80GB", 8, 1, 300, LinkSpec(12.5, 10))
+        + _nodes("v100", "V100-32GB", 8, 1, 150, LinkSpec(12.5, 10)),
+        _preset("llama2-13b", 256))
+    add("l4-homogeneous-32",
+        _nodes("l4", "L4", 8, 4, 32, LinkSpec(6.25, 10)),
+        _preset("llama2-7b", 256))
+    add("four-type-14",
+        _nodes("h200", "H200", 2, 1, 450, LinkSpec(3.125, 20)) + _nodes("a6000", "A6000", 4, 1, 20, LinkSpec(3.125, 20))
+        + _nodes("a10g", "A10G", 4, 1, 16, LinkSpec(3.125, 20)) + _nodes("t4", "T4", 4, 1, 10, LinkSpec(3.125, 20)),
+        ModelSpec("random-swiglu-2.7b", num_layers=32, hidden_size=2560, num_heads=20, num_kv_heads=4,
+                  ffn_hidden_size=6912, mlp="swiglu", vocab_size=32000, seq_len=2048, global_batch_size=256))
+    for s in out:
+        assert s.gpu_types in HELDOUT_MIXES, s.name
+    return out
