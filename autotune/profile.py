@@ -45,6 +45,20 @@ and ``Simulator(..., profile=...)`` read it. The file is JSON::
 - ``optimizer_s_per_param``: the optimizer step's time per parameter a device holds.
 - ``links``: measured one-direction bandwidth and latency, replacing the cluster file's numbers.
 
+Runner overheads (optional, added by the calibration helper; ``autotune.calibration``):
+
+- ``layers[].activation_bytes``: bytes autograd keeps for one layer's backward for one micro-batch
+  (measured with saved-tensor hooks; with ``recompute: true`` only the checkpointed input). When the
+  entries exist the memory model uses them instead of the 16-bit Korthikanti formula.
+- ``microbatch_overhead_s``: the pipeline runtime's own time per micro-batch and stage (forward plus
+  backward, half each), measured by running the runner's engine on a negligible model.
+- ``memory_baseline_GiB``: what a rank's measured peak memory holds besides weights, optimizer state
+  and activations (CPU runner: peak-RSS growth of process group, imported modules, allocator arenas).
+- ``contention``: ``[processes, stretch]`` pairs: how much longer compute takes when that many ranks
+  of this type compute at once on one shared host (CPU ranks on one machine). The simulator
+  stretches a plan's compute on this type by the value at the plan's number of such ranks (each
+  weighted ``1 / slowdown``: an emulated slow rank sleeps most of its time).
+
 Every field is validated on load; a bad file raises one ``SpecError`` naming the file and field.
 """
 
@@ -94,6 +108,7 @@ class LayerTiming:
     forward_s: float
     backward_s: float
     recompute: bool = False
+    activation_bytes: float | None = None  # measured bytes kept for the backward (calibration; optional)
 
     def key(self) -> tuple:
         return (self.hidden_size, self.num_heads, self.num_kv_heads, self.ffn_hidden_size, self.mlp,
@@ -145,6 +160,11 @@ class DeviceProfile:
     layers: tuple[LayerTiming, ...] = ()
     edges: tuple[EdgeTiming, ...] = ()
     optimizer_s_per_param: float | None = None
+    # Calibration terms for runtimes whose costs are not the model's math (see "Runner overheads" in
+    # the module docstring); all optional, written by ``autotune profile``.
+    microbatch_overhead_s: float | None = None
+    memory_baseline_GiB: float | None = None
+    contention: tuple[tuple[float, float], ...] = ()  # (processes computing at once, time stretch)
 
     def __post_init__(self) -> None:
         if not self.matmul:
@@ -170,6 +190,19 @@ class DeviceProfile:
             if layer.key() == key:
                 return layer
         return None
+
+    def contention_stretch(self, processes: float) -> float:
+        """How much longer compute takes when ``processes`` ranks of this type compute at once on a
+        shared host: interpolated in ``contention``; past its end, processor sharing (linear in n)."""
+        if not self.contention or processes <= self.contention[0][0]:
+            return 1.0 if not self.contention else max(1.0, self.contention[0][1])
+        pts = sorted(self.contention)
+        if processes >= pts[-1][0]:
+            n, k = pts[-1]
+            return max(1.0, k * processes / n)
+        i = bisect.bisect_right([n for n, _ in pts], processes)
+        (n0, k0), (n1, k1) = pts[i - 1], pts[i]
+        return max(1.0, k0 + (processes - n0) / (n1 - n0) * (k1 - k0))
 
     def edge_timing(self, model: ModelSpec, micro_batch_size: int, tp: int) -> EdgeTiming | None:
         key = EdgeTiming.key_for(model, micro_batch_size, tp)
@@ -219,10 +252,19 @@ class CalibrationProfile:
                 entry["memory_bandwidth_GBps"] = d.memory_bandwidth_GBps
             if d.layers:
                 entry["layers"] = [{f: getattr(layer, f) for f in _LAYER_FIELDS} for layer in d.layers]
+                for out, layer in zip(entry["layers"], d.layers):
+                    if layer.activation_bytes is not None:
+                        out["activation_bytes"] = layer.activation_bytes
             if d.edges:
                 entry["edges"] = [{f: getattr(edge, f) for f in _EDGE_FIELDS} for edge in d.edges]
             if d.optimizer_s_per_param is not None:
                 entry["optimizer_s_per_param"] = d.optimizer_s_per_param
+            if d.microbatch_overhead_s is not None:
+                entry["microbatch_overhead_s"] = d.microbatch_overhead_s
+            if d.memory_baseline_GiB is not None:
+                entry["memory_baseline_GiB"] = d.memory_baseline_GiB
+            if d.contention:
+                entry["contention"] = [[n, k] for n, k in d.contention]
             devices[d.name] = entry
         links: dict[str, Any] = {}
         for nl in self.links:
@@ -302,7 +344,8 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     f = f"devices.{name}"
     if not isinstance(raw, Mapping):
         raise SpecError(source, f, "must be a mapping with matmul_tflops")
-    allowed = {"matmul_tflops", "memory_bandwidth_GBps", "layers", "edges", "optimizer_s_per_param"}
+    allowed = {"matmul_tflops", "memory_bandwidth_GBps", "layers", "edges", "optimizer_s_per_param",
+               "microbatch_overhead_s", "memory_baseline_GiB", "contention"}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise SpecError(source, f"{f}.{extra[0]}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
@@ -331,7 +374,7 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         missing = [k for k in _LAYER_FIELDS if k not in lr and k not in ("num_kv_heads", "recompute")]
         if missing:
             raise SpecError(source, f"{lf}.{missing[0]}", "is required")
-        extra = sorted(set(lr) - set(_LAYER_FIELDS))
+        extra = sorted(set(lr) - set(_LAYER_FIELDS) - {"activation_bytes"})
         if extra:
             raise SpecError(source, f"{lf}.{extra[0]}", "unknown field")
         if lr["mlp"] not in MLP_KINDS:
@@ -342,7 +385,10 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         recompute = lr.get("recompute", False)
         if not isinstance(recompute, bool):
             raise SpecError(source, f"{lf}.recompute", f"must be true or false, got {recompute!r}")
-        layers.append(LayerTiming(num_kv_heads=kv, mlp=lr["mlp"], recompute=recompute,
+        act = lr.get("activation_bytes")
+        if act is not None:
+            act = _number(source, f"{lf}.activation_bytes", act, positive=False)
+        layers.append(LayerTiming(num_kv_heads=kv, mlp=lr["mlp"], recompute=recompute, activation_bytes=act,
                                   forward_s=_number(source, f"{lf}.forward_s", lr["forward_s"]),
                                   backward_s=_number(source, f"{lf}.backward_s", lr["backward_s"]), **ints))
     edges_raw = raw.get("edges", [])
@@ -365,4 +411,18 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     opt = raw.get("optimizer_s_per_param")
     if opt is not None:
         opt = _number(source, f"{f}.optimizer_s_per_param", opt, positive=False)
-    return DeviceProfile(name, tuple(points), bw, tuple(layers), tuple(edges), opt)
+    extras: dict[str, Any] = {}
+    for key in ("microbatch_overhead_s", "memory_baseline_GiB"):
+        if raw.get(key) is not None:
+            extras[key] = _number(source, f"{f}.{key}", raw[key], positive=False)
+    contention_raw = raw.get("contention", [])
+    if not isinstance(contention_raw, list):
+        raise SpecError(source, f"{f}.contention", "must be a list of [processes, stretch] pairs")
+    contention = []
+    for i, pt in enumerate(contention_raw):
+        if not isinstance(pt, list) or len(pt) != 2:
+            raise SpecError(source, f"{f}.contention[{i}]", f"must be a pair [processes, stretch], got {pt!r}")
+        contention.append((_number(source, f"{f}.contention[{i}][0]", pt[0]),
+                           _number(source, f"{f}.contention[{i}][1]", pt[1])))
+    return DeviceProfile(name, tuple(points), bw, tuple(layers), tuple(edges), opt, contention=tuple(contention),
+                         **extras)
