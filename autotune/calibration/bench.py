@@ -36,7 +36,10 @@ def _torch():
 
 
 def _median_time(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 5, min_time_s: float = 0.0) -> float:
-    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` runs (each run at least once)."""
+    """Least-disturbed wall time of ``fn``: the lower quartile of ``repeats`` runs after ``warmup`` runs.
+
+    The host is shared (other processes come and go); the lower quartile estimates the undisturbed
+    time while not trusting one lucky sample. Measured runs are compared the same way (best of N)."""
     for _ in range(warmup):
         fn()
     samples: list[float] = []
@@ -49,7 +52,7 @@ def _median_time(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 5,
         spent += dt
         if len(samples) >= 4 * repeats:
             break
-    return statistics.median(samples)
+    return _lower_quartile(samples)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -190,13 +193,27 @@ class LayerTiming:
     tp: int
     forward_s: float
     backward_s: float
+    recompute: bool = False  # backward_s then includes the re-run forward (activation checkpointing)
+    activation_bytes: int = 0  # bytes autograd keeps for this block's backward (weights excluded)
 
 
-def bench_layer(shape: LayerShape, micro_batch_size: int, tp: int, *, repeats: int = 5,
+def bench_layer(shape: LayerShape, micro_batch_size: int, tp: int, *, recompute: bool = False, repeats: int = 5,
                 block_factory: Callable | None = None) -> LayerTiming:
-    """Forward and backward (gradient of input and weights) wall time of one block on one rank."""
+    """Forward and backward (gradient of input and weights) wall time of one block on one rank.
+
+    With ``recompute`` the block runs under ``torch.utils.checkpoint`` (non-reentrant, as the runner
+    does), so the backward time includes the recomputed forward and its bookkeeping."""
     torch = _torch()
-    block = (block_factory or build_block)(shape, tp)
+    inner = (block_factory or build_block)(shape, tp)
+    if recompute:
+        from torch.utils.checkpoint import checkpoint
+
+        def block(x):
+            if torch.is_grad_enabled():
+                return checkpoint(inner, x, use_reentrant=False)
+            return inner(x)
+    else:
+        block = inner
     x = torch.randn(micro_batch_size, shape.seq_len, shape.hidden_size, requires_grad=True)
     grad = torch.randn(micro_batch_size, shape.seq_len, shape.hidden_size)
 
@@ -211,10 +228,29 @@ def bench_layer(shape: LayerShape, micro_batch_size: int, tp: int, *, repeats: i
         y.backward(grad)
 
     fwd_bwd_s = _median_time(fwd_bwd, repeats=repeats)
+    saved = saved_activation_bytes(block, x, [p.data_ptr() for p in inner.parameters()])
     # Backward = (forward with autograd graph + backward) - plain forward. The graph-recording forward
     # costs a little more than a no-grad one; that difference is charged to backward, where the
     # runner pays it too (it always records the graph for training).
-    return LayerTiming(micro_batch_size, tp, fwd_s, max(fwd_bwd_s - fwd_s, 0.0))
+    return LayerTiming(micro_batch_size, tp, fwd_s, max(fwd_bwd_s - fwd_s, 0.0), recompute, saved)
+
+
+def saved_activation_bytes(fn: Callable, x, weight_ptrs: list[int]) -> int:
+    """Bytes autograd saves for the backward of ``fn(x)``: every saved tensor's storage once, weights
+    excluded. Under non-reentrant checkpointing only the checkpoint's inputs are saved, as in the runner."""
+    torch = _torch()
+    weights = set(weight_ptrs)
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in weights:
+            storages[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(x)
+    return sum(storages.values())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -271,7 +307,7 @@ def bench_optimizer(num_params: int = 1_000_000, repeats: int = 5) -> float:
     params = [torch.nn.Parameter(torch.randn(chunk)) for _ in range(8)]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)  # the runner's setting (runner/engine.py)
     seconds = _median_time(opt.step, repeats=repeats)
     return seconds / (chunk * 8)
 
@@ -413,6 +449,61 @@ def bench_links(sizes: list[int] | None = None, repeats: int = 12, timeout_s: fl
     return LinkBench(*fits)
 
 
+# --------------------------------------------------------------------------------------------------
+# Host contention: ranks of one machine share its cores
+
+
+def _contention_worker(start_at: float, duration_s: float) -> float:
+    """Time one small fixed unit of work (a 256-wide block's forward + backward) repeatedly from
+    ``start_at`` for ``duration_s``; return the median time of one unit."""
+    torch = _torch()
+    block = build_block(LayerShape(256, 8, 8, 1024, 128), 1)
+    x = torch.randn(1, 128, 256, requires_grad=True)
+    block(x).sum().backward()
+    while time.time() < start_at:
+        time.sleep(0.001)
+    samples: list[float] = []
+    while time.time() < start_at + duration_s or len(samples) < 3:
+        t0 = time.perf_counter()
+        block(x).sum().backward()
+        samples.append(time.perf_counter() - t0)
+    return _lower_quartile(samples)
+
+
+def bench_contention(max_procs: int, duration_s: float = 1.0, timeout_s: float = 60.0) -> tuple[tuple[int, float], ...]:
+    """``(n, stretch)``: how much longer a unit of compute takes when ``n`` single-threaded processes
+    compute at once on this host (n = 1 .. max_procs), relative to one alone. On a host with fewer
+    cores than ranks (the CPU runner starts one process per device) this is what stretches a plan."""
+    import subprocess
+    import sys
+
+    base = None
+    out = []
+    for n in range(1, max_procs + 1):
+        start_at = time.time() + 3.0  # after every worker has imported torch (late ones still run 3 units)
+        args = [sys.executable, "-m", "autotune.calibration.bench", "contention", f"{start_at:.3f}", str(duration_s)]
+        procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(n)]
+        times = []
+        try:
+            for p in procs:
+                stdout, stderr = p.communicate(timeout=timeout_s)
+                if p.returncode != 0:
+                    raise RuntimeError(f"contention benchmark failed: {stderr.strip().splitlines()[-1:]}")
+                times.append(float(stdout.strip().splitlines()[-1]))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        unit = statistics.mean(times)
+        base = base or unit
+        # monotone: n + 1 processes never run faster than n; a dip is noise from the shared host
+        out.append((n, max(1.0, unit / base, out[-1][1] if out else 1.0)))
+        log.info("contention: %d processes -> x%.2f", n, out[-1][1])
+    return tuple(out)
+
+
 def process_rss_bytes() -> int:
     """Resident set size of this process (Linux /proc), the CPU runner's memory measure."""
     with open("/proc/self/statm") as f:
@@ -423,10 +514,13 @@ def isfinite_positive(x: float) -> bool:
     return math.isfinite(x) and x > 0
 
 
-if __name__ == "__main__":  # one rank of bench_links: PORT SIZES REPEATS RANK
+if __name__ == "__main__":  # one rank of bench_links (PORT SIZES REPEATS RANK) or a contention worker
     import json
     import sys
 
+    if sys.argv[1] == "contention":
+        print(_contention_worker(float(sys.argv[2]), float(sys.argv[3])))
+        sys.exit(0)
     _port, _sizes, _repeats, _rank = sys.argv[1:5]
     _result = _link_worker(int(_rank), 2, int(_port), [int(x) for x in _sizes.split(",")], int(_repeats))
     if _result is not None:

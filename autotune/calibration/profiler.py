@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from autotune.calibration import bench
+from autotune.calibration.runtime_probe import RuntimeOverheads, probe_runtime
 from autotune.specs import ClusterSpec, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class DeviceResults:
     layers: list[bench.LayerTiming] = field(default_factory=list)
     edges: list[bench.EdgeTiming] = field(default_factory=list)
     optimizer_s_per_param: float = 0.0
+    runtime: "RuntimeOverheads | None" = None
+    contention: tuple[tuple[int, float], ...] = ()
     skipped: str = ""
 
 
@@ -120,7 +123,8 @@ def model_gemm_shapes(model: ModelSpec, micro_batch_sizes: tuple[int, ...], tp_d
     return sorted(shapes)
 
 
-GENERIC_MATMUL_SHAPES = [(n, n, n) for n in (128, 256, 512, 1024)]
+GENERIC_MATMUL_SHAPES = [(n, n, n) for n in (32, 64, 128, 256, 512, 1024)]
+SMALL_MATMUL_SHAPES = [(n, n, n) for n in (32, 64, 128)]  # the small end (attention matmuls, tiny models)
 
 
 def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
@@ -134,7 +138,8 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
         if not dev.runnable:
             res.skipped = dev.skip_reason
             continue
-        shapes = (model_gemm_shapes(model, dev.micro_batch_sizes, dev.tp_degrees) if model else GENERIC_MATMUL_SHAPES)
+        shapes = (SMALL_MATMUL_SHAPES + model_gemm_shapes(model, dev.micro_batch_sizes, dev.tp_degrees) if model
+                  else GENERIC_MATMUL_SHAPES)
 
         def matmul(res=res, shapes=shapes):
             res.matmul.extend(bench.bench_matmul(shapes, repeats=repeats))
@@ -150,6 +155,7 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
                 for t in dev.tp_degrees:
                     def layer(res=res, b=b, t=t):
                         res.layers.append(bench.bench_layer(shape, b, t, repeats=repeats))
+                        res.layers.append(bench.bench_layer(shape, b, t, recompute=True, repeats=repeats))
 
                     steps.append(Step(f"{dev.name}: layer fwd/bwd mbs={b} tp={t}", layer))
 
@@ -163,6 +169,18 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
                 res.optimizer_s_per_param = bench.bench_optimizer(repeats=repeats)
 
             steps.append(Step(f"{dev.name}: optimizer step", optimizer))
+
+        if dev.name == "cpu":
+            def runtime(res=res):
+                res.runtime = probe_runtime()
+
+            ranks_here = sum(n.count for n in cluster.nodes if n.device.name == dev.name)
+
+            def contention(res=res, n=ranks_here):
+                res.contention = bench.bench_contention(max(2, min(n, 8)), duration_s=0.5 if quick else 0.8)
+
+            steps.append(Step(f"{dev.name}: runner overheads (one gloo rank, pipelining engine)", runtime))
+            steps.append(Step(f"{dev.name}: host contention, 1..{max(2, min(ranks_here, 8))} processes", contention))
     if plan.links_runnable:
         def link_bench():
             measured = bench.bench_links(repeats=6 if quick else 12)
@@ -183,3 +201,72 @@ def environment_notes() -> dict[str, str]:
         "cpu": platform.processor() or platform.machine(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def matmul_curve(points: list[bench.MatmulPoint]) -> tuple[tuple[float, float], ...]:
+    """``(n, tflops)`` pairs with ``n`` the cube root of ``m * k * n`` (the profile's index); shapes that
+    land on the same ``n`` (to 0.1) are averaged."""
+    by_n: dict[float, list[float]] = {}
+    for p in points:
+        n = round(float(p.m * p.k * p.n) ** (1.0 / 3.0), 1)
+        by_n.setdefault(n, []).append(p.tflops)
+    return tuple(sorted((n, sum(v) / len(v)) for n, v in by_n.items()))
+
+
+def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
+               results: dict[str, DeviceResults], links: dict[str, bench.LinkBench]):
+    """Put raw results in the ``CalibrationProfile`` format (``autotune/profile.py``)."""
+    from autotune.profile import CalibrationProfile, DeviceProfile, EdgeTiming, LayerTiming, NodeLinks
+    from autotune.specs import LinkSpec
+
+    devices = []
+    for name, res in results.items():
+        if res.skipped or not res.matmul:
+            continue
+        layers, edges = [], []
+        if model is not None:
+            for t in res.layers:
+                layers.append(LayerTiming(hidden_size=model.hidden_size, num_heads=model.num_heads,
+                                          num_kv_heads=model.num_kv_heads, ffn_hidden_size=model.ffn_hidden_size,
+                                          mlp=model.mlp, seq_len=model.seq_len, micro_batch_size=t.micro_batch_size,
+                                          tp=t.tp, recompute=t.recompute, forward_s=max(t.forward_s, 1e-9),
+                                          backward_s=max(t.backward_s, 1e-9),
+                                          activation_bytes=float(t.activation_bytes)))
+            for e in res.edges:
+                # the runner holds the embedding and the head whole on one rank (tp 1); with tp > 1 the
+                # simulator would fall back to its model for these
+                edges.append(EdgeTiming(hidden_size=model.hidden_size, vocab_size=model.vocab_size,
+                                        seq_len=model.seq_len, micro_batch_size=e.micro_batch_size, tp=1,
+                                        embedding_forward_s=e.embedding_forward_s,
+                                        embedding_backward_s=e.embedding_backward_s,
+                                        head_forward_s=e.head_forward_s, head_backward_s=e.head_backward_s))
+        rt = res.runtime
+        devices.append(DeviceProfile(name, matmul_curve(res.matmul), res.memory_bandwidth_GBps or None,
+                                     tuple(layers), tuple(edges), res.optimizer_s_per_param or None,
+                                     microbatch_overhead_s=rt.microbatch_overhead_s if rt else None,
+                                     memory_baseline_GiB=rt.memory_baseline_GiB if rt else None,
+                                     contention=tuple((float(n), float(k)) for n, k in res.contention)))
+    node_links = []
+    if links:
+        for node in cluster.nodes:
+            kinds = {}
+            for kind in ("intra_node", "network"):
+                lb = links.get(kind) or links.get("intra_node")
+                if lb is not None:
+                    kinds[kind] = LinkSpec(lb.p2p.bandwidth_GBps, lb.p2p.latency_us)
+            node_links.append(NodeLinks(node.name, **kinds))
+    env = environment_notes()
+    versions = (("torch", env["torch_version"]), ("python", env["python_version"]), ("host", env["host"]),
+                ("cpu", env["cpu"]))
+    notes = [f"{name}: {res.skipped}" for name, res in results.items() if res.skipped]
+    if links and all(n.device.name == "cpu" for n in cluster.nodes):
+        notes.append("links: intra_node and network are both two gloo processes on this one host (the same "
+                     "physical path), measured once by p2p ping-pong and recorded for both kinds; all-reduce "
+                     f"measured {links['intra_node'].allreduce.bandwidth_GBps:.2f} GB/s + "
+                     f"{links['intra_node'].allreduce.latency_us:.0f} us between 2 ranks")
+    if plan.links_skip_reason:
+        notes.append(f"links: {plan.links_skip_reason}")
+    step_overhead = max((r.runtime.step_overhead_s for r in results.values() if r.runtime), default=0.0)
+    return CalibrationProfile(devices=tuple(devices), links=tuple(node_links), created=env["date"],
+                              cluster=cluster.name, versions=versions, step_overhead_s=step_overhead,
+                              notes="; ".join(notes))

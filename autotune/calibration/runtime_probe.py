@@ -1,0 +1,115 @@
+"""What the runner itself costs beyond the model's math, measured by running it.
+
+``python -m autotune.calibration.runtime_probe`` starts one gloo rank (world size 1) and does what a
+runner worker does (``runner/worker.py``): import torch, read the RSS, start the process group, build
+the runner's ``Engine`` (torch.distributed.pipelining stages, AdamW) for a model so small that its own
+math and memory are negligible, and time steps with 1 and with ``M`` micro-batches. That gives:
+
+- ``microbatch_overhead_s``: the pipelining framework's time per micro-batch (forward + backward of a
+  stage: scheduling, loss bookkeeping, autograd set-up), the slope of step time in micro-batches;
+- ``step_overhead_s``: the per-step constant (zero_grad, optimizer call set-up, the runner's closing
+  loss all-reduce), the intercept;
+- ``memory_baseline_GiB``: the growth of peak RSS from before the process group to the end, which the
+  runner counts in every rank's "peak memory" on CPU (gloo buffers, imported modules, allocator
+  arenas) and which a model of weights and activations alone does not predict.
+
+It prints one JSON object. ``probe_runtime()`` runs it in a subprocess and returns the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+GiB = 2**30
+PROBE_MODEL = dict(name="probe", num_layers=1, hidden_size=8, num_heads=1, ffn_hidden_size=8, vocab_size=8,
+                   seq_len=8, global_batch_size=8)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeOverheads:
+    microbatch_overhead_s: float
+    step_overhead_s: float
+    memory_baseline_GiB: float
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss() -> int:
+    """This process's own peak RSS (``VmHWM``). Not ``getrusage().ru_maxrss``: Linux carries that over
+    from the parent across fork + exec, so a child of a big process would report the parent's size."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _probe(init_file: str, repeats: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from autotune.loading import load_config, model_from_dict
+    from autotune.loading import load_cluster
+
+    baseline = _rss()  # the runner worker reads its baseline here too: after torch, before the group
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
+    try:
+        from runner.data import TokenSource
+        from runner.engine import Engine
+        from runner.layout import build_layout
+
+        cluster = load_cluster("cpu-2")
+        step_times: dict[int, float] = {}
+        for m in (1, 8):
+            model = model_from_dict({**PROBE_MODEL, "global_batch_size": m}, "probe")
+            config = load_config({"micro_batch_size": 1, "pipelines": [
+                {"num_microbatches": m, "stages": [{"devices": ["cpu:0"], "layers": 1}]}]})
+            layout = build_layout(cluster, model, config)
+            engine = Engine(layout, model, 0, torch.device("cpu"), schedule="1f1b", micro_batch_size=1, seed=0,
+                            tokens=TokenSource(model, 0))
+            for i in range(3):
+                engine.step(i)
+            samples = []
+            for i in range(repeats):
+                t0 = time.perf_counter()
+                engine.step(3 + i)
+                samples.append(time.perf_counter() - t0)
+            samples.sort()
+            step_times[m] = samples[len(samples) // 4]  # lower quartile: see bench._lower_quartile
+        per_mb = max(0.0, (step_times[8] - step_times[1]) / 7)
+        return {"microbatch_overhead_s": per_mb, "step_overhead_s": max(0.0, step_times[1] - per_mb),
+                "memory_baseline_GiB": max(0, _peak_rss() - baseline) / GiB}
+    finally:
+        dist.destroy_process_group()
+
+
+def probe_runtime(repeats: int = 20, timeout_s: float = 120.0) -> RuntimeOverheads:
+    """Run the probe in a fresh process (so its RSS is a runner rank's, not this one's)."""
+    with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        out = subprocess.run([sys.executable, "-m", "autotune.calibration.runtime_probe", f"{d}/rendezvous",
+                              str(repeats)], capture_output=True, text=True, timeout=timeout_s, env=env)
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        raise RuntimeError(f"runtime probe failed: {lines[-1] if lines else 'no output'}")
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    return RuntimeOverheads(float(data["microbatch_overhead_s"]), float(data["step_overhead_s"]),
+                            float(data["memory_baseline_GiB"]))
+
+
+if __name__ == "__main__":
+    print(json.dumps(_probe(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 20)))
