@@ -86,7 +86,7 @@ def stage_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, lay
         total = in_flight_chunks * layers_per_chunk * full
     s, b = model.seq_len, micro_batch_size
     if first:
-        total += in_flight_chunks * s * b * model.hidden_size  # embedding dropout mask
+        total += -(-in_flight_chunks // chunks) * s * b * model.hidden_size  # embedding dropout mask (chunk 0)
     if last:
         total += 10.0 * s * b * model.vocab_size / tp  # logits: 16-bit + fp32 softmax + fp32 gradient
     return total
