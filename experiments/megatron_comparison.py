@@ -7,7 +7,8 @@ GPU; 8 x 200 Gbit/s HDR InfiniBand per node), mixed precision, activation recomp
 teraFLOP/s per GPU" counts FLOPs with the paper's formula 96 B s l h^2 (1 + s/6h + V/16lh) (recomputation
 included) over the measured iteration time. The rows below are copied from that table (parameter
 count, heads, hidden size, layers, tensor- and pipeline-parallel size, GPUs, batch size, achieved
-TFLOP/s per GPU); the aggregate column (per-GPU x GPUs) was checked against them.
+TFLOP/s per GPU, aggregate PFLOP/s); the script checks the transcription: per-GPU x GPUs gives the
+aggregate column and the paper's parameter formula (its eq. 2) gives the first column.
 
 Not in the table, so assumed here (the same for every row, chosen before comparing): micro-batch size 1
 (what the paper's Table 2 uses for its PTD-P runs), full recomputation on every stage, the 1F1B
@@ -29,18 +30,19 @@ from autotune.simulator import Simulator
 from autotune.simulator.flops import megatron_flops_per_iteration
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 
-# params (B), heads, hidden, layers, TP, PP, GPUs, batch, achieved TFLOP/s per GPU (Narayanan et al. 2021, Table 1)
+# params (B), heads, hidden, layers, TP, PP, GPUs, batch, achieved TFLOP/s per GPU, aggregate PFLOP/s
+# (Narayanan et al. 2021, Table 1)
 TABLE_1 = [
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
-    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
-    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
-    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 4.4),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 8.8),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 18.2),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 34.6),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 70.8),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 143.8),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 227.1),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 297.4),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 410.2),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 502.0),
 ]
 VOCAB, SEQ = 51200, 2048
 MICRO_BATCH = 1
@@ -72,13 +74,18 @@ def main() -> None:
           f" | {'interleaved':>11} {'error':>7} | {'bubble':>6} {'sim s':>6}")
     errors = []
     t0 = time.perf_counter()
-    for params, heads, hidden, layers, tp, pp, gpus, batch, published in TABLE_1:
+    for params, heads, hidden, layers, tp, pp, gpus, batch, published, aggregate in TABLE_1:
+        # transcription check: per-GPU x GPUs matches the aggregate column (both rounded in the paper)
+        assert abs(published * gpus / 1000 - aggregate) / aggregate < 0.01, params
         model = model_from_dict(dict(name=f"gpt-{params}B", num_layers=layers, hidden_size=hidden, num_heads=heads,
                                      ffn_hidden_size=4 * hidden, mlp="gelu", vocab_size=VOCAB, seq_len=SEQ,
                                      global_batch_size=batch), "table-1")
         cluster = selene(gpus)
         sim = Simulator(cluster, model)
         flops = megatron_flops_per_iteration(model, recompute=True)
+        # and the model shape gives the parameter count of the first column (12 l h^2 + embeddings)
+        assert abs(12 * layers * hidden**2 * (1 + 13 / (12 * hidden) + (VOCAB + SEQ) / (12 * layers * hidden))
+                   / 1e9 - params) / params < 0.04, params
         m = sim.evaluate(plan(cluster, layers, tp, pp, batch, "1f1b", 1))
         if not m.ok:
             print(f"{params:8.1f} {tp:3d} {pp:3d} {gpus:5d} {batch:5d} | {published:9d}   {m.status}: {m.error}")
