@@ -291,3 +291,38 @@ def test_h100_replicas_wait_for_a100_replicas() -> None:
     # the iteration is paced by the A100 replicas (plus a slower all-reduce over the network)
     assert mixed.iteration_time_s >= a100_only.iteration_time_s
     assert mixed.mfu < a100_only.mfu
+
+
+def test_data_parallel_across_nodes_is_capped_by_the_network() -> None:
+    model = model_from_dict({**GPT, "num_layers": 2, "global_batch_size": 4}, "gpt")
+    cluster = _cluster([_node("a", 2, intra=300.0), _node("b", 2, intra=300.0)], network_GBps=10.0, latency_us=7.0)
+    sim = Simulator(cluster, model)
+    r = sim.evaluate_detailed(_config([(2, [(["a:0", "a:1"], 2)]), (2, [(["b:0", "b:1"], 2)])]))
+    ar = [e for e in r.timeline if e.op == "allreduce" and e.device == "a:0"]
+    # two tensor-parallel ranks x 300 GB/s inside the node, but 10 GB/s out of it; 2 ranks in the ring
+    expected = 2 * (2 - 1) / 2 * 2 * model.num_params / 10e9 + 2 * (2 - 1) * 7e-6
+    assert sum(e.end_s - e.start_s for e in ar) == pytest.approx(expected, rel=1e-9)
+
+
+def test_gpipe_keeps_every_micro_batch() -> None:
+    model = model_from_dict(GPT, "gpt")
+    sim = Simulator(_cluster([_node("n", 2)]), model)
+    stages = [(["n:0"], 4), (["n:1"], 4)]
+    gpipe = sim.evaluate(_config([(16, stages)], schedule="gpipe"))
+    one_f = sim.evaluate(_config([(16, stages)]))
+    per_mb = 4 * layer_activation_bytes(model, 1, 1) / GiB
+    assert gpipe.peak_memory_GiB["n:1"] - one_f.peak_memory_GiB["n:1"] == pytest.approx((16 - 1) * per_mb)
+
+
+def test_timeline_lists_every_operation() -> None:
+    model = model_from_dict(GPT, "gpt")
+    sim = Simulator(_cluster([_node("n", 4)]), model)
+    cfg = _config([(8, [(["n:0", "n:1"], 4), (["n:2", "n:3"], 4)])], mbs=2)
+    r = sim.evaluate_detailed(cfg)
+    assert r.ok and not sim.evaluate(cfg).timeline
+    for d in ("n:0", "n:1", "n:2", "n:3"):
+        ops = [e for e in r.timeline if e.device == d]
+        assert sorted(e.op for e in ops if e.op[0] == "F") == sorted(f"F{j}" for j in range(8))
+        assert sum(e.op[0] == "B" for e in ops) == 8 and [e.op for e in ops][-1] == "optimizer"
+        assert all(a.end_s <= b.start_s + 1e-12 for a, b in zip(ops, ops[1:]))  # one thing at a time
+    assert max(e.end_s for e in r.timeline) == pytest.approx(r.iteration_time_s)
