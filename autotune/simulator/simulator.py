@@ -32,6 +32,7 @@ import bisect
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Mapping
 
 from autotune.errors import SpecError
 from autotune.loading import load_cluster, load_config, load_model
@@ -97,7 +98,7 @@ class Simulator:
                                                n.slowdown)
         self._rate_key = {d: f"{n.device.name}@{n.slowdown:g}" for d, n in self._node.items()}
         self._usable = {d: usable_memory_GiB(n.device.memory_GiB) for d, n in self._node.items()}
-        self._layer_cache: dict[tuple, tuple[float, float]] = {}
+        self._layer_cache: dict[tuple, tuple[float, ...]] = {}
         self._stage_cache: dict[tuple, tuple] = {}
         self._memory_cache: dict[tuple, float] = {}
         self._p2p_cache: dict[tuple, float] = {}
@@ -438,7 +439,9 @@ class Simulator:
             events.extend(TimelineEvent(d, name, t0, t1) for d in pipe.stages[s].devices)
 
 
-def simulate(cluster, model, config, profile=None, global_batch_size: int | None = None,
+def simulate(cluster: ClusterSpec | str | Path, model: ModelSpec | str | Path,
+             config: ParallelConfig | Mapping[str, Any] | str | Path,
+             profile: CalibrationProfile | str | Path | None = None, global_batch_size: int | None = None,
              timeline: bool = False) -> Measurement:
     """Simulate one plan (SPEC.md "Library"): the same numbers as ``autotune simulate``.
 
