@@ -384,6 +384,8 @@ class Simulator:
         busy = tuple(m * sum(c[0]) for c in costs)
         bubble = 1.0 - sum(busy) / (len(busy) * makespan) if makespan > 0 else 0.0
         tokens = config.global_batch_size * model.seq_len
+        if iteration <= 0.0:  # only a profile of zero times can do this
+            return Measurement.failure("failed", "simulated iteration takes no time: check the calibration profile")
         peak_flops = sum(self._node[d].device.peak_tflops / self._node[d].slowdown for d in peak) * 1e12
         mfu = self._flops_per_token * tokens / (iteration * peak_flops)
         return Measurement(tokens_per_s=tokens / iteration, iteration_time_s=iteration, oom=False,
