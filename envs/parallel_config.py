@@ -326,10 +326,11 @@ class ParallelConfigEnv(gym.Env):
         else:  # to r from the most loaded other replica
             j = max(others, key=lambda i: loads[i])
             src, dst = j, r
-        if counts[src] <= 1:
+        q = len(cfg.pipelines[src].stages) if cfg.schedule == "interleaved-1f1b" else 1
+        if counts[src] - q < q:
             return None
-        counts[src] -= 1
-        counts[dst] += 1
+        counts[src] -= q
+        counts[dst] += q
         pipes = tuple(PipelineConfig(c, p.stages) for c, p in zip(counts, cfg.pipelines))
         return ParallelConfig(cfg.micro_batch_size, pipes, cfg.schedule, cfg.virtual_stages), self.params
 
@@ -343,7 +344,8 @@ class ParallelConfigEnv(gym.Env):
             return None
         mbs = choices[i]
         total = self.space.model.global_batch_size // mbs
-        counts = apportion(total, [p.num_microbatches for p in cfg.pipelines])
+        q = len(cfg.pipelines[0].stages) if cfg.schedule == "interleaved-1f1b" else 1
+        counts = apportion(total, [p.num_microbatches for p in cfg.pipelines], minimum=q, quantum=q)
         if counts is None:
             return None
         pipes = tuple(PipelineConfig(c, p.stages) for c, p in zip(counts, cfg.pipelines))
@@ -368,6 +370,13 @@ class ParallelConfigEnv(gym.Env):
                     return None
             pipes.append(PipelineConfig(p.num_microbatches, tuple(
                 StageConfig(s.devices, n, s.recompute) for s, n in zip(p.stages, layers))))
+        pp = len(pipes[0].stages)
+        if all(len(p.stages) == pp for p in pipes) and any(p.num_microbatches % pp for p in pipes):
+            total = sum(p.num_microbatches for p in pipes)
+            counts = apportion(total, [p.num_microbatches for p in pipes], minimum=pp, quantum=pp)
+            if counts is None:
+                return None
+            pipes = [PipelineConfig(c, p.stages) for c, p in zip(counts, pipes)]
         return ParallelConfig(cfg.micro_batch_size, tuple(pipes), schedule, q), dict(self.params, schedule=schedule)
 
     def _redecode(self, name: str, step: int = 0, value: Any = None) -> tuple[ParallelConfig, Params] | None:

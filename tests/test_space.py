@@ -33,6 +33,9 @@ def test_apportion_sums_and_minimum():
 @pytest.mark.parametrize("fixture", ["mixed", "big"])
 def test_every_decoded_plan_is_valid_or_says_why(fixture, request):
     space: SearchSpace = request.getfixturevalue(fixture)
+    from autotune.simulator import Simulator
+
+    sim = Simulator(space.cluster, space.model)
     rng = np.random.default_rng(0)
     valid = 0
     for _ in range(300):
@@ -41,6 +44,9 @@ def test_every_decoded_plan_is_valid_or_says_why(fixture, request):
         if d.ok:
             valid += 1
             assert space.check(d.config) is None
+            if valid <= 60:  # the simulator agrees that the plan is valid (it may not fit in memory)
+                m = sim.evaluate(d.config)
+                assert m.status != "invalid", m.error
             assert sum(p.num_microbatches for p in d.config.pipelines) * d.config.micro_batch_size == \
                 space.model.global_batch_size
             for pipe in d.config.pipelines:

@@ -47,7 +47,7 @@ class TuneResult:
     best_curve: tuple[float, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"best_config": self.best_config.to_dict(), "best_measurement": self.best_measurement.to_dict(),
+        return {"best_config": self.best_config.to_dict(), "best_measurement": self.best_measurement.to_dict(timeline=True),
                 "evaluations": self.evaluations, "method": self.method, "cluster": self.cluster,
                 "model": self.model, "budget": self.budget, "seed": self.seed, "backend": self.backend,
                 "experiment": self.experiment, "run_id": self.run_id, "tracking_uri": self.tracking_uri,

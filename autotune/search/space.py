@@ -286,8 +286,12 @@ class SearchSpace:
         if total_mb < dp:
             return Decoded(None, f"{total_mb} micro-batches of {mbs} cannot feed {dp} replicas")
         speeds = [self.replica_speed([g.speed_tflops for g in pipe], split) for pipe, split in zip(pipes, layer_splits)]
-        mbs_split = apportion(total_mb, [s ** beta for s in speeds])
-        assert mbs_split is not None  # total_mb >= dp checked above
+        # Megatron-LM's interleaved schedule needs each replica's micro-batches in multiples of pp
+        mb_quantum = pp if schedule == "interleaved-1f1b" else 1
+        mbs_split = apportion(total_mb, [s ** beta for s in speeds], minimum=mb_quantum, quantum=mb_quantum)
+        if mbs_split is None:
+            return Decoded(None, f"{total_mb} micro-batches do not split into {dp} replicas in multiples of "
+                                 f"{mb_quantum} (interleaved-1f1b)")
         mode = params["recompute"]
         max_mem = max(g.memory_GiB for g in groups)
         pipelines = []
@@ -353,6 +357,9 @@ class SearchSpace:
                     return f"pipelines[{p}].stages[{s}]: TP group spans nodes {sorted(nodes)}"
                 if stage.layers < 1:
                     return f"pipelines[{p}].stages[{s}]: has no layers"
+            if config.schedule == "interleaved-1f1b" and pipe.num_microbatches % len(pipe.stages):
+                return (f"pipelines[{p}].num_microbatches: interleaved-1f1b needs a multiple of the "
+                        f"{len(pipe.stages)} stages, got {pipe.num_microbatches} (Megatron-LM)")
         return None
 
     # -- sampling and enumeration ---------------------------------------------------------------------

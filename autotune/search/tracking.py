@@ -58,6 +58,17 @@ def _client(tracking_uri: str | None):
     return MlflowClient(tracking_uri=uri), uri
 
 
+def artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """Artifacts of a local SQLite store go beside the database (``<dir>/mlruns/<experiment>``), not
+    into whatever directory the search happened to run in."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix) or ":memory:" in tracking_uri:
+        return None
+    db = Path(tracking_uri[len(prefix):]).resolve()
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in experiment)
+    return (db.parent / "mlruns" / safe).as_uri()
+
+
 def _metrics_of(m: Measurement) -> dict[str, float]:
     peak = max(m.peak_memory_GiB.values(), default=0.0)
     return {"tokens_per_s": m.tokens_per_s, "iteration_time_s": m.iteration_time_s, "oom": float(m.oom),
@@ -80,7 +91,8 @@ class SearchTracker:
     def __init__(self, tracking_uri: str | None, experiment: str) -> None:
         self.client, self.tracking_uri = _client(tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
+            experiment, artifact_location=artifact_location(self.tracking_uri, experiment))
         self.experiment = experiment
         self.parent_id: str | None = None
         self.method = ""

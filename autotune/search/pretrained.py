@@ -1,0 +1,336 @@
+"""The pretrained RL policy: training env across scenarios, and its use on a new cluster.
+
+A search with few evaluations is a walk over plans that should improve at every step. The policy is
+trained to choose that walk's next step, on the moves of ``autotune/ParallelConfig-v0``
+(``envs.parallel_config.ACTIONS``, the same list on every cluster) and its fixed-size, normalised,
+cluster-size independent observation. ``SearchEnv`` gives the walk best-first semantics, the same
+in training and in use:
+
+- the state is the best plan found so far (before any plan runs: the failed plan closest to
+  fitting in memory);
+- each step evaluates one *untried* neighbour (moves to plans already evaluated are masked: every
+  step spends exactly one evaluation); the walk moves there only if it is better (runs and is
+  faster; or, while nothing runs yet, overflows memory less), else stays;
+- reward = log(new best / old best) on an improvement, 0 otherwise, ``FIRST_RUN_REWARD`` for the
+  first plan that runs, a small shaped reward for reducing the memory overflow before that. The
+  sum over an episode is log(best found / start), so with discount < 1 the policy learns to reach
+  the best plan in few evaluations.
+
+``ScenarioEnv`` draws a new random scenario (``autotune.search.scenarios``) at every reset
+(domain randomisation) and runs a ``SearchEnv`` of ``episode_evaluations`` steps on it with the
+simulator. ``experiments/train_policy.py`` trains MaskablePPO on it and writes
+``autotune/data/policy.zip``.
+
+On a new scenario ``run_pretrained`` (``--method rl``, the shipped policy by default) starts from the
+speed-proportional plans of ``SearchSpace.heuristic_params`` (evaluated in order until one runs),
+then lets the policy pick each next plan greedily (argmax over the unmasked moves). When the
+neighbourhood of the best plan is used up or the walk stalls, it restarts from a random valid plan.
+``fine_tune=True`` instead keeps learning (PPO updates, sampled actions) on the evaluations of this
+search until the budget is spent. Every evaluation goes through the ``BudgetedEvaluator`` the caller
+passes in (simulator or real profiled runs), so the budget rule is the one every method shares.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from autotune.evaluator import CachedEvaluator, Evaluator
+from autotune.search.budget import BudgetedEvaluator
+from autotune.search.scenarios import Scenario, draw_scenario, training_rng
+from autotune.search.space import Params, SearchSpace
+from autotune.specs import Measurement, ParallelConfig
+from envs.parallel_config import ParallelConfigEnv
+
+log = logging.getLogger(__name__)
+
+#: reward for the first plan of an episode that runs (when the start did not)
+FIRST_RUN_REWARD = 0.5
+#: weight of the shaped reward log(old overflow / new overflow) while no plan runs yet
+OVERFLOW_REWARD_WEIGHT = 0.2
+#: a greedy walk restarts after this many evaluations in a row without improvement
+STALL_RESTART = 12
+#: rollout length (evaluations) between PPO updates when fine-tuning online
+FINE_TUNE_STEPS = 16
+
+
+def default_policy_path() -> Path:
+    """The policy shipped with the package (``autotune/data/policy.zip``)."""
+    return Path(__file__).resolve().parent.parent / "data" / "policy.zip"
+
+
+class SearchEnv(ParallelConfigEnv):
+    """``ParallelConfigEnv`` with best-first semantics: stay on the best plan, try untried neighbours.
+
+    Observations and moves are the parent's; the differences are the mask (neighbours already
+    evaluated are masked, so a step always costs one evaluation), the transition (move only to a
+    better plan) and the reward (see the module docstring). ``place`` puts the walk on any plan.
+    """
+
+    def __init__(self, space: SearchSpace, evaluator: Evaluator, *, max_steps: int = 16,
+                 start_params: Params | None = None) -> None:
+        super().__init__(space, evaluator, max_steps=max_steps)
+        self.start_params = start_params
+        self.improvements = 0
+        self.since_improvement = 0
+        self._overflow = math.inf
+
+    # -- placing the walk ----------------------------------------------------------------------------
+    def place(self, params: Params, config: ParallelConfig, measurement: Measurement) -> None:
+        """Make ``config`` (already evaluated as ``measurement``) the walk's current plan."""
+        self.params = dict(params)
+        self.params["mbs"] = config.micro_batch_size
+        self.params["schedule"] = config.schedule
+        self.config, self.measurement = config, measurement
+        self.score = measurement.score()
+        self.best_score = max(self.best_score, self.score)
+        self._overflow = 0.0 if measurement.ok else self._relative_overflow(config, measurement)
+        self._candidates = None
+
+    def _relative_overflow(self, config: ParallelConfig, m: Measurement) -> float:
+        if not m.peak_memory_GiB:
+            return math.inf
+        return max(v / self.space.cluster.device(d).memory_GiB for d, v in m.peak_memory_GiB.items())
+
+    # -- gymnasium API ---------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        options = dict(options or {})
+        if self.start_params is not None and "params" not in options:
+            options["params"] = self.start_params
+        obs, info = super().reset(seed=seed, options=options)
+        self.steps = 0
+        self.improvements = 0
+        self.since_improvement = 0
+        m = self.measurement
+        self._overflow = 0.0 if m is not None and m.ok else (
+            self._relative_overflow(self.config, m) if m is not None and self.config is not None else math.inf)
+        return self._observation(), info
+
+    def action_masks(self) -> np.ndarray:
+        cands = self._get_candidates()
+        mask = np.array([c is not None and c[0] != self.config and c[0] not in self.evaluator for c in cands],
+                        dtype=bool)
+        if not mask.any():
+            mask[0] = True  # noop: the neighbourhood is used up (the step then ends the episode)
+        return mask
+
+    def untried_moves(self) -> int:
+        mask = self.action_masks()
+        return int(mask[1:].sum())
+
+    def step(self, action):
+        a = int(action)
+        cands = self._get_candidates()
+        cand = cands[a] if 0 <= a < len(cands) else None
+        if a == 0 or cand is None or cand[0] == self.config or cand[0] in self.evaluator:
+            # noop or a masked move: nothing is evaluated; the episode ends when nothing is left
+            done = self.untried_moves() == 0
+            return self._observation(), 0.0, False, done or self.steps >= self.max_steps, self._info(noop=True)
+        config, params = cand
+        if self._out_of_budget(config):
+            return self._observation(), 0.0, False, True, self._info(budget_exhausted=True)
+        self.steps += 1
+        m = self._evaluate(config, params)
+        reward = 0.0
+        moved = False
+        if m.ok:
+            self._last_failed = False
+            new = m.score()
+            if self.score <= 0:
+                reward, moved = FIRST_RUN_REWARD, True
+            elif new > self.score:
+                reward, moved = float(min(math.log(new / self.score), 1.0)), True
+        else:
+            self._last_failed = True
+            if self.score <= 0:
+                over = self._relative_overflow(config, m)
+                if over < self._overflow:
+                    gain = math.log(self._overflow / over) if math.isfinite(self._overflow) else 1.0
+                    reward, moved = OVERFLOW_REWARD_WEIGHT * float(min(gain, 1.0)), True
+        if moved:
+            self.params, self.config, self.measurement = dict(params), config, m
+            self.params["mbs"] = config.micro_batch_size
+            self.params["schedule"] = config.schedule
+            self.score = m.score()
+            self.best_score = max(self.best_score, self.score)
+            self._overflow = 0.0 if m.ok else self._relative_overflow(config, m)
+            self._candidates = None
+            self.improvements += 1
+            self.since_improvement = 0
+        else:
+            self.since_improvement += 1
+        truncated = self.steps >= self.max_steps
+        info = self._info(moved=moved, status="oom" if m.oom else m.status)
+        return self._observation(), reward, False, truncated, info
+
+
+class ScenarioEnv(gym.Env):
+    """Domain randomisation: every reset draws a scenario and runs a ``SearchEnv`` episode on it.
+
+    The simulator is the evaluator (cached per scenario). With probability ``random_start_prob`` the
+    episode starts from a random valid plan instead of the speed-proportional start, so the policy
+    also learns to climb from poor plans (what the greedy walk meets after a restart).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, seed: int = 0, episode_evaluations: int = 16, random_start_prob: float = 0.3,
+                 scenarios: list[Scenario] | None = None) -> None:
+        super().__init__()
+        self._rng = training_rng(seed)
+        self.episode_evaluations = episode_evaluations
+        self.random_start_prob = random_start_prob
+        self.scenarios = scenarios
+        probe = _probe_env()
+        self.observation_space = probe.observation_space
+        self.action_space = probe.action_space
+        self.env: SearchEnv | None = None
+        self.scenario: Scenario | None = None
+
+    def _draw(self) -> Scenario:
+        if self.scenarios:
+            return self.scenarios[int(self._rng.integers(len(self.scenarios)))]
+        return draw_scenario(self._rng, check_feasible=False)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        from autotune.simulator import Simulator
+
+        self.scenario = self._draw()
+        space = SearchSpace(self.scenario.cluster, self.scenario.model)
+        evaluator = CachedEvaluator(Simulator(self.scenario.cluster, self.scenario.model))
+        start = None
+        if self._rng.random() < self.random_start_prob:
+            try:
+                start, _ = space.sample_valid(self._rng, tries=200)
+            except Exception:  # no valid random plan found: take the heuristic start
+                start = None
+        self.env = SearchEnv(space, evaluator, max_steps=self.episode_evaluations, start_params=start)
+        return self.env.reset(seed=int(self._rng.integers(2**31)))
+
+    def step(self, action):
+        assert self.env is not None, "call reset() first"
+        return self.env.step(action)
+
+    def action_masks(self) -> np.ndarray:
+        assert self.env is not None, "call reset() first"
+        return self.env.action_masks()
+
+
+_PROBE: ParallelConfigEnv | None = None
+
+
+def _probe_env() -> ParallelConfigEnv:
+    """A tiny env whose spaces every scenario shares (they depend only on the env's constants)."""
+    global _PROBE
+    if _PROBE is None:
+        from autotune.loading import load_cluster, load_model
+        from autotune.simulator import Simulator
+
+        cluster, model = load_cluster("mixed-a100-v100"), load_model("tiny")
+        _PROBE = ParallelConfigEnv(SearchSpace(cluster, model), Simulator(cluster, model))
+    return _PROBE
+
+
+# --------------------------------------------------------------------------------------------------
+# Using the policy
+
+
+def load_policy(path: str | Path | None = None):
+    """The MaskablePPO policy at ``path`` (default: the shipped one), on the CPU, one thread."""
+    import torch
+    from sb3_contrib import MaskablePPO
+
+    from autotune.errors import SpecError
+
+    torch.set_num_threads(1)
+    path = Path(path) if path is not None else default_policy_path()
+    if not path.exists():
+        raise SpecError(str(path), "policy", "file not found (train one with experiments/train_policy.py)")
+    try:
+        return MaskablePPO.load(str(path), device="cpu")
+    except Exception as e:
+        raise SpecError(str(path), "policy", f"cannot load a MaskablePPO policy: {type(e).__name__}: {e}") from None
+
+
+def greedy_action(policy, obs: np.ndarray, mask: np.ndarray) -> int:
+    action, _ = policy.predict(obs, action_masks=mask, deterministic=True)
+    return int(action)
+
+
+def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, *,
+                   policy_path: str | Path | None = None, policy: Any = None, fine_tune: bool = False,
+                   stall_restart: int = STALL_RESTART, order: str = "policy") -> None:
+    """Spend ``evaluator``'s budget with the pretrained policy (see the module docstring).
+
+    ``order="random"`` replaces the policy's choice with a uniformly random untried move (the same
+    walk without the policy: the ablation in experiments/heldout_eval.py).
+    """
+    if fine_tune:
+        _fine_tune(space, evaluator, seed, policy_path)
+        return
+    if policy is None and order == "policy":
+        policy = load_policy(policy_path)
+    rng = np.random.default_rng(seed)
+    env = SearchEnv(space, evaluator, max_steps=10**9)
+    obs, _ = env.reset(seed=seed)
+    while not evaluator.exhausted:
+        mask = env.action_masks()
+        used_up = not mask[1:].any()
+        if used_up or env.since_improvement >= stall_restart:
+            obs = _restart(env, space, evaluator, rng)
+            if obs is None:
+                log.info("rl: no untried plan reachable; stopping at %d evaluations", evaluator.used)
+                return
+            continue
+        if order == "policy":
+            a = greedy_action(policy, obs, mask)
+        else:
+            a = int(rng.choice(np.flatnonzero(mask)))
+        obs, _, _, truncated, info = env.step(a)
+        if info.get("budget_exhausted"):
+            return
+
+
+def _restart(env: SearchEnv, space: SearchSpace, evaluator: BudgetedEvaluator, rng: np.random.Generator):
+    """Continue the walk from a random valid plan not yet evaluated (evaluating it); None if none."""
+    for _ in range(500):
+        params = space.sample(rng)
+        decoded = space.decode(params)
+        if not decoded.ok or decoded.config in evaluator:
+            continue
+        if evaluator.exhausted:
+            return None
+        m = evaluator.evaluate(decoded.config, params)
+        env.since_improvement = 0
+        if m.ok:  # the walk follows the new plan even when it is worse than the best
+            env.place(params, decoded.config, m)
+            return env._observation()
+    return None
+
+
+def _fine_tune(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int, policy_path: str | Path | None) -> None:
+    """Online fine-tuning: PPO updates (every ``FINE_TUNE_STEPS`` evaluations) on this search's own
+    evaluations, actions sampled from the policy, until the budget is spent."""
+    import torch
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    torch.set_num_threads(1)
+    env = SearchEnv(space, evaluator, max_steps=FINE_TUNE_STEPS)
+    path = Path(policy_path) if policy_path is not None else default_policy_path()
+    model = MaskablePPO.load(str(path), env=env, device="cpu", seed=seed,
+                             custom_objects={"n_steps": FINE_TUNE_STEPS, "batch_size": FINE_TUNE_STEPS})
+
+    class StopOnBudget(BaseCallback):
+        def _on_step(self) -> bool:
+            return not evaluator.exhausted
+
+    # a step that evaluates nothing (masked-out noop at a used-up neighbourhood) ends its episode,
+    # so the step limit only guards against a policy that never spends the budget
+    model.learn(total_timesteps=4 * evaluator.budget + 2 * FINE_TUNE_STEPS, callback=StopOnBudget())

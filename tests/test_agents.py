@@ -1,0 +1,136 @@
+"""Agents under one budget rule, each checked against the optimum ``exhaustive`` finds (real Simulator)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import load_cluster, load_model
+from autotune.search.agents import run_exhaustive, run_random, run_uniform
+from autotune.search.agents.rl import make_model, run_rl
+from autotune.search.agents.tpe import open_study, run_optuna
+from autotune.search.budget import BudgetedEvaluator, BudgetExhausted
+from autotune.search.space import SearchSpace
+from autotune.simulator import Simulator
+from autotune.specs import ParallelConfig
+
+# A tiny heterogeneous space: 2 fast + 2 (emulated 2x) slow CPU ranks, the tiny model.
+TINY = dict(schedule=["1f1b"], recompute=["none"], mbs=[1, 2], layer_split=[0.0, 1.0], batch_split=[0.0, 1.0])
+
+
+class CountingSimulator(Simulator):
+    calls = 0
+
+    def evaluate(self, config):
+        type(self).calls += 1
+        return super().evaluate(config)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cluster, model = load_cluster("cpu-hetero"), load_model("tiny")
+    space = SearchSpace(cluster, model, restrict=TINY)
+    plans = space.enumerate()
+    sim = Simulator(cluster, model)
+    optimum = max(sim.evaluate(cfg).score() for _, cfg in plans)
+    return space, len(plans), optimum
+
+
+def fresh(space: SearchSpace, budget: int) -> BudgetedEvaluator:
+    return BudgetedEvaluator(Simulator(space.cluster, space.model), space, budget)
+
+
+def test_exhaustive_evaluates_every_distinct_plan_once(tiny):
+    space, n, optimum = tiny
+    ev = fresh(space, 10 * n)
+    run_exhaustive(space, ev)
+    assert ev.used == n
+    assert ev.best.score == optimum > 0
+
+
+@pytest.mark.parametrize("method", ["random", "optuna", "rl"])
+def test_method_finds_the_exhaustive_optimum_on_a_tiny_space(tiny, method):
+    space, n, optimum = tiny
+    ev = fresh(space, n)
+    if method == "random":
+        run_random(space, ev, seed=0)
+    elif method == "optuna":
+        run_optuna(space, ev, seed=0, study=open_study(space, "tiny", "memory", 0))
+    else:
+        run_rl(space, ev, seed=0)
+    assert ev.used <= n
+    # rl edits plans beyond the encoding (finer layer and batch moves), so it may even beat it
+    assert ev.best.score >= optimum * (1 - 1e-9)
+
+
+def test_uniform_finds_the_optimum_on_a_homogeneous_cluster():
+    cluster, model = load_cluster("cpu-4"), load_model("tiny")
+    space = SearchSpace(cluster, model, restrict={"schedule": ["1f1b"], "recompute": ["none"]})
+    sim = Simulator(cluster, model)
+    optimum = max(sim.evaluate(cfg).score() for _, cfg in space.enumerate())
+    ev = fresh(space, 100)
+    run_uniform(space, ev)
+    assert ev.used == len(space.uniform_plans())
+    assert ev.best.score == pytest.approx(optimum)
+
+
+def test_uniform_on_a_mixed_cluster_loses_to_the_heterogeneity_aware_optimum(tiny):
+    space, n, optimum = tiny
+    ev = fresh(space, 100)
+    run_uniform(space, ev)
+    assert 0 < ev.best.score < optimum
+
+
+def test_budget_counts_distinct_plans_and_repeats_are_free(tiny):
+    space, _, _ = tiny
+    CountingSimulator.calls = 0
+    ev = BudgetedEvaluator(CountingSimulator(space.cluster, space.model), space, budget=5)
+    run_random(space, ev, seed=1)
+    assert ev.used == 5 == CountingSimulator.calls
+    first = ev.history[0].config
+    assert ev.evaluate(first) == ev.history[0].measurement  # cached: free even with no budget left
+    assert CountingSimulator.calls == 5
+    with pytest.raises(BudgetExhausted):
+        new = next(c for _, c in space.enumerate() if c not in ev)
+        ev.evaluate(new)
+
+
+def test_invalid_plans_cost_nothing(tiny):
+    space, _, _ = tiny
+    ev = fresh(space, 2)
+    bad = ParallelConfig.from_dict({"micro_batch_size": 1, "pipelines": [
+        {"num_microbatches": 8, "stages": [{"devices": ["fast:0"], "layers": 3}]}]})
+    m = ev.evaluate(bad)
+    assert m.status == "invalid" and "layers sum to 3" in m.error
+    assert ev.used == 0 and ev.invalid == 1
+
+
+def test_every_method_respects_the_budget(tiny):
+    space, n, _ = tiny
+    for run in (run_random, run_uniform, run_exhaustive):
+        ev = fresh(space, 7)
+        run(space, ev, 0)
+        assert ev.used == 7
+    ev = fresh(space, 7)
+    run_optuna(space, ev, 0, study=open_study(space, "b", "memory", 0))
+    assert ev.used == 7
+    ev = fresh(space, 7)
+    run_rl(space, ev, seed=0)
+    assert ev.used == 7
+
+
+def test_rl_smoke_learn_save_load_and_act(tiny, tmp_path):
+    from envs.parallel_config import ParallelConfigEnv
+
+    space, _, optimum = tiny
+    env = ParallelConfigEnv(space, Simulator(space.cluster, space.model), max_steps=16)
+    model = make_model(env, seed=0, n_steps=64)
+    model.learn(total_timesteps=256)
+    assert model.num_timesteps >= 256
+    path = tmp_path / "policy.zip"
+    model.save(path)
+    ev = fresh(space, 10)
+    run_rl(space, ev, seed=0, policy_path=path, fine_tune=False)  # greedy with the loaded policy
+    assert ev.used == 10 and ev.best.score > 0
+    ev = fresh(space, 10)
+    run_rl(space, ev, seed=0, policy_path=path, fine_tune=True)
+    assert ev.used == 10

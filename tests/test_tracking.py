@@ -1,0 +1,110 @@
+"""MLflow record of searches (one real SQLite store per module): parent + children, artifacts, best
+plan read back, methods side by side in one experiment, Optuna resume without duplicated children."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune.search.api import TuneResult, tune
+from autotune.search.tracking import BEST_TAG, ROLE_TAG, config_key
+from autotune.specs import ParallelConfig
+
+CLUSTER, MODEL = "mixed-a100-v100", "gpt2-xl"
+EXPERIMENT = f"{CLUSTER}__{MODEL}"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root}/mlflow.db"
+    storage = f"sqlite:///{root}/optuna.db"
+    optuna_result = tune(CLUSTER, MODEL, method="optuna", budget=12, seed=0, tracking_uri=uri, storage=storage)
+    random_result = tune(CLUSTER, MODEL, method="random", budget=6, seed=0, tracking_uri=uri)
+    return {"uri": uri, "storage": storage, "root": root, "optuna": optuna_result, "random": random_result}
+
+
+def _client(uri):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _children(client, run_id):
+    exp = client.get_run(run_id).info.experiment_id
+    return client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{run_id}'", max_results=1000)
+
+
+def test_one_parent_and_budget_children_with_artifacts(store):
+    client = _client(store["uri"])
+    result: TuneResult = store["optuna"]
+    parent = client.get_run(result.run_id)
+    assert parent.data.params["method"] == "optuna" and parent.data.params["budget"] == "12"
+    assert parent.data.params["cluster"] == CLUSTER and parent.data.params["backend"] == "sim"
+    assert parent.data.tags[ROLE_TAG] == "search" and parent.info.status == "FINISHED"
+    children = _children(client, result.run_id)
+    assert len(children) == 12 == result.evaluations
+    assert len({c.data.tags["autotune.config_key"] for c in children}) == 12
+    for child in children:
+        assert {"tokens_per_s", "iteration_time_s", "mfu", "bubble_fraction", "oom"} <= set(child.data.metrics)
+        assert child.data.tags["status"] in ("ok", "oom", "failed", "timeout")  # never "invalid": those are free
+        assert any(k.startswith("x.") for k in child.data.params)
+    best_child = max(children, key=lambda c: c.data.metrics["tokens_per_s"] * c.data.metrics["ok"])
+    assert best_child.data.metrics["tokens_per_s"] == pytest.approx(result.best_measurement.tokens_per_s)
+    artifacts = {a.path for a in client.list_artifacts(result.run_id)}
+    assert {"best_config.json", "best_timeline.png", "search_progress.png"} <= artifacts
+    local = client.download_artifacts(result.run_id, "best_config.json", str(store["root"]))
+    doc = json.loads(Path(local).read_text())
+    assert doc["measurement"]["tokens_per_s"] == pytest.approx(result.best_measurement.tokens_per_s)
+    del doc["measurement"]
+    assert ParallelConfig.from_dict(doc) == result.best_config
+    assert ParallelConfig.from_json(parent.data.tags[BEST_TAG]) == result.best_config
+    history = client.get_metric_history(result.run_id, "best_tokens_per_s")
+    assert len(history) == 12 and history[-1].value == pytest.approx(result.best_measurement.tokens_per_s)
+
+
+def test_methods_share_one_experiment(store):
+    client = _client(store["uri"])
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    parents = client.search_runs([exp.experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'search'")
+    assert {p.data.params["method"] for p in parents} == {"optuna", "random"}
+
+
+def test_best_config_reads_the_best_plan_of_the_experiment(store):
+    expected = max((store["optuna"], store["random"]), key=lambda r: r.best_measurement.tokens_per_s)
+    assert autotune.best_config(experiment=EXPERIMENT, tracking_uri=store["uri"]) == expected.best_config
+    assert autotune.best_config(tracking_uri=store["uri"]) == expected.best_config  # latest experiment
+
+
+def test_best_config_names_a_missing_experiment(store):
+    with pytest.raises(autotune.SpecError, match="no experiment 'nope'"):
+        autotune.best_config(experiment="nope", tracking_uri=store["uri"])
+
+
+def test_tune_result_round_trips_through_json(store):
+    result = store["optuna"]
+    again = TuneResult.from_json(result.to_json())
+    assert again == result
+    assert again.best_curve[-1] == pytest.approx(result.best_measurement.tokens_per_s)
+
+
+def test_optuna_rerun_continues_the_same_study_and_parent(store):
+    import optuna
+
+    first: TuneResult = store["optuna"]
+    done = tune(CLUSTER, MODEL, method="optuna", budget=12, seed=0, tracking_uri=store["uri"], storage=store["storage"])
+    assert done.run_id == first.run_id and done.evaluations == 12
+    more = tune(CLUSTER, MODEL, method="optuna", budget=20, seed=0, tracking_uri=store["uri"], storage=store["storage"])
+    assert more.run_id == first.run_id and more.evaluations == 20
+    client = _client(store["uri"])
+    children = _children(client, first.run_id)
+    assert len(children) == 20 == len({c.data.tags["autotune.config_key"] for c in children})
+    study = optuna.load_study(study_name=f"{EXPERIMENT}__optuna__seed0", storage=store["storage"])
+    evaluated = [t for t in study.trials if t.user_attrs.get("evaluated")]
+    assert len(evaluated) == 20
+    assert {t.user_attrs["config_key"] for t in evaluated} == {c.data.tags["autotune.config_key"] for c in children}
+    assert more.best_measurement.tokens_per_s >= first.best_measurement.tokens_per_s
+    assert config_key(more.best_config) in {c.data.tags["autotune.config_key"] for c in children}
