@@ -279,6 +279,10 @@ class ParallelConfig:
         known = set(cluster.device_ids())
         seen: set[str] = set()
         for p, pipe in enumerate(self.pipelines):
+            if self.schedule == "interleaved-1f1b" and pipe.num_microbatches % len(pipe.stages):
+                raise SpecError(source, f"pipelines[{p}].num_microbatches",
+                                f"interleaved-1f1b needs num_microbatches divisible by the number of stages "
+                                f"(Megatron-LM's rule): {pipe.num_microbatches} % {len(pipe.stages)} != 0")
             total = sum(s.layers for s in pipe.stages)
             if total != model.num_layers:
                 raise SpecError(source, f"pipelines[{p}].stages",

@@ -211,7 +211,7 @@ def test_activation_memory_matches_korthikanti() -> None:
 
 def test_peak_memory_of_a_known_model() -> None:
     model = model_from_dict(GPT, "gpt")
-    sim = Simulator(_cluster([_node("n", 4)]), model)
+    sim = Simulator(_cluster([_node("n", 4)]), model, flash_attention=False)  # Korthikanti: scores stored
     b, s, h, V, L = 2, model.seq_len, model.hidden_size, model.vocab_size, model.num_layers
     # one device: 16 bytes per parameter (ZeRO paper), one micro-batch in flight
     r = sim.evaluate(_config([(8, [(["n:0"], L)])], mbs=b))
@@ -306,7 +306,7 @@ def test_data_parallel_across_nodes_is_capped_by_the_network() -> None:
 
 def test_gpipe_keeps_every_micro_batch() -> None:
     model = model_from_dict(GPT, "gpt")
-    sim = Simulator(_cluster([_node("n", 2)]), model)
+    sim = Simulator(_cluster([_node("n", 2)]), model, flash_attention=False)  # Korthikanti: scores stored
     stages = [(["n:0"], 4), (["n:1"], 4)]
     gpipe = sim.evaluate(_config([(16, stages)], schedule="gpipe"))
     one_f = sim.evaluate(_config([(16, stages)]))
@@ -316,7 +316,7 @@ def test_gpipe_keeps_every_micro_batch() -> None:
 
 def test_timeline_lists_every_operation() -> None:
     model = model_from_dict(GPT, "gpt")
-    sim = Simulator(_cluster([_node("n", 4)]), model)
+    sim = Simulator(_cluster([_node("n", 4)]), model, flash_attention=False)  # Korthikanti: scores stored
     cfg = _config([(8, [(["n:0", "n:1"], 4), (["n:2", "n:3"], 4)])], mbs=2)
     r = sim.evaluate_detailed(cfg)
     assert r.ok and not sim.evaluate(cfg).timeline

@@ -167,3 +167,13 @@ def test_unknown_presets() -> None:
         load_cluster("nope")
     with pytest.raises(SpecError, match="no file or preset named 'nope'"):
         load_model("nope")
+
+
+def test_interleaved_needs_microbatches_divisible_by_stages(cluster_file: Path) -> None:
+    cfg = _bad_config(schedule="interleaved-1f1b", virtual_stages=2)
+    cfg["pipelines"][0]["num_microbatches"] = 63
+    cfg["micro_batch_size"] = 1
+    with pytest.raises(SpecError, match=r"num_microbatches: interleaved-1f1b needs .* 63 % 2 != 0"):
+        load_config(cfg).validate(load_cluster(cluster_file), load_model("llama2-7b", global_batch_size=63))
+    cfg["pipelines"][0]["num_microbatches"] = 64
+    load_config(cfg).validate(load_cluster(cluster_file), load_model("llama2-7b", global_batch_size=64))

@@ -76,12 +76,14 @@ class Simulator:
     ``record_timeline=True`` makes ``evaluate`` also return every operation as a ``TimelineEvent``
     (slower; the search leaves it off). ``evaluate_detailed`` does that for one call.
     ``flash_attention=True`` models fused attention that never stores the ``s x s`` scores (Dao et al.
-    2022): their memory and memory traffic disappear. The default (off) is the Megatron-LM setting of
-    Narayanan et al. 2021 and Korthikanti et al. 2022, whose formulas the memory model follows.
+    2022): their memory and memory traffic disappear. It is the default because the runner (PyTorch's
+    fused ``scaled_dot_product_attention``) and current Megatron-LM train that way; ``False`` is the
+    2021 Megatron-LM setting of Narayanan et al. and Korthikanti et al. (scores stored), used by the
+    published-measurement comparison in ``experiments/megatron_comparison.py``.
     """
 
     def __init__(self, cluster: ClusterSpec, model: ModelSpec, profile: CalibrationProfile | None = None,
-                 record_timeline: bool = False, flash_attention: bool = False) -> None:
+                 record_timeline: bool = False, flash_attention: bool = True) -> None:
         self.cluster = cluster
         self.model = model
         self.profile = profile
