@@ -1,0 +1,140 @@
+"""``autotune search`` / ``autotune best`` as a user runs them (real subprocesses, real stores), including
+an Optuna search killed mid-way and resumed to exactly ``--budget`` evaluated trials."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune.specs import ParallelConfig
+
+AUTOTUNE = [sys.executable, "-m", "autotune.cli"]
+MEASUREMENT_KEYS = {"tokens_per_s", "iteration_time_s", "oom", "peak_memory_GiB", "mfu", "bubble_fraction"}
+
+
+def cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    return subprocess.run([*AUTOTUNE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("search_cli")
+
+
+@pytest.fixture(scope="module")
+def searched(workdir):
+    r = cli("search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "random", "--budget", "8",
+            "--output", "best.json", cwd=workdir)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_search_prints_the_plan_and_where_to_look(searched, workdir):
+    out = searched.stdout
+    assert "best plan: random on mixed-a100-v100 / gpt2-xl" in out
+    assert "pipelines (data-parallel replicas)" in out and "a100:0" in out
+    assert "MLflow: experiment mixed-a100-v100__gpt2-xl" in out and "autotune ui" in out
+    assert "8/8" in searched.stderr  # the progress bar
+    assert (workdir / "mlflow.db").exists()  # default store in the working directory
+
+
+def test_output_file_is_a_config_plus_measurement(searched, workdir):
+    doc = json.loads((workdir / "best.json").read_text())
+    assert MEASUREMENT_KEYS <= set(doc["measurement"])
+    config = ParallelConfig.from_dict(doc)
+    config.validate(autotune.load_cluster("mixed-a100-v100"), autotune.load_model("gpt2-xl"))
+
+
+def test_autotune_best_matches_the_library(searched, workdir):
+    r = cli("best", cwd=workdir)
+    assert r.returncode == 0, r.stderr
+    printed = json.loads(r.stdout)
+    assert MEASUREMENT_KEYS <= set(printed.pop("measurement"))
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    assert ParallelConfig.from_dict(printed) == autotune.best_config(tracking_uri=uri)
+    file_doc = json.loads((workdir / "best.json").read_text())
+    file_doc.pop("measurement")
+    assert ParallelConfig.from_dict(file_doc) == ParallelConfig.from_dict(printed)
+
+
+def test_bad_input_is_one_clear_line(workdir):
+    r = cli("search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "annealing", "--budget", "3",
+            cwd=workdir)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "method: must be one of rl | optuna | random | uniform | exhaustive" in r.stderr
+    r = cli("search", "--cluster", "mixed-h100-a100-32", "--model", "llama2-7b", "--method", "exhaustive",
+            "--budget", "3", cwd=workdir)
+    assert r.returncode == 2 and "combinations" in r.stderr and "exceed the limit" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_killed_optuna_search_resumes_to_exactly_budget(tmp_path):
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    budget = 40
+    args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "optuna", "--budget",
+            str(budget), "--seed", "3"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen([*AUTOTUNE, *args], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    study_name = "mixed-a100-v100__gpt2-xl__optuna__seed3"
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    done = 0
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and done < 5:
+            time.sleep(0.3)
+            try:
+                study = optuna.load_study(study_name=study_name, storage=storage)
+                done = sum(bool(t.user_attrs.get("evaluated")) for t in study.trials)
+            except Exception:  # the study or its tables do not exist yet
+                done = 0
+        assert proc.poll() is None, "the search finished before it could be killed; raise the budget"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    killed_at = sum(bool(t.user_attrs.get("evaluated")) for t in study.trials)
+    assert 5 <= killed_at < budget
+
+    r = cli(*args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "resuming" in r.stderr
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    evaluated = [t for t in study.trials if t.user_attrs.get("evaluated")]
+    assert len(evaluated) == budget
+    assert len({t.user_attrs["config_key"] for t in evaluated}) == budget
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("mixed-a100-v100__gpt2-xl")
+    parents = client.search_runs([exp.experiment_id], filter_string="tags.`autotune.role` = 'search'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = client.search_runs([exp.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'",
+                                  max_results=1000)
+    assert len(children) == budget == len({c.data.tags["autotune.config_key"] for c in children})
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_real_backend_smoke_one_profiled_run(tmp_path):
+    """One real profiled run (torch.distributed, gloo) of the tiny model on two CPU ranks."""
+    from autotune.search.api import tune
+
+    result = tune("cpu-2", "tiny", method="uniform", budget=1, backend="real", seed=0,
+                  tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    assert result.evaluations == 1 and result.backend == "real"
+    m = result.best_measurement
+    assert m.status == "ok", m.error
+    assert m.tokens_per_s > 0 and m.iteration_time_s > 0
