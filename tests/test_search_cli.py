@@ -138,3 +138,25 @@ def test_real_backend_smoke_one_profiled_run(tmp_path):
     m = result.best_measurement
     assert m.status == "ok", m.error
     assert m.tokens_per_s > 0 and m.iteration_time_s > 0
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_study_and_one_budget(tmp_path):
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from autotune.search.agents.tpe import open_storage
+    from autotune.search.api import tune
+
+    budget = 16
+    journal = str(tmp_path / "optuna.journal")
+    result = tune("mixed-a100-v100", "gpt2-xl", method="optuna", budget=budget, workers=2, storage=journal,
+                  tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    assert result.evaluations == budget
+    study = optuna.load_study(study_name="mixed-a100-v100__gpt2-xl__optuna__seed0", storage=open_storage(journal))
+    evaluated = [t for t in study.trials if t.user_attrs.get("evaluated")]
+    assert len(evaluated) == budget == len({t.user_attrs["config_key"] for t in evaluated})
+    children = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_runs(
+        [MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(result.run_id).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'")
+    assert len(children) == budget

@@ -125,6 +125,10 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         from autotune.search.agents import tpe
 
         name = study_name or f"{exp_name}__optuna__seed{seed}"
+        if workers > 1 and storage is None:
+            from autotune.search.agents.parallel import DEFAULT_JOURNAL
+
+            storage = DEFAULT_JOURNAL  # SQLite is one writer at a time; the journal file suits processes
         study = tpe.open_study(space, name, storage, seed)
         resume_id = study.user_attrs.get(tpe.MLFLOW_RUN_ATTR) if tracker else None
         if resume_id and tracker is not None:
@@ -132,10 +136,11 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
                 tracker.client.get_run(resume_id)
             except Exception:
                 resume_id = None
-        if workers == 1:
-            stale = tpe.fail_stale_trials(study)
-            if stale:
-                log.info("optuna: marked %d trials of a killed run as FAIL", stale)
+        # one `autotune search` per study at a time (its --workers share it): RUNNING trials now are
+        # left over from a killed run
+        stale = tpe.fail_stale_trials(study)
+        if stale:
+            log.info("optuna: marked %d trials of a killed run as FAIL", stale)
 
     listeners: list[Callable[[Evaluation], None]] = []
     if tracker is not None:

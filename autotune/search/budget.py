@@ -102,6 +102,11 @@ class BudgetedEvaluator(CachedEvaluator):
             return
         self._record(config, measurement, params or {}, notify=False)
 
+    def record(self, config: ParallelConfig, measurement: Measurement, params: Mapping[str, Any] | None = None) -> None:
+        """Count an evaluation another process made (``--workers``) and tell the listeners."""
+        if config not in self:
+            self._record(config, measurement, params or {})
+
     def _record(self, config: ParallelConfig, measurement: Measurement, params: Mapping[str, Any],
                 notify: bool = True) -> None:
         self._cache[config] = measurement

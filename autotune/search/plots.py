@@ -47,6 +47,14 @@ def timeline_png(config: ParallelConfig, measurement: Measurement, path: Path, t
     for e in events:
         ax.barh(rows[e.device], e.end_s - e.start_s, left=e.start_s, height=0.8, color=_op_colour(e.op),
                 edgecolor="none")
+    if events:
+        from matplotlib.patches import Patch
+
+        kinds = [("forward", "F"), ("backward", "B"), ("recompute", "R"), ("all-reduce", "allreduce"),
+                 ("optimizer", "optimizer"), ("other", "send")]
+        seen = {_op_colour(e.op) for e in events}
+        handles = [Patch(color=_op_colour(op), label=label) for label, op in kinds if _op_colour(op) in seen]
+        ax.legend(handles=handles, loc="upper right", fontsize=7, ncol=len(handles))
     ax.set_yticks(range(len(devices)))
     ax.set_yticklabels(devices, fontsize=7)
     ax.invert_yaxis()

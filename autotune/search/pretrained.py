@@ -45,9 +45,11 @@ from autotune.search.budget import BudgetedEvaluator
 from autotune.search.scenarios import Scenario, draw_scenario, training_rng
 from autotune.search.space import Params, SearchSpace
 from autotune.specs import Measurement, ParallelConfig
-from envs.parallel_config import ParallelConfigEnv
+from envs.parallel_config import GLOBAL_FEATURES, ParallelConfigEnv, observation_features
 
 log = logging.getLogger(__name__)
+
+_STEPS_LEFT = len(observation_features()) - len(GLOBAL_FEATURES) + GLOBAL_FEATURES.index("steps_left")
 
 #: reward for the first plan of an episode that runs (when the start did not)
 FIRST_RUN_REWARD = 0.5
@@ -64,6 +66,62 @@ def default_policy_path() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "policy.zip"
 
 
+def estimated_memory_fraction(space: SearchSpace, config: ParallelConfig) -> float:
+    """A rough, evaluator-free estimate of the fullest device's memory use / capacity.
+
+    Weights, gradients and Adam states: 16 bytes per parameter (Rajbhandari et al. 2020, ZeRO sec.
+    3.1) split over the TP group; activations per layer and micro-batch s*b*h*(10 + 24/t + 5*a*s/(h*t))
+    bytes (Korthikanti et al. 2022, eq. 2), or 2*s*b*h with recomputation (only the layer input is
+    kept), times the micro-batches in flight on the stage (p - i under 1F1B, all of them under GPipe).
+    Used only to order the start plans; the evaluator decides what fits.
+    """
+    model = space.model
+    s, h, a = model.seq_len, model.hidden_size, model.num_heads
+    b = config.micro_batch_size
+    worst = 0.0
+    for pipe in config.pipelines:
+        p = len(pipe.stages)
+        for i, st in enumerate(pipe.stages):
+            t = st.tp
+            params = st.layers * model.params_per_layer
+            if i == 0:
+                params += model.embedding_params
+            if i == p - 1:
+                params += model.embedding_params
+            weights = 16 * params / t
+            per_layer = 2 * s * b * h if st.recompute else s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+            in_flight = pipe.num_microbatches if config.schedule == "gpipe" else min(p - i, pipe.num_microbatches)
+            act = st.layers * per_layer * in_flight
+            capacity = min(space.cluster.device(d).memory_GiB for d in st.devices) * 2**30
+            worst = max(worst, (weights + act) / capacity)
+    return worst
+
+
+def start_candidates(space: SearchSpace, limit: int = 8) -> list[Params]:
+    """Speed-proportional start plans (``SearchSpace.heuristic_params`` and their recompute / deeper-
+    pipeline variants), those estimated to fit first (``estimated_memory_fraction`` < 0.85) in the
+    heuristic's order, without recomputation when that fits, then the rest by estimated memory."""
+    recompute = [r for r in ("none", "low-memory", "all") if r in space._dims["recompute"].choices]
+    pps = space._dims["pp"].choices
+    seen: set[ParallelConfig] = set()
+    scored: list[tuple[int, float, int, Params]] = []
+    k = 0
+    for base in space.heuristic_params():
+        i = pps.index(base["pp"]) if base["pp"] in pps else 0
+        for pp in pps[i:i + 3]:
+            for r in recompute:
+                params = dict(base, pp=pp, recompute=r)
+                decoded = space.decode(params)
+                if not decoded.ok or decoded.config in seen:
+                    continue
+                seen.add(decoded.config)  # type: ignore[arg-type]
+                frac = estimated_memory_fraction(space, decoded.config)  # type: ignore[arg-type]
+                scored.append((0 if frac < 0.85 else 1, frac if frac >= 0.85 else 0.0, k, params))
+                k += 1
+    scored.sort(key=lambda x: (x[0], x[1], x[2]))
+    return [params for *_, params in scored[:limit]]
+
+
 class SearchEnv(ParallelConfigEnv):
     """``ParallelConfigEnv`` with best-first semantics: stay on the best plan, try untried neighbours.
 
@@ -75,6 +133,7 @@ class SearchEnv(ParallelConfigEnv):
     def __init__(self, space: SearchSpace, evaluator: Evaluator, *, max_steps: int = 16,
                  start_params: Params | None = None) -> None:
         super().__init__(space, evaluator, max_steps=max_steps)
+        self._starts = start_candidates(space) or self._starts  # the parent's reset tries these in order
         self.start_params = start_params
         self.improvements = 0
         self.since_improvement = 0
@@ -118,6 +177,11 @@ class SearchEnv(ParallelConfigEnv):
         if not mask.any():
             mask[0] = True  # noop: the neighbourhood is used up (the step then ends the episode)
         return mask
+
+    def _observation(self) -> np.ndarray:
+        obs = super()._observation()
+        obs[_STEPS_LEFT] = 0.0  # the walk has no fixed horizon in use: the same in training
+        return obs
 
     def untried_moves(self) -> int:
         mask = self.action_masks()

@@ -144,7 +144,8 @@ _PRESETS_FOR_TRAINING = ("gpt2-small", "gpt2-xl", "llama2-7b", "llama2-13b", "ll
 
 def draw_model(rng: np.random.Generator, name: str = "model") -> ModelSpec:
     """A preset (1 in 3) or a random GPT/Llama-style shape, with a random global batch size."""
-    gbs = int(rng.choice([64, 128, 256, 512, 1024]))
+    # smaller batches weighted up: the simulator's schedule cost grows with the micro-batch count
+    gbs = int(rng.choice([64, 128, 256, 512, 1024], p=[0.25, 0.3, 0.25, 0.15, 0.05]))
     if rng.random() < 1 / 3:
         preset = str(rng.choice(_PRESETS_FOR_TRAINING))
         return ModelSpec(name=preset, global_batch_size=gbs, **{k: v for k, v in MODEL_PRESETS[preset].items()

@@ -43,7 +43,7 @@ from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig, PipelineConfi
 log = logging.getLogger(__name__)
 
 #: exhaustive enumeration refuses spaces with more raw combinations than this
-EXHAUSTIVE_LIMIT = 50_000
+EXHAUSTIVE_LIMIT = 100_000
 #: the interleaved schedule always uses this many model chunks per stage
 INTERLEAVED_CHUNKS = 2
 ASSIGNMENTS = ("grouped", "mixed")
@@ -144,6 +144,7 @@ class SearchSpace:
                  restrict: Mapping[str, Sequence[Any]] | None = None) -> None:
         self.cluster = cluster
         self.model = model
+        self.restrict = {k: list(v) for k, v in (restrict or {}).items()}
         self.node_classes = self._node_classes(cluster)
         self._class_of_node = {n: c.name for c in self.node_classes for n in c.node_names}
         self.head_extra = head_extra_layers(model)

@@ -136,6 +136,7 @@ def run_optuna(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
         trial.set_user_attr("status", "oom" if measurement.oom else measurement.status)
         if new:
             trial.set_user_attr("config", json.loads(config.to_json(indent=None)))
+            trial.set_user_attr("measurement", measurement.to_dict())
         study.tell(trial, measurement.score())
     if not evaluator.exhausted:
         log.info("optuna: %d asks in a row gave no new valid plan; stopping at %d evaluations",
