@@ -63,9 +63,10 @@ def profile(
     cluster: str = ClusterOpt,
     model: Optional[str] = typer.Option(None, "--model", help="Model whose shapes to profile."),
     output: Path = typer.Option(Path("profile.json"), "--output", help="Where to write the profile."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer repetitions and micro-batch sizes (smoke runs, tests)."),
 ) -> None:
     """Micro-benchmark each device type and link of the cluster; write a calibration profile."""
-    _run("profile", cluster=cluster, model=model, output=output)
+    _run("profile", cluster=cluster, model=model, output=output, quick=quick)
 
 
 @app.command()
@@ -135,7 +136,9 @@ def main() -> None:
     from autotune.errors import SpecError
 
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:  # click returns typer.Exit's code instead of raising here
+            sys.exit(code)
     except SpecError as e:
         typer.echo(f"error: {e}", err=True)
         sys.exit(2)

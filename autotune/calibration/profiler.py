@@ -81,9 +81,10 @@ def plan_profile(cluster: ClusterSpec, model: ModelSpec | None, max_micro_batch_
                         and model.num_kv_heads % t == 0 and model.ffn_hidden_size % t == 0)
         devices.append(DeviceTypePlan(name, ok, reason, mbs, tps))
     kinds = tuple(k for k in LINK_KINDS if k == "intra_node" or len(cluster.nodes) > 1) if cluster else LINK_KINDS
-    all_cpu = all(n.device.name == "cpu" for n in cluster.nodes)
-    reason = "" if all_cpu else "skipped: links between GPUs need CUDA devices here"
-    return ProfilePlan(tuple(devices), kinds, all_cpu, reason)
+    any_cpu = any(n.device.name == "cpu" for n in cluster.nodes)
+    gpu_nodes = [n.name for n in cluster.nodes if n.device.name != "cpu"]
+    reason = f"skipped for node(s) {', '.join(gpu_nodes)}: links between GPUs need CUDA devices here" if gpu_nodes else ""
+    return ProfilePlan(tuple(devices), kinds, any_cpu, reason)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -172,12 +173,12 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
 
         if dev.name == "cpu":
             def runtime(res=res):
-                res.runtime = probe_runtime()
+                res.runtime = probe_runtime(repeats=8 if quick else 20)
 
             ranks_here = sum(n.count for n in cluster.nodes if n.device.name == dev.name)
 
             def contention(res=res, n=ranks_here):
-                res.contention = bench.bench_contention(max(2, min(n, 8)), duration_s=0.5 if quick else 0.8)
+                res.contention = bench.bench_contention(max(2, min(n, 8)), duration_s=0.3 if quick else 0.8)
 
             steps.append(Step(f"{dev.name}: runner overheads (one gloo rank, pipelining engine)", runtime))
             steps.append(Step(f"{dev.name}: host contention, 1..{max(2, min(ranks_here, 8))} processes", contention))
@@ -249,6 +250,8 @@ def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
     node_links = []
     if links:
         for node in cluster.nodes:
+            if node.device.name != "cpu":  # measured between CPU ranks; says nothing about GPU links
+                continue
             kinds = {}
             for kind in ("intra_node", "network"):
                 lb = links.get(kind) or links.get("intra_node")
@@ -259,8 +262,8 @@ def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
     versions = (("torch", env["torch_version"]), ("python", env["python_version"]), ("host", env["host"]),
                 ("cpu", env["cpu"]))
     notes = [f"{name}: {res.skipped}" for name, res in results.items() if res.skipped]
-    if links and all(n.device.name == "cpu" for n in cluster.nodes):
-        notes.append("links: intra_node and network are both two gloo processes on this one host (the same "
+    if links:
+        notes.append("links of cpu nodes: intra_node and network are both two gloo processes on this one host (the same "
                      "physical path), measured once by p2p ping-pong and recorded for both kinds; all-reduce "
                      f"measured {links['intra_node'].allreduce.bandwidth_GBps:.2f} GB/s + "
                      f"{links['intra_node'].allreduce.latency_us:.0f} us between 2 ranks")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def run(cluster: str, model: str | None, output: Path) -> int:
+def run(cluster: str, model: str | None, output: Path, quick: bool = False) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -16,19 +16,20 @@ def run(cluster: str, model: str | None, output: Path) -> int:
     console = Console(stderr=True)
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model) if model is not None else None
-    plan = profiler.plan_profile(cluster_spec, model_spec)
+    plan = profiler.plan_profile(cluster_spec, model_spec, max_micro_batch_size=2 if quick else 8)
     for dev in plan.devices:
         if not dev.runnable:
             console.print(f"[yellow]{dev.name}[/]: {dev.skip_reason}")
-    if not plan.links_runnable:
+    if plan.links_skip_reason:
         console.print(f"[yellow]links[/]: {plan.links_skip_reason}")
     if not any(d.runnable for d in plan.devices):
-        console.print("[yellow]no device type of this cluster can be profiled here; writing a profile with "
-                      "the skipped types listed[/]")
+        console.print(f"[red]error:[/] no device type of cluster {cluster_spec.name!r} can be profiled here "
+                      f"({', '.join(d.name for d in plan.devices)}); no profile written")
+        return 1
 
     results: dict = {}
     links: dict = {}
-    steps = profiler.profile_steps(cluster_spec, model_spec, plan, results, links)
+    steps = profiler.profile_steps(cluster_spec, model_spec, plan, results, links, quick=quick)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         task = progress.add_task("profiling", total=len(steps))
@@ -41,6 +42,7 @@ def run(cluster: str, model: str | None, output: Path) -> int:
     prof = profiler.to_profile(cluster_spec, model_spec, plan, results, links)
     output = Path(output)
     prof.save(output)
+    console.print(f"wrote {output}")
 
     table = Table(title=f"calibration profile -> {output}")
     table.add_column("device / link")

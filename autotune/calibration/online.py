@@ -1,0 +1,230 @@
+"""Closing the loop: measured runs correct the simulator's calibration while a search goes on.
+
+When a search evaluates plans with real profiled runs (``--backend real``), each run is a measurement
+of the simulator's error. ``OnlineCalibrator`` keeps them and refits a few correction factors by
+least squares, so the simulator used for the rest of the budget is closer to the machine:
+
+- ``compute[type]``: one factor per device type on every compute time (matmul rate, measured layer,
+  embedding/head, optimizer and runtime-overhead times). Fitted to the measured per-stage busy times
+  (forward + backward per step, which the runner clocks) and the iteration times.
+- ``link``: one factor on every link's transfer time (latency and 1 / bandwidth), fitted to the
+  iteration times (busy times carry no communication).
+- ``contention[type]``: one factor on the excess of the host-contention stretch (``stretch - 1``),
+  for device types whose profile has a contention curve (CPU ranks sharing one machine).
+- ``memory[type]``: an additive offset (GiB) on the per-process memory baseline, the mean residual
+  of measured minus predicted peak memory (closed-form least squares).
+
+The time factors are fitted in log space (residual ``log(predicted / measured)``) with
+``scipy.optimize.least_squares`` and a weak ridge prior toward 1 (``prior_weight``), so one or two
+measurements move them only as far as the data supports, and a factor the data cannot see (no
+multi-rank plan measured yet: ``link``) stays at 1. Each refit re-simulates the measured plans with
+the candidate factors; the simulator costs milliseconds per plan, so this is cheap next to one real run.
+
+The search helper calls ``update(config, measured)`` after every real run and evaluates the next
+plans with ``corrected_simulator()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field, replace
+
+from autotune.profile import CalibrationProfile, DeviceProfile, EdgeTiming, LayerTiming, NodeLinks
+from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, ParallelConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Corrections:
+    """Fitted correction factors (1.0 / 0.0 = no correction)."""
+
+    compute: tuple[tuple[str, float], ...] = ()
+    link: float = 1.0
+    contention: tuple[tuple[str, float], ...] = ()
+    memory_GiB: tuple[tuple[str, float], ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"compute": dict(self.compute), "link": self.link, "contention": dict(self.contention),
+                "memory_GiB": dict(self.memory_GiB)}
+
+
+def default_profile(cluster: ClusterSpec) -> CalibrationProfile:
+    """A profile equal to the simulator's built-in datasheet model (``autotune.simulator.efficiency``),
+    so the corrections have numbers to scale when no ``autotune profile`` file was given."""
+    from autotune.simulator.efficiency import HALF_SIZE, MEMORY_FRACTION, PEAK_FRACTION
+
+    devices = {}
+    for node in cluster.nodes:
+        d = node.device
+        if d.name in devices:
+            continue
+        sizes = [2.0 ** (k / 8) for k in range(8, 8 * 17)]  # dense in log n: interpolation ~ the formula
+        curve = tuple((n, d.peak_tflops * PEAK_FRACTION * n * n / (n * n + HALF_SIZE * HALF_SIZE)) for n in sizes)
+        devices[d.name] = DeviceProfile(d.name, curve, d.memory_bandwidth_GBps * MEMORY_FRACTION)
+    return CalibrationProfile(devices=tuple(devices.values()), notes="datasheet model (no profile given)")
+
+
+def _scale_link(link: LinkSpec, factor: float) -> LinkSpec:
+    return LinkSpec(link.bandwidth_GBps / factor, link.latency_us * factor)
+
+
+def apply_corrections(profile: CalibrationProfile, cluster: ClusterSpec, corr: Corrections) -> CalibrationProfile:
+    """``profile`` with the corrections folded in: compute times x factor, links x factor, contention
+    excess x factor, memory baseline + offset. The result is an ordinary profile (it can be saved)."""
+    compute = dict(corr.compute)
+    contention = dict(corr.contention)
+    memory = dict(corr.memory_GiB)
+    devices = []
+    for d in profile.devices:
+        c = compute.get(d.name, 1.0)
+        k = contention.get(d.name, 1.0)
+        layers = tuple(replace(x, forward_s=x.forward_s * c, backward_s=x.backward_s * c) for x in d.layers)
+        edges = tuple(replace(e, embedding_forward_s=e.embedding_forward_s * c,
+                              embedding_backward_s=e.embedding_backward_s * c,
+                              head_forward_s=e.head_forward_s * c, head_backward_s=e.head_backward_s * c)
+                      for e in d.edges)
+        devices.append(replace(
+            d, matmul=tuple((n, t / c) for n, t in d.matmul),
+            memory_bandwidth_GBps=d.memory_bandwidth_GBps / c if d.memory_bandwidth_GBps else d.memory_bandwidth_GBps,
+            layers=layers, edges=edges,
+            optimizer_s_per_param=d.optimizer_s_per_param * c if d.optimizer_s_per_param is not None else None,
+            microbatch_overhead_s=d.microbatch_overhead_s * c if d.microbatch_overhead_s is not None else None,
+            memory_baseline_GiB=(d.memory_baseline_GiB or 0.0) + memory.get(d.name, 0.0)
+            if (d.memory_baseline_GiB is not None or d.name in memory) else None,
+            contention=tuple((n, 1.0 + (s - 1.0) * k) for n, s in d.contention)))
+    missing_mem = set(memory) - {d.name for d in profile.devices}
+    if missing_mem:
+        log.debug("memory offsets for device types without a profile entry are ignored: %s", sorted(missing_mem))
+    links = []
+    if corr.link != 1.0:
+        for node in cluster.nodes:
+            nl = profile.node_links(node.name)
+            intra = (nl.intra_node if nl and nl.intra_node else node.intra_node)
+            net = (nl.network if nl and nl.network else node.network)
+            links.append(NodeLinks(node.name, _scale_link(intra, corr.link), _scale_link(net, corr.link)))
+        others = [nl for nl in profile.links if nl.node not in {n.name for n in cluster.nodes}]
+        links += others
+    else:
+        links = list(profile.links)
+    note = f"online corrections {corr.to_dict()}"
+    return replace(profile, devices=tuple(devices), links=tuple(links),
+                   notes=f"{profile.notes}; {note}" if profile.notes else note)
+
+
+@dataclass
+class _Observation:
+    config: ParallelConfig
+    measured: Measurement
+
+
+@dataclass
+class OnlineCalibrator:
+    """Refits correction factors from measured runs; hands out a corrected simulator.
+
+    ``simulator`` is the ``autotune.simulator.Simulator`` in use (its cluster, model and profile are
+    the starting point). ``prior_weight`` is the ridge weight pulling each log-factor to 0.
+    """
+
+    simulator: object
+    prior_weight: float = 0.05
+    max_factor: float = 10.0
+    observations: list[_Observation] = field(default_factory=list)
+    corrections: Corrections = field(default_factory=Corrections)
+
+    def __post_init__(self) -> None:
+        self.cluster: ClusterSpec = self.simulator.cluster
+        self.model: ModelSpec = self.simulator.model
+        self.base_profile: CalibrationProfile = self.simulator.profile or default_profile(self.cluster)
+        self._profile = self.base_profile
+
+    # ---------------------------------------------------------------------------------------------
+    @property
+    def profile(self) -> CalibrationProfile:
+        """The base profile with the current corrections applied."""
+        return self._profile
+
+    def corrected_simulator(self):
+        from autotune.simulator import Simulator
+
+        return Simulator(self.cluster, self.model, self._profile)
+
+    def update(self, config: ParallelConfig, measured: Measurement) -> CalibrationProfile:
+        """Record one real run and refit. Runs that did not finish (``status`` not ``ok``) are ignored."""
+        if measured.status == "ok" and not measured.oom and measured.iteration_time_s > 0:
+            self.observations.append(_Observation(config, measured))
+            self.refit()
+        return self._profile
+
+    def fit(self, pairs: list[tuple[ParallelConfig, Measurement]]) -> CalibrationProfile:
+        """Record several runs at once and refit once."""
+        for config, measured in pairs:
+            if measured.status == "ok" and not measured.oom and measured.iteration_time_s > 0:
+                self.observations.append(_Observation(config, measured))
+        self.refit()
+        return self._profile
+
+    # ---------------------------------------------------------------------------------------------
+    def _types_of(self, config: ParallelConfig) -> set[str]:
+        return {self.cluster.device(d).name for d in config.devices}
+
+    def refit(self) -> None:
+        import numpy as np
+        from scipy.optimize import least_squares
+
+        from autotune.simulator import Simulator
+
+        obs = self.observations
+        if not obs:
+            return
+        types = sorted({t for o in obs for t in self._types_of(o.config)})
+        multi_rank = any(len(o.config.devices) > 1 for o in obs)
+        contention_types = [t for t in types
+                            if (d := self.base_profile.device(t)) is not None and d.contention and multi_rank]
+        names = [f"compute:{t}" for t in types] + [f"contention:{t}" for t in contention_types]
+        if multi_rank:
+            names.append("link")
+        lim = math.log(self.max_factor)
+
+        def corrections(theta) -> Corrections:
+            vals = dict(zip(names, (math.exp(x) for x in theta)))
+            return Corrections(compute=tuple((t, vals[f"compute:{t}"]) for t in types),
+                               link=vals.get("link", 1.0),
+                               contention=tuple((t, vals[f"contention:{t}"]) for t in contention_types),
+                               memory_GiB=self.corrections.memory_GiB)
+
+        def residuals(theta):
+            sim = Simulator(self.cluster, self.model, apply_corrections(self.base_profile, self.cluster,
+                                                                        corrections(theta)))
+            res = []
+            for o in obs:
+                pred = sim.evaluate(o.config)
+                if pred.status != "ok" or pred.iteration_time_s <= 0:
+                    res.append(5.0)  # a plan the run finished must not become infeasible
+                    continue
+                res.append(math.log(pred.iteration_time_s / o.measured.iteration_time_s))
+                meas_busy = [b for b in o.measured.stage_busy_s if b > 0]
+                if len(meas_busy) == len(pred.stage_busy_s) and meas_busy:
+                    for p, m in zip(pred.stage_busy_s, meas_busy):
+                        res.append(0.5 * math.log(max(p, 1e-12) / m))  # busy times: half weight each
+            res.extend(self.prior_weight * np.asarray(theta))
+            return np.asarray(res)
+
+        x0 = np.zeros(len(names))
+        fit = least_squares(residuals, x0, bounds=(-lim, lim), diff_step=1e-3, xtol=1e-6, ftol=1e-8)
+        corr = corrections(fit.x)
+
+        # memory: measured - predicted per device type, after the time fit (time does not move memory)
+        sim = Simulator(self.cluster, self.model,
+                        apply_corrections(self.base_profile, self.cluster, replace(corr, memory_GiB=())))
+        diffs: dict[str, list[float]] = {}
+        for o in obs:
+            pred = sim.evaluate(o.config)
+            for dev, gib in o.measured.peak_memory_GiB.items():
+                if dev in pred.peak_memory_GiB and gib > 0:
+                    diffs.setdefault(self.cluster.device(dev).name, []).append(gib - pred.peak_memory_GiB[dev])
+        memory = tuple((t, sum(v) / len(v)) for t, v in sorted(diffs.items()))
+        self.corrections = replace(corr, memory_GiB=memory)
+        self._profile = apply_corrections(self.base_profile, self.cluster, self.corrections)
+        log.info("online calibration from %d run(s): %s", len(obs), self.corrections.to_dict())
