@@ -5,6 +5,14 @@ order, their stages in order, each stage's devices in order). On CPU every rank 
 with one thread on the gloo backend; on CUDA the backend is NCCL and local rank ``k`` uses
 ``cuda:k`` (so a node's ranks must be that node's devices, in config order).
 
+Parallelism: pipeline stages with uneven layer counts (``torch.distributed.pipelining``: 1F1B, GPipe,
+interleaved 1F1B); pipelines are data-parallel replicas whose gradients are all-reduced among
+exactly the ranks holding each weight, weighted by each replica's share of the global batch; a
+stage with several devices is tensor-parallel (DTensor ``parallelize_module``, Megatron-style
+column/row split; runs on gloo and NCCL). Not supported, with a clear error: stages of one
+pipeline with different tensor-parallel degrees, a layer sharded differently by two replicas, and
+a tensor-parallel degree that does not divide ``num_kv_heads``.
+
 Emulated slowdown: a ``cpu`` node with ``slowdown: f`` in the cluster file makes its ranks sleep
 ``(f - 1)`` times their measured forward/backward compute after each one, to test heterogeneous
 plans on one machine. It is emulation, off unless the cluster sets it.

@@ -124,12 +124,37 @@ class BusyClock:
     step_times_s: list[float] = field(default_factory=list)
 
 
-def check_supported(plan: RankPlan, schedule: str) -> None:
-    if plan.tp_degree > 1:
+def check_supported(plan: RankPlan, model: ModelSpec) -> None:
+    """Plan shapes the runner cannot run, beyond ``ParallelConfig.validate`` and ``build_layout``."""
+    tp = plan.tp_degree
+    if tp > 1 and model.num_kv_heads % tp:
         raise SpecError("runner", f"pipelines[{plan.pipeline}].stages[{plan.stage}].devices",
-                        f"tensor parallelism (a stage with {plan.tp_degree} devices) is not supported by the "
-                        "runner: DTensor tensor parallelism inside torch.distributed.pipelining stages is not "
-                        "wired up; give each stage one device")
+                        f"tensor-parallel degree {tp} must divide num_kv_heads={model.num_kv_heads} in the runner "
+                        "(replicating key/value heads across tensor-parallel ranks is not implemented)")
+
+
+def apply_tensor_parallel(chunks: list[StageChunk], group: dist.ProcessGroup, device: torch.device) -> None:
+    """Megatron-style TP on every block (``parallelize_module``): Q/K/V and the MLP's up/gate projections
+    column-parallel, the attention output and MLP down projections row-parallel. Each TP rank keeps
+    whole heads (``Attention`` infers the local head count). Embedding, norms and the LM head stay
+    replicated: their inputs and gradients are identical on every TP rank."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = DeviceMesh.from_group(group, device.type)
+    for chunk in chunks:
+        for block in chunk.blocks.values():
+            plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
+                    "attn.v_proj": ColwiseParallel(), "attn.o_proj": RowwiseParallel(),
+                    "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+            if block.mlp.swiglu:
+                plan["mlp.gate_proj"] = ColwiseParallel()
+            parallelize_module(block, mesh, plan)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds: a DTensor's local shard, else the tensor itself."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
 
 
 class Engine:
@@ -143,13 +168,11 @@ class Engine:
         self.model_spec = model
         self.device = device
         self.tokens = tokens
-        check_supported(self.plan, schedule)
+        check_supported(self.plan, model)
 
         # 1. this rank's chunks, deterministic weights per layer index
         self.chunks = [StageChunk(model, c.layers, first=c.first, last=c.last, seed=seed,
                                   recompute=self.plan.recompute).to(device) for c in self.plan.chunks]
-        self.module = RankModel(self.chunks)
-        self.optimizer = make_optimizer(self.module.parameters())
 
         # 2. process groups: every rank creates every group, in the same order
         self.pp_group = None
@@ -157,6 +180,12 @@ class Engine:
             group = dist.new_group(list(ranks))
             if rank in ranks:
                 self.pp_group = group
+        for ranks in layout.tp_groups():
+            group = dist.new_group(list(ranks))
+            if rank in ranks:
+                apply_tensor_parallel(self.chunks, group, device)
+        self.module = RankModel(self.chunks)
+        self.optimizer = make_optimizer(self.module.parameters())
         self.grad_groups: list[tuple[dist.ProcessGroup | None, list[nn.Parameter]]] = []
         for ranks, keys in layout.grad_groups().items():
             group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
@@ -187,7 +216,10 @@ class Engine:
     def _sync_gradients(self) -> None:
         w = self.plan.grad_weight
         for group, params in self.grad_groups:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            for p in params:
+                if p.grad is None:  # a weight the schedule did not touch still takes part in the sum
+                    p.grad = torch.zeros_like(p)
+            grads = [_local(p.grad) for p in params]
             if group is None:  # the only holder: weight is 1 unless a replica lost its partner
                 if w != 1.0:
                     for g in grads:
@@ -196,10 +228,9 @@ class Engine:
             flat = torch.cat([g.reshape(-1) for g in grads]).mul_(w)
             dist.all_reduce(flat, group=group)
             offset = 0
-            for p, g in zip(params, grads):
+            for g in grads:  # g is p.grad's own storage (a DTensor's local shard under TP)
                 n = g.numel()
-                p.grad = flat[offset:offset + n].view_as(g).clone() if p.grad is None else p.grad.copy_(
-                    flat[offset:offset + n].view_as(g))
+                g.copy_(flat[offset:offset + n].view_as(g))
                 offset += n
 
     def step(self, step_index: int, stop_requested: bool = False) -> StepResult:

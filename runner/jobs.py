@@ -62,10 +62,19 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, sc
     """Everything that can be checked before launching: validity, runner support, CUDA presence."""
     layout = build_layout(cluster, model, config)
     for plan in layout.ranks:
-        if plan.tp_degree > 1:
+        if plan.tp_degree > 1 and model.num_kv_heads % plan.tp_degree:
             from runner.engine import check_supported  # torch import only when needed
 
-            check_supported(plan, config.schedule)
+            check_supported(plan, model)
+    if config.schedule == "interleaved-1f1b":
+        for p, pipe in enumerate(config.pipelines):
+            # torch.distributed.pipelining.ScheduleInterleaved1F1B: micro-batches run in rounds of
+            # (pipeline size) and must fill whole rounds
+            rounds = max(1, pipe.num_microbatches // len(pipe.stages))
+            if pipe.num_microbatches % rounds:
+                raise SpecError("runner", f"pipelines[{p}].num_microbatches",
+                                f"interleaved-1f1b in torch.distributed.pipelining needs num_microbatches to be a "
+                                f"multiple of num_microbatches // stages = {rounds}, got {pipe.num_microbatches}")
     import torch
 
     uses_cuda(cluster, config, torch.cuda.is_available())

@@ -69,10 +69,11 @@ def test_invalid_plan_is_a_measurement_not_an_exception():
         {"devices": ["cpu:0"], "layers": 3}]}]})
     m = RealEvaluator("cpu-2", "tiny").evaluate(bad)
     assert m.status == "invalid" and "layers sum to 3" in m.error
-    tp = ParallelConfig.from_dict({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
-        {"devices": ["cpu:0", "cpu:1"], "layers": 4}]}]})
-    m = RealEvaluator("cpu-2", "tiny").evaluate(tp)
-    assert m.status == "failed" and "tensor parallel" in m.error
+    # valid, but the runner cannot run it: stages of one pipeline with different tensor-parallel degrees
+    mixed_tp = ParallelConfig.from_dict({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
+        {"devices": ["cpu:0", "cpu:1"], "layers": 2}, {"devices": ["cpu:2"], "layers": 2}]}]})
+    m = RealEvaluator("cpu-4", "tiny").evaluate(mixed_tp)
+    assert m.status == "failed" and "different tensor-parallel degrees" in m.error
 
 
 def test_process_scan_sees_a_live_tagged_process(tag):
