@@ -10,7 +10,8 @@ Trial bookkeeping: a trial that evaluated a new plan carries ``user_attrs["evalu
 trials whose plan was invalid or a repeat (answered from the cache, free) carry ``False``. A search
 ends when the study holds exactly ``budget`` evaluated trials. Plans found in MLflow but missing from
 the study (a kill between the MLflow write and ``study.tell``) are added back as finished trials;
-trials left RUNNING by a killed process are marked FAIL when a single worker resumes.
+trials left RUNNING by a killed process are marked FAIL when the search resumes (one
+``autotune search`` per study at a time; ``--workers`` processes are its own, see ``parallel``).
 """
 
 from __future__ import annotations
