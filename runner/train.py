@@ -152,6 +152,9 @@ def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str]) 
     if not flags & set(_MULTI_NODE_FLAGS) and "--standalone" not in flags:
         cmd.append("--standalone")
     if not flags & {"--nproc-per-node", "--nproc_per_node"}:
+        if flags & set(_MULTI_NODE_FLAGS):
+            raise SpecError("torchrun", "--nproc-per-node", f"is required with multi-node flags (the config has "
+                                                            f"{world_size} devices in all; give each node's count)")
         cmd += ["--nproc-per-node", str(world_size)]
     return cmd + args + ["-m", "runner.worker", str(job_path)]
 
@@ -191,7 +194,11 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
                    pg_timeout_s=1800)
     job_path = run_dir / "job.json"
     job_path.write_text(json.dumps(job))
-    cmd = torchrun_command(layout.world_size, job_path, torchrun_args or [])
+    try:
+        cmd = torchrun_command(layout.world_size, job_path, torchrun_args or [])
+    except SpecError:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     out = subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen(cmd, env=worker_env(), stdout=out, stderr=out)
 

@@ -125,3 +125,16 @@ def test_data_is_deterministic_per_step_and_sliced_per_pipeline(tmp_path):
     small_vocab = ModelSpec("v", 1, 16, 2, 32, vocab_size=100, seq_len=8, global_batch_size=2)
     with pytest.raises(SpecError, match="vocab_size >= 256"):
         TokenSource(small_vocab, 0, text)
+
+
+def test_torchrun_command_standalone_or_multi_node(tmp_path):
+    from runner.train import torchrun_command
+
+    cmd = torchrun_command(4, tmp_path / "job.json", [])
+    assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "runner.worker",
+                       str(tmp_path / "job.json")]
+    multi = torchrun_command(8, tmp_path / "j", ["--nnodes", "2", "--nproc-per-node", "4",
+                                                 "--rdzv-endpoint=host:29500", "--rdzv-backend", "c10d"])
+    assert "--standalone" not in multi and multi.count("--nproc-per-node") == 1
+    with pytest.raises(SpecError, match="--nproc-per-node: is required with multi-node flags"):
+        torchrun_command(8, tmp_path / "j", ["--nnodes=2"])

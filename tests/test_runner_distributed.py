@@ -150,12 +150,20 @@ def test_sigterm_checkpoint_then_resume_matches_uninterrupted_run(two_stage_run,
     assert 1 <= k < STEPS, output
     assert (ckpt / "latest").read_text().strip() == f"step-{k:08d}"
     # 2. resume on the normal cluster, appending to the same metrics file
+    # (and log the resumed steps to a real MLflow SQLite store)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     resumed = train("cpu-2", "tiny", cfg, steps=STEPS, checkpoint_dir=ckpt, resume=True, metrics_out=stopped,
-                    quiet=True, timeout_s=120)
+                    tracking_uri=uri, quiet=True, timeout_s=120)
     assert resumed.returncode == 0, resumed.error
     assert resumed.steps_done == STEPS
     # same data and same state => the same floating-point operations: the identical curve
     assert read_losses(stopped) == uninterrupted
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("autotune-train").experiment_id])
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert history == [(step, pytest.approx(loss)) for step, loss in enumerate(uninterrupted, 1)][k:]
 
 
 def test_measure_json_cli_and_slowdown_emulation(tmp_path):
