@@ -453,54 +453,70 @@ def bench_links(sizes: list[int] | None = None, repeats: int = 12, timeout_s: fl
 # Host contention: ranks of one machine share its cores
 
 
-def _contention_worker(start_at: float, duration_s: float) -> float:
-    """Time one small fixed unit of work (a 256-wide block's forward + backward) repeatedly from
-    ``start_at`` for ``duration_s``; return the median time of one unit."""
+def _contention_worker(index: int, max_procs: int, start_at: float, window_s: float) -> list[float | None]:
+    """Worker ``index`` of ``bench_contention``. Windows alternate: window ``2(n-1)`` runs worker 0
+    alone, window ``2(n-1)+1`` runs workers ``0..n-1`` together. In each window it is active in, the
+    worker times one small fixed unit of work (a 256-wide block's forward + backward) over and over;
+    it returns the lower-quartile unit time per window (``None`` where it sat out)."""
     torch = _torch()
     block = build_block(LayerShape(256, 8, 8, 1024, 128), 1)
     x = torch.randn(1, 128, 256, requires_grad=True)
     block(x).sum().backward()
-    while time.time() < start_at:
-        time.sleep(0.001)
-    samples: list[float] = []
-    while time.time() < start_at + duration_s or len(samples) < 3:
-        t0 = time.perf_counter()
-        block(x).sum().backward()
-        samples.append(time.perf_counter() - t0)
-    return _lower_quartile(samples)
+    out: list[float | None] = []
+    for w in range(2 * max_procs):
+        n = w // 2 + 1
+        active = index == 0 if w % 2 == 0 else index < n
+        begin, end = start_at + w * window_s, start_at + (w + 1) * window_s
+        while time.time() < begin:
+            time.sleep(0.0005)
+        if not active:
+            out.append(None)
+            continue
+        samples: list[float] = []
+        while time.time() < end or not samples:
+            t0 = time.perf_counter()
+            block(x).sum().backward()
+            samples.append(time.perf_counter() - t0)
+        out.append(_lower_quartile(samples))
+    return out
 
 
-def bench_contention(max_procs: int, duration_s: float = 1.0, timeout_s: float = 60.0) -> tuple[tuple[int, float], ...]:
+def bench_contention(max_procs: int, duration_s: float = 0.5, timeout_s: float = 120.0) -> tuple[tuple[int, float], ...]:
     """``(n, stretch)``: how much longer a unit of compute takes when ``n`` single-threaded processes
     compute at once on this host (n = 1 .. max_procs), relative to one alone. On a host with fewer
-    cores than ranks (the CPU runner starts one process per device) this is what stretches a plan."""
+    cores than ranks (the CPU runner starts one process per device) this is what stretches a plan.
+
+    Every ``n``-process window follows a one-process window, and the ratio is taken between the two, so
+    a change in other programs' load on the shared host between windows mostly cancels."""
+    import json
     import subprocess
     import sys
 
-    base = None
-    out = []
+    start_at = time.time() + 4.0  # after every worker has imported torch
+    procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.bench", "contention", str(i),
+                               str(max_procs), f"{start_at:.3f}", str(duration_s)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(max_procs)]
+    results = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=timeout_s)
+            if p.returncode != 0:
+                raise RuntimeError(f"contention benchmark failed: {stderr.strip().splitlines()[-1:]}")
+            results.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    out: list[tuple[int, float]] = []
     for n in range(1, max_procs + 1):
-        start_at = time.time() + 3.0  # after every worker has imported torch (late ones still run 3 units)
-        args = [sys.executable, "-m", "autotune.calibration.bench", "contention", f"{start_at:.3f}", str(duration_s)]
-        procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(n)]
-        times = []
-        try:
-            for p in procs:
-                stdout, stderr = p.communicate(timeout=timeout_s)
-                if p.returncode != 0:
-                    raise RuntimeError(f"contention benchmark failed: {stderr.strip().splitlines()[-1:]}")
-                times.append(float(stdout.strip().splitlines()[-1]))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        unit = statistics.mean(times)
-        base = base or unit
+        alone = results[0][2 * (n - 1)]
+        together = [results[i][2 * (n - 1) + 1] for i in range(n)]
+        stretch = statistics.mean(together) / alone
         # monotone: n + 1 processes never run faster than n; a dip is noise from the shared host
-        out.append((n, max(1.0, unit / base, out[-1][1] if out else 1.0)))
+        out.append((n, max(1.0, stretch, out[-1][1] if out else 1.0)))
         log.info("contention: %d processes -> x%.2f", n, out[-1][1])
+    out[0] = (1, 1.0)
     return tuple(out)
 
 
@@ -518,8 +534,9 @@ if __name__ == "__main__":  # one rank of bench_links (PORT SIZES REPEATS RANK) 
     import json
     import sys
 
-    if sys.argv[1] == "contention":
-        print(_contention_worker(float(sys.argv[2]), float(sys.argv[3])))
+    if sys.argv[1] == "contention":  # contention INDEX MAX_PROCS START_AT WINDOW_S
+        print(json.dumps(_contention_worker(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]),
+                                            float(sys.argv[5]))))
         sys.exit(0)
     _port, _sizes, _repeats, _rank = sys.argv[1:5]
     _result = _link_worker(int(_rank), 2, int(_port), [int(x) for x in _sizes.split(",")], int(_repeats))

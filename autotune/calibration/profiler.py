@@ -15,11 +15,11 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from autotune.calibration import bench
-from autotune.calibration.runtime_probe import RuntimeOverheads, probe_runtime
+from autotune.calibration.runtime_probe import RuntimeOverheads, probe_model_memory, probe_runtime
 from autotune.specs import ClusterSpec, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,7 @@ class DeviceResults:
     edges: list[bench.EdgeTiming] = field(default_factory=list)
     optimizer_s_per_param: float = 0.0
     runtime: "RuntimeOverheads | None" = None
+    model_memory: tuple[int, float] | None = None  # (micro-batch size, peak GiB of one rank holding all)
     contention: tuple[tuple[int, float], ...] = ()
     skipped: str = ""
 
@@ -178,9 +179,15 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
             ranks_here = sum(n.count for n in cluster.nodes if n.device.name == dev.name)
 
             def contention(res=res, n=ranks_here):
-                res.contention = bench.bench_contention(max(2, min(n, 8)), duration_s=0.3 if quick else 0.8)
+                res.contention = bench.bench_contention(max(2, min(n, 8)), duration_s=0.25 if quick else 0.5)
 
             steps.append(Step(f"{dev.name}: runner overheads (one gloo rank, pipelining engine)", runtime))
+            if model is not None:
+                def model_memory(res=res, b=dev.micro_batch_sizes[0]):
+                    res.model_memory = (b, probe_model_memory(model, b))
+
+                steps.append(Step(f"{dev.name}: runner memory, whole model on one rank, "
+                                  f"mbs={dev.micro_batch_sizes[0]}", model_memory))
             steps.append(Step(f"{dev.name}: host contention, 1..{max(2, min(ranks_here, 8))} processes", contention))
     if plan.links_runnable:
         def link_bench():
@@ -214,6 +221,20 @@ def matmul_curve(points: list[bench.MatmulPoint]) -> tuple[tuple[float, float], 
     return tuple(sorted((n, sum(v) / len(v)) for n, v in by_n.items()))
 
 
+def state_bytes_per_param(model: ModelSpec, device, micro_batch_size: int, measured_GiB: float) -> float:
+    """Solve the simulator's memory model of the one-rank probe run for bytes per parameter: what the
+    run held beyond the measured baseline and activations, per parameter it held."""
+    from autotune.simulator.memory import GiB, stage_params, stage_peak_GiB
+
+    full = device.layer_timing(model, micro_batch_size, 1)
+    without_states = stage_peak_GiB(model, micro_batch_size, 1, model.num_layers, False, 1, 1, True, True,
+                                    flash_attention=True,
+                                    measured_full_bytes=full.activation_bytes if full else None,
+                                    baseline_GiB=device.memory_baseline_GiB or 0.0, state_bytes_per_param=0.0)
+    params = stage_params(model, model.num_layers, 1, True, True)
+    return max(4.0, (measured_GiB - without_states) * GiB / params)
+
+
 def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
                results: dict[str, DeviceResults], links: dict[str, bench.LinkBench]):
     """Put raw results in the ``CalibrationProfile`` format (``autotune/profile.py``)."""
@@ -242,11 +263,14 @@ def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
                                         embedding_backward_s=e.embedding_backward_s,
                                         head_forward_s=e.head_forward_s, head_backward_s=e.head_backward_s))
         rt = res.runtime
-        devices.append(DeviceProfile(name, matmul_curve(res.matmul), res.memory_bandwidth_GBps or None,
-                                     tuple(layers), tuple(edges), res.optimizer_s_per_param or None,
-                                     microbatch_overhead_s=rt.microbatch_overhead_s if rt else None,
-                                     memory_baseline_GiB=rt.memory_baseline_GiB if rt else None,
-                                     contention=tuple((float(n), float(k)) for n, k in res.contention)))
+        dev = DeviceProfile(name, matmul_curve(res.matmul), res.memory_bandwidth_GBps or None,
+                            tuple(layers), tuple(edges), res.optimizer_s_per_param or None,
+                            microbatch_overhead_s=rt.microbatch_overhead_s if rt else None,
+                            memory_baseline_GiB=rt.memory_baseline_GiB if rt else None,
+                            contention=tuple((float(n), float(k)) for n, k in res.contention))
+        if res.model_memory is not None and model is not None and rt is not None:
+            dev = replace(dev, state_bytes_per_param=state_bytes_per_param(model, dev, *res.model_memory))
+        devices.append(dev)
     node_links = []
     if links:
         for node in cluster.nodes:

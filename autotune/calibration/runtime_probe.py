@@ -14,6 +14,12 @@ math and memory are negligible, and time steps with 1 and with ``M`` micro-batch
   arenas) and which a model of weights and activations alone does not predict.
 
 It prints one JSON object. ``probe_runtime()`` runs it in a subprocess and returns the numbers.
+
+``probe_model_memory()`` (``... runtime_probe model ...``) trains the profiled model itself on one
+rank, all layers on one stage, and returns the rank's peak-RSS growth: the profiler divides what is
+left after the baseline and the activations by the parameter count, giving ``state_bytes_per_param``
+(weights, gradients, AdamW moments and what the allocator keeps around them, as the runtime really
+holds them; fp32 AdamW alone would be 16).
 """
 
 from __future__ import annotations
@@ -97,6 +103,51 @@ def _probe(init_file: str, repeats: int) -> dict:
         dist.destroy_process_group()
 
 
+def _probe_model_memory(init_file: str, model_json: str, micro_batch_size: int, steps: int = 3) -> dict:
+    """Peak-RSS growth of one rank training the whole model on one stage, as a runner worker counts it."""
+    import torch
+
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from autotune.loading import load_cluster, load_config, model_from_dict
+
+    baseline = _rss()
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
+    try:
+        from runner.data import TokenSource
+        from runner.engine import Engine
+        from runner.layout import build_layout
+
+        raw = json.loads(model_json)
+        model = model_from_dict({**raw, "global_batch_size": 2 * micro_batch_size}, "probe")
+        config = load_config({"micro_batch_size": micro_batch_size, "pipelines": [
+            {"num_microbatches": 2, "stages": [{"devices": ["cpu:0"], "layers": model.num_layers}]}]})
+        layout = build_layout(load_cluster("cpu-2"), model, config)
+        engine = Engine(layout, model, 0, torch.device("cpu"), schedule="1f1b", micro_batch_size=micro_batch_size,
+                        seed=0, tokens=TokenSource(model, 0))
+        for i in range(steps):
+            engine.step(i)
+        return {"peak_growth_GiB": max(0, _peak_rss() - baseline) / GiB}
+    finally:
+        dist.destroy_process_group()
+
+
+def probe_model_memory(model, micro_batch_size: int, timeout_s: float = 300.0) -> float:
+    """Peak memory (GiB, RSS growth) of one runner rank holding all of ``model`` at ``micro_batch_size``."""
+    raw = {k: getattr(model, k) for k in ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                                          "ffn_hidden_size", "mlp", "vocab_size", "seq_len")}
+    with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        out = subprocess.run([sys.executable, "-m", "autotune.calibration.runtime_probe", "model", f"{d}/rendezvous",
+                              json.dumps(raw), str(micro_batch_size)], capture_output=True, text=True,
+                             timeout=timeout_s, env=env)
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        raise RuntimeError(f"model memory probe failed: {lines[-1] if lines else 'no output'}")
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["peak_growth_GiB"])
+
+
 def probe_runtime(repeats: int = 20, timeout_s: float = 120.0) -> RuntimeOverheads:
     """Run the probe in a fresh process (so its RSS is a runner rank's, not this one's)."""
     with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
@@ -112,4 +163,7 @@ def probe_runtime(repeats: int = 20, timeout_s: float = 120.0) -> RuntimeOverhea
 
 
 if __name__ == "__main__":
-    print(json.dumps(_probe(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 20)))
+    if sys.argv[1] == "model":  # model INIT_FILE MODEL_JSON MICRO_BATCH_SIZE
+        print(json.dumps(_probe_model_memory(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+    else:  # INIT_FILE [REPEATS]
+        print(json.dumps(_probe(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 20)))

@@ -229,7 +229,7 @@ class Simulator:
         key = (len(devices), layers, recompute, first, last, mbs, in_flight, v, prof.name if prof else None)
         hit = self._memory_cache.get(key)
         if hit is None:
-            full = kept = None
+            full = kept = per_param = None
             baseline = 0.0
             if prof is not None:  # calibration: measured activation bytes and per-process baseline
                 measured = prof.layer_timing(self.model, mbs, len(devices))
@@ -237,8 +237,9 @@ class Simulator:
                 measured = prof.layer_timing(self.model, mbs, len(devices), recompute=True)
                 kept = measured.activation_bytes if measured is not None else None
                 baseline = prof.memory_baseline_GiB or 0.0
+                per_param = prof.state_bytes_per_param
             hit = stage_peak_GiB(self.model, mbs, len(devices), layers, recompute, in_flight, v, first, last,
-                                 self.flash_attention, full, kept, baseline)
+                                 self.flash_attention, full, kept, baseline, per_param)
             self._memory_cache[key] = hit
         return hit
 
