@@ -108,3 +108,14 @@ def test_optuna_rerun_continues_the_same_study_and_parent(store):
     assert {t.user_attrs["config_key"] for t in evaluated} == {c.data.tags["autotune.config_key"] for c in children}
     assert more.best_measurement.tokens_per_s >= first.best_measurement.tokens_per_s
     assert config_key(more.best_config) in {c.data.tags["autotune.config_key"] for c in children}
+
+
+def test_optuna_study_resumed_into_a_new_mlflow_store_keeps_one_budget(store, tmp_path):
+    """The study is the budget's memory: a new MLflow store gets the earlier plans logged, not re-evaluated."""
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    first = tune(CLUSTER, MODEL, method="optuna", budget=6, seed=5, tracking_uri=store["uri"], storage=storage)
+    other = f"sqlite:///{tmp_path}/other.db"
+    again = tune(CLUSTER, MODEL, method="optuna", budget=9, seed=5, tracking_uri=other, storage=storage)
+    assert again.evaluations == 9 and again.run_id != first.run_id
+    children = _children(_client(other), again.run_id)
+    assert len(children) == 9 == len({c.data.tags["autotune.config_key"] for c in children})

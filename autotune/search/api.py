@@ -145,8 +145,6 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     listeners: list[Callable[[Evaluation], None]] = []
     if tracker is not None:
         listeners.append(lambda ev: tracker.log_evaluation(ev, space.params_of(ev.config)))
-    if on_evaluation is not None:
-        listeners.append(on_evaluation)
     budgeted = BudgetedEvaluator(inner, space, budget, listeners)
 
     if tracker is not None:
@@ -168,6 +166,17 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         added = tpe.sync_from_evaluator(study, space, budgeted)
         if added:
             log.info("optuna: recovered %d evaluated plans from MLflow into the study", added)
+        # plans the study evaluated that this MLflow record lacks (e.g. a new store): count them and
+        # log them, so the budget and the record both cover the whole study
+        for t in tpe.evaluated_trials(study):
+            if "config" in t.user_attrs:
+                config = ParallelConfig.from_dict(t.user_attrs["config"], source=f"trial {t.number}")
+                if config not in budgeted:
+                    raw = t.user_attrs.get("measurement") or {"tokens_per_s": t.value or 0.0,
+                                                              "status": t.user_attrs.get("status", "ok")}
+                    budgeted.record(config, Measurement.from_dict(raw), t.params)
+    if on_evaluation is not None:
+        budgeted.listeners.append(on_evaluation)
     if on_start is not None:
         on_start(tracker.parent_id if tracker else "", budgeted.used)
 
