@@ -429,7 +429,6 @@ class SearchSpace:
             pps = self._dims["pp"].choices
             fitting = [p for p in pps if self.rough_weight_memory_GiB(tp_min, p) < 0.5 * min_mem]
             pp = fitting[0] if fitting else pps[-1]
-            mbs_choices = self._dims["mbs"].choices
             for assign in ("mixed", "grouped"):
                 params = dict(base, pp=pp, assign=pick("assign", assign), order=pick("order", "fast-first"),
                               layer_split=pick("layer_split", 1.0), batch_split=pick("batch_split", 1.0),
@@ -438,7 +437,6 @@ class SearchSpace:
                 candidates.append(params)
                 if len(self.node_classes) == 1:
                     break
-            del mbs_choices
         out, seen = [], set()
         for params in candidates:
             for pp_shift in (0, 1, -1, 2):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import numpy as np
 
 from autotune.search.budget import BudgetedEvaluator
 from autotune.search.space import SearchSpace
