@@ -1,0 +1,96 @@
+"""Runner equivalence: each plan's loss curve vs single-process training on the same data and seed.
+
+For every plan below, trains ``--steps`` steps through ``runner.train.train`` (torchrun, gloo on the
+``cpu-4`` preset; or any cluster with ``--cluster``) and prints the largest relative difference of
+its per-step loss from the single-process reference (fp32; reduction order is the only difference).
+
+    .venv/bin/python experiments/runner_equivalence.py [--steps 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from autotune.loading import load_model
+from runner.data import TokenSource
+from runner.engine import make_optimizer
+from runner.model import build_full_model, lm_loss
+from runner.train import train
+
+LLAMA = str(Path(__file__).resolve().parent.parent / "tests" / "data" / "tiny-llama.yaml")
+
+
+def st(devices, layers, recompute=False):
+    return {"devices": devices if isinstance(devices, list) else [devices], "layers": layers, "recompute": recompute}
+
+
+PLANS = [  # (name, model, config)
+    ("2 stages 1+3, 1f1b", "tiny", {"micro_batch_size": 2, "pipelines": [
+        {"num_microbatches": 4, "stages": [st("cpu:0", 1), st("cpu:1", 3)]}]}),
+    ("2 stages x 2 replicas, 3+1 / 1+3, 5+3 micro-batches, recompute", "tiny", {"micro_batch_size": 1, "pipelines": [
+        {"num_microbatches": 5, "stages": [st("cpu:0", 3), st("cpu:1", 1, True)]},
+        {"num_microbatches": 3, "stages": [st("cpu:2", 1), st("cpu:3", 3)]}]}),
+    ("4 stages, gpipe", "tiny", {"micro_batch_size": 2, "schedule": "gpipe", "pipelines": [
+        {"num_microbatches": 4, "stages": [st(f"cpu:{i}", 1) for i in range(4)]}]}),
+    ("interleaved-1f1b v=2, 2 stages", "tiny", {"micro_batch_size": 1, "schedule": "interleaved-1f1b",
+                                                "virtual_stages": 2, "pipelines": [
+        {"num_microbatches": 8, "stages": [st("cpu:0", 2), st("cpu:1", 2)]}]}),
+    ("interleaved v=2: 2-stage replica (6 mb) + 1-stage replica (2 mb)", "tiny", {
+        "micro_batch_size": 1, "schedule": "interleaved-1f1b", "virtual_stages": 2, "pipelines": [
+            {"num_microbatches": 6, "stages": [st("cpu:0", 2), st("cpu:1", 2)]},
+            {"num_microbatches": 2, "stages": [st("cpu:2", 4)]}]}),
+    ("TP 2 x 2 replicas, 5+3 micro-batches, recompute", "tiny", {"micro_batch_size": 1, "pipelines": [
+        {"num_microbatches": 5, "stages": [st(["cpu:0", "cpu:1"], 4, True)]},
+        {"num_microbatches": 3, "stages": [st(["cpu:2", "cpu:3"], 4)]}]}),
+    ("PP 2 x TP 2, SwiGLU + GQA (tests/data/tiny-llama.yaml)", LLAMA, {"micro_batch_size": 1, "pipelines": [
+        {"num_microbatches": 4, "stages": [st(["cpu:0", "cpu:1"], 1), st(["cpu:2", "cpu:3"], 1, True)]}]}),
+]
+
+
+def reference(model: str, steps: int) -> list[float]:
+    spec = load_model(model)
+    tokens, net = TokenSource(spec, 0), build_full_model(spec, 0)
+    opt = make_optimizer(net.parameters())
+    out = []
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = tokens.pipeline_batch(step, 0, spec.global_batch_size)
+        loss = lm_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--cluster", default="cpu-4")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"{'plan':70s} {'max rel diff':>12s} {'wall s':>7s}")
+    worst = 0.0
+    for name, model, config in PLANS:
+        ref = reference(model, args.steps)
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.monotonic()
+            out = train(args.cluster, model, config, steps=args.steps, metrics_out=Path(tmp) / "m.jsonl", quiet=True)
+            wall = time.monotonic() - t0
+            if out.returncode != 0:
+                print(f"{name:70s} FAILED: {out.error}")
+                continue
+            losses = [json.loads(line)["loss"] for line in (Path(tmp) / "m.jsonl").read_text().splitlines()]
+        diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+        worst = max(worst, diff)
+        print(f"{name:70s} {diff:12.2e} {wall:7.1f}", flush=True)
+    print(f"worst relative difference over {args.steps} steps: {worst:.2e} (tests assert rtol 1e-5)")
+
+
+if __name__ == "__main__":
+    main()
