@@ -40,7 +40,7 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
     _print_result(out, result)
     if output is not None:
         output.write_text(json.dumps(result.output_document(), indent=2) + "\n")
-        out.print(f"best config written to [bold]{output}[/bold]")
+        out.print(f"best config written to [bold]{output}[/bold]", soft_wrap=True)
     if not result.best_measurement.ok:
         console.print(f"[red]no evaluated plan runs[/red] ({result.best_measurement.status}: "
                       f"{result.best_measurement.error or 'out of memory'}); try a larger budget or another method")
@@ -51,7 +51,9 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
 def quiet_libraries() -> None:
     """MLflow and alembic announce database creation at INFO; the progress bar says enough."""
     import logging
+    import os
 
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow is first imported
     for name in ("mlflow", "alembic", "optuna"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -81,6 +83,8 @@ def _print_result(out, result) -> None:
     out.print(plan)
     if result.run_id:
         uri = result.tracking_uri
-        out.print(f"MLflow: experiment [bold]{result.experiment}[/bold], run {result.run_id} in {uri}\n"
-                  f"        see it with `autotune ui{'' if uri == 'sqlite:///mlflow.db' else ' --tracking-uri ' + uri}`"
-                  f" then open http://127.0.0.1:5000")
+        ui = "autotune ui" + ("" if uri == "sqlite:///mlflow.db" else f" --tracking-uri {uri}")
+        out.print(f"MLflow: experiment [bold]{result.experiment}[/bold], parent run {result.run_id}, store {uri}",
+                  soft_wrap=True)
+        out.print(f"        see it with `{ui}`, then open http://127.0.0.1:5000 (best_config.json, "
+                  "best_timeline.png and search_progress.png are the parent run's artifacts)", soft_wrap=True)
