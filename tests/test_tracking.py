@@ -107,6 +107,8 @@ def test_optuna_rerun_continues_the_same_study_and_parent(store):
     assert len(evaluated) == 20
     assert {t.user_attrs["config_key"] for t in evaluated} == {c.data.tags["autotune.config_key"] for c in children}
     assert more.best_measurement.tokens_per_s >= first.best_measurement.tokens_per_s
+    curve = client.get_metric_history(first.run_id, "best_tokens_per_s")
+    assert sorted(m.step for m in curve) == list(range(1, 21))  # each step once across the three runs
     assert config_key(more.best_config) in {c.data.tags["autotune.config_key"] for c in children}
 
 

@@ -98,6 +98,7 @@ class SearchTracker:
         self.method = ""
         self._logged: set[str] = set()
         self._curve: list[tuple[int, float]] = []
+        self._curve_logged = 0  # steps of the best_tokens_per_s curve already in the parent run
         self._best = 0.0
 
     # -- parent ------------------------------------------------------------------------------------
@@ -113,6 +114,7 @@ class SearchTracker:
             for child in self._children():
                 self._logged.add(child.data.tags.get("autotune.config_key", ""))
             self._best = float(run.data.metrics.get("best_tokens_per_s", 0.0))
+            self._curve_logged = len(self.client.get_metric_history(self.parent_id, "best_tokens_per_s"))
             log.info("resuming MLflow run %s with %d plans", self.parent_id, len(self._logged))
             return self.parent_id
         all_tags = {ROLE_TAG: "search", "mlflow.runName": run_name, **(tags or {})}
@@ -180,7 +182,8 @@ class SearchTracker:
         from autotune.search import plots
 
         now = int(time.time() * 1000)
-        metrics = [Metric("best_tokens_per_s", v, now, i + 1) for i, v in enumerate(best_curve)]
+        metrics = [Metric("best_tokens_per_s", v, now, i + 1) for i, v in enumerate(best_curve)
+                   if i >= self._curve_logged]
         metrics.append(Metric("evaluations", float(len(best_curve)), now, 0))
         tags = []
         if best is not None:
