@@ -10,6 +10,9 @@ A plan that does not run (OOM, failed, timed out) gives ``FAIL_PENALTY`` and the
 previous plan; a masked (invalid) action gives ``INVALID_PENALTY`` and changes nothing; ``info``
 says which. Nothing raises. Episodes never terminate (there is no goal state) and are truncated
 after ``max_steps`` steps, or when a ``BudgetedEvaluator`` backend has no budget left for a new plan.
+Each reset starts from the speed-proportional plans (``SearchSpace.heuristic_params``, the first that
+runs), from random plans too with ``random_start``, or, with ``start_from_best`` and a
+``BudgetedEvaluator`` backend, from the best plan the search has found so far.
 
 Moves (a fixed list, the same on every cluster; see ``ACTIONS``):
   - ``layer k>``/``layer k<``: move one layer (two with interleaving) across the boundary between
@@ -89,7 +92,7 @@ class ParallelConfigEnv(gym.Env):
 
     def __init__(self, space: SearchSpace | None = None, evaluator: Evaluator | None = None, *,
                  cluster: Any = None, model: Any = None, backend: str = "sim", max_steps: int = 32,
-                 random_start: bool = False, render_mode: str | None = None) -> None:
+                 random_start: bool = False, start_from_best: bool = False, render_mode: str | None = None) -> None:
         super().__init__()
         if space is None:
             from autotune.loading import load_cluster, load_model
@@ -107,6 +110,7 @@ class ParallelConfigEnv(gym.Env):
         self.evaluator: CachedEvaluator = evaluator if isinstance(evaluator, CachedEvaluator) else CachedEvaluator(evaluator)
         self.max_steps = max_steps
         self.random_start = random_start
+        self.start_from_best = start_from_best
         self.render_mode = render_mode
         self.action_space = spaces.Discrete(len(ACTIONS))
         n_obs = (MAX_STAGES * len(STAGE_FEATURES) + MAX_REPLICAS * len(REPLICA_FEATURES)
@@ -169,6 +173,11 @@ class ParallelConfigEnv(gym.Env):
         chosen = None
         first_valid = None
         budget_hit = False
+        best = self.evaluator.best if isinstance(self.evaluator, BudgetedEvaluator) else None
+        if self.start_from_best and "params" not in options and best is not None and best.score > 0 \
+                and set(best.params) >= set(self._dims):
+            starts = []  # continue from the best plan this search has found (cached: free)
+            chosen = (dict(best.params), best.config, best.measurement)
         for p in starts:
             decoded = self.space.decode(p)
             if not decoded.ok:

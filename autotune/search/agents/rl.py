@@ -35,8 +35,9 @@ def make_model(env, seed: int, n_steps: int = 64):
 
 def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None = None, seed: int = 0,
            policy_path: str | Path | None = None, fine_tune: bool = True, max_episode_steps: int = 32,
-           n_steps: int = 64) -> None:
-    """Spend ``evaluator``'s budget with MaskablePPO. ``budget`` defaults to the evaluator's."""
+           n_steps: int = 64, start_from_best: bool = True) -> None:
+    """Spend ``evaluator``'s budget with MaskablePPO. ``budget`` defaults to the evaluator's; every
+    episode after the first starts from the best plan found so far (``start_from_best``)."""
     import torch
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -46,7 +47,7 @@ def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None 
     torch.set_num_threads(1)
     if budget is not None and budget != evaluator.budget:
         evaluator.budget = budget
-    env = ParallelConfigEnv(space, evaluator, max_steps=max_episode_steps)
+    env = ParallelConfigEnv(space, evaluator, max_steps=max_episode_steps, start_from_best=start_from_best)
     max_steps = max(STEPS_PER_EVALUATION * evaluator.budget, 2 * n_steps)
 
     class StopOnBudget(BaseCallback):
