@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -117,13 +117,6 @@ class StepResult:
     time_s: float
 
 
-@dataclass
-class BusyClock:
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    step_times_s: list[float] = field(default_factory=list)
-
-
 def check_supported(plan: RankPlan, model: ModelSpec) -> None:
     """Plan shapes the runner cannot run, beyond ``ParallelConfig.validate`` and ``build_layout``."""
     tp = plan.tp_degree
@@ -153,15 +146,17 @@ def apply_tensor_parallel(chunks: list[StageChunk], group: dist.ProcessGroup, de
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank holds: a DTensor's local shard, else the tensor itself."""
-    return t._local_tensor if hasattr(t, "_local_tensor") else t
+    """The storage this rank holds: a DTensor's local shard (itself, not a copy), else the tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 class Engine:
     """Everything one rank needs to train its part of the plan."""
 
     def __init__(self, layout: Layout, model: ModelSpec, rank: int, device: torch.device, *, schedule: str,
-                 micro_batch_size: int, seed: int, tokens: TokenSource) -> None:
+                 seed: int, tokens: TokenSource) -> None:
         self.layout = layout
         self.plan = layout.ranks[rank]
         self.rank = rank
@@ -220,7 +215,7 @@ class Engine:
                 if p.grad is None:  # a weight the schedule did not touch still takes part in the sum
                     p.grad = torch.zeros_like(p)
             grads = [_local(p.grad) for p in params]
-            if group is None:  # the only holder: weight is 1 unless a replica lost its partner
+            if group is None:  # the only holder (a single pipeline): w is 1
                 if w != 1.0:
                     for g in grads:
                         g.mul_(w)

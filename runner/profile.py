@@ -44,7 +44,7 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
                  rank: int, device: torch.device, baseline_rss: int, peak_rss: Callable[[], int],
                  fault: Callable[[int], None]) -> None:
     steps, warmup = int(job["steps"]), int(job["warmup"])
-    engine = Engine(layout, model, rank, device, schedule=config.schedule, micro_batch_size=config.micro_batch_size,
+    engine = Engine(layout, model, rank, device, schedule=config.schedule,
                     seed=int(job.get("seed", 0)), tokens=TokenSource(model, int(job.get("seed", 0))))
     fault(rank)
     losses = []

@@ -48,7 +48,7 @@ def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank
 
     seed = int(job.get("seed", 0))
     tokens = TokenSource(model, seed, job.get("data"))
-    engine = Engine(layout, model, rank, device, schedule=config.schedule, micro_batch_size=config.micro_batch_size,
+    engine = Engine(layout, model, rank, device, schedule=config.schedule,
                     seed=seed, tokens=tokens)
     ckpt_dir = job.get("checkpoint_dir")
     every = int(job.get("checkpoint_every") or 0)
