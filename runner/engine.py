@@ -85,6 +85,7 @@ class TimedStage(PipelineStage):
         self.cuda = cuda
         self.forward_s = 0.0
         self.backward_s = 0.0
+        self.recorder: "EventRecorder | None" = None
 
     def _clock(self) -> float:
         if self.cuda:
@@ -97,17 +98,38 @@ class TimedStage(PipelineStage):
             return elapsed * self.slowdown
         return elapsed
 
-    def forward_one_chunk(self, *args, **kwargs):
+    def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
         t0 = self._clock()
-        out = super().forward_one_chunk(*args, **kwargs)
-        self.forward_s += self._stretch(self._clock() - t0)
+        out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        busy = self._stretch(self._clock() - t0)
+        self.forward_s += busy
+        if self.recorder:
+            self.recorder.add(f"F{fwd_chunk_id}" + self._chunk_suffix(), t0, t0 + busy)
         return out
 
-    def backward_one_chunk(self, *args, **kwargs):
+    def backward_one_chunk(self, bwd_chunk_id, *args, **kwargs):
         t0 = self._clock()
-        out = super().backward_one_chunk(*args, **kwargs)
-        self.backward_s += self._stretch(self._clock() - t0)
+        out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        busy = self._stretch(self._clock() - t0)
+        self.backward_s += busy
+        if self.recorder:
+            self.recorder.add(f"B{bwd_chunk_id}" + self._chunk_suffix(), t0, t0 + busy)
         return out
+
+    def _chunk_suffix(self) -> str:
+        return f"@{self.stage_index}" if self.recorder and self.recorder.tag_chunks else ""
+
+
+class EventRecorder:
+    """Collects one rank's timeline events (op, start, end) relative to a reference time."""
+
+    def __init__(self, t_ref: float, tag_chunks: bool = False) -> None:
+        self.t_ref = t_ref
+        self.tag_chunks = tag_chunks  # interleaved: "F3@2" is micro-batch 3 on virtual stage 2
+        self.events: list[tuple[str, float, float]] = []
+
+    def add(self, op: str, start: float, end: float) -> None:
+        self.events.append((op, start - self.t_ref, end - self.t_ref))
 
 
 @dataclass
@@ -228,7 +250,18 @@ class Engine:
                 g.copy_(flat[offset:offset + n].view_as(g))
                 offset += n
 
+    def record_next_step(self) -> EventRecorder:
+        """Record the next step's forward/backward/all-reduce/optimizer events (times from its start)."""
+        recorder = EventRecorder(time.perf_counter(), tag_chunks=len(self.stages) > 1)
+        for stage in self.stages:
+            stage.recorder = recorder
+        self._recorder = recorder
+        return recorder
+
     def step(self, step_index: int, stop_requested: bool = False) -> StepResult:
+        recorder, self._recorder = getattr(self, "_recorder", None), None
+        if recorder:
+            recorder.t_ref = time.perf_counter()
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         x, y = self.tokens.pipeline_batch(step_index, self.plan.batch_offset, self.plan.batch_size)
@@ -237,8 +270,15 @@ class Engine:
         args = (x,) if self.plan.first else ()
         self.schedule.step(*args, target=y if self.plan.last else None, losses=losses if self.plan.last else None,
                            return_outputs=False)
+        t_sync = time.perf_counter()
         self._sync_gradients()
+        t_opt = time.perf_counter()
         self.optimizer.step()
+        if recorder:
+            recorder.add("allreduce", t_sync, t_opt)
+            recorder.add("optimizer", t_opt, time.perf_counter())
+            for stage in self.stages:
+                stage.recorder = None
         # Global loss (and an agreed stop flag) in one all-reduce: the last stage of each pipeline
         # contributes its share of the mean.
         contrib = 0.0

@@ -15,6 +15,10 @@ Derived:
   ``max_stage_busy * (1 + (S - 1) / m)``, the 1F1B estimate of its step time;
 - ``bubble_fraction``: ``1 - mean over ranks (busy / iteration time)``: the share of rank-time not
   spent computing (pipeline bubbles, communication, gradient sync, optimizer);
+- ``timeline``: the last timed step's events per device: ``F<mb>`` / ``B<mb>`` (forward / backward of
+  micro-batch ``mb``; ``F<mb>@<v>`` on virtual stage ``v`` when interleaved), ``allreduce`` (gradient
+  sync) and ``optimizer``, in seconds from that step's start on each rank (ranks' clocks are the
+  host's monotonic clock; steps start together after the previous step's all-reduce);
 - ``mfu``: model FLOPs per second (``runner.model.flops_per_token``) over the plan's devices' summed
   ``peak_tflops`` (datasheet 16-bit numbers; for ``cpu`` the catalog's nominal fp32 core).
 """
@@ -30,7 +34,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
+from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig, TimelineEvent
 from runner.data import TokenSource
 from runner.engine import Engine
 from runner.layout import Layout
@@ -53,7 +57,10 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
     dist.barrier()
     fwd0, bwd0 = engine.busy()
     t0 = time.perf_counter()
+    recorder = None
     for i in range(warmup, warmup + steps):
+        if i == warmup + steps - 1:
+            recorder = engine.record_next_step()
         losses.append(engine.step(i).loss)
     elapsed = time.perf_counter() - t0
     fwd, bwd = engine.busy()
@@ -64,13 +71,13 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
     plan = layout.ranks[rank]
     reading = {"rank": rank, "device": plan.device_id, "pipeline": plan.pipeline, "stage": plan.stage,
                "forward_s": (fwd - fwd0) / steps, "backward_s": (bwd - bwd0) / steps,
-               "iteration_time_s": elapsed / steps, "peak_memory_GiB": peak_GiB}
+               "iteration_time_s": elapsed / steps, "peak_memory_GiB": peak_GiB, "timeline": recorder.events}
     readings: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
     dist.all_gather_object(readings, reading)
     if rank == 0:
         m = summarize(readings, cluster, model, config)
         log.info("measured %.1f tokens/s, %.3f s/iteration", m.tokens_per_s, m.iteration_time_s)
-        out = {"measurement": m.to_dict(), "losses": losses}
+        out = {"measurement": m.to_dict(timeline=True), "losses": losses}
         Path(job["out_dir"], "result.json").write_text(json.dumps(out))
 
 
@@ -98,6 +105,8 @@ def summarize(readings: list[dict], cluster: ClusterSpec, model: ModelSpec, conf
     if over:
         d, gib, cap = over[0]
         status, error = "oom", f"device {d} used {gib:.2f} GiB, more than its {cap:.2f} GiB"
+    timeline = tuple(sorted((TimelineEvent(r["device"], op, start, end) for r in readings
+                             for op, start, end in r.get("timeline", ())), key=lambda e: (e.start_s, e.device)))
     return Measurement(tokens_per_s=tokens_per_s, iteration_time_s=iteration, oom=bool(over), peak_memory_GiB=memory,
-                       mfu=mfu, bubble_fraction=max(0.0, bubble), stage_busy_s=busy_of_slowest, status=status,
-                       error=error)
+                       mfu=mfu, bubble_fraction=max(0.0, bubble), stage_busy_s=busy_of_slowest, timeline=timeline,
+                       status=status, error=error)

@@ -138,3 +138,26 @@ def test_torchrun_command_standalone_or_multi_node(tmp_path):
     assert "--standalone" not in multi and multi.count("--nproc-per-node") == 1
     with pytest.raises(SpecError, match="--nproc-per-node: is required with multi-node flags"):
         torchrun_command(8, tmp_path / "j", ["--nnodes=2"])
+
+
+def test_summarize_readings_into_a_measurement():
+    from runner.profile import summarize
+
+    cluster, tiny = load_cluster("cpu-4"), load_model("tiny")
+    r = [  # replica 0: 2 stages, replica 1: 2 stages; replica 1's stage 1 is the slowest stage
+        dict(rank=0, device="cpu:0", pipeline=0, stage=0, forward_s=0.01, backward_s=0.02, iteration_time_s=0.10,
+             peak_memory_GiB=0.5, timeline=[("F0", 0.0, 0.01), ("B0", 0.02, 0.04)]),
+        dict(rank=1, device="cpu:1", pipeline=0, stage=1, forward_s=0.01, backward_s=0.02, iteration_time_s=0.10,
+             peak_memory_GiB=0.5, timeline=[("F0", 0.01, 0.02)]),
+        dict(rank=2, device="cpu:2", pipeline=1, stage=0, forward_s=0.01, backward_s=0.02, iteration_time_s=0.12,
+             peak_memory_GiB=0.5),
+        dict(rank=3, device="cpu:3", pipeline=1, stage=1, forward_s=0.03, backward_s=0.05, iteration_time_s=0.11,
+             peak_memory_GiB=9.0),
+    ]
+    m = summarize(r, cluster, tiny, TWO_BY_TWO)
+    assert m.iteration_time_s == 0.12  # the slowest rank
+    assert m.tokens_per_s == pytest.approx(8 * 64 / 0.12)
+    assert m.stage_busy_s == pytest.approx((0.03, 0.08))  # replica 1
+    assert m.bubble_fraction == pytest.approx(1 - (0.03 * 3 + 0.08) / 0.12 / 4)
+    assert m.oom and m.status == "oom" and "cpu:3 used 9.00 GiB, more than its 8.00 GiB" in m.error
+    assert [(e.device, e.op) for e in m.timeline] == [("cpu:0", "F0"), ("cpu:1", "F0"), ("cpu:0", "B0")]
