@@ -157,6 +157,12 @@ def _collect(run_dir: Path, status: str, world: int, timeout_s: float, wall: flo
     return RunOutcome("failed", f"rank process(es) exited with {codes}; {tail}".strip("; "), wall_s=wall)
 
 
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def _is_peer_loss(error: dict) -> bool:
     text = error.get("message", "").lower()
     return error.get("type") == "DistBackendError" or any(
@@ -181,6 +187,10 @@ def profiled_run(cluster: str | ClusterSpec, model: str | ModelSpec, config: str
         layout = preflight(cluster, model, config)
     except SpecError as e:
         return Measurement.failure("failed" if e.source == "runner" else "invalid", str(e))
+    gpus = _cuda_device_count() if any(cluster.device(d).name != "cpu" for d in config.devices) else 0
+    if gpus and gpus < layout.world_size:
+        return Measurement.failure("failed", f"runner: the plan needs {layout.world_size} GPUs on this machine "
+                                             f"(one rank per device), it has {gpus}")
     job = make_job("profile", cluster, model, config, steps=steps, warmup=warmup, seed=seed)
     outcome = run_ranks(job, layout.world_size, timeout_s)
     if outcome.status != "ok":
