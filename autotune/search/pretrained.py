@@ -97,18 +97,83 @@ def estimated_memory_fraction(space: SearchSpace, config: ParallelConfig) -> flo
     return worst
 
 
+def estimated_iteration_s(space: SearchSpace, config: ParallelConfig) -> float:
+    """A rough, evaluator-free iteration time, only to rank start plans (the evaluator decides).
+
+    Per stage and micro-batch: 6 x block params + 12 x s x h flops per token and layer (fwd + bwd,
+    Narayanan et al. 2021, appendix) at half the group's peak, plus Megatron's four TP all-reduces
+    of the b x s x h activations (Shoeybi et al. 2019) over the node link, plus the activation and
+    gradient transfer to the next stage. A replica takes (m + p - 1) x its slowest stage (1F1B/GPipe
+    bubble); then a ring all-reduce of each stage's 16-bit gradients among the replicas, over the
+    network when they sit on different nodes.
+    """
+    model, cluster = space.model, space.cluster
+    s, h, b = model.seq_len, model.hidden_size, config.micro_batch_size
+    tokens = s * b
+    layer_flops = tokens * (6 * model.params_per_layer + 12 * s * h)
+    act_bytes = 2 * tokens * h
+    worst = 0.0
+    for pipe in config.pipelines:
+        p = len(pipe.stages)
+        slowest = 0.0
+        for i, st in enumerate(pipe.stages):
+            node = cluster.node_of(st.devices[0])
+            rate = st.tp * 0.5 * node.device.peak_tflops * 1e12 / node.slowdown
+            flops = st.layers * layer_flops * (4 / 3 if st.recompute else 1.0)
+            if i == p - 1:
+                flops += 6 * tokens * h * model.vocab_size
+            t = flops / rate
+            if st.tp > 1:
+                t += 4 * st.layers * act_bytes * 2 * (st.tp - 1) / st.tp / (node.intra_node.bandwidth_GBps * 1e9)
+            if i + 1 < p:
+                t += 2 * act_bytes / (cluster.link(st.devices[0], pipe.stages[i + 1].devices[0]).bandwidth_GBps * 1e9)
+            slowest = max(slowest, t)
+        worst = max(worst, (pipe.num_microbatches + p - 1) * slowest)
+    dp = len(config.pipelines)
+    allreduce = 0.0
+    if dp > 1:
+        # each stage's gradients (16-bit) ring-all-reduced among the replicas; rings that leave a node
+        # share its network link with every other stage of that node
+        nic_bytes: dict[str, float] = {}
+        nic_bw: dict[str, float] = {}
+        first = config.pipelines[0]
+        for k, st in enumerate(first.stages):
+            params = st.layers * model.params_per_layer + (model.embedding_params if k in (0, len(first.stages) - 1) else 0)
+            ring = 2 * 2 * params * (dp - 1) / dp
+            peers = [p.stages[min(k, len(p.stages) - 1)].devices[0] for p in config.pipelines]
+            nodes = {cluster.node_of(d).name: cluster.node_of(d) for d in peers}
+            if len(nodes) == 1:
+                node = next(iter(nodes.values()))
+                allreduce = max(allreduce, ring / st.tp / (node.intra_node.bandwidth_GBps * 1e9))
+            else:
+                for name, node in nodes.items():
+                    nic_bytes[name] = nic_bytes.get(name, 0.0) + ring
+                    nic_bw[name] = node.network.bandwidth_GBps * 1e9
+        for name, nbytes in nic_bytes.items():
+            allreduce = max(allreduce, nbytes / nic_bw[name])
+    return worst + allreduce
+
+
 def start_candidates(space: SearchSpace, limit: int = 8) -> list[Params]:
-    """Speed-proportional start plans (``SearchSpace.heuristic_params`` and their recompute / deeper-
-    pipeline variants), those estimated to fit first (``estimated_memory_fraction`` < 0.85) in the
-    heuristic's order, without recomputation when that fits, then the rest by estimated memory."""
-    recompute = [r for r in ("none", "low-memory", "all") if r in space._dims["recompute"].choices]
+    """Start plans from ``SearchSpace.heuristic_params`` (speed-proportional layers and batch) and their
+    variants: pipeline depths that leave 1, 2 or 4 replicas besides the heuristic's own (on slow
+    networks data parallelism costs more than a deep pipeline), with and without recomputation.
+    Plans estimated to fit (``estimated_memory_fraction`` < 0.85) come first, fastest by
+    ``estimated_iteration_s`` first; then the rest by estimated memory."""
+    recompute = [r for r in ("none", "all") if r in space._dims["recompute"].choices]
     pps = space._dims["pp"].choices
     seen: set[ParallelConfig] = set()
-    scored: list[tuple[int, float, int, Params]] = []
-    k = 0
+    scored: list[tuple[int, float, Params]] = []
     for base in space.heuristic_params():
-        i = pps.index(base["pp"]) if base["pp"] in pps else 0
-        for pp in pps[i:i + 3]:
+        tp_by_class = {c.name: int(base[f"tp.{c.name}"]) for c in space.node_classes}
+        used = {c.name: bool(base.get(f"use.{c.name}", True)) for c in space.node_classes}
+        groups = len(space.tp_groups(tp_by_class, used))
+        depths = {base["pp"]}
+        for dp in (1, 2, 4):
+            fitting = [p for p in pps if groups // p == dp]
+            if fitting:
+                depths.add(fitting[0])
+        for pp in sorted(depths):
             for r in recompute:
                 params = dict(base, pp=pp, recompute=r)
                 decoded = space.decode(params)
@@ -116,9 +181,11 @@ def start_candidates(space: SearchSpace, limit: int = 8) -> list[Params]:
                     continue
                 seen.add(decoded.config)  # type: ignore[arg-type]
                 frac = estimated_memory_fraction(space, decoded.config)  # type: ignore[arg-type]
-                scored.append((0 if frac < 0.85 else 1, frac if frac >= 0.85 else 0.0, k, params))
-                k += 1
-    scored.sort(key=lambda x: (x[0], x[1], x[2]))
+                if frac < 0.85:
+                    scored.append((0, estimated_iteration_s(space, decoded.config), params))  # type: ignore[arg-type]
+                else:
+                    scored.append((1, frac, params))
+    scored.sort(key=lambda x: x[:2])
     return [params for *_, params in scored[:limit]]
 
 
@@ -329,9 +396,12 @@ def greedy_action(policy, obs: np.ndarray, mask: np.ndarray) -> int:
 
 def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, *,
                    policy_path: str | Path | None = None, policy: Any = None, fine_tune: bool = False,
-                   stall_restart: int = STALL_RESTART, order: str = "policy") -> None:
+                   stall_restart: int = STALL_RESTART, order: str = "policy", sample: bool = False,
+                   starts: int = 2) -> None:
     """Spend ``evaluator``'s budget with the pretrained policy (see the module docstring).
 
+    ``starts`` start plans that run are evaluated before the walk, which begins at the best of them.
+    ``sample=True`` draws each move from the policy's distribution instead of taking its argmax.
     ``order="random"`` replaces the policy's choice with a uniformly random untried move (the same
     walk without the policy: the ablation in experiments/heldout_eval.py).
     """
@@ -341,8 +411,27 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
     if policy is None and order == "policy":
         policy = load_policy(policy_path)
     rng = np.random.default_rng(seed)
+    if sample:
+        import torch
+
+        torch.manual_seed(seed)
     env = SearchEnv(space, evaluator, max_steps=10**9)
     obs, _ = env.reset(seed=seed)
+    if starts > 1 and env.score > 0:
+        best = (env.score, env.params)
+        ran = 1
+        for params in env._starts:
+            if ran >= starts or evaluator.exhausted:
+                break
+            decoded = space.decode(params)
+            if not decoded.ok or decoded.config in evaluator:
+                continue
+            m = evaluator.evaluate(decoded.config, params)
+            if m.ok:
+                ran += 1
+                if m.score() > best[0]:
+                    best = (m.score(), params)
+        obs, _ = env.reset(seed=seed, options={"params": best[1]})
     while not evaluator.exhausted:
         mask = env.action_masks()
         used_up = not mask[1:].any()
@@ -353,7 +442,8 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
                 return
             continue
         if order == "policy":
-            a = greedy_action(policy, obs, mask)
+            a = greedy_action(policy, obs, mask) if not sample else int(
+                policy.predict(obs, action_masks=mask, deterministic=False)[0])
         else:
             a = int(rng.choice(np.flatnonzero(mask)))
         obs, _, _, truncated, info = env.step(a)

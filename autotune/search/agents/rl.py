@@ -1,10 +1,11 @@
 """The ``rl`` agent: sb3-contrib MaskablePPO on ``autotune/ParallelConfig-v0`` within the budget.
 
-Without a policy file it learns online: every env step edits the plan and evaluates it through the
-shared ``BudgetedEvaluator`` (repeats are free), and learning stops the moment the budget is spent.
-With ``policy_path`` it loads a pretrained policy and either fine-tunes it the same way
-(``fine_tune=True``) or acts with it (masked, deterministic first, sampling when the greedy walk
-stops finding new plans) until the budget is spent.
+By default it uses the policy pretrained across scenarios and shipped with the package
+(``autotune.search.pretrained``: ``default_policy_path()``; a greedy best-first walk from a strong
+start, or with ``fine_tune=True`` online PPO updates within the budget); ``policy_path`` names
+another policy file, used the same way. With ``policy_path="scratch"`` it learns online from
+nothing: every env step edits the plan and evaluates it through the shared ``BudgetedEvaluator``
+(repeats are free), and learning stops the moment the budget is spent.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ log = logging.getLogger(__name__)
 
 #: env steps allowed per unit of budget before the agent gives up (steps on cached plans are free)
 STEPS_PER_EVALUATION = 40
+#: ``policy_path`` meaning "no pretrained policy: learn online from scratch within the budget"
+SCRATCH = "scratch"
 
 
 def make_model(env, seed: int, n_steps: int = 64):
@@ -34,7 +37,7 @@ def make_model(env, seed: int, n_steps: int = 64):
 
 
 def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None = None, seed: int = 0,
-           policy_path: str | Path | None = None, fine_tune: bool = True, max_episode_steps: int = 32,
+           policy_path: str | Path | None = None, fine_tune: bool = False, max_episode_steps: int = 32,
            n_steps: int = 64, start_from_best: bool = True) -> None:
     """Spend ``evaluator``'s budget with MaskablePPO. ``budget`` defaults to the evaluator's; every
     episode after the first starts from the best plan found so far (``start_from_best``)."""
@@ -47,6 +50,16 @@ def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None 
     torch.set_num_threads(1)
     if budget is not None and budget != evaluator.budget:
         evaluator.budget = budget
+    if policy_path is None:  # the policy pretrained across scenarios, shipped with the package
+        from autotune.search.pretrained import default_policy_path
+
+        policy_path = default_policy_path()
+    if str(policy_path) != SCRATCH:  # a pretrained policy: its greedy best-first walk (or fine-tuning)
+        from autotune.search.pretrained import run_pretrained
+
+        run_pretrained(space, evaluator, seed, policy_path=policy_path, fine_tune=fine_tune)
+        return
+    policy_path = None  # learn online from scratch
     env = ParallelConfigEnv(space, evaluator, max_steps=max_episode_steps, start_from_best=start_from_best)
     max_steps = max(STEPS_PER_EVALUATION * evaluator.budget, 2 * n_steps)
 
