@@ -57,6 +57,8 @@ Runner overheads (optional, added by the calibration helper; ``autotune.calibrat
 - ``state_bytes_per_param``: measured memory per parameter a rank holds for weights, gradients and
   optimizer state, as the runtime really allocates them (CPU runner: fp32 AdamW plus what the allocator
   keeps between steps); replaces the 16-byte mixed-precision figure.
+- ``activation_memory_factor``: measured peak memory per activation byte autograd keeps (backward
+  temporaries and allocator retention make it > 1 on the CPU runner); multiplies the activations.
 - ``contention``: ``[processes, stretch]`` pairs: how much longer compute takes when that many ranks
   of this type compute at once on one shared host (CPU ranks on one machine). The simulator
   stretches a plan's compute on this type by the value at the plan's number of such ranks (each
@@ -168,6 +170,7 @@ class DeviceProfile:
     microbatch_overhead_s: float | None = None
     memory_baseline_GiB: float | None = None
     state_bytes_per_param: float | None = None  # measured weights + grads + optimizer state per parameter
+    activation_memory_factor: float | None = None  # measured peak memory per byte autograd saves
     contention: tuple[tuple[float, float], ...] = ()  # (processes computing at once, time stretch)
 
     def __post_init__(self) -> None:
@@ -269,6 +272,8 @@ class CalibrationProfile:
                 entry["memory_baseline_GiB"] = d.memory_baseline_GiB
             if d.state_bytes_per_param is not None:
                 entry["state_bytes_per_param"] = d.state_bytes_per_param
+            if d.activation_memory_factor is not None:
+                entry["activation_memory_factor"] = d.activation_memory_factor
             if d.contention:
                 entry["contention"] = [[n, k] for n, k in d.contention]
             devices[d.name] = entry
@@ -351,7 +356,8 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     if not isinstance(raw, Mapping):
         raise SpecError(source, f, "must be a mapping with matmul_tflops")
     allowed = {"matmul_tflops", "memory_bandwidth_GBps", "layers", "edges", "optimizer_s_per_param",
-               "microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param", "contention"}
+               "microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param",
+               "activation_memory_factor", "contention"}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise SpecError(source, f"{f}.{extra[0]}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
@@ -418,7 +424,7 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     if opt is not None:
         opt = _number(source, f"{f}.optimizer_s_per_param", opt, positive=False)
     extras: dict[str, Any] = {}
-    for key in ("microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param"):
+    for key in ("microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param", "activation_memory_factor"):
         if raw.get(key) is not None:
             extras[key] = _number(source, f"{f}.{key}", raw[key], positive=False)
     contention_raw = raw.get("contention", [])

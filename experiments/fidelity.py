@@ -199,11 +199,24 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "fidelity_results.json")
     ap.add_argument("--from-json", type=Path, help="re-analyse a previous run's results")
     ap.add_argument("--only", default="", help="comma-separated plan-name prefixes (e.g. T1,S3)")
+    ap.add_argument("--repredict", action="store_true",
+                    help="with --from-json: predict again with the profiles in --profiles-dir (library simulator, "
+                         "the same numbers as the CLI), keeping the stored measurements")
+    ap.add_argument("--profiles-dir", type=Path, help="with --repredict: where profile-<model>.json are")
     args = ap.parse_args()
 
     if args.from_json:
         data = json.loads(args.from_json.read_text())
-        report(data["rows"], {k: Path(v) for k, v in data["profiles"].items()})
+        profiles = {k: Path(v) for k, v in data["profiles"].items()}
+        if args.repredict:
+            if args.profiles_dir:
+                profiles = {k: args.profiles_dir / f"profile-{k}.json" for k in profiles}
+            cluster = load_cluster(str(CLUSTER))
+            for r in data["rows"]:
+                sim = Simulator(cluster, load_model(r["model"]), CalibrationProfile.load(profiles[r["model"]]))
+                r["pred"] = sim.evaluate(load_config(r["config"])).to_dict()
+            print(f"re-predicted with {', '.join(str(p) for p in profiles.values())}")
+        report(data["rows"], profiles)
         return
 
     work = Path(tempfile.mkdtemp(prefix="fidelity-"))

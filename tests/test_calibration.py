@@ -254,3 +254,17 @@ def test_online_calibration_ignores_failed_runs_and_works_without_a_profile():
     cal.update(c, replace(slow, iteration_time_s=3 * slow.iteration_time_s,
                           stage_busy_s=tuple(3 * b for b in slow.stage_busy_s)))
     assert cal.corrected_simulator().evaluate(c).iteration_time_s == pytest.approx(3 * slow.iteration_time_s, rel=0.05)
+
+
+def test_calibrating_evaluator_returns_real_results_and_corrects_its_simulator():
+    cluster, model = load_cluster("cpu-4"), load_model("small")
+    true_profile = _profile_with_layers(model, (1, 2))
+    truth = Simulator(cluster, model, true_profile)  # stands in for the real runs in this unit test
+    wrong = Simulator(cluster, model, apply_corrections(true_profile, cluster, Corrections(compute=(("cpu", 2.0),))))
+    from autotune.calibration.online import CalibratingEvaluator
+
+    ev = CalibratingEvaluator(truth, wrong)
+    c1, c2 = plan(2, (8, [("cpu:0", 8, False)])), plan(1, (16, [("cpu:0", 4, False), ("cpu:1", 4, False)]))
+    assert ev.simulator is wrong
+    assert ev.evaluate(c1) == truth.evaluate(c1)
+    assert ev.simulator.evaluate(c2).iteration_time_s == pytest.approx(truth.evaluate(c2).iteration_time_s, rel=0.02)

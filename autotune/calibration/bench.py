@@ -453,7 +453,8 @@ def bench_links(sizes: list[int] | None = None, repeats: int = 12, timeout_s: fl
 # Host contention: ranks of one machine share its cores
 
 
-def _contention_worker(index: int, max_procs: int, start_at: float, window_s: float) -> list[float | None]:
+def _contention_worker(index: int, max_procs: int, start_at: float, window_s: float, rounds: int = 1
+                       ) -> list[float | None]:
     """Worker ``index`` of ``bench_contention``. Windows alternate: window ``2(n-1)`` runs worker 0
     alone, window ``2(n-1)+1`` runs workers ``0..n-1`` together. In each window it is active in, the
     worker times one small fixed unit of work (a 256-wide block's forward + backward) over and over;
@@ -463,8 +464,8 @@ def _contention_worker(index: int, max_procs: int, start_at: float, window_s: fl
     x = torch.randn(1, 128, 256, requires_grad=True)
     block(x).sum().backward()
     out: list[float | None] = []
-    for w in range(2 * max_procs):
-        n = w // 2 + 1
+    for w in range(2 * max_procs * rounds):
+        n = (w % (2 * max_procs)) // 2 + 1
         active = index == 0 if w % 2 == 0 else index < n
         begin, end = start_at + w * window_s, start_at + (w + 1) * window_s
         while time.time() < begin:
@@ -481,20 +482,23 @@ def _contention_worker(index: int, max_procs: int, start_at: float, window_s: fl
     return out
 
 
-def bench_contention(max_procs: int, duration_s: float = 0.5, timeout_s: float = 120.0) -> tuple[tuple[int, float], ...]:
+def bench_contention(max_procs: int, duration_s: float = 0.5, rounds: int = 3,
+                     timeout_s: float = 180.0) -> tuple[tuple[int, float], ...]:
     """``(n, stretch)``: how much longer a unit of compute takes when ``n`` single-threaded processes
     compute at once on this host (n = 1 .. max_procs), relative to one alone. On a host with fewer
     cores than ranks (the CPU runner starts one process per device) this is what stretches a plan.
 
     Every ``n``-process window follows a one-process window, and the ratio is taken between the two, so
-    a change in other programs' load on the shared host between windows mostly cancels."""
+    a change in other programs' load on the shared host between windows mostly cancels; the whole
+    sequence runs ``rounds`` times and the median ratio per ``n`` is kept, clamped to ``[1, n]`` (n
+    processes cannot be slower than one core shared n ways by them alone, nor faster than alone)."""
     import json
     import subprocess
     import sys
 
     start_at = time.time() + 4.0  # after every worker has imported torch
     procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.bench", "contention", str(i),
-                               str(max_procs), f"{start_at:.3f}", str(duration_s)],
+                               str(max_procs), f"{start_at:.3f}", str(duration_s), str(rounds)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(max_procs)]
     results = []
     try:
@@ -509,10 +513,14 @@ def bench_contention(max_procs: int, duration_s: float = 0.5, timeout_s: float =
                 p.kill()
                 p.wait()
     out: list[tuple[int, float]] = []
+    per_round = 2 * max_procs
     for n in range(1, max_procs + 1):
-        alone = results[0][2 * (n - 1)]
-        together = [results[i][2 * (n - 1) + 1] for i in range(n)]
-        stretch = statistics.mean(together) / alone
+        ratios = []
+        for r in range(rounds):
+            alone = results[0][r * per_round + 2 * (n - 1)]
+            together = [results[i][r * per_round + 2 * (n - 1) + 1] for i in range(n)]
+            ratios.append(statistics.mean(together) / alone)
+        stretch = min(float(n), statistics.median(ratios))
         # monotone: n + 1 processes never run faster than n; a dip is noise from the shared host
         out.append((n, max(1.0, stretch, out[-1][1] if out else 1.0)))
         log.info("contention: %d processes -> x%.2f", n, out[-1][1])
@@ -536,7 +544,7 @@ if __name__ == "__main__":  # one rank of bench_links (PORT SIZES REPEATS RANK) 
 
     if sys.argv[1] == "contention":  # contention INDEX MAX_PROCS START_AT WINDOW_S
         print(json.dumps(_contention_worker(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]),
-                                            float(sys.argv[5]))))
+                                            float(sys.argv[5]), int(sys.argv[6]))))
         sys.exit(0)
     _port, _sizes, _repeats, _rank = sys.argv[1:5]
     _result = _link_worker(int(_rank), 2, int(_port), [int(x) for x in _sizes.split(",")], int(_repeats))

@@ -228,3 +228,29 @@ class OnlineCalibrator:
         self.corrections = replace(corr, memory_GiB=memory)
         self._profile = apply_corrections(self.base_profile, self.cluster, self.corrections)
         log.info("online calibration from %d run(s): %s", len(obs), self.corrections.to_dict())
+
+
+class CalibratingEvaluator:
+    """An evaluator (``evaluate(config) -> Measurement``) that passes every plan to ``inner`` (the real
+    profiled run, ``runner.RealEvaluator``) and feeds each result to an ``OnlineCalibrator``, so that
+    ``simulator`` is always the simulator corrected by every run so far. A search with
+    ``--backend real`` wraps its real evaluator in this and screens candidates with ``.simulator``."""
+
+    def __init__(self, inner, simulator) -> None:
+        self.inner = inner
+        self.cluster = inner.cluster
+        self.model = inner.model
+        self.calibrator = OnlineCalibrator(simulator)
+        self._simulator = simulator
+
+    @property
+    def simulator(self):
+        return self._simulator
+
+    def evaluate(self, config: ParallelConfig) -> Measurement:
+        measured = self.inner.evaluate(config)
+        before = len(self.calibrator.observations)
+        self.calibrator.update(config, measured)
+        if len(self.calibrator.observations) > before:
+            self._simulator = self.calibrator.corrected_simulator()
+        return measured

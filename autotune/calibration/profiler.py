@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import platform
+import statistics
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -100,7 +101,7 @@ class DeviceResults:
     edges: list[bench.EdgeTiming] = field(default_factory=list)
     optimizer_s_per_param: float = 0.0
     runtime: "RuntimeOverheads | None" = None
-    model_memory: tuple[int, float] | None = None  # (micro-batch size, peak GiB of one rank holding all)
+    model_memory: list[tuple[int, float]] = field(default_factory=list)  # (mbs, peak GiB, one rank holds all)
     contention: tuple[tuple[int, float], ...] = ()
     skipped: str = ""
 
@@ -134,7 +135,7 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
                   quick: bool = False) -> list[Step]:
     """The work list; each step fills ``results`` / ``links`` in place."""
     steps: list[Step] = []
-    repeats = 3 if quick else 5
+    repeats = 3 if quick else 9
     for dev in plan.devices:
         res = results.setdefault(dev.name, DeviceResults(dev.name))
         if not dev.runnable:
@@ -179,15 +180,17 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
             ranks_here = sum(n.count for n in cluster.nodes if n.device.name == dev.name)
 
             def contention(res=res, n=ranks_here):
-                res.contention = bench.bench_contention(max(2, min(n, 8)), duration_s=0.25 if quick else 0.5)
+                res.contention = bench.bench_contention(max(2, min(n, 8)), duration_s=0.25 if quick else 0.4,
+                                                        rounds=1 if quick else 3)
 
             steps.append(Step(f"{dev.name}: runner overheads (one gloo rank, pipelining engine)", runtime))
             if model is not None:
-                def model_memory(res=res, b=dev.micro_batch_sizes[0]):
-                    res.model_memory = (b, probe_model_memory(model, b))
+                sizes = dev.micro_batch_sizes
+                for b in sorted({sizes[0], sizes[min(2, len(sizes) - 1)]}):  # e.g. mbs 1 and 4
+                    def model_memory(res=res, b=b):
+                        res.model_memory.append((b, probe_model_memory(model, b)))
 
-                steps.append(Step(f"{dev.name}: runner memory, whole model on one rank, "
-                                  f"mbs={dev.micro_batch_sizes[0]}", model_memory))
+                    steps.append(Step(f"{dev.name}: runner memory, whole model on one rank, mbs={b}", model_memory))
             steps.append(Step(f"{dev.name}: host contention, 1..{max(2, min(ranks_here, 8))} processes", contention))
     if plan.links_runnable:
         def link_bench():
@@ -221,18 +224,29 @@ def matmul_curve(points: list[bench.MatmulPoint]) -> tuple[tuple[float, float], 
     return tuple(sorted((n, sum(v) / len(v)) for n, v in by_n.items()))
 
 
-def state_bytes_per_param(model: ModelSpec, device, micro_batch_size: int, measured_GiB: float) -> float:
-    """Solve the simulator's memory model of the one-rank probe run for bytes per parameter: what the
-    run held beyond the measured baseline and activations, per parameter it held."""
-    from autotune.simulator.memory import GiB, stage_params, stage_peak_GiB
+def fit_memory_terms(model: ModelSpec, device, probes: list[tuple[int, float]]) -> tuple[float, float]:
+    """``(state_bytes_per_param, activation_memory_factor)`` from one-rank whole-model runs: solve
+    ``peak - baseline = s * params + a * activations`` (activations as the simulator counts them for
+    that run: one micro-batch in flight, measured per-layer bytes). One probe: ``a = 1``."""
+    import numpy as np
 
-    full = device.layer_timing(model, micro_batch_size, 1)
-    without_states = stage_peak_GiB(model, micro_batch_size, 1, model.num_layers, False, 1, 1, True, True,
-                                    flash_attention=True,
-                                    measured_full_bytes=full.activation_bytes if full else None,
-                                    baseline_GiB=device.memory_baseline_GiB or 0.0, state_bytes_per_param=0.0)
+    from autotune.simulator.memory import GiB, stage_activation_bytes, stage_params
+
     params = stage_params(model, model.num_layers, 1, True, True)
-    return max(4.0, (measured_GiB - without_states) * GiB / params)
+    rows, rhs = [], []
+    for mbs, peak_GiB in probes:
+        full = device.layer_timing(model, mbs, 1)
+        acts = stage_activation_bytes(model, mbs, 1, model.num_layers, False, 1, 1, True, True, flash_attention=True,
+                                      measured_full_bytes=full.activation_bytes if full else None)
+        rows.append((params, acts))
+        rhs.append((peak_GiB - (device.memory_baseline_GiB or 0.0)) * GiB)
+    if len(rows) >= 2 and len({r[1] for r in rows}) > 1:
+        (s, a), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(rhs), rcond=None)
+        if a >= 1.0 and s >= 4.0:
+            return float(s), float(a)
+    # one probe, or a fit outside the physical range: every saved byte counts once
+    s = statistics.mean((y - acts) / p for (p, acts), y in zip(rows, rhs))
+    return max(4.0, float(s)), 1.0
 
 
 def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
@@ -268,8 +282,9 @@ def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
                             microbatch_overhead_s=rt.microbatch_overhead_s if rt else None,
                             memory_baseline_GiB=rt.memory_baseline_GiB if rt else None,
                             contention=tuple((float(n), float(k)) for n, k in res.contention))
-        if res.model_memory is not None and model is not None and rt is not None:
-            dev = replace(dev, state_bytes_per_param=state_bytes_per_param(model, dev, *res.model_memory))
+        if res.model_memory and model is not None and rt is not None:
+            s, a = fit_memory_terms(model, dev, res.model_memory)
+            dev = replace(dev, state_bytes_per_param=s, activation_memory_factor=a)
         devices.append(dev)
     node_links = []
     if links:

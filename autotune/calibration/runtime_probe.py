@@ -16,10 +16,11 @@ math and memory are negligible, and time steps with 1 and with ``M`` micro-batch
 It prints one JSON object. ``probe_runtime()`` runs it in a subprocess and returns the numbers.
 
 ``probe_model_memory()`` (``... runtime_probe model ...``) trains the profiled model itself on one
-rank, all layers on one stage, and returns the rank's peak-RSS growth: the profiler divides what is
-left after the baseline and the activations by the parameter count, giving ``state_bytes_per_param``
-(weights, gradients, AdamW moments and what the allocator keeps around them, as the runtime really
-holds them; fp32 AdamW alone would be 16).
+rank, all layers on one stage, and returns the rank's peak-RSS growth. The profiler runs it at two
+micro-batch sizes and solves ``peak - baseline = s * params + a * activations`` for ``s``
+(``state_bytes_per_param``: weights, gradients, AdamW moments and what the allocator keeps around
+them; fp32 AdamW alone would be 16) and ``a`` (``activation_memory_factor``: peak RSS per byte that
+autograd saves, above 1 because of backward temporaries and allocator retention).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 GiB = 2**30
+PROBE_MICROBATCHES = 4  # per step in the model-memory probe (allocator state settles over several)
 PROBE_MODEL = dict(name="probe", num_layers=1, hidden_size=8, num_heads=1, ffn_hidden_size=8, vocab_size=8,
                    seq_len=8, global_batch_size=8)
 
@@ -120,9 +122,9 @@ def _probe_model_memory(init_file: str, model_json: str, micro_batch_size: int, 
         from runner.layout import build_layout
 
         raw = json.loads(model_json)
-        model = model_from_dict({**raw, "global_batch_size": 2 * micro_batch_size}, "probe")
+        model = model_from_dict({**raw, "global_batch_size": PROBE_MICROBATCHES * micro_batch_size}, "probe")
         config = load_config({"micro_batch_size": micro_batch_size, "pipelines": [
-            {"num_microbatches": 2, "stages": [{"devices": ["cpu:0"], "layers": model.num_layers}]}]})
+            {"num_microbatches": PROBE_MICROBATCHES, "stages": [{"devices": ["cpu:0"], "layers": model.num_layers}]}]})
         layout = build_layout(load_cluster("cpu-2"), model, config)
         engine = Engine(layout, model, 0, torch.device("cpu"), schedule="1f1b", micro_batch_size=micro_batch_size,
                         seed=0, tokens=TokenSource(model, 0))

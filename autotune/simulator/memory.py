@@ -95,11 +95,13 @@ def stage_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, lay
 def stage_peak_GiB(model: ModelSpec, micro_batch_size: int, tp: int, layers: int, recompute: bool,
                    in_flight_chunks: int, chunks: int, first: bool, last: bool, flash_attention: bool = False,
                    measured_full_bytes: float | None = None, measured_kept_bytes: float | None = None,
-                   baseline_GiB: float = 0.0, state_bytes_per_param: float | None = None) -> float:
+                   baseline_GiB: float = 0.0, state_bytes_per_param: float | None = None,
+                   activation_factor: float = 1.0) -> float:
     """``baseline_GiB``: a profile's measured per-process memory besides states and activations;
-    ``state_bytes_per_param``: a profile's measured bytes per parameter (default 16, ZeRO's figure)."""
+    ``state_bytes_per_param``: a profile's measured bytes per parameter (default 16, ZeRO's figure);
+    ``activation_factor``: a profile's measured peak bytes per saved activation byte (default 1)."""
     per_param = BYTES_PER_PARAM_STATE if state_bytes_per_param is None else state_bytes_per_param
     states = per_param * stage_params(model, layers, tp, first, last)
     acts = stage_activation_bytes(model, micro_batch_size, tp, layers, recompute, in_flight_chunks, chunks,
                                   first, last, flash_attention, measured_full_bytes, measured_kept_bytes)
-    return (states + acts) / GiB + baseline_GiB
+    return (states + activation_factor * acts) / GiB + baseline_GiB

@@ -230,7 +230,7 @@ class Simulator:
         hit = self._memory_cache.get(key)
         if hit is None:
             full = kept = per_param = None
-            baseline = 0.0
+            baseline, act_factor = 0.0, 1.0
             if prof is not None:  # calibration: measured activation bytes and per-process baseline
                 measured = prof.layer_timing(self.model, mbs, len(devices))
                 full = measured.activation_bytes if measured is not None else None
@@ -238,8 +238,9 @@ class Simulator:
                 kept = measured.activation_bytes if measured is not None else None
                 baseline = prof.memory_baseline_GiB or 0.0
                 per_param = prof.state_bytes_per_param
+                act_factor = prof.activation_memory_factor or 1.0
             hit = stage_peak_GiB(self.model, mbs, len(devices), layers, recompute, in_flight, v, first, last,
-                                 self.flash_attention, full, kept, baseline, per_param)
+                                 self.flash_attention, full, kept, baseline, per_param, act_factor)
             self._memory_cache[key] = hit
         return hit
 
