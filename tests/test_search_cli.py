@@ -113,6 +113,7 @@ def test_killed_optuna_search_resumes_to_exactly_budget(tmp_path):
     assert "resuming" in r.stderr
     study = optuna.load_study(study_name=study_name, storage=storage)
     evaluated = [t for t in study.trials if t.user_attrs.get("evaluated")]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in evaluated)
     assert len(evaluated) == budget
     assert len({t.user_attrs["config_key"] for t in evaluated}) == budget
 
@@ -160,3 +161,12 @@ def test_two_workers_share_one_study_and_one_budget(tmp_path):
         [MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(result.run_id).info.experiment_id],
         filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'")
     assert len(children) == budget
+
+
+def test_ui_serves_the_local_store_on_localhost_only():
+    from autotune.commands.ui import command
+
+    cmd = command(None, 5123)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "5123"
+    assert cmd[cmd.index("--backend-store-uri") + 1] == "sqlite:///mlflow.db"
+    assert command("sqlite:////x/m.db", 1)[cmd.index("--backend-store-uri") + 1] == "sqlite:////x/m.db"

@@ -79,7 +79,9 @@ def fail_stale_trials(study) -> int:
 
     stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for t in stale:
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)  # public BaseStorage method
+        # its plan, if it was evaluated, is recovered from MLflow as a new trial (sync_from_evaluator)
+        study._storage.set_trial_user_attr(t._trial_id, "evaluated", False)  # public BaseStorage methods
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
     return len(stale)
 
 
