@@ -60,9 +60,11 @@ Runner overheads (optional, added by the calibration helper; ``autotune.calibrat
 - ``activation_memory_factor``: measured peak memory per activation byte autograd keeps (backward
   temporaries and allocator retention make it > 1 on the CPU runner); multiplies the activations.
 - ``contention``: ``[processes, stretch]`` pairs: how much longer compute takes when that many ranks
-  of this type compute at once on one shared host (CPU ranks on one machine). The simulator
-  stretches a plan's compute on this type by the value at the plan's number of such ranks (each
-  weighted ``1 / slowdown``: an emulated slow rank sleeps most of its time).
+  of this type compute at once on one shared host (CPU ranks on one machine). ``n`` ranks computing
+  together do ``n / stretch(n)`` ranks' worth of work per second, so the simulator's iteration is at
+  least the plan's compute work on that host times ``stretch(n) / n`` (processor sharing is
+  work-conserving), with ``n`` the plan's ranks of the type, each weighted ``1 / slowdown`` (an
+  emulated slow rank sleeps most of its time).
 
 Every field is validated on load; a bad file raises one ``SpecError`` naming the file and field.
 """

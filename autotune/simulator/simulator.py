@@ -244,22 +244,31 @@ class Simulator:
             self._memory_cache[key] = hit
         return hit
 
-    def _contention(self, config: ParallelConfig) -> dict[str, float]:
-        """Compute stretch per device type from a profile's host-contention curve (calibration): the
-        plan's ranks of that type that compute at once on one shared host, each weighted
-        ``1 / slowdown`` (an emulated slow rank sleeps the rest of its time)."""
+    def _shared_host_bound(self, config: ParallelConfig, stage_costs: list) -> float:
+        """Lower bound on the iteration from a profile's host-contention curve (calibration): ranks of a
+        device type with a ``contention`` curve share one host (CPU ranks on one machine). ``n`` such
+        ranks (each weighted ``1 / slowdown``: an emulated slow rank sleeps most of its time) computing
+        at once each run ``stretch(n)`` times slower, so together they do ``n / stretch(n)`` ranks'
+        worth of work per second; the plan's compute work on that host cannot finish faster
+        (processor sharing is work-conserving). 0 when no type has a curve."""
         if self.profile is None:
-            return {}
+            return 0.0
         load: dict[str, float] = {}
-        for d in config.devices:
-            node = self._node[d]
-            load[node.device.name] = load.get(node.device.name, 0.0) + 1.0 / node.slowdown
-        out = {}
+        work: dict[str, float] = {}
+        for r, pipe in enumerate(config.pipelines):
+            for s, st in enumerate(pipe.stages):
+                durs, _, opt = stage_costs[r][s]
+                for d in st.devices:
+                    node = self._node[d]
+                    name = node.device.name
+                    load[name] = load.get(name, 0.0) + 1.0 / node.slowdown
+                    work[name] = work.get(name, 0.0) + (pipe.num_microbatches * sum(durs) + opt) / node.slowdown
+        bound = 0.0
         for name, n in load.items():
             prof = self.profile.device(name)
             if prof is not None and prof.contention:
-                out[name] = prof.contention_stretch(n)
-        return out
+                bound = max(bound, work[name] * prof.contention_stretch(n) / n)
+        return bound
 
     def _p2p(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int) -> float:
         key = (src[0], dst[0], mbs)
@@ -304,7 +313,6 @@ class Simulator:
         oom_devices = []
         stage_costs = []
         compiled = []
-        stretch = self._contention(config)
         for pipe in config.pipelines:
             p = len(pipe.stages)
             comp = compile_schedule(schedule, p, pipe.num_microbatches, v)
@@ -312,11 +320,7 @@ class Simulator:
             costs = []
             for s, st in enumerate(pipe.stages):
                 first, last = s == 0, s == p - 1
-                cost = self._stage_costs(st.devices, st.layers, st.recompute, first, last, mbs, v)
-                k = max((stretch.get(self._node[d].device.name, 1.0) for d in st.devices), default=1.0)
-                if k != 1.0:
-                    cost = ([x * k for x in cost[0]], cost[1], cost[2] * k)
-                costs.append(cost)
+                costs.append(self._stage_costs(st.devices, st.layers, st.recompute, first, last, mbs, v))
                 gib = self._stage_memory_GiB(st.devices, st.layers, st.recompute, first, last, mbs,
                                              comp.in_flight[s], v)
                 for d in st.devices:
@@ -381,11 +385,17 @@ class Simulator:
                 if t > iteration:
                     iteration = t
 
+        # -- shared host: ranks that time-share one machine's cores (calibration profiles only) ----
+        shared = self._shared_host_bound(config, stage_costs)
+        stretch = shared / iteration if shared > iteration > 0 else 1.0
+        iteration *= stretch
+
         # -- measurement ---------------------------------------------------------------------------
         makespan, r = slowest
         costs = stage_costs[r]
         m = config.pipelines[r].num_microbatches
-        busy = tuple(m * sum(c[0]) for c in costs)
+        busy = tuple(stretch * m * sum(c[0]) for c in costs)
+        makespan *= stretch
         bubble = 1.0 - sum(busy) / (len(busy) * makespan) if makespan > 0 else 0.0
         tokens = config.global_batch_size * model.seq_len
         if iteration <= 0.0:  # only a profile of zero times can do this
