@@ -128,7 +128,7 @@ class OnlineCalibrator:
     """
 
     simulator: object
-    prior_weight: float = 0.05
+    prior_weight: float = 0.2
     max_factor: float = 10.0
     observations: list[_Observation] = field(default_factory=list)
     corrections: Corrections = field(default_factory=Corrections)
