@@ -230,9 +230,10 @@ def test_online_calibration_recovers_a_deliberately_wrong_profile():
         cal.update(c, truth.evaluate(c))
     before, after = _err(start, truth, held_out), _err(cal.corrected_simulator(), truth, held_out)
     assert before > 0.3
-    assert after < 0.03 and after < before / 10
+    # the ridge prior (robustness to noisy real runs) leaves a few percent of bias with two runs
+    assert after < 0.08 and after < before / 5
     corr = cal.corrections
-    assert dict(corr.compute)["cpu"] == pytest.approx(1 / 0.6, rel=0.05)
+    assert dict(corr.compute)["cpu"] == pytest.approx(1 / 0.6, rel=0.1)
     assert dict(corr.memory_GiB)["cpu"] == pytest.approx(0.05, abs=1e-6)
     c = held_out[1]
     assert cal.corrected_simulator().evaluate(c).peak_memory_GiB["cpu:0"] == pytest.approx(
@@ -271,4 +272,5 @@ def test_calibrating_evaluator_returns_real_results_and_corrects_its_simulator()
     c1, c2 = plan(2, (8, [("cpu:0", 8, False)])), plan(1, (16, [("cpu:0", 4, False), ("cpu:1", 4, False)]))
     assert ev.simulator is wrong
     assert ev.evaluate(c1) == truth.evaluate(c1)
-    assert ev.simulator.evaluate(c2).iteration_time_s == pytest.approx(truth.evaluate(c2).iteration_time_s, rel=0.02)
+    assert ev.simulator.evaluate(c2).iteration_time_s == pytest.approx(truth.evaluate(c2).iteration_time_s, rel=0.05)
+    assert abs(wrong.evaluate(c2).iteration_time_s / truth.evaluate(c2).iteration_time_s - 1) > 0.5
