@@ -59,12 +59,13 @@ Runner overheads (optional, added by the calibration helper; ``autotune.calibrat
   keeps between steps); replaces the 16-byte mixed-precision figure.
 - ``activation_memory_factor``: measured peak memory per activation byte autograd keeps (backward
   temporaries and allocator retention make it > 1 on the CPU runner); multiplies the activations.
-- ``contention``: ``[processes, stretch]`` pairs: how much longer compute takes when that many ranks
-  of this type compute at once on one shared host (CPU ranks on one machine). ``n`` ranks computing
-  together do ``n / stretch(n)`` ranks' worth of work per second, so the simulator's iteration is at
-  least the plan's compute work on that host times ``stretch(n) / n`` (processor sharing is
-  work-conserving), with ``n`` the plan's ranks of the type, each weighted ``1 / slowdown`` (an
-  emulated slow rank sleeps most of its time).
+- ``contention``: ``[processes, stretch]`` pairs: wall time per second of compute (CPU time) when that
+  many ranks of this type compute at once on one shared host (CPU ranks on one machine, whose cores
+  other programs may also use: ``stretch(1) > 1``). The simulator's iteration is at least
+  ``stretch(1)`` times its schedule, and at least the plan's compute work on that host times
+  ``stretch(n) / n`` (``n`` ranks do ``n / stretch(n)`` ranks' worth of work per second; processor
+  sharing is work-conserving), with ``n`` the plan's ranks of the type, each weighted ``1 / slowdown``
+  (an emulated slow rank sleeps most of its time). Compute times in the profile are CPU times.
 
 Every field is validated on load; a bad file raises one ``SpecError`` naming the file and field.
 """

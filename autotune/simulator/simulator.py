@@ -244,13 +244,15 @@ class Simulator:
             self._memory_cache[key] = hit
         return hit
 
-    def _shared_host_bound(self, config: ParallelConfig, stage_costs: list) -> float:
+    def _shared_host_bound(self, config: ParallelConfig, stage_costs: list, iteration: float) -> float:
         """Lower bound on the iteration from a profile's host-contention curve (calibration): ranks of a
-        device type with a ``contention`` curve share one host (CPU ranks on one machine). ``n`` such
-        ranks (each weighted ``1 / slowdown``: an emulated slow rank sleeps most of its time) computing
-        at once each run ``stretch(n)`` times slower, so together they do ``n / stretch(n)`` ranks'
-        worth of work per second; the plan's compute work on that host cannot finish faster
-        (processor sharing is work-conserving). 0 when no type has a curve."""
+        device type with a ``contention`` curve share one host (CPU ranks on one machine), whose cores
+        other programs may use too. The curve gives wall time per unit of compute when ``n`` ranks
+        compute at once. So (a) no operation runs faster than ``stretch(1)`` times its compute time:
+        the schedule as a whole takes at least ``stretch(1)`` times ``iteration``; (b) ``n`` such ranks
+        (each weighted ``1 / slowdown``: an emulated slow rank sleeps most of its time) together do
+        ``n / stretch(n)`` ranks' worth of work per second, and the plan's compute on that host cannot
+        finish faster (processor sharing is work-conserving). 0 when no type has a curve."""
         if self.profile is None:
             return 0.0
         load: dict[str, float] = {}
@@ -267,7 +269,7 @@ class Simulator:
         for name, n in load.items():
             prof = self.profile.device(name)
             if prof is not None and prof.contention:
-                bound = max(bound, work[name] * prof.contention_stretch(n) / n)
+                bound = max(bound, iteration * prof.contention_stretch(1.0), work[name] * prof.contention_stretch(n) / n)
         return bound
 
     def _p2p(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int) -> float:
@@ -386,7 +388,7 @@ class Simulator:
                     iteration = t
 
         # -- shared host: ranks that time-share one machine's cores (calibration profiles only) ----
-        shared = self._shared_host_bound(config, stage_costs)
+        shared = self._shared_host_bound(config, stage_costs, iteration)
         stretch = shared / iteration if shared > iteration > 0 else 1.0
         iteration *= stretch
 
