@@ -105,11 +105,14 @@ def main(argv: list[str] | None = None) -> int:
                     fn = lambda ev, seed=seed: run_pretrained(space, ev, seed, policy=policy)  # noqa: E731
                 elif m == "rl-sample":
                     fn = lambda ev, seed=seed: run_pretrained(space, ev, seed, policy=policy, sample=True)  # noqa: E731
+                elif m == "rl-finetune":
+                    fn = lambda ev, seed=seed: run_pretrained(space, ev, seed, policy_path=policy_path, fine_tune=True)  # noqa: E731
                 elif m.startswith("rl-starts"):
                     k = int(m.removeprefix("rl-starts"))
                     fn = lambda ev, seed=seed, k=k: run_pretrained(space, ev, seed, policy=policy, starts=k)  # noqa: E731
-                elif m == "rl-norestart":
-                    fn = lambda ev, seed=seed: run_pretrained(space, ev, seed, policy=policy, stall_restart=10**9)  # noqa: E731
+                elif m.startswith("rl-stall"):
+                    k = int(m.removeprefix("rl-stall"))
+                    fn = lambda ev, seed=seed, k=k: run_pretrained(space, ev, seed, policy=policy, stall_restart=k)  # noqa: E731
                 elif m == "optuna":
                     fn = lambda ev, seed=seed: run_optuna(space, ev, seed, study=in_memory_study(space, seed))  # noqa: E731
                 elif m == "random":
@@ -182,10 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     print("wall time per search of 100 evaluations (s, mean): " + ", ".join(f"{m} {v:.1f}" for m, v in secs.items()))
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        print(f"pretraining cost: {meta.get('train_time_s', 0) / 60:.1f} min on {meta.get('cpu', '?')}, "
-              f"{meta.get('timesteps', '?')} env steps = simulator evaluations, "
-              f"{meta.get('episodes', '?')} episodes on random training scenarios "
-              f"(policy file {policy_path.stat().st_size / 1024:.0f} KiB)")
+        secs = meta.get("total_train_time_s", meta.get("train_time_s", 0))
+        steps = meta.get("total_timesteps", meta.get("timesteps", "?"))
+        print(f"pretraining cost: {secs / 60:.1f} min on {meta.get('cpu', '?')}, {steps} env steps "
+              f"(= simulator evaluations) on random training scenarios, over {1 + len(meta.get('previous_runs', []))} "
+              f"run(s) (policy file {policy_path.stat().st_size / 1024:.0f} KiB)")
     print(f"total {time.time() - t_all:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "results": results}, default=float))

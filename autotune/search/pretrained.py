@@ -402,6 +402,8 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
 
     ``starts`` start plans that run are evaluated before the walk, which begins at the best of them.
     ``sample=True`` draws each move from the policy's distribution instead of taking its argmax.
+    Restarts (after ``stall_restart`` evaluations without improvement) go to the next untried start
+    plan, then to random valid plans.
     ``order="random"`` replaces the policy's choice with a uniformly random untried move (the same
     walk without the policy: the ablation in experiments/heldout_eval.py).
     """
@@ -452,9 +454,10 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
 
 
 def _restart(env: SearchEnv, space: SearchSpace, evaluator: BudgetedEvaluator, rng: np.random.Generator):
-    """Continue the walk from a random valid plan not yet evaluated (evaluating it); None if none."""
-    for _ in range(500):
-        params = space.sample(rng)
+    """Continue the walk from a plan not yet evaluated (evaluating it): the next start plan, else a
+    random valid plan; None when there is none."""
+    candidates = list(env._starts) + [space.sample(rng) for _ in range(500)]
+    for params in candidates:
         decoded = space.decode(params)
         if not decoded.ok or decoded.config in evaluator:
             continue
