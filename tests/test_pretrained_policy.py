@@ -94,8 +94,9 @@ def test_shipped_policy_loads_and_fits_the_env(policy):
 
 
 def test_shipped_policy_beats_random_search_at_budget_10(policy):
-    """Mean best throughput over 3 seeds at budget 10 on a fixed scenario; the policy must also improve
-    on its own start plan (so the comparison is not won by the start alone)."""
+    """Mean best throughput over 3 seeds at budget 10 on a fixed scenario beats random search, and the
+    policy's moves improve on the better of its two start plans by > 10% (the start alone beats random
+    search here; untrained policies gain <= 3% over it in these 8 moves, the shipped one ~19%)."""
     from autotune.search.agents.simple import run_random
 
     space, sim = _fixed_scenario()
@@ -105,10 +106,11 @@ def test_shipped_policy_beats_random_search_at_budget_10(policy):
         run_pretrained(space, ev, seed, policy=policy)
         assert ev.used == 10
         rl.append(ev.best.score)
-        first_ok = next(e.score for e in ev.history if e.score > 0)
-        gains.append(ev.best.score / first_ok)
+        start = max(e.score for e in ev.history[:2])  # the two start plans
+        assert start > 0
+        gains.append(ev.best.score / start)
         ev = BudgetedEvaluator(sim, space, 10)
         run_random(space, ev, seed)
         rnd.append(ev.best.score)
     assert np.mean(rl) > np.mean(rnd), (rl, rnd)
-    assert np.mean(gains) > 1.02, gains
+    assert np.mean(gains) > 1.10, gains
