@@ -75,6 +75,16 @@ def test_search_env_spends_one_evaluation_per_step_and_never_leaves_no_action():
         assert env.observation_space.contains(obs)
 
 
+def test_envs_pass_the_gymnasium_checker():
+    from gymnasium.utils.env_checker import check_env
+
+    from autotune.search.pretrained import ScenarioEnv
+
+    space, sim = _fixed_scenario()
+    check_env(SearchEnv(space, sim), skip_render_check=True)
+    check_env(ScenarioEnv(seed=1), skip_render_check=True)  # a new random scenario at every reset
+
+
 def test_start_candidates_decode_and_the_first_runs():
     space, sim = _fixed_scenario()
     starts = start_candidates(space)

@@ -192,19 +192,24 @@ def start_candidates(space: SearchSpace, limit: int = 8) -> list[Params]:
 class SearchEnv(ParallelConfigEnv):
     """``ParallelConfigEnv`` with best-first semantics: stay on the best plan, try untried neighbours.
 
-    Observations and moves are the parent's; the differences are the mask (neighbours already
-    evaluated are masked, so a step always costs one evaluation), the transition (move only to a
-    better plan) and the reward (see the module docstring). ``place`` puts the walk on any plan.
+    Observations and moves are the parent's; the differences are the mask (neighbours already tried in
+    this episode are masked, and with ``exclude_evaluated`` every plan the evaluator has seen, so in a
+    search a step always costs one evaluation), the transition (move only to a better plan) and the
+    reward (see the module docstring). ``place`` puts the walk on any plan.
     """
 
     def __init__(self, space: SearchSpace, evaluator: Evaluator, *, max_steps: int = 16,
-                 start_params: Params | None = None) -> None:
+                 start_params: Params | None = None, exclude_evaluated: bool = False) -> None:
         super().__init__(space, evaluator, max_steps=max_steps)
         self._starts = start_candidates(space) or self._starts  # the parent's reset tries these in order
         self.start_params = start_params
         self.improvements = 0
         self.since_improvement = 0
         self._overflow = math.inf
+        self._tried: set[ParallelConfig] = set()
+        #: also mask plans the evaluator has seen before this episode (in use: a search never repeats a
+        #: plan); off, the episode depends only on its reset (Gymnasium's determinism check)
+        self.exclude_evaluated = exclude_evaluated
 
     # -- placing the walk ----------------------------------------------------------------------------
     def place(self, params: Params, config: ParallelConfig, measurement: Measurement) -> None:
@@ -216,6 +221,7 @@ class SearchEnv(ParallelConfigEnv):
         self.score = measurement.score()
         self.best_score = max(self.best_score, self.score)
         self._overflow = 0.0 if measurement.ok else self._relative_overflow(config, measurement)
+        self._tried.add(config)
         self._candidates = None
 
     def _relative_overflow(self, config: ParallelConfig, m: Measurement) -> float:
@@ -232,6 +238,7 @@ class SearchEnv(ParallelConfigEnv):
         self.steps = 0
         self.improvements = 0
         self.since_improvement = 0
+        self._tried = {self.config} if self.config is not None else set()
         m = self.measurement
         self._overflow = 0.0 if m is not None and m.ok else (
             self._relative_overflow(self.config, m) if m is not None and self.config is not None else math.inf)
@@ -239,11 +246,13 @@ class SearchEnv(ParallelConfigEnv):
 
     def action_masks(self) -> np.ndarray:
         cands = self._get_candidates()
-        mask = np.array([c is not None and c[0] != self.config and c[0] not in self.evaluator for c in cands],
-                        dtype=bool)
+        mask = np.array([c is not None and not self._is_tried(c[0]) for c in cands], dtype=bool)
         if not mask.any():
             mask[0] = True  # noop: the neighbourhood is used up (the step then ends the episode)
         return mask
+
+    def _is_tried(self, config: ParallelConfig) -> bool:
+        return config == self.config or config in self._tried or (self.exclude_evaluated and config in self.evaluator)
 
     def _observation(self) -> np.ndarray:
         obs = super()._observation()
@@ -258,7 +267,7 @@ class SearchEnv(ParallelConfigEnv):
         a = int(action)
         cands = self._get_candidates()
         cand = cands[a] if 0 <= a < len(cands) else None
-        if a == 0 or cand is None or cand[0] == self.config or cand[0] in self.evaluator:
+        if a == 0 or cand is None or self._is_tried(cand[0]):
             # noop or a masked move: nothing is evaluated; the episode ends when nothing is left
             done = self.untried_moves() == 0
             return self._observation(), 0.0, False, done or self.steps >= self.max_steps, self._info(noop=True)
@@ -266,6 +275,7 @@ class SearchEnv(ParallelConfigEnv):
         if self._out_of_budget(config):
             return self._observation(), 0.0, False, True, self._info(budget_exhausted=True)
         self.steps += 1
+        self._tried.add(config)
         m = self._evaluate(config, params)
         reward = 0.0
         moved = False
@@ -332,6 +342,9 @@ class ScenarioEnv(gym.Env):
         super().reset(seed=seed)
         from autotune.simulator import Simulator
 
+        if seed is not None:
+            self._rng = training_rng(seed)
+
         self.scenario = self._draw()
         space = SearchSpace(self.scenario.cluster, self.scenario.model)
         evaluator = CachedEvaluator(Simulator(self.scenario.cluster, self.scenario.model))
@@ -341,7 +354,8 @@ class ScenarioEnv(gym.Env):
                 start, _ = space.sample_valid(self._rng, tries=200)
             except Exception:  # no valid random plan found: take the heuristic start
                 start = None
-        self.env = SearchEnv(space, evaluator, max_steps=self.episode_evaluations, start_params=start)
+        self.env = SearchEnv(space, evaluator, max_steps=self.episode_evaluations, start_params=start,
+                             exclude_evaluated=True)
         return self.env.reset(seed=int(self._rng.integers(2**31)))
 
     def step(self, action):
@@ -417,7 +431,7 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
         import torch
 
         torch.manual_seed(seed)
-    env = SearchEnv(space, evaluator, max_steps=10**9)
+    env = SearchEnv(space, evaluator, max_steps=10**9, exclude_evaluated=True)
     obs, _ = env.reset(seed=seed)
     if starts > 1 and env.score > 0:
         best = (env.score, env.params)
@@ -479,7 +493,7 @@ def _fine_tune(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int, poli
     from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(1)
-    env = SearchEnv(space, evaluator, max_steps=FINE_TUNE_STEPS)
+    env = SearchEnv(space, evaluator, max_steps=FINE_TUNE_STEPS, exclude_evaluated=True)
     path = Path(policy_path) if policy_path is not None else default_policy_path()
     model = MaskablePPO.load(str(path), env=env, device="cpu", seed=seed,
                              custom_objects={"n_steps": FINE_TUNE_STEPS, "batch_size": FINE_TUNE_STEPS})
