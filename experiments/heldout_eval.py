@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         row = [float(np.median([rel(n, m, b) for n in names])) for b in BUDGETS]
         need = float(np.median([evals_to_target(n, m) for n in names]))
         summary[m] = dict(rel=row, evals_to_98=need)
-        need_s = f">{B}" if math.isinf(need) else f"{need:.0f}"
+        need_s = f">{B}" if math.isinf(need) else f"{need:g}"
         print(f"{m:14s}" + "".join(f"{v:8.3f}" for v in row) + f"{need_s:>14s}")
     print(f"\nPer scenario at budget 10 / 50 ({', '.join(methods)}) and evals to 98% (rl, optuna):")
     for n in names:
