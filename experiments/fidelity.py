@@ -171,6 +171,23 @@ def online_experiment(rows: list[dict], profiles: dict[str, Path]) -> None:
     print(f"  all held-out predictions, before: {fmt(errors(before_all))}")
     print(f"  all held-out predictions, after:  {fmt(errors(after_all))}")
 
+    # As a search with --backend real uses it: plans in the order they were measured, each predicted by
+    # the simulator corrected with every earlier run of the same model (the first: the profile alone).
+    print("\nSequential (as in a real-backend search): plan i predicted after the runs of plans 0..i-1")
+    seq_before, seq_after = [], []
+    for model in sorted({r["model"] for r in rows}):
+        group = [r for r in rows if r["model"] == model]
+        spec = load_model(model)
+        cal = OnlineCalibrator(Simulator(cluster, spec, CalibrationProfile.load(profiles[model])))
+        for r in group:
+            pred = cal.corrected_simulator().evaluate(load_config(r["config"])).to_dict()
+            if cal.observations:
+                seq_before.append(r)
+                seq_after.append({**r, "pred": pred})
+            cal.update(load_config(r["config"]), Measurement.from_dict(r["meas"]))
+    print(f"  profile only:        {fmt(errors(seq_before))}")
+    print(f"  corrected by the runs before it: {fmt(errors(seq_after))}")
+
 
 def report(rows: list[dict], profiles: dict[str, Path]) -> None:
     print(f"\n{'plan':34s} {'pred s':>8s} {'meas s':>8s} {'err':>6s} {'spread':>6s} {'pred GiB':>8s} "
