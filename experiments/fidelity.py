@@ -100,6 +100,23 @@ def measure(model: str, config: dict, steps: int) -> dict:
     return m.to_dict()
 
 
+def predict_fresh(model: str, config: dict, profile: Path) -> tuple[dict, list]:
+    """Predict with the profile's contention curve replaced by one measured now (1..ranks processes)."""
+    from dataclasses import replace
+
+    from autotune.calibration.bench import bench_contention
+
+    cluster = load_cluster(str(CLUSTER))
+    cfg = load_config(config)
+    n = max(2, int(sum(1.0 / cluster.node_of(d).slowdown for d in cfg.devices) + 0.999))
+    curve = bench_contention(n, duration_s=0.3, rounds=2)
+    prof = CalibrationProfile.load(profile)
+    cpu = prof.device("cpu")
+    prof = replace(prof, devices=tuple(replace(d, contention=tuple((float(a), float(b)) for a, b in curve))
+                                       if d is cpu else d for d in prof.devices))
+    return Simulator(cluster, load_model(model), prof).evaluate(cfg).to_dict(), [list(x) for x in curve]
+
+
 def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
@@ -203,6 +220,13 @@ def report(rows: list[dict], profiles: dict[str, Path]) -> None:
     for model in sorted({r["model"] for r in rows}):
         print(f"{model:6s}: {fmt(errors([r for r in rows if r['model'] == model]))}")
     print(f"all   : {fmt(errors(rows))}")
+    fresh = [r for r in rows if "pred_fresh" in r]
+    if fresh:
+        print("with the contention curve re-measured just before each plan's runs (pred_fresh):")
+        fr = [{**r, "pred": r["pred_fresh"]} for r in fresh]
+        for model in sorted({r["model"] for r in fr}):
+            print(f"{model:6s}: {fmt(errors([r for r in fr if r['model'] == model]))}")
+        print(f"all   : {fmt(errors(fr))}")
     spreads = [r["meas"]["spread"] for r in rows]
     print(f"run-to-run spread of measured iteration time (max/min - 1 over repeats): mean {100 * statistics.mean(spreads):.1f}%"
           f", max {100 * max(spreads):.1f}%")
@@ -220,6 +244,9 @@ def main() -> None:
                     help="with --from-json: predict again with the profiles in --profiles-dir (library simulator, "
                          "the same numbers as the CLI), keeping the stored measurements")
     ap.add_argument("--profiles-dir", type=Path, help="with --repredict: where profile-<model>.json are")
+    ap.add_argument("--refresh-contention", action="store_true",
+                    help="also re-measure the host-contention curve just before each plan's runs and predict "
+                         "with it (pred_fresh): the profile's load snapshot made current")
     args = ap.parse_args()
 
     if args.from_json:
@@ -246,6 +273,9 @@ def main() -> None:
     t_start = time.time()
     for name, (model, config) in selected.items():
         pred = simulate_cli(model, config, profiles[model], work)
+        fresh = None
+        if args.refresh_contention:
+            fresh = predict_fresh(model, config, profiles[model])
         runs = []
         for _ in range(args.repeats):
             load = loadavg()
@@ -254,7 +284,8 @@ def main() -> None:
         if not meas:
             print(f"{name}: no successful run: {runs[-1]['status']} {runs[-1]['error']}", flush=True)
             continue
-        rows.append({"name": name, "model": model, "config": config, "pred": pred, "meas": meas, "runs": runs})
+        rows.append({"name": name, "model": model, "config": config, "pred": pred, "meas": meas, "runs": runs,
+                     **({"pred_fresh": fresh[0], "contention_fresh": fresh[1]} if fresh else {})})
         print(f"{name:34s} predicted {pred['iteration_time_s']:.4f} s, measured {meas['iteration_time_s']:.4f} s "
               f"(runs {', '.join(f'{t:.4f}' for t in meas['iteration_times_s'])}; load {runs[0]['loadavg_before']:.1f})",
               flush=True)
