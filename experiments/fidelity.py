@@ -264,7 +264,7 @@ def main() -> None:
         return
 
     work = Path(tempfile.mkdtemp(prefix="fidelity-"))
-    profile_dir = args.out.parent / "fidelity_profiles"
+    profile_dir = args.out.parent / args.out.stem.replace("fidelity_results", "fidelity_profiles")
     profile_dir.mkdir(parents=True, exist_ok=True)
     selected = {k: v for k, v in PLANS.items()
                 if not args.only or any(k.startswith(p + " ") for p in args.only.split(","))}
