@@ -1,8 +1,10 @@
 """Micro-benchmarks that calibrate the simulator on the devices and links that are really here.
 
 Every benchmark runs with ``torch.set_num_threads(1)`` (one core per rank, like the CPU runner) and
-returns typed values in seconds, bytes and TFLOP/s. Timings are medians of repeated runs after
-warm-up, so one noisy repetition (the machine is shared) does not move the result much.
+returns typed values in seconds, bytes and TFLOP/s. Compute timings are the lower quartile of repeated
+runs after warm-up, in this thread's CPU time (``_median_time``): the device's own speed, whatever
+else the shared host runs. ``bench_contention`` measures, in wall time, how ranks sharing the host
+slow each other down; ``bench_links`` times gloo in wall time (lower quartile).
 
 - ``bench_matmul``: sustained dense matmul throughput at the GEMM shapes a transformer layer uses.
 - ``bench_memory_bandwidth``: large tensor copy (read + write) bandwidth.
@@ -12,12 +14,12 @@ warm-up, so one noisy repetition (the machine is shared) does not move the resul
   the optimizer step time per parameter: costs the runner pays that are not transformer blocks.
 - ``bench_links``: point-to-point (ping-pong) and all-reduce time over gloo between two processes
   on this machine, fitted to latency + bytes / bandwidth (alpha-beta).
+- ``bench_contention``: wall time per CPU-second of work with 1..n processes computing at once.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import statistics
@@ -540,9 +542,6 @@ def process_rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-
-def isfinite_positive(x: float) -> bool:
-    return math.isfinite(x) and x > 0
 
 
 if __name__ == "__main__":  # one rank of bench_links (PORT SIZES REPEATS RANK) or a contention worker

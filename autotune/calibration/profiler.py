@@ -2,8 +2,8 @@
 
 ``plan_profile`` decides the work: one entry per distinct device type (a type that cannot be run here,
 e.g. a GPU type without CUDA, is kept with the reason it is skipped) and one per link kind. Each item
-is a small callable, so the CLI can show progress between items; ``run_profile`` runs them all and
-returns a ``CalibrationProfile``.
+is a small callable (``profile_steps``), so the CLI can show progress between items; ``to_profile``
+puts the results in the ``CalibrationProfile`` format.
 
 On this machine only ``cpu`` device types run. Their links (``intra_node`` and ``network``) are both
 two gloo processes on this one host: the same physical path, measured once and recorded for both
