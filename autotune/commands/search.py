@@ -29,6 +29,8 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
             console.print(f"resuming: {done} of {budget} plans already evaluated")
 
     def on_evaluation(ev) -> None:
+        if ev.measurement.status == "pruned":  # screened out (backend real): no budget spent
+            return
         state["best"] = max(state["best"], ev.score)
         progress.update(state["task"], advance=1, best=f"{state['best']:,.0f} tokens/s" if state["best"] else "-")
 
@@ -70,6 +72,8 @@ def _print_result(out, result) -> None:
     summary.add_row("peak memory", f"{max(m.peak_memory_GiB.values(), default=0.0):.1f} GiB")
     summary.add_row("status", m.status if not m.oom else "oom")
     summary.add_row("evaluations", f"{result.evaluations} (budget {result.budget}, backend {result.backend})")
+    if result.backend == "real":
+        summary.add_row("screened out", f"{result.screened} plans (corrected simulator; no budget spent)")
     cfg = result.best_config
     summary.add_row("micro-batch / schedule", f"{cfg.micro_batch_size} / {cfg.schedule}")
     out.print(summary)

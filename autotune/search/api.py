@@ -5,6 +5,13 @@ backend (``sim``: ``autotune.simulator.Simulator``; ``real``: ``runner.RealEvalu
 profiled run per plan), wraps it in the one ``BudgetedEvaluator``, opens the MLflow record, runs the
 agent and returns the best plan. An Optuna search resumes from its study (same study name) and its
 MLflow parent run.
+
+With ``backend="real"`` the search closes the calibration loop (``autotune.search.screen``): every
+real run refits the simulator's correction factors, and once two real runs are in, a plan the
+corrected simulator predicts out of memory or below half the best measured plan's (predicted)
+throughput is screened out (status ``"pruned"``, score 0) without a real run and without spending
+the budget; at most ``20 x budget`` plans are screened out. The corrected profile is logged to
+MLflow as ``calibrated_profile.json`` (usable as ``--backend sim --profile``).
 """
 
 from __future__ import annotations
@@ -19,13 +26,15 @@ from autotune.errors import SpecError
 from autotune.evaluator import Evaluator
 from autotune.loading import load_cluster, load_model
 from autotune.search.agents import METHODS, run_exhaustive, run_random, run_uniform
-from autotune.search.budget import BudgetedEvaluator, Evaluation
+from autotune.search.budget import PRUNED, BudgetedEvaluator, Evaluation
 from autotune.search.space import SearchSpace
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("sim", "real")
+CALIBRATED_PROFILE_ARTIFACT = "calibrated_profile.json"
+CORRECTIONS_ARTIFACT = "calibration_corrections.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +54,14 @@ class TuneResult:
     run_id: str = ""
     tracking_uri: str = ""
     best_curve: tuple[float, ...] = field(default_factory=tuple)
+    screened: int = 0  # plans screened out by the corrected simulator (backend real; no budget spent)
 
     def to_dict(self) -> dict[str, Any]:
         return {"best_config": self.best_config.to_dict(), "best_measurement": self.best_measurement.to_dict(timeline=True),
                 "evaluations": self.evaluations, "method": self.method, "cluster": self.cluster,
                 "model": self.model, "budget": self.budget, "seed": self.seed, "backend": self.backend,
                 "experiment": self.experiment, "run_id": self.run_id, "tracking_uri": self.tracking_uri,
-                "best_curve": list(self.best_curve)}
+                "best_curve": list(self.best_curve), "screened": self.screened}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -64,7 +74,8 @@ class TuneResult:
                    evaluations=int(d["evaluations"]), method=d["method"], cluster=d["cluster"], model=d["model"],
                    budget=int(d["budget"]), seed=int(d["seed"]), backend=d["backend"],
                    experiment=d.get("experiment", ""), run_id=d.get("run_id", ""),
-                   tracking_uri=d.get("tracking_uri", ""), best_curve=tuple(d.get("best_curve", ())))
+                   tracking_uri=d.get("tracking_uri", ""), best_curve=tuple(d.get("best_curve", ())),
+                   screened=int(d.get("screened", 0)))
 
     def output_document(self) -> dict[str, Any]:
         """The ``search --output`` file: the config (SPEC.md format) plus ``"measurement"``."""
@@ -73,15 +84,20 @@ class TuneResult:
         return doc
 
 
+def _load_profile(profile):
+    from autotune.profile import CalibrationProfile
+
+    if profile is not None and not isinstance(profile, CalibrationProfile):
+        profile = CalibrationProfile.load(Path(profile))
+    return profile
+
+
 def make_evaluator(cluster: ClusterSpec, model: ModelSpec, backend: str = "sim",
                    profile: str | Path | None = None) -> Evaluator:
     if backend == "sim":
-        from autotune.profile import CalibrationProfile
         from autotune.simulator import Simulator
 
-        if profile is not None and not isinstance(profile, CalibrationProfile):
-            profile = CalibrationProfile.load(Path(profile))
-        return Simulator(cluster, model, profile=profile)
+        return Simulator(cluster, model, profile=_load_profile(profile))
     if backend == "real":
         from runner import RealEvaluator
 
@@ -101,6 +117,17 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     ``evaluator`` replaces the backend's evaluator (it must be for the same cluster and model);
     ``restrict`` narrows dimensions of the space; ``track=False`` skips MLflow (experiments);
     ``on_start(run_id, already_done)`` is called once the record is open.
+
+    ``backend="real"`` (one process, ``workers=1``) closes the calibration loop: real runs refit the
+    simulator's corrections (starting from ``profile``, else the datasheet model); after 2 real runs
+    each new plan is first predicted by the corrected simulator and screened out (status
+    ``"pruned"``, score 0, budget not spent) when predicted out of memory or below 0.5 x the
+    predicted throughput of the best measured plan; ``budget`` counts real runs only, and at most
+    ``20 x budget`` plans are screened out before the search stops. MLflow gets ``pruned_plans``,
+    the corrected simulator's error before each real run (``calibration_time_error`` /
+    ``calibration_memory_error``, step = evaluation index), the fitted corrections
+    (``calibration_corrections.json``) and the corrected profile (``calibrated_profile.json``).
+    ``on_evaluation`` also sees screened-out plans (their status is ``"pruned"``).
     """
     if method not in METHODS:
         raise SpecError("search", "method", f"must be one of {' | '.join(METHODS)}, got {method!r}")
@@ -114,6 +141,15 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     model_spec = load_model(model, global_batch_size)
     space = SearchSpace(cluster_spec, model_spec, restrict=restrict)
     inner = evaluator if evaluator is not None else make_evaluator(cluster_spec, model_spec, backend, profile)
+    screen = None
+    if backend == "real" and workers == 1:
+        from autotune.search.screen import CalibrationScreen
+        from autotune.simulator import Simulator
+
+        screen = CalibrationScreen(inner, Simulator(cluster_spec, model_spec, profile=_load_profile(profile)))
+        inner = screen
+    elif backend == "real":
+        log.info("search: --workers %d runs real plans in separate processes; no online calibration", workers)
     exp_name = experiment or f"{cluster_spec.name}__{model_spec.name}"
 
     from autotune.search import tracking
@@ -145,7 +181,9 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     listeners: list[Callable[[Evaluation], None]] = []
     if tracker is not None:
         listeners.append(lambda ev: tracker.log_evaluation(ev, space.params_of(ev.config)))
-    budgeted = BudgetedEvaluator(inner, space, budget, listeners)
+        if screen is not None:
+            listeners.append(lambda ev: _log_prediction_error(tracker, screen, ev))
+    budgeted = BudgetedEvaluator(inner, space, budget, listeners, screen=screen.screen if screen else None)
 
     if tracker is not None:
         run_params = {"cluster": cluster_spec.name, "model": model_spec.name, "method": method, "budget": budget,
@@ -192,6 +230,11 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         raise
     finally:
         best = _best_with_timeline(budgeted)
+        if screen is not None:
+            log.info("search: %d real runs, %d plans screened out by the corrected simulator", budgeted.used,
+                     len(budgeted.screened))
+            if tracker is not None:
+                _log_calibration(tracker, screen, budgeted)
         if tracker is not None:
             tracker.finish(best, budgeted.best_curve(), [ev.score for ev in budgeted.history],
                            title=f"{method} on {cluster_spec.name} / {model_spec.name}", status=status)
@@ -203,7 +246,57 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
                       method=method, cluster=cluster_spec.name, model=model_spec.name, budget=budget, seed=seed,
                       backend=backend, experiment=exp_name if tracker else "",
                       run_id=tracker.parent_id or "" if tracker else "",
-                      tracking_uri=tracker.tracking_uri if tracker else "", best_curve=tuple(budgeted.best_curve()))
+                      tracking_uri=tracker.tracking_uri if tracker else "", best_curve=tuple(budgeted.best_curve()),
+                      screened=len(budgeted.screened))
+
+
+def _log_prediction_error(tracker, screen, ev: Evaluation) -> None:
+    """Parent metrics: the corrected simulator's error on this real run, predicted before it."""
+    err = screen.errors.get(ev.config)
+    if err is None or ev.measurement.status == PRUNED:
+        return
+    metrics = {"calibration_time_error": err.time_error}
+    if err.memory_error is not None:
+        metrics["calibration_memory_error"] = err.memory_error
+    tracker.log_parent_metrics(metrics, step=ev.index)
+
+
+def _log_calibration(tracker, screen, budgeted: BudgetedEvaluator) -> None:
+    """Parent: the number of screened-out plans, the fitted corrections and the corrected profile."""
+    import re
+    import tempfile
+
+    from autotune.profile import CalibrationProfile
+    from autotune.search.tracking import config_key
+
+    try:
+        corr = screen.calibrator.corrections
+        metrics = {"pruned_plans": float(len(budgeted.screened)), "real_runs": float(len(screen.real_runs)),
+                   "calibration_link_factor": corr.link}
+        for kind, pairs in (("compute", corr.compute), ("contention", corr.contention), ("memory_GiB", corr.memory_GiB)):
+            for dev, v in pairs:
+                metrics[f"calibration_{kind}_{re.sub(r'[^A-Za-z0-9_.-]', '_', dev)}"] = float(v)
+        tracker.log_parent_metrics(metrics, step=0)
+        doc = {"corrections": corr.to_dict(), "fitted_from_runs": len(screen.calibrator.observations),
+               "real_runs": [config_key(c) for c in screen.real_runs],
+               "pruned_plans": len(budgeted.screened), "min_real_runs": screen.min_real_runs,
+               "keep_fraction": screen.keep_fraction}
+        profile = screen.calibrator.profile
+        try:  # a negative memory offset can give a baseline the profile format refuses (< 0)
+            CalibrationProfile.from_dict(json.loads(json.dumps(profile.to_dict())), source=CALIBRATED_PROFILE_ARTIFACT)
+        except SpecError as e:
+            log.warning("the corrected profile is not a valid profile file (%s); %s not logged", e,
+                        CALIBRATED_PROFILE_ARTIFACT)
+            doc["profile_error"] = str(e)
+            profile = None
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / CORRECTIONS_ARTIFACT).write_text(json.dumps(doc, indent=2) + "\n")
+            tracker.log_parent_artifact(Path(tmp) / CORRECTIONS_ARTIFACT)
+            if profile is not None:
+                profile.save(Path(tmp) / CALIBRATED_PROFILE_ARTIFACT)
+                tracker.log_parent_artifact(Path(tmp) / CALIBRATED_PROFILE_ARTIFACT)
+    except Exception as e:  # the record of the calibration must not lose the search's result
+        log.warning("could not log the online calibration to MLflow: %s", e)
 
 
 def _best_with_timeline(budgeted: BudgetedEvaluator) -> Evaluation | None:

@@ -5,6 +5,12 @@ plan against the search space first (an invalid plan is answered ``status="inval
 evaluation), serves repeats from the cache, refuses a new plan once the budget is spent
 (``BudgetExhausted``), keeps the history of evaluations in order and tells listeners (MLflow, the
 progress bar) about each new one.
+
+An optional ``screen`` (``--backend real``: ``autotune.search.screen.CalibrationScreen``) is asked
+about each new valid plan before the evaluator: when it answers a ``Measurement`` (status
+``"pruned"``, the screen's prediction; score 0), that answer is cached and returned instead of an
+evaluation. Pruned plans do not spend the budget; they are kept in ``screened``, and after
+``max_screened`` of them the search counts as ``exhausted`` so that no agent loops forever.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from autotune.search.space import SearchSpace
 from autotune.specs import Measurement, ParallelConfig
 
 log = logging.getLogger(__name__)
+
+
+PRUNED = "pruned"  # status of a plan the screen answered without a real run (search-internal, not a measure status)
 
 
 class BudgetExhausted(RuntimeError):
@@ -39,11 +48,13 @@ class Evaluation:
 
 
 Listener = Callable[[Evaluation], None]
+Screen = Callable[[ParallelConfig, "Evaluation | None"], "Measurement | None"]
 
 
 class BudgetedEvaluator(CachedEvaluator):
     def __init__(self, inner: Evaluator, space: SearchSpace, budget: int,
-                 listeners: list[Listener] | None = None) -> None:
+                 listeners: list[Listener] | None = None, screen: Screen | None = None,
+                 max_screened: int | None = None) -> None:
         super().__init__(inner)
         if budget < 1:
             from autotune.errors import SpecError
@@ -55,6 +66,9 @@ class BudgetedEvaluator(CachedEvaluator):
         self.history: list[Evaluation] = []
         self.invalid = 0
         self._best: Evaluation | None = None
+        self.screen = screen
+        self.max_screened = max_screened if max_screened is not None else 20 * budget
+        self.screened: list[Evaluation] = []  # plans the screen pruned, in order (index counts them)
 
     # -- counting ----------------------------------------------------------------------------------
     @property
@@ -67,7 +81,7 @@ class BudgetedEvaluator(CachedEvaluator):
 
     @property
     def exhausted(self) -> bool:
-        return self.used >= self.budget
+        return self.used >= self.budget or (self.screen is not None and len(self.screened) >= self.max_screened)
 
     @property
     def best(self) -> Evaluation | None:
@@ -86,7 +100,13 @@ class BudgetedEvaluator(CachedEvaluator):
             self.invalid += 1
             return Measurement.failure("invalid", reason)
         if self.exhausted:
-            raise BudgetExhausted(f"budget of {self.budget} evaluations is spent")
+            raise BudgetExhausted(f"budget of {self.budget} evaluations is spent" if self.used >= self.budget else
+                                  f"{len(self.screened)} plans screened out (limit {self.max_screened})")
+        if self.screen is not None:
+            pruned = self.screen(config, self._best)
+            if pruned is not None:
+                self._record(config, pruned, params or {})
+                return pruned
         try:
             measurement = self.inner.evaluate(config)
         except Exception as e:  # an evaluator should not raise; a search must not die of it
@@ -110,6 +130,13 @@ class BudgetedEvaluator(CachedEvaluator):
     def _record(self, config: ParallelConfig, measurement: Measurement, params: Mapping[str, Any],
                 notify: bool = True) -> None:
         self._cache[config] = measurement
+        if measurement.status == PRUNED:  # screened out: no budget, not in the history or the best
+            ev = Evaluation(len(self.screened) + 1, config, measurement, dict(params))
+            self.screened.append(ev)
+            if notify:
+                for listener in self.listeners:
+                    listener(ev)
+            return
         ev = Evaluation(len(self.history) + 1, config, measurement, dict(params))
         self.history.append(ev)
         if self._best is None or ev.score > self._best.score:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.errors import SpecError
-from autotune.search.budget import Evaluation
+from autotune.search.budget import PRUNED, Evaluation
 from autotune.specs import Measurement, ParallelConfig
 
 log = logging.getLogger(__name__)
@@ -151,15 +151,19 @@ class SearchTracker:
         now = int(time.time() * 1000)
         text = ev.config.to_json(indent=None)
         m = ev.measurement
+        pruned = m.status == PRUNED
         tags = {"mlflow.parentRunId": self.parent_id, ROLE_TAG: "plan", "autotune.config_key": key,
                 "status": m.status if not m.oom else "oom", "autotune.method": self.method,
                 "autotune.measurement": json.dumps(m.to_dict())[:_MAX_TAG]}
+        if pruned:  # screened out by the corrected simulator: its metrics are predictions
+            tags["autotune.pruned"] = "true"
         if m.error:
             tags["error"] = m.error[:_MAX_TAG]
         if len(text) <= _MAX_TAG:
             tags[CONFIG_TAG] = text
-        child = self.client.create_run(self.experiment_id, run_name=f"{self.method}-{ev.index:04d}", tags=tags)
-        params = {"eval_index": ev.index, **shape, **{f"x.{k}": v for k, v in ev.params.items()}}
+        name = f"{self.method}-pruned-{ev.index:04d}" if pruned else f"{self.method}-{ev.index:04d}"
+        child = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        params = {("pruned_index" if pruned else "eval_index"): ev.index, **shape, **{f"x.{k}": v for k, v in ev.params.items()}}
         self.client.log_batch(
             child.info.run_id,
             metrics=[Metric(k, float(v), now, 0) for k, v in _metrics_of(m).items()],
@@ -171,8 +175,19 @@ class SearchTracker:
                 self.client.log_artifact(child.info.run_id, str(path))
         self.client.set_terminated(child.info.run_id, "FINISHED" if m.ok else "FAILED")
         self._logged.add(key)
+        if pruned:
+            return
         self._best = max(self._best, m.score())
         self._curve.append((ev.index, self._best))
+
+    def log_parent_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def log_parent_artifact(self, path: str | Path) -> None:
+        self.client.log_artifact(self.parent_id, str(path))
 
     # -- end ---------------------------------------------------------------------------------------
     def finish(self, best: Evaluation | None, best_curve: list[float], scores: list[float], title: str,

@@ -1,0 +1,118 @@
+"""Closing the loop for ``--backend real``: real runs correct the simulator, the corrected simulator
+screens the plans the agent asks for next.
+
+``CalibrationScreen`` is both halves, for any method:
+
+- the evaluator ``BudgetedEvaluator`` calls for a real run: it wraps the real evaluator in
+  ``autotune.calibration.online.CalibratingEvaluator``, so every real run refits the correction
+  factors, and it keeps the corrected simulator's prediction error *before* each run;
+- the ``screen`` ``BudgetedEvaluator`` asks before a real run: once ``min_real_runs`` real runs have
+  fitted the corrections, a plan is pruned (answered with the corrected prediction, status
+  ``"pruned"``, score 0, no budget spent) when the corrected simulator predicts it runs out of
+  memory, or predicts it slower than ``keep_fraction`` of the best measured plan. The comparison is
+  prediction against prediction (``predicted(P) < keep_fraction * predicted(best)``), so a
+  simulator that is off by a common factor still ranks plans correctly.
+
+``keep_fraction = 0.5`` (default) keeps every plan the corrected simulator puts within 2x of the best
+measured one: the fidelity experiment's worst time error after a few runs is well below that, so a
+plan pruned on speed is very unlikely to have been the best.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from autotune.search.budget import PRUNED, Evaluation
+from autotune.specs import Measurement, ParallelConfig
+
+log = logging.getLogger(__name__)
+
+MIN_REAL_RUNS = 2
+KEEP_FRACTION = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionError:
+    """The corrected simulator's error on one real run, predicted before the run (fractions)."""
+
+    config: ParallelConfig
+    time_error: float  # |predicted - measured| / measured iteration time
+    memory_error: float | None  # mean over devices of |predicted - measured| / measured peak memory
+
+
+class CalibrationScreen:
+    """``evaluate`` (real run + online calibration) and ``screen`` (prune by corrected prediction).
+
+    ``real`` is the real evaluator (``runner.RealEvaluator``, or any evaluator standing in for it);
+    ``simulator`` the starting simulator (``Simulator(cluster, model, profile)``)."""
+
+    def __init__(self, real, simulator, min_real_runs: int = MIN_REAL_RUNS,
+                 keep_fraction: float = KEEP_FRACTION) -> None:
+        from autotune.calibration.online import CalibratingEvaluator
+
+        if not 0.0 <= keep_fraction <= 1.0:
+            from autotune.errors import SpecError
+
+            raise SpecError("search", "keep_fraction", f"must be in [0, 1], got {keep_fraction}")
+        self.calibrating = CalibratingEvaluator(real, simulator)
+        self.cluster = real.cluster
+        self.model = real.model
+        self.min_real_runs = min_real_runs
+        self.keep_fraction = keep_fraction
+        self.real_runs: list[ParallelConfig] = []  # every plan handed to the real evaluator, in order
+        self.errors: dict[ParallelConfig, PredictionError] = {}
+
+    @property
+    def simulator(self):
+        """The simulator corrected by every real run so far."""
+        return self.calibrating.simulator
+
+    @property
+    def calibrator(self):
+        return self.calibrating.calibrator
+
+    # -- the real run ------------------------------------------------------------------------------
+    def evaluate(self, config: ParallelConfig) -> Measurement:
+        try:
+            predicted = self.simulator.evaluate(config)
+        except Exception as e:  # the prediction is only for the record
+            log.warning("no prediction for %s: %s", config.describe(), e)
+            predicted = None
+        self.real_runs.append(config)
+        measured = self.calibrating.evaluate(config)
+        if predicted is not None and predicted.ok and measured.ok and measured.iteration_time_s > 0:
+            t = abs(predicted.iteration_time_s - measured.iteration_time_s) / measured.iteration_time_s
+            mem = [abs(predicted.peak_memory_GiB[d] - g) / g for d, g in measured.peak_memory_GiB.items()
+                   if g > 0 and d in predicted.peak_memory_GiB]
+            self.errors[config] = PredictionError(config, t, sum(mem) / len(mem) if mem else None)
+        return measured
+
+    # -- the screen --------------------------------------------------------------------------------
+    def screen(self, config: ParallelConfig, best: Evaluation | None) -> Measurement | None:
+        """The pruned answer for ``config``, or None to run it for real."""
+        if len(self.calibrator.observations) < self.min_real_runs:
+            return None
+        sim = self.simulator
+        try:
+            pred = sim.evaluate(config)
+        except Exception as e:
+            log.warning("screen: no prediction for %s (%s); running it", config.describe(), e)
+            return None
+        if pred.oom:
+            reason = "screened out: the corrected simulator predicts out of memory"
+        elif not pred.ok:
+            return None  # the simulator cannot judge it; the real run will
+        else:
+            if best is None or not best.measurement.ok:
+                return None
+            ref = sim.evaluate(best.config)
+            if not ref.ok or ref.tokens_per_s <= 0:
+                return None
+            ratio = pred.tokens_per_s / ref.tokens_per_s
+            if ratio >= self.keep_fraction:
+                return None
+            reason = (f"screened out: predicted {ratio:.2f} x the best measured plan's predicted throughput "
+                      f"(keep >= {self.keep_fraction})")
+        log.info("%s: %s", reason, config.describe())
+        return replace(pred, oom=False, timeline=(), status=PRUNED, error=reason)

@@ -1,0 +1,166 @@
+"""Closing the loop (``--backend real``): real runs refit the simulator, the corrected simulator
+screens out plans before they are run, screened-out plans spend no budget, MLflow records it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.calibration.online import Corrections, apply_corrections, default_profile
+from autotune.loading import load_cluster, load_model
+from autotune.profile import CalibrationProfile
+from autotune.search.agents import run_random
+from autotune.search.budget import PRUNED, BudgetedEvaluator
+from autotune.search.screen import CalibrationScreen
+from autotune.search.space import SearchSpace
+from autotune.search.tracking import config_key
+from autotune.simulator import Simulator
+from autotune.specs import Measurement
+
+CLUSTER, MODEL = "mixed-consumer-16", "gpt2-xl"
+
+
+class Recording:
+    """The evaluator standing in for the real runs (the datasheet simulator), remembering its calls."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.cluster, self.model = inner, inner.cluster, inner.model
+        self.calls = []
+
+    def evaluate(self, config):
+        self.calls.append(config)
+        return self.inner.evaluate(config)
+
+
+def wrong_profile(cluster):
+    """The datasheet profile made deliberately wrong: compute 3x too slow, 2 GiB more memory per rank."""
+    types = sorted({n.device.name for n in cluster.nodes})
+    return apply_corrections(default_profile(cluster), cluster,
+                             Corrections(compute=tuple((t, 3.0) for t in types),
+                                         memory_GiB=tuple((t, 2.0) for t in types)))
+
+
+def test_screen_prunes_oom_and_clearly_worse_plans_without_spending_budget():
+    cluster, model = load_cluster(CLUSTER), load_model(MODEL)
+    truth = Simulator(cluster, model)
+    real = Recording(truth)
+    screen = CalibrationScreen(real, Simulator(cluster, model, wrong_profile(cluster)))
+    space = SearchSpace(cluster, model)
+    order = []
+    budget = 12
+    b = BudgetedEvaluator(screen, space, budget, [order.append], screen=screen.screen)
+    run_random(space, b, seed=0)
+
+    assert b.used == budget == len(real.calls) == len(screen.real_runs)
+    assert [ev.config for ev in b.history] == real.calls  # the history holds exactly the real runs
+    assert b.screened and all(ev.measurement.status == PRUNED and ev.score == 0.0 for ev in b.screened)
+    assert not {ev.config for ev in b.screened} & set(real.calls)
+    # nothing is screened before two real runs finished (status ok) and fitted the corrections
+    first_pruned = next(i for i, ev in enumerate(order) if ev.measurement.status == PRUNED)
+    assert sum(ev.measurement.ok for ev in order[:first_pruned]) >= 2
+    assert len(screen.calibrator.observations) == sum(ev.measurement.ok for ev in b.history)
+    # the calibrator learnt the deliberate error: prediction error before each run falls
+    errors = [screen.errors[c].time_error for c in real.calls if c in screen.errors]
+    assert errors[0] > 1.5 and max(errors[2:]) < 0.1, errors
+    # pruned plans are truly out of memory or truly far below the best real run (both kinds occur)
+    best = b.best.score
+    kinds = set()
+    for ev in b.screened:
+        true = truth.evaluate(ev.config)
+        if "out of memory" in ev.measurement.error:
+            assert true.oom, ev.config.describe()
+            kinds.add("oom")
+        else:
+            assert true.ok and true.tokens_per_s < 0.6 * best, (ev.measurement.error, true.tokens_per_s, best)
+            kinds.add("slow")
+    assert kinds == {"oom", "slow"}
+    # a repeat of a pruned plan is a cache hit: no real run, no new screening
+    n_screened = len(b.screened)
+    assert b.evaluate(b.screened[0].config).status == PRUNED
+    assert len(b.screened) == n_screened and len(real.calls) == budget
+
+
+def test_screened_out_plans_are_capped_so_no_search_loops_forever():
+    cluster, model = load_cluster("cpu-hetero"), load_model("small")
+    real = Recording(Simulator(cluster, model))
+    space = SearchSpace(cluster, model)
+
+    def prune_all(config, best):
+        return Measurement(tokens_per_s=1.0, iteration_time_s=1.0, oom=False, status=PRUNED, error="all")
+
+    b = BudgetedEvaluator(real, space, 3, screen=prune_all, max_screened=7)
+    run_random(space, b, seed=0)
+    assert b.exhausted and len(b.screened) == 7 and b.used == 0 and real.calls == []
+
+
+def test_tune_real_backend_closes_the_loop_and_records_it(tmp_path):
+    """tune(backend="real") with a stand-in evaluator: budget = real runs, MLflow holds the pruned
+    children, the error per real run, the corrections and a loadable corrected profile."""
+    from mlflow.tracking import MlflowClient
+
+    from autotune.search.api import tune
+
+    cluster, model = load_cluster(CLUSTER), load_model(MODEL)
+    real = Recording(Simulator(cluster, model))
+    profile_path = tmp_path / "wrong.json"
+    wrong_profile(cluster).save(profile_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    budget = 10
+    result = tune(cluster, model, method="optuna", budget=budget, backend="real", evaluator=real,
+                  profile=profile_path, tracking_uri=uri, storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert result.evaluations == budget == len(real.calls) and result.screened > 0
+    client = MlflowClient(uri)
+    parent = client.get_run(result.run_id)
+    assert parent.data.metrics["pruned_plans"] == result.screened
+    assert parent.data.metrics["evaluations"] == budget
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'", max_results=1000)
+    pruned = [c for c in children if c.data.tags.get("status") == PRUNED]
+    assert len(pruned) == result.screened and all(c.data.tags["autotune.pruned"] == "true" for c in pruned)
+    real_children = {c.data.tags["autotune.config_key"] for c in children if c.data.tags.get("status") != PRUNED}
+    assert real_children == {config_key(c) for c in real.calls}
+    history = client.get_metric_history(result.run_id, "calibration_time_error")
+    assert history and all(1 <= h.step <= budget for h in history)
+    assert sorted(history, key=lambda h: h.step)[0].value > 0.5  # the wrong profile, before any correction
+    art = Path(client.download_artifacts(result.run_id, "calibrated_profile.json", str(tmp_path)))
+    prof = CalibrationProfile.load(art)
+    assert "online corrections" in prof.notes
+    doc = json.loads(Path(client.download_artifacts(result.run_id, "calibration_corrections.json",
+                                                    str(tmp_path))).read_text())
+    assert doc["real_runs"] == [config_key(c) for c in real.calls] and doc["pruned_plans"] == result.screened
+    # compute corrected back from 3x: the saved profile predicts the truth within a few percent
+    fixed = Simulator(cluster, model, prof)
+    ok = [c for c in real.calls if real.inner.evaluate(c).ok]
+    for c in ok:
+        t, p = real.inner.evaluate(c).iteration_time_s, fixed.evaluate(c).iteration_time_s
+        assert abs(p - t) / t < 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_real_runner_search_calibrates_from_exactly_the_real_runs(tmp_path):
+    """Real profiled runs (torch.distributed, gloo) of the tiny model on two CPU ranks."""
+    from mlflow.tracking import MlflowClient
+
+    from autotune.search.api import tune
+    from runner import RealEvaluator
+
+    cluster, model = load_cluster("cpu-2"), load_model("tiny")
+    real = Recording(RealEvaluator(cluster, model, steps=2, warmup=1, timeout_s=120))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = tune(cluster, model, method="random", budget=3, backend="real", evaluator=real, tracking_uri=uri)
+    assert result.evaluations == 3 == len(real.calls)
+    client = MlflowClient(uri)
+    doc = json.loads(Path(client.download_artifacts(result.run_id, "calibration_corrections.json",
+                                                    str(tmp_path))).read_text())
+    assert doc["real_runs"] == [config_key(c) for c in real.calls]
+    children = client.search_runs([client.get_run(result.run_id).info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'", max_results=100)
+    ok_real = [c for c in children if c.data.tags.get("status") == "ok"]
+    assert doc["fitted_from_runs"] == len(ok_real) >= 1
+    assert client.get_run(result.run_id).data.metrics["pruned_plans"] == result.screened
+    prof = CalibrationProfile.load(Path(client.download_artifacts(result.run_id, "calibrated_profile.json",
+                                                                  str(tmp_path))))
+    assert prof.devices and "online corrections" in prof.notes
