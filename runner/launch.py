@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,38 @@ def _kill_group(pgid: int, procs: list[subprocess.Popen]) -> None:
         time.sleep(0.05)
 
 
+def _on_sigterm_kill(running: dict):
+    """While ranks run, SIGTERM to this (launching) process kills the rank process group first.
+
+    With the default action the process then dies of SIGTERM as before (the handler restores the
+    default and re-sends the signal), a handler installed before is called after the kill, and an
+    ignored SIGTERM stays ignored. Returns the handler to restore, or None when none was installed
+    (SIGTERM ignored, or not the main thread, where Python cannot install handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_IGN or previous is None:  # None: set outside Python; leave it alone
+        return None
+
+    def handler(signum, frame):
+        if running["pgid"]:
+            try:
+                os.killpg(running["pgid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            for p in running["procs"]:
+                p.wait()
+        if callable(previous):
+            previous(signum, frame)
+            return
+        shutil.rmtree(running["run_dir"], ignore_errors=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+    return previous
+
+
 def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = False) -> RunOutcome:
     """Run ``world_size`` ranks of ``job``; end them all by ``timeout_s``; collect rank 0's result."""
     run_dir = Path(tempfile.mkdtemp(prefix="autotune-run-"))
@@ -81,6 +114,8 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
     logs = []
     t0 = time.monotonic()
     pgid = 0
+    running: dict = {"pgid": 0, "procs": procs, "run_dir": run_dir}
+    previous = _on_sigterm_kill(running)
     try:
         for rank in range(world_size):
             env = worker_env({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)})
@@ -90,7 +125,7 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
             procs.append(subprocess.Popen([sys.executable, "-m", "runner.worker", str(job_path)], env=env,
                                           stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), **group))
             if rank == 0:
-                pgid = procs[0].pid
+                pgid = running["pgid"] = procs[0].pid
         status = "timeout"
         deadline = t0 + timeout_s
         while time.monotonic() < deadline:
@@ -103,11 +138,13 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
                 status = "ok"
                 break
             time.sleep(0.05)
-    finally:
+    finally:  # also on KeyboardInterrupt or any error: no rank outlives this call
         if pgid:
             _kill_group(pgid, procs)
         for f in logs:
             f.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     wall = time.monotonic() - t0
     outcome = _collect(run_dir, status, world_size, timeout_s, wall, procs)
     if keep_dir or os.environ.get("AUTOTUNE_KEEP_RUN_DIR"):

@@ -29,7 +29,18 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _peak_rss_bytes() -> int:
+def _peak_rss_bytes(status_path: str = "/proc/self/status") -> int:
+    """This process's own peak RSS: ``VmHWM`` from ``/proc/self/status``. Not ``getrusage().ru_maxrss``
+    where /proc has it: Linux carries that over from the parent across fork + exec, so a rank launched
+    from a big process (a search holding a policy, a notebook) would report the parent's size. Falls
+    back to ``ru_maxrss`` where /proc is missing."""
+    try:
+        with open(status_path) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

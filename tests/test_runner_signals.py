@@ -1,0 +1,105 @@
+"""The launcher of profiled runs leaves no rank behind when it is stopped (SIGTERM, Ctrl-C), and a
+rank's peak memory is its own (``VmHWM``), not the launching process's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from runner.worker import _peak_rss_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def processes_with(tag: str) -> list[int]:
+    """Live processes whose environment holds ``tag`` (zombies and vanished ones do not count)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if "State:\tZ" in (entry / "status").read_text():
+                continue
+            if tag.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+LAUNCHER = textwrap.dedent("""
+    import signal, sys
+    from autotune.specs import ParallelConfig
+    from runner import profiled_run
+    if sys.argv[1] == "handler":
+        signal.signal(signal.SIGTERM, lambda s, f: print("own handler called", flush=True))
+    plan = ParallelConfig.from_dict({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
+        {"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]})
+    m = profiled_run("cpu-2", "tiny", plan, steps=2, warmup=1, timeout_s=120)
+    print("returned", m.status, flush=True)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("mode,sig", [("default", signal.SIGTERM), ("handler", signal.SIGTERM),
+                                      ("default", signal.SIGINT)])
+def test_stopping_the_launcher_kills_the_ranks(mode, sig):
+    tag = f"autotune-test-{uuid.uuid4().hex}"
+    env = {**os.environ, "AUTOTUNE_TEST_TAG": tag, "AUTOTUNE_FAULT": "hang:rank1"}
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, mode], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len([p for p in processes_with(tag) if p != proc.pid]) < 2:  # both ranks started
+            assert time.monotonic() < deadline and proc.poll() is None, "ranks did not start"
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+        left = processes_with(tag)
+    finally:  # never leave the launcher or its ranks behind on a failed test (only this test's tag)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in processes_with(tag):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert left == [], out
+    if sig == signal.SIGINT:
+        assert proc.returncode != 0 and "KeyboardInterrupt" in out
+    elif mode == "default":  # still dies of SIGTERM, as without the handler
+        assert proc.returncode == -signal.SIGTERM, out
+    else:  # a handler installed before is still called; the run ends as a failed measurement
+        assert proc.returncode == 0 and "own handler called" in out and "returned failed" in out, out
+
+
+def test_peak_rss_is_the_processes_own_not_the_launchers():
+    """Linux carries ``ru_maxrss`` over fork + exec; ``VmHWM`` is the process's own."""
+    big = bytearray(400 * 2**20)  # ~400 MiB touched in this (launching) process
+    for i in range(0, len(big), 4096):
+        big[i] = 1
+    code = ("import resource; from runner.worker import _peak_rss_bytes; "
+            "print(_peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    del big
+    own, inherited = (int(x) for x in out.split())
+    assert own < 200 * 2**20, own  # a bare interpreter with numpy-free imports
+    assert inherited >= 400 * 2**20, inherited  # what the old reading reported
+    assert own <= _peak_rss_bytes()  # this process's own VmHWM includes the buffer
+
+
+def test_peak_rss_falls_back_to_getrusage_without_proc(tmp_path):
+    import resource
+
+    value = _peak_rss_bytes(str(tmp_path / "missing"))
+    assert value == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 > 0
