@@ -116,6 +116,7 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
     pgid = 0
     running: dict = {"pgid": 0, "procs": procs, "run_dir": run_dir}
     previous = _on_sigterm_kill(running)
+    finished = False
     try:
         for rank in range(world_size):
             env = worker_env({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)})
@@ -138,6 +139,7 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
                 status = "ok"
                 break
             time.sleep(0.05)
+        finished = True
     finally:  # also on KeyboardInterrupt or any error: no rank outlives this call
         if pgid:
             _kill_group(pgid, procs)
@@ -145,6 +147,8 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
             f.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if not finished and not (keep_dir or os.environ.get("AUTOTUNE_KEEP_RUN_DIR")):
+            shutil.rmtree(run_dir, ignore_errors=True)
     wall = time.monotonic() - t0
     outcome = _collect(run_dir, status, world_size, timeout_s, wall, procs)
     if keep_dir or os.environ.get("AUTOTUNE_KEEP_RUN_DIR"):

@@ -52,9 +52,9 @@ LAUNCHER = textwrap.dedent("""
 @pytest.mark.distributed
 @pytest.mark.parametrize("mode,sig", [("default", signal.SIGTERM), ("handler", signal.SIGTERM),
                                       ("default", signal.SIGINT)])
-def test_stopping_the_launcher_kills_the_ranks(mode, sig):
+def test_stopping_the_launcher_kills_the_ranks(mode, sig, tmp_path):
     tag = f"autotune-test-{uuid.uuid4().hex}"
-    env = {**os.environ, "AUTOTUNE_TEST_TAG": tag, "AUTOTUNE_FAULT": "hang:rank1"}
+    env = {**os.environ, "AUTOTUNE_TEST_TAG": tag, "AUTOTUNE_FAULT": "hang:rank1", "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, mode], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -75,6 +75,7 @@ def test_stopping_the_launcher_kills_the_ranks(mode, sig):
             except ProcessLookupError:
                 pass
     assert left == [], out
+    assert not list(tmp_path.glob("autotune-run-*")), out  # the run directory is removed too
     if sig == signal.SIGINT:
         assert proc.returncode != 0 and "KeyboardInterrupt" in out
     elif mode == "default":  # still dies of SIGTERM, as without the handler
