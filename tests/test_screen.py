@@ -164,3 +164,22 @@ def test_real_runner_search_calibrates_from_exactly_the_real_runs(tmp_path):
     prof = CalibrationProfile.load(Path(client.download_artifacts(result.run_id, "calibrated_profile.json",
                                                                   str(tmp_path))))
     assert prof.devices and "online corrections" in prof.notes
+
+
+def test_cli_table_says_how_many_plans_were_screened_out():
+    from rich.console import Console
+
+    from autotune.commands.search import _print_result
+    from autotune.search.api import TuneResult
+
+    cluster, model = load_cluster(CLUSTER), load_model(MODEL)
+    sim = Simulator(cluster, model)
+    space = SearchSpace(cluster, model)
+    config = space.decode(space.heuristic_params()[0]).config
+    result = TuneResult(config, sim.evaluate(config), 5, "random", cluster.name, model.name, 5, 0, "real",
+                        screened=7)
+    assert TuneResult.from_json(result.to_json()).screened == 7
+    console = Console(record=True, width=200)
+    _print_result(console, result)
+    text = console.export_text()
+    assert "screened out" in text and "7 plans" in text

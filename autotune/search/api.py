@@ -7,7 +7,7 @@ agent and returns the best plan. An Optuna search resumes from its study (same s
 MLflow parent run.
 
 With ``backend="real"`` the search closes the calibration loop (``autotune.search.screen``): every
-real run refits the simulator's correction factors, and once two real runs are in, a plan the
+real run refits the simulator's correction factors, and once two real runs succeeded, a plan the
 corrected simulator predicts out of memory or below half the best measured plan's (predicted)
 throughput is screened out (status ``"pruned"``, score 0) without a real run and without spending
 the budget; at most ``20 x budget`` plans are screened out. The corrected profile is logged to
@@ -119,8 +119,8 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     ``on_start(run_id, already_done)`` is called once the record is open.
 
     ``backend="real"`` (one process, ``workers=1``) closes the calibration loop: real runs refit the
-    simulator's corrections (starting from ``profile``, else the datasheet model); after 2 real runs
-    each new plan is first predicted by the corrected simulator and screened out (status
+    simulator's corrections (starting from ``profile``, else the datasheet model); after 2 successful
+    real runs each new plan is first predicted by the corrected simulator and screened out (status
     ``"pruned"``, score 0, budget not spent) when predicted out of memory or below 0.5 x the
     predicted throughput of the best measured plan; ``budget`` counts real runs only, and at most
     ``20 x budget`` plans are screened out before the search stops. MLflow gets ``pruned_plans``,
