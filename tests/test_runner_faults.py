@@ -81,6 +81,10 @@ def test_process_scan_sees_a_live_tagged_process(tag):
 
     child = subprocess.Popen(["sleep", "30"], env=dict(os.environ))
     try:
+        # Until the child has exec'd, /proc may not show its environment yet: give it a moment.
+        deadline = time.monotonic() + 5
+        while processes_with(tag) != [child.pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert processes_with(tag) == [child.pid]
     finally:
         child.kill()
