@@ -274,3 +274,18 @@ def test_calibrating_evaluator_returns_real_results_and_corrects_its_simulator()
     assert ev.evaluate(c1) == truth.evaluate(c1)
     assert ev.simulator.evaluate(c2).iteration_time_s == pytest.approx(truth.evaluate(c2).iteration_time_s, rel=0.05)
     assert abs(wrong.evaluate(c2).iteration_time_s / truth.evaluate(c2).iteration_time_s - 1) > 0.5
+
+
+def test_negative_memory_offset_still_gives_a_saveable_profile(tmp_path) -> None:
+    """An offset that would push the memory baseline below zero is cut at zero, so the corrected profile
+    stays valid and can be written as the search's calibrated_profile.json."""
+    from autotune.calibration.online import Corrections, apply_corrections, default_profile
+    from autotune.loading import load_cluster
+    from autotune.profile import CalibrationProfile
+
+    cluster = load_cluster("cpu-2")
+    corrected = apply_corrections(default_profile(cluster), cluster, Corrections(memory_GiB=(("cpu", -3.0),)))
+    assert corrected.device("cpu").memory_baseline_GiB == 0.0
+    path = tmp_path / "calibrated.json"
+    corrected.save(path)
+    assert CalibrationProfile.load(path).device("cpu").memory_baseline_GiB == 0.0

@@ -91,7 +91,8 @@ def apply_corrections(profile: CalibrationProfile, cluster: ClusterSpec, corr: C
             layers=layers, edges=edges,
             optimizer_s_per_param=d.optimizer_s_per_param * c if d.optimizer_s_per_param is not None else None,
             microbatch_overhead_s=d.microbatch_overhead_s * c if d.microbatch_overhead_s is not None else None,
-            memory_baseline_GiB=(d.memory_baseline_GiB or 0.0) + memory.get(d.name, 0.0)
+            # a baseline cannot go below zero: an offset larger than the baseline is cut there
+            memory_baseline_GiB=max(0.0, (d.memory_baseline_GiB or 0.0) + memory.get(d.name, 0.0))
             if (d.memory_baseline_GiB is not None or d.name in memory) else None,
             contention=tuple((n, 1.0 + (s - 1.0) * k) for n, s in d.contention)))
     missing_mem = set(memory) - {d.name for d in profile.devices}
