@@ -282,7 +282,7 @@ def _log_calibration(tracker, screen, budgeted: BudgetedEvaluator) -> None:
                "pruned_plans": len(budgeted.screened), "min_real_runs": screen.min_real_runs,
                "keep_fraction": screen.keep_fraction}
         profile = screen.calibrator.profile
-        try:  # a negative memory offset can give a baseline the profile format refuses (< 0)
+        try:  # never log a profile that `--profile` would refuse to load
             CalibrationProfile.from_dict(json.loads(json.dumps(profile.to_dict())), source=CALIBRATED_PROFILE_ARTIFACT)
         except SpecError as e:
             log.warning("the corrected profile is not a valid profile file (%s); %s not logged", e,
