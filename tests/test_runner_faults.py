@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from pathlib import Path
 
 import pytest
+from proc_scan import processes_with
 
 from autotune.specs import ParallelConfig
 from runner import RealEvaluator, profiled_run
@@ -19,20 +19,6 @@ TWO_STAGES = ParallelConfig.from_dict({"micro_batch_size": 2, "pipelines": [{"nu
     {"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]})
 
 
-def processes_with(tag: str) -> list[int]:
-    """Live processes whose environment holds ``tag`` (zombies and vanished ones do not count)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if "State:\tZ" in (entry / "status").read_text():
-                continue
-            if tag.encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.fixture

@@ -13,26 +13,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from proc_scan import processes_with
 
 from runner.worker import _peak_rss_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def processes_with(tag: str) -> list[int]:
-    """Live processes whose environment holds ``tag`` (zombies and vanished ones do not count)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if "State:\tZ" in (entry / "status").read_text():
-                continue
-            if tag.encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 LAUNCHER = textwrap.dedent("""
