@@ -178,9 +178,7 @@ class Engine:
     """Everything one rank needs to train its part of the plan."""
 
     def __init__(self, layout: Layout, model: ModelSpec, rank: int, device: torch.device, *, schedule: str,
-                 seed: int, tokens: TokenSource, micro_batch_size: int | None = None) -> None:
-        # micro_batch_size is implied by the layout (batch_size / num_microbatches); accepted for callers
-        # that pass it (autotune.calibration.runtime_probe).
+                 seed: int, tokens: TokenSource) -> None:
         self.layout = layout
         self.plan = layout.ranks[rank]
         self.rank = rank

@@ -87,7 +87,7 @@ def _probe(init_file: str, repeats: int) -> dict:
             config = load_config({"micro_batch_size": 1, "pipelines": [
                 {"num_microbatches": m, "stages": [{"devices": ["cpu:0"], "layers": 1}]}]})
             layout = build_layout(cluster, model, config)
-            engine = Engine(layout, model, 0, torch.device("cpu"), schedule="1f1b", micro_batch_size=1, seed=0,
+            engine = Engine(layout, model, 0, torch.device("cpu"), schedule="1f1b", seed=0,
                             tokens=TokenSource(model, 0))
             for i in range(3):
                 engine.step(i)
@@ -126,7 +126,7 @@ def _probe_model_memory(init_file: str, model_json: str, micro_batch_size: int, 
         config = load_config({"micro_batch_size": micro_batch_size, "pipelines": [
             {"num_microbatches": PROBE_MICROBATCHES, "stages": [{"devices": ["cpu:0"], "layers": model.num_layers}]}]})
         layout = build_layout(load_cluster("cpu-2"), model, config)
-        engine = Engine(layout, model, 0, torch.device("cpu"), schedule="1f1b", micro_batch_size=micro_batch_size,
+        engine = Engine(layout, model, 0, torch.device("cpu"), schedule="1f1b",
                         seed=0, tokens=TokenSource(model, 0))
         for i in range(steps):
             engine.step(i)
