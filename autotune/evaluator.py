@@ -18,7 +18,11 @@ log = logging.getLogger(__name__)
 @runtime_checkable
 class Evaluator(Protocol):
     """Evaluates plans of one cluster and model. Never raises for a bad plan: returns a Measurement
-    whose ``status`` says what went wrong (``invalid``, ``oom``, ``failed``, ``timeout``)."""
+    whose ``status`` says what went wrong (``invalid``, ``oom``, ``failed``, ``timeout``).
+
+    An evaluator may also offer ``check(config) -> str | None``: why it cannot run a plan at all,
+    answered without evaluating (the real runner's unsupported plan shapes); the search then treats
+    the plan as invalid and spends no budget on it."""
 
     cluster: ClusterSpec
     model: ModelSpec

@@ -66,6 +66,13 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, sc
             from runner.engine import check_supported  # torch import only when needed
 
             check_supported(plan, model)
+    if config.schedule == "1f1b":
+        for p, pipe in enumerate(config.pipelines):
+            # torch.distributed.pipelining.Schedule1F1B refuses fewer micro-batches than stages
+            if pipe.num_microbatches < len(pipe.stages):
+                raise SpecError("runner", f"pipelines[{p}].num_microbatches",
+                                f"1f1b in torch.distributed.pipelining needs at least as many micro-batches as "
+                                f"stages: {pipe.num_microbatches} < {len(pipe.stages)}")
     if config.schedule == "interleaved-1f1b":
         for p, pipe in enumerate(config.pipelines):
             # torch.distributed.pipelining.ScheduleInterleaved1F1B: micro-batches run in rounds of

@@ -248,6 +248,15 @@ class RealEvaluator:
         self.model = load_model(model)
         self.steps, self.warmup, self.timeout_s, self.seed = steps, warmup, timeout_s, seed
 
+    def check(self, config: ParallelConfig) -> str | None:
+        """Why the runner cannot run ``config`` here (``None`` when it can), without launching anything:
+        the search treats such a plan as invalid for this backend instead of spending a real run on it."""
+        try:
+            preflight(self.cluster, self.model, config)
+        except SpecError as e:
+            return str(e)
+        return None
+
     def evaluate(self, config: ParallelConfig) -> Measurement:
         try:
             return profiled_run(self.cluster, self.model, config, steps=self.steps, warmup=self.warmup,

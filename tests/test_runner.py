@@ -161,3 +161,27 @@ def test_summarize_readings_into_a_measurement():
     assert m.bubble_fraction == pytest.approx(1 - (0.03 * 3 + 0.08) / 0.12 / 4)
     assert m.oom and m.status == "oom" and "cpu:3 used 9.00 GiB, more than its 8.00 GiB" in m.error
     assert [(e.device, e.op) for e in m.timeline] == [("cpu:0", "F0"), ("cpu:1", "F0"), ("cpu:0", "B0")]
+
+
+def test_real_evaluator_check_names_plans_the_runner_cannot_run_without_launching():
+    """The search asks ``check`` before spending a real run: unsupported shapes are answered at once."""
+    from autotune.search.budget import BudgetedEvaluator
+    from autotune.search.space import SearchSpace
+    from runner import RealEvaluator
+
+    real = RealEvaluator("cpu-4", "tiny")
+    one_microbatch = ParallelConfig.from_dict({"micro_batch_size": 8, "schedule": "1f1b", "pipelines": [
+        {"num_microbatches": 1, "stages": [{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]})
+    mixed_tp = ParallelConfig.from_dict({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
+        {"devices": ["cpu:0", "cpu:1"], "layers": 2}, {"devices": ["cpu:2"], "layers": 2}]}]})
+    fine = ParallelConfig.from_dict({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
+        {"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]})
+    assert "needs at least as many micro-batches as stages: 1 < 2" in real.check(one_microbatch)
+    assert "different tensor-parallel degrees" in real.check(mixed_tp)
+    assert real.check(fine) is None
+
+    budgeted = BudgetedEvaluator(real, SearchSpace(real.cluster, real.model), budget=2)
+    for plan in (one_microbatch, mixed_tp):
+        m = budgeted.evaluate(plan)
+        assert m.status == "invalid" and m.score() == 0.0
+    assert budgeted.used == 0 and budgeted.invalid == 2

@@ -255,6 +255,11 @@ class CalibratingEvaluator:
     def simulator(self):
         return self._simulator
 
+    def check(self, config: ParallelConfig) -> str | None:
+        """The inner evaluator's own feasibility check, if it has one (see ``runner.RealEvaluator.check``)."""
+        check = getattr(self.inner, "check", None)
+        return check(config) if check is not None else None
+
     def evaluate(self, config: ParallelConfig) -> Measurement:
         measured = self.inner.evaluate(config)
         before = len(self.calibrator.observations)

@@ -1,8 +1,9 @@
 """The one budget rule: ``budget`` counts distinct evaluated plans; repeats and invalid plans are free.
 
 ``BudgetedEvaluator`` is a ``CachedEvaluator`` that every agent (and the env) calls. It checks the
-plan against the search space first (an invalid plan is answered ``status="invalid"`` without an
-evaluation), serves repeats from the cache, refuses a new plan once the budget is spent
+plan against the search space first, then against the evaluator's own ``check(config)`` where it has
+one (the real runner's unsupported plan shapes; an invalid plan is answered ``status="invalid"`` without
+an evaluation), serves repeats from the cache, refuses a new plan once the budget is spent
 (``BudgetExhausted``), keeps the history of evaluations in order and tells listeners (MLflow, the
 progress bar) about each new one.
 
@@ -96,6 +97,8 @@ class BudgetedEvaluator(CachedEvaluator):
         if config in self:
             return super().evaluate(config)
         reason = self.space.check(config)
+        if reason is None and (backend_check := getattr(self.inner, "check", None)) is not None:
+            reason = backend_check(config)  # e.g. a plan shape the real runner cannot run
         if reason is not None:
             self.invalid += 1
             return Measurement.failure("invalid", reason)
