@@ -17,10 +17,7 @@ from pathlib import Path
 
 import torch
 
-from autotune.loading import load_model
-from runner.data import TokenSource
-from runner.engine import make_optimizer
-from runner.model import build_full_model, lm_loss
+from runner.reference import reference_losses
 from runner.train import train
 
 LLAMA = str(Path(__file__).resolve().parent.parent / "tests" / "data" / "tiny-llama.yaml")
@@ -53,21 +50,6 @@ PLANS = [  # (name, model, config)
 ]
 
 
-def reference(model: str, steps: int) -> list[float]:
-    spec = load_model(model)
-    tokens, net = TokenSource(spec, 0), build_full_model(spec, 0)
-    opt = make_optimizer(net.parameters())
-    out = []
-    for step in range(steps):
-        opt.zero_grad()
-        x, y = tokens.pipeline_batch(step, 0, spec.global_batch_size)
-        loss = lm_loss(net(x), y)
-        loss.backward()
-        opt.step()
-        out.append(loss.item())
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
@@ -77,7 +59,7 @@ def main() -> None:
     print(f"{'plan':70s} {'max rel diff':>12s} {'wall s':>7s}")
     worst = 0.0
     for name, model, config in PLANS:
-        ref = reference(model, args.steps)
+        ref = reference_losses(model, args.steps)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.monotonic()
             out = train(args.cluster, model, config, steps=args.steps, metrics_out=Path(tmp) / "m.jsonl", quiet=True)

@@ -24,9 +24,7 @@ import pytest
 import torch
 
 from autotune import load_model
-from runner.data import TokenSource
-from runner.engine import make_optimizer
-from runner.model import build_full_model, lm_loss
+from runner.reference import reference_losses
 from runner.train import train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -59,23 +57,6 @@ TP_PLAN = ("cpu-4", {"micro_batch_size": 1, "schedule": "1f1b", "pipelines": [{"
     {"devices": ["cpu:0", "cpu:1"], "layers": 1}, {"devices": ["cpu:2", "cpu:3"], "layers": 1, "recompute": True}]}]})
 
 
-def reference_losses(steps: int, seed: int = 0, model: str = "tiny") -> list[float]:
-    """Single-process training of the whole model on the whole global batch."""
-    spec = load_model(model)
-    tokens = TokenSource(spec, seed)
-    model = build_full_model(spec, seed)
-    opt = make_optimizer(model.parameters())
-    out = []
-    for step in range(steps):
-        opt.zero_grad()
-        x, y = tokens.pipeline_batch(step, 0, spec.global_batch_size)
-        loss = lm_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        out.append(loss.item())
-    return out
-
-
 def read_losses(path: Path) -> list[float]:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["step"] for r in lines] == list(range(1, len(lines) + 1))
@@ -85,7 +66,7 @@ def read_losses(path: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def reference() -> list[float]:
-    return reference_losses(STEPS)
+    return reference_losses("tiny", STEPS)
 
 
 def run_plan(plan: str, directory: Path, **kw) -> list[float]:
@@ -118,7 +99,7 @@ def test_tensor_parallel_pipeline_trains_like_a_single_process(tmp_path):
     outcome = train(cluster, LLAMA, config, steps=steps, metrics_out=tmp_path / "m.jsonl", quiet=True, timeout_s=180)
     assert outcome.returncode == 0, outcome.error
     torch.testing.assert_close(torch.tensor(read_losses(tmp_path / "m.jsonl")),
-                               torch.tensor(reference_losses(steps, model=LLAMA)), rtol=RTOL, atol=0)
+                               torch.tensor(reference_losses(LLAMA, steps)), rtol=RTOL, atol=0)
 
 
 def _cli(*args: str) -> list[str]:

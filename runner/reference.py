@@ -1,0 +1,27 @@
+"""Single-process training of the whole model on the whole global batch: the reference every plan's
+loss curve must match (same seed, same data, same AdamW), used by the equivalence tests and experiment."""
+
+from __future__ import annotations
+
+from autotune.loading import load_model
+from autotune.specs import ModelSpec
+from runner.data import TokenSource
+from runner.engine import make_optimizer
+from runner.model import build_full_model, lm_loss
+
+
+def reference_losses(model: str | ModelSpec, steps: int, seed: int = 0) -> list[float]:
+    """The loss of each of ``steps`` optimizer steps of one process training ``model``."""
+    spec = load_model(model)
+    tokens = TokenSource(spec, seed)
+    net = build_full_model(spec, seed)
+    opt = make_optimizer(net.parameters())
+    out = []
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = tokens.pipeline_batch(step, 0, spec.global_batch_size)
+        loss = lm_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    return out
