@@ -121,3 +121,46 @@ def test_optuna_study_resumed_into_a_new_mlflow_store_keeps_one_budget(store, tm
     assert again.evaluations == 9 and again.run_id != first.run_id
     children = _children(_client(other), again.run_id)
     assert len(children) == 9 == len({c.data.tags["autotune.config_key"] for c in children})
+
+
+def test_optuna_resume_after_a_kill_mid_mlflow_write_reaches_exactly_the_budget(store, tmp_path, monkeypatch):
+    """A kill between creating a plan's child run and writing its params leaves a half-written child
+    (no params, still RUNNING) and a RUNNING trial; the resumed search must still end with exactly
+    ``budget`` plans in the study and in MLflow (CI once saw 39 of 40)."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    class Killed(BaseException):  # like SIGKILL: no `except Exception` handler may swallow it
+        pass
+
+    real_log_batch = MlflowClient.log_batch
+    calls = {"children": 0}
+
+    def dying_log_batch(self, run_id, metrics=(), params=(), tags=(), *a, **kw):
+        if any(p.key == "eval_index" for p in params):
+            calls["children"] += 1
+            if calls["children"] == 5:
+                raise Killed()
+        return real_log_batch(self, run_id, metrics, params, tags, *a, **kw)
+
+    storage, budget = f"sqlite:///{tmp_path}/optuna.db", 9
+    monkeypatch.setattr(MlflowClient, "log_batch", dying_log_batch)
+    with pytest.raises(Killed):
+        tune(CLUSTER, MODEL, method="optuna", budget=budget, seed=11, tracking_uri=store["uri"], storage=storage)
+    monkeypatch.setattr(MlflowClient, "log_batch", real_log_batch)
+
+    client = _client(store["uri"])
+    study = optuna.load_study(study_name=f"{EXPERIMENT}__optuna__seed11", storage=storage)
+    parent_id = study.user_attrs["mlflow_run_id"]
+    half = [c for c in _children(client, parent_id) if c.info.status == "RUNNING"]
+    assert len(half) == 1 and not half[0].data.params  # the state a kill leaves behind
+
+    again = tune(CLUSTER, MODEL, method="optuna", budget=budget, seed=11, tracking_uri=store["uri"], storage=storage)
+    assert again.run_id == parent_id and again.evaluations == budget
+    study = optuna.load_study(study_name=f"{EXPERIMENT}__optuna__seed11", storage=storage)
+    evaluated = [t for t in study.trials if t.user_attrs.get("evaluated")]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in evaluated)
+    children = _children(client, parent_id)
+    assert len(evaluated) == budget == len(children)
+    assert {t.user_attrs["config_key"] for t in evaluated} == {c.data.tags["autotune.config_key"] for c in children}
+    assert all(c.info.status != "RUNNING" and c.data.params for c in children)

@@ -112,6 +112,12 @@ class SearchTracker:
             self.parent_id = run.info.run_id
             self.client.update_run(self.parent_id, status="RUNNING")
             for child in self._children():
+                if child.info.status == "RUNNING":
+                    # a kill cut this write short (``set_terminated`` is its last step): its params or
+                    # metrics may be missing, so drop it and let the search evaluate the plan again
+                    log.info("deleting MLflow run %s, left half-written by a killed search", child.info.run_id)
+                    self.client.delete_run(child.info.run_id)
+                    continue
                 self._logged.add(child.data.tags.get("autotune.config_key", ""))
             self._best = float(run.data.metrics.get("best_tokens_per_s", 0.0))
             self._curve_logged = len(self.client.get_metric_history(self.parent_id, "best_tokens_per_s"))
