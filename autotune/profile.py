@@ -66,6 +66,13 @@ Runner overheads (optional, added by the calibration helper; ``autotune.calibrat
   ``stretch(n) / n`` (``n`` ranks do ``n / stretch(n)`` ranks' worth of work per second; processor
   sharing is work-conserving), with ``n`` the plan's ranks of the type, each weighted ``1 / slowdown``
   (an emulated slow rank sleeps most of its time). Compute times in the profile are CPU times.
+- ``pipeline_overhead``: ``[ranks, seconds]`` pairs: what each micro-batch costs each stage of a
+  pipeline beyond ``microbatch_overhead_s`` when ``ranks`` runner ranks of this type share the host:
+  the hand-offs between stages (send/recv, waking the next rank) and the ranks' runtime overheads
+  competing for the cores, measured on a ``ranks``-stage pipeline of a negligible model. The
+  simulator adds it (half to forward, half to backward) to every stage of a multi-stage pipeline, with
+  ``ranks`` the plan's ranks of the type (interpolated; linear past the last point, 0 at one rank),
+  and leaves it out of the compute work of the ``contention`` bound (it was measured under contention).
 
 Every field is validated on load; a bad file raises one ``SpecError`` naming the file and field.
 """
@@ -175,6 +182,7 @@ class DeviceProfile:
     state_bytes_per_param: float | None = None  # measured weights + grads + optimizer state per parameter
     activation_memory_factor: float | None = None  # measured peak memory per byte autograd saves
     contention: tuple[tuple[float, float], ...] = ()  # (processes computing at once, time stretch)
+    pipeline_overhead: tuple[tuple[float, float], ...] = ()  # (ranks on the host, s per micro-batch and stage)
 
     def __post_init__(self) -> None:
         if not self.matmul:
@@ -213,6 +221,20 @@ class DeviceProfile:
         i = bisect.bisect_right([n for n, _ in pts], processes)
         (n0, k0), (n1, k1) = pts[i - 1], pts[i]
         return max(1.0, k0 + (processes - n0) / (n1 - n0) * (k1 - k0))
+
+    def pipeline_overhead_s(self, ranks: float) -> float:
+        """Seconds per micro-batch and stage that pipelining costs when ``ranks`` ranks of this type share
+        the host (``pipeline_overhead``): 0 at one rank, interpolated from there through the measured
+        points, linear in ``ranks`` past the last one."""
+        if not self.pipeline_overhead or ranks <= 1:
+            return 0.0
+        pts = [(1.0, 0.0), *sorted(p for p in self.pipeline_overhead if p[0] > 1)]
+        if ranks >= pts[-1][0]:
+            n, s = pts[-1]
+            return max(0.0, s * ranks / n)
+        i = bisect.bisect_right([n for n, _ in pts], ranks)
+        (n0, s0), (n1, s1) = pts[i - 1], pts[i]
+        return max(0.0, s0 + (ranks - n0) / (n1 - n0) * (s1 - s0))
 
     def edge_timing(self, model: ModelSpec, micro_batch_size: int, tp: int) -> EdgeTiming | None:
         key = EdgeTiming.key_for(model, micro_batch_size, tp)
@@ -279,6 +301,8 @@ class CalibrationProfile:
                 entry["activation_memory_factor"] = d.activation_memory_factor
             if d.contention:
                 entry["contention"] = [[n, k] for n, k in d.contention]
+            if d.pipeline_overhead:
+                entry["pipeline_overhead"] = [[n, t] for n, t in d.pipeline_overhead]
             devices[d.name] = entry
         links: dict[str, Any] = {}
         for nl in self.links:
@@ -360,7 +384,7 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         raise SpecError(source, f, "must be a mapping with matmul_tflops")
     allowed = {"matmul_tflops", "memory_bandwidth_GBps", "layers", "edges", "optimizer_s_per_param",
                "microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param",
-               "activation_memory_factor", "contention"}
+               "activation_memory_factor", "contention", "pipeline_overhead"}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise SpecError(source, f"{f}.{extra[0]}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
@@ -430,14 +454,21 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     for key in ("microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param", "activation_memory_factor"):
         if raw.get(key) is not None:
             extras[key] = _number(source, f"{f}.{key}", raw[key], positive=False)
-    contention_raw = raw.get("contention", [])
-    if not isinstance(contention_raw, list):
-        raise SpecError(source, f"{f}.contention", "must be a list of [processes, stretch] pairs")
-    contention = []
-    for i, pt in enumerate(contention_raw):
+    contention = _pairs(source, f"{f}.contention", raw.get("contention", []), "[processes, stretch]")
+    pipeline = _pairs(source, f"{f}.pipeline_overhead", raw.get("pipeline_overhead", []), "[ranks, seconds]",
+                      positive=False)
+    return DeviceProfile(name, tuple(points), bw, tuple(layers), tuple(edges), opt, contention=contention,
+                         pipeline_overhead=pipeline, **extras)
+
+
+def _pairs(source: str, field: str, raw: Any, what: str, positive: bool = True) -> tuple[tuple[float, float], ...]:
+    """A list of ``[x, y]`` number pairs (``x`` > 0; ``y`` > 0 unless ``positive`` is False)."""
+    if not isinstance(raw, list):
+        raise SpecError(source, field, f"must be a list of {what} pairs")
+    out = []
+    for i, pt in enumerate(raw):
         if not isinstance(pt, list) or len(pt) != 2:
-            raise SpecError(source, f"{f}.contention[{i}]", f"must be a pair [processes, stretch], got {pt!r}")
-        contention.append((_number(source, f"{f}.contention[{i}][0]", pt[0]),
-                           _number(source, f"{f}.contention[{i}][1]", pt[1])))
-    return DeviceProfile(name, tuple(points), bw, tuple(layers), tuple(edges), opt, contention=tuple(contention),
-                         **extras)
+            raise SpecError(source, f"{field}[{i}]", f"must be a pair {what}, got {pt!r}")
+        out.append((_number(source, f"{field}[{i}][0]", pt[0]),
+                    _number(source, f"{field}[{i}][1]", pt[1], positive=positive)))
+    return tuple(out)

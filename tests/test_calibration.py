@@ -93,6 +93,7 @@ def test_profile_command_writes_a_profile_that_simulate_uses(tmp_path):
     assert cpu.layers and all(layer.activation_bytes for layer in cpu.layers)
     assert cpu.memory_baseline_GiB > 0 and cpu.microbatch_overhead_s > 0 and cpu.optimizer_s_per_param > 0
     assert [n for n, _ in cpu.contention] == [1.0, 2.0]
+    assert [n for n, _ in cpu.pipeline_overhead] == [2.0] and cpu.pipeline_overhead[0][1] >= 0
     assert prof.node_links("cpu") is not None and prof.node_links("a100") is None
     assert "A100-80GB" in prof.notes
 
@@ -177,6 +178,37 @@ def test_contention_curve_interpolates_and_extrapolates():
     assert dev.contention_stretch(1) == 1.0
     assert dev.contention_stretch(3) == pytest.approx(1.6)
     assert dev.contention_stretch(8) == pytest.approx(4.2)  # processor sharing past the end
+
+
+def test_pipeline_overhead_curve_is_zero_at_one_rank_interpolated_and_linear_past_the_end():
+    dev = DeviceProfile("cpu", ((16.0, 0.1),), pipeline_overhead=((2.0, 0.001), (4.0, 0.003)))
+    assert dev.pipeline_overhead_s(1) == 0.0
+    assert dev.pipeline_overhead_s(1.5) == pytest.approx(0.0005)
+    assert dev.pipeline_overhead_s(3) == pytest.approx(0.002)
+    assert dev.pipeline_overhead_s(8) == pytest.approx(0.006)
+    assert DeviceProfile("cpu", ((16.0, 0.1),)).pipeline_overhead_s(4) == 0.0
+
+
+def test_simulator_adds_pipeline_overhead_to_every_slot_of_multi_stage_pipelines_only():
+    model = load_model("tiny")
+    cluster = load_cluster("cpu-4")
+    base = _profile_with_layers(model, (1, 2))
+    cpu = base.devices[0]
+    extra = 0.004
+    with_hops = replace(base, devices=(replace(cpu, pipeline_overhead=((2.0, extra / 2), (4.0, extra))),))
+    m = 8
+    four = plan(1, (m, [("cpu:0", 1, False), ("cpu:1", 1, False), ("cpu:2", 1, False), ("cpu:3", 1, False)]))
+    a, b = Simulator(cluster, model, base).evaluate(four), Simulator(cluster, model, with_hops).evaluate(four)
+    # balanced 1F1B: the critical path holds m + p - 1 forward+backward slots of the stage, each longer by
+    # the overhead at 4 ranks (communication is a few microseconds here)
+    assert b.iteration_time_s - a.iteration_time_s == pytest.approx((m + 4 - 1) * extra, rel=0.05)
+    assert b.stage_busy_s == a.stage_busy_s  # it is not compute
+    one = plan(2, (4, [("cpu:0", 4, False)]))  # no pipeline, no hand-offs
+    assert Simulator(cluster, model, with_hops).evaluate(one).iteration_time_s == \
+        Simulator(cluster, model, base).evaluate(one).iteration_time_s
+    replicas = plan(2, (2, [("cpu:0", 4, False)]), (2, [("cpu:1", 4, False)]))
+    assert Simulator(cluster, model, with_hops).evaluate(replicas).iteration_time_s == \
+        Simulator(cluster, model, base).evaluate(replicas).iteration_time_s
 
 
 def test_simulator_uses_contention_and_memory_terms():

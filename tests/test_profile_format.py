@@ -26,7 +26,11 @@ def _example() -> CalibrationProfile:
 
 
 def test_round_trip(tmp_path: Path) -> None:
-    prof = _example()
+    from dataclasses import replace
+
+    base = _example()
+    prof = replace(base, devices=(replace(base.devices[0], contention=((1.0, 1.05), (2.0, 1.2)),
+                                          pipeline_overhead=((2.0, 4e-4), (4.0, 2e-3))),))
     path = tmp_path / "profile.json"
     prof.save(path)
     data = json.loads(path.read_text())
@@ -65,6 +69,10 @@ BAD = [
     ('{"devices": {"cpu": {"matmul_tflops": [[1, 2], [1, 3]]}}}', "lists the same size twice"),
     ('{"devices": {"cpu": {"matmul_tflops": [3]}}}', "must be a pair [n, tflops]"),
     ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]], "speed": 1}}}', "devices.cpu.speed: unknown field"),
+    ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]], "pipeline_overhead": [[2, -1]]}}}',
+     "devices.cpu.pipeline_overhead[0][1]: must be >= 0"),
+    ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]], "pipeline_overhead": 3}}}',
+     "devices.cpu.pipeline_overhead: must be a list of [ranks, seconds] pairs"),
     ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]], "layers": [{"tp": 1}]}}}', "layers[0].hidden_size: is required"),
     ('{"format_version": 2, "devices": {"cpu": {"matmul_tflops": [[1, 2]]}}}', "format_version: must be 1"),
     ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]]}}, "links": {"a": {"network": {"latency_us": 1}}}}',

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -105,6 +106,83 @@ def _probe(init_file: str, repeats: int) -> dict:
         dist.destroy_process_group()
 
 
+def _probe_pipeline(init_file: str, rank: int, world: int, microbatches: tuple[int, ...], repeats: int) -> dict:
+    """One rank of a ``world``-stage pipeline of the negligible probe model (one layer per stage): the
+    step time at each micro-batch count, as every rank sees it (the step ends in an all-reduce)."""
+    import torch
+
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from autotune.loading import cluster_from_dict, load_config, model_from_dict
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        from runner.data import TokenSource
+        from runner.engine import Engine
+        from runner.layout import build_layout
+
+        cluster = cluster_from_dict({"name": "probe", "nodes": [{"name": "cpu", "gpu": "cpu", "count": world}],
+                                "network": {"bandwidth_GBps": 5, "latency_us": 20}}, "probe")
+        step_times: dict[int, float] = {}
+        for m in microbatches:
+            model = model_from_dict({**PROBE_MODEL, "num_layers": world, "global_batch_size": m}, "probe")
+            config = load_config({"micro_batch_size": 1, "pipelines": [
+                {"num_microbatches": m, "stages": [{"devices": [f"cpu:{i}"], "layers": 1} for i in range(world)]}]})
+            layout = build_layout(cluster, model, config)
+            engine = Engine(layout, model, rank, torch.device("cpu"), schedule="1f1b", seed=0,
+                            tokens=TokenSource(model, 0))
+            for i in range(2):
+                engine.step(i)
+            samples = []
+            for i in range(repeats):
+                samples.append(engine.step(2 + i).time_s)
+            step_times[m] = statistics.median(samples)  # ranks on shared cores: the middle, not the luckiest
+        return {"step_s": {str(m): t for m, t in step_times.items()}}
+    finally:
+        dist.destroy_process_group()
+
+
+PIPELINE_MICROBATCHES = (4, 16)
+
+
+def probe_pipeline_overhead(max_ranks: int, repeats: int = 10, rounds: int = 2,
+                            timeout_s: float = 180.0) -> tuple[tuple[int, float], ...]:
+    """``(ranks, seconds)`` pairs: what each micro-batch costs each stage of a ``ranks``-stage pipeline on
+    this host beyond what it costs one rank alone. All stages run the negligible probe model, so this is
+    the pipelining runtime's hand-offs (gloo send/recv, waking the next rank) and the ranks' runtime
+    overheads competing for the host's cores: the slope of step time in ``microbatches + ranks - 1``
+    (the 1F1B critical path in stage slots) at ``ranks`` minus the same slope at one rank. The ranks run
+    as separate processes, as the runner's do."""
+    slopes: dict[int, list[float]] = {}
+    for world in [w for _ in range(rounds) for w in range(1, max(2, max_ranks) + 1)]:
+        with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            args = ",".join(map(str, PIPELINE_MICROBATCHES))
+            procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.runtime_probe", "pipeline",
+                                       f"{d}/rendezvous", str(r), str(world), args, str(repeats)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                     for r in range(world)]
+            outs = []
+            try:
+                for proc in procs:
+                    outs.append(proc.communicate(timeout=timeout_s))
+            finally:
+                for proc in procs:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait()
+        if any(proc.returncode != 0 for proc in procs):
+            err = next((o[1] for proc, o in zip(procs, outs) if proc.returncode != 0), "")
+            lines = err.strip().splitlines()
+            raise RuntimeError(f"pipeline probe with {world} ranks failed: {lines[-1] if lines else 'no output'}")
+        times = json.loads(outs[0][0].strip().splitlines()[-1])["step_s"]
+        lo, hi = PIPELINE_MICROBATCHES[0], PIPELINE_MICROBATCHES[-1]
+        slopes.setdefault(world, []).append(max(0.0, (times[str(hi)] - times[str(lo)]) / (hi - lo)))
+    mean = {n: statistics.fmean(v) for n, v in slopes.items()}
+    return tuple((n, max(0.0, mean[n] - mean[1])) for n in sorted(mean) if n > 1)
+
+
 def _probe_model_memory(init_file: str, model_json: str, micro_batch_size: int, steps: int = 3) -> dict:
     """Peak-RSS growth of one rank training the whole model on one stage, as a runner worker counts it."""
     import torch
@@ -167,5 +245,10 @@ def probe_runtime(repeats: int = 20, timeout_s: float = 120.0) -> RuntimeOverhea
 if __name__ == "__main__":
     if sys.argv[1] == "model":  # model INIT_FILE MODEL_JSON MICRO_BATCH_SIZE
         print(json.dumps(_probe_model_memory(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+    elif sys.argv[1] == "pipeline":  # pipeline INIT_FILE RANK WORLD M1,M2 REPEATS
+        result = _probe_pipeline(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+                                 tuple(int(m) for m in sys.argv[5].split(",")), int(sys.argv[6]))
+        if int(sys.argv[3]) == 0:
+            print(json.dumps(result))
     else:  # INIT_FILE [REPEATS]
         print(json.dumps(_probe(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 20)))

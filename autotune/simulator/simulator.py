@@ -244,6 +244,27 @@ class Simulator:
             self._memory_cache[key] = hit
         return hit
 
+    def _pipeline_overheads(self, config: ParallelConfig) -> dict[str, float]:
+        """Per device: seconds a profile's ``pipeline_overhead`` adds to each micro-batch of a stage in a
+        multi-stage pipeline, at the plan's number of ranks of that device type (calibration)."""
+        if self.profile is None:
+            return {}
+        ranks: dict[str, int] = {}
+        for pipe in config.pipelines:
+            for st in pipe.stages:
+                for d in st.devices:
+                    name = self._node[d].device.name
+                    ranks[name] = ranks.get(name, 0) + 1
+        per_type = {}
+        for name, n in ranks.items():
+            prof = self.profile.device(name)
+            if prof is not None and prof.pipeline_overhead:
+                per_type[name] = prof.pipeline_overhead_s(n)
+        if not per_type:
+            return {}
+        return {d: per_type[self._node[d].device.name] for pipe in config.pipelines for st in pipe.stages
+                for d in st.devices if self._node[d].device.name in per_type}
+
     def _shared_host_bound(self, config: ParallelConfig, stage_costs: list, iteration: float) -> float:
         """Lower bound on the iteration from a profile's host-contention curve (calibration): ranks of a
         device type with a ``contention`` curve share one host (CPU ranks on one machine), whose cores
@@ -342,12 +363,14 @@ class Simulator:
         finish: list[tuple[float, ...]] = []
         slowest = (-1.0, 0)
         events: list[TimelineEvent] = []
+        hand_off = self._pipeline_overheads(config)
         for r, pipe in enumerate(config.pipelines):
             p = len(pipe.stages)
             costs = stage_costs[r]
             durs: list[float] = []
-            for c in costs:
-                durs += c[0]
+            for s, c in enumerate(costs):
+                extra = max((hand_off.get(d, 0.0) for d in pipe.stages[s].devices), default=0.0) if p > 1 else 0.0
+                durs += [x + extra / 2 for x in c[0]] if extra else c[0]
             comms = [0.0] * (1 + 2 * p)
             stages = pipe.stages
             for s in range(p):
