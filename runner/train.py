@@ -7,18 +7,22 @@ Checkpoints every ``checkpoint_every`` steps and at the end; ``resume`` continue
 one. The data of step ``k`` depends only on ``(seed, k)``, so a resumed run sees exactly the data
 the uninterrupted run would have seen.
 
-SIGTERM (sent to ``autotune train``, to torchrun, or to any rank) stops the run cleanly: ranks agree
-on it in the step's closing all-reduce, finish that step together, write a checkpoint and exit 0.
+SIGTERM (sent to ``autotune train``, to torchrun, or to any rank) and Ctrl-C (SIGINT to ``autotune
+train``; torchrun runs in its own session, so the terminal's SIGINT reaches only the launcher, which
+passes it on as SIGTERM) stop the run cleanly: ranks agree on it in the step's closing all-reduce,
+finish that step together, write a checkpoint and exit 0. A second Ctrl-C kills the ranks at once.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,10 +66,11 @@ def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank
 
     stop = {"requested": False}
 
-    def on_sigterm(signum, frame):  # finish the step, checkpoint, exit
+    def on_stop(signum, frame):  # finish the step, checkpoint, exit
         stop["requested"] = True
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)  # torchrun passes on the signal it got
     metrics = open(job["metrics_out"], "a") if rank == 0 and job.get("metrics_out") else None
     tracker = _MlflowLogger(job, config, model) if rank == 0 and job.get("tracking_uri") else None
     fault(rank)
@@ -88,7 +93,7 @@ def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank
                 checkpoint.save(ckpt_dir, engine, done)
                 saved_at = done
             if result.stop:
-                log.info("stopped by SIGTERM after step %d", done)
+                log.info("stopped by a signal after step %d", done)
                 break
         if ckpt_dir and saved_at != done:
             checkpoint.save(ckpt_dir, engine, done)
@@ -142,6 +147,14 @@ class TrainOutcome:
 
         e = min(self.errors, key=lambda e: (_is_peer_loss(e), e.get("time", 0.0), e["rank"]))
         return f"rank {e['rank']} failed: {e['type']}: {e['message']}"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun's session (torchrun and its ranks)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str]) -> list[str]:
@@ -200,12 +213,24 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
     out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(cmd, env=worker_env(), stdout=out, stderr=out)
+    # its own session: a terminal's Ctrl-C reaches only this process, which decides what the ranks get
+    proc = subprocess.Popen(cmd, env=worker_env(), stdout=out, stderr=out, start_new_session=True)
+    interrupts = {"n": 0}
 
-    def forward(signum, frame):  # torchrun passes SIGTERM on to every rank
-        proc.send_signal(signum)
+    def forward(signum, frame):  # torchrun passes SIGTERM on to every rank: finish the step, checkpoint
+        if signum == signal.SIGINT:
+            interrupts["n"] += 1
+            if interrupts["n"] > 1:  # a second Ctrl-C: stop now, without the checkpoint
+                log.warning("second interrupt: killing the ranks")
+                _kill_group(proc)
+                return
+            log.warning("interrupted: finishing the current step and writing a checkpoint (Ctrl-C again to kill)")
+        proc.send_signal(signal.SIGTERM)
 
-    previous = signal.signal(signal.SIGTERM, forward)
+    # handlers can only be installed from the main thread; elsewhere (a library caller's thread) the
+    # caller's own signal handling stays in charge
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
     try:
         try:
             code = proc.wait(timeout=timeout_s)
@@ -214,10 +239,14 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
             try:
                 code = proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _kill_group(proc)
                 code = proc.wait()
+    except BaseException:  # this process is dying: take torchrun and the ranks with it
+        _kill_group(proc)
+        raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     outcome = TrainOutcome(code)
     result = run_dir / "result.json"
     if result.exists():

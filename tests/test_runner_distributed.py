@@ -127,7 +127,7 @@ def test_sigterm_checkpoint_then_resume_matches_uninterrupted_run(two_stage_run,
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output
-    assert "stopped by SIGTERM" in output
+    assert "stopped by SIGTERM/Ctrl-C" in output
     k = len(read_losses(stopped))
     assert 1 <= k < STEPS, output
     assert (ckpt / "latest").read_text().strip() == f"step-{k:08d}"
@@ -146,6 +146,37 @@ def test_sigterm_checkpoint_then_resume_matches_uninterrupted_run(two_stage_run,
     (run,) = client.search_runs([client.get_experiment_by_name("autotune-train").experiment_id])
     history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
     assert history == [(step, pytest.approx(loss)) for step, loss in enumerate(uninterrupted, 1)][k:]
+
+
+def test_ctrl_c_checkpoints_like_sigterm_and_leaves_no_rank(tmp_path):
+    """Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the run must still finish
+    its step, checkpoint and exit 0, not die with its ranks mid-step."""
+    import os
+
+    from proc_scan import processes_with
+
+    _, config = PLANS["2-stages"]
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(config))
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("nodes: [{name: cpu, gpu: cpu, count: 2, slowdown: 10}]\nnetwork: {bandwidth_GBps: 5}\n")
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    proc = subprocess.Popen(_cli("train", "--cluster", str(slow), "--model", "tiny", "--config", str(cfg),
+                                 "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), "--metrics-out", str(metrics)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=dict(os.environ, AUTOTUNE_TEST_TAG=f"ctrl-c-{tmp_path.name}"))
+    deadline = time.monotonic() + 90
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the launcher's whole process group
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert "stopped by SIGTERM/Ctrl-C" in output
+    k = len(read_losses(metrics))
+    assert 1 <= k < STEPS, output
+    assert (ckpt / "latest").read_text().strip() == f"step-{k:08d}"
+    assert not processes_with(f"AUTOTUNE_TEST_TAG=ctrl-c-{tmp_path.name}"), "a rank outlived the launcher"
 
 
 def test_measure_json_cli_and_slowdown_emulation(tmp_path):

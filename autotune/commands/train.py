@@ -20,7 +20,7 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
     if outcome.returncode != 0:
         console.print(f"[red]training failed[/red]: {outcome.error}")
         return 1
-    how = "stopped by SIGTERM" if outcome.stopped else "done"
+    how = "stopped by SIGTERM/Ctrl-C" if outcome.stopped else "done"
     where = f"; checkpoint in {checkpoint_dir}" if checkpoint_dir else ""
     console.print(f"training {how} after step {outcome.steps_done}{where}")
     return 0
