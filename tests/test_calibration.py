@@ -321,3 +321,43 @@ def test_negative_memory_offset_still_gives_a_saveable_profile(tmp_path) -> None
     path = tmp_path / "calibrated.json"
     corrected.save(path)
     assert CalibrationProfile.load(path).device("cpu").memory_baseline_GiB == 0.0
+
+
+def _noisy(m, k):
+    return replace(m, iteration_time_s=m.iteration_time_s * k, stage_busy_s=tuple(b * k for b in m.stage_busy_s),
+                   peak_memory_GiB={d: g * (2 - k) for d, g in m.peak_memory_GiB.items()})
+
+
+SIX_PLANS = [plan(2, (8, [("cpu:0", 8, False)])),
+             plan(2, (8, [("cpu:0", 2, False), ("cpu:1", 2, False), ("cpu:2", 2, False), ("cpu:3", 2, False)])),
+             plan(4, (4, [("cpu:0", 4, False), ("cpu:1", 4, True)])),
+             plan(2, (4, [("cpu:0", 4, False), ("cpu:1", 4, False)]), (4, [("cpu:2", 4, False), ("cpu:3", 4, False)])),
+             plan(1, (16, [("cpu:0", 5, False), ("cpu:1", 3, False)])),
+             plan(1, (16, [("cpu:0", 3, False), ("cpu:1", 3, False), ("cpu:2", 2, False)]))]
+
+
+def test_online_calibration_keeps_a_right_profile_when_runs_only_add_noise():
+    """Runs scattered +-8-12% around a profile that is right: a fit would chase the noise; the held-out
+    check must keep the profile as it is."""
+    cluster, model = load_cluster("cpu-4"), load_model("small")
+    profile = replace(_profile_with_layers(model, (1, 2, 4)), devices=(
+        replace(_profile_with_layers(model, (1, 2, 4)).devices[0], contention=((1.0, 1.0), (2.0, 1.1), (4.0, 2.0)),
+                memory_baseline_GiB=0.1),))
+    truth = Simulator(cluster, model, profile)
+    cal = OnlineCalibrator(Simulator(cluster, model, profile))
+    for c, k in zip(SIX_PLANS, (1.1, 1.1, 0.9, 0.9, 1.1, 0.9)):
+        cal.update(c, _noisy(truth.evaluate(c), k))
+    assert cal.corrections == Corrections()
+    assert cal.profile.devices == profile.devices
+
+
+def test_online_calibration_held_out_check_keeps_a_real_correction():
+    """The same check lets a real error through: a profile 40% too fast is corrected from six runs."""
+    cluster, model = load_cluster("cpu-4"), load_model("small")
+    true_profile = _profile_with_layers(model, (1, 2, 4))
+    truth = Simulator(cluster, model, true_profile)
+    wrong = apply_corrections(true_profile, cluster, Corrections(compute=(("cpu", 0.6),)))
+    cal = OnlineCalibrator(Simulator(cluster, model, wrong))
+    for c, k in zip(SIX_PLANS, (1.03, 0.98, 1.02, 0.97, 1.01, 1.0)):
+        cal.update(c, _noisy(truth.evaluate(c), k))
+    assert dict(cal.corrections.compute)["cpu"] == pytest.approx(1 / 0.6, rel=0.1)

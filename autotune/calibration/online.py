@@ -19,6 +19,8 @@ The time factors are fitted in log space (residual ``log(predicted / measured)``
 measurements move them only as far as the data supports, and a factor the data cannot see (no
 multi-rank plan measured yet: ``link``) stays at 1. Each refit re-simulates the measured plans with
 the candidate factors; the simulator costs milliseconds per plan, so this is cheap next to one real run.
+From three runs on, a refit is kept only if it predicts held-out runs better than the uncorrected
+profile (k-fold cross-validation, ``refit``): corrections must not make a good profile worse.
 
 The search helper calls ``update(config, measured)`` after every real run and evaluates the next
 plans with ``corrected_simulator()``.
@@ -131,6 +133,7 @@ class OnlineCalibrator:
     simulator: object
     prior_weight: float = 0.2
     max_factor: float = 10.0
+    min_validation_runs: int = 3  # from this many runs on, a fit must beat the profile on held-out runs
     observations: list[_Observation] = field(default_factory=list)
     corrections: Corrections = field(default_factory=Corrections)
 
@@ -171,14 +174,66 @@ class OnlineCalibrator:
         return {self.cluster.device(d).name for d in config.devices}
 
     def refit(self) -> None:
-        import numpy as np
-        from scipy.optimize import least_squares
+        """Fit the factors to every run so far; keep them only if they predict unseen runs better.
 
-        from autotune.simulator import Simulator
-
+        With ``min_validation_runs`` or more runs, each fit is first checked by cross-validation
+        (``k = min(runs, 5)`` folds: fit on the other folds, predict this one): a correction that does
+        not lower the held-out error of the uncorrected profile is dropped (time factors back to 1,
+        memory offsets to 0), so a good measured profile is not bent to fit noise or a cost the factors
+        cannot express."""
         obs = self.observations
         if not obs:
             return
+        corr = self._fit_time(obs)
+        memory = self._fit_memory(obs, corr)
+        k = min(len(obs), 5)
+        if len(obs) >= self.min_validation_runs:
+            time_err = {"fitted": 0.0, "base": 0.0}
+            mem_err: dict[str, dict[str, float]] = {}
+            base_sim = self._simulator_with(Corrections())
+            for fold in range(k):
+                train = [o for i, o in enumerate(obs) if i % k != fold]
+                test = [o for i, o in enumerate(obs) if i % k == fold]
+                c = self._fit_time(train, start=corr)  # warm start: one descent, not three
+                sim = self._simulator_with(c)
+                offsets = dict(self._fit_memory(train, c))
+                for o in test:
+                    pred, base = sim.evaluate(o.config), base_sim.evaluate(o.config)
+                    time_err["fitted"] += _log_error(pred, o.measured)
+                    time_err["base"] += _log_error(base, o.measured)
+                    for dev, gib in o.measured.peak_memory_GiB.items():
+                        if gib <= 0 or dev not in pred.peak_memory_GiB or dev not in base.peak_memory_GiB:
+                            continue
+                        t = self.cluster.device(dev).name
+                        e = mem_err.setdefault(t, {"fitted": 0.0, "base": 0.0})
+                        e["fitted"] += abs(pred.peak_memory_GiB[dev] + offsets.get(t, 0.0) - gib)
+                        e["base"] += abs(base.peak_memory_GiB[dev] - gib)
+            if time_err["fitted"] >= time_err["base"]:
+                log.info("online calibration: time corrections %s do not predict held-out runs better "
+                         "(%d-fold mean |log error| %.3f vs %.3f uncorrected); keeping the profile's times",
+                         corr.to_dict(), k, time_err["fitted"] / len(obs), time_err["base"] / len(obs))
+                corr = Corrections()
+                memory = self._fit_memory(obs, corr)
+            kept = tuple((t, v) for t, v in memory if t not in mem_err or mem_err[t]["fitted"] < mem_err[t]["base"])
+            if kept != memory:
+                log.info("online calibration: memory offsets of %s do not predict held-out runs better; dropped",
+                         sorted(t for t, _ in set(memory) - set(kept)))
+            memory = kept
+        self.corrections = replace(corr, memory_GiB=memory)
+        self._profile = apply_corrections(self.base_profile, self.cluster, self.corrections)
+        log.info("online calibration from %d run(s): %s", len(obs), self.corrections.to_dict())
+
+    def _simulator_with(self, corr: Corrections):
+        from autotune.simulator import Simulator
+
+        return Simulator(self.cluster, self.model, apply_corrections(self.base_profile, self.cluster, corr))
+
+    def _fit_time(self, obs: list[_Observation], start: Corrections | None = None) -> Corrections:
+        """Least-squares time factors (compute, contention, link) for ``obs``; no memory offsets.
+        ``start``: begin the descent there (else from several contention levels)."""
+        import numpy as np
+        from scipy.optimize import least_squares
+
         types = sorted({t for o in obs for t in self._types_of(o.config)})
         multi_rank = any(len(o.config.devices) > 1 for o in obs)
         contention_types = [t for t in types
@@ -192,12 +247,10 @@ class OnlineCalibrator:
             vals = dict(zip(names, (math.exp(x) for x in theta)))
             return Corrections(compute=tuple((t, vals[f"compute:{t}"]) for t in types),
                                link=vals.get("link", 1.0),
-                               contention=tuple((t, vals[f"contention:{t}"]) for t in contention_types),
-                               memory_GiB=self.corrections.memory_GiB)
+                               contention=tuple((t, vals[f"contention:{t}"]) for t in contention_types))
 
         def residuals(theta):
-            sim = Simulator(self.cluster, self.model, apply_corrections(self.base_profile, self.cluster,
-                                                                        corrections(theta)))
+            sim = self._simulator_with(corrections(theta))
             res = []
             for o in obs:
                 pred = sim.evaluate(o.config)
@@ -214,28 +267,37 @@ class OnlineCalibrator:
 
         # The shared-host bound is a max(): while it does not bind, the contention factor has no
         # gradient. Start from a few contention levels and keep the best fit.
-        starts = [0.0] if not contention_types else [0.0, math.log(2.0), math.log(4.0)]
+        if start is not None:
+            given = {**{f"compute:{t}": v for t, v in start.compute},
+                     **{f"contention:{t}": v for t, v in start.contention}, "link": start.link}
+            inits = [np.array([min(lim, max(-lim, math.log(given.get(n, 1.0)))) for n in names])]
+        else:
+            levels = [0.0] if not contention_types else [0.0, math.log(2.0), math.log(4.0)]
+            inits = [np.array([c0 if n.startswith("contention:") else 0.0 for n in names]) for c0 in levels]
         best = None
-        for c0 in starts:
-            x0 = np.array([c0 if n.startswith("contention:") else 0.0 for n in names])
+        for x0 in inits:
             fit = least_squares(residuals, x0, bounds=(-lim, lim), diff_step=1e-3, xtol=1e-6, ftol=1e-8)
             if best is None or fit.cost < best.cost - 1e-12:
                 best = fit
-        corr = corrections(best.x)
+        return corrections(best.x)
 
-        # memory: measured - predicted per device type, after the time fit (time does not move memory)
-        sim = Simulator(self.cluster, self.model,
-                        apply_corrections(self.base_profile, self.cluster, replace(corr, memory_GiB=())))
+    def _fit_memory(self, obs: list[_Observation], corr: Corrections) -> tuple[tuple[str, float], ...]:
+        """Per device type, the mean of measured minus predicted peak memory (time does not move memory)."""
+        sim = self._simulator_with(replace(corr, memory_GiB=()))
         diffs: dict[str, list[float]] = {}
         for o in obs:
             pred = sim.evaluate(o.config)
             for dev, gib in o.measured.peak_memory_GiB.items():
                 if dev in pred.peak_memory_GiB and gib > 0:
                     diffs.setdefault(self.cluster.device(dev).name, []).append(gib - pred.peak_memory_GiB[dev])
-        memory = tuple((t, sum(v) / len(v)) for t, v in sorted(diffs.items()))
-        self.corrections = replace(corr, memory_GiB=memory)
-        self._profile = apply_corrections(self.base_profile, self.cluster, self.corrections)
-        log.info("online calibration from %d run(s): %s", len(obs), self.corrections.to_dict())
+        return tuple((t, sum(v) / len(v)) for t, v in sorted(diffs.items()))
+
+
+def _log_error(pred: Measurement, measured: Measurement) -> float:
+    """``|log(predicted / measured)|`` of the iteration time; a plan predicted infeasible counts 5."""
+    if pred.status != "ok" or pred.iteration_time_s <= 0:
+        return 5.0
+    return abs(math.log(pred.iteration_time_s / measured.iteration_time_s))
 
 
 class CalibratingEvaluator:
