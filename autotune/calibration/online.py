@@ -180,12 +180,13 @@ class OnlineCalibrator:
         (``k = min(runs, 5)`` folds: fit on the other folds, predict this one): a correction that does
         not lower the held-out error of the uncorrected profile is dropped (time factors back to 1,
         memory offsets to 0), so a good measured profile is not bent to fit noise or a cost the factors
-        cannot express."""
+        cannot express. A memory offset of a device type seen in one fold only cannot be checked and is
+        kept."""
         obs = self.observations
         if not obs:
             return
-        corr = self._fit_time(obs)
-        memory = self._fit_memory(obs, corr)
+        memory = self._fit_memory(obs)
+        corr = self._fit_time(obs, memory)  # with the memory offsets: which plans fit decides feasibility
         k = min(len(obs), 5)
         if len(obs) >= self.min_validation_runs:
             time_err = {"fitted": 0.0, "base": 0.0}
@@ -194,26 +195,26 @@ class OnlineCalibrator:
             for fold in range(k):
                 train = [o for i, o in enumerate(obs) if i % k != fold]
                 test = [o for i, o in enumerate(obs) if i % k == fold]
-                c = self._fit_time(train, start=corr)  # warm start: one descent, not three
-                sim = self._simulator_with(c)
-                offsets = dict(self._fit_memory(train, c))
+                offsets = self._fit_memory(train)
+                sim = self._simulator_with(self._fit_time(train, offsets, start=corr))  # warm start: one descent
+                seen = {t for t, _ in offsets}
                 for o in test:
                     pred, base = sim.evaluate(o.config), base_sim.evaluate(o.config)
                     time_err["fitted"] += _log_error(pred, o.measured)
                     time_err["base"] += _log_error(base, o.measured)
                     for dev, gib in o.measured.peak_memory_GiB.items():
-                        if gib <= 0 or dev not in pred.peak_memory_GiB or dev not in base.peak_memory_GiB:
-                            continue
                         t = self.cluster.device(dev).name
+                        if gib <= 0 or t not in seen or dev not in pred.peak_memory_GiB or dev not in base.peak_memory_GiB:
+                            continue  # (a type no other fold saw has nothing to validate)
                         e = mem_err.setdefault(t, {"fitted": 0.0, "base": 0.0})
-                        e["fitted"] += abs(pred.peak_memory_GiB[dev] + offsets.get(t, 0.0) - gib)
+                        e["fitted"] += abs(pred.peak_memory_GiB[dev] - gib)
                         e["base"] += abs(base.peak_memory_GiB[dev] - gib)
             if time_err["fitted"] >= time_err["base"]:
                 log.info("online calibration: time corrections %s do not predict held-out runs better "
                          "(%d-fold mean |log error| %.3f vs %.3f uncorrected); keeping the profile's times",
-                         corr.to_dict(), k, time_err["fitted"] / len(obs), time_err["base"] / len(obs))
+                         replace(corr, memory_GiB=()).to_dict(), k, time_err["fitted"] / len(obs),
+                         time_err["base"] / len(obs))
                 corr = Corrections()
-                memory = self._fit_memory(obs, corr)
             kept = tuple((t, v) for t, v in memory if t not in mem_err or mem_err[t]["fitted"] < mem_err[t]["base"])
             if kept != memory:
                 log.info("online calibration: memory offsets of %s do not predict held-out runs better; dropped",
@@ -228,9 +229,11 @@ class OnlineCalibrator:
 
         return Simulator(self.cluster, self.model, apply_corrections(self.base_profile, self.cluster, corr))
 
-    def _fit_time(self, obs: list[_Observation], start: Corrections | None = None) -> Corrections:
-        """Least-squares time factors (compute, contention, link) for ``obs``; no memory offsets.
-        ``start``: begin the descent there (else from several contention levels)."""
+    def _fit_time(self, obs: list[_Observation], memory: tuple[tuple[str, float], ...] = (),
+                  start: Corrections | None = None) -> Corrections:
+        """Least-squares time factors (compute, contention, link) for ``obs``, with the memory offsets
+        ``memory`` applied (returned with them). ``start``: begin the descent there (else from several
+        contention levels)."""
         import numpy as np
         from scipy.optimize import least_squares
 
@@ -247,7 +250,8 @@ class OnlineCalibrator:
             vals = dict(zip(names, (math.exp(x) for x in theta)))
             return Corrections(compute=tuple((t, vals[f"compute:{t}"]) for t in types),
                                link=vals.get("link", 1.0),
-                               contention=tuple((t, vals[f"contention:{t}"]) for t in contention_types))
+                               contention=tuple((t, vals[f"contention:{t}"]) for t in contention_types),
+                               memory_GiB=memory)
 
         def residuals(theta):
             sim = self._simulator_with(corrections(theta))
@@ -281,9 +285,9 @@ class OnlineCalibrator:
                 best = fit
         return corrections(best.x)
 
-    def _fit_memory(self, obs: list[_Observation], corr: Corrections) -> tuple[tuple[str, float], ...]:
-        """Per device type, the mean of measured minus predicted peak memory (time does not move memory)."""
-        sim = self._simulator_with(replace(corr, memory_GiB=()))
+    def _fit_memory(self, obs: list[_Observation]) -> tuple[tuple[str, float], ...]:
+        """Per device type, the mean of measured minus predicted peak memory (no time factor moves memory)."""
+        sim = self._simulator_with(Corrections())
         diffs: dict[str, list[float]] = {}
         for o in obs:
             pred = sim.evaluate(o.config)
