@@ -106,24 +106,30 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-c", "from autotune.cli import main; main()", *args]
 
 
-def test_sigterm_checkpoint_then_resume_matches_uninterrupted_run(two_stage_run, tmp_path):
-    uninterrupted, directory = two_stage_run
-    assert sorted(p.name for p in (directory / "ckpt").glob("step-*")) == ["step-00000002", "step-00000004", "step-00000006"]
+def _slow_train_after_one_step(tmp_path: Path, ckpt: Path, metrics: Path, **popen) -> tuple[subprocess.Popen, Path]:
+    """``autotune train`` of the 2-stage plan on the same devices ("cpu:0", "cpu:1") and math, but
+    emulated 10x slower so a signal lands mid-run; returns once it has logged a step (and the config)."""
     _, config = PLANS["2-stages"]
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(config))
-    # Same devices ("cpu:0", "cpu:1") and math, but emulated 10x slower so SIGTERM lands mid-run.
     slow = tmp_path / "slow.yaml"
     slow.write_text("nodes: [{name: cpu, gpu: cpu, count: 2, slowdown: 10}]\nnetwork: {bandwidth_GBps: 5}\n")
-    ckpt, stopped = tmp_path / "ckpt", tmp_path / "stopped.jsonl"
-    # 1. stopped by SIGTERM once it has done a step: it finishes the step, checkpoints, exits 0
     proc = subprocess.Popen(_cli("train", "--cluster", str(slow), "--model", "tiny", "--config", str(cfg),
-                                 "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), "--metrics-out", str(stopped)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                 "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), "--metrics-out", str(metrics)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
     deadline = time.monotonic() + 90
-    while not (stopped.exists() and stopped.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1) and time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.02)
+    return proc, cfg
+
+
+def test_sigterm_checkpoint_then_resume_matches_uninterrupted_run(two_stage_run, tmp_path):
+    uninterrupted, directory = two_stage_run
+    assert sorted(p.name for p in (directory / "ckpt").glob("step-*")) == ["step-00000002", "step-00000004", "step-00000006"]
+    ckpt, stopped = tmp_path / "ckpt", tmp_path / "stopped.jsonl"
+    # 1. stopped by SIGTERM once it has done a step: it finishes the step, checkpoints, exits 0
+    proc, cfg = _slow_train_after_one_step(tmp_path, ckpt, stopped)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output
@@ -155,20 +161,9 @@ def test_ctrl_c_checkpoints_like_sigterm_and_leaves_no_rank(tmp_path):
 
     from proc_scan import processes_with
 
-    _, config = PLANS["2-stages"]
-    cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps(config))
-    slow = tmp_path / "slow.yaml"
-    slow.write_text("nodes: [{name: cpu, gpu: cpu, count: 2, slowdown: 10}]\nnetwork: {bandwidth_GBps: 5}\n")
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    proc = subprocess.Popen(_cli("train", "--cluster", str(slow), "--model", "tiny", "--config", str(cfg),
-                                 "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), "--metrics-out", str(metrics)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=dict(os.environ, AUTOTUNE_TEST_TAG=f"ctrl-c-{tmp_path.name}"))
-    deadline = time.monotonic() + 90
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 1) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
-        time.sleep(0.02)
+    proc, _ = _slow_train_after_one_step(tmp_path, ckpt, metrics, start_new_session=True,
+                                         env=dict(os.environ, AUTOTUNE_TEST_TAG=f"ctrl-c-{tmp_path.name}"))
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the launcher's whole process group
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output
