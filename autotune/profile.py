@@ -73,6 +73,11 @@ Runner overheads (optional, added by the calibration helper; ``autotune.calibrat
   simulator adds it (half to forward, half to backward) to every stage of a multi-stage pipeline, with
   ``ranks`` the plan's ranks of the type (interpolated; linear past the last point, 0 at one rank),
   and leaves it out of the compute work of the ``contention`` bound (it was measured under contention).
+- ``data_parallel_overhead``: ``[ranks, seconds]`` pairs: what one training step of a plan with
+  several data-parallel replicas costs beyond one rank's step when ``ranks`` runner ranks of this type
+  share the host: the gradient all-reduce call and the wait for the slowest replica, measured on
+  ``ranks`` one-stage replicas of a negligible model (step-time intercepts). The simulator adds it once
+  per step, after the gradient all-reduce, to plans with more than one pipeline (same interpolation).
 
 Every field is validated on load; a bad file raises one ``SpecError`` naming the file and field.
 """
@@ -183,6 +188,7 @@ class DeviceProfile:
     activation_memory_factor: float | None = None  # measured peak memory per byte autograd saves
     contention: tuple[tuple[float, float], ...] = ()  # (processes computing at once, time stretch)
     pipeline_overhead: tuple[tuple[float, float], ...] = ()  # (ranks on the host, s per micro-batch and stage)
+    data_parallel_overhead: tuple[tuple[float, float], ...] = ()  # (ranks on the host, s per step)
 
     def __post_init__(self) -> None:
         if not self.matmul:
@@ -226,15 +232,12 @@ class DeviceProfile:
         """Seconds per micro-batch and stage that pipelining costs when ``ranks`` ranks of this type share
         the host (``pipeline_overhead``): 0 at one rank, interpolated from there through the measured
         points, linear in ``ranks`` past the last one."""
-        if not self.pipeline_overhead or ranks <= 1:
-            return 0.0
-        pts = [(1.0, 0.0), *sorted(p for p in self.pipeline_overhead if p[0] > 1)]
-        if ranks >= pts[-1][0]:
-            n, s = pts[-1]
-            return max(0.0, s * ranks / n)
-        i = bisect.bisect_right([n for n, _ in pts], ranks)
-        (n0, s0), (n1, s1) = pts[i - 1], pts[i]
-        return max(0.0, s0 + (ranks - n0) / (n1 - n0) * (s1 - s0))
+        return _rank_curve(self.pipeline_overhead, ranks)
+
+    def data_parallel_overhead_s(self, ranks: float) -> float:
+        """Seconds per step that data parallelism costs when ``ranks`` ranks of this type share the host
+        (``data_parallel_overhead``; interpolated like ``pipeline_overhead_s``)."""
+        return _rank_curve(self.data_parallel_overhead, ranks)
 
     def edge_timing(self, model: ModelSpec, micro_batch_size: int, tp: int) -> EdgeTiming | None:
         key = EdgeTiming.key_for(model, micro_batch_size, tp)
@@ -303,6 +306,8 @@ class CalibrationProfile:
                 entry["contention"] = [[n, k] for n, k in d.contention]
             if d.pipeline_overhead:
                 entry["pipeline_overhead"] = [[n, t] for n, t in d.pipeline_overhead]
+            if d.data_parallel_overhead:
+                entry["data_parallel_overhead"] = [[n, t] for n, t in d.data_parallel_overhead]
             devices[d.name] = entry
         links: dict[str, Any] = {}
         for nl in self.links:
@@ -384,7 +389,8 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         raise SpecError(source, f, "must be a mapping with matmul_tflops")
     allowed = {"matmul_tflops", "memory_bandwidth_GBps", "layers", "edges", "optimizer_s_per_param",
                "microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param",
-               "activation_memory_factor", "contention", "pipeline_overhead"}
+               "activation_memory_factor", "contention", "pipeline_overhead",
+               "data_parallel_overhead"}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise SpecError(source, f"{f}.{extra[0]}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
@@ -457,8 +463,24 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     contention = _pairs(source, f"{f}.contention", raw.get("contention", []), "[processes, stretch]")
     pipeline = _pairs(source, f"{f}.pipeline_overhead", raw.get("pipeline_overhead", []), "[ranks, seconds]",
                       positive=False)
+    data_parallel = _pairs(source, f"{f}.data_parallel_overhead", raw.get("data_parallel_overhead", []),
+                           "[ranks, seconds]", positive=False)
     return DeviceProfile(name, tuple(points), bw, tuple(layers), tuple(edges), opt, contention=contention,
-                         pipeline_overhead=pipeline, **extras)
+                         pipeline_overhead=pipeline, data_parallel_overhead=data_parallel, **extras)
+
+
+def _rank_curve(points: tuple[tuple[float, float], ...], ranks: float) -> float:
+    """A ``[ranks, seconds]`` curve at ``ranks``: 0 at one rank, linear between points, proportional to
+    ``ranks`` past the last point."""
+    if not points or ranks <= 1:
+        return 0.0
+    pts = [(1.0, 0.0), *sorted(p for p in points if p[0] > 1)]
+    if ranks >= pts[-1][0]:
+        n, s = pts[-1]
+        return max(0.0, s * ranks / n)
+    i = bisect.bisect_right([n for n, _ in pts], ranks)
+    (n0, s0), (n1, s1) = pts[i - 1], pts[i]
+    return max(0.0, s0 + (ranks - n0) / (n1 - n0) * (s1 - s0))
 
 
 def _pairs(source: str, field: str, raw: Any, what: str, positive: bool = True) -> tuple[tuple[float, float], ...]:

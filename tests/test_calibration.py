@@ -94,6 +94,7 @@ def test_profile_command_writes_a_profile_that_simulate_uses(tmp_path):
     assert cpu.memory_baseline_GiB > 0 and cpu.microbatch_overhead_s > 0 and cpu.optimizer_s_per_param > 0
     assert [n for n, _ in cpu.contention] == [1.0, 2.0]
     assert [n for n, _ in cpu.pipeline_overhead] == [2.0] and cpu.pipeline_overhead[0][1] >= 0
+    assert [n for n, _ in cpu.data_parallel_overhead] == [2.0] and cpu.data_parallel_overhead[0][1] >= 0
     assert prof.node_links("cpu") is not None and prof.node_links("a100") is None
     assert "A100-80GB" in prof.notes
 
@@ -187,6 +188,8 @@ def test_pipeline_overhead_curve_is_zero_at_one_rank_interpolated_and_linear_pas
     assert dev.pipeline_overhead_s(3) == pytest.approx(0.002)
     assert dev.pipeline_overhead_s(8) == pytest.approx(0.006)
     assert DeviceProfile("cpu", ((16.0, 0.1),)).pipeline_overhead_s(4) == 0.0
+    dp = DeviceProfile("cpu", ((16.0, 0.1),), data_parallel_overhead=((2.0, 0.002), (4.0, 0.01)))
+    assert (dp.data_parallel_overhead_s(1), dp.data_parallel_overhead_s(3)) == (0.0, pytest.approx(0.006))
 
 
 def test_simulator_adds_pipeline_overhead_to_every_slot_of_multi_stage_pipelines_only():
@@ -209,6 +212,21 @@ def test_simulator_adds_pipeline_overhead_to_every_slot_of_multi_stage_pipelines
     replicas = plan(2, (2, [("cpu:0", 4, False)]), (2, [("cpu:1", 4, False)]))
     assert Simulator(cluster, model, with_hops).evaluate(replicas).iteration_time_s == \
         Simulator(cluster, model, base).evaluate(replicas).iteration_time_s
+
+
+def test_simulator_adds_data_parallel_overhead_once_per_step_to_plans_with_replicas():
+    model = load_model("tiny")
+    cluster = load_cluster("cpu-4")
+    base = _profile_with_layers(model, (1, 2))
+    with_dp = replace(base, devices=(replace(base.devices[0], data_parallel_overhead=((2.0, 0.003), (4.0, 0.009))),))
+    two = plan(2, (2, [("cpu:0", 4, False)]), (2, [("cpu:1", 4, False)]))
+    four = plan(1, (4, [("cpu:0", 2, False), ("cpu:1", 2, False)]), (4, [("cpu:2", 2, False), ("cpu:3", 2, False)]))
+    for config, extra in ((two, 0.003), (four, 0.009)):  # at the plan's number of ranks
+        a, b = Simulator(cluster, model, base).evaluate(config), Simulator(cluster, model, with_dp).evaluate(config)
+        assert b.iteration_time_s - a.iteration_time_s == pytest.approx(extra, rel=1e-6)
+    one_pipeline = plan(1, (8, [("cpu:0", 2, False), ("cpu:1", 2, False)]))  # no replicas: no gradient all-reduce
+    assert Simulator(cluster, model, with_dp).evaluate(one_pipeline).iteration_time_s == \
+        Simulator(cluster, model, base).evaluate(one_pipeline).iteration_time_s
 
 
 def test_simulator_uses_contention_and_memory_terms():

@@ -20,14 +20,14 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from autotune.calibration import bench
-from autotune.calibration.runtime_probe import (RuntimeOverheads, probe_model_memory, probe_pipeline_overhead,
-                                                probe_runtime)
+from autotune.calibration.runtime_probe import (RuntimeOverheads, probe_data_parallel_overhead, probe_model_memory,
+                                                probe_pipeline_overhead, probe_runtime)
 from autotune.specs import ClusterSpec, ModelSpec
 
 log = logging.getLogger(__name__)
 
 LINK_KINDS = ("intra_node", "network")
-PIPELINE_PROBE_MAX_RANKS = 4  # pipelines of up to this many ranks are probed; past that the curve is extrapolated
+PIPELINE_PROBE_MAX_RANKS = 4  # pipelines / replicas of up to this many ranks are probed; past that, extrapolated
 
 
 def _powers_of_two_upto(limit: int) -> list[int]:
@@ -106,6 +106,7 @@ class DeviceResults:
     model_memory: list[tuple[int, float]] = field(default_factory=list)  # (mbs, peak GiB, one rank holds all)
     contention: tuple[tuple[int, float], ...] = ()
     pipeline_overhead: tuple[tuple[int, float], ...] = ()
+    data_parallel_overhead: tuple[tuple[int, float], ...] = ()
     skipped: str = ""
 
 
@@ -201,6 +202,11 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
                 res.pipeline_overhead = probe_pipeline_overhead(n, rounds=1 if quick else 2)
 
             steps.append(Step(f"{dev.name}: pipeline hand-offs, 1..{pipe_ranks}-stage pipelines", pipeline))
+
+            def data_parallel(res=res, n=pipe_ranks):
+                res.data_parallel_overhead = probe_data_parallel_overhead(n, rounds=1 if quick else 2)
+
+            steps.append(Step(f"{dev.name}: data-parallel step, 1..{pipe_ranks} replicas", data_parallel))
     if plan.links_runnable:
         def link_bench():
             measured = bench.bench_links(repeats=6 if quick else 12)
@@ -291,7 +297,8 @@ def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
                             microbatch_overhead_s=rt.microbatch_overhead_s if rt else None,
                             memory_baseline_GiB=rt.memory_baseline_GiB if rt else None,
                             contention=tuple((float(n), float(k)) for n, k in res.contention),
-                            pipeline_overhead=tuple((float(n), float(t)) for n, t in res.pipeline_overhead))
+                            pipeline_overhead=tuple((float(n), float(t)) for n, t in res.pipeline_overhead),
+                            data_parallel_overhead=tuple((float(n), float(t)) for n, t in res.data_parallel_overhead))
         if res.model_memory and model is not None and rt is not None:
             s, a = fit_memory_terms(model, dev, res.model_memory)
             dev = replace(dev, state_bytes_per_param=s, activation_memory_factor=a)

@@ -106,9 +106,12 @@ def _probe(init_file: str, repeats: int) -> dict:
         dist.destroy_process_group()
 
 
-def _probe_pipeline(init_file: str, rank: int, world: int, microbatches: tuple[int, ...], repeats: int) -> dict:
-    """One rank of a ``world``-stage pipeline of the negligible probe model (one layer per stage): the
-    step time at each micro-batch count, as every rank sees it (the step ends in an all-reduce)."""
+def _probe_ranks(init_file: str, rank: int, world: int, shape: str, microbatches: tuple[int, ...],
+                 repeats: int) -> dict:
+    """One rank of ``world`` runner ranks training the negligible probe model, one layer per rank, as
+    one ``world``-stage pipeline (``shape`` "pipeline") or as ``world`` one-stage data-parallel replicas
+    ("replicas"): the step time at each micro-batch count (per pipeline), as every rank sees it (the step
+    ends in an all-reduce)."""
     import torch
 
     torch.set_num_threads(1)
@@ -126,9 +129,15 @@ def _probe_pipeline(init_file: str, rank: int, world: int, microbatches: tuple[i
                                 "network": {"bandwidth_GBps": 5, "latency_us": 20}}, "probe")
         step_times: dict[int, float] = {}
         for m in microbatches:
-            model = model_from_dict({**PROBE_MODEL, "num_layers": world, "global_batch_size": m}, "probe")
-            config = load_config({"micro_batch_size": 1, "pipelines": [
-                {"num_microbatches": m, "stages": [{"devices": [f"cpu:{i}"], "layers": 1} for i in range(world)]}]})
+            if shape == "pipeline":
+                model = model_from_dict({**PROBE_MODEL, "num_layers": world, "global_batch_size": m}, "probe")
+                pipelines = [{"num_microbatches": m,
+                              "stages": [{"devices": [f"cpu:{i}"], "layers": 1} for i in range(world)]}]
+            else:
+                model = model_from_dict({**PROBE_MODEL, "num_layers": 1, "global_batch_size": m * world}, "probe")
+                pipelines = [{"num_microbatches": m, "stages": [{"devices": [f"cpu:{i}"], "layers": 1}]}
+                             for i in range(world)]
+            config = load_config({"micro_batch_size": 1, "pipelines": pipelines})
             layout = build_layout(cluster, model, config)
             engine = Engine(layout, model, rank, torch.device("cpu"), schedule="1f1b", seed=0,
                             tokens=TokenSource(model, 0))
@@ -144,6 +153,33 @@ def _probe_pipeline(init_file: str, rank: int, world: int, microbatches: tuple[i
 
 
 PIPELINE_MICROBATCHES = (4, 16)
+DATA_PARALLEL_MICROBATCHES = (2, 8)
+
+
+def _step_times(world: int, shape: str, microbatches: tuple[int, ...], repeats: int,
+                timeout_s: float) -> dict[int, float]:
+    """Run ``_probe_ranks`` as ``world`` processes (as the runner's ranks are); rank 0's step times."""
+    with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.runtime_probe", "ranks",
+                                   f"{d}/rendezvous", str(r), str(world), shape, ",".join(map(str, microbatches)),
+                                   str(repeats)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                 for r in range(world)]
+        outs = []
+        try:
+            for proc in procs:
+                outs.append(proc.communicate(timeout=timeout_s))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    if any(proc.returncode != 0 for proc in procs):
+        err = next((o[1] for proc, o in zip(procs, outs) if proc.returncode != 0), "")
+        lines = err.strip().splitlines()
+        raise RuntimeError(f"{shape} probe with {world} ranks failed: {lines[-1] if lines else 'no output'}")
+    return {int(m): t for m, t in json.loads(outs[0][0].strip().splitlines()[-1])["step_s"].items()}
 
 
 def probe_pipeline_overhead(max_ranks: int, repeats: int = 10, rounds: int = 2,
@@ -154,32 +190,30 @@ def probe_pipeline_overhead(max_ranks: int, repeats: int = 10, rounds: int = 2,
     overheads competing for the host's cores: the slope of step time in ``microbatches + ranks - 1``
     (the 1F1B critical path in stage slots) at ``ranks`` minus the same slope at one rank. The ranks run
     as separate processes, as the runner's do."""
+    lo, hi = PIPELINE_MICROBATCHES
     slopes: dict[int, list[float]] = {}
     for world in [w for _ in range(rounds) for w in range(1, max(2, max_ranks) + 1)]:
-        with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            args = ",".join(map(str, PIPELINE_MICROBATCHES))
-            procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.runtime_probe", "pipeline",
-                                       f"{d}/rendezvous", str(r), str(world), args, str(repeats)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-                     for r in range(world)]
-            outs = []
-            try:
-                for proc in procs:
-                    outs.append(proc.communicate(timeout=timeout_s))
-            finally:
-                for proc in procs:
-                    if proc.poll() is None:
-                        proc.kill()
-                        proc.wait()
-        if any(proc.returncode != 0 for proc in procs):
-            err = next((o[1] for proc, o in zip(procs, outs) if proc.returncode != 0), "")
-            lines = err.strip().splitlines()
-            raise RuntimeError(f"pipeline probe with {world} ranks failed: {lines[-1] if lines else 'no output'}")
-        times = json.loads(outs[0][0].strip().splitlines()[-1])["step_s"]
-        lo, hi = PIPELINE_MICROBATCHES[0], PIPELINE_MICROBATCHES[-1]
-        slopes.setdefault(world, []).append(max(0.0, (times[str(hi)] - times[str(lo)]) / (hi - lo)))
+        times = _step_times(world, "pipeline", PIPELINE_MICROBATCHES, repeats, timeout_s)
+        slopes.setdefault(world, []).append(max(0.0, (times[hi] - times[lo]) / (hi - lo)))
     mean = {n: statistics.fmean(v) for n, v in slopes.items()}
+    return tuple((n, max(0.0, mean[n] - mean[1])) for n in sorted(mean) if n > 1)
+
+
+def probe_data_parallel_overhead(max_ranks: int, repeats: int = 10, rounds: int = 2,
+                                 timeout_s: float = 180.0) -> tuple[tuple[int, float], ...]:
+    """``(replicas, seconds)`` pairs: what a step of ``replicas`` one-rank data-parallel replicas costs on
+    this host beyond one rank's step, per step: the intercept (micro-batch count 0) of step time against
+    micro-batches at ``replicas`` ranks minus the intercept at one rank. All ranks train the negligible
+    probe model, so this is the runtime's gradient all-reduce call and the wait for the slowest replica
+    (ranks on shared cores do not finish together), not the bytes moved, which the simulator's link
+    model already prices."""
+    lo, hi = DATA_PARALLEL_MICROBATCHES
+    intercepts: dict[int, list[float]] = {}
+    for world in [w for _ in range(rounds) for w in range(1, max(2, max_ranks) + 1)]:
+        times = _step_times(world, "replicas", DATA_PARALLEL_MICROBATCHES, repeats, timeout_s)
+        slope = (times[hi] - times[lo]) / (hi - lo)
+        intercepts.setdefault(world, []).append(times[lo] - slope * lo)
+    mean = {n: statistics.fmean(v) for n, v in intercepts.items()}
     return tuple((n, max(0.0, mean[n] - mean[1])) for n in sorted(mean) if n > 1)
 
 
@@ -245,9 +279,9 @@ def probe_runtime(repeats: int = 20, timeout_s: float = 120.0) -> RuntimeOverhea
 if __name__ == "__main__":
     if sys.argv[1] == "model":  # model INIT_FILE MODEL_JSON MICRO_BATCH_SIZE
         print(json.dumps(_probe_model_memory(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
-    elif sys.argv[1] == "pipeline":  # pipeline INIT_FILE RANK WORLD M1,M2 REPEATS
-        result = _probe_pipeline(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
-                                 tuple(int(m) for m in sys.argv[5].split(",")), int(sys.argv[6]))
+    elif sys.argv[1] == "ranks":  # ranks INIT_FILE RANK WORLD pipeline|replicas M1,M2 REPEATS
+        result = _probe_ranks(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5],
+                              tuple(int(m) for m in sys.argv[6].split(",")), int(sys.argv[7]))
         if int(sys.argv[3]) == 0:
             print(json.dumps(result))
     else:  # INIT_FILE [REPEATS]

@@ -244,9 +244,10 @@ class Simulator:
             self._memory_cache[key] = hit
         return hit
 
-    def _pipeline_overheads(self, config: ParallelConfig) -> dict[str, float]:
-        """Per device: seconds a profile's ``pipeline_overhead`` adds to each micro-batch of a stage in a
-        multi-stage pipeline, at the plan's number of ranks of that device type (calibration)."""
+    def _rank_overheads(self, config: ParallelConfig, curve: str) -> dict[str, float]:
+        """Per device: a profile's runtime-overhead curve (``DeviceProfile.<curve>``: ``pipeline_overhead_s``
+        per micro-batch and stage, ``data_parallel_overhead_s`` per step) at the plan's number of ranks of
+        that device type (calibration)."""
         if self.profile is None:
             return {}
         ranks: dict[str, int] = {}
@@ -258,8 +259,8 @@ class Simulator:
         per_type = {}
         for name, n in ranks.items():
             prof = self.profile.device(name)
-            if prof is not None and prof.pipeline_overhead:
-                per_type[name] = prof.pipeline_overhead_s(n)
+            if prof is not None:
+                per_type[name] = getattr(prof, curve)(n)
         if not per_type:
             return {}
         return {d: per_type[self._node[d].device.name] for pipe in config.pipelines for st in pipe.stages
@@ -363,7 +364,7 @@ class Simulator:
         finish: list[tuple[float, ...]] = []
         slowest = (-1.0, 0)
         events: list[TimelineEvent] = []
-        hand_off = self._pipeline_overheads(config)
+        hand_off = self._rank_overheads(config, "pipeline_overhead_s")
         for r, pipe in enumerate(config.pipelines):
             p = len(pipe.stages)
             costs = stage_costs[r]
@@ -400,6 +401,12 @@ class Simulator:
         cursor = [list(f) for f in finish]
         if len(config.pipelines) > 1:
             self._data_parallel(config, cursor, events if timeline else None)
+            # measured runtime cost of a data-parallel step (calibration): the all-reduce call and the
+            # wait for the slowest replica; every rank leaves the step's synchronisation together
+            dp = self._rank_overheads(config, "data_parallel_overhead_s")
+            extra = max(dp.values(), default=0.0)
+            if extra > 0:
+                cursor = [[t + extra for t in row] for row in cursor]
         iteration = self._step_overhead_s
         for r, pipe in enumerate(config.pipelines):
             for s, st in enumerate(pipe.stages):
