@@ -90,6 +90,8 @@ class Simulator:
         self.record_timeline = record_timeline
         self.flash_attention = flash_attention
         self._step_overhead_s = profile.step_overhead_s if profile is not None else 0.0
+        self._rank_curves = profile is not None and any(d.pipeline_overhead or d.data_parallel_overhead
+                                                        for d in profile.devices)
         self._eff = _apply_profile(cluster, profile)
         self._node: dict[str, NodeSpec] = {d: n for n in self._eff.nodes for d in n.device_ids()}
         self._rates: dict[str, DeviceRates] = {}
@@ -248,7 +250,7 @@ class Simulator:
         """Per device: a profile's runtime-overhead curve (``DeviceProfile.<curve>``: ``pipeline_overhead_s``
         per micro-batch and stage, ``data_parallel_overhead_s`` per step) at the plan's number of ranks of
         that device type (calibration)."""
-        if self.profile is None:
+        if not self._rank_curves:
             return {}
         ranks: dict[str, int] = {}
         for pipe in config.pipelines:
