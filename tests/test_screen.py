@@ -82,6 +82,25 @@ def test_screen_prunes_oom_and_clearly_worse_plans_without_spending_budget():
     assert len(b.screened) == n_screened and len(real.calls) == budget
 
 
+def test_plans_the_real_runner_cannot_run_are_invalid_behind_the_screen_too():
+    """``--backend real`` wraps the real evaluator in the screen: its ``check`` must still answer first,
+    so a plan the runner refuses (here: 1F1B with fewer micro-batches than stages) spends no real run."""
+    cluster, model = load_cluster("cpu-hetero"), load_model("small")
+
+    class Checking(Recording):
+        def check(self, config):
+            if config.schedule == "1f1b" and any(p.num_microbatches < len(p.stages) for p in config.pipelines):
+                return "1f1b needs at least as many micro-batches as stages"
+            return None
+
+    real = Checking(Simulator(cluster, model))
+    screen = CalibrationScreen(real, Simulator(cluster, model))
+    b = BudgetedEvaluator(screen, SearchSpace(cluster, model), 15, screen=screen.screen)
+    run_random(b.space, b, seed=0)
+    assert b.used == 15 and b.invalid > 0
+    assert not [c for c in real.calls if real.check(c)], "a plan the runner refuses was run"
+
+
 def test_screened_out_plans_are_capped_so_no_search_loops_forever():
     cluster, model = load_cluster("cpu-hetero"), load_model("small")
     real = Recording(Simulator(cluster, model))

@@ -73,6 +73,11 @@ class CalibrationScreen:
         return self.calibrating.calibrator
 
     # -- the real run ------------------------------------------------------------------------------
+    def check(self, config: ParallelConfig) -> str | None:
+        """The real evaluator's own feasibility check (``runner.RealEvaluator.check``), if it has one: a
+        plan the runner cannot run is invalid before any screening or real run."""
+        return self.calibrating.check(config)
+
     def evaluate(self, config: ParallelConfig) -> Measurement:
         try:
             predicted = self.simulator.evaluate(config)
