@@ -78,6 +78,11 @@ Runner overheads (optional, added by the calibration helper; ``autotune.calibrat
   share the host: the gradient all-reduce call and the wait for the slowest replica, measured on
   ``ranks`` one-stage replicas of a negligible model (step-time intercepts). The simulator adds it once
   per step, after the gradient all-reduce, to plans with more than one pipeline (same interpolation).
+- ``tensor_parallel_overhead``: ``[tp, seconds]`` pairs: what each layer costs per micro-batch (forward
+  plus backward) in a ``tp``-way tensor-parallel stage of the runner beyond the layer's math and the
+  activation bytes: the per-layer collectives' fixed costs (CPU runner: DTensor dispatch and gloo calls),
+  measured on a negligible model. The simulator adds it, half to forward and half to backward, per layer
+  of every stage with ``tp`` > 1 (0 at tp 1, interpolated, proportional past the last point).
 
 Every field is validated on load; a bad file raises one ``SpecError`` naming the file and field.
 """
@@ -189,6 +194,7 @@ class DeviceProfile:
     contention: tuple[tuple[float, float], ...] = ()  # (processes computing at once, time stretch)
     pipeline_overhead: tuple[tuple[float, float], ...] = ()  # (ranks on the host, s per micro-batch and stage)
     data_parallel_overhead: tuple[tuple[float, float], ...] = ()  # (ranks on the host, s per step)
+    tensor_parallel_overhead: tuple[tuple[float, float], ...] = ()  # (tp, s per layer and micro-batch)
 
     def __post_init__(self) -> None:
         if not self.matmul:
@@ -238,6 +244,11 @@ class DeviceProfile:
         """Seconds per step that data parallelism costs when ``ranks`` ranks of this type share the host
         (``data_parallel_overhead``; interpolated like ``pipeline_overhead_s``)."""
         return _rank_curve(self.data_parallel_overhead, ranks)
+
+    def tensor_parallel_overhead_s(self, tp: float) -> float:
+        """Seconds per layer and micro-batch that ``tp``-way tensor parallelism costs beyond the math and
+        the bytes (``tensor_parallel_overhead``; interpolated like ``pipeline_overhead_s``)."""
+        return _rank_curve(self.tensor_parallel_overhead, tp)
 
     def edge_timing(self, model: ModelSpec, micro_batch_size: int, tp: int) -> EdgeTiming | None:
         key = EdgeTiming.key_for(model, micro_batch_size, tp)
@@ -308,6 +319,8 @@ class CalibrationProfile:
                 entry["pipeline_overhead"] = [[n, t] for n, t in d.pipeline_overhead]
             if d.data_parallel_overhead:
                 entry["data_parallel_overhead"] = [[n, t] for n, t in d.data_parallel_overhead]
+            if d.tensor_parallel_overhead:
+                entry["tensor_parallel_overhead"] = [[n, t] for n, t in d.tensor_parallel_overhead]
             devices[d.name] = entry
         links: dict[str, Any] = {}
         for nl in self.links:
@@ -390,7 +403,7 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     allowed = {"matmul_tflops", "memory_bandwidth_GBps", "layers", "edges", "optimizer_s_per_param",
                "microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param",
                "activation_memory_factor", "contention", "pipeline_overhead",
-               "data_parallel_overhead"}
+               "data_parallel_overhead", "tensor_parallel_overhead"}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise SpecError(source, f"{f}.{extra[0]}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
@@ -465,8 +478,11 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
                       positive=False)
     data_parallel = _pairs(source, f"{f}.data_parallel_overhead", raw.get("data_parallel_overhead", []),
                            "[ranks, seconds]", positive=False)
+    tensor_parallel = _pairs(source, f"{f}.tensor_parallel_overhead", raw.get("tensor_parallel_overhead", []),
+                             "[tp, seconds]", positive=False)
     return DeviceProfile(name, tuple(points), bw, tuple(layers), tuple(edges), opt, contention=contention,
-                         pipeline_overhead=pipeline, data_parallel_overhead=data_parallel, **extras)
+                         pipeline_overhead=pipeline, data_parallel_overhead=data_parallel,
+                         tensor_parallel_overhead=tensor_parallel, **extras)
 
 
 def _rank_curve(points: tuple[tuple[float, float], ...], ranks: float) -> float:

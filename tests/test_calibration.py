@@ -95,6 +95,7 @@ def test_profile_command_writes_a_profile_that_simulate_uses(tmp_path):
     assert [n for n, _ in cpu.contention] == [1.0, 2.0]
     assert [n for n, _ in cpu.pipeline_overhead] == [2.0] and cpu.pipeline_overhead[0][1] >= 0
     assert [n for n, _ in cpu.data_parallel_overhead] == [2.0] and cpu.data_parallel_overhead[0][1] >= 0
+    assert [n for n, _ in cpu.tensor_parallel_overhead] == [2.0] and cpu.tensor_parallel_overhead[0][1] >= 0
     assert prof.node_links("cpu") is not None and prof.node_links("a100") is None
     assert "A100-80GB" in prof.notes
 
@@ -227,6 +228,22 @@ def test_simulator_adds_data_parallel_overhead_once_per_step_to_plans_with_repli
     one_pipeline = plan(1, (8, [("cpu:0", 2, False), ("cpu:1", 2, False)]))  # no replicas: no gradient all-reduce
     assert Simulator(cluster, model, with_dp).evaluate(one_pipeline).iteration_time_s == \
         Simulator(cluster, model, base).evaluate(one_pipeline).iteration_time_s
+
+
+def test_simulator_adds_tensor_parallel_overhead_per_layer_and_micro_batch():
+    model = load_model("tiny")
+    cluster = load_cluster("cpu-4")
+    base = _profile_with_layers(model, (1, 2))
+    with_tp = replace(base, devices=(replace(base.devices[0], tensor_parallel_overhead=((2.0, 0.004), (4.0, 0.02))),))
+    m = 4
+    tp2 = load_config({"micro_batch_size": 2, "pipelines": [
+        {"num_microbatches": m, "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": model.num_layers}]}]})
+    a, b = Simulator(cluster, model, base).evaluate(tp2), Simulator(cluster, model, with_tp).evaluate(tp2)
+    # one stage: every micro-batch's forward and backward pass every layer once
+    assert b.iteration_time_s - a.iteration_time_s == pytest.approx(m * model.num_layers * 0.004, rel=1e-6)
+    one = plan(2, (4, [("cpu:0", 4, False)]))  # tp 1: untouched
+    assert Simulator(cluster, model, with_tp).evaluate(one).iteration_time_s == \
+        Simulator(cluster, model, base).evaluate(one).iteration_time_s
 
 
 def test_simulator_uses_contention_and_memory_terms():

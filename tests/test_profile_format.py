@@ -31,7 +31,8 @@ def test_round_trip(tmp_path: Path) -> None:
     base = _example()
     prof = replace(base, devices=(replace(base.devices[0], contention=((1.0, 1.05), (2.0, 1.2)),
                                           pipeline_overhead=((2.0, 4e-4), (4.0, 2e-3)),
-                                          data_parallel_overhead=((2.0, 2e-3),)),))
+                                          data_parallel_overhead=((2.0, 2e-3),),
+                                          tensor_parallel_overhead=((2.0, 8e-3), (4.0, 3e-2))),))
     path = tmp_path / "profile.json"
     prof.save(path)
     data = json.loads(path.read_text())

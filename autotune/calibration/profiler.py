@@ -21,7 +21,8 @@ from typing import Callable
 
 from autotune.calibration import bench
 from autotune.calibration.runtime_probe import (RuntimeOverheads, probe_data_parallel_overhead, probe_model_memory,
-                                                probe_pipeline_overhead, probe_runtime)
+                                                probe_pipeline_overhead, probe_runtime,
+                                                probe_tensor_parallel_overhead)
 from autotune.specs import ClusterSpec, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class DeviceResults:
     contention: tuple[tuple[int, float], ...] = ()
     pipeline_overhead: tuple[tuple[int, float], ...] = ()
     data_parallel_overhead: tuple[tuple[int, float], ...] = ()
+    tensor_parallel_overhead: tuple[tuple[int, float], ...] = ()
     skipped: str = ""
 
 
@@ -207,6 +209,11 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
                 res.data_parallel_overhead = probe_data_parallel_overhead(n, rounds=1 if quick else 2)
 
             steps.append(Step(f"{dev.name}: data-parallel step, 1..{pipe_ranks} replicas", data_parallel))
+
+            def tensor_parallel(res=res, n=pipe_ranks):
+                res.tensor_parallel_overhead = probe_tensor_parallel_overhead(n, rounds=1 if quick else 2)
+
+            steps.append(Step(f"{dev.name}: tensor-parallel layers, tp 1..{pipe_ranks}", tensor_parallel))
     if plan.links_runnable:
         def link_bench():
             measured = bench.bench_links(repeats=6 if quick else 12)
@@ -298,7 +305,9 @@ def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
                             memory_baseline_GiB=rt.memory_baseline_GiB if rt else None,
                             contention=tuple((float(n), float(k)) for n, k in res.contention),
                             pipeline_overhead=tuple((float(n), float(t)) for n, t in res.pipeline_overhead),
-                            data_parallel_overhead=tuple((float(n), float(t)) for n, t in res.data_parallel_overhead))
+                            data_parallel_overhead=tuple((float(n), float(t)) for n, t in res.data_parallel_overhead),
+                            tensor_parallel_overhead=tuple((float(n), float(t))
+                                                           for n, t in res.tensor_parallel_overhead))
         if res.model_memory and model is not None and rt is not None:
             s, a = fit_memory_terms(model, dev, res.model_memory)
             dev = replace(dev, state_bytes_per_param=s, activation_memory_factor=a)

@@ -106,12 +106,13 @@ def _probe(init_file: str, repeats: int) -> dict:
         dist.destroy_process_group()
 
 
-def _probe_ranks(init_file: str, rank: int, world: int, shape: str, microbatches: tuple[int, ...],
+def _probe_ranks(init_file: str, rank: int, world: int, shape: str, sizes: tuple[int, ...],
                  repeats: int) -> dict:
-    """One rank of ``world`` runner ranks training the negligible probe model, one layer per rank, as
-    one ``world``-stage pipeline (``shape`` "pipeline") or as ``world`` one-stage data-parallel replicas
-    ("replicas"): the step time at each micro-batch count (per pipeline), as every rank sees it (the step
-    ends in an all-reduce)."""
+    """One rank of ``world`` runner ranks training the negligible probe model: one layer per rank as one
+    ``world``-stage pipeline (``shape`` "pipeline") or as ``world`` one-stage data-parallel replicas
+    ("replicas"), each at ``sizes`` micro-batches; or one ``world``-way tensor-parallel stage of ``sizes``
+    layers at ``TENSOR_MICROBATCHES`` micro-batches ("tensor"). Returns the step time at each size, as
+    every rank sees it (the step ends in an all-reduce)."""
     import torch
 
     torch.set_num_threads(1)
@@ -128,8 +129,13 @@ def _probe_ranks(init_file: str, rank: int, world: int, shape: str, microbatches
         cluster = cluster_from_dict({"name": "probe", "nodes": [{"name": "cpu", "gpu": "cpu", "count": world}],
                                 "network": {"bandwidth_GBps": 5, "latency_us": 20}}, "probe")
         step_times: dict[int, float] = {}
-        for m in microbatches:
-            if shape == "pipeline":
+        for m in sizes:
+            if shape == "tensor":  # m layers; heads and FFN split across the world ranks
+                model = model_from_dict({**PROBE_MODEL, "num_layers": m, "hidden_size": 16, "num_heads": 4,
+                                         "ffn_hidden_size": 16, "global_batch_size": TENSOR_MICROBATCHES}, "probe")
+                pipelines = [{"num_microbatches": TENSOR_MICROBATCHES,
+                              "stages": [{"devices": [f"cpu:{i}" for i in range(world)], "layers": m}]}]
+            elif shape == "pipeline":
                 model = model_from_dict({**PROBE_MODEL, "num_layers": world, "global_batch_size": m}, "probe")
                 pipelines = [{"num_microbatches": m,
                               "stages": [{"devices": [f"cpu:{i}"], "layers": 1} for i in range(world)]}]
@@ -153,6 +159,8 @@ def _probe_ranks(init_file: str, rank: int, world: int, shape: str, microbatches
 
 
 PIPELINE_MICROBATCHES = (4, 16)
+TENSOR_MICROBATCHES = 4
+TENSOR_LAYERS = (1, 4)
 DATA_PARALLEL_MICROBATCHES = (2, 8)
 
 
@@ -215,6 +223,23 @@ def probe_data_parallel_overhead(max_ranks: int, repeats: int = 10, rounds: int 
         intercepts.setdefault(world, []).append(times[lo] - slope * lo)
     mean = {n: statistics.fmean(v) for n, v in intercepts.items()}
     return tuple((n, max(0.0, mean[n] - mean[1])) for n in sorted(mean) if n > 1)
+
+
+def probe_tensor_parallel_overhead(max_tp: int, repeats: int = 10, rounds: int = 2,
+                                   timeout_s: float = 180.0) -> tuple[tuple[int, float], ...]:
+    """``(tp, seconds)`` pairs: what each layer costs per micro-batch (forward + backward) in a
+    ``tp``-way tensor-parallel stage of the runner beyond one rank's layer: the slope of step time in
+    layers, at ``tp`` ranks minus at one rank, on a negligible model. That is the per-layer collectives'
+    fixed costs (DTensor dispatch, gloo calls, waiting for the other shard's rank), not the activation
+    bytes, which the simulator's link model prices. ``tp`` runs over the powers of two up to ``max_tp``."""
+    lo, hi = TENSOR_LAYERS
+    slopes: dict[int, list[float]] = {}
+    degrees = [1] + [t for t in (2, 4, 8) if t <= max_tp]
+    for tp in [t for _ in range(rounds) for t in degrees]:
+        times = _step_times(tp, "tensor", TENSOR_LAYERS, repeats, timeout_s)
+        slopes.setdefault(tp, []).append(max(0.0, (times[hi] - times[lo]) / ((hi - lo) * TENSOR_MICROBATCHES)))
+    mean = {t: statistics.fmean(v) for t, v in slopes.items()}
+    return tuple((t, max(0.0, mean[t] - mean[1])) for t in sorted(mean) if t > 1)
 
 
 def _probe_model_memory(init_file: str, model_json: str, micro_batch_size: int, steps: int = 3) -> dict:

@@ -209,9 +209,11 @@ class Simulator:
             # a profile's measured pipeline-runtime cost per micro-batch and stage chunk (calibration)
             prof = self._rates[rk].profile
             ovh = (prof.microbatch_overhead_s or 0.0) * self._rates[rk].slowdown / 2 if prof is not None else 0.0
+            # and its measured fixed cost of tensor-parallel collectives per layer (calibration)
+            tp_ovh = prof.tensor_parallel_overhead_s(tp) / 2 if prof is not None and tp > 1 else 0.0
             for c in range(v):
-                f = lpc * lf + ovh
-                b = lpc * (lbr if recompute else lb) + ovh
+                f = lpc * (lf + tp_ovh) + ovh
+                b = lpc * ((lbr if recompute else lb) + tp_ovh) + ovh
                 if first and c == 0:
                     f += ef
                     b += eb
