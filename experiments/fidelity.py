@@ -4,7 +4,8 @@
     .venv/bin/python experiments/fidelity.py --from-json experiments/fidelity_results.json   # re-analyse
 
 1. ``autotune profile --cluster experiments/fidelity_cluster.yaml --model M`` for M in tiny, small.
-2. For each of 16 plans (1-4 ranks, 1-4 stages, uneven splits, 2 replicas, recompute on/off, an
+2. For each of 19 plans (1-4 ranks, 1-4 stages, uneven splits, 2 replicas, 2-way tensor parallel stages,
+   recompute on/off, an
    emulated 2x slow node): the prediction of ``autotune simulate --profile P --json`` (the CLI, in a
    subprocess) and ``repeats`` real profiled runs (``runner.profiled_run``, what ``autotune measure``
    runs), each ``--steps`` timed steps after one warm-up step.
@@ -45,9 +46,11 @@ CLUSTER = ROOT / "experiments" / "fidelity_cluster.yaml"
 AUTOTUNE = [sys.executable, "-m", "autotune.cli"]
 
 
-def plan(mbs: int, *pipelines: tuple[int, list[tuple[str, int, bool]]]) -> dict:
+def plan(mbs: int, *pipelines: tuple[int, list[tuple[str | tuple[str, ...], int, bool]]]) -> dict:
+    """A 1F1B config; a stage's devices are one name, or a tuple of names (tensor parallel)."""
     return {"micro_batch_size": mbs, "schedule": "1f1b", "pipelines": [
-        {"num_microbatches": m, "stages": [{"devices": [d], "layers": n, "recompute": r} for d, n, r in stages]}
+        {"num_microbatches": m, "stages": [{"devices": [d] if isinstance(d, str) else list(d), "layers": n,
+                                            "recompute": r} for d, n, r in stages]}
         for m, stages in pipelines]}
 
 
@@ -60,6 +63,7 @@ PLANS: dict[str, tuple[str, dict]] = {
                                           ("cpu:3", 1, False)]))),
     "T5 2 replicas": ("tiny", plan(2, (2, [("cpu:0", 4, False)]), (2, [("cpu:1", 4, False)]))),
     "T6 fast+slow 3+1": ("tiny", plan(1, (8, [("cpu:0", 3, False), ("slow:0", 1, False)]))),
+    "T7 tp2": ("tiny", plan(2, (4, [(("cpu:0", "cpu:1"), 4, False)]))),
     "S1 1 rank": ("small", plan(2, (8, [("cpu:0", 8, False)]))),
     "S2 1 rank R mbs4": ("small", plan(4, (4, [("cpu:0", 8, True)]))),
     "S3 2 stages 4+4": ("small", plan(2, (8, [("cpu:0", 4, False), ("cpu:1", 4, False)]))),
@@ -72,6 +76,8 @@ PLANS: dict[str, tuple[str, dict]] = {
                                                (4, [("cpu:2", 4, False), ("cpu:3", 4, False)]))),
     "S9 fast+slow 6+2": ("small", plan(2, (8, [("cpu:0", 6, False), ("slow:0", 2, False)]))),
     "S10 replicas fast m5 / slow m3": ("small", plan(2, (5, [("cpu:0", 8, False)]), (3, [("slow:0", 8, False)]))),
+    "S11 tp2": ("small", plan(2, (8, [(("cpu:0", "cpu:1"), 8, False)]))),
+    "S12 2 stages of tp2": ("small", plan(2, (8, [(("cpu:0", "cpu:1"), 4, False), (("cpu:2", "cpu:3"), 4, False)]))),
 }
 
 
