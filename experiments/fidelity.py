@@ -5,8 +5,7 @@
 
 1. ``autotune profile --cluster experiments/fidelity_cluster.yaml --model M`` for M in tiny, small.
 2. For each of 19 plans (1-4 ranks, 1-4 stages, uneven splits, 2 replicas, 2-way tensor parallel stages,
-   recompute on/off, an
-   emulated 2x slow node): the prediction of ``autotune simulate --profile P --json`` (the CLI, in a
+   recompute on/off, an emulated 2x slow node): the prediction of ``autotune simulate --profile P --json`` (the CLI, in a
    subprocess) and ``repeats`` real profiled runs (``runner.profiled_run``, what ``autotune measure``
    runs), each ``--steps`` timed steps after one warm-up step.
 3. Errors: per plan ``|predicted - measured| / measured`` for the iteration time (measured = best of
