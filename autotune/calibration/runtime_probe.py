@@ -15,6 +15,12 @@ math and memory are negligible, and time steps with 1 and with ``M`` micro-batch
 
 It prints one JSON object. ``probe_runtime()`` runs it in a subprocess and returns the numbers.
 
+``probe_pipeline_overhead``, ``probe_data_parallel_overhead`` and ``probe_tensor_parallel_overhead``
+(``... runtime_probe ranks ...``, one process per rank) run the same negligible model on several ranks
+as a pipeline, as data-parallel replicas and as a tensor-parallel stage, and return what each costs
+beyond one rank: per micro-batch and stage, per step, and per layer and micro-batch (the profile's
+``pipeline_overhead``, ``data_parallel_overhead`` and ``tensor_parallel_overhead`` curves).
+
 ``probe_model_memory()`` (``... runtime_probe model ...``) trains the profiled model itself on one
 rank, all layers on one stage, and returns the rank's peak-RSS growth. The profiler runs it at two
 micro-batch sizes and solves ``peak - baseline = s * params + a * activations`` for ``s``
@@ -164,13 +170,13 @@ TENSOR_LAYERS = (1, 4)
 DATA_PARALLEL_MICROBATCHES = (2, 8)
 
 
-def _step_times(world: int, shape: str, microbatches: tuple[int, ...], repeats: int,
+def _step_times(world: int, shape: str, sizes: tuple[int, ...], repeats: int,
                 timeout_s: float) -> dict[int, float]:
     """Run ``_probe_ranks`` as ``world`` processes (as the runner's ranks are); rank 0's step times."""
     with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.runtime_probe", "ranks",
-                                   f"{d}/rendezvous", str(r), str(world), shape, ",".join(map(str, microbatches)),
+                                   f"{d}/rendezvous", str(r), str(world), shape, ",".join(map(str, sizes)),
                                    str(repeats)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                  for r in range(world)]
