@@ -224,15 +224,7 @@ class DeviceProfile:
     def contention_stretch(self, processes: float) -> float:
         """How much longer compute takes when ``processes`` ranks of this type compute at once on a
         shared host: interpolated in ``contention``; past its end, processor sharing (linear in n)."""
-        if not self.contention or processes <= self.contention[0][0]:
-            return 1.0 if not self.contention else max(1.0, self.contention[0][1])
-        pts = sorted(self.contention)
-        if processes >= pts[-1][0]:
-            n, k = pts[-1]
-            return max(1.0, k * processes / n)
-        i = bisect.bisect_right([n for n, _ in pts], processes)
-        (n0, k0), (n1, k1) = pts[i - 1], pts[i]
-        return max(1.0, k0 + (processes - n0) / (n1 - n0) * (k1 - k0))
+        return max(1.0, _piecewise_linear(self.contention, processes)) if self.contention else 1.0
 
     def pipeline_overhead_s(self, ranks: float) -> float:
         """Seconds per micro-batch and stage that pipelining costs when ``ranks`` ranks of this type share
@@ -485,18 +477,26 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
                          tensor_parallel_overhead=tensor_parallel, **extras)
 
 
+def _piecewise_linear(points: tuple[tuple[float, float], ...] | list[tuple[float, float]], x: float) -> float:
+    """``points`` (``(x, y)``, at least one) at ``x``: the first ``y`` below the first point, linear
+    between points, proportional to ``x`` past the last point (processor sharing)."""
+    pts = sorted(points)
+    if x <= pts[0][0]:
+        return pts[0][1]
+    if x >= pts[-1][0]:
+        n, y = pts[-1]
+        return y * x / n
+    i = bisect.bisect_right([n for n, _ in pts], x)
+    (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+    return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+
+
 def _rank_curve(points: tuple[tuple[float, float], ...], ranks: float) -> float:
     """A ``[ranks, seconds]`` curve at ``ranks``: 0 at one rank, linear between points, proportional to
     ``ranks`` past the last point."""
     if not points or ranks <= 1:
         return 0.0
-    pts = [(1.0, 0.0), *sorted(p for p in points if p[0] > 1)]
-    if ranks >= pts[-1][0]:
-        n, s = pts[-1]
-        return max(0.0, s * ranks / n)
-    i = bisect.bisect_right([n for n, _ in pts], ranks)
-    (n0, s0), (n1, s1) = pts[i - 1], pts[i]
-    return max(0.0, s0 + (ranks - n0) / (n1 - n0) * (s1 - s0))
+    return max(0.0, _piecewise_linear([(1.0, 0.0), *(p for p in points if p[0] > 1)], ranks))
 
 
 def _pairs(source: str, field: str, raw: Any, what: str, positive: bool = True) -> tuple[tuple[float, float], ...]:

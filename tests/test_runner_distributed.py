@@ -124,6 +124,17 @@ def _slow_train_after_one_step(tmp_path: Path, ckpt: Path, metrics: Path, **pope
     return proc, cfg
 
 
+def _stopped_cleanly(proc: subprocess.Popen, ckpt: Path, metrics: Path) -> int:
+    """The run finished its step, checkpointed it and exited 0: the number of steps it logged."""
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output
+    assert "stopped by SIGTERM/Ctrl-C" in output
+    k = len(read_losses(metrics))
+    assert 1 <= k < STEPS, output
+    assert (ckpt / "latest").read_text().strip() == f"step-{k:08d}"
+    return k
+
+
 def test_sigterm_checkpoint_then_resume_matches_uninterrupted_run(two_stage_run, tmp_path):
     uninterrupted, directory = two_stage_run
     assert sorted(p.name for p in (directory / "ckpt").glob("step-*")) == ["step-00000002", "step-00000004", "step-00000006"]
@@ -131,12 +142,7 @@ def test_sigterm_checkpoint_then_resume_matches_uninterrupted_run(two_stage_run,
     # 1. stopped by SIGTERM once it has done a step: it finishes the step, checkpoints, exits 0
     proc, cfg = _slow_train_after_one_step(tmp_path, ckpt, stopped)
     proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, output
-    assert "stopped by SIGTERM/Ctrl-C" in output
-    k = len(read_losses(stopped))
-    assert 1 <= k < STEPS, output
-    assert (ckpt / "latest").read_text().strip() == f"step-{k:08d}"
+    k = _stopped_cleanly(proc, ckpt, stopped)
     # 2. resume on the normal cluster, appending to the same metrics file
     # (and log the resumed steps to a real MLflow SQLite store)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -165,12 +171,7 @@ def test_ctrl_c_checkpoints_like_sigterm_and_leaves_no_rank(tmp_path):
     proc, _ = _slow_train_after_one_step(tmp_path, ckpt, metrics, start_new_session=True,
                                          env=dict(os.environ, AUTOTUNE_TEST_TAG=f"ctrl-c-{tmp_path.name}"))
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the launcher's whole process group
-    output, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, output
-    assert "stopped by SIGTERM/Ctrl-C" in output
-    k = len(read_losses(metrics))
-    assert 1 <= k < STEPS, output
-    assert (ckpt / "latest").read_text().strip() == f"step-{k:08d}"
+    _stopped_cleanly(proc, ckpt, metrics)
     assert not processes_with(f"AUTOTUNE_TEST_TAG=ctrl-c-{tmp_path.name}"), "a rank outlived the launcher"
 
 
