@@ -171,6 +171,10 @@ class EdgeTiming:
         return (model.hidden_size, model.vocab_size, model.seq_len, micro_batch_size, tp)
 
 
+#: a device's measured curves: field -> what each ``[x, y]`` pair is (``contention``'s y must be > 0)
+_CURVES = {"contention": "[processes, stretch]", "pipeline_overhead": "[ranks, seconds]",
+           "data_parallel_overhead": "[ranks, seconds]", "tensor_parallel_overhead": "[tp, seconds]"}
+
 _EDGE_FIELDS = ("hidden_size", "vocab_size", "seq_len", "micro_batch_size", "tp", "embedding_forward_s",
                 "embedding_backward_s", "head_forward_s", "head_backward_s")
 
@@ -305,14 +309,9 @@ class CalibrationProfile:
                 entry["state_bytes_per_param"] = d.state_bytes_per_param
             if d.activation_memory_factor is not None:
                 entry["activation_memory_factor"] = d.activation_memory_factor
-            if d.contention:
-                entry["contention"] = [[n, k] for n, k in d.contention]
-            if d.pipeline_overhead:
-                entry["pipeline_overhead"] = [[n, t] for n, t in d.pipeline_overhead]
-            if d.data_parallel_overhead:
-                entry["data_parallel_overhead"] = [[n, t] for n, t in d.data_parallel_overhead]
-            if d.tensor_parallel_overhead:
-                entry["tensor_parallel_overhead"] = [[n, t] for n, t in d.tensor_parallel_overhead]
+            for key in _CURVES:
+                if getattr(d, key):
+                    entry[key] = [[x, y] for x, y in getattr(d, key)]
             devices[d.name] = entry
         links: dict[str, Any] = {}
         for nl in self.links:
@@ -394,39 +393,23 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         raise SpecError(source, f, "must be a mapping with matmul_tflops")
     allowed = {"matmul_tflops", "memory_bandwidth_GBps", "layers", "edges", "optimizer_s_per_param",
                "microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param",
-               "activation_memory_factor", "contention", "pipeline_overhead",
-               "data_parallel_overhead", "tensor_parallel_overhead"}
+               "activation_memory_factor", *_CURVES}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise SpecError(source, f"{f}.{extra[0]}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
     points_raw = raw.get("matmul_tflops")
     if not isinstance(points_raw, list) or not points_raw:
         raise SpecError(source, f"{f}.matmul_tflops", "is required: a non-empty list of [n, tflops] pairs")
-    points = []
-    for i, pt in enumerate(points_raw):
-        if not isinstance(pt, list) or len(pt) != 2:
-            raise SpecError(source, f"{f}.matmul_tflops[{i}]", f"must be a pair [n, tflops], got {pt!r}")
-        points.append((_number(source, f"{f}.matmul_tflops[{i}][0]", pt[0]),
-                       _number(source, f"{f}.matmul_tflops[{i}][1]", pt[1])))
+    points = _pairs(source, f"{f}.matmul_tflops", points_raw, "[n, tflops]")
     if len({n for n, _ in points}) != len(points):
         raise SpecError(source, f"{f}.matmul_tflops", "lists the same size twice")
     bw = raw.get("memory_bandwidth_GBps")
     if bw is not None:
         bw = _number(source, f"{f}.memory_bandwidth_GBps", bw)
-    layers_raw = raw.get("layers", [])
-    if not isinstance(layers_raw, list):
-        raise SpecError(source, f"{f}.layers", "must be a list")
     layers = []
-    for i, lr in enumerate(layers_raw):
-        lf = f"{f}.layers[{i}]"
-        if not isinstance(lr, Mapping):
-            raise SpecError(source, lf, "must be a mapping")
-        missing = [k for k in _LAYER_FIELDS if k not in lr and k not in ("num_kv_heads", "recompute")]
-        if missing:
-            raise SpecError(source, f"{lf}.{missing[0]}", "is required")
-        extra = sorted(set(lr) - set(_LAYER_FIELDS) - {"activation_bytes"})
-        if extra:
-            raise SpecError(source, f"{lf}.{extra[0]}", "unknown field")
+    for lf, lr in _records(source, f"{f}.layers", raw.get("layers", []),
+                           required=[k for k in _LAYER_FIELDS if k not in ("num_kv_heads", "recompute")],
+                           allowed={*_LAYER_FIELDS, "activation_bytes"}):
         if lr["mlp"] not in MLP_KINDS:
             raise SpecError(source, f"{lf}.mlp", f"must be one of {', '.join(MLP_KINDS)}, got {lr['mlp']!r}")
         ints = {k: _integer(source, f"{lf}.{k}", lr[k]) for k in
@@ -441,20 +424,9 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         layers.append(LayerTiming(num_kv_heads=kv, mlp=lr["mlp"], recompute=recompute, activation_bytes=act,
                                   forward_s=_number(source, f"{lf}.forward_s", lr["forward_s"]),
                                   backward_s=_number(source, f"{lf}.backward_s", lr["backward_s"]), **ints))
-    edges_raw = raw.get("edges", [])
-    if not isinstance(edges_raw, list):
-        raise SpecError(source, f"{f}.edges", "must be a list")
     edges = []
-    for i, er in enumerate(edges_raw):
-        ef = f"{f}.edges[{i}]"
-        if not isinstance(er, Mapping):
-            raise SpecError(source, ef, "must be a mapping")
-        missing = [k for k in _EDGE_FIELDS if k not in er]
-        if missing:
-            raise SpecError(source, f"{ef}.{missing[0]}", "is required")
-        extra = sorted(set(er) - set(_EDGE_FIELDS))
-        if extra:
-            raise SpecError(source, f"{ef}.{extra[0]}", "unknown field")
+    for ef, er in _records(source, f"{f}.edges", raw.get("edges", []), required=_EDGE_FIELDS,
+                           allowed=set(_EDGE_FIELDS)):
         ints = {k: _integer(source, f"{ef}.{k}", er[k]) for k in _EDGE_FIELDS[:5]}
         times = {k: _number(source, f"{ef}.{k}", er[k], positive=False) for k in _EDGE_FIELDS[5:]}
         edges.append(EdgeTiming(**ints, **times))
@@ -465,16 +437,27 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     for key in ("microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param", "activation_memory_factor"):
         if raw.get(key) is not None:
             extras[key] = _number(source, f"{f}.{key}", raw[key], positive=False)
-    contention = _pairs(source, f"{f}.contention", raw.get("contention", []), "[processes, stretch]")
-    pipeline = _pairs(source, f"{f}.pipeline_overhead", raw.get("pipeline_overhead", []), "[ranks, seconds]",
-                      positive=False)
-    data_parallel = _pairs(source, f"{f}.data_parallel_overhead", raw.get("data_parallel_overhead", []),
-                           "[ranks, seconds]", positive=False)
-    tensor_parallel = _pairs(source, f"{f}.tensor_parallel_overhead", raw.get("tensor_parallel_overhead", []),
-                             "[tp, seconds]", positive=False)
-    return DeviceProfile(name, tuple(points), bw, tuple(layers), tuple(edges), opt, contention=contention,
-                         pipeline_overhead=pipeline, data_parallel_overhead=data_parallel,
-                         tensor_parallel_overhead=tensor_parallel, **extras)
+    curves = {key: _pairs(source, f"{f}.{key}", raw.get(key, []), what, positive=key == "contention")
+              for key, what in _CURVES.items()}
+    return DeviceProfile(name, points, bw, tuple(layers), tuple(edges), opt, **curves, **extras)
+
+
+def _records(source: str, field: str, raw: Any, required, allowed: set[str]):
+    """``(field path, mapping)`` for each entry of a list of mappings, each holding every ``required``
+    key and no key outside ``allowed``."""
+    if not isinstance(raw, list):
+        raise SpecError(source, field, "must be a list")
+    for i, rec in enumerate(raw):
+        rf = f"{field}[{i}]"
+        if not isinstance(rec, Mapping):
+            raise SpecError(source, rf, "must be a mapping")
+        missing = [k for k in required if k not in rec]
+        if missing:
+            raise SpecError(source, f"{rf}.{missing[0]}", "is required")
+        extra = sorted(set(rec) - allowed)
+        if extra:
+            raise SpecError(source, f"{rf}.{extra[0]}", "unknown field")
+        yield rf, rec
 
 
 def _piecewise_linear(points: tuple[tuple[float, float], ...] | list[tuple[float, float]], x: float) -> float:
