@@ -2,7 +2,9 @@
 
 Each GPU number is the vendor datasheet value: ``peak_tflops`` is dense (no sparsity) 16-bit tensor
 throughput, ``memory_GiB`` the datasheet capacity converted from GB (1e9 bytes) to GiB, and
-``memory_bandwidth_GBps`` the datasheet memory bandwidth. The ``source`` field names the sheet.
+``memory_bandwidth_GBps`` the datasheet memory bandwidth, ``pcie_gen`` / ``pcie_lanes`` the host
+interface (the default ``host.link`` of a node: ``autotune.specs.default_host_link``). The ``source``
+field names the sheet.
 """
 
 from __future__ import annotations
@@ -21,41 +23,41 @@ GPU_CATALOG: dict[str, DeviceSpec] = {
     for d in (
         # NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOPS with sparsity -> 989 dense; 141 GB HBM3e; 4.8 TB/s
         DeviceSpec("H200", peak_tflops=989.0, memory_GiB=_gb(141), memory_bandwidth_GBps=4800.0,
-                   source="NVIDIA H200 datasheet (SXM), dense BF16"),
+                   source="NVIDIA H200 datasheet (SXM), dense BF16; host: PCIe Gen5 x16 (datasheet: 128 GB/s)", pcie_gen=5),
         # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 1,979 TFLOPS with sparsity -> 989 dense; 80 GB HBM3; 3.35 TB/s
         DeviceSpec("H100-80GB", peak_tflops=989.0, memory_GiB=_gb(80), memory_bandwidth_GBps=3350.0,
-                   source="NVIDIA H100 datasheet (SXM5), dense BF16"),
+                   source="NVIDIA H100 datasheet (SXM5), dense BF16; host: PCIe Gen5 x16 (datasheet: 128 GB/s)", pcie_gen=5),
         # NVIDIA A100 datasheet (SXM4 80GB): BF16 312 TFLOPS dense; 80 GB HBM2e; 2,039 GB/s
         DeviceSpec("A100-80GB", peak_tflops=312.0, memory_GiB=_gb(80), memory_bandwidth_GBps=2039.0,
-                   source="NVIDIA A100 datasheet (SXM4 80GB), dense BF16"),
+                   source="NVIDIA A100 datasheet (SXM4 80GB), dense BF16; host: PCIe Gen4 x16 (datasheet: 64 GB/s)", pcie_gen=4),
         # NVIDIA A100 datasheet (SXM4 40GB): BF16 312 TFLOPS dense; 40 GB HBM2; 1,555 GB/s
         DeviceSpec("A100-40GB", peak_tflops=312.0, memory_GiB=_gb(40), memory_bandwidth_GBps=1555.0,
-                   source="NVIDIA A100 datasheet (SXM4 40GB), dense BF16"),
+                   source="NVIDIA A100 datasheet (SXM4 40GB), dense BF16; host: PCIe Gen4 x16 (datasheet: 64 GB/s)", pcie_gen=4),
         # NVIDIA V100 datasheet (SXM2 32GB): 125 TFLOPS tensor (FP16); 32 GB HBM2; 900 GB/s
         DeviceSpec("V100-32GB", peak_tflops=125.0, memory_GiB=_gb(32), memory_bandwidth_GBps=900.0,
-                   source="NVIDIA V100 datasheet (SXM2), FP16 tensor"),
+                   source="NVIDIA V100 datasheet (SXM2), FP16 tensor; host: PCIe Gen3 x16 (datasheet: 32 GB/s)", pcie_gen=3),
         # NVIDIA A10G (AWS EC2 G5 documentation): ~70 TFLOPS FP16 tensor dense; 24 GB GDDR6; 600 GB/s
         DeviceSpec("A10G", peak_tflops=70.0, memory_GiB=_gb(24), memory_bandwidth_GBps=600.0,
-                   source="AWS EC2 G5 / NVIDIA A10G, FP16 tensor dense"),
+                   source="AWS EC2 G5 / NVIDIA A10G, FP16 tensor dense; host: PCIe Gen4 x16 (NVIDIA A10 datasheet: 64 GB/s)", pcie_gen=4),
         # NVIDIA L4 datasheet: BF16 242 TFLOPS with sparsity -> 121 dense; 24 GB GDDR6; 300 GB/s
         DeviceSpec("L4", peak_tflops=121.0, memory_GiB=_gb(24), memory_bandwidth_GBps=300.0,
-                   source="NVIDIA L4 datasheet, dense BF16"),
+                   source="NVIDIA L4 datasheet, dense BF16; host: PCIe Gen4 x16 (datasheet: 64 GB/s)", pcie_gen=4),
         # NVIDIA T4 datasheet: 65 TFLOPS mixed precision (FP16/FP32); 16 GB GDDR6; 320 GB/s
         DeviceSpec("T4", peak_tflops=65.0, memory_GiB=_gb(16), memory_bandwidth_GBps=320.0,
-                   source="NVIDIA T4 datasheet, FP16 mixed precision"),
+                   source="NVIDIA T4 datasheet, FP16 mixed precision; host: PCIe Gen3 x16 (datasheet: 32 GB/s)", pcie_gen=3),
         # NVIDIA Ada GPU architecture whitepaper (RTX 4090): FP16 tensor, FP32 accumulate 165.2 dense; 24 GB GDDR6X; 1,008 GB/s
         DeviceSpec("RTX-4090", peak_tflops=165.2, memory_GiB=_gb(24), memory_bandwidth_GBps=1008.0,
-                   source="NVIDIA Ada whitepaper (RTX 4090), FP16 tensor FP32-accumulate dense"),
+                   source="NVIDIA Ada whitepaper (RTX 4090), FP16 tensor FP32-accumulate dense; host: PCIe Gen4 x16 (GeForce RTX 4090 specifications)", pcie_gen=4),
         # NVIDIA Ampere GA102 whitepaper (RTX 3090): FP16 tensor 71 TFLOPS dense (FP16 accumulate); 24 GB GDDR6X; 936 GB/s
         DeviceSpec("RTX-3090", peak_tflops=71.0, memory_GiB=_gb(24), memory_bandwidth_GBps=936.0,
-                   source="NVIDIA GA102 whitepaper (RTX 3090), FP16 tensor dense"),
+                   source="NVIDIA GA102 whitepaper (RTX 3090), FP16 tensor dense; host: PCIe Gen4 x16 (GeForce RTX 3090 specifications)", pcie_gen=4),
         # NVIDIA RTX A6000 datasheet: 309.7 TFLOPS tensor with sparsity -> 154.8 dense; 48 GB GDDR6; 768 GB/s
         DeviceSpec("A6000", peak_tflops=154.8, memory_GiB=_gb(48), memory_bandwidth_GBps=768.0,
-                   source="NVIDIA RTX A6000 datasheet, dense FP16 tensor"),
+                   source="NVIDIA RTX A6000 datasheet, dense FP16 tensor; host: PCIe Gen4 x16 (datasheet: 64 GB/s)", pcie_gen=4),
         # One core of this kind of host, used by the CPU runner: AVX2 2 FMA units x 8 fp32 lanes x 2 flop x ~3 GHz
         # = ~0.096 TFLOPS fp32 nominal; memory is what a rank may use here. Calibrate with `autotune profile`.
         DeviceSpec("cpu", peak_tflops=0.096, memory_GiB=8.0, memory_bandwidth_GBps=20.0,
-                   source="nominal one x86-64 AVX2 core (fp32); replace with `autotune profile`"),
+                   source="nominal one x86-64 AVX2 core (fp32); replace with `autotune profile`; host: no PCIe, its own memory", pcie_gen=0),
     )
 }
 

@@ -10,7 +10,8 @@ import yaml
 
 from autotune.catalog import CLUSTER_PRESETS, GPU_CATALOG, MODEL_PRESETS
 from autotune.errors import SpecError
-from autotune.specs import ClusterSpec, DeviceSpec, LinkSpec, ModelSpec, NodeSpec, ParallelConfig
+from autotune.specs import (ClusterSpec, DeviceSpec, HostSpec, LinkSpec, ModelSpec, NodeSpec, ParallelConfig,
+                            default_host)
 
 PathLike = str | Path
 
@@ -71,7 +72,8 @@ def _device(source: str, field: str, raw: Any) -> DeviceSpec:
         return GPU_CATALOG[raw]
     if not isinstance(raw, Mapping):
         raise SpecError(source, field, "must be a catalog name or a mapping")
-    _only(source, field, raw, {"name", "peak_tflops", "memory_GiB", "memory_bandwidth_GBps", "source"})
+    _only(source, field, raw, {"name", "peak_tflops", "memory_GiB", "memory_bandwidth_GBps", "source", "pcie_gen",
+                               "pcie_lanes"})
     base = GPU_CATALOG.get(str(raw.get("name")))
     values = {}
     for key in ("peak_tflops", "memory_GiB", "memory_bandwidth_GBps"):
@@ -81,12 +83,31 @@ def _device(source: str, field: str, raw: Any) -> DeviceSpec:
             values[key] = getattr(base, key)
         else:
             raise SpecError(source, f"{field}.{key}", "is required for a GPU not in the catalog")
+    for key in ("pcie_gen", "pcie_lanes"):  # optional: the catalog entry's, else PCIe 4.0 x16
+        if key in raw:
+            values[key] = raw[key]
+        elif base is not None:
+            values[key] = getattr(base, key)
     if "name" not in raw:
         raise SpecError(source, f"{field}.name", "is required")
     try:
         return DeviceSpec(str(raw["name"]), source=str(raw.get("source", "cluster file")), **values)
     except SpecError as e:
         raise SpecError(source, f"{field}.{e.field}", e.rule) from None
+
+
+def _host(source: str, field: str, raw: Any, device: DeviceSpec, count: int) -> HostSpec:
+    """A node's ``host: {memory_GiB, link, bandwidth_GBps}``; what it leaves out comes from
+    ``default_host`` (the documented default memory, the GPU type's PCIe link)."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(source, field, "must be a mapping like {memory_GiB: 512, link: {bandwidth_GBps: 25}}")
+    _only(source, field, raw, {"memory_GiB", "link", "bandwidth_GBps"})
+    default = default_host(device, count)
+    link = _link(source, f"{field}.link", raw["link"]) if "link" in raw else default.link
+    try:
+        return HostSpec(raw.get("memory_GiB", default.memory_GiB), link, raw.get("bandwidth_GBps", 0.0))
+    except SpecError as e:
+        raise _rebase(source, field, e) from None
 
 
 def cluster_from_dict(data: Mapping[str, Any], source: str, default_name: str = "cluster") -> ClusterSpec:
@@ -100,7 +121,7 @@ def cluster_from_dict(data: Mapping[str, Any], source: str, default_name: str = 
         f = f"nodes[{i}]"
         if not isinstance(raw, Mapping):
             raise SpecError(source, f, "must be a mapping")
-        _only(source, f, raw, {"name", "gpu", "count", "intra_node", "network", "slowdown", "repeat"})
+        _only(source, f, raw, {"name", "gpu", "count", "intra_node", "network", "slowdown", "repeat", "host"})
         for key in ("name", "gpu", "count"):
             if key not in raw:
                 raise SpecError(source, f"{f}.{key}", "is required")
@@ -116,9 +137,15 @@ def cluster_from_dict(data: Mapping[str, Any], source: str, default_name: str = 
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
             raise SpecError(source, f"{f}.repeat", f"must be an integer >= 1, got {repeat!r}")
         names = [str(raw["name"])] if repeat == 1 else [f"{raw['name']}-{k}" for k in range(repeat)]
+        count = raw["count"]
+        host = None
+        if "host" in raw:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise SpecError(source, f"{f}.count", f"must be an integer > 0, got {count!r}")
+            host = _host(source, f"{f}.host", raw["host"], device, count)
         for name in names:
             try:
-                nodes.append(NodeSpec(name, device, raw["count"], intra, node_net, slowdown))
+                nodes.append(NodeSpec(name, device, count, intra, node_net, slowdown, host))
             except SpecError as e:
                 raise SpecError(source, f"{f}.{e.field}", e.rule) from None
     try:

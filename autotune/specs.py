@@ -17,6 +17,10 @@ from autotune.errors import SpecError
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
 MLP_KINDS = ("gelu", "swiglu")
+#: ZeRO / FSDP stages (Rajbhandari et al. 2020): 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
+ZERO_STAGES = (0, 1, 2, 3)
+#: per-stage CPU offload: nothing, optimizer state + master weights (ZeRO-Offload), everything (ZeRO-Infinity)
+OFFLOAD_MODES = ("none", "optimizer", "all")
 
 
 def _positive(source: str, name: str, value: float, *, integer: bool = False, minimum: float = 0.0,
@@ -44,12 +48,21 @@ class DeviceSpec:
     memory_GiB: float
     memory_bandwidth_GBps: float
     source: str = ""
+    #: the host interface (datasheet): PCIe generation and lanes; generation 0 = no PCIe (the ``cpu``
+    #: device, whose "host" is its own memory). Sets the default ``host.link`` (``default_host_link``).
+    pcie_gen: int = 4
+    pcie_lanes: int = 16
 
     def __post_init__(self) -> None:
         where = f"gpu {self.name!r}"
         _positive(where, "peak_tflops", self.peak_tflops)
         _positive(where, "memory_GiB", self.memory_GiB)
         _positive(where, "memory_bandwidth_GBps", self.memory_bandwidth_GBps)
+        if isinstance(self.pcie_gen, bool) or self.pcie_gen not in PCIE_GB_PER_LANE:
+            raise SpecError(where, "pcie_gen", f"must be one of {', '.join(map(str, PCIE_GB_PER_LANE))} "
+                                               f"(0 = no PCIe), got {self.pcie_gen!r}")
+        if isinstance(self.pcie_lanes, bool) or self.pcie_lanes not in (1, 2, 4, 8, 16):
+            raise SpecError(where, "pcie_lanes", f"must be 1, 2, 4, 8 or 16, got {self.pcie_lanes!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +81,63 @@ class LinkSpec:
         return self.latency_us * 1e-6 + num_bytes / (self.bandwidth_GBps * 1e9)
 
 
+#: PCIe payload rate per lane and direction, GB/s: 3.0 8 GT/s, 4.0 16 GT/s, 5.0 32 GT/s, 128b/130b
+#: encoding (PCI-SIG base specifications 3.0 / 4.0 / 5.0). Generation 0: no PCIe.
+PCIE_GB_PER_LANE = {0: 0.0, 3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8}
+#: share of the PCIe payload rate a pinned-memory copy reaches: CUDA's bandwidthTest shows ~12.5 GB/s
+#: host-to-device on 3.0 x16 (15.75 payload) and ~25 GB/s on 4.0 x16 (31.5): ~80%.
+PCIE_EFFICIENCY = 0.8
+#: per-transfer latency of a host <-> device copy (DMA set-up and launch), microseconds
+HOST_LINK_LATENCY_US = 10.0
+#: default host memory of a node: this many times its devices' memory together (servers are sized with
+#: 2-4x GPU memory in DRAM: NVIDIA DGX A100 has 1-2 TB for 320-640 GB of GPU memory) ...
+HOST_MEMORY_PER_DEVICE_MEMORY = 2.0
+#: ... and at least this much
+HOST_MEMORY_MIN_GiB = 64.0
+
+
+def default_host_link(device: DeviceSpec) -> LinkSpec:
+    """Each device's own link to host memory: its PCIe generation and width at ``PCIE_EFFICIENCY``
+    (4.0 x16: 25.2 GB/s); a device without PCIe (``cpu``) copies within its own memory at half its
+    memory bandwidth (a copy reads and writes)."""
+    if device.pcie_gen == 0:
+        return LinkSpec(device.memory_bandwidth_GBps / 2, 1.0)
+    return LinkSpec(round(PCIE_GB_PER_LANE[device.pcie_gen] * device.pcie_lanes * PCIE_EFFICIENCY, 2),
+                    HOST_LINK_LATENCY_US)
+
+
+@dataclass(frozen=True, slots=True)
+class HostSpec:
+    """A node's host memory for offloaded state, and each device's link to it (SPEC "Extensions").
+
+    ``memory_GiB`` is shared by the node's devices. ``link`` is each device's own link (PCIe).
+    ``bandwidth_GBps`` caps the node's offload traffic as a whole (devices behind a shared PCIe
+    switch or a narrow root complex); 0 means no cap beyond each device's link.
+    """
+
+    memory_GiB: float
+    link: LinkSpec
+    bandwidth_GBps: float = 0.0
+
+    def __post_init__(self) -> None:
+        _positive("host", "memory_GiB", self.memory_GiB)
+        _positive("host", "bandwidth_GBps", self.bandwidth_GBps, strict=False)
+
+    def shared_bandwidth_GBps(self, devices_transferring: int) -> float:
+        """Each of ``devices_transferring`` devices' host bandwidth when they transfer at once."""
+        bw = self.link.bandwidth_GBps
+        if self.bandwidth_GBps > 0 and devices_transferring > 0:
+            bw = min(bw, self.bandwidth_GBps / devices_transferring)
+        return bw
+
+
+def default_host(device: DeviceSpec, count: int) -> HostSpec:
+    """``HOST_MEMORY_PER_DEVICE_MEMORY`` x the node's device memory (at least ``HOST_MEMORY_MIN_GiB``)
+    and the device type's ``default_host_link``."""
+    memory = max(HOST_MEMORY_MIN_GiB, HOST_MEMORY_PER_DEVICE_MEMORY * count * device.memory_GiB)
+    return HostSpec(round(memory, 2), default_host_link(device))
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     """One machine: ``count`` devices of one type joined by ``intra_node``; ``network`` to other nodes."""
@@ -78,6 +148,7 @@ class NodeSpec:
     intra_node: LinkSpec
     network: LinkSpec
     slowdown: float = 1.0  # CPU runner emulation only: compute stretched by this factor
+    host: HostSpec | None = None  # None: ``default_host(device, count)``
 
     def __post_init__(self) -> None:
         where = f"node {self.name!r}"
@@ -85,6 +156,8 @@ class NodeSpec:
             raise SpecError(where, "name", "must be non-empty and contain no ':'")
         _positive(where, "count", self.count, integer=True)
         _positive(where, "slowdown", self.slowdown, minimum=1.0, strict=False)
+        if self.host is None:
+            object.__setattr__(self, "host", default_host(self.device, self.count))
 
     def device_ids(self) -> tuple[str, ...]:
         return tuple(f"{self.name}:{i}" for i in range(self.count))
@@ -217,6 +290,7 @@ class StageConfig:
     devices: tuple[str, ...]
     layers: int
     recompute: bool = False
+    offload: str = "none"  # OFFLOAD_MODES: none | optimizer | all
 
     @property
     def tp(self) -> int:
@@ -241,11 +315,14 @@ class ParallelConfig:
     pipelines: tuple[PipelineConfig, ...]
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    zero: int = 0  # ZERO_STAGES: sharding across each set of data-parallel peers
 
     def __post_init__(self) -> None:
         where = "config"
         _positive(where, "micro_batch_size", self.micro_batch_size, integer=True)
         _positive(where, "virtual_stages", self.virtual_stages, integer=True)
+        if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
+            raise SpecError(where, "zero", f"must be 0, 1, 2 or 3 (ZeRO stage), got {self.zero!r}")
         if self.schedule not in SCHEDULES:
             raise SpecError(where, "schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.schedule != "interleaved-1f1b" and self.virtual_stages != 1:
@@ -264,6 +341,9 @@ class ParallelConfig:
                 _positive(where, f"{f}.layers", stage.layers, integer=True, strict=False)
                 if not isinstance(stage.recompute, bool):
                     raise SpecError(where, f"{f}.recompute", f"must be true or false, got {stage.recompute!r}")
+                if stage.offload not in OFFLOAD_MODES:
+                    raise SpecError(where, f"{f}.offload",
+                                    f"must be one of {', '.join(OFFLOAD_MODES)}, got {stage.offload!r}")
 
     # -- derived -----------------------------------------------------------------------------------
     @property
@@ -273,6 +353,18 @@ class ParallelConfig:
     @property
     def global_batch_size(self) -> int:
         return sum(p.num_microbatches for p in self.pipelines) * self.micro_batch_size
+
+    @property
+    def offloads(self) -> bool:
+        """True when any stage keeps state in host memory."""
+        return any(s.offload != "none" for p in self.pipelines for s in p.stages)
+
+    def notes(self) -> list[str]:
+        """Settings that are valid but do nothing (``describe`` shows them; nothing is rejected)."""
+        out = []
+        if self.zero and len(self.pipelines) == 1:
+            out.append(f"zero {self.zero} with one replica does nothing (no data-parallel peers to shard across)")
+        return out
 
     def validate(self, cluster: ClusterSpec, model: ModelSpec, source: str = "config") -> None:
         """Check the rules that need the cluster and model; raise SpecError naming the broken one."""
@@ -322,12 +414,17 @@ class ParallelConfig:
         out: dict[str, Any] = {"micro_batch_size": self.micro_batch_size, "schedule": self.schedule}
         if self.schedule == "interleaved-1f1b":
             out["virtual_stages"] = self.virtual_stages
-        out["pipelines"] = [
-            {"num_microbatches": p.num_microbatches,
-             "stages": [{"devices": list(s.devices), "layers": s.layers, "recompute": s.recompute}
-                        for s in p.stages]}
-            for p in self.pipelines
-        ]
+        if self.zero:
+            out["zero"] = self.zero
+
+        def stage(s: StageConfig) -> dict[str, Any]:
+            d: dict[str, Any] = {"devices": list(s.devices), "layers": s.layers, "recompute": s.recompute}
+            if s.offload != "none":
+                d["offload"] = s.offload
+            return d
+
+        out["pipelines"] = [{"num_microbatches": p.num_microbatches, "stages": [stage(s) for s in p.stages]}
+                            for p in self.pipelines]
         return out
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -337,7 +434,7 @@ class ParallelConfig:
     def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> "ParallelConfig":
         if not isinstance(data, Mapping):
             raise SpecError(source, "", f"must be a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {"micro_batch_size", "schedule", "virtual_stages", "pipelines", "measurement"}
+        unknown = set(data) - {"micro_batch_size", "schedule", "virtual_stages", "zero", "pipelines", "measurement"}
         if unknown:
             raise SpecError(source, sorted(unknown)[0], "unknown field")
         try:
@@ -359,7 +456,7 @@ class ParallelConfig:
                 f = f"pipelines[{p}].stages[{s}]"
                 if not isinstance(st, Mapping):
                     raise SpecError(source, f, "must be an object")
-                extra = set(st) - {"devices", "layers", "recompute"}
+                extra = set(st) - {"devices", "layers", "recompute", "offload"}
                 if extra:
                     raise SpecError(source, f"{f}.{sorted(extra)[0]}", "unknown field")
                 devices = st.get("devices")
@@ -367,13 +464,14 @@ class ParallelConfig:
                     raise SpecError(source, f"{f}.devices", "is required and must be a list of device ids")
                 if "layers" not in st:
                     raise SpecError(source, f"{f}.layers", "is required")
-                stages.append(StageConfig(tuple(devices), st["layers"], st.get("recompute", False)))
+                stages.append(StageConfig(tuple(devices), st["layers"], st.get("recompute", False),
+                                          st.get("offload", "none")))
             if "num_microbatches" not in raw:
                 raise SpecError(source, f"pipelines[{p}].num_microbatches", "is required")
             pipelines.append(PipelineConfig(raw["num_microbatches"], tuple(stages)))
         try:
             return cls(micro_batch_size=mbs, pipelines=tuple(pipelines), schedule=data.get("schedule", "1f1b"),
-                       virtual_stages=data.get("virtual_stages", 1))
+                       virtual_stages=data.get("virtual_stages", 1), zero=data.get("zero", 0))
         except SpecError as e:
             raise SpecError(source, e.field, e.rule) from None
 
@@ -386,12 +484,16 @@ class ParallelConfig:
         return cls.from_dict(data, source)
 
     def describe(self) -> str:
-        """A short human summary, e.g. ``mbs=2 1f1b | [a100:0-1 x20 | v100:0-3 x12 R] m=64``."""
+        """A short human summary, e.g. ``mbs=2 1f1b | [a100:0-1 x20 | v100:0-3 x12 R] m=64``; ``zero=2``
+        and a stage's ``off=optimizer`` / ``off=all`` when set, then any ``notes()``."""
         parts = []
         for p in self.pipelines:
-            stages = " | ".join(f"{','.join(s.devices)} x{s.layers}{' R' if s.recompute else ''}" for s in p.stages)
+            stages = " | ".join(f"{','.join(s.devices)} x{s.layers}{' R' if s.recompute else ''}"
+                                f"{' off=' + s.offload if s.offload != 'none' else ''}" for s in p.stages)
             parts.append(f"[{stages}] m={p.num_microbatches}")
-        return f"mbs={self.micro_batch_size} {self.schedule} " + " ; ".join(parts)
+        zero = f"zero={self.zero} " if self.zero else ""
+        notes = "".join(f" (note: {n})" for n in self.notes())
+        return f"mbs={self.micro_batch_size} {self.schedule} {zero}" + " ; ".join(parts) + notes
 
 
 # --------------------------------------------------------------------------------------------------
@@ -423,6 +525,7 @@ class Measurement:
     timeline: tuple[TimelineEvent, ...] = ()
     status: str = "ok"
     error: str = ""
+    host_memory_GiB: Mapping[str, float] = field(default_factory=dict)  # node -> GiB, when a plan offloads
 
     @property
     def ok(self) -> bool:
@@ -444,6 +547,8 @@ class Measurement:
             "status": self.status,
             "error": self.error,
         }
+        if self.host_memory_GiB:
+            out["host_memory_GiB"] = dict(self.host_memory_GiB)
         if timeline:
             out["timeline"] = [[e.device, e.op, e.start_s, e.end_s] for e in self.timeline]
         return out
@@ -461,6 +566,7 @@ class Measurement:
             timeline=tuple(TimelineEvent(str(d), str(o), float(a), float(b)) for d, o, a, b in data.get("timeline", ())),
             status=str(data.get("status", "ok")),
             error=str(data.get("error", "")),
+            host_memory_GiB={str(k): float(v) for k, v in dict(data.get("host_memory_GiB", {})).items()},
         )
 
     @classmethod

@@ -22,13 +22,18 @@ def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
         node: dict[str, Any] = {
             "name": n.name,
             "gpu": {"name": n.device.name, "peak_tflops": n.device.peak_tflops, "memory_GiB": n.device.memory_GiB,
-                    "memory_bandwidth_GBps": n.device.memory_bandwidth_GBps, "source": n.device.source},
+                    "memory_bandwidth_GBps": n.device.memory_bandwidth_GBps, "source": n.device.source,
+                    "pcie_gen": n.device.pcie_gen, "pcie_lanes": n.device.pcie_lanes},
             "count": n.count,
             "intra_node": {"bandwidth_GBps": n.intra_node.bandwidth_GBps, "latency_us": n.intra_node.latency_us},
             "network": {"bandwidth_GBps": n.network.bandwidth_GBps, "latency_us": n.network.latency_us},
         }
         if n.slowdown != 1.0:
             node["slowdown"] = n.slowdown
+        if n.host is not None:
+            node["host"] = {"memory_GiB": n.host.memory_GiB, "bandwidth_GBps": n.host.bandwidth_GBps,
+                            "link": {"bandwidth_GBps": n.host.link.bandwidth_GBps,
+                                     "latency_us": n.host.link.latency_us}}
         nodes.append(node)
     return {"name": cluster.name, "nodes": nodes}
 
