@@ -17,7 +17,7 @@ budget gives every smaller budget as a prefix of its best-so-far curve (identica
 rl agent's best-first walk with the policy replaced by uniformly random move choices (ablation: what
 the policy adds).
 
-    .venv/bin/python experiments/heldout_eval.py [--seeds 3] [--policy autotune/data/policy.zip]
+    .venv/bin/python experiments/heldout_eval.py [--seeds 3] [--policy autotune/data/policy.safetensors]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ logged to MLflow (one run: hyper-parameters, rollout metrics, validation metric,
 artifact); every ``--validate-every`` steps the greedy policy is scored on validation scenarios (a
 separate seed stream, never the held-out set) and the best-scoring checkpoint is kept.
 
-    .venv/bin/python experiments/train_policy.py --minutes 20 --output autotune/data/policy.zip
+    .venv/bin/python experiments/train_policy.py --minutes 20 --output autotune/data/policy.safetensors
 
 Prints the training time, the validation curve and the saved file's size.
 """
@@ -15,7 +15,6 @@ Prints the training time, the validation curve and the saved file's size.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import logging
@@ -28,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autotune.search import policy_file  # noqa: E402
 from autotune.search.budget import BudgetedEvaluator  # noqa: E402
 from autotune.search.pretrained import ScenarioEnv, run_pretrained  # noqa: E402
 from autotune.search.scenarios import Scenario, draw_scenario, validation_rng  # noqa: E402
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--validate-every", type=int, default=20_000, help="env steps between validations")
     ap.add_argument("--validation-scenarios", type=int, default=10)
-    ap.add_argument("--output", default="autotune/data/policy.zip")
+    ap.add_argument("--output", default="autotune/data/policy.safetensors")
     ap.add_argument("--init", default=None, help="continue training this policy file")
     ap.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     ap.add_argument("--experiment", default="autotune-policy-pretraining")
@@ -116,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     venv = vec_cls([make(i) for i in range(args.n_envs)])
     net = [int(x) for x in args.net.split(",")]
     if args.init:
-        model = MaskablePPO.load(args.init, env=venv, device="cpu",
-                                 custom_objects={"learning_rate": args.lr, "ent_coef": args.ent_coef,
-                                                 "gamma": args.gamma})
+        # weights from the file (autotune.search.policy_file, no pickle); the optimizer starts fresh
+        model = policy_file.load_model(args.init, venv, args.seed, learning_rate=args.lr, ent_coef=args.ent_coef,
+                                       gamma=args.gamma, n_steps=args.n_steps, batch_size=256)
     else:
         model = MaskablePPO("MlpPolicy", venv, n_steps=args.n_steps, batch_size=256, n_epochs=4,
                             learning_rate=args.lr, gamma=args.gamma, gae_lambda=0.9, ent_coef=args.ent_coef,
@@ -141,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
                 super().__init__()
                 self.next_val = args.validate_every
                 self.best_val = -math.inf
-                self.best_blob: bytes | None = None
                 self.episodes = 0
                 self.curve: list[tuple[int, float, dict]] = []
 
@@ -154,10 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                          " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
                 if score > self.best_val:
                     self.best_val = score
-                    buf = io.BytesIO()
-                    self.model.save(buf)
-                    self.best_blob = buf.getvalue()
-                    out_path.write_bytes(self.best_blob)
+                    policy_file.save(self.model, out_path, num_timesteps=int(self.num_timesteps))
 
             def _on_training_start(self) -> None:
                 self._check()

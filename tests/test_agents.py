@@ -126,8 +126,10 @@ def test_rl_smoke_learn_save_load_and_act(tiny, tmp_path):
     model = make_model(env, seed=0, n_steps=64)
     model.learn(total_timesteps=256)
     assert model.num_timesteps >= 256
-    path = tmp_path / "policy.zip"
-    model.save(path)
+    from autotune.search import policy_file
+
+    path = tmp_path / "policy.safetensors"
+    policy_file.save(model, path)
     ev = fresh(space, 10)
     run_rl(space, ev, seed=0, policy_path=path, fine_tune=False)  # greedy with the loaded policy
     assert ev.used == 10 and ev.best.score > 0

@@ -24,6 +24,7 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
     state = {"best": 0.0, "task": None}
 
     def on_start(run_id: str, done: int) -> None:
+        progress.start()  # only once the search is set up: an error before it is one line, no bar
         state["task"] = progress.add_task("search", total=budget, completed=done, method=method, best="-")
         if done:
             console.print(f"resuming: {done} of {budget} plans already evaluated")
@@ -34,11 +35,14 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
         state["best"] = max(state["best"], ev.score)
         progress.update(state["task"], advance=1, best=f"{state['best']:,.0f} tokens/s" if state["best"] else "-")
 
-    with progress:
+    try:
         result = tune(cluster, model, method=method, budget=budget, backend=backend, seed=seed,
                       global_batch_size=global_batch_size, tracking_uri=tracking_uri, experiment=experiment,
                       storage=storage, profile=profile, workers=workers, policy=policy,
                       on_evaluation=on_evaluation, on_start=on_start)
+    finally:
+        if state["task"] is not None:
+            progress.stop()
     _print_result(out, result)
     if output is not None:
         output.write_text(json.dumps(result.output_document(), indent=2) + "\n")

@@ -137,6 +137,13 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         raise SpecError("search", "workers", f"must be >= 1, got {workers}")
     if workers > 1 and method != "optuna":
         raise SpecError("search", "workers", f"several workers share one Optuna study; --method {method} runs in one")
+    if policy is not None and method != "rl":
+        raise SpecError("--policy", "", f"applies to --method rl only, not {method}")
+    if method == "rl" and str(policy) != "scratch":  # a bad policy file is refused before any work
+        from autotune.search import policy_file
+        from autotune.search.pretrained import default_policy_path
+
+        policy_file.read(policy if policy is not None else default_policy_path())
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     space = SearchSpace(cluster_spec, model_spec, restrict=restrict)

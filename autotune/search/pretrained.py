@@ -19,7 +19,8 @@ in training and in use:
 ``ScenarioEnv`` draws a new random scenario (``autotune.search.scenarios``) at every reset
 (domain randomisation) and runs a ``SearchEnv`` of ``episode_evaluations`` steps on it with the
 simulator. ``experiments/train_policy.py`` trains MaskablePPO on it and writes
-``autotune/data/policy.zip``.
+``autotune/data/policy.safetensors`` (``autotune.search.policy_file``: weights as raw tensors and
+the network as JSON, never pickle).
 
 On a new scenario ``run_pretrained`` (``--method rl``, the shipped policy by default) starts from the
 speed-proportional plans of ``SearchSpace.heuristic_params`` (evaluated in order until one runs),
@@ -62,8 +63,8 @@ FINE_TUNE_STEPS = 16
 
 
 def default_policy_path() -> Path:
-    """The policy shipped with the package (``autotune/data/policy.zip``)."""
-    return Path(__file__).resolve().parent.parent / "data" / "policy.zip"
+    """The policy shipped with the package (``autotune/data/policy.safetensors``)."""
+    return Path(__file__).resolve().parent.parent / "data" / "policy.safetensors"
 
 
 def estimated_memory_fraction(space: SearchSpace, config: ParallelConfig) -> float:
@@ -387,20 +388,18 @@ def _probe_env() -> ParallelConfigEnv:
 
 
 def load_policy(path: str | Path | None = None):
-    """The MaskablePPO policy at ``path`` (default: the shipped one), on the CPU, one thread."""
+    """The policy network at ``path`` (default: the shipped one), on the CPU, one thread. Files are
+    read by ``autotune.search.policy_file`` (no pickle); anything else is a one-line ``SpecError``."""
     import torch
-    from sb3_contrib import MaskablePPO
 
     from autotune.errors import SpecError
+    from autotune.search import policy_file
 
     torch.set_num_threads(1)
     path = Path(path) if path is not None else default_policy_path()
     if not path.exists():
         raise SpecError(str(path), "policy", "file not found (train one with experiments/train_policy.py)")
-    try:
-        return MaskablePPO.load(str(path), device="cpu")
-    except Exception as e:
-        raise SpecError(str(path), "policy", f"cannot load a MaskablePPO policy: {type(e).__name__}: {e}") from None
+    return policy_file.load_policy_network(path)
 
 
 def greedy_action(policy, obs: np.ndarray, mask: np.ndarray) -> int:
@@ -489,14 +488,14 @@ def _fine_tune(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int, poli
     """Online fine-tuning: PPO updates (every ``FINE_TUNE_STEPS`` evaluations) on this search's own
     evaluations, actions sampled from the policy, until the budget is spent."""
     import torch
-    from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import BaseCallback
 
+    from autotune.search import policy_file
+
     torch.set_num_threads(1)
-    env = SearchEnv(space, evaluator, max_steps=FINE_TUNE_STEPS, exclude_evaluated=True)
     path = Path(policy_path) if policy_path is not None else default_policy_path()
-    model = MaskablePPO.load(str(path), env=env, device="cpu", seed=seed,
-                             custom_objects={"n_steps": FINE_TUNE_STEPS, "batch_size": FINE_TUNE_STEPS})
+    env = SearchEnv(space, evaluator, max_steps=FINE_TUNE_STEPS, exclude_evaluated=True)
+    model = policy_file.load_model(path, env, seed, n_steps=FINE_TUNE_STEPS, batch_size=FINE_TUNE_STEPS)
 
     class StopOnBudget(BaseCallback):
         def _on_step(self) -> bool:

@@ -42,7 +42,6 @@ def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None 
     """Spend ``evaluator``'s budget with MaskablePPO. ``budget`` defaults to the evaluator's; every
     episode after the first starts from the best plan found so far (``start_from_best``)."""
     import torch
-    from sb3_contrib import MaskablePPO
     from stable_baselines3.common.callbacks import BaseCallback
 
     from envs.parallel_config import ParallelConfigEnv
@@ -59,7 +58,7 @@ def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None 
 
         run_pretrained(space, evaluator, seed, policy_path=policy_path, fine_tune=fine_tune)
         return
-    policy_path = None  # learn online from scratch
+    # learn online from scratch
     env = ParallelConfigEnv(space, evaluator, max_steps=max_episode_steps, start_from_best=start_from_best)
     max_steps = max(STEPS_PER_EVALUATION * evaluator.budget, 2 * n_steps)
 
@@ -67,37 +66,10 @@ def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None 
         def _on_step(self) -> bool:
             return not evaluator.exhausted
 
-    if policy_path is not None:
-        model = MaskablePPO.load(str(policy_path), env=env, device="cpu", seed=seed)
-        log.info("rl: loaded policy %s", policy_path)
-    else:
-        model = make_model(env, seed, n_steps)
-    if policy_path is None or fine_tune:
-        if evaluator.exhausted:
-            return
-        model.learn(total_timesteps=max_steps, callback=StopOnBudget())
-    else:
-        act_greedy(model, env, evaluator, max_steps, seed)
+    model = make_model(env, seed, n_steps)
+    if evaluator.exhausted:
+        return
+    model.learn(total_timesteps=max_steps, callback=StopOnBudget())
     if not evaluator.exhausted:
         log.info("rl: stopped after %d env steps with %d of %d evaluations", max_steps, evaluator.used,
                  evaluator.budget)
-
-
-def act_greedy(model, env, evaluator: BudgetedEvaluator, max_steps: int, seed: int = 0) -> None:
-    """Follow the policy's masked choices; sample instead of argmax while it revisits known plans."""
-    obs, _ = env.reset(seed=seed)
-    stale = 0
-    for _ in range(max_steps):
-        if evaluator.exhausted:
-            break
-        mask = env.action_masks()
-        action, _ = model.predict(obs, action_masks=mask, deterministic=stale < 3)
-        used = evaluator.used
-        obs, _, terminated, truncated, info = env.step(int(action))
-        stale = 0 if evaluator.used > used else stale + 1
-        if info.get("budget_exhausted"):
-            break
-        if terminated or truncated:
-            obs, _ = env.reset()
-            stale = 0
-

@@ -1,0 +1,165 @@
+"""Policy files are read without pickle (``autotune.search.policy_file``): the shipped one makes the same
+moves as the Stable-Baselines3 zip it was converted from, and a crafted file never runs its payload."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autotune.errors import SpecError
+from autotune.search import policy_file
+from autotune.search.pretrained import default_policy_path, load_policy
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = Path(__file__).with_name("data") / "policy_reference.json"
+AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+
+
+class _Payload:
+    """Unpickling this runs ``touch <marker>``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _sb3_zip(path: Path, marker: Path) -> Path:
+    """A Stable-Baselines3-style save whose ``data`` entry carries a pickled command (cloudpickle-decoded
+    by ``MaskablePPO.load``)."""
+    blob = base64.b64encode(pickle.dumps(_Payload(marker))).decode()
+    data = {"policy_class": {":type:": "<class 'abc.ABCMeta'>", ":serialized:": blob}, "policy_kwargs": {}}
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("data", json.dumps(data))
+        z.writestr("_stable_baselines3_version", "2.9.2")
+    return path
+
+
+def test_shipped_policy_makes_the_moves_of_the_original():
+    """tests/data/policy_reference.json was recorded from the original zip (experiments/convert_policy.py)."""
+    import torch
+
+    from autotune.loading import load_cluster, load_model
+    from autotune.search.budget import BudgetedEvaluator
+    from autotune.search.pretrained import run_pretrained
+    from autotune.search.scenarios import heldout_scenarios
+    from autotune.search.space import SearchSpace
+    from autotune.search.tracking import config_key
+    from autotune.simulator import Simulator
+
+    ref = json.loads(REFERENCE.read_text())
+    policy = load_policy()
+    asked = 0
+    for walk in ref["walks"]:
+        for q in walk["asked"]:
+            obs = np.array(q["obs"], dtype=np.float32)
+            mask = np.zeros(len(q["probs"]), dtype=bool)
+            mask[q["mask"]] = True
+            assert int(policy.predict(obs, action_masks=mask, deterministic=True)[0]) == q["action"]
+            with torch.no_grad():
+                probs = policy.get_distribution(policy.obs_to_tensor(obs)[0], action_masks=mask).distribution.probs[0]
+            np.testing.assert_allclose(probs.numpy(), q["probs"], rtol=1e-4, atol=1e-6)
+            asked += 1
+    assert asked >= 60
+    scenarios = {"mixed-h100-a100-32/llama2-13b": (load_cluster("mixed-h100-a100-32"), load_model("llama2-13b", 256))}
+    scenarios.update({s.name: (s.cluster, s.model) for s in heldout_scenarios()[:2]})
+    for walk in ref["walks"][::4]:  # whole walks too (a few: the moves above cover all of them)
+        cluster, model = scenarios[walk["scenario"]]
+        space = SearchSpace(cluster, model)
+        ev = BudgetedEvaluator(Simulator(cluster, model), space, ref["budget"])
+        run_pretrained(space, ev, walk["seed"], policy=policy)
+        assert [config_key(e.config) for e in ev.history] == walk["plans"]
+
+
+def test_written_file_round_trips_and_is_safetensors(tmp_path):
+    tensors, meta = policy_file.read(default_policy_path())
+    path = tmp_path / "copy.safetensors"
+    policy_file.write(path, tensors, meta)
+    again, meta2 = policy_file.read(path)
+    assert meta2 == meta and set(again) == set(tensors)
+    assert all(np.array_equal(again[k], tensors[k]) for k in tensors)
+    try:
+        from safetensors.numpy import load_file
+    except ImportError:
+        return
+    loaded = load_file(str(path))
+    assert all(np.array_equal(loaded[k], tensors[k]) for k in tensors)
+
+
+def test_crafted_sb3_zip_is_refused_and_its_payload_never_runs(tmp_path):
+    marker = tmp_path / "payload-ran"
+    evil = _sb3_zip(tmp_path / "evil.zip", marker)
+    with pytest.raises(SpecError, match="zip archive"):
+        load_policy(evil)
+    assert not marker.exists()
+    # through the command line, as a user would give it
+    r = subprocess.run([AUTOTUNE, "search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "rl",
+                        "--budget", "3", "--policy", str(evil), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert not marker.exists()
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "zip archive" in r.stderr, r.stderr
+    assert not (tmp_path / "m.db").exists()  # refused before any work
+
+
+def test_pickles_and_torch_saves_are_refused_unread(tmp_path):
+    import torch
+
+    marker = tmp_path / "payload-ran"
+    raw = tmp_path / "policy.safetensors"
+    raw.write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(SpecError, match="is a pickle"):
+        load_policy(raw)
+    saved = tmp_path / "weights.pt"
+    torch.save({"x": _Payload(marker)}, saved)  # torch's zip format holds a pickle too
+    with pytest.raises(SpecError, match="zip archive"):
+        load_policy(saved)
+    assert not marker.exists()
+
+
+def _header_file(path: Path, header: dict, data: bytes = b"") -> Path:
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    return path
+
+
+@pytest.mark.parametrize("case,message", [
+    ("garbage", "header length"),
+    ("no-meta", "no 'autotune_policy' entry"),
+    ("offsets", "data_offsets must be"),
+    ("dtype", "dtype must be one of"),
+    ("arch", "net_arch must list 1 to 8 layer widths"),
+    ("obs", "trained for 7 observations"),
+    ("missing", "lacks 'action_net.bias'"),
+])
+def test_malformed_policy_files_are_one_clear_line(tmp_path, case, message):
+    tensors, meta = policy_file.read(default_policy_path())
+    good_meta = {"__metadata__": {policy_file.METADATA_KEY: json.dumps(meta)}}
+    path = tmp_path / f"{case}.safetensors"
+    if case == "garbage":
+        path.write_bytes(b"\xff" * 64)
+    elif case == "no-meta":
+        _header_file(path, {"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
+    elif case == "offsets":
+        _header_file(path, {**good_meta, "w": {"dtype": "F32", "shape": [1000], "data_offsets": [0, 4000]}}, b"\0" * 4)
+    elif case == "dtype":
+        _header_file(path, {**good_meta, "w": {"dtype": "O", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
+    elif case == "arch":
+        policy_file.write(path, tensors, {**meta, "net_arch": [10**9]})
+    elif case == "obs":
+        policy_file.write(path, tensors, {**meta, "obs_dim": 7})
+    else:
+        policy_file.write(path, {k: v for k, v in tensors.items() if k != "action_net.bias"}, meta)
+    with pytest.raises(SpecError, match=message) as info:
+        load_policy(path)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
