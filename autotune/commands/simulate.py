@@ -46,13 +46,20 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
         summary.add_row("bubble (slowest pipeline)", f"{result.bubble_fraction:.1%}")
     else:
         summary.add_row("why", result.error)
+    if cfg.zero:
+        summary.add_row("zero", f"{cfg.zero} across {len(cfg.pipelines)} replica(s)")
+    for node, gib in result.host_memory_GiB.items():  # offloaded state per node (plans that offload)
+        cap = next(n.host.memory_GiB for n in cluster.nodes if n.name == node)
+        used = f"{gib:.1f} / {cap:g} GiB"
+        summary.add_row(escape(f"host memory {node}"), f"[red]{used}[/red]" if gib > cap else used)
     summary.add_row("global batch", f"{cfg.global_batch_size} x {model.seq_len} tokens")
     summary.add_row("calibration", str(profile) if profile else "defaults (no --profile)")
     console.print(summary)
 
     stages = Table(title="stages", title_justify="left")
     for col, just in (("pipeline", "right"), ("stage", "right"), ("devices", "left"), ("layers", "right"),
-                      ("recompute", "left"), ("busy s", "right"), ("peak GiB / usable", "right")):
+                      ("recompute", "left"), ("offload", "left"), ("busy s", "right"),
+                      ("peak GiB / usable", "right")):
         stages.add_column(col, justify=just)
     busy_s: dict[str, float] = {}  # forward + backward time per device, from the timeline
     for e in result.timeline:
@@ -68,5 +75,5 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
                 mem = f"[red]{mem}[/red]"
             busy = f"{busy_s[d]:.3f}" if d in busy_s else "-"
             stages.add_row(str(r), str(s), " ".join(st.devices), str(st.layers), "yes" if st.recompute else "no",
-                           busy, mem)
+                           st.offload, busy, mem)
     console.print(stages)

@@ -96,12 +96,14 @@ def stage_peak_GiB(model: ModelSpec, micro_batch_size: int, tp: int, layers: int
                    in_flight_chunks: int, chunks: int, first: bool, last: bool, flash_attention: bool = False,
                    measured_full_bytes: float | None = None, measured_kept_bytes: float | None = None,
                    baseline_GiB: float = 0.0, state_bytes_per_param: float | None = None,
-                   activation_factor: float = 1.0) -> float:
+                   activation_factor: float = 1.0, states_bytes: float | None = None) -> float:
     """``baseline_GiB``: a profile's measured per-process memory besides states and activations;
     ``state_bytes_per_param``: a profile's measured bytes per parameter (default 16, ZeRO's figure);
-    ``activation_factor``: a profile's measured peak bytes per saved activation byte (default 1)."""
+    ``activation_factor``: a profile's measured peak bytes per saved activation byte (default 1);
+    ``states_bytes``: the model-state bytes on the device when sharding or offload change them
+    (``autotune.simulator.zero``), in place of bytes per parameter x parameters."""
     per_param = BYTES_PER_PARAM_STATE if state_bytes_per_param is None else state_bytes_per_param
-    states = per_param * stage_params(model, layers, tp, first, last)
+    states = per_param * stage_params(model, layers, tp, first, last) if states_bytes is None else states_bytes
     acts = stage_activation_bytes(model, micro_batch_size, tp, layers, recompute, in_flight_chunks, chunks,
                                   first, last, flash_attention, measured_full_bytes, measured_kept_bytes)
     return (states + activation_factor * acts) / GiB + baseline_GiB

@@ -42,6 +42,7 @@ from autotune.simulator.efficiency import DeviceRates
 from autotune.simulator.flops import head_matmul, layer_matmuls, model_flops_per_token
 from autotune.simulator.memory import layer_activation_bytes, stage_params, stage_peak_GiB, usable_memory_GiB
 from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, compile_schedule, run_program
+from autotune.simulator.zero import data_parallel_degree, stage_states, state_bytes_for
 from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, NodeSpec, ParallelConfig, TimelineEvent
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class Simulator:
                                                         for d in profile.devices)
         self._eff = _apply_profile(cluster, profile)
         self._node: dict[str, NodeSpec] = {d: n for n in self._eff.nodes for d in n.device_ids()}
+        self._node_spec: dict[str, NodeSpec] = {n.name: n for n in self._eff.nodes}
         self._rates: dict[str, DeviceRates] = {}
         for n in self._eff.nodes:
             key = f"{n.device.name}@{n.slowdown:g}"
@@ -228,9 +230,12 @@ class Simulator:
         return out
 
     def _stage_memory_GiB(self, devices: tuple[str, ...], layers: int, recompute: bool, first: bool, last: bool,
-                          mbs: int, in_flight: int, v: int) -> float:
+                          mbs: int, in_flight: int, v: int, dp: int = 1, zero: int = 0,
+                          offload: str = "none") -> tuple[float, float]:
+        """(device peak GiB, host GiB of offloaded state) of one device of a stage."""
         prof = self.profile.device(self._node[devices[0]].device.name) if self.profile is not None else None
-        key = (len(devices), layers, recompute, first, last, mbs, in_flight, v, prof.name if prof else None)
+        key = (len(devices), layers, recompute, first, last, mbs, in_flight, v, prof.name if prof else None,
+               dp if zero or offload != "none" else 1, zero, offload)
         hit = self._memory_cache.get(key)
         if hit is None:
             full = kept = per_param = None
@@ -243,8 +248,16 @@ class Simulator:
                 baseline = prof.memory_baseline_GiB or 0.0
                 per_param = prof.state_bytes_per_param
                 act_factor = prof.activation_memory_factor or 1.0
-            hit = stage_peak_GiB(self.model, mbs, len(devices), layers, recompute, in_flight, v, first, last,
-                                 self.flash_attention, full, kept, baseline, per_param, act_factor)
+            states_bytes, host_GiB = None, 0.0
+            if (zero and dp > 1) or offload != "none":  # ZeRO sharding / CPU offload (autotune.simulator.zero)
+                split = state_bytes_for(self.model)
+                if per_param is not None:
+                    split = split.scaled_to(per_param)
+                st = stage_states(self.model, layers, len(devices), first, last, dp, zero, offload, split)
+                states_bytes, host_GiB = st.device_bytes + st.working_bytes, st.host_bytes / 2**30
+            dev = stage_peak_GiB(self.model, mbs, len(devices), layers, recompute, in_flight, v, first, last,
+                                 self.flash_attention, full, kept, baseline, per_param, act_factor, states_bytes)
+            hit = (dev, host_GiB)
             self._memory_cache[key] = hit
         return hit
 
@@ -338,10 +351,11 @@ class Simulator:
         mbs, v, schedule = config.micro_batch_size, config.virtual_stages, config.schedule
         usable = self._usable
         peak: dict[str, float] = {}
+        host: dict[str, float] = {}  # node -> GiB of offloaded state
         oom_devices = []
         stage_costs = []
         compiled = []
-        for pipe in config.pipelines:
+        for r, pipe in enumerate(config.pipelines):
             p = len(pipe.stages)
             comp = compile_schedule(schedule, p, pipe.num_microbatches, v)
             compiled.append(comp)
@@ -349,20 +363,31 @@ class Simulator:
             for s, st in enumerate(pipe.stages):
                 first, last = s == 0, s == p - 1
                 costs.append(self._stage_costs(st.devices, st.layers, st.recompute, first, last, mbs, v))
-                gib = self._stage_memory_GiB(st.devices, st.layers, st.recompute, first, last, mbs,
-                                             comp.in_flight[s], v)
+                gib, host_gib = self._stage_memory_GiB(st.devices, st.layers, st.recompute, first, last, mbs,
+                                                       comp.in_flight[s], v, data_parallel_degree(config, r, s),
+                                                       config.zero, st.offload)
                 for d in st.devices:
                     peak[d] = gib
                     if gib > usable[d]:
                         oom_devices.append(d)
+                    if st.offload != "none":
+                        node = self._node[d].name
+                        host[node] = host.get(node, 0.0) + host_gib
             stage_costs.append(costs)
         if oom_devices:
             d = oom_devices[0]
             cap = self._node[d].device.memory_GiB
             return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=True, peak_memory_GiB=peak,
-                               status="oom",
+                               status="oom", host_memory_GiB=host,
                                error=f"{len(oom_devices)} device(s) out of memory, e.g. {d} needs {peak[d]:.1f} GiB "
                                      f"of {cap:g} GiB (usable {usable_memory_GiB(cap):.1f})")
+        for name, gib in host.items():
+            cap = self._node_spec[name].host.memory_GiB
+            if gib > cap:
+                return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=True, peak_memory_GiB=peak,
+                                   status="oom", host_memory_GiB=host,
+                                   error=f"host memory of node {name!r} out of memory: offloaded state needs "
+                                         f"{gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)")
 
         # -- pipelines -----------------------------------------------------------------------------
         finish: list[tuple[float, ...]] = []
@@ -439,7 +464,8 @@ class Simulator:
         peak_flops = sum(self._node[d].device.peak_tflops / self._node[d].slowdown for d in peak) * 1e12
         mfu = self._flops_per_token * tokens / (iteration * peak_flops)
         return Measurement(tokens_per_s=tokens / iteration, iteration_time_s=iteration, oom=False,
-                           peak_memory_GiB=peak, mfu=mfu, bubble_fraction=max(0.0, bubble), stage_busy_s=busy,
+                           peak_memory_GiB=peak, host_memory_GiB=host, mfu=mfu, bubble_fraction=max(0.0, bubble),
+                           stage_busy_s=busy,
                            timeline=tuple(sorted(events, key=lambda e: (e.start_s, e.device))) if timeline else ())
 
     def _data_parallel(self, config: ParallelConfig, cursor: list[list[float]],
