@@ -73,7 +73,7 @@ def profile(
 def search(
     cluster: str = ClusterOpt,
     model: str = ModelOpt,
-    method: str = typer.Option("optuna", "--method", help="rl | optuna | random | uniform | exhaustive"),
+    method: str = typer.Option("optuna", "--method", help="rl | optuna | random | uniform | exhaustive | dp"),
     budget: int = typer.Option(100, "--budget", help="Number of evaluated plans."),
     global_batch_size: Optional[int] = GbsOpt,
     backend: str = typer.Option("sim", "--backend", help="sim (simulator) or real (profiled runs)."),
@@ -85,11 +85,13 @@ def search(
     profile: Optional[Path] = typer.Option(None, "--profile", help="Calibration profile for the simulator."),
     workers: int = typer.Option(1, "--workers", help="Optuna worker processes on one study."),
     policy: Optional[Path] = typer.Option(None, "--policy", help="RL policy file (default: the shipped one)."),
+    start: str = typer.Option("dp", "--start", help="Where optuna and rl start: dp (the planner's best plan, "
+                                                    "one evaluation) or heuristic (their own start plans)."),
 ) -> None:
     """Search for the fastest plan that fits; log every evaluation to MLflow."""
     _run("search", cluster=cluster, model=model, method=method, budget=budget, global_batch_size=global_batch_size,
          backend=backend, seed=seed, output=output, tracking_uri=tracking_uri, experiment=experiment,
-         storage=storage, profile=profile, workers=workers, policy=policy)
+         storage=storage, profile=profile, workers=workers, policy=policy, start=start)
 
 
 @app.command()

@@ -70,7 +70,7 @@ def test_bad_input_is_one_clear_line(workdir):
     r = cli("search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "annealing", "--budget", "3",
             cwd=workdir)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
-    assert "method: must be one of rl | optuna | random | uniform | exhaustive" in r.stderr
+    assert "method: must be one of rl | optuna | random | uniform | exhaustive | dp" in r.stderr
     r = cli("search", "--cluster", "mixed-h100-a100-32", "--model", "llama2-7b", "--method", "exhaustive",
             "--budget", "3", cwd=workdir)
     assert r.returncode == 2 and "combinations" in r.stderr and "exceed the limit" in r.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 def run(cluster: str, model: str, method: str, budget: int, global_batch_size: int | None, backend: str, seed: int,
         output: Path | None, tracking_uri: str | None, experiment: str | None, storage: str | None,
-        profile: Path | None, workers: int, policy: Path | None) -> int:
+        profile: Path | None, workers: int, policy: Path | None, start: str = "dp") -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -38,7 +38,7 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
     try:
         result = tune(cluster, model, method=method, budget=budget, backend=backend, seed=seed,
                       global_batch_size=global_batch_size, tracking_uri=tracking_uri, experiment=experiment,
-                      storage=storage, profile=profile, workers=workers, policy=policy,
+                      storage=storage, profile=profile, workers=workers, policy=policy, start=start,
                       on_evaluation=on_evaluation, on_start=on_start)
     finally:
         if state["task"] is not None:

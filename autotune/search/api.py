@@ -33,6 +33,10 @@ from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
 log = logging.getLogger(__name__)
 
 BACKENDS = ("sim", "real")
+#: where optuna and rl start: the structured planner's best plan (``dp``), or only their own heuristic starts
+STARTS = ("dp", "heuristic")
+#: planner plans evaluated first when ``start="dp"`` (they count against the budget like any plan)
+DP_START_PLANS = 1
 CALIBRATED_PROFILE_ARTIFACT = "calibrated_profile.json"
 CORRECTIONS_ARTIFACT = "calibration_corrections.json"
 
@@ -111,12 +115,16 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
          workers: int = 1, policy: str | Path | None = None, study_name: str | None = None,
          evaluator: Evaluator | None = None, restrict: Mapping[str, Any] | None = None,
          on_evaluation: Callable[[Evaluation], None] | None = None, track: bool = True,
-         on_start: Callable[[str, int], None] | None = None) -> TuneResult:
+         on_start: Callable[[str, int], None] | None = None, start: str = "dp") -> TuneResult:
     """Search ``budget`` distinct plans with ``method``; log the search to MLflow; return the best.
 
     ``evaluator`` replaces the backend's evaluator (it must be for the same cluster and model);
     ``restrict`` narrows dimensions of the space; ``track=False`` skips MLflow (experiments);
     ``on_start(run_id, already_done)`` is called once the record is open.
+    ``start="dp"`` (default) makes ``optuna`` and ``rl`` evaluate the structured planner's best plan
+    first (``autotune.search.planner``; one evaluation of the budget), so they start from it: TPE
+    sees it as the best so far, and the rl walk starts there when it beats rl's own start plans;
+    ``start="heuristic"`` leaves them to their own speed-proportional starts.
 
     ``backend="real"`` (one process, ``workers=1``) closes the calibration loop: real runs refit the
     simulator's corrections (starting from ``profile``, else the datasheet model); after 2 successful
@@ -133,6 +141,8 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         raise SpecError("search", "method", f"must be one of {' | '.join(METHODS)}, got {method!r}")
     if backend not in BACKENDS:
         raise SpecError("search", "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if start not in STARTS:
+        raise SpecError("search", "start", f"must be one of {', '.join(STARTS)}, got {start!r}")
     if workers < 1:
         raise SpecError("search", "workers", f"must be >= 1, got {workers}")
     if workers > 1 and method != "optuna":
@@ -196,7 +206,7 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         run_params = {"cluster": cluster_spec.name, "model": model_spec.name, "method": method, "budget": budget,
                       "seed": seed, "backend": backend, "global_batch_size": model_spec.global_batch_size,
                       "num_devices": cluster_spec.num_devices, "space_size": space.size,
-                      "workers": workers}
+                      "workers": workers, "start": start if method in ("optuna", "rl") else ""}
         tags = {"autotune.method": method, "autotune.backend": backend, "autotune.cluster": cluster_spec.name,
                 "autotune.model": model_spec.name}
         tracker.start(f"{method}-budget{budget}-seed{seed}", run_params, tags, resume_run_id=resume_id)
@@ -230,7 +240,7 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         _run_agent(method, space, budgeted, seed, study=study, storage=storage, workers=workers, policy=policy,
                    tracking_uri=tracking_uri, experiment=exp_name, run_id=tracker.parent_id if tracker else None,
                    cluster=cluster_spec, model=model_spec, backend=backend, profile=profile,
-                   study_name=study.study_name if study is not None else None)
+                   study_name=study.study_name if study is not None else None, start=start)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -323,13 +333,39 @@ def _best_with_timeline(budgeted: BudgetedEvaluator) -> Evaluation | None:
     return Evaluation(best.index, best.config, m, best.params) if m.ok else best
 
 
+def _dp_start(space: SearchSpace, budgeted: BudgetedEvaluator, plans: int = DP_START_PLANS) -> list:
+    """Evaluate the planner's best ``plans`` valid plans (free on a resume: already evaluated);
+    returns their (config, measurement)."""
+    from autotune.search.planner import plan_candidates
+
+    out = []
+    for cand in plan_candidates(space, budgeted, limit=4 * plans):
+        if len(out) >= plans or (budgeted.exhausted and cand.config not in budgeted):
+            break
+        m = budgeted.evaluate(cand.config, {"dp_family": cand.family, "dp_estimate_s": round(cand.estimate_s, 6)})
+        if m.status != "invalid":
+            out.append((cand.config, m))
+    return out
+
+
 def _run_agent(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, **kw: Any) -> None:
+    if method in ("optuna", "rl") and kw.get("start", "dp") == "dp":
+        started = _dp_start(space, budgeted)
+        if method == "optuna" and kw.get("study") is not None:
+            from autotune.search.agents import tpe
+
+            for config, m in started:  # the study stays the budget's memory (see tpe.add_outside_trial)
+                tpe.add_outside_trial(kw["study"], config, m, source="dp")
     if method == "random":
         run_random(space, budgeted, seed)
     elif method == "uniform":
         run_uniform(space, budgeted, seed)
     elif method == "exhaustive":
         run_exhaustive(space, budgeted, seed)
+    elif method == "dp":
+        from autotune.search.agents.dp import run_dp
+
+        run_dp(space, budgeted, seed)
     elif method == "optuna":
         from autotune.search.agents import tpe
 

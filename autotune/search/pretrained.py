@@ -26,6 +26,8 @@ On a new scenario ``run_pretrained`` (``--method rl``, the shipped policy by def
 speed-proportional plans of ``SearchSpace.heuristic_params`` (evaluated in order until one runs),
 then lets the policy pick each next plan greedily (argmax over the unmasked moves). When the
 neighbourhood of the best plan is used up or the walk stalls, it restarts from a random valid plan.
+When the search already holds a better plan than those starts (``autotune.tune`` evaluates the
+structured planner's best plan first by default), the walk starts from that plan instead.
 ``fine_tune=True`` instead keeps learning (PPO updates, sampled actions) on the evaluations of this
 search until the budget is spent. Every evaluation goes through the ``BudgetedEvaluator`` the caller
 passes in (simulator or real profiled runs), so the budget rule is the one every method shares.
@@ -447,6 +449,10 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
                 if m.score() > best[0]:
                     best = (m.score(), params)
         obs, _ = env.reset(seed=seed, options={"params": best[1]})
+    prior = evaluator.best  # e.g. the structured planner's plan (``tune(start="dp")``)
+    if prior is not None and prior.score > env.score and prior.config != env.config:
+        env.place(env.params, prior.config, prior.measurement)
+        obs = env._observation()
     while not evaluator.exhausted:
         mask = env.action_masks()
         used_up = not mask[1:].any()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -46,6 +46,21 @@ from autotune.simulator.zero import data_parallel_degree, stage_states, state_by
 from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, NodeSpec, ParallelConfig, TimelineEvent
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StageEstimate:
+    """What ``Simulator.stage_estimate`` predicts for one stage (times per micro-batch)."""
+
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    memory_GiB: float  # peak per device
+    usable_GiB: float  # capacity minus the reserve, smallest among the stage's devices
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_GiB <= self.usable_GiB
 
 ACTIVATION_BYTES = 2       # 16-bit activations and gradients cross stage boundaries and TP all-reduces
 GRAD_BYTES = 2             # 16-bit gradients in the data-parallel all-reduce (Megatron-LM fp16/bf16 default)
@@ -138,6 +153,33 @@ class Simulator:
             return self._simulate(config, timeline)
         except ScheduleDeadlock as e:
             return Measurement.failure("invalid", f"config: schedule: {e}")
+
+    # ---------------------------------------------------------------------------------------------
+    # Cost queries for planners (``autotune.search.planner``): the same numbers ``evaluate`` composes
+
+    def stage_estimate(self, devices: tuple[str, ...], layers: int, recompute: bool, first: bool, last: bool,
+                       mbs: int, in_flight: int) -> "StageEstimate":
+        """One stage of a 1F1B-style pipeline (one model chunk): its forward and backward time per
+        micro-batch, its optimizer step, and its peak memory per device holding ``in_flight``
+        micro-batches' activations, against the smallest usable memory among its devices."""
+        durs, _, opt = self._stage_costs(tuple(devices), layers, recompute, first, last, mbs, 1)
+        memory = self._stage_memory_GiB(tuple(devices), layers, recompute, first, last, mbs, in_flight, 1)
+        return StageEstimate(durs[0], durs[1], opt, memory, min(self._usable[d] for d in devices))
+
+    def p2p_time_s(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int) -> float:
+        """One micro-batch's activations (or their gradient) from stage ``src`` to stage ``dst``."""
+        return self._p2p(tuple(src), tuple(dst), mbs)
+
+    def allreduce_time_s(self, owners: tuple[tuple[str, ...], ...], params: float, ranks: int | None = None) -> float:
+        """The data-parallel gradient all-reduce of a run of layers with ``params`` parameters (all its
+        tensor-parallel shards: a stage's devices carry theirs in parallel) among the stages
+        ``owners`` (one per replica), as ``evaluate`` times it; ``ranks`` members in the ring when
+        ``owners`` lists only some of them (the slowest hop among those sets the pace)."""
+        n = len(owners) if ranks is None else ranks
+        if n < 2:
+            return 0.0
+        bw, lat = self._dp_bandwidth(tuple(tuple(o) for o in owners))
+        return ring_allreduce_s(GRAD_BYTES * params, n, bw, lat)
 
     # ---------------------------------------------------------------------------------------------
     # Cost model

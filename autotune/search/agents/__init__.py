@@ -5,6 +5,6 @@ from __future__ import annotations
 
 from autotune.search.agents.simple import run_exhaustive, run_random, run_uniform
 
-METHODS = ("rl", "optuna", "random", "uniform", "exhaustive")
+METHODS = ("rl", "optuna", "random", "uniform", "exhaustive", "dp")
 
 __all__ = ["METHODS", "run_exhaustive", "run_random", "run_uniform"]

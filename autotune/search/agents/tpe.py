@@ -108,6 +108,26 @@ def sync_from_evaluator(study, space: SearchSpace, evaluator: BudgetedEvaluator)
     return added
 
 
+def add_outside_trial(study, config: ParallelConfig, measurement, source: str) -> bool:
+    """Record a plan evaluated outside TPE's encoding (the structured planner's start plan) as a
+    finished trial without parameters: TPE ignores it when it models the parameters, the study's
+    best value includes it, and the study still holds every evaluated plan (resume, new MLflow
+    stores). False when the study has it already."""
+    import optuna
+
+    from autotune.search.tracking import config_key
+
+    key = config_key(config)
+    if key in {t.user_attrs.get("config_key") for t in evaluated_trials(study)}:
+        return False
+    study.add_trial(optuna.trial.create_trial(
+        params={}, distributions={}, value=measurement.score(),
+        user_attrs={"evaluated": True, "config_key": key, "status": "oom" if measurement.oom else measurement.status,
+                    "config": json.loads(config.to_json(indent=None)), "measurement": measurement.to_dict(),
+                    "source": source}))
+    return True
+
+
 def run_optuna(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, *, study=None,
                study_name: str = "autotune", storage: str | None = None, warm_start: bool = True,
                max_asks_per_eval: int = 100) -> None:

@@ -1,0 +1,28 @@
+"""The ``dp`` agent: the structured planner's plans (``autotune.search.planner``), best composed time
+first, each evaluated by the search's evaluator (the full simulator, or a real run) until the budget is
+spent. Deterministic: ``seed`` is unused."""
+
+from __future__ import annotations
+
+import logging
+
+from autotune.search.budget import BudgetedEvaluator
+from autotune.search.planner import plan_candidates
+from autotune.search.space import SearchSpace
+
+log = logging.getLogger(__name__)
+
+#: planner candidates drawn per unit of budget (invalid or repeated plans cost nothing)
+CANDIDATES_PER_EVALUATION = 3
+
+
+def run_dp(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0) -> None:
+    del seed
+    candidates = plan_candidates(space, evaluator, limit=max(8, CANDIDATES_PER_EVALUATION * evaluator.remaining))
+    if not candidates:
+        log.warning("dp: the planner found no plan that fits (every composition is out of memory)")
+    for rank, cand in enumerate(candidates):
+        if evaluator.exhausted:
+            break
+        evaluator.evaluate(cand.config, {"dp_rank": rank, "dp_family": cand.family,
+                                         "dp_estimate_s": round(cand.estimate_s, 6)})

@@ -1,0 +1,494 @@
+"""The structured planner behind ``--method dp`` (after Sailor, Strati et al. SOSP'25, and Metis,
+Um et al. ATC'24): compose a plan's iteration time from per-stage costs instead of searching blindly.
+
+What it decides: how the GPUs are grouped into tensor-parallel groups (one degree per node class),
+how the groups chain into pipelines, how the layers split over each pipeline's stages (with
+recomputation only on stages that need it to fit), the micro-batch size, and how the micro-batches
+split over unequal replicas.
+
+How it scores a plan, without running the simulator on whole plans:
+
+1. Per stage: ``Simulator.stage_estimate`` gives forward + backward time per micro-batch and peak
+   memory for a group holding ``l`` layers with ``q`` micro-batches in flight. Both are linear in
+   ``l`` (time) and bilinear in ``l, q`` (memory) for ``l >= 1``, so four queries per
+   (group kind, micro-batch size, recompute, first, last) give exact coefficients.
+2. Per pipeline (an ordered list of group kinds): the layer split that minimises the slowest stage,
+   by bisection on the bottleneck time ``B``: stage ``i`` can hold the most layers whose time is at
+   most ``B`` and whose memory fits with ``min(m, p - i)`` micro-batches in flight (1F1B), with or
+   without recomputation; the smallest ``B`` whose stages hold all the layers wins (the classic
+   linear-partition problem with unequal processors). A pipeline with ``m`` micro-batches then takes
+   ``(m - 1) * c + S + 2 * P`` (``c`` the slowest stage, ``S`` the sum of the stages, ``P`` the
+   activation transfers along the pipeline), the 1F1B makespan.
+3. Per plan (a set of replicas): the micro-batches split so that the replicas finish together
+   (bisection on the finish time ``T``: a replica with ``(c, S)`` finishes ``m = (T - S) / c + 1``
+   micro-batches by ``T``), plus the data-parallel gradient all-reduce of the largest stage
+   (``Simulator.allreduce_time_s``, the simulator's ring model) and the optimizer step.
+
+Plan families it enumerates (every micro-batch size of the space):
+
+- ``per-class``: every node class forms its own identical replicas (tp, pp per class; a class may
+  sit out), replicas of different classes side by side in one data-parallel group (Sailor's plans
+  on A100 + V100, e.g. 8 A100 replicas at tp 1 beside 2 V100 replicas at tp 4);
+- ``mixed``: identical replicas that each take stages from every class (a heterogeneous pipeline,
+  classes in order of speed, reversed, or of memory), layers split by the partition above.
+
+The best few per family and micro-batch size, ranked by the composed time, are what ``run_dp`` sends
+to the real evaluator (the full simulator or real runs) within the budget. ``plan_candidates`` is
+also the start of ``optuna`` and ``rl`` (``autotune.search.api``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from autotune.search.space import SearchSpace, valid_tp
+from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
+
+log = logging.getLogger(__name__)
+
+#: pipeline depths the planner tries (also capped by layers and groups)
+PP_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128)
+#: options kept per node class for the per-class family (by steady-state throughput)
+OPTIONS_PER_CLASS = 4
+#: micro-batch sizes tried at most (powers of two first)
+MAX_MBS_CHOICES = 6
+_BISECT_STEPS = 60
+_BISECT_TOLERANCE = 1e-7  # relative, on the bottleneck / finish time
+
+
+@dataclass(frozen=True, slots=True)
+class GroupKind:
+    """Tensor-parallel groups of one node class at one degree: all of them, in cluster order."""
+
+    node_class: str
+    tp: int
+    groups: tuple[tuple[str, ...], ...]
+    speed_tflops: float
+    memory_GiB: float
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """One pipeline shape: group kinds per stage, layers and recompute per stage, and its times."""
+
+    kinds: tuple[int, ...]
+    layers: tuple[int, ...]
+    recompute: tuple[bool, ...]
+    bottleneck_s: float  # slowest stage, forward + backward per micro-batch
+    fill_s: float  # sum of the stages plus the activation transfers there and back
+    optimizer_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A plan and its composed iteration time (the planner's estimate, not a simulation)."""
+
+    config: ParallelConfig
+    estimate_s: float
+    family: str
+
+
+class Planner:
+    """Plans for ``space``'s cluster and model, costed with ``simulator`` (a ``Simulator``)."""
+
+    def __init__(self, space: SearchSpace, simulator) -> None:
+        self.space = space
+        self.sim = simulator
+        self.model = space.model
+        self.kinds: list[GroupKind] = []
+        for c in space.node_classes:
+            for tp in space._dims[f"tp.{c.name}"].choices if f"tp.{c.name}" in space._dims else (1,):
+                if not valid_tp(self.model, tp):
+                    continue
+                groups = []
+                for name in c.node_names:
+                    ids = space.cluster.node_of(f"{name}:0").device_ids()
+                    groups += [ids[g * tp:(g + 1) * tp] for g in range(len(ids) // tp)]
+                self.kinds.append(GroupKind(c.name, tp, tuple(groups), tp * c.peak_tflops, c.memory_GiB))
+        self._coef: dict[tuple, tuple[float, ...]] = {}
+        self._p2p: dict[tuple, float] = {}
+        self._partitions: dict[tuple, Template | None] = {}
+        self._ring: dict[tuple, float] = {}
+        self.composed = 0  # plans composed by the last ``plan`` call
+
+    # -- per-stage coefficients -------------------------------------------------------------------
+    def _coefficients(self, k: int, mbs: int, recompute: bool, first: bool, last: bool) -> tuple[float, ...]:
+        """(t1, dt, m11, dl, dq, dlq, opt1, dopt, usable): time ``t1 + (l-1) dt``; memory
+        ``m11 + (l-1) dl + (q-1) dq + (l-1)(q-1) dlq``; optimizer ``opt1 + (l-1) dopt``."""
+        key = (k, mbs, recompute, first, last)
+        hit = self._coef.get(key)
+        if hit is None:
+            devices = self.kinds[k].groups[0]
+            e = {(l, q): self.sim.stage_estimate(devices, l, recompute, first, last, mbs, q)
+                 for l in (1, 2) for q in (1, 2)}
+            t1 = e[1, 1].forward_s + e[1, 1].backward_s
+            dt = e[2, 1].forward_s + e[2, 1].backward_s - t1
+            m11 = e[1, 1].memory_GiB
+            dl = e[2, 1].memory_GiB - m11
+            dq = e[1, 2].memory_GiB - m11
+            dlq = e[2, 2].memory_GiB - m11 - dl - dq
+            hit = (t1, dt, m11, dl, dq, dlq, e[1, 1].optimizer_s, e[2, 1].optimizer_s - e[1, 1].optimizer_s,
+                   e[1, 1].usable_GiB)
+            self._coef[key] = hit
+        return hit
+
+    def _transfer_s(self, a: int, b: int, mbs: int) -> float:
+        key = (a, b, mbs)
+        hit = self._p2p.get(key)
+        if hit is None:
+            ga, gb = self.kinds[a].groups, self.kinds[b].groups
+            # consecutive stages of one kind sit on one node where they can; a change of kind crosses nodes
+            dst = gb[1] if a == b and len(gb) > 1 else gb[0]
+            hit = self.sim.p2p_time_s(ga[0], dst, mbs)
+            self._p2p[key] = hit
+        return hit
+
+    # -- one pipeline -------------------------------------------------------------------------------
+    def partition(self, kinds: tuple[int, ...], mbs: int) -> Template | None:
+        """The layer split of a pipeline of ``kinds`` that minimises its slowest stage (1F1B memory)."""
+        key = (tuple(kinds), mbs)
+        if key not in self._partitions:
+            self._partitions[key] = self._partition(tuple(kinds), mbs)
+        return self._partitions[key]
+
+    def _partition(self, kinds: tuple[int, ...], mbs: int) -> Template | None:
+        p, L = len(kinds), self.model.num_layers
+        if p > L:
+            return None
+        rows = {}
+        for rc in (False, True):
+            cols = [self._coefficients(k, mbs, rc, i == 0, i == p - 1) for i, k in enumerate(kinds)]
+            rows[rc] = np.array(cols, dtype=float).T  # 9 x p
+        q = np.array([p - i for i in range(p)], dtype=float)  # 1F1B in-flight micro-batches (m >= p)
+
+        def mem_layers(c: np.ndarray) -> np.ndarray:
+            # largest l with m11 + (l-1) dl + (q-1) dq + (l-1)(q-1) dlq <= usable
+            t1, dt, m11, dl, dq, dlq, _, _, usable = c
+            base = m11 + (q - 1) * dq
+            per = dl + (q - 1) * dlq
+            room = usable - base
+            with np.errstate(divide="ignore", invalid="ignore"):
+                n = np.where(per > 0, np.floor(room / np.where(per > 0, per, 1.0)) + 1, np.where(room >= 0, L, 0))
+            return np.where(room >= 0, np.clip(n, 0, L), 0)
+
+        limits = {rc: mem_layers(rows[rc]) for rc in rows}
+        if np.any(np.maximum(limits[False], limits[True]) < 1) or np.sum(np.maximum(limits[False], limits[True])) < L:
+            return None
+
+        def most_layers(B: float) -> tuple[np.ndarray, np.ndarray]:
+            best = np.zeros(p)
+            use_rc = np.zeros(p, dtype=bool)
+            for rc in (False, True):
+                t1, dt = rows[rc][0], rows[rc][1]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    n = np.where(dt > 0, np.floor((B - t1) / np.where(dt > 0, dt, 1.0)) + 1, L)
+                n = np.where(B >= t1, np.clip(n, 0, limits[rc]), 0)
+                better = n > best
+                use_rc = np.where(better, rc, use_rc)
+                best = np.maximum(best, n)
+            return best, use_rc
+
+        def enough(B: float) -> bool:
+            n = most_layers(B)[0]
+            return bool(np.sum(n) >= L and np.all(n >= 1))
+
+        lo = float(np.max(np.minimum(rows[False][0], rows[True][0]))) * (1 - 1e-12)  # one layer each
+        hi = float(np.max(rows[True][0] + (L - 1) * rows[True][1])) * 2 + 1e-9
+        if not enough(hi):
+            return None
+        for _ in range(_BISECT_STEPS):
+            if hi - lo <= _BISECT_TOLERANCE * hi:
+                break
+            mid = (lo + hi) / 2
+            if enough(mid):
+                hi = mid
+            else:
+                lo = mid
+        layers = [int(x) for x in most_layers(hi)[0]]
+
+        def stage_time(i: int, n: int) -> tuple[float, bool]:
+            for rc in (False, True):
+                t1, dt = rows[rc][0][i], rows[rc][1][i]
+                if n <= limits[rc][i]:
+                    return t1 + (n - 1) * dt, rc
+            return math.inf, True
+
+        excess = sum(layers) - L
+        heap = [(-stage_time(j, layers[j])[0], j) for j in range(p) if layers[j] > 1]
+        heapq.heapify(heap)
+        while excess > 0:  # take layers back from the slowest stages that can spare one
+            _, i = heapq.heappop(heap)
+            layers[i] -= 1
+            excess -= 1
+            if layers[i] > 1:
+                heapq.heappush(heap, (-stage_time(i, layers[i])[0], i))
+        times, rcs, opt = [], [], 0.0
+        for i in range(p):
+            t, rc = stage_time(i, layers[i])
+            times.append(t)
+            rcs.append(rc)
+            c = rows[rc][:, i]
+            opt = max(opt, c[6] + (layers[i] - 1) * c[7])
+        comm = sum(self._transfer_s(kinds[i], kinds[i + 1], mbs) for i in range(p - 1))
+        return Template(tuple(kinds), tuple(layers), tuple(rcs), max(times), sum(times) + 2 * comm, opt)
+
+    # -- replicas side by side --------------------------------------------------------------------
+    @staticmethod
+    def finish_time_s(types: Sequence[tuple[int, float, float]], total: int) -> float | None:
+        """When replicas of types ``(count, c, S)`` finish ``total`` micro-batches together: the
+        smallest ``T`` with ``sum count * ((T - S) // c + 1) >= total`` (every replica takes one at
+        least). None when there are more replicas than micro-batches."""
+        n_rep = sum(n for n, _, _ in types)
+        if n_rep > total or n_rep == 0:
+            return None
+        lo = max(S for _, _, S in types)
+        hi = lo + max(c for _, c, _ in types) * total
+
+        def count(T: float) -> int:
+            return sum(n * (int((T - S) / c) + 1 if c > 0 else total) for n, c, S in types)
+
+        if count(lo) >= total:
+            return lo
+        for _ in range(_BISECT_STEPS):
+            if hi - lo <= _BISECT_TOLERANCE * hi:
+                break
+            mid = (lo + hi) / 2
+            if count(mid) >= total:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    @classmethod
+    def split_batch(cls, types: Sequence[tuple[int, float, float]], total: int) -> list[int] | None:
+        """Micro-batches per replica (types in order, ``count`` replicas each) so that all finish
+        together; the few left over go to the replicas that finish first."""
+        T = cls.finish_time_s(types, total)
+        if T is None:
+            return None
+        shares, ends = [], []
+        for n, c, S in types:
+            m = max(1, int((T - S) / c) + 1) if c > 0 else total
+            for _ in range(n):
+                ends.append((c, S, len(shares)))
+                shares.append(m)
+        excess = sum(shares) - total
+        if excess > 0:
+            heap = [(-((shares[k] - 1) * c + S), k, c, S) for c, S, k in ends if shares[k] > 1]
+            heapq.heapify(heap)
+            while excess > 0 and heap:
+                _, k, c, S = heapq.heappop(heap)
+                shares[k] -= 1
+                excess -= 1
+                if shares[k] > 1:
+                    heapq.heappush(heap, (-((shares[k] - 1) * c + S), k, c, S))
+        return shares
+
+    def _allreduce_s(self, pipes: list[list[tuple[tuple[str, ...], int]]], ring: int) -> float:
+        """Data-parallel gradient sync after the pipelines: per run of layers held by the same stage
+        in every replica, the simulator's ring all-reduce among those stages; a stage's runs add up.
+        ``pipes`` are the replicas that stand for the others (the first and last of each type: the
+        ring's slowest hop is among them); the ring has ``ring`` members."""
+        if ring < 2:
+            return 0.0
+        model = self.model
+        L = model.num_layers
+        starts, cuts = [], {0, L}
+        for pipe in pipes:
+            acc, st = 0, []
+            for _, n in pipe:
+                st.append(acc)
+                cuts.add(acc)
+                acc += n
+            starts.append(st)
+        cuts_sorted = sorted(cuts)
+        per_stage: dict[tuple[int, int], float] = {}
+        for x, y in zip(cuts_sorted, cuts_sorted[1:]):
+            owners = [bisect.bisect_right(st, x) - 1 for st in starts]
+            params = (y - x) * model.params_per_layer + (model.embedding_params if x == 0 else 0) + \
+                (model.embedding_params + model.hidden_size if y == L else 0)
+            devs = tuple(pipes[r][s][0] for r, s in enumerate(owners))
+            key = (devs, params, ring)
+            t = self._ring.get(key)
+            if t is None:
+                t = self._ring[key] = self.sim.allreduce_time_s(devs, params, ranks=ring)
+            for r, s in enumerate(owners):
+                per_stage[(r, s)] = per_stage.get((r, s), 0.0) + t
+        return max(per_stage.values(), default=0.0)
+
+    def _score(self, types: list[tuple[Template, list[tuple[tuple[str, ...], ...]]]], mbs: int) -> float | None:
+        """Composed iteration time of replica types (a template and the device groups of each of its
+        replicas): the replicas' common finish, the gradient all-reduce, the optimizer step."""
+        total = self.model.global_batch_size // mbs
+        T = self.finish_time_s([(len(reps), t.bottleneck_s, t.fill_s) for t, reps in types], total)
+        if T is None:
+            return None
+        stand_ins = []
+        for t, reps in types:
+            for g in {0: reps[0], len(reps) - 1: reps[-1]}.values():
+                stand_ins.append([(dev, n) for dev, n in zip(g, t.layers)])
+        ring = sum(len(reps) for _, reps in types)
+        return T + self._allreduce_s(stand_ins, ring) + max(t.optimizer_s for t, _ in types)
+
+    def _build(self, types: list[tuple[Template, list[tuple[tuple[str, ...], ...]]]], mbs: int) -> ParallelConfig | None:
+        shares = self.split_batch([(len(reps), t.bottleneck_s, t.fill_s) for t, reps in types],
+                                  self.model.global_batch_size // mbs)
+        if shares is None:
+            return None
+        pipelines = []
+        for t, reps in types:
+            for g in reps:
+                stages = tuple(StageConfig(dev, n, rc) for dev, n, rc in zip(g, t.layers, t.recompute))
+                pipelines.append(PipelineConfig(shares[len(pipelines)], stages))
+        config = ParallelConfig(mbs, tuple(pipelines), "1f1b")
+        return config if self.space.check(config) is None else None
+
+    # -- families -----------------------------------------------------------------------------------
+    def _pp_choices(self, groups: int) -> list[int]:
+        return [p for p in PP_CHOICES if p <= min(groups, self.model.num_layers)]
+
+    def _homogeneous(self, mbs: int) -> dict[str, list[tuple[float, int, Template]]]:
+        """Per node class: (micro-batches per second of all its replicas, kind, template), best first."""
+        by_class: dict[str, list[tuple[float, int, Template]]] = {}
+        for k, kind in enumerate(self.kinds):
+            for pp in self._pp_choices(len(kind.groups)):
+                t = self.partition((k,) * pp, mbs)
+                if t is not None:
+                    by_class.setdefault(kind.node_class, []).append((len(kind.groups) // pp / t.bottleneck_s, k, t))
+        return {c: sorted(rows, key=lambda r: -r[0]) for c, rows in by_class.items()}
+
+    def _replicas(self, k: int, t: Template) -> list[tuple[tuple[str, ...], ...]]:
+        pp, groups = len(t.kinds), self.kinds[k].groups
+        return [groups[j * pp:(j + 1) * pp] for j in range(len(groups) // pp)]
+
+    def _per_class(self, mbs: int, homogeneous: dict[str, list[tuple[float, int, Template]]]) -> list[_Draft]:
+        options: list[list[tuple[int, Template] | None]] = []
+        for c in self.space.node_classes:
+            opts = homogeneous.get(c.name, [])[:OPTIONS_PER_CLASS]
+            options.append([(k, t) for _, k, t in opts] + [None])
+        out = []
+        for combo in itertools.product(*options):
+            types = [(t, self._replicas(k, t)) for k, t in (c for c in combo if c is not None)]
+            if not types:
+                continue
+            est = self._score(types, mbs)
+            if est is not None:
+                out.append(_Draft(est, "per-class", mbs, types))
+        return out
+
+    def _mixed(self, mbs: int, homogeneous: dict[str, list[tuple[float, int, Template]]]) -> list[_Draft]:
+        # per class, the two tp degrees of its best homogeneous replicas; a class that cannot hold the
+        # model alone (no homogeneous option) joins mixed pipelines at its two widest degrees
+        best_tp: dict[str, list[int]] = {}
+        for cname, rows in homogeneous.items():
+            for _, k, _ in rows:
+                tps = best_tp.setdefault(cname, [])
+                if self.kinds[k].tp not in tps and len(tps) < 2:
+                    tps.append(self.kinds[k].tp)
+        for k in sorted(range(len(self.kinds)), key=lambda i: -self.kinds[i].tp):
+            cname = self.kinds[k].node_class
+            if cname not in homogeneous:
+                tps = best_tp.setdefault(cname, [])
+                if len(tps) < 2:
+                    tps.append(self.kinds[k].tp)
+        classes = [c for c in self.space.node_classes if best_tp.get(c.name)]
+        if len(classes) < 2:
+            return []
+        out = []
+        for tps in itertools.product(*(best_tp[c.name] for c in classes)):
+            ks = [next(i for i, kd in enumerate(self.kinds) if kd.node_class == c.name and kd.tp == tp)
+                  for c, tp in zip(classes, tps)]
+            counts = [len(self.kinds[k].groups) for k in ks]
+            dps = sorted({d for d in range(1, min(counts) + 1)
+                          if d & (d - 1) == 0 or any(n % d == 0 for n in counts)})
+            idx = range(len(ks))
+            orders = {tuple(sorted(idx, key=lambda i: -self.kinds[ks[i]].speed_tflops)),
+                      tuple(sorted(idx, key=lambda i: self.kinds[ks[i]].speed_tflops)),
+                      tuple(sorted(idx, key=lambda i: -self.kinds[ks[i]].memory_GiB))}
+            for dp in dps:
+                per = [n // dp for n in counts]
+                if sum(per) > self.model.num_layers:
+                    continue
+                for order in orders:
+                    t = self.partition(tuple(ks[i] for i in order for _ in range(per[i])), mbs)
+                    if t is None:
+                        continue
+                    reps = []
+                    for j in range(dp):
+                        g: list[tuple[str, ...]] = []
+                        for i in order:
+                            g += self.kinds[ks[i]].groups[j * per[i]:(j + 1) * per[i]]
+                        reps.append(tuple(g))
+                    est = self._score([(t, reps)], mbs)
+                    if est is not None:
+                        out.append(_Draft(est, "mixed", mbs, [(t, reps)]))
+        return out
+
+    def _mbs_choices(self) -> list[int]:
+        choices = list(self.space._dims["mbs"].choices)
+        pow2 = [m for m in choices if m & (m - 1) == 0]
+        rest = [m for m in choices if m & (m - 1)]
+        return (pow2 + rest)[:MAX_MBS_CHOICES]
+
+    def plan(self, limit: int = 64) -> list[Candidate]:
+        """Distinct valid plans, best composed time first (at most ``limit``)."""
+        t0 = time.perf_counter()
+        drafts: list[_Draft] = []
+        for mbs in self._mbs_choices():
+            homogeneous = self._homogeneous(mbs)
+            drafts += self._per_class(mbs, homogeneous)
+            drafts += self._mixed(mbs, homogeneous)
+        drafts.sort(key=lambda d: d.estimate_s)
+        self.composed = len(drafts)
+        out, seen = [], set()
+        for d in drafts:
+            config = self._build(d.types, d.mbs)
+            if config is not None and config not in seen:
+                seen.add(config)
+                out.append(Candidate(config, d.estimate_s, d.family))
+            if len(out) >= limit:
+                break
+        log.info("dp: %d plans composed in %.2f s; best estimate %.3f s", len(drafts), time.perf_counter() - t0,
+                 out[0].estimate_s if out else float("nan"))
+        return out
+
+
+@dataclass(slots=True)
+class _Draft:
+    estimate_s: float
+    family: str
+    mbs: int
+    types: list
+
+
+def simulator_of(evaluator):
+    """The simulator behind an evaluator (the budgeted one, a screen, ...), else None."""
+    from autotune.simulator import Simulator
+
+    seen = 0
+    while evaluator is not None and seen < 8:
+        if isinstance(evaluator, Simulator):
+            return evaluator
+        evaluator = getattr(evaluator, "inner", None) or getattr(evaluator, "simulator", None)
+        seen += 1
+    return None
+
+
+def plan_candidates(space: SearchSpace, evaluator=None, limit: int = 64) -> list[Candidate]:
+    """The planner's plans for ``space``, costed by the simulator behind ``evaluator`` (its profile
+    included) or, when there is none (real runs), by the datasheet simulator."""
+    sim = simulator_of(evaluator)
+    if sim is None:
+        from autotune.simulator import Simulator
+
+        sim = Simulator(space.cluster, space.model)
+    return Planner(space, sim).plan(limit)
