@@ -57,6 +57,7 @@ class StageEstimate:
     optimizer_s: float
     memory_GiB: float  # peak per device
     usable_GiB: float  # capacity minus the reserve, smallest among the stage's devices
+    host_memory_GiB: float = 0.0  # offloaded state per device, in its node's host memory
 
     @property
     def fits(self) -> bool:
@@ -158,13 +159,15 @@ class Simulator:
     # Cost queries for planners (``autotune.search.planner``): the same numbers ``evaluate`` composes
 
     def stage_estimate(self, devices: tuple[str, ...], layers: int, recompute: bool, first: bool, last: bool,
-                       mbs: int, in_flight: int) -> "StageEstimate":
+                       mbs: int, in_flight: int, dp: int = 1, zero: int = 0, offload: str = "none") -> "StageEstimate":
         """One stage of a 1F1B-style pipeline (one model chunk): its forward and backward time per
         micro-batch, its optimizer step, and its peak memory per device holding ``in_flight``
-        micro-batches' activations, against the smallest usable memory among its devices."""
+        micro-batches' activations (with ``dp`` data-parallel peers for ZeRO sharding), against the
+        smallest usable memory among its devices. Time terms of ZeRO and offload are not included."""
         durs, _, opt = self._stage_costs(tuple(devices), layers, recompute, first, last, mbs, 1)
-        memory = self._stage_memory_GiB(tuple(devices), layers, recompute, first, last, mbs, in_flight, 1)
-        return StageEstimate(durs[0], durs[1], opt, memory, min(self._usable[d] for d in devices))
+        memory, host = self._stage_memory_GiB(tuple(devices), layers, recompute, first, last, mbs, in_flight, 1,
+                                              dp, zero, offload)
+        return StageEstimate(durs[0], durs[1], opt, memory, min(self._usable[d] for d in devices), host)
 
     def p2p_time_s(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int) -> float:
         """One micro-batch's activations (or their gradient) from stage ``src`` to stage ``dst``."""
