@@ -169,11 +169,14 @@ def load_cluster(ref: PathLike | ClusterSpec) -> ClusterSpec:
 
 _MODEL_FIELDS = {"name", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "mlp",
                  "vocab_size", "seq_len", "global_batch_size"}
+# optional mixture-of-experts fields (SPEC.md "Extensions")
+_MOE_MODEL_FIELDS = {"num_experts", "experts_per_token", "expert_ffn_hidden_size", "moe_layer_every"}
+_MODEL_FIELDS |= _MOE_MODEL_FIELDS
 
 
 def model_from_dict(data: Mapping[str, Any], source: str, default_name: str = "model") -> ModelSpec:
     _only(source, "", data, _MODEL_FIELDS)
-    for key in sorted(_MODEL_FIELDS - {"name", "num_kv_heads", "mlp"}):
+    for key in sorted(_MODEL_FIELDS - {"name", "num_kv_heads", "mlp"} - _MOE_MODEL_FIELDS):
         if key not in data:
             raise SpecError(source, key, "is required")
     values = {k: data[k] for k in _MODEL_FIELDS - {"name"} if k in data}

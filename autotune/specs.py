@@ -230,12 +230,18 @@ class ModelSpec:
     global_batch_size: int
     num_kv_heads: int = 0  # 0 means num_heads
     mlp: str = "gelu"
+    # mixture of experts (SPEC.md "Extensions"); num_experts 0 = dense. 0 in the next two = the default
+    num_experts: int = 0
+    experts_per_token: int = 0      # top-k routing [2 when num_experts > 0]
+    expert_ffn_hidden_size: int = 0  # [ffn_hidden_size]
+    moe_layer_every: int = 1        # blocks i with (i + 1) % moe_layer_every == 0 are MoE blocks
 
     def __post_init__(self) -> None:
         where = f"model {self.name!r}"
         for name in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len",
                      "global_batch_size"):
             _positive(where, name, getattr(self, name), integer=True)
+        _validate_experts(self, where)
         if self.num_kv_heads == 0:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         _positive(where, "num_kv_heads", self.num_kv_heads, integer=True)
@@ -252,17 +258,90 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    # -- mixture of experts ------------------------------------------------------------------------
+    # A MoE block is a dense block whose MLP is replaced by a router (h x E) and E expert MLPs of width
+    # expert_ffn_hidden_size, each token going to its top experts_per_token experts. Parameter counts
+    # come in two kinds: *held* (every expert: what memory and gradient traffic see) and *active* (the
+    # routed experts only: what FLOPs per token see). For a dense model both equal the dense count.
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Block ``layer`` (0-based) is an MoE block: every ``moe_layer_every``-th block, the last of each run."""
+        return self.is_moe and (layer + 1) % self.moe_layer_every == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers // self.moe_layer_every if self.is_moe else 0
+
+    @property
+    def moe_layer_fraction(self) -> float:
+        """Share of the blocks that are MoE blocks (0 for a dense model)."""
+        return self.num_moe_layers / self.num_layers
+
+    @property
+    def mlp_matrices(self) -> int:
+        return 3 if self.mlp == "swiglu" else 2
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one expert MLP in one MoE block."""
+        return self.mlp_matrices * self.hidden_size * self.expert_ffn_hidden_size if self.is_moe else 0
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    @property
+    def attention_params(self) -> int:
+        """Q, O, K, V projections and the block's two norms."""
+        h = self.hidden_size
+        return h * h * 2 + h * self.kv_hidden_size * 2 + 2 * h
+
+    @property
+    def dense_block_params(self) -> int:
+        """Weights of one dense block (attention, norms, MLP)."""
+        return self.attention_params + self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def moe_block_shared_params(self) -> int:
+        """Weights of one MoE block besides its experts: attention, norms, router."""
+        return self.attention_params + self.router_params
+
+    @property
+    def expert_params_per_layer(self) -> float:
+        """Expert weights per block, averaged over the blocks (every expert counted)."""
+        return self.moe_layer_fraction * self.num_experts * self.expert_params
+
+    @property
+    def shared_params_per_layer(self) -> float:
+        """Non-expert weights per block, averaged over the blocks (dense blocks and MoE blocks' shared part)."""
+        f = self.moe_layer_fraction
+        return (1.0 - f) * self.dense_block_params + f * self.moe_block_shared_params if self.is_moe \
+            else self.dense_block_params
+
     @property
     def kv_hidden_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def params_per_layer(self) -> int:
-        """Weights of one transformer block (attention + MLP matrices, biases ignored, 2 norms)."""
-        h = self.hidden_size
-        attention = h * h * 2 + h * self.kv_hidden_size * 2  # Q, O and K, V projections
-        mlp_matrices = 3 if self.mlp == "swiglu" else 2
-        return attention + mlp_matrices * h * self.ffn_hidden_size + 2 * h
+    def params_per_layer(self) -> float:
+        """Weights of one transformer block (attention + MLP matrices, biases ignored, 2 norms); for an MoE
+        model the mean over blocks of what a block holds, every expert counted (so ``num_layers *
+        params_per_layer`` is the blocks' total)."""
+        if not self.is_moe:
+            return self.dense_block_params
+        return self.shared_params_per_layer + self.expert_params_per_layer
+
+    @property
+    def active_params_per_layer(self) -> float:
+        """Weights one token passes through per block, averaged over the blocks: the routed experts only.
+        Equals ``params_per_layer`` for a dense model."""
+        if not self.is_moe:
+            return self.dense_block_params
+        return self.shared_params_per_layer + self.moe_layer_fraction * self.experts_per_token * self.expert_params
 
     @property
     def embedding_params(self) -> int:
@@ -270,8 +349,14 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        """Total weights with an untied LM head: embedding + blocks + final norm + head."""
-        return self.embedding_params * 2 + self.num_layers * self.params_per_layer + self.hidden_size
+        """Total weights with an untied LM head: embedding + blocks (every expert) + final norm + head."""
+        return int(round(self.embedding_params * 2 + self.num_layers * self.params_per_layer + self.hidden_size))
+
+    @property
+    def active_params(self) -> int:
+        """Weights one token passes through (routed experts only): Mixtral's "active parameters"."""
+        return int(round(self.embedding_params * 2 + self.num_layers * self.active_params_per_layer
+                         + self.hidden_size))
 
     def with_global_batch_size(self, global_batch_size: int | None) -> "ModelSpec":
         if global_batch_size is None:
@@ -279,6 +364,31 @@ class ModelSpec:
         from dataclasses import replace
 
         return replace(self, global_batch_size=global_batch_size)
+
+
+def _validate_experts(model: "ModelSpec", where: str) -> None:
+    """The MoE fields' rules; fills in the defaults (experts_per_token 2, expert_ffn_hidden_size
+    ffn_hidden_size) of an MoE model."""
+    _positive(where, "num_experts", model.num_experts, integer=True, strict=False)
+    for name in ("experts_per_token", "expert_ffn_hidden_size"):
+        _positive(where, name, getattr(model, name), integer=True, strict=False)
+    _positive(where, "moe_layer_every", model.moe_layer_every, integer=True)
+    if not model.is_moe:
+        for name, unset in (("experts_per_token", 0), ("expert_ffn_hidden_size", 0), ("moe_layer_every", 1)):
+            if getattr(model, name) != unset:
+                raise SpecError(where, name, f"applies only to mixture-of-experts models (num_experts > 0), got "
+                                             f"{getattr(model, name)} with num_experts=0")
+        return
+    if model.experts_per_token == 0:
+        object.__setattr__(model, "experts_per_token", min(2, model.num_experts))
+    if model.expert_ffn_hidden_size == 0:
+        object.__setattr__(model, "expert_ffn_hidden_size", model.ffn_hidden_size)
+    if model.experts_per_token > model.num_experts:
+        raise SpecError(where, "experts_per_token", f"top-{model.experts_per_token} routing needs at least that many "
+                                                    f"experts, num_experts is {model.num_experts}")
+    if model.moe_layer_every > model.num_layers:
+        raise SpecError(where, "moe_layer_every", f"{model.moe_layer_every} > num_layers={model.num_layers}: "
+                                                  "the model would have no MoE block")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -301,6 +411,8 @@ class StageConfig:
 class PipelineConfig:
     num_microbatches: int
     stages: tuple[StageConfig, ...]
+    #: expert indices this replica trains (SPES); None = "all". Only its gradients and optimizer state exist.
+    trains_experts: tuple[int, ...] | None = None
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -316,6 +428,10 @@ class ParallelConfig:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     zero: int = 0  # ZERO_STAGES: sharding across each set of data-parallel peers
+    #: MoE experts split across groups of this many consecutive replicas (all-to-all inside each group)
+    expert_parallel: int = 1
+    #: > 1: replicas (expert-parallel groups) train locally and exchange what they trained every N steps (SPES)
+    sync_every_steps: int = 1
 
     def __post_init__(self) -> None:
         where = "config"
@@ -323,6 +439,8 @@ class ParallelConfig:
         _positive(where, "virtual_stages", self.virtual_stages, integer=True)
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
             raise SpecError(where, "zero", f"must be 0, 1, 2 or 3 (ZeRO stage), got {self.zero!r}")
+        _positive(where, "expert_parallel", self.expert_parallel, integer=True)
+        _positive(where, "sync_every_steps", self.sync_every_steps, integer=True)
         if self.schedule not in SCHEDULES:
             raise SpecError(where, "schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.schedule != "interleaved-1f1b" and self.virtual_stages != 1:
@@ -332,6 +450,14 @@ class ParallelConfig:
             raise SpecError(where, "pipelines", "must list at least one pipeline")
         for p, pipe in enumerate(self.pipelines):
             _positive(where, f"pipelines[{p}].num_microbatches", pipe.num_microbatches, integer=True)
+            if pipe.trains_experts is not None:
+                te = pipe.trains_experts
+                if not isinstance(te, tuple) or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0
+                                                        for e in te):
+                    raise SpecError(where, f"pipelines[{p}].trains_experts",
+                                    f'must be "all" or a list of expert indices (integers >= 0), got {te!r}')
+                if len(set(te)) != len(te):
+                    raise SpecError(where, f"pipelines[{p}].trains_experts", f"lists an expert twice: {list(te)}")
             if not pipe.stages:
                 raise SpecError(where, f"pipelines[{p}].stages", "must list at least one stage")
             for s, stage in enumerate(pipe.stages):
@@ -368,6 +494,7 @@ class ParallelConfig:
 
     def validate(self, cluster: ClusterSpec, model: ModelSpec, source: str = "config") -> None:
         """Check the rules that need the cluster and model; raise SpecError naming the broken one."""
+        _validate_expert_plan(self, model, source)
         known = set(cluster.device_ids())
         seen: set[str] = set()
         for p, pipe in enumerate(self.pipelines):
@@ -416,6 +543,10 @@ class ParallelConfig:
             out["virtual_stages"] = self.virtual_stages
         if self.zero:
             out["zero"] = self.zero
+        if self.expert_parallel != 1:
+            out["expert_parallel"] = self.expert_parallel
+        if self.sync_every_steps != 1:
+            out["sync_every_steps"] = self.sync_every_steps
 
         def stage(s: StageConfig) -> dict[str, Any]:
             d: dict[str, Any] = {"devices": list(s.devices), "layers": s.layers, "recompute": s.recompute}
@@ -423,8 +554,13 @@ class ParallelConfig:
                 d["offload"] = s.offload
             return d
 
-        out["pipelines"] = [{"num_microbatches": p.num_microbatches, "stages": [stage(s) for s in p.stages]}
-                            for p in self.pipelines]
+        out["pipelines"] = []
+        for p in self.pipelines:
+            pipe: dict[str, Any] = {"num_microbatches": p.num_microbatches}
+            if p.trains_experts is not None:
+                pipe["trains_experts"] = list(p.trains_experts)
+            pipe["stages"] = [stage(s) for s in p.stages]
+            out["pipelines"].append(pipe)
         return out
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -434,7 +570,8 @@ class ParallelConfig:
     def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> "ParallelConfig":
         if not isinstance(data, Mapping):
             raise SpecError(source, "", f"must be a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {"micro_batch_size", "schedule", "virtual_stages", "zero", "pipelines", "measurement"}
+        unknown = set(data) - {"micro_batch_size", "schedule", "virtual_stages", "zero", "pipelines", "measurement",
+                               "expert_parallel", "sync_every_steps"}
         if unknown:
             raise SpecError(source, sorted(unknown)[0], "unknown field")
         try:
@@ -468,10 +605,16 @@ class ParallelConfig:
                                           st.get("offload", "none")))
             if "num_microbatches" not in raw:
                 raise SpecError(source, f"pipelines[{p}].num_microbatches", "is required")
-            pipelines.append(PipelineConfig(raw["num_microbatches"], tuple(stages)))
+            extra = set(raw) - {"num_microbatches", "stages", "trains_experts"}
+            if extra:
+                raise SpecError(source, f"pipelines[{p}].{sorted(extra)[0]}", "unknown field")
+            pipelines.append(PipelineConfig(raw["num_microbatches"], tuple(stages),
+                                            _trains_experts_from(raw.get("trains_experts", "all"), source, p)))
         try:
             return cls(micro_batch_size=mbs, pipelines=tuple(pipelines), schedule=data.get("schedule", "1f1b"),
-                       virtual_stages=data.get("virtual_stages", 1), zero=data.get("zero", 0))
+                       virtual_stages=data.get("virtual_stages", 1), zero=data.get("zero", 0),
+                       expert_parallel=data.get("expert_parallel", 1),
+                       sync_every_steps=data.get("sync_every_steps", 1))
         except SpecError as e:
             raise SpecError(source, e.field, e.rule) from None
 
@@ -490,10 +633,112 @@ class ParallelConfig:
         for p in self.pipelines:
             stages = " | ".join(f"{','.join(s.devices)} x{s.layers}{' R' if s.recompute else ''}"
                                 f"{' off=' + s.offload if s.offload != 'none' else ''}" for s in p.stages)
-            parts.append(f"[{stages}] m={p.num_microbatches}")
+            experts = "" if p.trains_experts is None else f" E={_ranges(p.trains_experts)}"
+            parts.append(f"[{stages}] m={p.num_microbatches}{experts}")
         zero = f"zero={self.zero} " if self.zero else ""
+        moe = (f"ep={self.expert_parallel} " if self.expert_parallel != 1 else "") + \
+              (f"sync={self.sync_every_steps} " if self.sync_every_steps != 1 else "")
         notes = "".join(f" (note: {n})" for n in self.notes())
-        return f"mbs={self.micro_batch_size} {self.schedule} {zero}" + " ; ".join(parts) + notes
+        return f"mbs={self.micro_batch_size} {self.schedule} {zero}{moe}" + " ; ".join(parts) + notes
+
+    # -- experts (MoE plans) -------------------------------------------------------------------------
+    def expert_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Pipelines of each expert-parallel group: consecutive runs of ``expert_parallel`` replicas."""
+        g = self.expert_parallel
+        n = len(self.pipelines)
+        return tuple(tuple(range(i, min(i + g, n))) for i in range(0, n, g))
+
+    @property
+    def spes(self) -> bool:
+        """Replicas train locally between syncs (SPES, ``sync_every_steps > 1``) or train expert subsets."""
+        return self.sync_every_steps > 1 or any(p.trains_experts is not None for p in self.pipelines)
+
+
+def _ranges(indices: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0-2,5"``."""
+    out, run = [], []
+    for i in sorted(indices):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [i]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out) or "-"
+
+
+def _expert_set(trains: tuple[int, ...] | None) -> frozenset[int] | None:
+    return None if trains is None else frozenset(trains)
+
+
+def _trains_experts_from(raw: Any, source: str, p: int) -> tuple[int, ...] | None:
+    if raw == "all":
+        return None
+    if not isinstance(raw, list):
+        raise SpecError(source, f"pipelines[{p}].trains_experts", f'must be "all" or a list of expert indices, got {raw!r}')
+    return tuple(raw)
+
+
+def _validate_expert_plan(config: ParallelConfig, model: ModelSpec, source: str) -> None:
+    """The plan rules of MoE plans: expert parallelism, trained expert subsets, SPES sync (SPEC.md
+    "Extensions"). Expert-parallel groups are consecutive runs of ``expert_parallel`` replicas; every
+    all-to-all needs all of a group's replicas, so they must have the same shape and batch."""
+    g, n = config.expert_parallel, len(config.pipelines)
+    E = model.num_experts
+    if g > 1:
+        if not model.is_moe:
+            raise SpecError(source, "expert_parallel", f"{g} needs a mixture-of-experts model (num_experts > 0); "
+                                                       f"model {model.name!r} is dense")
+        if E % g:
+            raise SpecError(source, "expert_parallel", f"{g} must divide num_experts={E} (each of a group's "
+                                                       f"replicas holds num_experts / expert_parallel experts)")
+        if n % g:
+            raise SpecError(source, "expert_parallel", f"{g} must divide the number of data-parallel replicas "
+                                                       f"(pipelines), {n}")
+        for group in config.expert_groups():
+            first = config.pipelines[group[0]]
+            shape = [(s.layers, s.tp) for s in first.stages]
+            for p in group[1:]:
+                pipe = config.pipelines[p]
+                if [(s.layers, s.tp) for s in pipe.stages] != shape:
+                    raise SpecError(source, f"pipelines[{p}].stages",
+                                    f"replicas of one expert-parallel group (pipelines {group[0]}..{group[-1]}) "
+                                    f"need the same stages (layers, tensor-parallel degree): "
+                                    f"{[(s.layers, s.tp) for s in pipe.stages]} != {shape} in pipelines[{group[0]}]")
+                if pipe.num_microbatches != first.num_microbatches:
+                    raise SpecError(source, f"pipelines[{p}].num_microbatches",
+                                    f"replicas of one expert-parallel group (pipelines {group[0]}..{group[-1]}) "
+                                    f"need the same num_microbatches: {pipe.num_microbatches} != "
+                                    f"{first.num_microbatches} in pipelines[{group[0]}]")
+                if _expert_set(pipe.trains_experts) != _expert_set(first.trains_experts):
+                    raise SpecError(source, f"pipelines[{p}].trains_experts",
+                                    f"replicas of one expert-parallel group (pipelines {group[0]}..{group[-1]}) "
+                                    "train one set of experts together: give them the same list")
+    subsets = [(p, pipe.trains_experts) for p, pipe in enumerate(config.pipelines) if pipe.trains_experts is not None]
+    if subsets:
+        if not model.is_moe:
+            raise SpecError(source, f"pipelines[{subsets[0][0]}].trains_experts",
+                            f'needs a mixture-of-experts model (num_experts > 0); model {model.name!r} is dense: '
+                            'leave it out or give "all"')
+        for p, te in subsets:
+            bad = [e for e in te if e >= E]
+            if bad:
+                raise SpecError(source, f"pipelines[{p}].trains_experts",
+                                f"expert index {bad[0]} out of range: model {model.name!r} has num_experts={E} "
+                                f"(indices 0..{E - 1})")
+        covered: set[int] = set()
+        for pipe in config.pipelines:
+            covered |= set(range(E)) if pipe.trains_experts is None else set(pipe.trains_experts)
+        missing = sorted(set(range(E)) - covered)
+        if missing:
+            raise SpecError(source, "trains_experts", f"expert(s) {_ranges(tuple(missing))} are trained by no "
+                                                      "replica: together the replicas must cover every expert")
+    if config.sync_every_steps > 1 and len(config.expert_groups()) < 2:
+        raise SpecError(source, "sync_every_steps",
+                        f"{config.sync_every_steps} needs at least two replicas (expert-parallel groups) to "
+                        f"synchronise, the plan has {len(config.expert_groups())}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -526,6 +771,9 @@ class Measurement:
     status: str = "ok"
     error: str = ""
     host_memory_GiB: Mapping[str, float] = field(default_factory=dict)  # node -> GiB, when a plan offloads
+    #: SPES plans (sync_every_steps > 1): seconds of one synchronisation round; iteration_time_s includes
+    #: it amortised over sync_every_steps. 0 for every other plan.
+    sync_time_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -549,6 +797,8 @@ class Measurement:
         }
         if self.host_memory_GiB:
             out["host_memory_GiB"] = dict(self.host_memory_GiB)
+        if self.sync_time_s:
+            out["sync_time_s"] = self.sync_time_s
         if timeline:
             out["timeline"] = [[e.device, e.op, e.start_s, e.end_s] for e in self.timeline]
         return out
@@ -567,6 +817,7 @@ class Measurement:
             status=str(data.get("status", "ok")),
             error=str(data.get("error", "")),
             host_memory_GiB={str(k): float(v) for k, v in dict(data.get("host_memory_GiB", {})).items()},
+            sync_time_s=float(data.get("sync_time_s", 0.0)),
         )
 
     @classmethod

@@ -161,6 +161,6 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def flops_per_token(spec: ModelSpec) -> float:
     """Training FLOPs per token: 6 N (forward + backward matmuls, N = non-embedding weights + LM head)
-    plus attention scores 12 L h s (PaLM, Chowdhery et al. 2022, appendix B)."""
-    n = spec.num_layers * spec.params_per_layer + spec.embedding_params  # head matmul; the lookup is free
+    plus attention scores 12 L h s (PaLM, Chowdhery et al. 2022, appendix B). MoE: routed experts only."""
+    n = spec.num_layers * spec.active_params_per_layer + spec.embedding_params  # head matmul; the lookup is free
     return 6.0 * n + 12.0 * spec.num_layers * spec.hidden_size * spec.seq_len

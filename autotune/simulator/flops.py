@@ -79,9 +79,11 @@ def model_flops_per_token(model: ModelSpec) -> float:
 
     ``N`` counts the weights that take part in matmuls: every block and the untied LM head, not the
     input embedding (a table lookup). ``12 L h s`` is the attention (``Q K^T`` and ``P V``) term. No
-    recomputation is counted: MFU charges only the FLOPs the model needs.
+    recomputation is counted: MFU charges only the FLOPs the model needs. For a mixture-of-experts model
+    ``N`` counts the routed experts only (``ModelSpec.active_params``): a token passes through
+    ``experts_per_token`` of them (plus the router), not all.
     """
-    n = model.num_params - model.embedding_params
+    n = model.active_params - model.embedding_params
     return 6.0 * n + 12.0 * model.num_layers * model.hidden_size * model.seq_len
 
 
