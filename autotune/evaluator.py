@@ -55,3 +55,28 @@ class CachedEvaluator:
         result = self.inner.evaluate(config)
         self._cache[config] = result
         return result
+
+
+#: the evaluators a search can use: the simulator, or short profiled runs on the real devices
+BACKENDS = ("sim", "real")
+
+
+def make_evaluator(cluster: ClusterSpec, model: ModelSpec, backend: str = "sim", profile=None) -> Evaluator:
+    """The evaluator of ``backend``: ``sim`` the simulator (with ``profile``, a path or a
+    ``CalibrationProfile``), ``real`` one short profiled run per plan through the runner."""
+    if backend == "sim":
+        from pathlib import Path
+
+        from autotune.profile import CalibrationProfile
+        from autotune.simulator import Simulator
+
+        if profile is not None and not isinstance(profile, CalibrationProfile):
+            profile = CalibrationProfile.load(Path(profile))
+        return Simulator(cluster, model, profile=profile)
+    if backend == "real":
+        from runner import RealEvaluator
+
+        return RealEvaluator(cluster, model)
+    from autotune.errors import SpecError
+
+    raise SpecError("search", "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")

@@ -104,7 +104,7 @@ class ParallelConfigEnv(gym.Env):
             space = SearchSpace(load_cluster(cluster), load_model(model))
         self.space = space
         if evaluator is None:
-            from autotune.search.api import make_evaluator
+            from autotune.evaluator import make_evaluator
 
             evaluator = make_evaluator(space.cluster, space.model, backend)
         self.evaluator: CachedEvaluator = evaluator if isinstance(evaluator, CachedEvaluator) else CachedEvaluator(evaluator)

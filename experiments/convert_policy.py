@@ -5,7 +5,7 @@ what the original does so a test can check the converted file does the same.
         [--reference tests/data/policy_reference.json]
 
 ONLY for a zip you made yourself: ``MaskablePPO.load`` unpickles its entries, which runs whatever code
-they hold. autotune itself never reads such a file (``autotune.search.policy_file``).
+they hold. autotune itself never reads such a file (``autotune.policy.policy_file``).
 
 The reference records, on the fixed scenario of tests/test_pretrained_policy.py (mixed-h100-a100-32,
 llama2-13b, global batch 256) and two held-out scenarios: every (observation, mask) the original policy
@@ -25,10 +25,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.loading import load_cluster, load_model  # noqa: E402
-from autotune.search import policy_file  # noqa: E402
+from autotune.policy import policy_file  # noqa: E402
 from autotune.search.budget import BudgetedEvaluator  # noqa: E402
-from autotune.search.pretrained import run_pretrained  # noqa: E402
-from autotune.search.scenarios import heldout_scenarios  # noqa: E402
+from autotune.policy.pretrained import run_pretrained  # noqa: E402
+from autotune.policy.scenarios import heldout_scenarios  # noqa: E402
 from autotune.search.space import SearchSpace  # noqa: E402
 from autotune.search.tracking import config_key  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402

@@ -1,6 +1,6 @@
 """Held-out evaluation of the pretrained RL policy against optuna, random and uniform.
 
-On every held-out scenario (autotune.search.scenarios.heldout_scenarios: GPU mixes never drawn in
+On every held-out scenario (autotune.policy.scenarios.heldout_scenarios: GPU mixes never drawn in
 training) and for budgets 5, 10, 20, 50, 100 evaluations (simulator backend, the shared
 ``BudgetedEvaluator``, no MLflow):
 
@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autotune.search.agents.simple import run_random, run_uniform  # noqa: E402
 from autotune.search.agents.tpe import open_study, run_optuna  # noqa: E402
 from autotune.search.budget import BudgetedEvaluator  # noqa: E402
-from autotune.search.pretrained import default_policy_path, load_policy, run_pretrained  # noqa: E402
-from autotune.search.scenarios import draw_scenario, heldout_scenarios, validation_rng  # noqa: E402
+from autotune.policy.pretrained import default_policy_path, load_policy, run_pretrained  # noqa: E402
+from autotune.policy.scenarios import draw_scenario, heldout_scenarios, validation_rng  # noqa: E402
 from autotune.search.space import SearchSpace  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
 

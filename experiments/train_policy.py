@@ -1,8 +1,8 @@
 """Pretrain the `--method rl` policy: MaskablePPO across random scenarios on the simulator backend.
 
-Each env reset draws a new scenario (autotune.search.scenarios, training seeds and GPU mixes only:
+Each env reset draws a new scenario (autotune.policy.scenarios, training seeds and GPU mixes only:
 the held-out set is never drawn) and runs one best-first search episode of
-``--episode-evaluations`` evaluations on it (autotune.search.pretrained.ScenarioEnv). Training is
+``--episode-evaluations`` evaluations on it (autotune.policy.pretrained.ScenarioEnv). Training is
 logged to MLflow (one run: hyper-parameters, rollout metrics, validation metric, the policy as an
 artifact); every ``--validate-every`` steps the greedy policy is scored on validation scenarios (a
 separate seed stream, never the held-out set) and the best-scoring checkpoint is kept.
@@ -27,10 +27,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.search import policy_file  # noqa: E402
+from autotune.policy import policy_file  # noqa: E402
 from autotune.search.budget import BudgetedEvaluator  # noqa: E402
-from autotune.search.pretrained import ScenarioEnv, run_pretrained  # noqa: E402
-from autotune.search.scenarios import Scenario, draw_scenario, validation_rng  # noqa: E402
+from autotune.policy.pretrained import ScenarioEnv, run_pretrained  # noqa: E402
+from autotune.policy.scenarios import Scenario, draw_scenario, validation_rng  # noqa: E402
 from autotune.search.space import SearchSpace  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     venv = vec_cls([make(i) for i in range(args.n_envs)])
     net = [int(x) for x in args.net.split(",")]
     if args.init:
-        # weights from the file (autotune.search.policy_file, no pickle); the optimizer starts fresh
+        # weights from the file (autotune.policy.policy_file, no pickle); the optimizer starts fresh
         model = policy_file.load_model(args.init, venv, args.seed, learning_rate=args.lr, ent_coef=args.ent_coef,
                                        gamma=args.gamma, n_steps=args.n_steps, batch_size=256)
     else:

@@ -126,7 +126,7 @@ def test_rl_smoke_learn_save_load_and_act(tiny, tmp_path):
     model = make_model(env, seed=0, n_steps=64)
     model.learn(total_timesteps=256)
     assert model.num_timesteps >= 256
-    from autotune.search import policy_file
+    from autotune.policy import policy_file
 
     path = tmp_path / "policy.safetensors"
     policy_file.save(model, path)

@@ -1,4 +1,4 @@
-"""Policy files are read without pickle (``autotune.search.policy_file``): the shipped one makes the same
+"""Policy files are read without pickle (``autotune.policy.policy_file``): the shipped one makes the same
 moves as the Stable-Baselines3 zip it was converted from, and a crafted file never runs its payload."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from autotune.errors import SpecError
-from autotune.search import policy_file
-from autotune.search.pretrained import default_policy_path, load_policy
+from autotune.policy import policy_file
+from autotune.policy.pretrained import default_policy_path, load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = Path(__file__).with_name("data") / "policy_reference.json"
@@ -52,8 +52,8 @@ def test_shipped_policy_makes_the_moves_of_the_original():
 
     from autotune.loading import load_cluster, load_model
     from autotune.search.budget import BudgetedEvaluator
-    from autotune.search.pretrained import run_pretrained
-    from autotune.search.scenarios import heldout_scenarios
+    from autotune.policy.pretrained import run_pretrained
+    from autotune.policy.scenarios import heldout_scenarios
     from autotune.search.space import SearchSpace
     from autotune.search.tracking import config_key
     from autotune.simulator import Simulator

@@ -1,5 +1,5 @@
-"""The shipped pretrained policy, its search env and the scenario generator (autotune.search.pretrained,
-autotune.search.scenarios)."""
+"""The shipped pretrained policy, its search env and the scenario generator (autotune.policy.pretrained,
+autotune.policy.scenarios)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 
 from autotune.loading import load_cluster, load_model
 from autotune.search.budget import BudgetedEvaluator
-from autotune.search.pretrained import (SearchEnv, default_policy_path, load_policy, run_pretrained,
+from autotune.policy.pretrained import (SearchEnv, default_policy_path, load_policy, run_pretrained,
                                         start_candidates)
-from autotune.search.scenarios import (GPU_TYPES, HELDOUT_MIXES, MAX_GPUS, MIN_GPUS, draw_cluster, draw_scenario,
+from autotune.policy.scenarios import (GPU_TYPES, HELDOUT_MIXES, MAX_GPUS, MIN_GPUS, draw_cluster, draw_scenario,
                                        heldout_scenarios, training_rng)
 from autotune.search.space import SearchSpace
 from autotune.simulator import Simulator
@@ -78,7 +78,7 @@ def test_search_env_spends_one_evaluation_per_step_and_never_leaves_no_action():
 def test_envs_pass_the_gymnasium_checker():
     from gymnasium.utils.env_checker import check_env
 
-    from autotune.search.pretrained import ScenarioEnv
+    from autotune.policy.pretrained import ScenarioEnv
 
     space, sim = _fixed_scenario()
     check_env(SearchEnv(space, sim), skip_render_check=True)

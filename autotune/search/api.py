@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from autotune.errors import SpecError
-from autotune.evaluator import Evaluator
+from autotune.evaluator import BACKENDS, Evaluator, make_evaluator  # noqa: F401  (make_evaluator: re-exported)
 from autotune.loading import load_cluster, load_model
 from autotune.search.agents import METHODS, run_exhaustive, run_random, run_uniform
 from autotune.search.budget import PRUNED, BudgetedEvaluator, Evaluation
@@ -32,7 +32,6 @@ from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("sim", "real")
 #: where optuna and rl start: the structured planner's best plan (``dp``), or only their own heuristic starts
 STARTS = ("dp", "heuristic")
 #: planner plans evaluated first when ``start="dp"`` (they count against the budget like any plan)
@@ -96,19 +95,6 @@ def _load_profile(profile):
     return profile
 
 
-def make_evaluator(cluster: ClusterSpec, model: ModelSpec, backend: str = "sim",
-                   profile: str | Path | None = None) -> Evaluator:
-    if backend == "sim":
-        from autotune.simulator import Simulator
-
-        return Simulator(cluster, model, profile=_load_profile(profile))
-    if backend == "real":
-        from runner import RealEvaluator
-
-        return RealEvaluator(cluster, model)
-    raise SpecError("search", "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
-
-
 def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, method: str = "optuna", budget: int = 100,
          backend: str = "sim", seed: int = 0, global_batch_size: int | None = None, tracking_uri: str | None = None,
          experiment: str | None = None, storage: str | None = None, profile: str | Path | None = None, *,
@@ -150,8 +136,8 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     if policy is not None and method != "rl":
         raise SpecError("--policy", "", f"applies to --method rl only, not {method}")
     if method == "rl" and str(policy) != "scratch":  # a bad policy file is refused before any work
-        from autotune.search import policy_file
-        from autotune.search.pretrained import default_policy_path
+        from autotune.policy import policy_file
+        from autotune.policy.pretrained import default_policy_path
 
         policy_file.read(policy if policy is not None else default_policy_path())
     cluster_spec = load_cluster(cluster)

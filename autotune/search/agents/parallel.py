@@ -51,7 +51,7 @@ def worker_main(cluster, model, backend: str, profile: str | None, storage: str,
     from optuna.trial import TrialState
 
     from autotune.search.agents.tpe import distributions, open_study
-    from autotune.search.api import make_evaluator
+    from autotune.evaluator import make_evaluator
     from autotune.search.tracking import config_key
 
     torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """The ``rl`` agent: sb3-contrib MaskablePPO on ``autotune/ParallelConfig-v0`` within the budget.
 
 By default it uses the policy pretrained across scenarios and shipped with the package
-(``autotune.search.pretrained``: ``default_policy_path()``; a greedy best-first walk from a strong
+(``autotune.policy.pretrained``: ``default_policy_path()``; a greedy best-first walk from a strong
 start, or with ``fine_tune=True`` online PPO updates within the budget); ``policy_path`` names
 another policy file, used the same way. With ``policy_path="scratch"`` it learns online from
 nothing: every env step edits the plan and evaluates it through the shared ``BudgetedEvaluator``
@@ -50,11 +50,11 @@ def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None 
     if budget is not None and budget != evaluator.budget:
         evaluator.budget = budget
     if policy_path is None:  # the policy pretrained across scenarios, shipped with the package
-        from autotune.search.pretrained import default_policy_path
+        from autotune.policy.pretrained import default_policy_path
 
         policy_path = default_policy_path()
     if str(policy_path) != SCRATCH:  # a pretrained policy: its greedy best-first walk (or fine-tuning)
-        from autotune.search.pretrained import run_pretrained
+        from autotune.policy.pretrained import run_pretrained
 
         run_pretrained(space, evaluator, seed, policy_path=policy_path, fine_tune=fine_tune)
         return

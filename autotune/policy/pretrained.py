@@ -16,10 +16,10 @@ in training and in use:
   sum over an episode is log(best found / start), so with discount < 1 the policy learns to reach
   the best plan in few evaluations.
 
-``ScenarioEnv`` draws a new random scenario (``autotune.search.scenarios``) at every reset
+``ScenarioEnv`` draws a new random scenario (``autotune.policy.scenarios``) at every reset
 (domain randomisation) and runs a ``SearchEnv`` of ``episode_evaluations`` steps on it with the
 simulator. ``experiments/train_policy.py`` trains MaskablePPO on it and writes
-``autotune/data/policy.safetensors`` (``autotune.search.policy_file``: weights as raw tensors and
+``autotune/data/policy.safetensors`` (``autotune.policy.policy_file``: weights as raw tensors and
 the network as JSON, never pickle).
 
 On a new scenario ``run_pretrained`` (``--method rl``, the shipped policy by default) starts from the
@@ -45,7 +45,7 @@ import numpy as np
 
 from autotune.evaluator import CachedEvaluator, Evaluator
 from autotune.search.budget import BudgetedEvaluator
-from autotune.search.scenarios import Scenario, draw_scenario, training_rng
+from autotune.policy.scenarios import Scenario, draw_scenario, training_rng
 from autotune.search.space import Params, SearchSpace
 from autotune.specs import Measurement, ParallelConfig
 from envs.parallel_config import GLOBAL_FEATURES, ParallelConfigEnv, observation_features
@@ -391,11 +391,11 @@ def _probe_env() -> ParallelConfigEnv:
 
 def load_policy(path: str | Path | None = None):
     """The policy network at ``path`` (default: the shipped one), on the CPU, one thread. Files are
-    read by ``autotune.search.policy_file`` (no pickle); anything else is a one-line ``SpecError``."""
+    read by ``autotune.policy.policy_file`` (no pickle); anything else is a one-line ``SpecError``."""
     import torch
 
     from autotune.errors import SpecError
-    from autotune.search import policy_file
+    from autotune.policy import policy_file
 
     torch.set_num_threads(1)
     path = Path(path) if path is not None else default_policy_path()
@@ -496,7 +496,7 @@ def _fine_tune(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int, poli
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
 
-    from autotune.search import policy_file
+    from autotune.policy import policy_file
 
     torch.set_num_threads(1)
     path = Path(policy_path) if policy_path is not None else default_policy_path()
