@@ -42,6 +42,7 @@ from autotune.simulator.efficiency import DeviceRates
 from autotune.simulator.flops import head_matmul, layer_matmuls, model_flops_per_token
 from autotune.simulator.memory import layer_activation_bytes, stage_params, stage_peak_GiB, usable_memory_GiB
 from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, compile_schedule, run_program
+from autotune.simulator import zero as zr
 from autotune.simulator.zero import data_parallel_degree, stage_states, state_bytes_for
 from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, NodeSpec, ParallelConfig, TimelineEvent
 
@@ -126,6 +127,7 @@ class Simulator:
         self._p2p_cache: dict[tuple, float] = {}
         self._dp_stage_cache: dict[tuple, tuple] = {}
         self._pipeline_cache: dict[tuple, tuple[float, ...]] = {}
+        self._zero_cache: dict[tuple, tuple] = {}
         self._flops_per_token = model_flops_per_token(model)
 
     # ---------------------------------------------------------------------------------------------
@@ -434,6 +436,10 @@ class Simulator:
                                    error=f"host memory of node {name!r} out of memory: offloaded state needs "
                                          f"{gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)")
 
+        sharded = config.zero > 0 and len(config.pipelines) > 1 or config.offloads
+        if sharded:  # ZeRO / offload traffic in forward and backward, and their optimizer step
+            stage_costs, _ = self._sharded_costs(config, stage_costs)
+
         # -- pipelines -----------------------------------------------------------------------------
         finish: list[tuple[float, ...]] = []
         slowest = (-1.0, 0)
@@ -474,7 +480,7 @@ class Simulator:
         # -- data-parallel gradient all-reduce, then the optimizer ---------------------------------
         cursor = [list(f) for f in finish]
         if len(config.pipelines) > 1:
-            self._data_parallel(config, cursor, events if timeline else None)
+            self._data_parallel(config, cursor, events if timeline else None, config.zero)
             # measured runtime cost of a data-parallel step (calibration): the all-reduce call and the
             # wait for the slowest replica; every rank leaves the step's synchronisation together
             dp = self._rank_overheads(config, "data_parallel_overhead_s")
@@ -490,6 +496,10 @@ class Simulator:
                     events.extend(TimelineEvent(d, "optimizer", cursor[r][s], t) for d in st.devices)
                 if t > iteration:
                     iteration = t
+                cursor[r][s] = t - self._step_overhead_s
+        if sharded and config.zero in (1, 2) and len(config.pipelines) > 1:  # all-gather the updated weights
+            self._data_parallel(config, cursor, events if timeline else None, config.zero, phase="allgather")
+            iteration = max(iteration, max(max(row) for row in cursor) + self._step_overhead_s)
 
         # -- shared host: ranks that time-share one machine's cores (calibration profiles only) ----
         shared = self._shared_host_bound(config, stage_costs, iteration)
@@ -513,9 +523,9 @@ class Simulator:
                            stage_busy_s=busy,
                            timeline=tuple(sorted(events, key=lambda e: (e.start_s, e.device))) if timeline else ())
 
-    def _data_parallel(self, config: ParallelConfig, cursor: list[list[float]],
-                       events: list[TimelineEvent] | None) -> None:
-        """Advance each stage's clock through its gradient all-reduces (in place in ``cursor``)."""
+    def _segments(self, config: ParallelConfig) -> list[tuple[tuple[int, ...], float]]:
+        """Runs of layers held by the same stage in every replica, first layers first: (the stage index
+        in each replica, parameters of the run)."""
         model = self.model
         L = model.num_layers
         starts = []
@@ -528,7 +538,6 @@ class Simulator:
                 acc += stage.layers
             starts.append(st)
         cuts_sorted = sorted(cuts)
-        # runs of layers held by the same stage in every replica, last layers first (backward order)
         segments: list[tuple[tuple[int, ...], float]] = []
         for x, y in zip(cuts_sorted, cuts_sorted[1:]):
             owners = tuple(bisect.bisect_right(st, x) - 1 for st in starts)
@@ -541,16 +550,109 @@ class Simulator:
                 segments[-1] = (owners, segments[-1][1] + params)
             else:
                 segments.append((owners, params))
+        return segments
+
+    def _data_parallel(self, config: ParallelConfig, cursor: list[list[float]],
+                       events: list[TimelineEvent] | None, zero: int = 0, phase: str = "allreduce") -> None:
+        """Advance each stage's clock through its gradient all-reduces (in place in ``cursor``), last
+        layers first (backward order). With ``zero`` > 0: the reduce-scatter (``phase="allreduce"``) or
+        the all-gather of the updated weights (``phase="allgather"``) of ZeRO (``zero.sync_s``,
+        ``zero.gather_s``)."""
         n = len(config.pipelines)
-        for owners, params in reversed(segments):
+        split = state_bytes_for(self.model)
+        for owners, params in reversed(self._segments(config)):
             stages = tuple(config.pipelines[r].stages[s].devices for r, s in enumerate(owners))
             bw, lat = self._dp_bandwidth(stages)
-            t = ring_allreduce_s(GRAD_BYTES * params, n, bw, lat)
+            if zero == 0:
+                t = ring_allreduce_s(GRAD_BYTES * params, n, bw, lat)
+            elif phase == "allreduce":
+                t = zr.sync_s(params, n, zero, (bw, lat), split)
+            else:
+                t = zr.gather_s(params, n, zero, (bw, lat), split)
             start = max(cursor[r][s] for r, s in enumerate(owners))
             for r, s in enumerate(owners):
                 cursor[r][s] = start + t
-            if events is not None:
-                events.extend(TimelineEvent(d, "allreduce", start, start + t) for devs in stages for d in devs)
+            if events is not None and t > 0:
+                events.extend(TimelineEvent(d, phase, start, start + t) for devs in stages for d in devs)
+
+    # ---------------------------------------------------------------------------------------------
+    # ZeRO sharding and CPU offload (autotune.simulator.zero)
+
+    def _stage_rings(self, config: ParallelConfig) -> dict[tuple[int, int], tuple[float, float]]:
+        """Per stage: (GB/s, latency us) per device of the slowest data-parallel ring its layers take."""
+        rings: dict[tuple[int, int], tuple[float, float]] = {}
+        if len(config.pipelines) < 2:
+            return rings
+        for owners, _ in self._segments(config):
+            stages = tuple(config.pipelines[r].stages[s].devices for r, s in enumerate(owners))
+            bw, lat = self._dp_bandwidth(stages)
+            for r, s in enumerate(owners):
+                tp = len(config.pipelines[r].stages[s].devices)
+                old = rings.get((r, s))
+                ring = (bw / tp, lat)
+                if old is None or ring[0] < old[0]:
+                    rings[(r, s)] = ring
+        return rings
+
+    def _host_links(self, config: ParallelConfig) -> dict[str, tuple[float, float]]:
+        """Per node: (GB/s, latency us) of each offloading device's host link, shared when the node's
+        ``host.bandwidth_GBps`` caps them."""
+        count: dict[str, int] = {}
+        for pipe in config.pipelines:
+            for st in pipe.stages:
+                if st.offload != "none":
+                    for d in st.devices:
+                        count[self._node[d].name] = count.get(self._node[d].name, 0) + 1
+        links = {}
+        for name, spec in self._node_spec.items():
+            links[name] = (spec.host.shared_bandwidth_GBps(count.get(name, 0)), spec.host.link.latency_us)
+        return links
+
+    def _sharded_costs(self, config: ParallelConfig, stage_costs: list) -> tuple[list, dict]:
+        """Stage costs with ZeRO's and offload's per-micro-batch traffic folded into forward and backward
+        (``zero.chunk_comm``), and the per-device optimizer seconds (``zero.optimizer_s``)."""
+        model, v = self.model, config.virtual_stages
+        rings = self._stage_rings(config)
+        hosts = self._host_links(config)
+        split = state_bytes_for(model)
+        offloaded: dict[str, float] = {}  # node -> parameters its host CPU steps
+        for r, pipe in enumerate(config.pipelines):
+            dp = data_parallel_degree(config, r, 0)
+            n_os = dp if config.zero >= 1 and dp > 1 else 1
+            for s, st in enumerate(pipe.stages):
+                if st.offload != "none":
+                    for d in st.devices:
+                        node = self._node[d].name
+                        offloaded[node] = offloaded.get(node, 0.0) + stage_costs[r][s][1] / n_os
+        out = []
+        for r, pipe in enumerate(config.pipelines):
+            p = len(pipe.stages)
+            row = []
+            for s, st in enumerate(pipe.stages):
+                durs, params, opt_s = stage_costs[r][s]
+                dp = data_parallel_degree(config, r, s)
+                ring = rings.get((r, s), (1.0, 0.0))
+                node = self._node[st.devices[0]].name
+                host = hosts[node]
+                key = (st.devices, st.layers, s == 0, s == p - 1, v, config.zero, st.offload, dp, ring, host,
+                       tuple(durs))
+                hit = self._zero_cache.get(key)
+                if hit is None:
+                    tp = len(st.devices)
+                    new = list(durs)
+                    per_chunk = st.layers // v if v > 1 else st.layers
+                    for c in range(v):
+                        units = zr.stage_units(model, per_chunk, tp, s == 0 and c == 0, s == p - 1 and c == v - 1)
+                        comm = zr.chunk_comm(units, config.zero, st.offload, dp, ring, host, split)
+                        new[2 * c], new[2 * c + 1] = comm.apply(durs[2 * c], durs[2 * c + 1])
+                    per_param = opt_s / params if params else 0.0
+                    opt = zr.optimizer_s(params, dp, config.zero, st.offload, per_param, host,
+                                         zr.host_step_s(offloaded.get(node, 0.0)), split)
+                    hit = (new, params, opt)
+                    self._zero_cache[key] = hit
+                row.append(hit)
+            out.append(row)
+        return out, offloaded
 
     @staticmethod
     def _pipeline_events(events: list[TimelineEvent], comp, pipe, end: list[float], durs: list[float],

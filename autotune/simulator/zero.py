@@ -120,11 +120,10 @@ def working_bytes(units: list[float], zero: int, offload: str, dp: int,
 
 
 def stage_units(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> list[float]:
-    """Parameters of each unit of a stage on one of its ``tp`` devices: its blocks, the embedding on the
-    first stage, the final norm + LM head on the last."""
-    units = [model.params_per_layer / tp] * layers
-    if first:
-        units.append(model.embedding_params / tp)
+    """Parameters of each unit of a stage on one of its ``tp`` devices, in forward order: the embedding
+    on the first stage, its blocks, the final norm + LM head on the last."""
+    units = [model.embedding_params / tp] if first else []
+    units += [model.params_per_layer / tp] * layers
     if last:
         units.append((model.embedding_params + model.hidden_size) / tp)
     return units
@@ -151,3 +150,125 @@ def stage_states(model: ModelSpec, layers: int, tp: int, first: bool, last: bool
     params = sum(units)
     device, host = offload_state_bytes(params, dp, zero, offload, state)
     return StageStates(device, working_bytes(units, zero, offload, dp, state), host)
+
+
+# --------------------------------------------------------------------------------------------------
+# Time: collectives and host traffic of sharded and offloaded stages
+#
+# Per micro-batch (folded into each stage's forward / backward duration, ``ChunkComm.apply``):
+# - zero 3 (N_d > 1): every unit's 16-bit weights are all-gathered before its forward and again
+#   before its backward (FSDP ``reshard_after_forward``), and its gradient is reduce-scattered after
+#   its backward;
+# - zero 2 (N_d > 1): every unit's gradient is reduce-scattered after its backward (ZeRO-2 as DeepSpeed
+#   runs it under gradient accumulation: the whole gradient never accumulates on the device);
+# - offload ``all``: every unit's weights come up over the host link before its forward and backward
+#   (its shard, then all-gathered, with zero 3), its gradient goes down after its backward;
+# - offload ``optimizer`` with gradients not resident (``gradients_resident``): the gradient goes down.
+# Communication overlaps with compute as FSDP's prefetch and DeepSpeed's overlap_comm do, only as far
+# as the links allow: a pass takes max(compute, weight traffic, gradient traffic). The weight channel
+# (all-gather, host -> device) and the gradient channel (reduce-scatter, device -> host) run at the same
+# time (full-duplex links). A pass's first gather is prefetched during the previous operation and its
+# last gradient transfer overlaps the next one; only the step's very first and last unit transfers
+# (one unit of m x units per step) would be exposed, and they are left out.
+#
+# Per step (``sync_s``, ``optimizer_s``, ``gather_s``):
+# - zero 0: the all-reduce of the gradients (unchanged); zero 1: a reduce-scatter instead (half the
+#   all-reduce's bytes); zero 2 / 3: gradients are already reduce-scattered: the peers only meet;
+# - the optimizer step: on the device, on the shard (1 / N_d of the parameters with zero >= 1); with
+#   offload, on the host CPU at ``HOST_ADAM_PARAMS_PER_S`` shared by all offloaded parameters of the
+#   node, after the gradient shard went down (when it was resident) and before the updated 16-bit
+#   shard comes up (not with ``all``: the next step streams it);
+# - zero 1 / 2: an all-gather of the updated 16-bit weights among the peers (the other half of the
+#   all-reduce's bytes); zero 3: none (the next step's forward gathers).
+# ZeRO-1/2 thus move what an all-reduce moves, zero 3 1.5x that (Rajbhandari et al. 2020, Sec. 7).
+
+#: DeepSpeed CPU-Adam on the host: Ren et al. 2021 (ZeRO-Offload), Table 4: 2.57 s for a 10B-parameter
+#: Adam step on a DGX-2 host (2 x Xeon Platinum 8168, 48 cores), i.e. ~3.9e9 parameters per second per
+#: node; shared by all the node's offloaded parameters.
+HOST_ADAM_PARAMS_PER_S = 3.9e9
+
+
+def collective_s(num_bytes: float, ranks: int, bandwidth_GBps: float, latency_us: float) -> float:
+    """Ring reduce-scatter or all-gather of a ``num_bytes`` buffer among ``ranks``: half a ring
+    all-reduce, ``(k - 1) / k * n / bandwidth + (k - 1) * latency``."""
+    if ranks <= 1:
+        return 0.0
+    return (ranks - 1) / ranks * num_bytes / (bandwidth_GBps * 1e9) + (ranks - 1) * latency_us * 1e-6
+
+
+def transfer_s(num_bytes: float, bandwidth_GBps: float, latency_us: float) -> float:
+    return latency_us * 1e-6 + num_bytes / (bandwidth_GBps * 1e9) if num_bytes > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkComm:
+    """Communication of one (virtual) stage chunk per micro-batch, seconds."""
+
+    forward_s: float = 0.0  # weight traffic of the forward (all units)
+    weights_s: float = 0.0  # weight traffic of the backward
+    grads_s: float = 0.0  # gradient traffic of the backward
+
+    def apply(self, forward_s: float, backward_s: float) -> tuple[float, float]:
+        return max(forward_s, self.forward_s), max(backward_s, self.weights_s, self.grads_s)
+
+
+def chunk_comm(units: list[float], zero: int, offload: str, dp: int, ring: tuple[float, float],
+               host: tuple[float, float], state: StateBytes = MIXED_PRECISION_ADAM) -> ChunkComm:
+    """``units``: parameters of the chunk's units on one device; ``ring``: (GB/s, latency us) of the
+    data-parallel ring among the peers; ``host``: (GB/s, latency us) of this device's host link."""
+    gather = zero >= 3 and dp > 1
+    stream = offload == "all"
+    scatter = zero >= 2 and dp > 1
+    down = offload != "none" and not gradients_resident(zero, offload, dp)
+    if not (gather or stream or scatter or down) or not units:
+        return ChunkComm()
+    n_p = dp if zero >= 3 else 1
+    n_g = dp if zero >= 2 else 1
+
+    def weight(u: float) -> float:
+        t = collective_s(state.weights * u, dp, *ring) if gather else 0.0
+        return t + (transfer_s(state.weights * u / n_p, *host) if stream else 0.0)
+
+    def grad(u: float) -> float:
+        t = collective_s(state.grads * u, dp, *ring) if scatter else 0.0
+        return t + (transfer_s(state.grads * u / n_g, *host) if down else 0.0)
+
+    w = [weight(u) for u in units]
+    g = [grad(u) for u in units]
+    return ChunkComm(sum(w), sum(w), sum(g))
+
+
+def sync_s(params: float, dp: int, zero: int, ring: tuple[float, float],
+           state: StateBytes = MIXED_PRECISION_ADAM) -> float:
+    """The step's gradient synchronisation of a run of layers with ``params`` parameters among ``dp``
+    peers: all-reduce (zero 0), reduce-scatter (zero 1), nothing left (zero 2 / 3: reduce-scattered
+    per micro-batch)."""
+    if dp <= 1 or zero >= 2:
+        return 0.0
+    t = collective_s(state.grads * params, dp, *ring)
+    return 2 * t if zero == 0 else t
+
+
+def gather_s(params: float, dp: int, zero: int, ring: tuple[float, float],
+             state: StateBytes = MIXED_PRECISION_ADAM) -> float:
+    """All-gather of the updated 16-bit weights after the sharded step (zero 1 / 2)."""
+    return collective_s(state.weights * params, dp, *ring) if zero in (1, 2) and dp > 1 else 0.0
+
+
+def optimizer_s(params: float, dp: int, zero: int, offload: str, device_opt_s_per_param: float,
+                host: tuple[float, float], node_host_step_s: float,
+                state: StateBytes = MIXED_PRECISION_ADAM) -> float:
+    """The optimizer step of one device holding ``params`` parameters: on the device on its shard, or
+    (offload) gradients down when they were resident, the node's host step, 16-bit weights up (not
+    with ``all``: the next step streams them)."""
+    n_os = dp if zero >= 1 and dp > 1 else 1
+    if offload == "none":
+        return device_opt_s_per_param * params / n_os
+    down = transfer_s(state.grads * params / n_os, *host) if gradients_resident(zero, offload, dp) else 0.0
+    up = transfer_s(state.weights * params / n_os, *host) if offload == "optimizer" else 0.0
+    return down + node_host_step_s + up
+
+
+def host_step_s(offloaded_params: float) -> float:
+    """The host CPU's optimizer time for all of a node's offloaded parameters (shards)."""
+    return offloaded_params / HOST_ADAM_PARAMS_PER_S
