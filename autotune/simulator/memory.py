@@ -18,6 +18,8 @@
 - The schedule decides how many micro-batches' activations a stage holds at once (1F1B: ``min(m, p - i)``
   for stage ``i`` of ``p``; GPipe: ``m``; interleaved: Megatron's warm-up count plus one, in chunks);
   ``autotune.simulator.schedule`` counts them from the stage's operation order.
+- Mixture-of-experts blocks: ``autotune.simulator.moe`` (router probabilities, dispatched copies, expert
+  activations; expert states of the experts a device holds and trains).
 - First stage: the embedding's dropout mask per micro-batch in flight (``s b h`` bytes). Last stage:
   one micro-batch's logits in 16 bits plus their fp32 softmax and gradient (``10 s b V / t`` bytes).
 
@@ -29,6 +31,7 @@ leaves a few percent of reserved memory unusable).
 
 from __future__ import annotations
 
+from autotune.simulator.moe import activation_delta_per_token
 from autotune.specs import ModelSpec
 
 GiB = float(2**30)
@@ -50,7 +53,9 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, fla
     replicated = 10 * h
     split = 2 * h + 4 * hkv + 2 * h + mlp_inner
     scores = 0.0 if flash_attention else 5.0 * a * s * s * b / tp
-    return s * b * (replicated + split / tp) + scores
+    # MoE blocks store router probabilities, dispatched token copies and expert activations instead
+    moe_blocks = activation_delta_per_token(model, tp)
+    return s * b * (replicated + split / tp + moe_blocks) + scores
 
 
 def layer_input_bytes(model: ModelSpec, micro_batch_size: int) -> float:

@@ -37,10 +37,12 @@ from typing import Any, Mapping
 from autotune.errors import SpecError
 from autotune.loading import load_cluster, load_config, load_model
 from autotune.profile import CalibrationProfile
+from autotune.simulator import moe
 from autotune.simulator.communication import allreduce_over_link_s, p2p_s, ring_allreduce_s
 from autotune.simulator.efficiency import DeviceRates
 from autotune.simulator.flops import head_matmul, layer_matmuls, model_flops_per_token
-from autotune.simulator.memory import layer_activation_bytes, stage_params, stage_peak_GiB, usable_memory_GiB
+from autotune.simulator.memory import (BYTES_PER_PARAM_STATE, GiB, layer_activation_bytes, stage_params,
+                                       stage_peak_GiB, usable_memory_GiB)
 from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, compile_schedule, run_program
 from autotune.simulator import zero as zr
 from autotune.simulator.zero import data_parallel_degree, stage_states, state_bytes_for
@@ -189,11 +191,12 @@ class Simulator:
     # ---------------------------------------------------------------------------------------------
     # Cost model
 
-    def _layer_costs(self, rate_key: str, tp: int, mbs: int, link: LinkSpec) -> tuple[float, ...]:
+    def _layer_costs(self, rate_key: str, tp: int, mbs: int, link: LinkSpec, ep: int = 1) -> tuple[float, ...]:
         """Seconds on one device type for one micro-batch, tensor-parallel communication included:
         (layer forward, layer backward, layer backward with recomputation, embedding forward, embedding
-        backward, head forward, head backward, optimizer seconds per parameter)."""
-        key = (rate_key, tp, mbs, link)
+        backward, head forward, head backward, optimizer seconds per parameter). ``ep``: expert
+        parallelism of an MoE model (its blocks' mean compute, ``moe.layer_matmul_s``)."""
+        key = (rate_key, tp, mbs, link, ep)
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
@@ -203,7 +206,10 @@ class Simulator:
         tokens = mbs * s
         act_bytes = ACTIVATION_BYTES * tokens * h
         tp_ar = allreduce_over_link_s(act_bytes, tp, link)  # one all-reduce of the b s h activations
-        mm = sum(rates.matmul_s(m) for m in layer_matmuls(model, mbs, tp))
+        if model.is_moe:
+            mm = moe.layer_matmul_s(rates.matmul_s, model, mbs, tp, ep)
+        else:
+            mm = sum(rates.matmul_s(m) for m in layer_matmuls(model, mbs, tp))
         # memory-bound kernels: every stored activation byte is written and read once forward (2x) ...
         elementwise = 2.0 * rates.memory_s(layer_activation_bytes(model, mbs, tp, self.flash_attention))
         layer_f = mm + elementwise + 2 * tp_ar
@@ -223,11 +229,12 @@ class Simulator:
         prof = rates.profile
         if prof is not None:  # measured times replace the model where the profile has them
             sd = rates.slowdown  # measured on the real device; an emulated slow node stretches them
-            measured = prof.layer_timing(model, mbs, tp)
+            # a profile measures dense blocks: an MoE model's blocks keep the model's times
+            measured = prof.layer_timing(model, mbs, tp) if not model.is_moe else None
             if measured is not None:
                 layer_f, layer_b = measured.forward_s * sd, measured.backward_s * sd
                 layer_br = layer_f + layer_b
-            measured = prof.layer_timing(model, mbs, tp, recompute=True)
+            measured = prof.layer_timing(model, mbs, tp, recompute=True) if not model.is_moe else None
             if measured is not None:
                 layer_br = measured.backward_s * sd
             edge = prof.edge_timing(model, mbs, tp)
@@ -241,9 +248,9 @@ class Simulator:
         return out
 
     def _stage_costs(self, devices: tuple[str, ...], layers: int, recompute: bool, first: bool, last: bool,
-                     mbs: int, v: int) -> tuple:
+                     mbs: int, v: int, ep: int = 1) -> tuple:
         """(durations [F, B per chunk], parameters per device, optimizer seconds) of one stage."""
-        key = (devices, layers, recompute, first, last, mbs, v)
+        key = (devices, layers, recompute, first, last, mbs, v, ep)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
@@ -254,7 +261,7 @@ class Simulator:
         durs = [0.0] * (2 * v)
         opt_s = 0.0
         for rk in sorted({self._rate_key[d] for d in devices}):  # mixed types: the slowest sets the pace
-            lf, lb, lbr, ef, eb, hf, hb, opt = self._layer_costs(rk, tp, mbs, link)
+            lf, lb, lbr, ef, eb, hf, hb, opt = self._layer_costs(rk, tp, mbs, link, ep)
             # a profile's measured pipeline-runtime cost per micro-batch and stage chunk (calibration)
             prof = self._rates[rk].profile
             ovh = (prof.microbatch_overhead_s or 0.0) * self._rates[rk].slowdown / 2 if prof is not None else 0.0
@@ -288,9 +295,10 @@ class Simulator:
             full = kept = per_param = None
             baseline, act_factor = 0.0, 1.0
             if prof is not None:  # calibration: measured activation bytes and per-process baseline
-                measured = prof.layer_timing(self.model, mbs, len(devices))
+                dense = not self.model.is_moe  # a profile measures dense blocks only
+                measured = prof.layer_timing(self.model, mbs, len(devices)) if dense else None
                 full = measured.activation_bytes if measured is not None else None
-                measured = prof.layer_timing(self.model, mbs, len(devices), recompute=True)
+                measured = prof.layer_timing(self.model, mbs, len(devices), recompute=True) if dense else None
                 kept = measured.activation_bytes if measured is not None else None
                 baseline = prof.memory_baseline_GiB or 0.0
                 per_param = prof.state_bytes_per_param
@@ -402,17 +410,23 @@ class Simulator:
         oom_devices = []
         stage_costs = []
         compiled = []
+        ep = config.expert_parallel
         for r, pipe in enumerate(config.pipelines):
             p = len(pipe.stages)
             comp = compile_schedule(schedule, p, pipe.num_microbatches, v)
             compiled.append(comp)
             costs = []
+            # MoE: the experts this replica's devices hold (its position in its expert-parallel group) and train
+            trained = moe.trained_in(model, pipe.trains_experts, moe.shard(model, ep, r % ep)) if model.is_moe else 0
             for s, st in enumerate(pipe.stages):
                 first, last = s == 0, s == p - 1
-                costs.append(self._stage_costs(st.devices, st.layers, st.recompute, first, last, mbs, v))
+                c = self._stage_costs(st.devices, st.layers, st.recompute, first, last, mbs, v, ep)
+                dp = data_parallel_degree(config, r, s)
                 gib, host_gib = self._stage_memory_GiB(st.devices, st.layers, st.recompute, first, last, mbs,
-                                                       comp.in_flight[s], v, data_parallel_degree(config, r, s),
-                                                       config.zero, st.offload)
+                                                       comp.in_flight[s], v, dp, config.zero, st.offload)
+                if model.is_moe:
+                    c, gib, host_gib = self._moe_stage(c, gib, host_gib, st, trained, ep, dp, config.zero)
+                costs.append(c)
                 for d in st.devices:
                     peak[d] = gib
                     if gib > usable[d]:
@@ -421,6 +435,8 @@ class Simulator:
                         node = self._node[d].name
                         host[node] = host.get(node, 0.0) + host_gib
             stage_costs.append(costs)
+        if model.is_moe and ep > 1:
+            stage_costs = self._expert_parallel_costs(config, stage_costs)
         if oom_devices:
             d = oom_devices[0]
             cap = self._node[d].device.memory_GiB
@@ -479,8 +495,13 @@ class Simulator:
 
         # -- data-parallel gradient all-reduce, then the optimizer ---------------------------------
         cursor = [list(f) for f in finish]
-        if len(config.pipelines) > 1:
+        sync_s = 0.0
+        moe_exchange = len(config.pipelines) > 1 and (ep > 1 or config.spes)
+        if moe_exchange:  # MoE / SPES plans (autotune.simulator.moe); ZeRO's RS + AG counted as the all-reduce
+            sync_s = self._moe_exchange(config, cursor, events if timeline else None)
+        elif len(config.pipelines) > 1:
             self._data_parallel(config, cursor, events if timeline else None, config.zero)
+        if len(config.pipelines) > 1 and config.sync_every_steps == 1:
             # measured runtime cost of a data-parallel step (calibration): the all-reduce call and the
             # wait for the slowest replica; every rank leaves the step's synchronisation together
             dp = self._rank_overheads(config, "data_parallel_overhead_s")
@@ -497,7 +518,8 @@ class Simulator:
                 if t > iteration:
                     iteration = t
                 cursor[r][s] = t - self._step_overhead_s
-        if sharded and config.zero in (1, 2) and len(config.pipelines) > 1:  # all-gather the updated weights
+        if sharded and config.zero in (1, 2) and len(config.pipelines) > 1 and not moe_exchange:
+            # all-gather the updated weights
             self._data_parallel(config, cursor, events if timeline else None, config.zero, phase="allgather")
             iteration = max(iteration, max(max(row) for row in cursor) + self._step_overhead_s)
 
@@ -505,6 +527,8 @@ class Simulator:
         shared = self._shared_host_bound(config, stage_costs, iteration)
         stretch = shared / iteration if shared > iteration > 0 else 1.0
         iteration *= stretch
+        # -- SPES: one synchronisation every sync_every_steps steps, amortised ------------------------
+        iteration += sync_s / config.sync_every_steps
 
         # -- measurement ---------------------------------------------------------------------------
         makespan, r = slowest
@@ -521,7 +545,69 @@ class Simulator:
         return Measurement(tokens_per_s=tokens / iteration, iteration_time_s=iteration, oom=False,
                            peak_memory_GiB=peak, host_memory_GiB=host, mfu=mfu, bubble_fraction=max(0.0, bubble),
                            stage_busy_s=busy,
-                           timeline=tuple(sorted(events, key=lambda e: (e.start_s, e.device))) if timeline else ())
+                           timeline=tuple(sorted(events, key=lambda e: (e.start_s, e.device))) if timeline else (),
+                           sync_time_s=sync_s)
+
+    # ---------------------------------------------------------------------------------------------
+    # Mixture of experts and SPES (the cost terms live in autotune.simulator.moe)
+
+    def _moe_stage(self, costs: tuple, gib: float, host_gib: float, stage, trained: int, ep: int, dp: int,
+                   zero: int) -> tuple[tuple, float, float]:
+        """A stage's (durations, parameters, optimizer seconds), device and host memory with its experts as
+        held: ``E / ep`` of them, ``trained`` of those with gradients and optimizer state, ZeRO-sharded over
+        the expert's own data-parallel peers (``moe.expert_state_delta_bytes``)."""
+        durs, params, opt_s = costs
+        prof = self.profile.device(self._node[stage.devices[0]].device.name) if self.profile is not None else None
+        split = state_bytes_for(self.model)
+        if prof is not None and prof.state_bytes_per_param:
+            split = split.scaled_to(prof.state_bytes_per_param)
+        dev, host = moe.expert_state_delta_bytes(self.model, stage.layers, stage.tp, ep, trained, dp, zero,
+                                                 stage.offload, split)
+        stepped = params + moe.optimizer_param_delta(self.model, stage.layers, stage.tp, trained)
+        return (durs, stepped, opt_s * stepped / params if params > 0 else opt_s), gib + dev / GiB, host_gib + host / GiB
+
+    def _expert_parallel_costs(self, config: ParallelConfig, stage_costs: list) -> list:
+        """Replicas of an expert-parallel group run in lockstep (every all-to-all needs all of them): each stage
+        takes the slowest corresponding stage's durations, plus its MoE blocks' all-to-alls."""
+        model, mbs, v, ep = self.model, config.micro_batch_size, config.virtual_stages, config.expert_parallel
+        out = [list(c) for c in stage_costs]
+        nbytes = moe.alltoall_bytes(model, mbs, ep)
+        for group in config.expert_groups():
+            for s, st in enumerate(config.pipelines[group[0]].stages):
+                durs = [max(stage_costs[r][s][0][i] for r in group) for i in range(2 * v)]
+                bw, lat = self._dp_bandwidth(tuple(config.pipelines[r].stages[s].devices for r in group))
+                a2a = moe.alltoall_s(nbytes, ep, st.tp, bw, lat)
+                fwd, bwd = moe.alltoalls_per_layer(st.recompute)
+                blocks = st.layers / v * model.moe_layer_fraction  # MoE blocks per chunk
+                for c in range(v):
+                    durs[2 * c] += blocks * fwd * a2a
+                    durs[2 * c + 1] += blocks * bwd * a2a
+                for r in group:
+                    out[r][s] = (durs, stage_costs[r][s][1], stage_costs[r][s][2])
+        return out
+
+    def _moe_exchange(self, config: ParallelConfig, cursor: list[list[float]],
+                      events: list[TimelineEvent] | None) -> float:
+        """The per-step data-parallel exchange of an MoE / SPES plan (in place in ``cursor``); returns one SPES
+        synchronisation's own seconds (0 unless ``sync_every_steps > 1``)."""
+        model = self.model
+
+        def bandwidth(parts):
+            return self._dp_bandwidth(tuple(config.pipelines[p].stages[s].devices for p, s in parts))
+
+        scope = "local" if config.sync_every_steps > 1 else "step"
+        clock = {(r, s): cursor[r][s] for r, pipe in enumerate(config.pipelines) for s in range(len(pipe.stages))}
+        spans = moe.run_collectives(moe.exchange(model, config, scope, GRAD_BYTES), clock, bandwidth)
+        for (r, s), t in clock.items():
+            cursor[r][s] = t
+        if events is not None:
+            for parts, t0, t1 in spans:
+                events.extend(TimelineEvent(d, "allreduce", t0, t1) for p, s in parts
+                              for d in config.pipelines[p].stages[s].devices)
+        if config.sync_every_steps == 1:
+            return 0.0
+        spans = moe.run_collectives(moe.exchange(model, config, "sync", moe.SYNC_BYTES_PER_PARAM), {}, bandwidth)
+        return max((t1 for _, _, t1 in spans), default=0.0)
 
     def _segments(self, config: ParallelConfig) -> list[tuple[tuple[int, ...], float]]:
         """Runs of layers held by the same stage in every replica, first layers first: (the stage index
@@ -635,7 +721,7 @@ class Simulator:
                 node = self._node[st.devices[0]].name
                 host = hosts[node]
                 key = (st.devices, st.layers, s == 0, s == p - 1, v, config.zero, st.offload, dp, ring, host,
-                       tuple(durs))
+                       tuple(durs), params)  # params: an MoE stage steps only the experts it trains
                 hit = self._zero_cache.get(key)
                 if hit is None:
                     tp = len(st.devices)
