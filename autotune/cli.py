@@ -2,7 +2,11 @@
 
 Each command's work lives in ``autotune.commands.<name>`` and is imported only when that command
 runs, so ``autotune --help`` stays instant (no torch, sb3 or MLflow at import). Bad input raises
-``SpecError``; ``main`` prints it as one line on stderr and exits 2, never a traceback.
+``SpecError``; ``main`` prints it as one line on stderr and exits 2, never a traceback. Usage errors
+(missing or unknown option, unknown command, a value of the wrong type) are one line too, exit 2:
+typer 0.29 raises the exceptions of the click it bundles (``typer._click``), older typer those of
+``click`` itself, so ``main`` catches both. Anything else that escapes a command is one line, exit 1
+(``AUTOTUNE_DEBUG=1`` shows the traceback).
 """
 
 from __future__ import annotations
@@ -20,6 +24,23 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 ClusterOpt = typer.Option(..., "--cluster", help="Cluster YAML path or preset name.")
 ModelOpt = typer.Option(..., "--model", help="Model YAML path or preset name.")
 GbsOpt = typer.Option(None, "--global-batch-size", help="Override the model's global batch size (sequences).")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"autotune {version('autotune')}")
+        except PackageNotFoundError:  # running from a source tree that was never installed
+            typer.echo("autotune (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Find and run the fastest training plan for an LLM on a mixed GPU cluster."""
 
 
 def _run(module: str, **kwargs) -> None:
@@ -134,7 +155,51 @@ def ui(
     _run("ui", tracking_uri=tracking_uri, port=port)
 
 
+MAX_ERROR_CHARS = 600  # one line, whatever a message echoes
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + f"... ({len(text)} characters)"
+
+
+def _click_modules() -> list:
+    """The exception modules of both click flavours: typer's bundled copy and click itself."""
+    mods = []
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mods.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    return mods
+
+
+def _usage_error(e: BaseException) -> int | None:
+    """Print a click usage error (either flavour) as one line; its exit code, or None if it is not one."""
+    for mod in _click_modules():
+        no_args = getattr(mod, "NoArgsIsHelpError", None)
+        if no_args is not None and isinstance(e, no_args):  # bare `autotune`: the help, as --help prints it
+            typer.echo(e.format_message())
+            return 0
+        if isinstance(e, mod.ClickException):
+            ctx = getattr(e, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            typer.echo(f"error: {_one_line(where + e.format_message())}{hint}", err=True)
+            return e.exit_code
+        exit_type = getattr(mod, "Exit", None)
+        if exit_type is not None and isinstance(e, exit_type):
+            return e.exit_code
+        abort_type = getattr(mod, "Abort", None)
+        if abort_type is not None and isinstance(e, abort_type):
+            typer.echo("aborted", err=True)
+            return 130
+    return None
+
+
 def main() -> None:
+    import os
+
     from autotune.errors import SpecError
 
     try:
@@ -142,7 +207,7 @@ def main() -> None:
         if isinstance(code, int) and code:  # click returns typer.Exit's code instead of raising here
             sys.exit(code)
     except SpecError as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"error: {_one_line(e)}", err=True)
         sys.exit(2)
     except typer.Exit as e:
         sys.exit(e.exit_code)
@@ -152,13 +217,15 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
-    except Exception as e:  # click usage errors etc.
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
+    except Exception as e:
+        code = _usage_error(e)
+        if code is not None:
+            sys.exit(code)
+        if os.environ.get("AUTOTUNE_DEBUG"):
+            raise
+        typer.echo(f"error: {_one_line(f'{type(e).__name__}: {e}')} (AUTOTUNE_DEBUG=1 shows the traceback)",
+                   err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
