@@ -2,17 +2,40 @@
 
 Every message names where the bad value came from (a file or a preset), the field, and the rule
 it broke, so the CLI can print it as one line: ``cluster.yaml: nodes[1].count: must be >= 1, got 0``.
+A value echoed in a message goes through ``shown`` (a short prefix of its repr), and the parts of a
+message are cut to a bounded length, so no input makes a long error line.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+MAX_SHOWN_CHARS = 60
+MAX_PART_CHARS = 500
+
+
+def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a long list is described, not printed)."""
+    if isinstance(value, (list, tuple, dict, set)) and len(value) > 16:
+        return f"a {type(value).__name__} of {len(value)} items"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # e.g. an integer with more digits than str() allows
+        return f"a {type(value).__name__} too long to show"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def _cut(text: str) -> str:
+    text = str(text)
+    return text if len(text) <= MAX_PART_CHARS else f"{text[:MAX_PART_CHARS]}... ({len(text):,} characters)"
 
 
 class SpecError(ValueError):
     """Bad user input: a malformed file, an unknown name, an invalid or impossible plan."""
 
     def __init__(self, source: str, field: str, rule: str) -> None:
-        self.source = source
-        self.field = field
-        self.rule = rule
-        where = ": ".join(part for part in (source, field) if part)
-        super().__init__(f"{where}: {rule}" if where else rule)
+        self.source = _cut(source)
+        self.field = _cut(field)
+        self.rule = _cut(rule)
+        where = ": ".join(part for part in (self.source, self.field) if part)
+        super().__init__(f"{where}: {self.rule}" if where else self.rule)

@@ -2,37 +2,35 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from autotune.catalog import CLUSTER_PRESETS, GPU_CATALOG, MODEL_PRESETS
-from autotune.errors import SpecError
-from autotune.specs import (ClusterSpec, DeviceSpec, HostSpec, LinkSpec, ModelSpec, NodeSpec, ParallelConfig,
-                            default_host)
+from autotune.documents import read_document
+from autotune.errors import SpecError, shown
+from autotune.specs import (MAX_DEVICES, ClusterSpec, DeviceSpec, HostSpec, LinkSpec, ModelSpec, NodeSpec,
+                            ParallelConfig, _positive, default_host, limit_of)
 
 PathLike = str | Path
+MAX_NAME_CHARS = 128
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
+    """A file's top-level mapping, read with the bounds of ``autotune.documents``."""
     source = str(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise SpecError(source, "", f"cannot read file: {e.strerror}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise SpecError(source, "", f"invalid YAML: {getattr(e, 'problem', None) or e}{at}") from None
-    except json.JSONDecodeError as e:
-        raise SpecError(source, "", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    data = read_document(path)
     if not isinstance(data, dict):
         raise SpecError(source, "", f"must be a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+def _name(source: str, field: str, raw: Any, limit: int = MAX_NAME_CHARS) -> str:
+    """A name field: a non-empty string of at most ``limit`` characters (``name: null`` is not one)."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise SpecError(source, field, f"must be a non-empty string, got {shown(raw)}")
+    if len(raw) > limit:
+        raise SpecError(source, field, f"must be at most {limit} characters, got {len(raw):,}")
+    return raw
 
 
 def _is_path(ref: PathLike) -> bool:
@@ -40,10 +38,10 @@ def _is_path(ref: PathLike) -> bool:
 
 
 def _only(source: str, field: str, data: Mapping[str, Any], allowed: set[str]) -> None:
-    extra = sorted(set(data) - allowed)
+    extra = sorted(set(data) - allowed, key=str)
     if extra:
         prefix = f"{field}." if field else ""
-        raise SpecError(source, prefix + extra[0], f"unknown field (expected one of {', '.join(sorted(allowed))})")
+        raise SpecError(source, prefix + str(extra[0]), f"unknown field (expected one of {', '.join(sorted(allowed))})")
 
 
 def _rebase(source: str, field: str, err: SpecError) -> SpecError:
@@ -67,7 +65,7 @@ def _link(source: str, field: str, raw: Any) -> LinkSpec:
 def _device(source: str, field: str, raw: Any) -> DeviceSpec:
     if isinstance(raw, str):
         if raw not in GPU_CATALOG:
-            raise SpecError(source, field, f"unknown GPU {raw!r}; the catalog has {', '.join(GPU_CATALOG)} "
+            raise SpecError(source, field, f"unknown GPU {shown(raw)}; the catalog has {', '.join(GPU_CATALOG)} "
                                            "(or give {name, peak_tflops, memory_GiB, memory_bandwidth_GBps})")
         return GPU_CATALOG[raw]
     if not isinstance(raw, Mapping):
@@ -91,7 +89,9 @@ def _device(source: str, field: str, raw: Any) -> DeviceSpec:
     if "name" not in raw:
         raise SpecError(source, f"{field}.name", "is required")
     try:
-        return DeviceSpec(str(raw["name"]), source=str(raw.get("source", "cluster file")), **values)
+        return DeviceSpec(_name(source, f"{field}.name", raw["name"]),
+                          source=_name(source, f"{field}.source", raw.get("source", "cluster file"), limit=500),
+                          **values)
     except SpecError as e:
         raise SpecError(source, f"{field}.{e.field}", e.rule) from None
 
@@ -117,6 +117,7 @@ def cluster_from_dict(data: Mapping[str, Any], source: str, default_name: str = 
     if not isinstance(nodes_raw, list) or not nodes_raw:
         raise SpecError(source, "nodes", "is required and must be a non-empty list")
     nodes: list[NodeSpec] = []
+    devices = 0
     for i, raw in enumerate(nodes_raw):
         f = f"nodes[{i}]"
         if not isinstance(raw, Mapping):
@@ -134,14 +135,17 @@ def cluster_from_dict(data: Mapping[str, Any], source: str, default_name: str = 
         if slowdown != 1.0 and device.name != "cpu":
             raise SpecError(source, f"{f}.slowdown", "is CPU emulation only: allowed on gpu 'cpu' nodes")
         repeat = raw.get("repeat", 1)
-        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-            raise SpecError(source, f"{f}.repeat", f"must be an integer >= 1, got {repeat!r}")
-        names = [str(raw["name"])] if repeat == 1 else [f"{raw['name']}-{k}" for k in range(repeat)]
+        _positive(source, f"{f}.repeat", repeat, integer=True)
+        node_name = _name(source, f"{f}.name", raw["name"])
+        names = [node_name] if repeat == 1 else [f"{node_name}-{k}" for k in range(repeat)]
         count = raw["count"]
+        _positive(source, f"{f}.count", count, integer=True)
+        devices += count * repeat
+        if devices > MAX_DEVICES:
+            raise SpecError(source, f, f"the cluster has more than {MAX_DEVICES:,} devices (the documented limit) "
+                                       f"with this node's {count} x {repeat}")
         host = None
         if "host" in raw:
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise SpecError(source, f"{f}.count", f"must be an integer > 0, got {count!r}")
             host = _host(source, f"{f}.host", raw["host"], device, count)
         for name in names:
             try:
@@ -149,7 +153,7 @@ def cluster_from_dict(data: Mapping[str, Any], source: str, default_name: str = 
             except SpecError as e:
                 raise SpecError(source, f"{f}.{e.field}", e.rule) from None
     try:
-        return ClusterSpec(str(data.get("name", default_name)), tuple(nodes))
+        return ClusterSpec(_name(source, "name", data.get("name", default_name)), tuple(nodes))
     except SpecError as e:
         raise SpecError(source, e.field, e.rule) from None
 
@@ -160,9 +164,9 @@ def load_cluster(ref: PathLike | ClusterSpec) -> ClusterSpec:
         return ref
     if not _is_path(ref):
         if str(ref) not in CLUSTER_PRESETS:
-            raise SpecError("--cluster", "", f"no file or preset named {str(ref)!r}; presets: "
+            raise SpecError("--cluster", "", f"no file or preset named {shown(str(ref))}; presets: "
                                              f"{', '.join(CLUSTER_PRESETS)}")
-        return cluster_from_dict({"name": str(ref), **CLUSTER_PRESETS[str(ref)]}, f"preset {ref!r}")
+        return cluster_from_dict({"name": str(ref), **CLUSTER_PRESETS[str(ref)]}, f"preset {shown(ref)}")
     path = Path(ref)
     return cluster_from_dict(_read_mapping(path), str(path), default_name=path.stem)
 
@@ -181,7 +185,7 @@ def model_from_dict(data: Mapping[str, Any], source: str, default_name: str = "m
             raise SpecError(source, key, "is required")
     values = {k: data[k] for k in _MODEL_FIELDS - {"name"} if k in data}
     try:
-        return ModelSpec(name=str(data.get("name", default_name)), **values)
+        return ModelSpec(name=_name(source, "name", data.get("name", default_name)), **values)
     except SpecError as e:
         raise SpecError(source, e.field, e.rule) from None
 
@@ -192,14 +196,15 @@ def load_model(ref: PathLike | ModelSpec, global_batch_size: int | None = None) 
         model = ref
     elif not _is_path(ref):
         if str(ref) not in MODEL_PRESETS:
-            raise SpecError("--model", "", f"no file or preset named {str(ref)!r}; presets: {', '.join(MODEL_PRESETS)}")
-        model = model_from_dict({"name": str(ref), **MODEL_PRESETS[str(ref)]}, f"preset {ref!r}")
+            raise SpecError("--model", "", f"no file or preset named {shown(str(ref))}; presets: {', '.join(MODEL_PRESETS)}")
+        model = model_from_dict({"name": str(ref), **MODEL_PRESETS[str(ref)]}, f"preset {shown(ref)}")
     else:
         path = Path(ref)
         model = model_from_dict(_read_mapping(path), str(path), default_name=path.stem)
     if global_batch_size is not None:
         if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-            raise SpecError("--global-batch-size", "", f"must be a positive integer, got {global_batch_size!r}")
+            raise SpecError("--global-batch-size", "", f"must be a positive integer, got {shown(global_batch_size)}")
+        _positive("--global-batch-size", "", global_batch_size, integer=True, maximum=limit_of("global_batch_size"))
         model = model.with_global_batch_size(global_batch_size)
     return model
 

@@ -96,7 +96,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from autotune.errors import SpecError
+from autotune.errors import SpecError, shown
 from autotune.specs import MLP_KINDS, LinkSpec, ModelSpec
 
 FORMAT_VERSION = 1
@@ -104,7 +104,7 @@ FORMAT_VERSION = 1
 
 def _number(source: str, field: str, value: Any, *, positive: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise SpecError(source, field, f"must be a number, got {value!r}")
+        raise SpecError(source, field, f"must be a number, got {shown(value)}")
     if positive and value <= 0:
         raise SpecError(source, field, f"must be > 0, got {value}")
     if not positive and value < 0:
@@ -114,7 +114,7 @@ def _number(source: str, field: str, value: Any, *, positive: bool = True) -> fl
 
 def _integer(source: str, field: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(source, field, f"must be an integer >= 1, got {value!r}")
+        raise SpecError(source, field, f"must be an integer >= 1, got {shown(value)}")
     return value
 
 
@@ -202,7 +202,7 @@ class DeviceProfile:
 
     def __post_init__(self) -> None:
         if not self.matmul:
-            raise SpecError(f"profile device {self.name!r}", "matmul_tflops", "must list at least one [n, tflops]")
+            raise SpecError(f"profile device {shown(self.name)}", "matmul_tflops", "must list at least one [n, tflops]")
         object.__setattr__(self, "matmul", tuple(sorted((float(n), float(t)) for n, t in self.matmul)))
 
     def matmul_tflops(self, n: float) -> float:
@@ -335,7 +335,7 @@ class CalibrationProfile:
             raise SpecError(source, extra[0], "unknown field")
         version = data.get("format_version", FORMAT_VERSION)
         if version != FORMAT_VERSION:
-            raise SpecError(source, "format_version", f"must be {FORMAT_VERSION}, got {version!r}")
+            raise SpecError(source, "format_version", f"must be {FORMAT_VERSION}, got {shown(version)}")
         devices_raw = data.get("devices")
         if not isinstance(devices_raw, Mapping) or not devices_raw:
             raise SpecError(source, "devices", "is required and must map device names to measurements")
@@ -367,16 +367,9 @@ class CalibrationProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> "CalibrationProfile":
-        source = str(path)
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise SpecError(source, "", f"cannot read file: {e.strerror}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise SpecError(source, "", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-        return cls.from_dict(data, source)
+        from autotune.documents import read_document
+
+        return cls.from_dict(read_document(path, fmt="json"), str(path))
 
 
 def _link_from_dict(source: str, field: str, raw: Any) -> LinkSpec:
@@ -411,13 +404,13 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
                            required=[k for k in _LAYER_FIELDS if k not in ("num_kv_heads", "recompute")],
                            allowed={*_LAYER_FIELDS, "activation_bytes"}):
         if lr["mlp"] not in MLP_KINDS:
-            raise SpecError(source, f"{lf}.mlp", f"must be one of {', '.join(MLP_KINDS)}, got {lr['mlp']!r}")
+            raise SpecError(source, f"{lf}.mlp", f"must be one of {', '.join(MLP_KINDS)}, got {shown(lr['mlp'])}")
         ints = {k: _integer(source, f"{lf}.{k}", lr[k]) for k in
                 ("hidden_size", "num_heads", "ffn_hidden_size", "seq_len", "micro_batch_size", "tp")}
         kv = _integer(source, f"{lf}.num_kv_heads", lr.get("num_kv_heads", lr["num_heads"]))
         recompute = lr.get("recompute", False)
         if not isinstance(recompute, bool):
-            raise SpecError(source, f"{lf}.recompute", f"must be true or false, got {recompute!r}")
+            raise SpecError(source, f"{lf}.recompute", f"must be true or false, got {shown(recompute)}")
         act = lr.get("activation_bytes")
         if act is not None:
             act = _number(source, f"{lf}.activation_bytes", act, positive=False)
@@ -489,7 +482,7 @@ def _pairs(source: str, field: str, raw: Any, what: str, positive: bool = True) 
     out = []
     for i, pt in enumerate(raw):
         if not isinstance(pt, list) or len(pt) != 2:
-            raise SpecError(source, f"{field}[{i}]", f"must be a pair {what}, got {pt!r}")
+            raise SpecError(source, f"{field}[{i}]", f"must be a pair {what}, got {shown(pt)}")
         out.append((_number(source, f"{field}[{i}][0]", pt[0]),
                     _number(source, f"{field}[{i}][1]", pt[1], positive=positive)))
     return tuple(out)

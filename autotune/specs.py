@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from autotune.errors import SpecError
+from autotune.errors import SpecError, shown
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
 MLP_KINDS = ("gelu", "swiglu")
@@ -23,16 +23,44 @@ ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_MODES = ("none", "optimizer", "all")
 
 
+#: Upper bounds per field (docs/formats.md, "Limits"): a value above one is refused with the number in
+#: the message, before anything is simulated, searched or launched. A field not listed here gets
+#: ``DEFAULT_LIMIT``; a new field with a sharper natural bound adds it here.
+LIMITS: dict[str, float] = {
+    # cluster (rates such as peak_tflops or bandwidth_GBps cost nothing to compute with: DEFAULT_LIMIT)
+    "count": 1024, "repeat": 4096, "latency_us": 100_000_000, "slowdown": 1000,
+    # model
+    "num_layers": 2048, "hidden_size": 131_072, "num_heads": 4096, "num_kv_heads": 4096,
+    "ffn_hidden_size": 1_048_576, "vocab_size": 16_777_216, "seq_len": 4_194_304, "global_batch_size": 1_048_576,
+    # plan
+    "micro_batch_size": 65_536, "num_microbatches": 65_536, "virtual_stages": 128, "layers": 2048,
+}
+DEFAULT_LIMIT = 1e18
+#: devices in one cluster, over all nodes (after ``repeat``)
+MAX_DEVICES = 16_384
+
+
+def limit_of(name: str) -> float:
+    """The upper bound of field ``name`` (``pipelines[0].num_microbatches`` -> that of ``num_microbatches``)."""
+    return LIMITS.get(name.rsplit(".", 1)[-1].split("[", 1)[0], DEFAULT_LIMIT)
+
+
 def _positive(source: str, name: str, value: float, *, integer: bool = False, minimum: float = 0.0,
-              strict: bool = True) -> None:
+              strict: bool = True, maximum: float | None = None) -> None:
+    """A number (an integer with ``integer``) above ``minimum`` (or equal, without ``strict``) and at
+    most ``maximum`` (default: the field's entry in ``LIMITS``)."""
     if integer and (isinstance(value, bool) or not isinstance(value, int)):
-        raise SpecError(source, name, f"must be an integer, got {value!r}")
+        raise SpecError(source, name, f"must be an integer, got {shown(value)}")
     if not integer and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-        raise SpecError(source, name, f"must be a number, got {value!r}")
+        raise SpecError(source, name, f"must be a number, got {shown(value)}")
     if strict and value <= minimum:
-        raise SpecError(source, name, f"must be > {minimum:g}, got {value}")
+        raise SpecError(source, name, f"must be > {minimum:g}, got {shown(value)}")
     if not strict and value < minimum:
-        raise SpecError(source, name, f"must be >= {minimum:g}, got {value}")
+        raise SpecError(source, name, f"must be >= {minimum:g}, got {shown(value)}")
+    top = limit_of(name) if maximum is None else maximum
+    if value > top:
+        shown_top = f"{int(top):,}" if float(top).is_integer() else f"{top:g}"
+        raise SpecError(source, name, f"must be <= {shown_top} (the documented limit), got {shown(value)}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -54,15 +82,15 @@ class DeviceSpec:
     pcie_lanes: int = 16
 
     def __post_init__(self) -> None:
-        where = f"gpu {self.name!r}"
+        where = f"gpu {shown(self.name)}"
         _positive(where, "peak_tflops", self.peak_tflops)
         _positive(where, "memory_GiB", self.memory_GiB)
         _positive(where, "memory_bandwidth_GBps", self.memory_bandwidth_GBps)
         if isinstance(self.pcie_gen, bool) or self.pcie_gen not in PCIE_GB_PER_LANE:
             raise SpecError(where, "pcie_gen", f"must be one of {', '.join(map(str, PCIE_GB_PER_LANE))} "
-                                               f"(0 = no PCIe), got {self.pcie_gen!r}")
+                                               f"(0 = no PCIe), got {shown(self.pcie_gen)}")
         if isinstance(self.pcie_lanes, bool) or self.pcie_lanes not in (1, 2, 4, 8, 16):
-            raise SpecError(where, "pcie_lanes", f"must be 1, 2, 4, 8 or 16, got {self.pcie_lanes!r}")
+            raise SpecError(where, "pcie_lanes", f"must be 1, 2, 4, 8 or 16, got {shown(self.pcie_lanes)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +179,7 @@ class NodeSpec:
     host: HostSpec | None = None  # None: ``default_host(device, count)``
 
     def __post_init__(self) -> None:
-        where = f"node {self.name!r}"
+        where = f"node {shown(self.name)}"
         if not self.name or ":" in self.name:
             raise SpecError(where, "name", "must be non-empty and contain no ':'")
         _positive(where, "count", self.count, integer=True)
@@ -170,11 +198,14 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         if not self.nodes:
-            raise SpecError(f"cluster {self.name!r}", "nodes", "must list at least one node")
+            raise SpecError(f"cluster {shown(self.name)}", "nodes", "must list at least one node")
+        if sum(n.count for n in self.nodes) > MAX_DEVICES:
+            raise SpecError(f"cluster {shown(self.name)}", "nodes", f"more than {MAX_DEVICES:,} devices in all "
+                                                               "(the documented limit)")
         seen: set[str] = set()
         for node in self.nodes:
             if node.name in seen:
-                raise SpecError(f"cluster {self.name!r}", "nodes", f"node name {node.name!r} is used twice")
+                raise SpecError(f"cluster {shown(self.name)}", "nodes", f"node name {shown(node.name)} is used twice")
             seen.add(node.name)
 
     @property
@@ -189,7 +220,7 @@ class ClusterSpec:
         for node in self.nodes:
             if node.name == node_name and index.isdigit() and int(index) < node.count:
                 return node
-        raise SpecError(f"cluster {self.name!r}", "devices", f"unknown device id {device_id!r}")
+        raise SpecError(f"cluster {shown(self.name)}", "devices", f"unknown device id {shown(device_id)}")
 
     def device(self, device_id: str) -> DeviceSpec:
         return self.node_of(device_id).device
@@ -237,7 +268,7 @@ class ModelSpec:
     moe_layer_every: int = 1        # blocks i with (i + 1) % moe_layer_every == 0 are MoE blocks
 
     def __post_init__(self) -> None:
-        where = f"model {self.name!r}"
+        where = f"model {shown(self.name)}"
         for name in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len",
                      "global_batch_size"):
             _positive(where, name, getattr(self, name), integer=True)
@@ -252,7 +283,7 @@ class ModelSpec:
             raise SpecError(where, "num_kv_heads",
                             f"must divide num_heads ({self.num_heads} % {self.num_kv_heads} != 0)")
         if self.mlp not in MLP_KINDS:
-            raise SpecError(where, "mlp", f"must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
+            raise SpecError(where, "mlp", f"must be one of {', '.join(MLP_KINDS)}, got {shown(self.mlp)}")
 
     @property
     def head_dim(self) -> int:
@@ -438,14 +469,17 @@ class ParallelConfig:
         _positive(where, "micro_batch_size", self.micro_batch_size, integer=True)
         _positive(where, "virtual_stages", self.virtual_stages, integer=True)
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
-            raise SpecError(where, "zero", f"must be 0, 1, 2 or 3 (ZeRO stage), got {self.zero!r}")
+            raise SpecError(where, "zero", f"must be 0, 1, 2 or 3 (ZeRO stage), got {shown(self.zero)}")
         _positive(where, "expert_parallel", self.expert_parallel, integer=True)
         _positive(where, "sync_every_steps", self.sync_every_steps, integer=True)
         if self.schedule not in SCHEDULES:
-            raise SpecError(where, "schedule", f"must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+            raise SpecError(where, "schedule", f"must be one of {', '.join(SCHEDULES)}, got {shown(self.schedule)}")
+        if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
+            raise SpecError(where, "virtual_stages", "interleaved-1f1b needs virtual_stages >= 2 (model chunks per "
+                                                     f"stage's devices), got {shown(self.virtual_stages)}")
         if self.schedule != "interleaved-1f1b" and self.virtual_stages != 1:
             raise SpecError(where, "virtual_stages", f"only applies to interleaved-1f1b, got {self.virtual_stages} "
-                                                     f"with schedule {self.schedule!r}")
+                                                     f"with schedule {shown(self.schedule)}")
         if not self.pipelines:
             raise SpecError(where, "pipelines", "must list at least one pipeline")
         for p, pipe in enumerate(self.pipelines):
@@ -455,7 +489,7 @@ class ParallelConfig:
                 if not isinstance(te, tuple) or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0
                                                         for e in te):
                     raise SpecError(where, f"pipelines[{p}].trains_experts",
-                                    f'must be "all" or a list of expert indices (integers >= 0), got {te!r}')
+                                    f'must be "all" or a list of expert indices (integers >= 0), got {shown(te)}')
                 if len(set(te)) != len(te):
                     raise SpecError(where, f"pipelines[{p}].trains_experts", f"lists an expert twice: {list(te)}")
             if not pipe.stages:
@@ -466,10 +500,10 @@ class ParallelConfig:
                     raise SpecError(where, f"{f}.devices", "must list at least one device")
                 _positive(where, f"{f}.layers", stage.layers, integer=True, strict=False)
                 if not isinstance(stage.recompute, bool):
-                    raise SpecError(where, f"{f}.recompute", f"must be true or false, got {stage.recompute!r}")
+                    raise SpecError(where, f"{f}.recompute", f"must be true or false, got {shown(stage.recompute)}")
                 if stage.offload not in OFFLOAD_MODES:
                     raise SpecError(where, f"{f}.offload",
-                                    f"must be one of {', '.join(OFFLOAD_MODES)}, got {stage.offload!r}")
+                                    f"must be one of {', '.join(OFFLOAD_MODES)}, got {shown(stage.offload)}")
 
     # -- derived -----------------------------------------------------------------------------------
     @property
@@ -505,7 +539,7 @@ class ParallelConfig:
             total = sum(s.layers for s in pipe.stages)
             if total != model.num_layers:
                 raise SpecError(source, f"pipelines[{p}].stages",
-                                f"layers sum to {total}, model {model.name!r} has num_layers={model.num_layers}")
+                                f"layers sum to {total}, model {shown(model.name)} has num_layers={model.num_layers}")
             for s, stage in enumerate(pipe.stages):
                 if stage.layers < 1 and len(pipe.stages) > 1:
                     raise SpecError(source, f"pipelines[{p}].stages[{s}].layers",
@@ -516,11 +550,11 @@ class ParallelConfig:
                 for d in stage.devices:
                     if d not in known:
                         raise SpecError(source, f"pipelines[{p}].stages[{s}].devices",
-                                        f"unknown device id {d!r} (cluster {cluster.name!r} has "
+                                        f"unknown device id {shown(d)} (cluster {shown(cluster.name)} has "
                                         f"{', '.join(n.name + ':0..' + str(n.count - 1) for n in cluster.nodes)})")
                     if d in seen:
                         raise SpecError(source, f"pipelines[{p}].stages[{s}].devices",
-                                        f"device {d!r} is used more than once")
+                                        f"device {shown(d)} is used more than once")
                     seen.add(d)
                 tp = stage.tp
                 if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
@@ -573,7 +607,7 @@ class ParallelConfig:
         unknown = set(data) - {"micro_batch_size", "schedule", "virtual_stages", "zero", "pipelines", "measurement",
                                "expert_parallel", "sync_every_steps"}
         if unknown:
-            raise SpecError(source, sorted(unknown)[0], "unknown field")
+            raise SpecError(source, str(sorted(unknown, key=str)[0]), "unknown field")
         try:
             pipelines_raw = data["pipelines"]
             mbs = data["micro_batch_size"]
@@ -595,7 +629,7 @@ class ParallelConfig:
                     raise SpecError(source, f, "must be an object")
                 extra = set(st) - {"devices", "layers", "recompute", "offload"}
                 if extra:
-                    raise SpecError(source, f"{f}.{sorted(extra)[0]}", "unknown field")
+                    raise SpecError(source, f"{f}.{sorted(extra, key=str)[0]}", "unknown field")
                 devices = st.get("devices")
                 if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
                     raise SpecError(source, f"{f}.devices", "is required and must be a list of device ids")
@@ -607,7 +641,7 @@ class ParallelConfig:
                 raise SpecError(source, f"pipelines[{p}].num_microbatches", "is required")
             extra = set(raw) - {"num_microbatches", "stages", "trains_experts"}
             if extra:
-                raise SpecError(source, f"pipelines[{p}].{sorted(extra)[0]}", "unknown field")
+                raise SpecError(source, f"pipelines[{p}].{sorted(extra, key=str)[0]}", "unknown field")
             pipelines.append(PipelineConfig(raw["num_microbatches"], tuple(stages),
                                             _trains_experts_from(raw.get("trains_experts", "all"), source, p)))
         try:
@@ -677,7 +711,7 @@ def _trains_experts_from(raw: Any, source: str, p: int) -> tuple[int, ...] | Non
     if raw == "all":
         return None
     if not isinstance(raw, list):
-        raise SpecError(source, f"pipelines[{p}].trains_experts", f'must be "all" or a list of expert indices, got {raw!r}')
+        raise SpecError(source, f"pipelines[{p}].trains_experts", f'must be "all" or a list of expert indices, got {shown(raw)}')
     return tuple(raw)
 
 
