@@ -32,8 +32,9 @@ LIMITS: dict[str, float] = {
     # model
     "num_layers": 2048, "hidden_size": 131_072, "num_heads": 4096, "num_kv_heads": 4096,
     "ffn_hidden_size": 1_048_576, "vocab_size": 16_777_216, "seq_len": 4_194_304, "global_batch_size": 1_048_576,
+    "num_experts": 4096, "experts_per_token": 4096, "expert_ffn_hidden_size": 1_048_576, "moe_layer_every": 2048,
     # plan
-    "micro_batch_size": 65_536, "num_microbatches": 65_536, "virtual_stages": 128, "layers": 2048,
+    "expert_parallel": 16_384, "sync_every_steps": 1_000_000, "micro_batch_size": 65_536, "num_microbatches": 65_536, "virtual_stages": 128, "layers": 2048,
 }
 DEFAULT_LIMIT = 1e18
 #: devices in one cluster, over all nodes (after ``repeat``)

@@ -133,6 +133,9 @@ WHERE = {
     "num_heads": ("model", "num_heads"), "num_kv_heads": ("model", "num_kv_heads"),
     "ffn_hidden_size": ("model", "ffn_hidden_size"), "vocab_size": ("model", "vocab_size"),
     "seq_len": ("model", "seq_len"), "global_batch_size": ("model", "global_batch_size"),
+    "num_experts": ("model", "num_experts"), "experts_per_token": ("model", "experts_per_token"),
+    "expert_ffn_hidden_size": ("model", "expert_ffn_hidden_size"), "moe_layer_every": ("model", "moe_layer_every"),
+    "expert_parallel": ("config", "expert_parallel"), "sync_every_steps": ("config", "sync_every_steps"),
     "micro_batch_size": ("config", "micro_batch_size"), "num_microbatches": ("config", "pipelines.0.num_microbatches"),
     "virtual_stages": ("config", "virtual_stages"), "layers": ("config", "pipelines.0.stages.0.layers"),
 }
