@@ -108,11 +108,14 @@ def search(
     policy: Optional[Path] = typer.Option(None, "--policy", help="RL policy file (default: the shipped one)."),
     start: str = typer.Option("dp", "--start", help="Where optuna and rl start: dp (the planner's best plan, "
                                                     "one evaluation) or heuristic (their own start plans)."),
+    max_sync_every: int = typer.Option(1, "--max-sync-every", help="MoE models: the largest sync_every_steps "
+                                       "the search may choose (SPES; 1 = replicas synchronise every step)."),
 ) -> None:
     """Search for the fastest plan that fits; log every evaluation to MLflow."""
     _run("search", cluster=cluster, model=model, method=method, budget=budget, global_batch_size=global_batch_size,
          backend=backend, seed=seed, output=output, tracking_uri=tracking_uri, experiment=experiment,
-         storage=storage, profile=profile, workers=workers, policy=policy, start=start)
+         storage=storage, profile=profile, workers=workers, policy=policy, start=start,
+         max_sync_every=max_sync_every)
 
 
 @app.command()

@@ -26,6 +26,9 @@ Moves (a fixed list, the same on every cluster; see ``ACTIONS``):
     class c, assign, order, layer_split, batch_split, recompute): re-decode the plan with that
     choice moved one step (this resets the fine edits).
   - ``noop``: valid only when no other move is, so the mask is never all False.
+  - MoE models only, appended after the fixed list (``MOE_ACTIONS``): ``<dim>+``/``<dim>-`` for
+    ``expert_parallel``, ``trains_experts`` and ``sync_every`` (re-decode, as the structure moves).
+    A dense model's env has exactly the fixed list, which the shipped policy was trained on.
 
 Observations are fixed-size and normalised, independent of the cluster size: per stage slot (up to
 ``MAX_STAGES``, of the slowest replica), per replica slot (up to ``MAX_REPLICAS``), per node class
@@ -35,6 +38,7 @@ slot (up to ``MAX_CLASSES``) and global features; ``observation_features()`` nam
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -44,7 +48,7 @@ from gymnasium import spaces
 from autotune.evaluator import CachedEvaluator, Evaluator
 from autotune.search.budget import BudgetedEvaluator, BudgetExhausted
 from autotune.search.space import INTERLEAVED_CHUNKS, Params, SearchSpace, apportion
-from autotune.specs import SCHEDULES, Measurement, ParallelConfig, PipelineConfig, StageConfig
+from autotune.specs import SCHEDULES, Measurement, ParallelConfig
 
 MAX_STAGES = 16
 MAX_REPLICAS = 8
@@ -80,10 +84,20 @@ def _build_actions() -> list[tuple]:
 
 
 ACTIONS: tuple[tuple, ...] = tuple(_build_actions())
+#: moves appended after ``ACTIONS`` when the space is an MoE model's (its MoE dimensions, one step each way);
+#: a dense model's env has exactly ``ACTIONS``, the list the shipped policy was trained on
+MOE_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("expert_parallel", "trains_experts", "sync_every")
+                                       for step in (+1, -1))
 
 
-def action_name(a: int) -> str:
-    act = ACTIONS[a]
+def actions_for(space: SearchSpace) -> tuple[tuple, ...]:
+    """The env's move list for ``space``: ``ACTIONS``, plus ``MOE_ACTIONS`` when it has MoE dimensions."""
+    names = {d.name for d in space.dimensions}
+    return ACTIONS + tuple(a for a in MOE_ACTIONS if a[1] in names)
+
+
+def action_name(a: int, actions: tuple[tuple, ...] = ACTIONS) -> str:
+    act = actions[a]
     return " ".join(str(x) for x in act)
 
 
@@ -92,7 +106,8 @@ class ParallelConfigEnv(gym.Env):
 
     def __init__(self, space: SearchSpace | None = None, evaluator: Evaluator | None = None, *,
                  cluster: Any = None, model: Any = None, backend: str = "sim", max_steps: int = 32,
-                 random_start: bool = False, start_from_best: bool = False, render_mode: str | None = None) -> None:
+                 random_start: bool = False, start_from_best: bool = False, render_mode: str | None = None,
+                 actions: tuple[tuple, ...] | None = None) -> None:
         super().__init__()
         if space is None:
             from autotune.loading import load_cluster, load_model
@@ -112,7 +127,8 @@ class ParallelConfigEnv(gym.Env):
         self.random_start = random_start
         self.start_from_best = start_from_best
         self.render_mode = render_mode
-        self.action_space = spaces.Discrete(len(ACTIONS))
+        self.actions = actions_for(space) if actions is None else actions  # ``actions=ACTIONS``: no MoE moves
+        self.action_space = spaces.Discrete(len(self.actions))
         n_obs = (MAX_STAGES * len(STAGE_FEATURES) + MAX_REPLICAS * len(REPLICA_FEATURES)
                  + MAX_CLASSES * len(CLASS_FEATURES) + len(GLOBAL_FEATURES))
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(n_obs,), dtype=np.float32)
@@ -250,7 +266,7 @@ class ParallelConfigEnv(gym.Env):
     def _get_candidates(self) -> list[tuple[ParallelConfig, Params] | None]:
         if self._candidates is None:
             cands: list[tuple[ParallelConfig, Params] | None] = [None]
-            for act in ACTIONS[1:]:
+            for act in self.actions[1:]:
                 try:
                     res = self._apply(act)
                 except Exception:  # a move that cannot be built is simply not offered
@@ -274,10 +290,9 @@ class ParallelConfigEnv(gym.Env):
             k = act[1]
             if not any(len(p.stages) > k for p in cfg.pipelines):
                 return None
-            pipes = tuple(PipelineConfig(p.num_microbatches, tuple(
-                StageConfig(s.devices, s.layers, (not s.recompute) if i == k else s.recompute)
-                for i, s in enumerate(p.stages))) for p in cfg.pipelines)
-            return ParallelConfig(cfg.micro_batch_size, pipes, cfg.schedule, cfg.virtual_stages), self.params
+            pipes = tuple(replace(p, stages=tuple(replace(s, recompute=not s.recompute) if i == k else s
+                                                  for i, s in enumerate(p.stages))) for p in cfg.pipelines)
+            return replace(cfg, pipelines=pipes), self.params
         if kind == "batch":
             return self._move_batch(act[1], act[2])
         if kind == "mbs":
@@ -311,11 +326,10 @@ class ParallelConfigEnv(gym.Env):
                 layers[src] -= q
                 layers[dst] += q
                 changed = True
-            pipes.append(PipelineConfig(p.num_microbatches, tuple(
-                StageConfig(s.devices, n, s.recompute) for s, n in zip(p.stages, layers))))
+            pipes.append(replace(p, stages=tuple(replace(s, layers=n) for s, n in zip(p.stages, layers))))
         if not changed:
             return None
-        return ParallelConfig(cfg.micro_batch_size, tuple(pipes), cfg.schedule, cfg.virtual_stages), self.params
+        return replace(cfg, pipelines=tuple(pipes)), self.params
 
     def _replica_speeds(self, cfg: ParallelConfig) -> list[float]:
         return [self.space.replica_speed([self.space.group_speed(s.devices) for s in p.stages],
@@ -340,8 +354,8 @@ class ParallelConfigEnv(gym.Env):
             return None
         counts[src] -= q
         counts[dst] += q
-        pipes = tuple(PipelineConfig(c, p.stages) for c, p in zip(counts, cfg.pipelines))
-        return ParallelConfig(cfg.micro_batch_size, pipes, cfg.schedule, cfg.virtual_stages), self.params
+        pipes = tuple(replace(p, num_microbatches=c) for c, p in zip(counts, cfg.pipelines))
+        return replace(cfg, pipelines=pipes), self.params
 
     def _change_mbs(self, direction: int) -> tuple[ParallelConfig, Params] | None:
         cfg = self.config
@@ -357,15 +371,15 @@ class ParallelConfigEnv(gym.Env):
         counts = apportion(total, [p.num_microbatches for p in cfg.pipelines], minimum=q, quantum=q)
         if counts is None:
             return None
-        pipes = tuple(PipelineConfig(c, p.stages) for c, p in zip(counts, cfg.pipelines))
-        return ParallelConfig(mbs, pipes, cfg.schedule, cfg.virtual_stages), dict(self.params, mbs=mbs)
+        pipes = tuple(replace(p, num_microbatches=c) for c, p in zip(counts, cfg.pipelines))
+        return replace(cfg, micro_batch_size=mbs, pipelines=pipes), dict(self.params, mbs=mbs)
 
     def _change_schedule(self, schedule: str) -> tuple[ParallelConfig, Params] | None:
         cfg = self.config
         if schedule == cfg.schedule or schedule not in self._dims["schedule"].choices:
             return None
         if schedule != "interleaved-1f1b":
-            return (ParallelConfig(cfg.micro_batch_size, cfg.pipelines, schedule, 1),
+            return (replace(cfg, schedule=schedule, virtual_stages=1),
                     dict(self.params, schedule=schedule))
         q = INTERLEAVED_CHUNKS
         pipes = []
@@ -377,16 +391,16 @@ class ParallelConfigEnv(gym.Env):
                 layers = apportion(self.space.model.num_layers, layers, minimum=q, quantum=q)
                 if layers is None:
                     return None
-            pipes.append(PipelineConfig(p.num_microbatches, tuple(
-                StageConfig(s.devices, n, s.recompute) for s, n in zip(p.stages, layers))))
+            pipes.append(replace(p, stages=tuple(replace(s, layers=n) for s, n in zip(p.stages, layers))))
         pp = len(pipes[0].stages)
         if all(len(p.stages) == pp for p in pipes) and any(p.num_microbatches % pp for p in pipes):
             total = sum(p.num_microbatches for p in pipes)
             counts = apportion(total, [p.num_microbatches for p in pipes], minimum=pp, quantum=pp)
             if counts is None:
                 return None
-            pipes = [PipelineConfig(c, p.stages) for c, p in zip(counts, pipes)]
-        return ParallelConfig(cfg.micro_batch_size, tuple(pipes), schedule, q), dict(self.params, schedule=schedule)
+            pipes = [replace(p, num_microbatches=c) for c, p in zip(counts, pipes)]
+        return replace(cfg, pipelines=tuple(pipes), schedule=schedule, virtual_stages=q), \
+            dict(self.params, schedule=schedule)
 
     def _redecode(self, name: str, step: int = 0, value: Any = None) -> tuple[ParallelConfig, Params] | None:
         dim = self._dims.get(name)

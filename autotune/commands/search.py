@@ -9,7 +9,7 @@ from pathlib import Path
 
 def run(cluster: str, model: str, method: str, budget: int, global_batch_size: int | None, backend: str, seed: int,
         output: Path | None, tracking_uri: str | None, experiment: str | None, storage: str | None,
-        profile: Path | None, workers: int, policy: Path | None, start: str = "dp") -> int:
+        profile: Path | None, workers: int, policy: Path | None, start: str = "dp", max_sync_every: int = 1) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -39,7 +39,7 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
         result = tune(cluster, model, method=method, budget=budget, backend=backend, seed=seed,
                       global_batch_size=global_batch_size, tracking_uri=tracking_uri, experiment=experiment,
                       storage=storage, profile=profile, workers=workers, policy=policy, start=start,
-                      on_evaluation=on_evaluation, on_start=on_start)
+                      max_sync_every=max_sync_every, on_evaluation=on_evaluation, on_start=on_start)
     finally:
         if state["task"] is not None:
             progress.stop()
@@ -80,14 +80,22 @@ def _print_result(out, result) -> None:
         summary.add_row("screened out", f"{result.screened} plans (corrected simulator; no budget spent)")
     cfg = result.best_config
     summary.add_row("micro-batch / schedule", f"{cfg.micro_batch_size} / {cfg.schedule}")
+    if cfg.expert_parallel > 1 or cfg.spes:
+        summary.add_row("expert parallel / sync every", f"{cfg.expert_parallel} / {cfg.sync_every_steps} steps"
+                        + (f" (sync {m.sync_time_s:.2f} s)" if m.sync_time_s else ""))
     out.print(summary)
     plan = Table(title="pipelines (data-parallel replicas)")
-    for col in ("replica", "micro-batches", "stage", "devices", "layers", "recompute"):
+    experts = any(p.trains_experts is not None for p in cfg.pipelines)
+    for col in ("replica", "micro-batches", "stage", "devices", "layers", "recompute") + (("trains experts",) if experts else ()):
         plan.add_column(col)
     for p, pipe in enumerate(cfg.pipelines):
         for s, stage in enumerate(pipe.stages):
-            plan.add_row(str(p) if s == 0 else "", str(pipe.num_microbatches) if s == 0 else "", str(s),
-                         ", ".join(stage.devices), str(stage.layers), "yes" if stage.recompute else "")
+            row = [str(p) if s == 0 else "", str(pipe.num_microbatches) if s == 0 else "", str(s),
+                   ", ".join(stage.devices), str(stage.layers), "yes" if stage.recompute else ""]
+            if experts:
+                row.append(("all" if pipe.trains_experts is None else ",".join(map(str, pipe.trains_experts)))
+                           if s == 0 else "")
+            plan.add_row(*row)
     out.print(plan)
     if result.run_id:
         uri = result.tracking_uri

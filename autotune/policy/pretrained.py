@@ -48,7 +48,7 @@ from autotune.search.budget import BudgetedEvaluator
 from autotune.policy.scenarios import Scenario, draw_scenario, training_rng
 from autotune.search.space import Params, SearchSpace
 from autotune.specs import Measurement, ParallelConfig
-from envs.parallel_config import GLOBAL_FEATURES, ParallelConfigEnv, observation_features
+from envs.parallel_config import ACTIONS, GLOBAL_FEATURES, ParallelConfigEnv, observation_features
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def estimated_iteration_s(space: SearchSpace, config: ParallelConfig) -> float:
     model, cluster = space.model, space.cluster
     s, h, b = model.seq_len, model.hidden_size, config.micro_batch_size
     tokens = s * b
-    layer_flops = tokens * (6 * model.params_per_layer + 12 * s * h)
+    layer_flops = tokens * (6 * model.active_params_per_layer + 12 * s * h)  # MoE: routed experts only
     act_bytes = 2 * tokens * h
     worst = 0.0
     for pipe in config.pipelines:
@@ -154,7 +154,7 @@ def estimated_iteration_s(space: SearchSpace, config: ParallelConfig) -> float:
                     nic_bw[name] = node.network.bandwidth_GBps * 1e9
         for name, nbytes in nic_bytes.items():
             allreduce = max(allreduce, nbytes / nic_bw[name])
-    return worst + allreduce
+    return worst + allreduce / config.sync_every_steps  # SPES: one exchange every sync_every_steps steps
 
 
 def start_candidates(space: SearchSpace, limit: int = 8) -> list[Params]:
@@ -202,8 +202,9 @@ class SearchEnv(ParallelConfigEnv):
     """
 
     def __init__(self, space: SearchSpace, evaluator: Evaluator, *, max_steps: int = 16,
-                 start_params: Params | None = None, exclude_evaluated: bool = False) -> None:
-        super().__init__(space, evaluator, max_steps=max_steps)
+                 start_params: Params | None = None, exclude_evaluated: bool = False,
+                 actions: tuple[tuple, ...] | None = None) -> None:
+        super().__init__(space, evaluator, max_steps=max_steps, actions=actions)
         self._starts = start_candidates(space) or self._starts  # the parent's reset tries these in order
         self.start_params = start_params
         self.improvements = 0
@@ -453,6 +454,7 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
     if prior is not None and prior.score > env.score and prior.config != env.config:
         env.place(env.params, prior.config, prior.measurement)
         obs = env._observation()
+    moves = 0
     while not evaluator.exhausted:
         mask = env.action_masks()
         used_up = not mask[1:].any()
@@ -462,9 +464,16 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
                 log.info("rl: no untried plan reachable; stopping at %d evaluations", evaluator.used)
                 return
             continue
-        if order == "policy":
-            a = greedy_action(policy, obs, mask) if not sample else int(
-                policy.predict(obs, action_masks=mask, deterministic=False)[0])
+        moves += 1
+        base = len(ACTIONS)
+        extra = np.flatnonzero(mask[base:])
+        if order == "policy" and extra.size and (moves % 2 == 0 or not mask[1:base].any()):
+            # MoE moves (the policy was trained on dense plans and has no outputs for them): every second
+            # step, and whenever the policy's own moves are used up, the walk tries the first untried one
+            a = base + int(extra[0])
+        elif order == "policy":
+            a = greedy_action(policy, obs, mask[:base]) if not sample else int(
+                policy.predict(obs, action_masks=mask[:base], deterministic=False)[0])
         else:
             a = int(rng.choice(np.flatnonzero(mask)))
         obs, _, _, truncated, info = env.step(a)
@@ -500,7 +509,8 @@ def _fine_tune(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int, poli
 
     torch.set_num_threads(1)
     path = Path(policy_path) if policy_path is not None else default_policy_path()
-    env = SearchEnv(space, evaluator, max_steps=FINE_TUNE_STEPS, exclude_evaluated=True)
+    # the policy's own moves only: MoE plans are reached through the start plans (SearchSpace.heuristic_params)
+    env = SearchEnv(space, evaluator, max_steps=FINE_TUNE_STEPS, exclude_evaluated=True, actions=ACTIONS)
     model = policy_file.load_model(path, env, seed, n_steps=FINE_TUNE_STEPS, batch_size=FINE_TUNE_STEPS)
 
     class StopOnBudget(BaseCallback):

@@ -101,12 +101,14 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
          workers: int = 1, policy: str | Path | None = None, study_name: str | None = None,
          evaluator: Evaluator | None = None, restrict: Mapping[str, Any] | None = None,
          on_evaluation: Callable[[Evaluation], None] | None = None, track: bool = True,
-         on_start: Callable[[str, int], None] | None = None, start: str = "dp") -> TuneResult:
+         on_start: Callable[[str, int], None] | None = None, start: str = "dp", max_sync_every: int = 1) -> TuneResult:
     """Search ``budget`` distinct plans with ``method``; log the search to MLflow; return the best.
 
     ``evaluator`` replaces the backend's evaluator (it must be for the same cluster and model);
     ``restrict`` narrows dimensions of the space; ``track=False`` skips MLflow (experiments);
     ``on_start(run_id, already_done)`` is called once the record is open.
+    ``max_sync_every``: the largest ``sync_every_steps`` an MoE plan may get (SPES; default 1: replicas
+    synchronise every step). A dense model's space has no such dimension.
     ``start="dp"`` (default) makes ``optuna`` and ``rl`` evaluate the structured planner's best plan
     first (``autotune.search.planner``; one evaluation of the budget), so they start from it: TPE
     sees it as the best so far, and the rl walk starts there when it beats rl's own start plans;
@@ -142,7 +144,7 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         policy_file.read(policy if policy is not None else default_policy_path())
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
-    space = SearchSpace(cluster_spec, model_spec, restrict=restrict)
+    space = SearchSpace(cluster_spec, model_spec, restrict=restrict, max_sync_every=max_sync_every)
     inner = evaluator if evaluator is not None else make_evaluator(cluster_spec, model_spec, backend, profile)
     screen = None
     if backend == "real" and workers == 1:
@@ -163,7 +165,8 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     if method == "optuna":
         from autotune.search.agents import tpe
 
-        name = study_name or f"{exp_name}__optuna__seed{seed}"
+        sync = f"__sync{max_sync_every}" if max_sync_every > 1 and model_spec.is_moe else ""  # its own space
+        name = study_name or f"{exp_name}__optuna__seed{seed}{sync}"
         if workers > 1 and storage is None:
             from autotune.search.agents.parallel import DEFAULT_JOURNAL
 
@@ -193,6 +196,8 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
                       "seed": seed, "backend": backend, "global_batch_size": model_spec.global_batch_size,
                       "num_devices": cluster_spec.num_devices, "space_size": space.size,
                       "workers": workers, "start": start if method in ("optuna", "rl") else ""}
+        if model_spec.is_moe:
+            run_params["max_sync_every"] = max_sync_every
         tags = {"autotune.method": method, "autotune.backend": backend, "autotune.cluster": cluster_spec.name,
                 "autotune.model": model_spec.name}
         tracker.start(f"{method}-budget{budget}-seed{seed}", run_params, tags, resume_run_id=resume_id)

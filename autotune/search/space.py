@@ -20,6 +20,9 @@ Every method searches instead over a small set of *dimensions*, each a finite li
 ``schedule``       ``1f1b``, ``gpipe`` or ``interleaved-1f1b`` (two virtual stages).
 ``recompute``      ``none``, ``all``, or ``low-memory`` (stages whose devices have less memory than
                    the largest used device).
+``expert_parallel``, ``trains_experts``, ``sync_every``: MoE models only (``autotune.search.moe_space``):
+                   expert parallelism, SPES's expert subsets per replica group, and the sync period up
+                   to ``max_sync_every``. A dense model's space has none of them.
 
 ``SearchSpace.decode(params)`` turns one choice per dimension into a valid ``ParallelConfig`` or the
 reason it cannot. ``SearchSpace.check(config)`` says whether *any* plan (also one edited by the env)
@@ -38,6 +41,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from autotune.errors import SpecError
+from autotune.search import moe_space
 from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig, PipelineConfig, SCHEDULES, StageConfig
 
 log = logging.getLogger(__name__)
@@ -141,9 +145,10 @@ class SearchSpace:
     """Plans for one cluster and model. ``restrict`` narrows any dimension's choices by name."""
 
     def __init__(self, cluster: ClusterSpec, model: ModelSpec, *, max_mbs: int = 32,
-                 restrict: Mapping[str, Sequence[Any]] | None = None) -> None:
+                 restrict: Mapping[str, Sequence[Any]] | None = None, max_sync_every: int = 1) -> None:
         self.cluster = cluster
         self.model = model
+        self.max_sync_every = max_sync_every
         self.restrict = {k: list(v) for k, v in (restrict or {}).items()}
         self.node_classes = self._node_classes(cluster)
         self._class_of_node = {n: c.name for c in self.node_classes for n in c.node_names}
@@ -176,6 +181,9 @@ class SearchSpace:
         dims.append(Dimension("schedule", SCHEDULES))
         memories = {c.memory_GiB for c in self.node_classes}
         dims.append(Dimension("recompute", RECOMPUTE_MODES if len(memories) > 1 else ("none", "all")))
+        # mixture of experts: expert parallelism, SPES expert subsets and sync period (autotune.search.moe_space)
+        dims += [Dimension(name, choices, ordinal) for name, choices, ordinal in
+                 moe_space.dimensions(cluster, model, max_sync_every)]
         if restrict:
             by_name = {d.name: d for d in dims}
             for name, allowed in restrict.items():
@@ -280,6 +288,12 @@ class SearchSpace:
                 return Decoded(None, f"{model.num_layers} layers do not split into {pp} stages of multiples of "
                                      f"{quantum}")
             layer_splits.append(split)
+        ep = int(params.get("expert_parallel", 1))
+        if ep > 1:  # the replicas of an expert-parallel group run in lockstep: give them one shape
+            aligned = moe_space.align_groups(pipes, layer_splits, ep, alpha, quantum, self.split_layers)
+            if isinstance(aligned, str):
+                return Decoded(None, aligned)
+            layer_splits = aligned
         mbs = int(params["mbs"])
         if model.global_batch_size % mbs:
             return Decoded(None, f"mbs={mbs} does not divide global_batch_size={model.global_batch_size}")
@@ -289,21 +303,28 @@ class SearchSpace:
         speeds = [self.replica_speed([g.speed_tflops for g in pipe], split) for pipe, split in zip(pipes, layer_splits)]
         # Megatron-LM's interleaved schedule needs each replica's micro-batches in multiples of pp
         mb_quantum = pp if schedule == "interleaved-1f1b" else 1
-        mbs_split = apportion(total_mb, [s ** beta for s in speeds], minimum=mb_quantum, quantum=mb_quantum)
+        if ep > 1:
+            mbs_split = moe_space.group_microbatches(total_mb, speeds, ep, beta, mb_quantum, apportion)
+            if isinstance(mbs_split, str):
+                return Decoded(None, mbs_split)
+        else:
+            mbs_split = apportion(total_mb, [s ** beta for s in speeds], minimum=mb_quantum, quantum=mb_quantum)
         if mbs_split is None:
             return Decoded(None, f"{total_mb} micro-batches do not split into {dp} replicas in multiples of "
                                  f"{mb_quantum} (interleaved-1f1b)")
+        trains = moe_space.trained_experts(params.get("trains_experts", "all"), model, mbs_split, ep)
         mode = params["recompute"]
         max_mem = max(g.memory_GiB for g in groups)
         pipelines = []
-        for pipe, split, m in zip(pipes, layer_splits, mbs_split):
+        for pipe, split, m, experts in zip(pipes, layer_splits, mbs_split, trains):
             stages = tuple(
                 StageConfig(g.devices, n, mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem))
                 for g, n in zip(pipe, split))
-            pipelines.append(PipelineConfig(m, stages))
+            pipelines.append(PipelineConfig(m, stages, experts))
         try:
             config = ParallelConfig(mbs, tuple(pipelines), schedule,
-                                    INTERLEAVED_CHUNKS if schedule == "interleaved-1f1b" else 1)
+                                    INTERLEAVED_CHUNKS if schedule == "interleaved-1f1b" else 1,
+                                    expert_parallel=ep, sync_every_steps=int(params.get("sync_every", 1)))
         except SpecError as e:
             return Decoded(None, str(e))
         reason = self.check(config)
@@ -434,7 +455,18 @@ class SearchSpace:
                               layer_split=pick("layer_split", 1.0), batch_split=pick("batch_split", 1.0),
                               mbs=pick("mbs", 1 if pp > 1 else 4), schedule=pick("schedule", "1f1b"),
                               recompute=pick("recompute", "none"))
+                if "expert_parallel" in self._dims:  # MoE: plain data parallelism first, then SPES, then EP
+                    params.update(expert_parallel=pick("expert_parallel", 1), trains_experts=pick("trains_experts", "all"),
+                                  sync_every=pick("sync_every", 1))
                 candidates.append(params)
+                if "expert_parallel" in self._dims:
+                    syncs = self._dims["sync_every"].choices
+                    candidates.append(dict(params, trains_experts=pick("trains_experts", "partition"),
+                                           sync_every=syncs[-1]))
+                    for g in reversed(self._dims["expert_parallel"].choices):  # the widest that decodes
+                        if g > 1 and self.decode(dict(params, expert_parallel=g)).ok:
+                            candidates.append(dict(params, expert_parallel=g))
+                            break
                 if len(self.node_classes) == 1:
                     break
         out, seen = [], set()
@@ -471,16 +503,19 @@ class SearchSpace:
                 if model.num_layers % pp:
                     continue
                 dp = len(groups) // pp
+                # MoE: Megatron's --expert-model-parallel-size, every replica training every expert each step
+                eps = [g for g in self._dims["expert_parallel"].choices if dp % g == 0] \
+                    if "expert_parallel" in self._dims else [1]
                 for mbs in mbs_choices:
                     if model.global_batch_size % (mbs * dp):
                         continue
                     per_replica = model.global_batch_size // (mbs * dp)
-                    for rc in recompute:
+                    for rc, ep in itertools.product(recompute, eps):
                         pipes = tuple(
                             PipelineConfig(per_replica, tuple(StageConfig(groups[r * pp + s], model.num_layers // pp, rc)
                                                               for s in range(pp)))
                             for r in range(dp))
-                        config = ParallelConfig(mbs, pipes, "1f1b")
+                        config = ParallelConfig(mbs, pipes, "1f1b", expert_parallel=ep)
                         if config not in seen and self.check(config) is None:
                             seen.add(config)
                             plans.append(config)
@@ -501,4 +536,12 @@ class SearchSpace:
             "recompute_stages": sum(s.recompute for p in pipes for s in p.stages),
             "devices_used": len(config.devices),
             "devices_idle": self.cluster.num_devices - len(config.devices),
+            **(self._moe_params_of(config) if self.model.is_moe else {}),
         }
+
+    @staticmethod
+    def _moe_params_of(config: ParallelConfig) -> dict[str, Any]:
+        subsets = [p.trains_experts for p in config.pipelines]
+        return {"expert_parallel": config.expert_parallel, "sync_every_steps": config.sync_every_steps,
+                "trains_experts": "all" if all(t is None for t in subsets)
+                else "|".join(",".join(map(str, t)) if t is not None else "all" for t in subsets)}
