@@ -184,6 +184,16 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         if stale:
             log.info("optuna: marked %d trials of a killed run as FAIL", stale)
 
+    tags = {"autotune.method": method, "autotune.backend": backend, "autotune.cluster": cluster_spec.name,
+            "autotune.model": model_spec.name}
+    if method != "optuna" and tracker is not None:
+        # every other method resumes from its MLflow parent: a re-run of the same search (same key)
+        # reopens it, counts what it holds, and evaluates only the rest of the budget
+        key = tracking.resume_key(method, seed, backend, cluster_spec, model_spec, sorted((restrict or {}).items()),
+                                  start, str(policy), str(profile), max_sync_every)
+        tags[tracking.RESUME_TAG] = key
+        resume_id = tracker.find_parent(key)
+
     listeners: list[Callable[[Evaluation], None]] = []
     if tracker is not None:
         listeners.append(lambda ev: tracker.log_evaluation(ev, space.params_of(ev.config)))
@@ -198,8 +208,6 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
                       "workers": workers, "start": start if method in ("optuna", "rl") else ""}
         if model_spec.is_moe:
             run_params["max_sync_every"] = max_sync_every
-        tags = {"autotune.method": method, "autotune.backend": backend, "autotune.cluster": cluster_spec.name,
-                "autotune.model": model_spec.name}
         tracker.start(f"{method}-budget{budget}-seed{seed}", run_params, tags, resume_run_id=resume_id)
         if resume_id:
             for rec in tracker.recorded():

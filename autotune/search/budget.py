@@ -70,6 +70,7 @@ class BudgetedEvaluator(CachedEvaluator):
         self.screen = screen
         self.max_screened = max_screened if max_screened is not None else 20 * budget
         self.screened: list[Evaluation] = []  # plans the screen pruned, in order (index counts them)
+        self.preloaded: set[ParallelConfig] = set()  # plans a killed run of this search evaluated (resume)
 
     # -- counting ----------------------------------------------------------------------------------
     @property
@@ -123,6 +124,7 @@ class BudgetedEvaluator(CachedEvaluator):
         """Count an evaluation done earlier (a resumed search) without telling the listeners."""
         if config in self:
             return
+        self.preloaded.add(config)
         self._record(config, measurement, params or {}, notify=False)
 
     def record(self, config: ParallelConfig, measurement: Measurement, params: Mapping[str, Any] | None = None) -> None:

@@ -34,12 +34,19 @@ ROLE_TAG = "autotune.role"
 CONFIG_TAG = "autotune.config"
 BEST_TAG = "autotune.best_config"
 BEST_ARTIFACT = "best_config.json"
+RESUME_TAG = "autotune.resume_key"
 _MAX_TAG = 8000
 _MAX_PARAM = 500
 
 
 def experiment_name(cluster_name: str, model_name: str) -> str:
     return f"{cluster_name}__{model_name}"
+
+
+def resume_key(*parts: Any) -> str:
+    """What makes two searches the same search (method, seed, backend, the cluster and model specs,
+    ...): a re-run with the same key continues the parent run of the earlier one."""
+    return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
 
 
 def config_key(config: ParallelConfig) -> str:
@@ -128,6 +135,12 @@ class SearchTracker:
         self.parent_id = run.info.run_id
         self.client.log_batch(self.parent_id, params=[Param(k, str(v)[:_MAX_PARAM]) for k, v in params.items()])
         return self.parent_id
+
+    def find_parent(self, key: str) -> str | None:
+        """The most recent parent run of this experiment tagged with resume key ``key``, if any."""
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{RESUME_TAG}` = '{key}'",
+                                       order_by=["attributes.start_time DESC"], max_results=1)
+        return runs[0].info.run_id if runs else None
 
     def _children(self):
         return self.client.search_runs(

@@ -13,14 +13,22 @@ log = logging.getLogger(__name__)
 
 
 def run_random(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, max_tries_per_eval: int = 200) -> None:
-    """Uniform samples of the encoding; invalid and repeated plans are redrawn (they cost nothing)."""
+    """Uniform samples of the encoding; invalid and repeated plans are redrawn (they cost nothing).
+
+    A resumed search replays the same draws: a plan its killed run evaluated (``evaluator.preloaded``)
+    is answered from the record, free, and is not a miss, so the search goes on exactly where it stopped."""
     rng = np.random.default_rng(seed)
     misses = 0
+    replay = set(evaluator.preloaded)
     while not evaluator.exhausted and misses < max_tries_per_eval:
         params = space.sample(rng)
         decoded = space.decode(params)
         if not decoded.ok or not evaluator.would_cost(decoded.config):
-            misses += 1
+            if decoded.ok and decoded.config in replay:
+                replay.discard(decoded.config)
+                misses = 0
+            else:
+                misses += 1
             continue
         misses = 0
         evaluator.evaluate(decoded.config, params)
