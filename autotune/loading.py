@@ -71,7 +71,7 @@ def _device(source: str, field: str, raw: Any) -> DeviceSpec:
     if not isinstance(raw, Mapping):
         raise SpecError(source, field, "must be a catalog name or a mapping")
     _only(source, field, raw, {"name", "peak_tflops", "memory_GiB", "memory_bandwidth_GBps", "source", "pcie_gen",
-                               "pcie_lanes"})
+                               "pcie_lanes", "peak_tflops_tf32", "peak_tflops_fp32"})
     base = GPU_CATALOG.get(str(raw.get("name")))
     values = {}
     for key in ("peak_tflops", "memory_GiB", "memory_bandwidth_GBps"):
@@ -81,7 +81,8 @@ def _device(source: str, field: str, raw: Any) -> DeviceSpec:
             values[key] = getattr(base, key)
         else:
             raise SpecError(source, f"{field}.{key}", "is required for a GPU not in the catalog")
-    for key in ("pcie_gen", "pcie_lanes"):  # optional: the catalog entry's, else PCIe 4.0 x16
+    for key in ("pcie_gen", "pcie_lanes", "peak_tflops_tf32", "peak_tflops_fp32"):
+        # optional: the catalog entry's; else PCIe 4.0 x16 and peaks derived from peak_tflops
         if key in raw:
             values[key] = raw[key]
         elif base is not None:
@@ -172,7 +173,8 @@ def load_cluster(ref: PathLike | ClusterSpec) -> ClusterSpec:
 
 
 _MODEL_FIELDS = {"name", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "mlp",
-                 "vocab_size", "seq_len", "global_batch_size"}
+                 "vocab_size", "seq_len", "global_batch_size", "precision", "attention", "dropout"}
+_MODEL_OPTIONAL = {"name", "num_kv_heads", "mlp", "precision", "attention", "dropout"}
 # optional mixture-of-experts fields (SPEC.md "Extensions")
 _MOE_MODEL_FIELDS = {"num_experts", "experts_per_token", "expert_ffn_hidden_size", "moe_layer_every"}
 _MODEL_FIELDS |= _MOE_MODEL_FIELDS
@@ -180,7 +182,7 @@ _MODEL_FIELDS |= _MOE_MODEL_FIELDS
 
 def model_from_dict(data: Mapping[str, Any], source: str, default_name: str = "model") -> ModelSpec:
     _only(source, "", data, _MODEL_FIELDS)
-    for key in sorted(_MODEL_FIELDS - {"name", "num_kv_heads", "mlp"} - _MOE_MODEL_FIELDS):
+    for key in sorted(_MODEL_FIELDS - _MODEL_OPTIONAL - _MOE_MODEL_FIELDS):
         if key not in data:
             raise SpecError(source, key, "is required")
     values = {k: data[k] for k in _MODEL_FIELDS - {"name"} if k in data}

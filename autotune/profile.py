@@ -33,14 +33,24 @@ and ``Simulator(..., profile=...)`` read it. The file is JSON::
       "notes": "free text: how it was measured, what was skipped"
     }
 
-- ``matmul_tflops``: sustained 16-bit TFLOP/s of an ``n x n x n`` matrix multiply, as ``[n, tflops]``
-  pairs (at least one). For other shapes the simulator uses the cube root of ``M * N * K`` as ``n``
-  and interpolates linearly in ``log n`` between measured sizes, clamping outside the measured range.
+- ``matmul_tflops``: sustained TFLOP/s of an ``n x n x n`` matrix multiply, as ``[n, tflops]``
+  pairs, at the precision the device was profiled in. For other shapes the simulator uses the cube root
+  of ``M * N * K`` as ``n`` and interpolates linearly in ``log n`` between measured sizes, clamping
+  outside the measured range. Required unless ``layers`` is given: a device profiled only by its
+  layer times (for example times measured by another tool, see below) uses the datasheet curve
+  for whatever its entries do not cover.
 - ``layers``: per-transformer-layer times for one micro-batch of ``micro_batch_size`` sequences on a
   tensor-parallel group of ``tp`` such devices, tensor-parallel communication included; with
-  ``"recompute": true`` the backward includes the recomputed forward (default false). When a stage
-  matches an entry exactly (shape, micro-batch, tp), the simulator uses it instead of the FLOP model;
-  a recomputing stage without a ``recompute: true`` entry uses ``forward_s + backward_s`` as backward.
+  ``"recompute": true`` the backward includes the recomputed forward, with ``"selective"`` the
+  recomputed attention core (default false). When a stage matches an entry exactly (shape,
+  micro-batch, tp), the simulator uses it instead of the FLOP model; a recomputing stage without a
+  ``recompute: true`` entry uses ``forward_s + backward_s`` as backward. An entry may also name the
+  model ``precision`` and ``attention`` it was measured with; it then matches only models with
+  those (absent: any). Measured times include every fixed cost (kernel launches, framework work), so
+  the simulator adds no datasheet overhead to a layer it takes from the profile.
+- ``source`` (per device, optional): free text saying who measured the device and how, e.g. per-layer
+  times transcribed from another system's profiler (``experiments/sailor_validation.py`` builds such a
+  profile from Sailor's published per-layer times).
 - ``edges``: the same for the embedding (first stage) and the final norm + LM head + loss (last stage).
 - ``optimizer_s_per_param``: the optimizer step's time per parameter a device holds.
 - ``links``: measured one-direction bandwidth and latency, replacing the cluster file's numbers.
@@ -97,7 +107,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.errors import SpecError, shown
-from autotune.specs import MLP_KINDS, LinkSpec, ModelSpec
+from autotune.specs import ATTENTION_KINDS, MLP_KINDS, PRECISIONS, LinkSpec, ModelSpec
 
 FORMAT_VERSION = 1
 
@@ -132,15 +142,22 @@ class LayerTiming:
     tp: int
     forward_s: float
     backward_s: float
-    recompute: bool = False
+    recompute: bool | str = False
     activation_bytes: float | None = None  # measured bytes kept for the backward (calibration; optional)
+    precision: str | None = None  # the model precision it was measured with; None: matches any
+    attention: str | None = None  # the attention kind it was measured with; None: matches any
 
     def key(self) -> tuple:
         return (self.hidden_size, self.num_heads, self.num_kv_heads, self.ffn_hidden_size, self.mlp,
                 self.seq_len, self.micro_batch_size, self.tp, self.recompute)
 
+    def matches(self, model: ModelSpec) -> bool:
+        """Whether the entry's precision / attention (when it names them) are the model's."""
+        return ((self.precision is None or self.precision == model.precision)
+                and (self.attention is None or self.attention == model.attention))
+
     @staticmethod
-    def key_for(model: ModelSpec, micro_batch_size: int, tp: int, recompute: bool = False) -> tuple:
+    def key_for(model: ModelSpec, micro_batch_size: int, tp: int, recompute: bool | str = False) -> tuple:
         return (model.hidden_size, model.num_heads, model.num_kv_heads, model.ffn_hidden_size, model.mlp,
                 model.seq_len, micro_batch_size, tp, recompute)
 
@@ -199,14 +216,19 @@ class DeviceProfile:
     pipeline_overhead: tuple[tuple[float, float], ...] = ()  # (ranks on the host, s per micro-batch and stage)
     data_parallel_overhead: tuple[tuple[float, float], ...] = ()  # (ranks on the host, s per step)
     tensor_parallel_overhead: tuple[tuple[float, float], ...] = ()  # (tp, s per layer and micro-batch)
+    source: str = ""  # who measured it and how (free text)
 
     def __post_init__(self) -> None:
-        if not self.matmul:
-            raise SpecError(f"profile device {shown(self.name)}", "matmul_tflops", "must list at least one [n, tflops]")
+        if not self.matmul and not self.layers:
+            raise SpecError(f"profile device {shown(self.name)}", "matmul_tflops",
+                            "must list at least one [n, tflops] (or give the device's measured layers)")
         object.__setattr__(self, "matmul", tuple(sorted((float(n), float(t)) for n, t in self.matmul)))
 
     def matmul_tflops(self, n: float) -> float:
-        """Sustained TFLOP/s for an ``n``-sized (cube-root of M*N*K) matmul: linear in log n, clamped."""
+        """Sustained TFLOP/s for an ``n``-sized (cube-root of M*N*K) matmul: linear in log n, clamped.
+        Only for a profile with ``matmul`` points (``DeviceRates`` uses the datasheet curve otherwise)."""
+        if not self.matmul:
+            raise ValueError(f"profile device {self.name!r} has no matmul_tflops")
         sizes = [s for s, _ in self.matmul]
         if n <= sizes[0]:
             return self.matmul[0][1]
@@ -221,7 +243,7 @@ class DeviceProfile:
                      recompute: bool = False) -> LayerTiming | None:
         key = LayerTiming.key_for(model, micro_batch_size, tp, recompute)
         for layer in self.layers:
-            if layer.key() == key:
+            if layer.key() == key and layer.matches(model):
                 return layer
         return None
 
@@ -289,14 +311,17 @@ class CalibrationProfile:
     def to_dict(self) -> dict[str, Any]:
         devices: dict[str, Any] = {}
         for d in self.devices:
-            entry: dict[str, Any] = {"matmul_tflops": [[n, t] for n, t in d.matmul]}
+            entry: dict[str, Any] = {"matmul_tflops": [[n, t] for n, t in d.matmul]} if d.matmul else {}
+            if d.source:
+                entry["source"] = d.source
             if d.memory_bandwidth_GBps is not None:
                 entry["memory_bandwidth_GBps"] = d.memory_bandwidth_GBps
             if d.layers:
                 entry["layers"] = [{f: getattr(layer, f) for f in _LAYER_FIELDS} for layer in d.layers]
                 for out, layer in zip(entry["layers"], d.layers):
-                    if layer.activation_bytes is not None:
-                        out["activation_bytes"] = layer.activation_bytes
+                    for key in ("activation_bytes", "precision", "attention"):
+                        if getattr(layer, key) is not None:
+                            out[key] = getattr(layer, key)
             if d.edges:
                 entry["edges"] = [{f: getattr(edge, f) for f in _EDGE_FIELDS} for edge in d.edges]
             if d.optimizer_s_per_param is not None:
@@ -386,13 +411,14 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         raise SpecError(source, f, "must be a mapping with matmul_tflops")
     allowed = {"matmul_tflops", "memory_bandwidth_GBps", "layers", "edges", "optimizer_s_per_param",
                "microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param",
-               "activation_memory_factor", *_CURVES}
+               "activation_memory_factor", "source", *_CURVES}
     extra = sorted(set(raw) - allowed)
     if extra:
         raise SpecError(source, f"{f}.{extra[0]}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
-    points_raw = raw.get("matmul_tflops")
-    if not isinstance(points_raw, list) or not points_raw:
-        raise SpecError(source, f"{f}.matmul_tflops", "is required: a non-empty list of [n, tflops] pairs")
+    points_raw = raw.get("matmul_tflops", [])
+    if not isinstance(points_raw, list) or not (points_raw or raw.get("layers")):
+        raise SpecError(source, f"{f}.matmul_tflops", "is required (unless the device has measured layers): "
+                                                      "a non-empty list of [n, tflops] pairs")
     points = _pairs(source, f"{f}.matmul_tflops", points_raw, "[n, tflops]")
     if len({n for n, _ in points}) != len(points):
         raise SpecError(source, f"{f}.matmul_tflops", "lists the same size twice")
@@ -402,19 +428,26 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     layers = []
     for lf, lr in _records(source, f"{f}.layers", raw.get("layers", []),
                            required=[k for k in _LAYER_FIELDS if k not in ("num_kv_heads", "recompute")],
-                           allowed={*_LAYER_FIELDS, "activation_bytes"}):
+                           allowed={*_LAYER_FIELDS, "activation_bytes", "precision", "attention"}):
         if lr["mlp"] not in MLP_KINDS:
             raise SpecError(source, f"{lf}.mlp", f"must be one of {', '.join(MLP_KINDS)}, got {shown(lr['mlp'])}")
         ints = {k: _integer(source, f"{lf}.{k}", lr[k]) for k in
                 ("hidden_size", "num_heads", "ffn_hidden_size", "seq_len", "micro_batch_size", "tp")}
         kv = _integer(source, f"{lf}.num_kv_heads", lr.get("num_kv_heads", lr["num_heads"]))
         recompute = lr.get("recompute", False)
-        if not isinstance(recompute, bool):
-            raise SpecError(source, f"{lf}.recompute", f"must be true or false, got {shown(recompute)}")
+        if not (isinstance(recompute, bool) or recompute == "selective"):
+            raise SpecError(source, f"{lf}.recompute", f"must be true, false or \"selective\", got {shown(recompute)}")
         act = lr.get("activation_bytes")
         if act is not None:
             act = _number(source, f"{lf}.activation_bytes", act, positive=False)
-        layers.append(LayerTiming(num_kv_heads=kv, mlp=lr["mlp"], recompute=recompute, activation_bytes=act,
+        kinds = {}
+        for key, allowed_values in (("precision", PRECISIONS), ("attention", ATTENTION_KINDS)):
+            if lr.get(key) is not None:
+                if lr[key] not in allowed_values:
+                    raise SpecError(source, f"{lf}.{key}",
+                                    f"must be one of {', '.join(allowed_values)}, got {lr[key]!r}")
+                kinds[key] = lr[key]
+        layers.append(LayerTiming(num_kv_heads=kv, mlp=lr["mlp"], recompute=recompute, activation_bytes=act, **kinds,
                                   forward_s=_number(source, f"{lf}.forward_s", lr["forward_s"]),
                                   backward_s=_number(source, f"{lf}.backward_s", lr["backward_s"]), **ints))
     edges = []
@@ -432,7 +465,10 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
             extras[key] = _number(source, f"{f}.{key}", raw[key], positive=False)
     curves = {key: _pairs(source, f"{f}.{key}", raw.get(key, []), what, positive=key == "contention")
               for key, what in _CURVES.items()}
-    return DeviceProfile(name, points, bw, tuple(layers), tuple(edges), opt, **curves, **extras)
+    dev_source = raw.get("source", "")
+    if not isinstance(dev_source, str):
+        raise SpecError(source, f"{f}.source", f"must be a string, got {dev_source!r}")
+    return DeviceProfile(name, points, bw, tuple(layers), tuple(edges), opt, **curves, **extras, source=dev_source)
 
 
 def _records(source: str, field: str, raw: Any, required, allowed: set[str]):

@@ -21,6 +21,12 @@ MLP_KINDS = ("gelu", "swiglu")
 ZERO_STAGES = (0, 1, 2, 3)
 #: per-stage CPU offload: nothing, optimizer state + master weights (ZeRO-Offload), everything (ZeRO-Infinity)
 OFFLOAD_MODES = ("none", "optimizer", "all")
+PRECISIONS = ("bf16", "fp16", "fp32")  # fp32: fp32 tensors, TF32 matmuls where the GPU has them
+ATTENTION_KINDS = ("flash", "standard")  # flash: fused, scores never stored; standard: scores stored
+RECOMPUTE_MODES = (False, True, "selective")  # none, full, attention core only (Korthikanti et al. 2022)
+#: an inline GPU without its own TF32 / FP32 peaks gets ``peak_tflops`` divided by these (the ratios of the
+#: A100 and H100 datasheets: TF32 dense = half the 16-bit dense rate, FP32 = 1/16 of it)
+DEFAULT_TF32_RATIO, DEFAULT_FP32_RATIO = 2.0, 16.0
 
 
 #: Upper bounds per field (docs/formats.md, "Limits"): a value above one is refused with the number in
@@ -70,7 +76,10 @@ def _positive(source: str, name: str, value: float, *, integer: bool = False, mi
 
 @dataclass(frozen=True, slots=True)
 class DeviceSpec:
-    """One accelerator type. ``peak_tflops`` is dense 16-bit tensor throughput (datasheet)."""
+    """One accelerator type. ``peak_tflops`` is dense 16-bit tensor throughput (datasheet);
+    ``peak_tflops_tf32`` the dense TF32 tensor rate (equal to ``peak_tflops_fp32`` on GPUs without TF32,
+    e.g. Volta and Turing) and ``peak_tflops_fp32`` the plain FP32 rate. 0 (not given) means
+    ``peak_tflops / DEFAULT_TF32_RATIO`` and ``peak_tflops / DEFAULT_FP32_RATIO``."""
 
     name: str
     peak_tflops: float
@@ -81,6 +90,8 @@ class DeviceSpec:
     #: device, whose "host" is its own memory). Sets the default ``host.link`` (``default_host_link``).
     pcie_gen: int = 4
     pcie_lanes: int = 16
+    peak_tflops_tf32: float = 0.0
+    peak_tflops_fp32: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"gpu {shown(self.name)}"
@@ -92,6 +103,17 @@ class DeviceSpec:
                                                f"(0 = no PCIe), got {shown(self.pcie_gen)}")
         if isinstance(self.pcie_lanes, bool) or self.pcie_lanes not in (1, 2, 4, 8, 16):
             raise SpecError(where, "pcie_lanes", f"must be 1, 2, 4, 8 or 16, got {shown(self.pcie_lanes)}")
+        for name, ratio in (("peak_tflops_tf32", DEFAULT_TF32_RATIO), ("peak_tflops_fp32", DEFAULT_FP32_RATIO)):
+            value = getattr(self, name)
+            _positive(where, name, value, strict=False)
+            if value == 0:
+                object.__setattr__(self, name, self.peak_tflops / ratio)
+
+    def matmul_peak_tflops(self, precision: str) -> float:
+        """Dense matmul peak for a model trained in ``precision``: the 16-bit tensor rate for bf16 and
+        fp16, the TF32 tensor rate for fp32 (PyTorch's and cuBLAS's TF32 matmuls; GPUs without TF32 list
+        their FP32 rate there)."""
+        return self.peak_tflops_tf32 if precision == "fp32" else self.peak_tflops
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +289,9 @@ class ModelSpec:
     experts_per_token: int = 0      # top-k routing [2 when num_experts > 0]
     expert_ffn_hidden_size: int = 0  # [ffn_hidden_size]
     moe_layer_every: int = 1        # blocks i with (i + 1) % moe_layer_every == 0 are MoE blocks
+    precision: str = "bf16"  # bf16 | fp16 (16-bit mixed precision) | fp32 (TF32 matmuls where available)
+    attention: str = "flash"  # flash (fused, scores never stored) | standard (scores stored)
+    dropout: float = 0.0  # dropout probability on attention probabilities and residual branches
 
     def __post_init__(self) -> None:
         where = f"model {shown(self.name)}"
@@ -285,6 +310,19 @@ class ModelSpec:
                             f"must divide num_heads ({self.num_heads} % {self.num_kv_heads} != 0)")
         if self.mlp not in MLP_KINDS:
             raise SpecError(where, "mlp", f"must be one of {', '.join(MLP_KINDS)}, got {shown(self.mlp)}")
+        if self.precision not in PRECISIONS:
+            raise SpecError(where, "precision", f"must be one of {', '.join(PRECISIONS)}, got {shown(self.precision)}")
+        if self.attention not in ATTENTION_KINDS:
+            raise SpecError(where, "attention",
+                            f"must be one of {', '.join(ATTENTION_KINDS)}, got {shown(self.attention)}")
+        _positive(where, "dropout", self.dropout, strict=False)
+        if self.dropout >= 1.0:
+            raise SpecError(where, "dropout", f"must be a probability below 1, got {self.dropout}")
+
+    @property
+    def bytes_per_element(self) -> int:
+        """Bytes of one activation, gradient or communicated element: 2 in 16-bit training, 4 in fp32."""
+        return 4 if self.precision == "fp32" else 2
 
     @property
     def head_dim(self) -> int:
@@ -429,14 +467,29 @@ def _validate_experts(model: "ModelSpec", where: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class StageConfig:
+    """One pipeline stage. ``recompute``: ``False``, ``True`` (full: keep each layer's input, recompute the
+    layer in the backward) or ``"selective"`` (recompute only the attention core, Korthikanti et al.
+    2022). ``sequence_parallel``: Megatron's sequence parallelism inside the stage's tensor-parallel
+    group (norms and dropout split along the sequence; reduce-scatter + all-gather instead of
+    all-reduce); no effect on a one-device stage."""
+
     devices: tuple[str, ...]
     layers: int
-    recompute: bool = False
+    recompute: bool | str = False
     offload: str = "none"  # OFFLOAD_MODES: none | optimizer | all
+    sequence_parallel: bool = False
 
     @property
     def tp(self) -> int:
         return len(self.devices)
+
+    @property
+    def full_recompute(self) -> bool:
+        return self.recompute is True
+
+    @property
+    def selective_recompute(self) -> bool:
+        return self.recompute == "selective"
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,11 +553,15 @@ class ParallelConfig:
                 if not stage.devices:
                     raise SpecError(where, f"{f}.devices", "must list at least one device")
                 _positive(where, f"{f}.layers", stage.layers, integer=True, strict=False)
-                if not isinstance(stage.recompute, bool):
-                    raise SpecError(where, f"{f}.recompute", f"must be true or false, got {shown(stage.recompute)}")
                 if stage.offload not in OFFLOAD_MODES:
                     raise SpecError(where, f"{f}.offload",
                                     f"must be one of {', '.join(OFFLOAD_MODES)}, got {shown(stage.offload)}")
+                if not (isinstance(stage.recompute, bool) or stage.recompute == "selective"):
+                    raise SpecError(where, f"{f}.recompute",
+                                    f"must be true, false or \"selective\", got {shown(stage.recompute)}")
+                if not isinstance(stage.sequence_parallel, bool):
+                    raise SpecError(where, f"{f}.sequence_parallel",
+                                    f"must be true or false, got {shown(stage.sequence_parallel)}")
 
     # -- derived -----------------------------------------------------------------------------------
     @property
@@ -587,6 +644,8 @@ class ParallelConfig:
             d: dict[str, Any] = {"devices": list(s.devices), "layers": s.layers, "recompute": s.recompute}
             if s.offload != "none":
                 d["offload"] = s.offload
+            if s.sequence_parallel:
+                d["sequence_parallel"] = True
             return d
 
         out["pipelines"] = []
@@ -628,7 +687,7 @@ class ParallelConfig:
                 f = f"pipelines[{p}].stages[{s}]"
                 if not isinstance(st, Mapping):
                     raise SpecError(source, f, "must be an object")
-                extra = set(st) - {"devices", "layers", "recompute", "offload"}
+                extra = set(st) - {"devices", "layers", "recompute", "offload", "sequence_parallel"}
                 if extra:
                     raise SpecError(source, f"{f}.{sorted(extra, key=str)[0]}", "unknown field")
                 devices = st.get("devices")
@@ -637,7 +696,7 @@ class ParallelConfig:
                 if "layers" not in st:
                     raise SpecError(source, f"{f}.layers", "is required")
                 stages.append(StageConfig(tuple(devices), st["layers"], st.get("recompute", False),
-                                          st.get("offload", "none")))
+                                          st.get("offload", "none"), st.get("sequence_parallel", False)))
             if "num_microbatches" not in raw:
                 raise SpecError(source, f"pipelines[{p}].num_microbatches", "is required")
             extra = set(raw) - {"num_microbatches", "stages", "trains_experts"}
@@ -666,7 +725,7 @@ class ParallelConfig:
         and a stage's ``off=optimizer`` / ``off=all`` when set, then any ``notes()``."""
         parts = []
         for p in self.pipelines:
-            stages = " | ".join(f"{','.join(s.devices)} x{s.layers}{' R' if s.recompute else ''}"
+            stages = " | ".join(f"{','.join(s.devices)} x{s.layers}{_stage_flags(s)}"
                                 f"{' off=' + s.offload if s.offload != 'none' else ''}" for s in p.stages)
             experts = "" if p.trains_experts is None else f" E={_ranges(p.trains_experts)}"
             parts.append(f"[{stages}] m={p.num_microbatches}{experts}")
@@ -774,6 +833,12 @@ def _validate_expert_plan(config: ParallelConfig, model: ModelSpec, source: str)
         raise SpecError(source, "sync_every_steps",
                         f"{config.sync_every_steps} needs at least two replicas (expert-parallel groups) to "
                         f"synchronise, the plan has {len(config.expert_groups())}")
+
+
+def _stage_flags(stage: StageConfig) -> str:
+    """`` R`` full recomputation, `` S`` selective, `` SP`` sequence parallel (``describe``)."""
+    flags = " R" if stage.full_recompute else " S" if stage.selective_recompute else ""
+    return flags + (" SP" if stage.sequence_parallel else "")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -79,9 +79,10 @@ def main() -> None:
         assert abs(published * gpus / 1000 - aggregate) / aggregate < 0.01, params
         model = model_from_dict(dict(name=f"gpt-{params}B", num_layers=layers, hidden_size=hidden, num_heads=heads,
                                      ffn_hidden_size=4 * hidden, mlp="gelu", vocab_size=VOCAB, seq_len=SEQ,
-                                     global_batch_size=batch), "table-1")
+                                     global_batch_size=batch, precision="fp16", attention="standard",
+                                     dropout=0.1), "table-1")
         cluster = selene(gpus)
-        sim = Simulator(cluster, model, flash_attention=False)  # 2021 Megatron-LM stored the attention scores
+        sim = Simulator(cluster, model)  # attention "standard": 2021 Megatron-LM stored the attention scores
         flops = megatron_flops_per_iteration(model, recompute=True)
         # and the model shape gives the parameter count of the first column (12 l h^2 + embeddings)
         assert abs(12 * layers * hidden**2 * (1 + 13 / (12 * hidden) + (VOCAB + SEQ) / (12 * layers * hidden))

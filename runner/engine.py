@@ -190,6 +190,9 @@ class Engine:
         # 1. this rank's chunks, deterministic weights per layer index
         self.chunks = [StageChunk(model, c.layers, first=c.first, last=c.last, seed=seed,
                                   recompute=self.plan.recompute).to(device) for c in self.plan.chunks]
+        if device.type == "cuda" and model.precision == "bf16":
+            for chunk in self.chunks:
+                chunk.autocast_dtype = torch.bfloat16
 
         # 2. process groups: every rank creates every group, in the same order
         self.pp_group = None

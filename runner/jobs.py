@@ -11,7 +11,7 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.loading import cluster_from_dict, model_from_dict
-from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
+from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig, iter_stages
 from runner.layout import Layout, build_layout
 
 
@@ -23,7 +23,8 @@ def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
             "name": n.name,
             "gpu": {"name": n.device.name, "peak_tflops": n.device.peak_tflops, "memory_GiB": n.device.memory_GiB,
                     "memory_bandwidth_GBps": n.device.memory_bandwidth_GBps, "source": n.device.source,
-                    "pcie_gen": n.device.pcie_gen, "pcie_lanes": n.device.pcie_lanes},
+                    "pcie_gen": n.device.pcie_gen, "pcie_lanes": n.device.pcie_lanes,
+                    "peak_tflops_tf32": n.device.peak_tflops_tf32, "peak_tflops_fp32": n.device.peak_tflops_fp32},
             "count": n.count,
             "intra_node": {"bandwidth_GBps": n.intra_node.bandwidth_GBps, "latency_us": n.intra_node.latency_us},
             "network": {"bandwidth_GBps": n.network.bandwidth_GBps, "latency_us": n.network.latency_us},
@@ -66,6 +67,11 @@ def uses_cuda(cluster: ClusterSpec, config: ParallelConfig, cuda_available: bool
 def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, schedule_check: bool = True) -> Layout:
     """Everything that can be checked before launching: validity, runner support, CUDA presence."""
     layout = build_layout(cluster, model, config)
+    for p, s, stage in iter_stages(config):
+        if stage.sequence_parallel and stage.tp > 1:
+            raise SpecError("runner", f"pipelines[{p}].stages[{s}].sequence_parallel",
+                            "sequence parallelism is not implemented in the runner (the simulator models it); "
+                            "set it to false to run this plan")
     for plan in layout.ranks:
         if plan.tp_degree > 1 and model.num_kv_heads % plan.tp_degree:
             from runner.engine import check_supported  # torch import only when needed
@@ -89,5 +95,7 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, sc
                                 f"multiple of num_microbatches // stages = {rounds}, got {pipe.num_microbatches}")
     import torch
 
-    uses_cuda(cluster, config, torch.cuda.is_available())
+    if uses_cuda(cluster, config, torch.cuda.is_available()) and model.precision == "fp16":
+        raise SpecError("runner", "precision", "fp16 training needs loss scaling, which the runner does not "
+                                               "implement; use bf16 (or fp32) on CUDA")
     return layout

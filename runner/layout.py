@@ -49,7 +49,7 @@ class RankPlan:
     tp_index: int
     tp_degree: int
     chunks: tuple[ChunkPlan, ...]
-    recompute: bool
+    recompute: bool | str  # False, True (full) or "selective"
     slowdown: float
     num_microbatches: int
     batch_offset: int  # first sequence of this pipeline in the global batch

@@ -1,9 +1,19 @@
 """A GPT/Llama-style decoder in plain torch, built from a ``ModelSpec`` and split into pipeline chunks.
 
 - Pre-norm blocks: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; causal attention through
-  ``F.scaled_dot_product_attention``; grouped-query attention when ``num_kv_heads < num_heads``.
+  ``F.scaled_dot_product_attention`` (``attention: flash``, fused: the scores are never kept) or written
+  out as ``softmax(Q K^T / sqrt(d)) V`` (``attention: standard``, the scores are stored for the
+  backward); grouped-query attention when ``num_kv_heads < num_heads``. ``dropout`` > 0 drops attention
+  probabilities and both residual branches (as GPT-2 / Megatron-LM do); the default 0 has none.
+- Recomputation per chunk: ``True`` checkpoints every block (``torch.utils.checkpoint``, non-reentrant:
+  only the block's input is kept), ``"selective"`` checkpoints only the attention core (``Q K^T``,
+  softmax, dropout, ``P V``; Korthikanti et al. 2022): Q, K and V are kept, the scores are recomputed.
 - ``mlp: gelu`` is GPT-2's two-matrix MLP with LayerNorm; ``mlp: swiglu`` is Llama's three-matrix
   MLP with RMSNorm. No biases (Llama); untied LM head (``ModelSpec.num_params`` counts it).
+- Precision: weights, gradients and optimizer state are fp32. ``precision: bf16`` on CUDA runs the
+  forward under ``torch.autocast(bfloat16)`` (matmuls and attention in 16 bits; the engine sets
+  ``StageChunk.autocast_dtype``); ``fp32`` uses TF32 matmuls on CUDA (the worker allows them). On CPU
+  every precision computes in fp32.
 - Initialisation is random from a seed, **per layer index**: block ``i`` draws its weights from a
   generator seeded by ``(seed, i)``, the embedding and the head from their own seeds. So block ``i``
   starts from the same weights whichever stage or chunk holds it, and every plan of the same model
@@ -44,11 +54,31 @@ def _norm(spec: ModelSpec) -> nn.Module:
     return RMSNorm(spec.hidden_size) if spec.mlp == "swiglu" else nn.LayerNorm(spec.hidden_size, bias=False)
 
 
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, standard: bool, dropout: float,
+                   training: bool) -> torch.Tensor:
+    """Causal attention of ``(batch, heads, seq, head_dim)`` tensors: fused SDPA, or the written-out
+    ``softmax(Q K^T / sqrt(d)) V`` whose scores autograd keeps (``standard``)."""
+    p = dropout if training else 0.0
+    if not standard:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=k.shape[1] != q.shape[1])
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: repeat each key/value head for its query heads
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    t = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    probs = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
+    return F.dropout(probs, p) @ v
+
+
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         h, kv = spec.hidden_size, spec.kv_hidden_size
         self.head_dim = spec.head_dim
+        self.standard = spec.attention == "standard"
+        self.dropout = spec.dropout
+        self.selective = False  # StageChunk sets it: checkpoint the attention core only
         self.q_proj = nn.Linear(h, h, bias=False)
         self.k_proj = nn.Linear(h, kv, bias=False)
         self.v_proj = nn.Linear(h, kv, bias=False)
@@ -60,7 +90,11 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        kwargs = dict(standard=self.standard, dropout=self.dropout, training=self.training)
+        if self.selective and torch.is_grad_enabled():
+            y = checkpoint(attention_core, q, k, v, use_reentrant=False, **kwargs)
+        else:
+            y = attention_core(q, k, v, **kwargs)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -87,8 +121,12 @@ class Block(nn.Module):
         self.attn = Attention(spec)
         self.mlp_norm = _norm(spec)
         self.mlp = MLP(spec)
+        self.dropout = spec.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dropout > 0 and self.training:
+            x = x + F.dropout(self.attn(self.attn_norm(x)), self.dropout)
+            return x + F.dropout(self.mlp(self.mlp_norm(x)), self.dropout)
         x = x + self.attn(self.attn_norm(x))
         return x + self.mlp(self.mlp_norm(x))
 
@@ -120,10 +158,12 @@ class StageChunk(nn.Module):
     """
 
     def __init__(self, spec: ModelSpec, layers: Iterable[int], *, first: bool, last: bool, seed: int,
-                 recompute: bool = False) -> None:
+                 recompute: bool | str = False) -> None:
         super().__init__()
         self.layer_ids = tuple(layers)
-        self.recompute = recompute
+        self.recompute = recompute is True  # whole blocks; "selective" is set on each block's attention
+        self.dropout = spec.dropout
+        self.autocast_dtype: torch.dtype | None = None  # set by the engine for bf16 on CUDA
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size) if first else None
         self.blocks = nn.ModuleDict({str(i): Block(spec) for i in self.layer_ids})
         self.norm = _norm(spec) if last else None
@@ -132,13 +172,22 @@ class StageChunk(nn.Module):
             _init_(self.embed, seed * 7919 + _EMBED_SEED)
         for i in self.layer_ids:
             _init_(self.blocks[str(i)], layer_seed(seed, i))
+            self.blocks[str(i)].attn.selective = recompute == "selective"
         if self.head is not None:
             _init_(self.head, seed * 7919 + _HEAD_SEED)
             self.norm.weight.data.fill_(1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.autocast_dtype is not None:  # bf16 on CUDA: matmuls in 16 bits, weights and optimizer fp32
+            with torch.autocast(x.device.type, dtype=self.autocast_dtype):
+                return self._forward(x)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
             x = self.embed(x)
+            if self.dropout > 0 and self.training:
+                x = F.dropout(x, self.dropout)
         for block in self.blocks.values():
             if self.recompute and torch.is_grad_enabled():
                 x = checkpoint(block, x, use_reentrant=False)

@@ -20,7 +20,8 @@ Derived:
   sync) and ``optimizer``, in seconds from that step's start on each rank (ranks' clocks are the
   host's monotonic clock; steps start together after the previous step's all-reduce);
 - ``mfu``: model FLOPs per second (``runner.model.flops_per_token``) over the plan's devices' summed
-  ``peak_tflops`` (datasheet 16-bit numbers; for ``cpu`` the catalog's nominal fp32 core).
+  datasheet peaks at the model's precision (16-bit tensor rate for bf16/fp16, TF32 for fp32; for ``cpu``
+  the catalog's nominal fp32 core), as the simulator counts it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from autotune.simulator.efficiency import effective_precision
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig, TimelineEvent
 from runner.data import TokenSource
 from runner.engine import Engine
@@ -97,7 +99,8 @@ def summarize(readings: list[dict], cluster: ClusterSpec, model: ModelSpec, conf
     slowest = max(range(len(config.pipelines)), key=estimate)
     busy_of_slowest = tuple(stage_busy[(slowest, s)] for s in range(len(config.pipelines[slowest].stages)))
     bubble = 1.0 - sum((r["forward_s"] + r["backward_s"]) / iteration for r in readings) / len(readings)
-    peak_flops = sum(cluster.device(d).peak_tflops for d in config.devices) * 1e12
+    peak_flops = sum(cluster.device(d).matmul_peak_tflops(effective_precision(cluster.device(d), model.precision))
+                     for d in config.devices) * 1e12
     mfu = tokens_per_s * flops_per_token(model) / peak_flops
     memory = {r["device"]: r["peak_memory_GiB"] for r in readings}
     over = [(d, gib, cluster.device(d).memory_GiB) for d, gib in memory.items() if gib > cluster.device(d).memory_GiB]

@@ -114,6 +114,10 @@ def run(job: dict, rank: int, world: int, local_rank: int) -> None:
     if cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+        # precision fp32 means TF32 matmuls where the GPU has them (docs/formats.md); bf16 autocast keeps
+        # a few fp32 matmuls (none in the blocks), which TF32 also speeds up
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     else:
         device = torch.device("cpu")
     timeout = timedelta(seconds=float(job.get("pg_timeout_s", 600)))

@@ -115,7 +115,8 @@ def test_simulator_uses_profile_measurements() -> None:
     cfg2 = ParallelConfig(2, (PipelineConfig(4, (StageConfig(("cpu:0",), 2), StageConfig(("cpu:1",), 2))),))
     tl = Simulator(cluster, model, prof).evaluate_detailed(cfg2).timeline
     f0 = {e.device: e for e in tl if e.op == "F0"}
-    transfer = 30e-6 + 2 * 2 * model.seq_len * model.hidden_size / 4e9  # intra_node 4 GB/s, 30 us
+    # intra_node 4 GB/s, 30 us; mbs 2 x s x h fp32 elements (the CPU runner computes in fp32)
+    transfer = 30e-6 + 4 * 2 * model.seq_len * model.hidden_size / 4e9
     assert f0["cpu:1"].start_s - f0["cpu:0"].end_s == pytest.approx(transfer, rel=1e-9)
     default = Simulator(cluster, model).evaluate_detailed(cfg2).timeline
     d0 = {e.device: e for e in default if e.op == "F0"}

@@ -258,8 +258,9 @@ def fit_memory_terms(model: ModelSpec, device, probes: list[tuple[int, float]]) 
     rows, rhs = [], []
     for mbs, peak_GiB in probes:
         full = device.layer_timing(model, mbs, 1)
-        acts = stage_activation_bytes(model, mbs, 1, model.num_layers, False, 1, 1, True, True, flash_attention=True,
-                                      measured_full_bytes=full.activation_bytes if full else None)
+        acts = stage_activation_bytes(model, mbs, 1, model.num_layers, False, 1, 1, True, True,
+                                      measured_full_bytes=full.activation_bytes if full else None,
+                                      elem_bytes=4)  # the CPU runner computes in fp32
         rows.append((params, acts))
         rhs.append((peak_GiB - (device.memory_baseline_GiB or 0.0)) * GiB)
     if len(rows) >= 2 and len({r[1] for r in rows}) > 1:

@@ -34,8 +34,11 @@ from autotune.specs import ClusterSpec, LinkSpec, ModelSpec, NodeSpec
 
 log = logging.getLogger(__name__)
 
-#: the catalog's accelerators (``cpu`` is the local test device, not a scenario GPU)
-GPU_TYPES: tuple[str, ...] = tuple(name for name in GPU_CATALOG if name != "cpu")
+#: the accelerators scenarios draw from: the catalog as it was when the shipped policy was trained (``cpu`` is
+#: the local test device, not a scenario GPU). GPUs added to the catalog later (GH200, L40S, TITAN-RTX,
+#: RTX-2080-Ti, RTX-2080, A800-80GB) join when the policy is retrained, so the generator's draws stay as they were.
+GPU_TYPES: tuple[str, ...] = ("H200", "H100-80GB", "A100-80GB", "A100-40GB", "V100-32GB", "A10G", "L4", "T4",
+                              "RTX-4090", "RTX-3090", "A6000")
 #: SXM-socket datacenter parts: nodes of 4 or 8 usually joined by NVLink / NVSwitch
 NVLINK_CAPABLE = frozenset({"H200", "H100-80GB", "A100-80GB", "A100-40GB", "V100-32GB"})
 

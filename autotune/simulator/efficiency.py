@@ -3,8 +3,10 @@
 Without a calibration profile a matmul of equivalent square size ``n`` (cube root of ``M * N * K``)
 sustains
 
-    peak_tflops * PEAK_FRACTION * n^2 / (n^2 + HALF_SIZE^2)
+    peak * PEAK_FRACTION * n^2 / (n^2 + HALF_SIZE^2)
 
+with ``peak`` the datasheet dense rate of the model's precision (``DeviceSpec.matmul_peak_tflops``: the
+16-bit tensor rate for bf16/fp16, the TF32 rate for fp32),
 a saturating curve: small matmuls cannot fill the GPU's streaming multiprocessors and are bound by
 memory traffic and launch overhead, large ones approach ``PEAK_FRACTION`` of the datasheet peak.
 ``PEAK_FRACTION = 0.8`` is an assumption in the range public 16-bit cuBLAS benchmarks report for large
@@ -27,15 +29,27 @@ HALF_SIZE = 512.0      # equivalent square size at which a matmul reaches half o
 MEMORY_FRACTION = 0.8  # sustained fraction of datasheet memory bandwidth for streaming kernels (assumption)
 
 
+def effective_precision(device: DeviceSpec, precision: str) -> str:
+    """The precision a device really computes a model of ``precision`` in: the CPU runner computes in
+    fp32 whatever the model says (its catalog peak is the fp32 rate), GPUs in the model's precision."""
+    return "fp32" if device.name == "cpu" else precision
+
+
 class DeviceRates:
-    """Sustained speeds of one device type, from the default curve or a profile."""
+    """Sustained speeds of one device type, from the default curve or a profile, for a model trained in
+    ``precision`` (the matmul peak is ``DeviceSpec.matmul_peak_tflops(precision)``; ``elem_bytes`` is the
+    size of one activation element as this device computes it)."""
 
-    __slots__ = ("device", "profile", "slowdown", "memory_bandwidth_GBps")
+    __slots__ = ("device", "profile", "slowdown", "memory_bandwidth_GBps", "precision", "peak_tflops", "elem_bytes")
 
-    def __init__(self, device: DeviceSpec, profile: DeviceProfile | None = None, slowdown: float = 1.0) -> None:
+    def __init__(self, device: DeviceSpec, profile: DeviceProfile | None = None, slowdown: float = 1.0,
+                 precision: str = "bf16") -> None:
         self.device = device
         self.profile = profile
         self.slowdown = slowdown
+        self.precision = effective_precision(device, precision)
+        self.peak_tflops = device.matmul_peak_tflops(self.precision)
+        self.elem_bytes = 4 if self.precision == "fp32" else 2
         if profile is not None and profile.memory_bandwidth_GBps is not None:
             self.memory_bandwidth_GBps = profile.memory_bandwidth_GBps  # measured: already sustained
         else:
@@ -43,10 +57,10 @@ class DeviceRates:
 
     def matmul_tflops(self, size: float) -> float:
         """Sustained TFLOP/s for a matmul of equivalent square size ``size``."""
-        if self.profile is not None:
+        if self.profile is not None and self.profile.matmul:
             return self.profile.matmul_tflops(size) / self.slowdown
         n2 = size * size
-        return self.device.peak_tflops * PEAK_FRACTION * n2 / (n2 + HALF_SIZE * HALF_SIZE) / self.slowdown
+        return self.peak_tflops * PEAK_FRACTION * n2 / (n2 + HALF_SIZE * HALF_SIZE) / self.slowdown
 
     def matmul_s(self, mm: Matmul) -> float:
         return mm.flops / (self.matmul_tflops(mm.size) * 1e12)

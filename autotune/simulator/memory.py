@@ -1,27 +1,40 @@
 """Memory per device: model states, activations for the micro-batches in flight, and a reserve.
 
-- Model states, mixed-precision Adam: 16 bytes per parameter (2 for the 16-bit weight, 2 for its
-  gradient, 4 + 4 + 4 for the fp32 master weight and the two Adam moments; Rajbhandari et al. 2020,
-  "ZeRO", Sec. 3.1), for the parameters a device holds (its layers' share under tensor parallelism).
-- Activations of one transformer layer for one micro-batch, 16-bit, no sequence parallelism,
-  no flash attention (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-  Models", Sec. 4): ``s b h (34 + 5 a s / h)`` bytes without tensor parallelism and
+- Model states, Adam: 16 bytes per parameter, for the parameters a device holds (its layers' share
+  under tensor parallelism). Mixed precision (bf16/fp16): 2 for the 16-bit weight, 2 for its gradient,
+  4 + 4 + 4 for the fp32 master weight and the two Adam moments (Rajbhandari et al. 2020, "ZeRO",
+  Sec. 3.1); fp32: 4 weight + 4 gradient + 4 + 4 moments, the same 16.
+- Activations of one transformer layer for one micro-batch (Korthikanti et al. 2022, "Reducing
+  Activation Recomputation in Large Transformer Models", Sec. 4, Table 2): in 16-bit with dropout and
+  stored attention scores, ``s b h (34 + 5 a s / h)`` bytes without tensor parallelism and
   ``s b h (10 + 24 / t + 5 a s / (h t))`` with ``t``-way tensor parallelism. Their terms, generalised
-  to grouped-query attention and SwiGLU: replicated ``10 s b h`` (layer-norm inputs 4, attention and MLP
-  inputs 2 + 2, two dropout masks 1 + 1); split across ``t``: Q 2 s b h, K and V 2 s b h_kv each, the
-  output-projection input 2 s b h, the MLP's inner activations ``4 s b f`` (GeLU: its input and the
-  second matrix's input) or ``6 s b f`` (SwiGLU: gate, up and their product), and the attention
-  scores ``5 a s^2 b`` (softmax output 2, dropout mask 1, dropout output 2). For a GPT layer
-  (``h_kv = h``, ``f = 4h``, GeLU) this is exactly Korthikanti's formula.
-- Full recomputation keeps only each layer's input (``2 s b h``) and rebuilds one layer's full
-  activations during its backward.
+  to grouped-query attention, SwiGLU, the element size ``e`` of the model's precision (2 bytes for
+  bf16/fp16, 4 for fp32) and dropout on or off (masks are 1 byte): replicated across the tensor-parallel
+  group ``(4 e + 2 d) s b h`` (two layer-norm inputs, the attention and MLP inputs, and with dropout
+  ``d = 1`` its two masks); split across ``t``: Q ``e s b h``, K and V ``e s b h_kv`` each, the
+  output-projection input ``e s b h``, the MLP's inner activations ``2 e s b f`` (GeLU: its input and the
+  second matrix's input) or ``3 e s b f`` (SwiGLU: gate, up and their product), and with standard
+  attention the scores ``(e + d (1 + e)) a s^2 b`` (softmax output, and with dropout its mask and
+  output). For a GPT layer (``h_kv = h``, ``f = 4h``, GeLU) in 16 bits with dropout this is exactly
+  Korthikanti's formula.
+- ``attention: flash`` (fused attention, Dao et al. 2022) stores no scores: the score term is 0 (its
+  output and log-sum-exp are counted with the output-projection input).
+- Selective recomputation (``recompute: "selective"``) recomputes the attention core (``Q K^T``,
+  softmax, dropout, ``P V``) in the backward, so the score term is not kept: ``s b h (10 + 24 / t)``
+  (Korthikanti Table 2, "selective"); with flash attention it changes nothing.
+- Sequence parallelism (``sequence_parallel``, Korthikanti Sec. 4.2.2) splits the replicated part
+  along the sequence as well: ``s b h (34 / t + 5 a s / (h t))``, and ``34 s b h / t`` with selective
+  recomputation (Table 2).
+- Full recomputation keeps only each layer's input (``e s b h``, ``/ t`` with sequence parallelism)
+  and rebuilds one layer's full activations during its backward.
 - The schedule decides how many micro-batches' activations a stage holds at once (1F1B: ``min(m, p - i)``
   for stage ``i`` of ``p``; GPipe: ``m``; interleaved: Megatron's warm-up count plus one, in chunks);
   ``autotune.simulator.schedule`` counts them from the stage's operation order.
 - Mixture-of-experts blocks: ``autotune.simulator.moe`` (router probabilities, dispatched copies, expert
   activations; expert states of the experts a device holds and trains).
-- First stage: the embedding's dropout mask per micro-batch in flight (``s b h`` bytes). Last stage:
-  one micro-batch's logits in 16 bits plus their fp32 softmax and gradient (``10 s b V / t`` bytes).
+- First stage, with dropout: the embedding's dropout mask per micro-batch in flight (``s b h`` bytes).
+  Last stage: one micro-batch's logits in the model's precision plus their fp32 softmax and gradient
+  (``(e + 8) s b V / t`` bytes: ``10 s b V / t`` in 16 bits).
 
 A device runs out of memory when its peak exceeds its capacity minus a reserve of
 ``RESERVE_GiB + RESERVE_FRACTION * capacity``: about 1 GiB for the CUDA context, cuBLAS/NCCL
@@ -44,23 +57,34 @@ def usable_memory_GiB(capacity_GiB: float) -> float:
     return capacity_GiB - RESERVE_GiB - RESERVE_FRACTION * capacity_GiB
 
 
-def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, flash_attention: bool = False) -> float:
-    """Bytes one transformer layer keeps for the backward of one micro-batch (Korthikanti et al. 2022).
-    ``flash_attention`` drops the ``5 a s^2 b`` attention-score term (fused attention stores no scores)."""
+def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, selective: bool = False,
+                           sequence_parallel: bool = False, elem_bytes: int | None = None) -> float:
+    """Bytes one transformer layer keeps for the backward of one micro-batch (Korthikanti et al. 2022,
+    generalised as the module docstring says). ``elem_bytes``: the element size, default the model's
+    precision's (``ModelSpec.bytes_per_element``)."""
+    e = model.bytes_per_element if elem_bytes is None else elem_bytes
+    d = 1 if model.dropout > 0 else 0
     s, b, h, f = model.seq_len, micro_batch_size, model.hidden_size, model.ffn_hidden_size
     a, hkv = model.num_heads, model.kv_hidden_size
-    mlp_inner = (6 if model.mlp == "swiglu" else 4) * f
-    replicated = 10 * h
-    split = 2 * h + 4 * hkv + 2 * h + mlp_inner
-    scores = 0.0 if flash_attention else 5.0 * a * s * s * b / tp
+    mlp_inner = (3 if model.mlp == "swiglu" else 2) * e * f
+    replicated = (4 * e + 2 * d) * h
+    split = e * h + 2 * e * hkv + e * h + mlp_inner
+    stored_scores = model.attention == "standard" and not selective
+    scores = (e + d * (1 + e)) * a * s * s * b / tp if stored_scores else 0.0
+    if sequence_parallel and tp > 1:
+        replicated /= tp
     # MoE blocks store router probabilities, dispatched token copies and expert activations instead
-    moe_blocks = activation_delta_per_token(model, tp)
+    moe_blocks = activation_delta_per_token(model, tp) * e / 2  # counted in 16-bit bytes there
     return s * b * (replicated + split / tp + moe_blocks) + scores
 
 
-def layer_input_bytes(model: ModelSpec, micro_batch_size: int) -> float:
-    """What full recomputation keeps per layer: its 16-bit input."""
-    return 2.0 * model.seq_len * micro_batch_size * model.hidden_size
+def layer_input_bytes(model: ModelSpec, micro_batch_size: int, tp: int = 1, sequence_parallel: bool = False,
+                      elem_bytes: int | None = None) -> float:
+    """What full recomputation keeps per layer: its input (split along the sequence with sequence
+    parallelism)."""
+    e = model.bytes_per_element if elem_bytes is None else elem_bytes
+    split = tp if sequence_parallel and tp > 1 else 1
+    return e * model.seq_len * micro_batch_size * model.hidden_size / split
 
 
 def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> float:
@@ -73,35 +97,44 @@ def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool
     return params / tp
 
 
-def stage_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, layers: int, recompute: bool,
+def stage_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, layers: int, recompute: bool | str,
                            in_flight_chunks: int, chunks: int, first: bool, last: bool,
-                           flash_attention: bool = False, measured_full_bytes: float | None = None,
-                           measured_kept_bytes: float | None = None) -> float:
+                           measured_full_bytes: float | None = None, measured_kept_bytes: float | None = None,
+                           sequence_parallel: bool = False, elem_bytes: int | None = None) -> float:
     """Peak activation bytes of one device of a stage holding ``in_flight_chunks`` chunk activations.
-    ``measured_full_bytes`` / ``measured_kept_bytes`` (a calibration profile's per-layer
-    ``activation_bytes`` without / with recomputation) replace the formulas when given."""
+    ``recompute``: ``False``, ``True`` (full) or ``"selective"``. ``measured_full_bytes`` /
+    ``measured_kept_bytes`` (a calibration profile's per-layer ``activation_bytes`` without / with
+    recomputation) replace the formulas when given."""
+    e = model.bytes_per_element if elem_bytes is None else elem_bytes
     layers_per_chunk = layers / chunks
-    full = layer_activation_bytes(model, micro_batch_size, tp, flash_attention)
+    full = layer_activation_bytes(model, micro_batch_size, tp, sequence_parallel=sequence_parallel, elem_bytes=e)
     if measured_full_bytes is not None:
         full = measured_full_bytes
-    if recompute:
-        kept = layer_input_bytes(model, micro_batch_size) if measured_kept_bytes is None else measured_kept_bytes
+    if recompute is True:
+        kept = (layer_input_bytes(model, micro_batch_size, tp, sequence_parallel, e) if measured_kept_bytes is None
+                else measured_kept_bytes)
         total = in_flight_chunks * layers_per_chunk * kept + (full if layers else 0.0)
+    elif recompute == "selective":
+        kept = (layer_activation_bytes(model, micro_batch_size, tp, True, sequence_parallel, e)
+                if measured_kept_bytes is None else measured_kept_bytes)
+        # the backward rebuilds one layer's attention core on top of what the others keep
+        total = in_flight_chunks * layers_per_chunk * kept + ((full - kept) if layers else 0.0)
     else:
         total = in_flight_chunks * layers_per_chunk * full
     s, b = model.seq_len, micro_batch_size
-    if first:
+    if first and model.dropout > 0:
         total += -(-in_flight_chunks // chunks) * s * b * model.hidden_size  # embedding dropout mask (chunk 0)
     if last:
-        total += 10.0 * s * b * model.vocab_size / tp  # logits: 16-bit + fp32 softmax + fp32 gradient
+        total += (e + 8.0) * s * b * model.vocab_size / tp  # logits + fp32 softmax + fp32 gradient
     return total
 
 
-def stage_peak_GiB(model: ModelSpec, micro_batch_size: int, tp: int, layers: int, recompute: bool,
-                   in_flight_chunks: int, chunks: int, first: bool, last: bool, flash_attention: bool = False,
+def stage_peak_GiB(model: ModelSpec, micro_batch_size: int, tp: int, layers: int, recompute: bool | str,
+                   in_flight_chunks: int, chunks: int, first: bool, last: bool,
                    measured_full_bytes: float | None = None, measured_kept_bytes: float | None = None,
                    baseline_GiB: float = 0.0, state_bytes_per_param: float | None = None,
-                   activation_factor: float = 1.0, states_bytes: float | None = None) -> float:
+                   activation_factor: float = 1.0, states_bytes: float | None = None,
+                   sequence_parallel: bool = False, elem_bytes: int | None = None) -> float:
     """``baseline_GiB``: a profile's measured per-process memory besides states and activations;
     ``state_bytes_per_param``: a profile's measured bytes per parameter (default 16, ZeRO's figure);
     ``activation_factor``: a profile's measured peak bytes per saved activation byte (default 1);
@@ -110,5 +143,5 @@ def stage_peak_GiB(model: ModelSpec, micro_batch_size: int, tp: int, layers: int
     per_param = BYTES_PER_PARAM_STATE if state_bytes_per_param is None else state_bytes_per_param
     states = per_param * stage_params(model, layers, tp, first, last) if states_bytes is None else states_bytes
     acts = stage_activation_bytes(model, micro_batch_size, tp, layers, recompute, in_flight_chunks, chunks,
-                                  first, last, flash_attention, measured_full_bytes, measured_kept_bytes)
+                                  first, last, measured_full_bytes, measured_kept_bytes, sequence_parallel, elem_bytes)
     return (states + activation_factor * acts) / GiB + baseline_GiB

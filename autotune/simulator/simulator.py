@@ -66,9 +66,8 @@ class StageEstimate:
     def fits(self) -> bool:
         return self.memory_GiB <= self.usable_GiB
 
-ACTIVATION_BYTES = 2       # 16-bit activations and gradients cross stage boundaries and TP all-reduces
-GRAD_BYTES = 2             # 16-bit gradients in the data-parallel all-reduce (Megatron-LM fp16/bf16 default)
-OPTIMIZER_BYTES_PER_PARAM = 28  # Adam step traffic: read 4+4+4+2, write 4+4+4+2 bytes per parameter
+
+OPTIMIZER_BYTES_PER_PARAM = 28  # Adam step traffic: read 4+4+4+2, write 4+4+4+2 bytes per parameter (fp32: 4+4+4+4, 4+4+4)
 _PIPELINE_CACHE_SIZE = 50_000
 _NO_LINK = LinkSpec(1.0, 0.0)  # a group of one device communicates with nobody
 
@@ -95,20 +94,18 @@ class Simulator:
 
     ``record_timeline=True`` makes ``evaluate`` also return every operation as a ``TimelineEvent``
     (slower; the search leaves it off). ``evaluate_detailed`` does that for one call.
-    ``flash_attention=True`` models fused attention that never stores the ``s x s`` scores (Dao et al.
-    2022): their memory and memory traffic disappear. It is the default because the runner (PyTorch's
-    fused ``scaled_dot_product_attention``) and current Megatron-LM train that way; ``False`` is the
-    2021 Megatron-LM setting of Narayanan et al. and Korthikanti et al. (scores stored), used by the
-    published-measurement comparison in ``experiments/megatron_comparison.py``.
+    The model's ``precision`` sets the matmul peak and the size of every activation, gradient and
+    message; its ``attention`` says whether the ``s x s`` scores are stored (``standard``, the 2021
+    Megatron-LM setting of Narayanan et al. and Korthikanti et al.) or not (``flash``, fused attention,
+    Dao et al. 2022: the default, as the runner and current Megatron-LM train).
     """
 
     def __init__(self, cluster: ClusterSpec, model: ModelSpec, profile: CalibrationProfile | None = None,
-                 record_timeline: bool = False, flash_attention: bool = True) -> None:
+                 record_timeline: bool = False) -> None:
         self.cluster = cluster
         self.model = model
         self.profile = profile
         self.record_timeline = record_timeline
-        self.flash_attention = flash_attention
         self._step_overhead_s = profile.step_overhead_s if profile is not None else 0.0
         self._rank_curves = profile is not None and any(d.pipeline_overhead or d.data_parallel_overhead
                                                         for d in profile.devices)
@@ -120,7 +117,7 @@ class Simulator:
             key = f"{n.device.name}@{n.slowdown:g}"
             if key not in self._rates:
                 self._rates[key] = DeviceRates(n.device, profile.device(n.device.name) if profile else None,
-                                               n.slowdown)
+                                               n.slowdown, model.precision)
         self._rate_key = {d: f"{n.device.name}@{n.slowdown:g}" for d, n in self._node.items()}
         self._usable = {d: usable_memory_GiB(n.device.memory_GiB) for d, n in self._node.items()}
         self._layer_cache: dict[tuple, tuple[float, ...]] = {}
@@ -131,6 +128,8 @@ class Simulator:
         self._pipeline_cache: dict[tuple, tuple[float, ...]] = {}
         self._zero_cache: dict[tuple, tuple] = {}
         self._flops_per_token = model_flops_per_token(model)
+        # gradients are all-reduced in the model's precision (16-bit in Megatron-LM's fp16/bf16 default)
+        self._grad_bytes = max(r.elem_bytes for r in self._rates.values())
 
     # ---------------------------------------------------------------------------------------------
     # Evaluator interface
@@ -162,15 +161,16 @@ class Simulator:
     # ---------------------------------------------------------------------------------------------
     # Cost queries for planners (``autotune.search.planner``): the same numbers ``evaluate`` composes
 
-    def stage_estimate(self, devices: tuple[str, ...], layers: int, recompute: bool, first: bool, last: bool,
-                       mbs: int, in_flight: int, dp: int = 1, zero: int = 0, offload: str = "none") -> "StageEstimate":
+    def stage_estimate(self, devices: tuple[str, ...], layers: int, recompute: bool | str, first: bool, last: bool,
+                       mbs: int, in_flight: int, dp: int = 1, zero: int = 0, offload: str = "none",
+                       sequence_parallel: bool = False) -> "StageEstimate":
         """One stage of a 1F1B-style pipeline (one model chunk): its forward and backward time per
         micro-batch, its optimizer step, and its peak memory per device holding ``in_flight``
         micro-batches' activations (with ``dp`` data-parallel peers for ZeRO sharding), against the
         smallest usable memory among its devices. Time terms of ZeRO and offload are not included."""
-        durs, _, opt = self._stage_costs(tuple(devices), layers, recompute, first, last, mbs, 1)
+        durs, _, opt = self._stage_costs(tuple(devices), layers, recompute, first, last, mbs, 1, sp=sequence_parallel)
         memory, host = self._stage_memory_GiB(tuple(devices), layers, recompute, first, last, mbs, in_flight, 1,
-                                              dp, zero, offload)
+                                              dp, zero, offload, sequence_parallel)
         return StageEstimate(durs[0], durs[1], opt, memory, min(self._usable[d] for d in devices), host)
 
     def p2p_time_s(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int) -> float:
@@ -186,45 +186,60 @@ class Simulator:
         if n < 2:
             return 0.0
         bw, lat = self._dp_bandwidth(tuple(tuple(o) for o in owners))
-        return ring_allreduce_s(GRAD_BYTES * params, n, bw, lat)
+        return ring_allreduce_s(self._grad_bytes * params, n, bw, lat)
 
     # ---------------------------------------------------------------------------------------------
     # Cost model
 
-    def _layer_costs(self, rate_key: str, tp: int, mbs: int, link: LinkSpec, ep: int = 1) -> tuple[float, ...]:
+    def _layer_costs(self, rate_key: str, tp: int, mbs: int, link: LinkSpec, sp: bool = False,
+                     ep: int = 1) -> tuple[float, ...]:
         """Seconds on one device type for one micro-batch, tensor-parallel communication included:
-        (layer forward, layer backward, layer backward with recomputation, embedding forward, embedding
-        backward, head forward, head backward, optimizer seconds per parameter). ``ep``: expert
-        parallelism of an MoE model (its blocks' mean compute, ``moe.layer_matmul_s``)."""
-        key = (rate_key, tp, mbs, link, ep)
+        (layer forward, layer backward, layer backward with full recomputation, layer backward with
+        selective recomputation, embedding forward, embedding backward, head forward, head backward,
+        optimizer seconds per parameter). ``sp``: sequence parallelism in the tensor-parallel group;
+        ``ep``: expert parallelism of an MoE model (its blocks' mean compute, ``moe.layer_matmul_s``)."""
+        key = (rate_key, tp, mbs, link, sp, ep)
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
         rates = self._rates[rate_key]
         model = self.model
+        e = rates.elem_bytes
+        sp = sp and tp > 1
         s, h, V = model.seq_len, model.hidden_size, model.vocab_size
         tokens = mbs * s
-        act_bytes = ACTIVATION_BYTES * tokens * h
-        tp_ar = allreduce_over_link_s(act_bytes, tp, link)  # one all-reduce of the b s h activations
+        act_bytes = e * tokens * h
+        # one all-reduce of the b s h activations (with sequence parallelism a reduce-scatter plus an
+        # all-gather: the same bytes and steps, Korthikanti et al. 2022 Sec. 4.2.2)
+        tp_ar = allreduce_over_link_s(act_bytes, tp, link)
+        mms = layer_matmuls(model, mbs, tp)
         if model.is_moe:
             mm = moe.layer_matmul_s(rates.matmul_s, model, mbs, tp, ep)
         else:
-            mm = sum(rates.matmul_s(m) for m in layer_matmuls(model, mbs, tp))
+            mm = sum(rates.matmul_s(m) for m in mms)
+        attn_mm = rates.matmul_s(mms[1]) + rates.matmul_s(mms[2])  # Q K^T and P V
         # memory-bound kernels: every stored activation byte is written and read once forward (2x) ...
-        elementwise = 2.0 * rates.memory_s(layer_activation_bytes(model, mbs, tp, self.flash_attention))
+        stored = layer_activation_bytes(model, mbs, tp, sequence_parallel=sp, elem_bytes=e)
+        elementwise = 2.0 * rates.memory_s(stored)
         layer_f = mm + elementwise + 2 * tp_ar
-        layer_b = 2 * mm + 2 * elementwise + 2 * tp_ar  # ... and read plus a gradient written and read backward
+        # ... and read plus a gradient written and read backward (4x); fused attention's backward also
+        # recomputes Q K^T: 5 attention matmuls for the forward's 2 (Dao 2023, FlashAttention-2)
+        flash_extra = 0.5 * attn_mm if model.attention == "flash" else 0.0
+        layer_b = 2 * mm + flash_extra + 2 * elementwise + 2 * tp_ar
         layer_br = layer_b + layer_f
-        # embedding: gather rows and write the output (4 s b h bytes); vocab-parallel: one all-reduce
+        # selective recomputation reruns the attention core forward: its matmuls and its score traffic
+        scores = stored - layer_activation_bytes(model, mbs, tp, True, sp, e)
+        layer_bs = layer_b + (attn_mm + 2.0 * rates.memory_s(scores) if model.attention == "standard" else 0.0)
+        # embedding: gather rows and write the output (2 e s b h bytes); vocab-parallel: one all-reduce
         emb_f = rates.memory_s(2.0 * act_bytes) + tp_ar
         emb_b = rates.memory_s(2.0 * act_bytes)
-        # final norm, logits matmul, vocabulary-parallel cross-entropy (~10 bytes per logit each way,
-        # 3 small fp32 all-reduces of b s values)
+        # final norm, logits matmul, vocabulary-parallel cross-entropy (~e + 8 bytes per logit each way:
+        # the logits and their fp32 softmax and gradient; 3 small fp32 all-reduces of b s values)
         head = rates.matmul_s(head_matmul(model, mbs, tp))
         logits = tokens * -(-V // tp)
         ce_ar = 3 * allreduce_over_link_s(4.0 * tokens, tp, link)
-        head_f = head + rates.memory_s(10.0 * logits + 2.0 * act_bytes) + ce_ar
-        head_b = 2 * head + rates.memory_s(10.0 * logits + 2.0 * act_bytes) + tp_ar
+        head_f = head + rates.memory_s((e + 8.0) * logits + 2.0 * act_bytes) + ce_ar
+        head_b = 2 * head + rates.memory_s((e + 8.0) * logits + 2.0 * act_bytes) + tp_ar
         opt = rates.memory_s(OPTIMIZER_BYTES_PER_PARAM)
         prof = rates.profile
         if prof is not None:  # measured times replace the model where the profile has them
@@ -234,23 +249,27 @@ class Simulator:
             if measured is not None:
                 layer_f, layer_b = measured.forward_s * sd, measured.backward_s * sd
                 layer_br = layer_f + layer_b
+                layer_bs = layer_b + (layer_bs - layer_b) * (layer_f / (mm + elementwise + 2 * tp_ar))
             measured = prof.layer_timing(model, mbs, tp, recompute=True) if not model.is_moe else None
             if measured is not None:
                 layer_br = measured.backward_s * sd
+            measured = prof.layer_timing(model, mbs, tp, recompute="selective")
+            if measured is not None:
+                layer_bs = measured.backward_s * sd
             edge = prof.edge_timing(model, mbs, tp)
             if edge is not None:
                 emb_f, emb_b = edge.embedding_forward_s * sd, edge.embedding_backward_s * sd
                 head_f, head_b = edge.head_forward_s * sd, edge.head_backward_s * sd
             if prof.optimizer_s_per_param is not None:
                 opt = prof.optimizer_s_per_param * rates.slowdown
-        out = (layer_f, layer_b, layer_br, emb_f, emb_b, head_f, head_b, opt)
+        out = (layer_f, layer_b, layer_br, layer_bs, emb_f, emb_b, head_f, head_b, opt)
         self._layer_cache[key] = out
         return out
 
-    def _stage_costs(self, devices: tuple[str, ...], layers: int, recompute: bool, first: bool, last: bool,
-                     mbs: int, v: int, ep: int = 1) -> tuple:
+    def _stage_costs(self, devices: tuple[str, ...], layers: int, recompute: bool | str, first: bool, last: bool,
+                     mbs: int, v: int, ep: int = 1, sp: bool = False) -> tuple:
         """(durations [F, B per chunk], parameters per device, optimizer seconds) of one stage."""
-        key = (devices, layers, recompute, first, last, mbs, v, ep)
+        key = (devices, layers, recompute, first, last, mbs, v, ep, sp)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
@@ -261,7 +280,8 @@ class Simulator:
         durs = [0.0] * (2 * v)
         opt_s = 0.0
         for rk in sorted({self._rate_key[d] for d in devices}):  # mixed types: the slowest sets the pace
-            lf, lb, lbr, ef, eb, hf, hb, opt = self._layer_costs(rk, tp, mbs, link, ep)
+            lf, lb, lbr, lbs, ef, eb, hf, hb, opt = self._layer_costs(rk, tp, mbs, link, sp, ep)
+            lback = lbr if recompute is True else lbs if recompute == "selective" else lb
             # a profile's measured pipeline-runtime cost per micro-batch and stage chunk (calibration)
             prof = self._rates[rk].profile
             ovh = (prof.microbatch_overhead_s or 0.0) * self._rates[rk].slowdown / 2 if prof is not None else 0.0
@@ -269,7 +289,7 @@ class Simulator:
             tp_ovh = prof.tensor_parallel_overhead_s(tp) / 2 if prof is not None and tp > 1 else 0.0
             for c in range(v):
                 f = lpc * (lf + tp_ovh) + ovh
-                b = lpc * ((lbr if recompute else lb) + tp_ovh) + ovh
+                b = lpc * (lback + tp_ovh) + ovh
                 if first and c == 0:
                     f += ef
                     b += eb
@@ -283,13 +303,16 @@ class Simulator:
         self._stage_cache[key] = out
         return out
 
-    def _stage_memory_GiB(self, devices: tuple[str, ...], layers: int, recompute: bool, first: bool, last: bool,
-                          mbs: int, in_flight: int, v: int, dp: int = 1, zero: int = 0,
-                          offload: str = "none") -> tuple[float, float]:
+    def _stage_memory_GiB(self, devices: tuple[str, ...], layers: int, recompute: bool | str, first: bool,
+                          last: bool, mbs: int, in_flight: int, v: int, dp: int = 1, zero: int = 0,
+                          offload: str = "none", sp: bool = False) -> tuple[float, float]:
         """(device peak GiB, host GiB of offloaded state) of one device of a stage."""
         prof = self.profile.device(self._node[devices[0]].device.name) if self.profile is not None else None
-        key = (len(devices), layers, recompute, first, last, mbs, in_flight, v, prof.name if prof else None,
-               dp if zero or offload != "none" else 1, zero, offload)
+        tp = len(devices)
+        sp = sp and tp > 1
+        elem = self._rates[self._rate_key[devices[0]]].elem_bytes
+        key = (tp, layers, recompute, first, last, mbs, in_flight, v, prof.name if prof else None,
+               dp if zero or offload != "none" else 1, zero, offload, sp, elem)
         hit = self._memory_cache.get(key)
         if hit is None:
             full = kept = per_param = None
@@ -298,8 +321,9 @@ class Simulator:
                 dense = not self.model.is_moe  # a profile measures dense blocks only
                 measured = prof.layer_timing(self.model, mbs, len(devices)) if dense else None
                 full = measured.activation_bytes if measured is not None else None
-                measured = prof.layer_timing(self.model, mbs, len(devices), recompute=True) if dense else None
-                kept = measured.activation_bytes if measured is not None else None
+                if recompute and dense:
+                    measured = prof.layer_timing(self.model, mbs, len(devices), recompute=recompute)
+                    kept = measured.activation_bytes if measured is not None else None
                 baseline = prof.memory_baseline_GiB or 0.0
                 per_param = prof.state_bytes_per_param
                 act_factor = prof.activation_memory_factor or 1.0
@@ -310,8 +334,8 @@ class Simulator:
                     split = split.scaled_to(per_param)
                 st = stage_states(self.model, layers, len(devices), first, last, dp, zero, offload, split)
                 states_bytes, host_GiB = st.device_bytes + st.working_bytes, st.host_bytes / 2**30
-            dev = stage_peak_GiB(self.model, mbs, len(devices), layers, recompute, in_flight, v, first, last,
-                                 self.flash_attention, full, kept, baseline, per_param, act_factor, states_bytes)
+            dev = stage_peak_GiB(self.model, mbs, tp, layers, recompute, in_flight, v, first, last,
+                                 full, kept, baseline, per_param, act_factor, states_bytes, sp, elem)
             hit = (dev, host_GiB)
             self._memory_cache[key] = hit
         return hit
@@ -366,11 +390,17 @@ class Simulator:
                 bound = max(bound, iteration * prof.contention_stretch(1.0), work[name] * prof.contention_stretch(n) / n)
         return bound
 
-    def _p2p(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int) -> float:
-        key = (src[0], dst[0], mbs)
+    def _p2p(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int, sp: bool = False) -> float:
+        """One activation (or its gradient) from stage ``src`` to stage ``dst``: each tensor-parallel rank
+        sends the ``e b s h`` tensor to its peer (``1 / tp`` of it with sequence parallelism, where the
+        stage output is split along the sequence)."""
+        key = (src[0], dst[0], mbs, sp and len(src) > 1)
         hit = self._p2p_cache.get(key)
         if hit is None:
-            nbytes = ACTIVATION_BYTES * mbs * self.model.seq_len * self.model.hidden_size
+            e = self._rates[self._rate_key[src[0]]].elem_bytes
+            nbytes = e * mbs * self.model.seq_len * self.model.hidden_size
+            if key[3]:
+                nbytes /= len(src)
             hit = p2p_s(nbytes, self._eff.link(src[0], dst[0]))
             self._p2p_cache[key] = hit
         return hit
@@ -420,10 +450,12 @@ class Simulator:
             trained = moe.trained_in(model, pipe.trains_experts, moe.shard(model, ep, r % ep)) if model.is_moe else 0
             for s, st in enumerate(pipe.stages):
                 first, last = s == 0, s == p - 1
-                c = self._stage_costs(st.devices, st.layers, st.recompute, first, last, mbs, v, ep)
+                c = self._stage_costs(st.devices, st.layers, st.recompute, first, last, mbs, v, ep,
+                                      st.sequence_parallel)
                 dp = data_parallel_degree(config, r, s)
                 gib, host_gib = self._stage_memory_GiB(st.devices, st.layers, st.recompute, first, last, mbs,
-                                                       comp.in_flight[s], v, dp, config.zero, st.offload)
+                                                       comp.in_flight[s], v, dp, config.zero, st.offload,
+                                                       st.sequence_parallel)
                 if model.is_moe:
                     c, gib, host_gib = self._moe_stage(c, gib, host_gib, st, trained, ep, dp, config.zero)
                 costs.append(c)
@@ -472,9 +504,11 @@ class Simulator:
             stages = pipe.stages
             for s in range(p):
                 if s > 0 or v > 1:
-                    comms[1 + s] = self._p2p(stages[s - 1].devices, stages[s].devices, mbs)
+                    comms[1 + s] = self._p2p(stages[s - 1].devices, stages[s].devices, mbs,
+                                             stages[s - 1].sequence_parallel)
                 if s < p - 1 or v > 1:
-                    comms[1 + p + s] = self._p2p(stages[(s + 1) % p].devices, stages[s].devices, mbs)
+                    comms[1 + p + s] = self._p2p(stages[(s + 1) % p].devices, stages[s].devices, mbs,
+                                                 stages[(s + 1) % p].sequence_parallel)
             comp = compiled[r]
             if timeline:
                 end, free = run_program(comp, durs, comms)
@@ -540,7 +574,7 @@ class Simulator:
         tokens = config.global_batch_size * model.seq_len
         if iteration <= 0.0:  # only a profile of zero times can do this
             return Measurement.failure("failed", "simulated iteration takes no time: check the calibration profile")
-        peak_flops = sum(self._node[d].device.peak_tflops / self._node[d].slowdown for d in peak) * 1e12
+        peak_flops = sum(self._rates[self._rate_key[d]].peak_tflops / self._node[d].slowdown for d in peak) * 1e12
         mfu = self._flops_per_token * tokens / (iteration * peak_flops)
         return Measurement(tokens_per_s=tokens / iteration, iteration_time_s=iteration, oom=False,
                            peak_memory_GiB=peak, host_memory_GiB=host, mfu=mfu, bubble_fraction=max(0.0, bubble),
@@ -597,7 +631,7 @@ class Simulator:
 
         scope = "local" if config.sync_every_steps > 1 else "step"
         clock = {(r, s): cursor[r][s] for r, pipe in enumerate(config.pipelines) for s in range(len(pipe.stages))}
-        spans = moe.run_collectives(moe.exchange(model, config, scope, GRAD_BYTES), clock, bandwidth)
+        spans = moe.run_collectives(moe.exchange(model, config, scope, self._grad_bytes), clock, bandwidth)
         for (r, s), t in clock.items():
             cursor[r][s] = t
         if events is not None:
@@ -650,7 +684,7 @@ class Simulator:
             stages = tuple(config.pipelines[r].stages[s].devices for r, s in enumerate(owners))
             bw, lat = self._dp_bandwidth(stages)
             if zero == 0:
-                t = ring_allreduce_s(GRAD_BYTES * params, n, bw, lat)
+                t = ring_allreduce_s(self._grad_bytes * params, n, bw, lat)
             elif phase == "allreduce":
                 t = zr.sync_s(params, n, zero, (bw, lat), split)
             else:

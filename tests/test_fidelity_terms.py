@@ -1,0 +1,211 @@
+"""Issue 13's inputs and cost-model terms, each on hand-computed cases: precision, attention, dropout,
+selective recomputation, sequence parallelism, per-precision peaks, the new catalog GPUs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune import SpecError
+from autotune.catalog import GPU_CATALOG
+from autotune.loading import cluster_from_dict, model_from_dict
+from autotune.simulator import Simulator
+from autotune.simulator.memory import GiB, layer_activation_bytes, layer_input_bytes
+from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
+
+# Korthikanti et al. 2022's setting: GPT shapes, 16-bit, scores stored, dropout on
+GPT = dict(name="gpt", num_layers=8, hidden_size=256, num_heads=8, ffn_hidden_size=1024, mlp="gelu",
+           vocab_size=512, seq_len=128, global_batch_size=16, precision="bf16", attention="standard", dropout=0.1)
+FAST = 1e15
+
+
+def _model(**kw):
+    return model_from_dict({**GPT, **kw}, "gpt")
+
+
+def _cluster(count: int = 4, peak: float = 100.0, **gpu):
+    return cluster_from_dict({"name": "t", "nodes": [{"name": "n", "count": count, "gpu": {
+        "name": "X", "peak_tflops": peak, "memory_GiB": 1000.0, "memory_bandwidth_GBps": 1000.0, **gpu},
+        "intra_node": {"bandwidth_GBps": FAST, "latency_us": 0.0}}],
+        "network": {"bandwidth_GBps": FAST, "latency_us": 0.0}}, "t")
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+
+def test_model_precision_attention_dropout_are_validated() -> None:
+    m = _model()
+    assert (m.precision, m.attention, m.dropout, m.bytes_per_element) == ("bf16", "standard", 0.1, 2)
+    assert _model(precision="fp32").bytes_per_element == 4
+    base = {k: v for k, v in GPT.items() if k not in ("precision", "attention", "dropout")}
+    d = model_from_dict(base, "gpt")
+    assert (d.precision, d.attention, d.dropout) == ("bf16", "flash", 0.0)  # the defaults
+    for field, bad in (("precision", "fp8"), ("attention", "linear"), ("dropout", 1.0), ("dropout", -0.1)):
+        with pytest.raises(SpecError, match=field):
+            _model(**{field: bad})
+
+
+def test_stage_recompute_modes_and_sequence_parallel_round_trip() -> None:
+    raw = {"micro_batch_size": 1, "schedule": "1f1b", "pipelines": [{"num_microbatches": 16, "stages": [
+        {"devices": ["n:0", "n:1"], "layers": 4, "recompute": "selective", "sequence_parallel": True},
+        {"devices": ["n:2", "n:3"], "layers": 4, "recompute": True}]}]}
+    cfg = ParallelConfig.from_dict(raw)
+    s0, s1 = cfg.pipelines[0].stages
+    assert s0.selective_recompute and not s0.full_recompute and s0.sequence_parallel
+    assert s1.full_recompute and not s1.selective_recompute and not s1.sequence_parallel
+    assert ParallelConfig.from_json(cfg.to_json()) == cfg
+    assert "sequence_parallel" not in json.dumps(cfg.to_dict()["pipelines"][0]["stages"][1])
+    assert " S SP" in cfg.describe() and " R" in cfg.describe()
+    for bad in ("full", 1, None):
+        with pytest.raises(SpecError, match="recompute"):
+            ParallelConfig.from_dict({**raw, "pipelines": [{"num_microbatches": 16, "stages": [
+                {"devices": ["n:0"], "layers": 8, "recompute": bad}]}]})
+    with pytest.raises(SpecError, match="sequence_parallel"):
+        ParallelConfig.from_dict({**raw, "pipelines": [{"num_microbatches": 16, "stages": [
+            {"devices": ["n:0"], "layers": 8, "sequence_parallel": "yes"}]}]})
+
+
+def test_catalog_has_the_new_gpus_with_per_precision_peaks() -> None:
+    for name in ("GH200", "L40S", "TITAN-RTX", "RTX-2080-Ti", "RTX-2080", "A800-80GB"):
+        d = GPU_CATALOG[name]
+        assert d.source and d.peak_tflops > d.peak_tflops_tf32 >= d.peak_tflops_fp32 > 0, name
+    for d in GPU_CATALOG.values():  # every entry carries both, from its datasheet
+        assert d.peak_tflops_tf32 > 0 and d.peak_tflops_fp32 > 0 and d.peak_tflops_tf32 >= d.peak_tflops_fp32
+    assert GPU_CATALOG["GH200"].matmul_peak_tflops("fp32") == 494.0
+    assert GPU_CATALOG["GH200"].matmul_peak_tflops("bf16") == 989.0
+    assert GPU_CATALOG["V100-32GB"].matmul_peak_tflops("fp32") == 15.7  # no TF32 on Volta: the FP32 rate
+
+
+def test_inline_gpu_peaks_per_precision() -> None:
+    given = _cluster(peak_tflops_tf32=40.0, peak_tflops_fp32=10.0).nodes[0].device
+    assert (given.peak_tflops_tf32, given.peak_tflops_fp32) == (40.0, 10.0)
+    derived = _cluster().nodes[0].device  # not in the catalog, not given: the datasheet ratios
+    assert (derived.peak_tflops_tf32, derived.peak_tflops_fp32) == (50.0, 100.0 / 16)
+    named = cluster_from_dict({"name": "t", "nodes": [{"name": "a", "count": 1, "gpu": {
+        "name": "A100-80GB", "memory_GiB": 40}}], "network": {"bandwidth_GBps": 1}}, "t").nodes[0].device
+    assert named.peak_tflops_tf32 == 156.0 and named.memory_GiB == 40  # the rest from the catalog entry
+    with pytest.raises(SpecError, match="peak_tflops_tf32"):
+        _cluster(peak_tflops_tf32=-1.0)
+
+
+def test_fp32_uses_the_tf32_peak_and_4_byte_elements() -> None:
+    cfg = ParallelConfig(1, (PipelineConfig(16, (StageConfig(("n:0",), 8),)),))
+    bf16 = Simulator(_cluster(1, peak_tflops_tf32=25.0), _model(attention="flash")).evaluate(cfg)
+    fp32 = Simulator(_cluster(1, peak_tflops_tf32=25.0), _model(attention="flash", precision="fp32")).evaluate(cfg)
+    # the matmuls run 4x slower (25 vs 100 TFLOP/s), the memory-bound work moves twice the bytes
+    assert 2.0 < fp32.iteration_time_s / bf16.iteration_time_s < 4.0
+    assert fp32.mfu == pytest.approx(bf16.mfu * 4 * bf16.iteration_time_s / fp32.iteration_time_s)
+
+
+# -- memory (Korthikanti et al. 2022, Table 2) ----------------------------------------------------
+
+def test_activation_memory_table_2_of_korthikanti() -> None:
+    m = _model()
+    s, b, h, a = m.seq_len, 2, m.hidden_size, m.num_heads
+    for t in (1, 2, 4, 8):
+        sbh = s * b * h
+        assert layer_activation_bytes(m, b, t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+        assert layer_activation_bytes(m, b, t, selective=True) == pytest.approx(sbh * (10 + 24 / t))
+        if t > 1:
+            assert layer_activation_bytes(m, b, t, sequence_parallel=True) == pytest.approx(
+                sbh / t * (34 + 5 * a * s / h))
+            assert layer_activation_bytes(m, b, t, selective=True, sequence_parallel=True) == pytest.approx(
+                sbh * 34 / t)
+        assert layer_input_bytes(m, b) == pytest.approx(2 * sbh)  # full recomputation keeps 2 s b h
+
+
+def test_activation_memory_in_fp32_without_dropout() -> None:
+    m = _model(precision="fp32", dropout=0.0)
+    s, b, h, a, t = m.seq_len, 1, m.hidden_size, m.num_heads, 4
+    # replicated 4 fp32 tensors of s b h (2 norm inputs, attention and MLP inputs); split: Q, K, V, the
+    # projection input (4 x h) and the GeLU input and output (2 x 4h); scores: one fp32 softmax output
+    expected = s * b * (4 * 4 * h + 4 * (4 * h + 8 * h) / t) + 4 * a * s * s * b / t
+    assert layer_activation_bytes(m, b, t) == pytest.approx(expected)
+    assert layer_activation_bytes(_model(precision="fp32", dropout=0.0, attention="flash"), b, t) == pytest.approx(
+        expected - 4 * a * s * s * b / t)
+
+
+def test_selective_recompute_and_sequence_parallel_memory_in_the_simulator() -> None:
+    m = _model()
+    sim = Simulator(_cluster(4), m)
+    s, b, h, V, L = m.seq_len, 2, m.hidden_size, m.vocab_size, m.num_layers
+
+    def peak(recompute, sp=False, devices=("n:0", "n:1")) -> float:
+        cfg = ParallelConfig(b, (PipelineConfig(8, (StageConfig(devices, L, recompute, sp),)),))
+        r = sim.evaluate(cfg)
+        assert r.ok, r.error
+        return r.peak_memory_GiB[devices[0]] * GiB
+
+    t = 2
+    none, sel, full = peak(False), peak("selective"), peak(True)
+    keep_all, keep_sel = layer_activation_bytes(m, b, t), layer_activation_bytes(m, b, t, selective=True)
+    # one micro-batch in flight: every layer's stored activations, or the selective part plus one layer's
+    # attention core rebuilt during the backward, or every layer's input plus one layer's full activations
+    assert none - sel == pytest.approx(L * keep_all - (L * keep_sel + keep_all - keep_sel))
+    assert none - full == pytest.approx(L * keep_all - (L * 2 * s * b * h + keep_all))
+    sp = peak("selective", sp=True)
+    assert sel - sp == pytest.approx(L * (keep_sel - layer_activation_bytes(m, b, t, True, True))
+                                     + keep_all - keep_sel - (layer_activation_bytes(m, b, t, sequence_parallel=True)
+                                                              - layer_activation_bytes(m, b, t, True, True)))
+    # on one device sequence parallelism changes nothing
+    assert peak(False, True, ("n:0",)) == peak(False, False, ("n:0",))
+    del V
+
+
+def test_selective_recompute_time_is_the_attention_core() -> None:
+    m = _model()
+    cfg = lambda rc: ParallelConfig(1, (PipelineConfig(16, (StageConfig(("n:0",), 8, rc),)),))  # noqa: E731
+    sim = Simulator(_cluster(1), m)
+    t0, ts, tf = (sim.evaluate(cfg(rc)).iteration_time_s for rc in (False, "selective", True))
+    assert t0 < ts < tf
+    # with fused attention there is nothing to recompute: selective costs nothing
+    flash = Simulator(_cluster(1), _model(attention="flash"))
+    assert flash.evaluate(cfg("selective")).iteration_time_s == flash.evaluate(cfg(False)).iteration_time_s
+
+
+# -- runner ---------------------------------------------------------------------------------------
+
+def test_runner_selective_recompute_and_standard_attention_train_the_same_model() -> None:
+    import torch
+
+    from runner.model import StageChunk, lm_loss
+
+    torch.set_num_threads(1)
+    spec = model_from_dict({**GPT, "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256, "num_heads": 4,
+                            "seq_len": 64, "vocab_size": 128, "dropout": 0.0}, "gpt")
+    x = torch.randint(0, spec.vocab_size, (2, spec.seq_len))
+    y = torch.randint(0, spec.vocab_size, (2, spec.seq_len))
+
+    def grads(attention: str, recompute) -> tuple[float, torch.Tensor]:
+        from dataclasses import replace
+
+        chunk = StageChunk(replace(spec, attention=attention), range(2), first=True, last=True, seed=0,
+                           recompute=recompute)
+        loss = lm_loss(chunk(x), y)
+        loss.backward()
+        return loss.item(), torch.cat([p.grad.flatten() for p in chunk.parameters()])
+
+    ref_loss, ref = grads("flash", False)
+    for attention in ("flash", "standard"):
+        for recompute in (False, True, "selective"):
+            loss, g = grads(attention, recompute)
+            assert loss == pytest.approx(ref_loss, rel=1e-6) and torch.allclose(g, ref, atol=1e-6), (attention, recompute)
+
+    # selective keeps Q, K, V but not the scores: fewer saved bytes than none, more than full
+    def saved(attention: str, recompute) -> int:
+        from dataclasses import replace
+
+        chunk = StageChunk(replace(spec, attention=attention), [0], first=False, last=False, seed=0, recompute=recompute)
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            seen[t.data_ptr()] = t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            chunk(torch.randn(2, spec.seq_len, spec.hidden_size))
+        return sum(seen.values())
+
+    scores = spec.num_heads * spec.seq_len ** 2 * 2 * 4  # one fp32 softmax output per head and sequence
+    assert saved("standard", False) - saved("standard", "selective") >= scores
+    assert saved("standard", "selective") > saved("standard", True)
