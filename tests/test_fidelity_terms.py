@@ -131,7 +131,7 @@ def test_selective_recompute_and_sequence_parallel_memory_in_the_simulator() -> 
     s, b, h, V, L = m.seq_len, 2, m.hidden_size, m.vocab_size, m.num_layers
 
     def peak(recompute, sp=False, devices=("n:0", "n:1")) -> float:
-        cfg = ParallelConfig(b, (PipelineConfig(8, (StageConfig(devices, L, recompute, sp),)),))
+        cfg = ParallelConfig(b, (PipelineConfig(8, (StageConfig(devices, L, recompute, sequence_parallel=sp),)),))
         r = sim.evaluate(cfg)
         assert r.ok, r.error
         return r.peak_memory_GiB[devices[0]] * GiB
