@@ -23,4 +23,4 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) *.egg-info mlflow.db optuna.db mlruns
+	rm -rf $(VENV) *.egg-info mlflow.db mlflow.db-* optuna.db optuna.journal* mlruns

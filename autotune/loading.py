@@ -1,9 +1,15 @@
-"""Turn cluster / model / config files (or preset names) into typed specs, once, with clear errors."""
+"""Turn cluster / model / config files (or preset names) into typed specs, once, with clear errors.
+
+Each loaded spec is cached by resolved path, modification time and size, so a library caller that
+passes the same paths again (``autotune.simulate(path, path, path)`` in a loop) parses nothing
+twice; editing a file invalidates its entry.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from autotune.catalog import CLUSTER_PRESETS, GPU_CATALOG, MODEL_PRESETS
 from autotune.documents import read_document
@@ -13,6 +19,27 @@ from autotune.specs import (MAX_DEVICES, ClusterSpec, DeviceSpec, HostSpec, Link
 
 PathLike = str | Path
 MAX_NAME_CHARS = 128
+
+
+_CACHE_MAX = 256
+_cache: dict[tuple, Any] = {}
+T = TypeVar("T")
+
+
+def _cached(kind: str, path: Path, build: Callable[[], T]) -> T:
+    """``build()`` once per (kind, file, mtime, size); specs are frozen, so sharing them is safe."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return build()  # build() reports the unreadable file
+    key = (kind, os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    hit = _cache.get(key)
+    if hit is None:
+        hit = build()
+        if len(_cache) >= _CACHE_MAX:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = hit
+    return hit
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
@@ -169,7 +196,7 @@ def load_cluster(ref: PathLike | ClusterSpec) -> ClusterSpec:
                                              f"{', '.join(CLUSTER_PRESETS)}")
         return cluster_from_dict({"name": str(ref), **CLUSTER_PRESETS[str(ref)]}, f"preset {shown(ref)}")
     path = Path(ref)
-    return cluster_from_dict(_read_mapping(path), str(path), default_name=path.stem)
+    return _cached("cluster", path, lambda: cluster_from_dict(_read_mapping(path), str(path), default_name=path.stem))
 
 
 _MODEL_FIELDS = {"name", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "mlp",
@@ -202,7 +229,7 @@ def load_model(ref: PathLike | ModelSpec, global_batch_size: int | None = None) 
         model = model_from_dict({"name": str(ref), **MODEL_PRESETS[str(ref)]}, f"preset {shown(ref)}")
     else:
         path = Path(ref)
-        model = model_from_dict(_read_mapping(path), str(path), default_name=path.stem)
+        model = _cached("model", path, lambda: model_from_dict(_read_mapping(path), str(path), default_name=path.stem))
     if global_batch_size is not None:
         if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
             raise SpecError("--global-batch-size", "", f"must be a positive integer, got {shown(global_batch_size)}")
@@ -218,4 +245,4 @@ def load_config(ref: PathLike | ParallelConfig | Mapping[str, Any]) -> ParallelC
     if isinstance(ref, Mapping):
         return ParallelConfig.from_dict(ref)
     path = Path(ref)
-    return ParallelConfig.from_dict(_read_mapping(path), str(path))
+    return _cached("config", path, lambda: ParallelConfig.from_dict(_read_mapping(path), str(path)))

@@ -136,16 +136,3 @@ def test_rl_smoke_learn_save_load_and_act(tiny, tmp_path):
     ev = fresh(space, 10)
     run_rl(space, ev, seed=0, policy_path=path, fine_tune=True)
     assert ev.used == 10
-
-
-def test_stale_optuna_trials_of_a_killed_run_are_failed_and_not_counted(tiny):
-    from autotune.search.agents.tpe import distributions, evaluated_trials, fail_stale_trials
-
-    space, _, _ = tiny
-    study = open_study(space, "stale", "memory", 0)
-    trial = study.ask(distributions(space))
-    trial.set_user_attr("evaluated", True)  # killed after this, before study.tell
-    assert fail_stale_trials(study) == 1
-    (t,) = study.trials
-    assert t.state.name == "FAIL" and t.user_attrs["evaluated"] is False
-    assert evaluated_trials(study) == []

@@ -20,8 +20,8 @@ AUTOTUNE = [sys.executable, "-m", "autotune.cli"]
 MEASUREMENT_KEYS = {"tokens_per_s", "iteration_time_s", "oom", "peak_memory_GiB", "mfu", "bubble_fraction"}
 
 
-def cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+def cli(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), **(env or {}))
     return subprocess.run([*AUTOTUNE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -78,25 +78,30 @@ def test_bad_input_is_one_clear_line(workdir):
 
 
 @pytest.mark.slow
-def test_killed_optuna_search_resumes_to_exactly_budget(tmp_path):
+@pytest.mark.parametrize("writer", ["inline", "process"])
+def test_killed_optuna_search_resumes_to_exactly_budget(tmp_path, writer):
+    """SIGKILL to the whole process group mid-search (with the MLflow record written inline or by
+    its writer process, whose queued writes die with it), then the same command resumes."""
     import optuna
     from mlflow.tracking import MlflowClient
 
     budget = 40
     args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "optuna", "--budget",
             str(budget), "--seed", "3"]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), AUTOTUNE_MLFLOW_WRITER=writer)
     proc = subprocess.Popen([*AUTOTUNE, *args], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
+    from autotune.search.agents.tpe import open_storage
+
     study_name = "mixed-a100-v100__gpt2-xl__optuna__seed3"
-    storage = f"sqlite:///{tmp_path}/optuna.db"
+    journal = str(tmp_path / "optuna.journal")  # the default storage, in the working directory
     done = 0
     try:
         deadline = time.time() + 90
         while time.time() < deadline and done < 5:
             time.sleep(0.3)
             try:
-                study = optuna.load_study(study_name=study_name, storage=storage)
+                study = optuna.load_study(study_name=study_name, storage=open_storage(journal))
                 done = sum(bool(t.user_attrs.get("evaluated")) for t in study.trials)
             except Exception:  # the study or its tables do not exist yet
                 done = 0
@@ -104,14 +109,14 @@ def test_killed_optuna_search_resumes_to_exactly_budget(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    study = optuna.load_study(study_name=study_name, storage=storage)
+    study = optuna.load_study(study_name=study_name, storage=open_storage(journal))
     killed_at = sum(bool(t.user_attrs.get("evaluated")) for t in study.trials)
     assert 5 <= killed_at < budget
 
-    r = cli(*args, cwd=tmp_path)
+    r = cli(*args, cwd=tmp_path, env={"AUTOTUNE_MLFLOW_WRITER": writer})
     assert r.returncode == 0, r.stderr
     assert "resuming" in r.stderr
-    study = optuna.load_study(study_name=study_name, storage=storage)
+    study = optuna.load_study(study_name=study_name, storage=open_storage(journal))
     evaluated = [t for t in study.trials if t.user_attrs.get("evaluated")]
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in evaluated)
     assert len(evaluated) == budget

@@ -145,8 +145,9 @@ def test_optuna_resume_after_a_kill_mid_mlflow_write_reaches_exactly_the_budget(
 
     storage, budget = f"sqlite:///{tmp_path}/optuna.db", 9
     monkeypatch.setattr(MlflowClient, "log_batch", dying_log_batch)
-    with pytest.raises(Killed):
-        tune(CLUSTER, MODEL, method="optuna", budget=budget, seed=11, tracking_uri=store["uri"], storage=storage)
+    with pytest.raises(Killed):  # the MLflow record written in this process, where the patch applies
+        tune(CLUSTER, MODEL, method="optuna", budget=budget, seed=11, tracking_uri=store["uri"], storage=storage,
+             background_record=False)
     monkeypatch.setattr(MlflowClient, "log_batch", real_log_batch)
 
     client = _client(store["uri"])

@@ -6,12 +6,14 @@ import json
 
 
 def run(experiment: str | None, tracking_uri: str | None) -> int:
-    from autotune.search.tracking import read_best
-
     from autotune.commands.search import quiet_libraries
+    from autotune.commands.status import loading
 
     quiet_libraries()
-    config, measurement, _ = read_best(experiment, tracking_uri)
+    with loading(f"loading MLflow to read {tracking_uri or 'sqlite:///mlflow.db'}"):
+        from autotune.search.tracking import read_best
+
+        config, measurement, _ = read_best(experiment, tracking_uri)
     doc = config.to_dict()
     doc["measurement"] = measurement.to_dict()
     print(json.dumps(doc, indent=2))

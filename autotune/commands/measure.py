@@ -11,10 +11,9 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
     from rich.console import Console
     from rich.table import Table
 
+    from autotune.commands.status import loading
     from autotune.errors import SpecError
     from autotune.loading import load_cluster, load_config, load_model
-    from runner.jobs import preflight
-    from runner.launch import profiled_run
 
     if steps < 1:
         raise SpecError("--steps", "", f"must be >= 1, got {steps}")
@@ -25,8 +24,14 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     plan = load_config(config)
-    preflight(cluster_spec, model_spec, plan)  # bad or unsupported plans: one SpecError line, exit 2
-    m = profiled_run(cluster_spec, model_spec, plan, steps=steps, warmup=warmup, timeout_s=timeout)
+    with loading("loading torch") as say:
+        from runner.jobs import preflight
+        from runner.launch import profiled_run
+
+        preflight(cluster_spec, model_spec, plan)  # bad or unsupported plans: one SpecError line, exit 2
+        say(f"running {len(plan.devices)} ranks: "
+            f"{warmup} warm-up + {steps} timed steps (timeout {timeout:.0f} s)")
+        m = profiled_run(cluster_spec, model_spec, plan, steps=steps, warmup=warmup, timeout_s=timeout)
     if json_out:
         print(json.dumps(m.to_dict()))
     else:

@@ -4,6 +4,7 @@ recorded in MLflow, optionally write it to ``--output``."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 
@@ -11,38 +12,54 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
         output: Path | None, tracking_uri: str | None, experiment: str | None, storage: str | None,
         profile: Path | None, workers: int, policy: Path | None, start: str = "dp", max_sync_every: int = 1) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from autotune.search.api import tune
 
     quiet_libraries()
     console = Console(stderr=True)
     out = Console()
     progress = Progress(TextColumn("[bold]{task.fields[method]}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("evaluations  best {task.fields[best]}"), TimeElapsedColumn(), console=console,
-                        transient=False)
-    state = {"best": 0.0, "task": None}
+                        TextColumn("{task.fields[what]}"), TimeElapsedColumn(), console=console,
+                        # drawn on a terminal only, and erased at the end: an error stays one line,
+                        # and the summary line below says how it went
+                        transient=True, disable=not console.is_terminal)
+    state = {"best": 0.0}
+    started = time.monotonic()
 
-    def on_start(run_id: str, done: int) -> None:
-        progress.start()  # only once the search is set up: an error before it is one line, no bar
-        state["task"] = progress.add_task("search", total=budget, completed=done, method=method, best="-")
-        if done:
-            console.print(f"resuming: {done} of {budget} plans already evaluated")
+    def best_text() -> str:
+        return f"evaluations  best {state['best']:,.0f} tokens/s" if state["best"] else "evaluations  best -"
 
-    def on_evaluation(ev) -> None:
-        if ev.measurement.status == "pruned":  # screened out (backend real): no budget spent
-            return
-        state["best"] = max(state["best"], ev.score)
-        progress.update(state["task"], advance=1, best=f"{state['best']:,.0f} tokens/s" if state["best"] else "-")
+    with progress:
+        task = progress.add_task("search", total=budget, completed=0, method=method,
+                                 what="loading the search libraries (optuna, the simulator)")
 
-    try:
+        def on_status(text: str) -> None:
+            progress.update(task, what=escape(text))
+
+        def on_start(run_id: str, done: int, best: float) -> None:
+            state["best"] = best
+            progress.update(task, completed=done, what=best_text())
+            if done:
+                console.print(f"resuming: {done} of {budget} plans already evaluated"
+                              + (f", best so far {best:,.0f} tokens/s" if best else ""))
+
+        def on_evaluation(ev) -> None:
+            if ev.measurement.status == "pruned":  # screened out (backend real): no budget spent
+                return
+            state["best"] = max(state["best"], ev.score)
+            progress.update(task, advance=1, what=best_text())
+
+        from autotune.search.api import tune
+
+        on_status("loading the cluster and model")
         result = tune(cluster, model, method=method, budget=budget, backend=backend, seed=seed,
                       global_batch_size=global_batch_size, tracking_uri=tracking_uri, experiment=experiment,
                       storage=storage, profile=profile, workers=workers, policy=policy, start=start,
-                      max_sync_every=max_sync_every, on_evaluation=on_evaluation, on_start=on_start)
-    finally:
-        if state["task"] is not None:
-            progress.stop()
+                      max_sync_every=max_sync_every, on_evaluation=on_evaluation, on_start=on_start,
+                      on_status=on_status)
+    elapsed = time.monotonic() - started
+    console.print(f"{method}: {result.evaluations}/{budget} evaluations in {elapsed:.1f} s, best "
+                  f"{result.best_measurement.tokens_per_s:,.0f} tokens/s", highlight=False)
     _print_result(out, result)
     if output is not None:
         output.write_text(json.dumps(result.output_document(), indent=2) + "\n")

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 STARTS = ("dp", "heuristic")
 #: planner plans evaluated first when ``start="dp"`` (they count against the budget like any plan)
 DP_START_PLANS = 1
+BACKGROUND_MIN_BUDGET = 64
 CALIBRATED_PROFILE_ARTIFACT = "calibrated_profile.json"
 CORRECTIONS_ARTIFACT = "calibration_corrections.json"
 
@@ -101,12 +104,20 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
          workers: int = 1, policy: str | Path | None = None, study_name: str | None = None,
          evaluator: Evaluator | None = None, restrict: Mapping[str, Any] | None = None,
          on_evaluation: Callable[[Evaluation], None] | None = None, track: bool = True,
-         on_start: Callable[[str, int], None] | None = None, start: str = "dp", max_sync_every: int = 1) -> TuneResult:
+         on_start: Callable[[str, int, float], None] | None = None, start: str = "dp", max_sync_every: int = 1,
+         on_status: Callable[[str], None] | None = None, background_record: bool | None = None) -> TuneResult:
     """Search ``budget`` distinct plans with ``method``; log the search to MLflow; return the best.
 
     ``evaluator`` replaces the backend's evaluator (it must be for the same cluster and model);
     ``restrict`` narrows dimensions of the space; ``track=False`` skips MLflow (experiments);
-    ``on_start(run_id, already_done)`` is called once the record is open.
+    ``on_start(run_id, already_done, best_tokens_per_s_so_far)`` is called once the record is open
+    (a resumed search, or one joining a study other searches work on, starts with evaluations);
+    ``on_evaluation(evaluation)`` then hears of every evaluation the search counts, including those
+    other processes on the same study make; ``on_status(text)`` says what is being opened.
+    ``background_record`` writes MLflow from a second process (``autotune.search.writer``; default:
+    simulator searches of ``BACKGROUND_MIN_BUDGET`` plans or more, where MLflow would otherwise take
+    most of the time and the second process's start-up, ~3 s of imports, pays for itself; the
+    environment variable ``AUTOTUNE_MLFLOW_WRITER=process|inline`` overrides the default).
     ``max_sync_every``: the largest ``sync_every_steps`` an MoE plan may get (SPES; default 1: replicas
     synchronise every step). A dense model's space has no such dimension.
     ``start="dp"`` (default) makes ``optuna`` and ``rl`` evaluate the structured planner's best plan
@@ -157,35 +168,35 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         log.info("search: --workers %d runs real plans in separate processes; no online calibration", workers)
     exp_name = experiment or f"{cluster_spec.name}__{model_spec.name}"
 
+    say = on_status or (lambda text: None)
     from autotune.search import tracking
 
-    tracker = tracking.SearchTracker(tracking_uri, exp_name) if track else None
+    tracker = None
+    if track:
+        say(f"opening the MLflow store {tracking_uri or tracking.DEFAULT_TRACKING_URI}")
+        description = experiment_description(cluster_spec, model_spec)
+        if background_record is None and os.environ.get("AUTOTUNE_MLFLOW_WRITER") in ("process", "inline"):
+            background_record = os.environ["AUTOTUNE_MLFLOW_WRITER"] == "process"
+        if background_record if background_record is not None else (backend == "sim" and budget >= BACKGROUND_MIN_BUDGET):
+            from autotune.search.writer import BackgroundTracker, wait_with
+
+            tracker = BackgroundTracker(tracking_uri, exp_name, description=description)
+            wait_with(tracker, say)
+        else:
+            tracker = tracking.SearchTracker(tracking_uri, exp_name, description=description)
     study = None
-    resume_id = None
     if method == "optuna":
         from autotune.search.agents import tpe
 
         sync = f"__sync{max_sync_every}" if max_sync_every > 1 and model_spec.is_moe else ""  # its own space
         name = study_name or f"{exp_name}__optuna__seed{seed}{sync}"
-        if workers > 1 and storage is None:
-            from autotune.search.agents.parallel import DEFAULT_JOURNAL
-
-            storage = DEFAULT_JOURNAL  # SQLite is one writer at a time; the journal file suits processes
+        storage = storage or tpe.default_storage()
+        say(f"opening the Optuna study {name} in {storage}")
         study = tpe.open_study(space, name, storage, seed)
-        resume_id = study.user_attrs.get(tpe.MLFLOW_RUN_ATTR) if tracker else None
-        if resume_id and tracker is not None:
-            try:
-                tracker.client.get_run(resume_id)
-            except Exception:
-                resume_id = None
-        # one `autotune search` per study at a time (its --workers share it): RUNNING trials now are
-        # left over from a killed run
-        stale = tpe.fail_stale_trials(study)
-        if stale:
-            log.info("optuna: marked %d trials of a killed run as FAIL", stale)
 
     tags = {"autotune.method": method, "autotune.backend": backend, "autotune.cluster": cluster_spec.name,
             "autotune.model": model_spec.name}
+    resume_id = None
     if method != "optuna" and tracker is not None:
         # every other method resumes from its MLflow parent: a re-run of the same search (same key)
         # reopens it, counts what it holds, and evaluates only the rest of the budget
@@ -208,31 +219,49 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
                       "workers": workers, "start": start if method in ("optuna", "rl") else ""}
         if model_spec.is_moe:
             run_params["max_sync_every"] = max_sync_every
-        tracker.start(f"{method}-budget{budget}-seed{seed}", run_params, tags, resume_run_id=resume_id)
+        if study is not None:
+            tags["autotune.study"] = study.study_name
+            resume_id = study.parent_run(tracker.run_exists)
+        run_name = search_run_name(method, budget, seed, backend)
+        if resume_id:
+            tracker.start(run_name, run_params, tags, resume_run_id=resume_id)
+        else:
+            candidate = tracker.start(run_name, run_params, tags)
+            if study is not None:  # several searches on one study share the first one's parent run
+                winner = study.elect(candidate, tracker.run_exists)
+                if winner != candidate:
+                    tracker.adopt(winner, candidate)
+                    resume_id = winner
         if resume_id:
             for rec in tracker.recorded():
                 budgeted.preload(rec.config, rec.measurement, rec.params)
     if study is not None:
         from autotune.search.agents import tpe
+        from autotune.search.workers import abandoned
 
-        if tracker is not None:
-            study.set_user_attr(tpe.MLFLOW_RUN_ATTR, tracker.parent_id)
         added = tpe.sync_from_evaluator(study, space, budgeted)
         if added:
             log.info("optuna: recovered %d evaluated plans from MLflow into the study", added)
-        # plans the study evaluated that this MLflow record lacks (e.g. a new store): count them and
-        # log them, so the budget and the record both cover the whole study
+        # plans the study holds that this MLflow record lacks (a kill between the study and MLflow
+        # writes, or a new store): log those whose worker is gone; live workers log their own
+        now = time.time()
         for t in tpe.evaluated_trials(study):
-            if "config" in t.user_attrs:
-                config = ParallelConfig.from_dict(t.user_attrs["config"], source=f"trial {t.number}")
-                if config not in budgeted:
-                    raw = t.user_attrs.get("measurement") or {"tokens_per_s": t.value or 0.0,
-                                                              "status": t.user_attrs.get("status", "ok")}
-                    budgeted.record(config, Measurement.from_dict(raw), t.params)
+            if "config" not in t.user_attrs:
+                continue
+            config = ParallelConfig.from_dict(t.user_attrs["config"], source=f"trial {t.number}")
+            if config in budgeted:
+                continue
+            raw = t.user_attrs.get("measurement") or {"tokens_per_s": t.value or 0.0,
+                                                      "status": t.user_attrs.get("status", "ok")}
+            if abandoned(t.user_attrs.get("worker"), t.user_attrs.get("heartbeat"), now):
+                budgeted.record(config, Measurement.from_dict(raw), t.params)
+            else:
+                budgeted.preload(config, Measurement.from_dict(raw), t.params)
     if on_evaluation is not None:
-        budgeted.listeners.append(on_evaluation)
+        budgeted.watchers.append(on_evaluation)
     if on_start is not None:
-        on_start(tracker.parent_id if tracker else "", budgeted.used)
+        best_before = budgeted.best.score if budgeted.best is not None else 0.0
+        on_start(tracker.parent_id if tracker else "", budgeted.used, best_before)
 
     status = "FAILED"
     try:
@@ -252,8 +281,10 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
             if tracker is not None:
                 _log_calibration(tracker, screen, budgeted)
         if tracker is not None:
+            say("writing the best plan and the pictures to MLflow")
             tracker.finish(best, budgeted.best_curve(), [ev.score for ev in budgeted.history],
-                           title=f"{method} on {cluster_spec.name} / {model_spec.name}", status=status)
+                           title=f"{method} on {cluster_spec.name} / {model_spec.name}", status=status,
+                           statuses=[tracking.status_of(ev.measurement) for ev in budgeted.history])
     best = _best_with_timeline(budgeted)
     if best is None:
         raise SpecError("search", "space", f"no plan was evaluated: the space of {cluster_spec.name} / "
@@ -264,6 +295,26 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
                       run_id=tracker.parent_id or "" if tracker else "",
                       tracking_uri=tracker.tracking_uri if tracker else "", best_curve=tuple(budgeted.best_curve()),
                       screened=len(budgeted.screened))
+
+
+def search_run_name(method: str, budget: int, seed: int, backend: str) -> str:
+    """The parent run's name: ``optuna, 200 plans, seed 0 (simulator)``."""
+    return f"{method}, {budget} plans, seed {seed} ({'simulator' if backend == 'sim' else 'real runs'})"
+
+
+def experiment_description(cluster: ClusterSpec, model: ModelSpec) -> str:
+    """The experiment's description (MLflow's ``mlflow.note.content``, shown on its page)."""
+    kinds: dict[str, int] = {}
+    for node in cluster.nodes:
+        kinds[node.device.name] = kinds.get(node.device.name, 0) + node.count
+    gpus = ", ".join(f"{n} x {name}" for name, n in kinds.items())
+    return (f"autotune searches for the fastest training plan of **{model.name}** (global batch "
+            f"{model.global_batch_size} x {model.seq_len} tokens) on **{cluster.name}** ({gpus}, "
+            f"{len(cluster.nodes)} nodes).\n\nEach parent run is one search (`autotune search`: method, budget, seed, "
+            "backend); its child runs are the plans it evaluated, with their predicted or measured "
+            "tokens/s, memory and status (`ok`, `oom`: out of memory, `failed`). Compare searches with "
+            "the parent runs' `best_tokens_per_s`, `found_at` and `speedup_vs_uniform`, or with "
+            "`autotune compare --experiment NAME`.")
 
 
 def _log_prediction_error(tracker, screen, ev: Evaluation) -> None:
@@ -332,29 +383,42 @@ def _best_with_timeline(budgeted: BudgetedEvaluator) -> Evaluation | None:
     return Evaluation(best.index, best.config, m, best.params) if m.ok else best
 
 
-def _dp_start(space: SearchSpace, budgeted: BudgetedEvaluator, plans: int = DP_START_PLANS) -> list:
+def _dp_start(space: SearchSpace, budgeted: BudgetedEvaluator, plans: int = DP_START_PLANS,
+              evaluate: Callable[..., Measurement | None] | None = None) -> list:
     """Evaluate the planner's best ``plans`` valid plans (free on a resume: already evaluated);
-    returns their (config, measurement)."""
+    returns their (config, measurement). ``evaluate(config, params)`` replaces
+    ``budgeted.evaluate`` (an Optuna study records the plan under its budget rule; None: another
+    search on the study has it)."""
     from autotune.search.planner import plan_candidates
 
+    evaluate = evaluate or budgeted.evaluate
     out = []
     for cand in plan_candidates(space, budgeted, limit=4 * plans):
         if len(out) >= plans or (budgeted.exhausted and cand.config not in budgeted):
             break
-        m = budgeted.evaluate(cand.config, {"dp_family": cand.family, "dp_estimate_s": round(cand.estimate_s, 6)})
-        if m.status != "invalid":
+        m = evaluate(cand.config, {"dp_family": cand.family, "dp_estimate_s": round(cand.estimate_s, 6)})
+        if m is not None and m.status != "invalid":
             out.append((cand.config, m))
     return out
 
 
 def _run_agent(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, **kw: Any) -> None:
-    if method in ("optuna", "rl") and kw.get("start", "dp") == "dp":
-        started = _dp_start(space, budgeted)
-        if method == "optuna" and kw.get("study") is not None:
-            from autotune.search.agents import tpe
+    from autotune.search import workers as worker_ids
 
-            for config, m in started:  # the study stays the budget's memory (see tpe.add_outside_trial)
-                tpe.add_outside_trial(kw["study"], config, m, source="dp")
+    worker = worker_ids.new_worker_id()
+    with worker_ids.live(worker):
+        _run_method(method, space, budgeted, seed, worker=worker, **kw)
+
+
+def _run_method(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, worker: str,
+                **kw: Any) -> None:
+    if method in ("optuna", "rl") and kw.get("start", "dp") == "dp":
+        study = kw.get("study") if method == "optuna" else None
+        if study is not None:  # the study stays the budget's memory (see SharedStudy.evaluate_outside)
+            _dp_start(space, budgeted, evaluate=lambda config, params: study.evaluate_outside(
+                budgeted, config, params, worker, source="dp"))
+        else:
+            _dp_start(space, budgeted)
     if method == "random":
         run_random(space, budgeted, seed)
     elif method == "uniform":
@@ -373,7 +437,7 @@ def _run_agent(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, see
 
             parallel.run_workers(space, budgeted, seed, **kw)
         else:
-            tpe.run_optuna(space, budgeted, seed, study=kw["study"])
+            tpe.run_optuna(space, budgeted, seed, study=kw["study"], worker=worker)
     elif method == "rl":
         from autotune.search.agents import rl
 

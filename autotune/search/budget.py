@@ -64,6 +64,7 @@ class BudgetedEvaluator(CachedEvaluator):
         self.space = space
         self.budget = budget
         self.listeners = list(listeners or [])
+        self.watchers: list[Listener] = []  # hear of every counted evaluation, preloaded ones too
         self.history: list[Evaluation] = []
         self.invalid = 0
         self._best: Evaluation | None = None
@@ -94,7 +95,10 @@ class BudgetedEvaluator(CachedEvaluator):
         return config not in self
 
     # -- evaluating --------------------------------------------------------------------------------
-    def evaluate(self, config: ParallelConfig, params: Mapping[str, Any] | None = None) -> Measurement:
+    def evaluate(self, config: ParallelConfig, params: Mapping[str, Any] | None = None,
+                 commit: Callable[[Measurement], None] | None = None) -> Measurement:
+        """``commit(measurement)``, when given, is called once a new plan's measurement is known and
+        before any listener hears of it (the Optuna agent writes its study there first)."""
         if config in self:
             return super().evaluate(config)
         reason = self.space.check(config)
@@ -109,19 +113,20 @@ class BudgetedEvaluator(CachedEvaluator):
         if self.screen is not None:
             pruned = self.screen(config, self._best)
             if pruned is not None:
-                self._record(config, pruned, params or {})
+                self._record(config, pruned, params or {}, commit=commit)
                 return pruned
         try:
             measurement = self.inner.evaluate(config)
         except Exception as e:  # an evaluator should not raise; a search must not die of it
             log.warning("evaluator raised on %s: %s", config.describe(), e)
             measurement = Measurement.failure("failed", f"{type(e).__name__}: {e}")
-        self._record(config, measurement, params or {})
+        self._record(config, measurement, params or {}, commit=commit)
         return measurement
 
     def preload(self, config: ParallelConfig, measurement: Measurement,
                 params: Mapping[str, Any] | None = None) -> None:
-        """Count an evaluation done earlier (a resumed search) without telling the listeners."""
+        """Count an evaluation done earlier (a resumed search) or by another search on the same
+        study without telling the listeners (the record has it); the watchers hear of it."""
         if config in self:
             return
         self.preloaded.add(config)
@@ -133,14 +138,18 @@ class BudgetedEvaluator(CachedEvaluator):
             self._record(config, measurement, params or {})
 
     def _record(self, config: ParallelConfig, measurement: Measurement, params: Mapping[str, Any],
-                notify: bool = True) -> None:
+                notify: bool = True, commit: Callable[[Measurement], None] | None = None) -> None:
         self._cache[config] = measurement
+        if commit is not None:
+            commit(measurement)
         if measurement.status == PRUNED:  # screened out: no budget, not in the history or the best
             ev = Evaluation(len(self.screened) + 1, config, measurement, dict(params))
             self.screened.append(ev)
             if notify:
                 for listener in self.listeners:
                     listener(ev)
+            for watcher in self.watchers:
+                watcher(ev)
             return
         ev = Evaluation(len(self.history) + 1, config, measurement, dict(params))
         self.history.append(ev)
@@ -149,6 +158,8 @@ class BudgetedEvaluator(CachedEvaluator):
         if notify:
             for listener in self.listeners:
                 listener(ev)
+        for watcher in self.watchers:
+            watcher(ev)
 
     def best_curve(self) -> list[float]:
         """Best tokens/s after each evaluation (the search-progress curve)."""

@@ -9,7 +9,17 @@ pipeline timeline and the search-progress curve. A child holds the plan's encodi
 shape params, every ``Measurement`` metric, its status, and the plan JSON as a tag, so a resumed
 search can reload what it already evaluated without evaluating it again.
 
-Only ``MlflowClient`` is used (no global active run), with one batched write per child.
+Only ``MlflowClient`` is used (no global active run). A child is three calls: ``create_run`` with
+every tag (the plan, its measurement and its encoding, so the run is complete from its first
+write), one ``log_batch`` (metrics and params) and ``set_terminated``. Children are FINISHED whatever
+the plan's outcome (out of memory is a normal answer; ``status`` tag and the ``ok``/``oom`` metrics
+say which); only a real run that crashed or timed out is FAILED. A child left RUNNING by a killed
+search is completed from its tags when the search resumes.
+
+A local SQLite store is created under a file lock (two searches started together on a fresh store
+both proceed) from a cached empty store of the installed MLflow version (``store_template``), so a
+new store takes milliseconds instead of the seconds MLflow's schema migrations take; it is put in
+WAL mode, so ``autotune ui`` reads it while a search writes.
 """
 
 from __future__ import annotations
@@ -17,13 +27,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.errors import SpecError
+from autotune.search import workers
 from autotune.search.budget import PRUNED, Evaluation
 from autotune.specs import Measurement, ParallelConfig
 
@@ -35,8 +48,12 @@ CONFIG_TAG = "autotune.config"
 BEST_TAG = "autotune.best_config"
 BEST_ARTIFACT = "best_config.json"
 RESUME_TAG = "autotune.resume_key"
+PARAMS_TAG = "autotune.params"  # the child's params as JSON: a half-written child is completed from it
+WORKER_TAG = "autotune.worker"
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # the UI opens on training runs
 _MAX_TAG = 8000
 _MAX_PARAM = 500
+_FAILED_STATUSES = ("failed", "timeout")  # a real run that crashed: the only FAILED children
 
 
 def experiment_name(cluster_name: str, model_name: str) -> str:
@@ -54,15 +71,116 @@ def config_key(config: ParallelConfig) -> str:
 
 
 def _client(tracking_uri: str | None):
-    import os
-
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri or DEFAULT_TRACKING_URI
+    prepare_store(uri)
+    if _sqlite_path(uri) is not None:
+        _sqlite_synchronous_normal()
     mlflow.set_tracking_uri(uri)
     return MlflowClient(tracking_uri=uri), uri
+
+
+_NORMAL_SYNC: list[bool] = []
+
+
+def _sqlite_synchronous_normal() -> None:
+    """``PRAGMA synchronous=NORMAL`` on every SQLite connection SQLAlchemy opens in this process
+    from now on (MLflow makes its own engine). In WAL mode that is one fsync per checkpoint instead
+    of one per commit; a killed process loses nothing, a power cut at most the last commits."""
+    if _NORMAL_SYNC:
+        return
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    @event.listens_for(Engine, "connect")
+    def _normal(dbapi_conn, _record):  # pragma: no cover - every sqlite connection
+        if type(dbapi_conn).__module__.startswith("sqlite3"):
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+    _NORMAL_SYNC.append(True)
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or ":memory:" in uri:
+        return None
+    return Path(uri[len(prefix):].split("?", 1)[0])
+
+
+@contextmanager
+def _file_lock(path: Path):
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autotune"
+
+
+def store_template() -> Path | None:
+    """An empty MLflow SQLite store at the installed MLflow's schema (no experiments, WAL mode), made
+    once per MLflow version in ``~/.cache/autotune`` (None where that cannot be written)."""
+    import sqlite3
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    try:
+        cache = _cache_dir()
+        template = cache / f"mlflow-{mlflow.__version__}-empty.db"
+        if template.exists():
+            return template
+        with _file_lock(cache / ".mlflow-template.lock"):
+            if template.exists():
+                return template
+            with tempfile.TemporaryDirectory(dir=cache) as tmp:
+                db = Path(tmp) / "store.db"
+                MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()  # runs the migrations
+                with sqlite3.connect(db) as conn:  # MLflow re-creates "Default" where the store is used
+                    conn.execute("DELETE FROM experiment_tags WHERE experiment_id = 0")
+                    conn.execute("DELETE FROM experiments WHERE experiment_id = 0")
+                conn.close()
+                with sqlite3.connect(db) as conn:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                conn.close()
+                os.replace(db, template)
+        return template
+    except Exception as e:  # noqa: BLE001 - only a speed-up: MLflow creates the store itself
+        log.debug("no MLflow store template: %s", e)
+        return None
+
+
+def prepare_store(uri: str) -> None:
+    """Create a missing local SQLite store, once, under a lock (concurrent searches wait for it)."""
+    import shutil
+
+    path = _sqlite_path(uri)
+    if path is None or (path.exists() and path.stat().st_size > 0):
+        return
+    with _file_lock(path.with_name(path.name + ".lock")):
+        if path.exists() and path.stat().st_size > 0:
+            return
+        template = store_template()
+        if template is not None:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            shutil.copyfile(template, tmp)
+            os.replace(tmp, path)
+        else:
+            from mlflow.tracking import MlflowClient
+
+            MlflowClient(tracking_uri=uri).search_experiments()  # the migrations, inside the lock
 
 
 def artifact_location(tracking_uri: str, experiment: str) -> str | None:
@@ -92,43 +210,78 @@ class Recorded:
     params: Mapping[str, Any]
 
 
+def status_of(m: Measurement) -> str:
+    """A plan's outcome in one word: ``ok``, ``oom`` (out of memory), ``failed``, ``timeout``, ``pruned``."""
+    return "oom" if m.oom else m.status
+
+
+def plan_shape(config: ParallelConfig) -> str:
+    """``dp2 pp4 tp2 mbs2 1f1b``: the plan's degrees in a few characters (run names, tables)."""
+    pp = max(len(p.stages) for p in config.pipelines)
+    tp = max(len(s.devices) for p in config.pipelines for s in p.stages)
+    return f"dp{len(config.pipelines)} pp{pp} tp{tp} mbs{config.micro_batch_size} {config.schedule}"
+
+
+def child_run_name(method: str, ev: Evaluation) -> str:
+    m = ev.measurement
+    if m.status == PRUNED:
+        outcome = "screened out"
+    elif m.ok:
+        outcome = f"{m.tokens_per_s:,.0f} tokens/s"
+    else:
+        outcome = "out of memory" if m.oom else m.status
+    prefix = "pruned " if m.status == PRUNED else ""
+    return f"{method} {prefix}#{ev.index:04d}: {outcome}, {plan_shape(ev.config)}"
+
+
 class SearchTracker:
     """Writes one search into MLflow. ``start`` creates the parent run or reopens ``resume_run_id``."""
 
-    def __init__(self, tracking_uri: str | None, experiment: str) -> None:
+    def __init__(self, tracking_uri: str | None, experiment: str, description: str = "") -> None:
+        from mlflow.exceptions import MlflowException
+
         self.client, self.tracking_uri = _client(tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
-            experiment, artifact_location=artifact_location(self.tracking_uri, experiment))
+        if exp is None:
+            try:
+                self.experiment_id = self.client.create_experiment(
+                    experiment, artifact_location=artifact_location(self.tracking_uri, experiment),
+                    tags={EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], "mlflow.note.content": description})
+            except MlflowException:  # another search created it a moment ago
+                exp = self.client.get_experiment_by_name(experiment)
+                if exp is None:
+                    raise
+        if exp is not None:
+            self.experiment_id = exp.experiment_id
+            if exp.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:  # made by an older autotune
+                self.client.set_experiment_tag(self.experiment_id, *EXPERIMENT_KIND)
+            if description and not exp.tags.get("mlflow.note.content"):
+                self.client.set_experiment_tag(self.experiment_id, "mlflow.note.content", description)
         self.experiment = experiment
         self.parent_id: str | None = None
         self.method = ""
+        self.worker = workers.new_worker_id()
         self._logged: set[str] = set()
         self._curve: list[tuple[int, float]] = []
         self._curve_logged = 0  # steps of the best_tokens_per_s curve already in the parent run
         self._best = 0.0
 
     # -- parent ------------------------------------------------------------------------------------
+    def run_exists(self, run_id: str) -> bool:
+        """True when ``run_id`` is a live run of this experiment in this store."""
+        try:
+            run = self.client.get_run(run_id)
+        except Exception:  # noqa: BLE001 - another store's run, or deleted for good
+            return False
+        return run.info.lifecycle_stage == "active" and run.info.experiment_id == self.experiment_id
+
     def start(self, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str] | None = None,
               resume_run_id: str | None = None) -> str:
         from mlflow.entities import Param
 
         self.method = str(params.get("method", ""))
         if resume_run_id:
-            run = self.client.get_run(resume_run_id)
-            self.parent_id = run.info.run_id
-            self.client.update_run(self.parent_id, status="RUNNING")
-            for child in self._children():
-                if child.info.status == "RUNNING":
-                    # a kill cut this write short (``set_terminated`` is its last step): its params or
-                    # metrics may be missing, so drop it and let the search evaluate the plan again
-                    log.info("deleting MLflow run %s, left half-written by a killed search", child.info.run_id)
-                    self.client.delete_run(child.info.run_id)
-                    continue
-                self._logged.add(child.data.tags.get("autotune.config_key", ""))
-            self._best = float(run.data.metrics.get("best_tokens_per_s", 0.0))
-            self._curve_logged = len(self.client.get_metric_history(self.parent_id, "best_tokens_per_s"))
-            log.info("resuming MLflow run %s with %d plans", self.parent_id, len(self._logged))
+            self.resume(resume_run_id)
             return self.parent_id
         all_tags = {ROLE_TAG: "search", "mlflow.runName": run_name, **(tags or {})}
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=all_tags)
@@ -142,6 +295,54 @@ class SearchTracker:
                                        order_by=["attributes.start_time DESC"], max_results=1)
         return runs[0].info.run_id if runs else None
 
+    def resume(self, run_id: str) -> None:
+        """Continue in ``run_id``: know its children, complete those a killed search left RUNNING."""
+        run = self.client.get_run(run_id)
+        self.parent_id = run.info.run_id
+        if run.info.status != "RUNNING":
+            self.client.update_run(self.parent_id, status="RUNNING")
+        now = time.time()
+        for child in self._children():
+            key = child.data.tags.get("autotune.config_key", "")
+            if child.info.status == "RUNNING":
+                if not workers.abandoned(child.data.tags.get(WORKER_TAG), child.info.start_time / 1000, now):
+                    self._logged.add(key)  # another live search is writing it right now
+                    continue
+                if not self._complete_child(child):
+                    log.info("deleting MLflow run %s, left half-written by a killed search", child.info.run_id)
+                    self.client.delete_run(child.info.run_id)
+                    continue
+            self._logged.add(key)
+        self._best = float(run.data.metrics.get("best_tokens_per_s", 0.0))
+        self._curve_logged = len(self.client.get_metric_history(self.parent_id, "best_tokens_per_s"))
+        log.info("resuming MLflow run %s with %d plans", self.parent_id, len(self._logged))
+
+    def adopt(self, run_id: str, candidate: str) -> None:
+        """Another search on the same study won the election (``SharedStudy.elect``): log to its run."""
+        if candidate and candidate != run_id:
+            self.client.delete_run(candidate)
+        self.resume(run_id)
+
+    def _complete_child(self, child) -> bool:
+        """Finish a child a kill cut short after ``create_run`` (all its data is in its tags)."""
+        from mlflow.entities import Metric, Param
+
+        tags = child.data.tags
+        try:
+            m = Measurement.from_dict(json.loads(tags["autotune.measurement"]))
+            params = json.loads(tags[PARAMS_TAG])
+        except (KeyError, ValueError):
+            return False
+        now = int(time.time() * 1000)
+        have = set(child.data.params)
+        self.client.log_batch(
+            child.info.run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in _metrics_of(m).items() if k not in child.data.metrics],
+            params=[Param(k, str(v)[:_MAX_PARAM]) for k, v in params.items() if k not in have])
+        self.client.set_terminated(child.info.run_id, "FAILED" if m.status in _FAILED_STATUSES else "FINISHED")
+        log.info("completed MLflow run %s, left half-written by a killed search", child.info.run_id)
+        return True
+
     def _children(self):
         return self.client.search_runs(
             [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.parent_id}'",
@@ -154,9 +355,11 @@ class SearchTracker:
         for child in children:
             text = child.data.tags.get(CONFIG_TAG)
             raw_m = child.data.tags.get("autotune.measurement")
-            if not text or not raw_m:
+            if not text or not raw_m or child.info.lifecycle_stage != "active":
                 continue
             params = {k[2:]: _parse_param(v) for k, v in child.data.params.items() if k.startswith("x.")}
+            if not params and PARAMS_TAG in child.data.tags:
+                params = {k[2:]: v for k, v in json.loads(child.data.tags[PARAMS_TAG]).items() if k.startswith("x.")}
             out.append(Recorded(ParallelConfig.from_json(text), Measurement.from_dict(json.loads(raw_m)), params))
         return out
 
@@ -171,18 +374,22 @@ class SearchTracker:
         text = ev.config.to_json(indent=None)
         m = ev.measurement
         pruned = m.status == PRUNED
+        params = {("pruned_index" if pruned else "eval_index"): ev.index, **shape,
+                  **{f"x.{k}": v for k, v in ev.params.items()}}
         tags = {"mlflow.parentRunId": self.parent_id, ROLE_TAG: "plan", "autotune.config_key": key,
-                "status": m.status if not m.oom else "oom", "autotune.method": self.method,
-                "autotune.measurement": json.dumps(m.to_dict())[:_MAX_TAG]}
+                "status": status_of(m), "autotune.method": self.method, WORKER_TAG: self.worker,
+                "autotune.measurement": json.dumps(m.to_dict())[:_MAX_TAG],
+                "autotune.plan": ev.config.describe()[:_MAX_TAG]}
+        params_json = json.dumps(params, default=str)
+        if len(params_json) <= _MAX_TAG:
+            tags[PARAMS_TAG] = params_json
         if pruned:  # screened out by the corrected simulator: its metrics are predictions
             tags["autotune.pruned"] = "true"
         if m.error:
             tags["error"] = m.error[:_MAX_TAG]
         if len(text) <= _MAX_TAG:
             tags[CONFIG_TAG] = text
-        name = f"{self.method}-pruned-{ev.index:04d}" if pruned else f"{self.method}-{ev.index:04d}"
-        child = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
-        params = {("pruned_index" if pruned else "eval_index"): ev.index, **shape, **{f"x.{k}": v for k, v in ev.params.items()}}
+        child = self.client.create_run(self.experiment_id, run_name=child_run_name(self.method, ev), tags=tags)
         self.client.log_batch(
             child.info.run_id,
             metrics=[Metric(k, float(v), now, 0) for k, v in _metrics_of(m).items()],
@@ -192,7 +399,7 @@ class SearchTracker:
                 path = Path(tmp) / "config.json"
                 path.write_text(ev.config.to_json())
                 self.client.log_artifact(child.info.run_id, str(path))
-        self.client.set_terminated(child.info.run_id, "FINISHED" if m.ok else "FAILED")
+        self.client.set_terminated(child.info.run_id, "FAILED" if m.status in _FAILED_STATUSES else "FINISHED")
         self._logged.add(key)
         if pruned:
             return
@@ -210,39 +417,56 @@ class SearchTracker:
 
     # -- end ---------------------------------------------------------------------------------------
     def finish(self, best: Evaluation | None, best_curve: list[float], scores: list[float], title: str,
-               status: str = "FINISHED") -> None:
+               status: str = "FINISHED", summary: Mapping[str, float] | None = None,
+               statuses: list[str] | None = None, artifacts_dir: str | None = None) -> None:
+        """The parent's summary: the best-so-far curve, ``evaluations`` and ``summary`` metrics (the
+        comparison columns), the best plan as tag and artifact, and the two pictures (drawn here,
+        or already drawn into ``artifacts_dir`` by ``write_artifacts``)."""
         from mlflow.entities import Metric, RunTag
 
-        from autotune.search import plots
-
         now = int(time.time() * 1000)
-        metrics = [Metric("best_tokens_per_s", v, now, i + 1) for i, v in enumerate(best_curve)
-                   if i >= self._curve_logged]
+        logged = self._curve_logged
+        if logged:  # another search on the same study may have logged steps since this one started
+            logged = max(logged, len(self.client.get_metric_history(self.parent_id, "best_tokens_per_s")))
+        metrics = [Metric("best_tokens_per_s", v, now, i + 1) for i, v in enumerate(best_curve) if i >= logged]
         metrics.append(Metric("evaluations", float(len(best_curve)), now, 0))
+        metrics += [Metric(k, float(v), now, 0) for k, v in (summary or {}).items()]
         tags = []
         if best is not None:
             tags.append(RunTag(BEST_TAG, best.config.to_json(indent=None)[:_MAX_TAG]))
             tags.append(RunTag("autotune.best_summary", best.config.describe()[:_MAX_TAG]))
         for i in range(0, len(metrics), 900):
             self.client.log_batch(self.parent_id, metrics=metrics[i:i + 900], tags=tags if i == 0 else [])
-        with tempfile.TemporaryDirectory() as tmp:
-            tmpdir = Path(tmp)
-            if best is not None:
-                doc = best.config.to_dict()
-                doc["measurement"] = best.measurement.to_dict()
-                (tmpdir / BEST_ARTIFACT).write_text(json.dumps(doc, indent=2))
-                self.client.log_artifact(self.parent_id, str(tmpdir / BEST_ARTIFACT))
-                plots.timeline_png(best.config, best.measurement, tmpdir / "best_timeline.png")
-                self.client.log_artifact(self.parent_id, str(tmpdir / "best_timeline.png"))
-            if best_curve:
-                plots.progress_png(best_curve, tmpdir / "search_progress.png", title=title, scores=scores)
-                self.client.log_artifact(self.parent_id, str(tmpdir / "search_progress.png"))
+        if artifacts_dir is not None:
+            if any(Path(artifacts_dir).iterdir()):
+                self.client.log_artifacts(self.parent_id, artifacts_dir)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                write_artifacts(tmp, best, best_curve, scores, title, statuses)
+                if any(Path(tmp).iterdir()):
+                    self.client.log_artifacts(self.parent_id, tmp)
         self.client.set_terminated(self.parent_id, status)
 
     @property
     def run_url_hint(self) -> str:
         return (f"mlflow ui --backend-store-uri {self.tracking_uri}  (or `autotune ui`): experiment "
                 f"{self.experiment!r}, run {self.parent_id}")
+
+
+def write_artifacts(directory: str | Path, best: Evaluation | None, best_curve: list[float], scores: list[float],
+                    title: str, statuses: list[str] | None = None) -> None:
+    """The parent run's files: ``best_config.json``, ``best_timeline.png``, ``search_progress.png``."""
+    from autotune.search import plots
+
+    directory = Path(directory)
+    if best is not None:
+        doc = best.config.to_dict()
+        doc["measurement"] = best.measurement.to_dict()
+        (directory / BEST_ARTIFACT).write_text(json.dumps(doc, indent=2))
+        plots.timeline_png(best.config, best.measurement, directory / "best_timeline.png")
+    if best_curve:
+        plots.progress_png(best_curve, directory / "search_progress.png", title=title, scores=scores,
+                           statuses=statuses)
 
 
 def _parse_param(v: str) -> Any:

@@ -784,6 +784,35 @@ class Simulator:
             events.extend(TimelineEvent(d, name, t0, t1) for d in pipe.stages[s].devices)
 
 
+_SIMULATORS: dict[tuple, Simulator] = {}
+
+
+def _library_simulator(cluster: ClusterSpec, model: ModelSpec,
+                       profile: CalibrationProfile | str | Path | None) -> Simulator:
+    """One ``Simulator`` per (cluster, model, profile) for ``simulate``: a caller looping over plans
+    gets the simulator's caches instead of a cold simulator per call (a few kept, oldest dropped).
+    A profile path is keyed by its modification time and size, so an edited profile is re-read."""
+    import os
+
+    if profile is None:
+        pkey: tuple = ()
+    elif isinstance(profile, CalibrationProfile):
+        pkey = ("object", id(profile))
+    else:
+        st = os.stat(profile) if os.path.exists(profile) else None
+        pkey = ("path", os.path.abspath(profile), st.st_mtime_ns if st else 0, st.st_size if st else 0)
+    key = (cluster, model, pkey)
+    sim = _SIMULATORS.get(key)
+    if sim is None:
+        prof = profile if profile is None or isinstance(profile, CalibrationProfile) else \
+            CalibrationProfile.load(Path(profile))
+        sim = Simulator(cluster, model, prof)
+        if len(_SIMULATORS) >= 8:
+            _SIMULATORS.pop(next(iter(_SIMULATORS)))
+        _SIMULATORS[key] = sim
+    return sim
+
+
 def simulate(cluster: ClusterSpec | str | Path, model: ModelSpec | str | Path,
              config: ParallelConfig | Mapping[str, Any] | str | Path,
              profile: CalibrationProfile | str | Path | None = None, global_batch_size: int | None = None,
@@ -797,10 +826,8 @@ def simulate(cluster: ClusterSpec | str | Path, model: ModelSpec | str | Path,
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     cfg = load_config(config)
-    if profile is not None and not isinstance(profile, CalibrationProfile):
-        profile = CalibrationProfile.load(Path(profile))
     cfg.validate(cluster_spec, model_spec, source=str(config) if isinstance(config, (str, Path)) else "config")
-    sim = Simulator(cluster_spec, model_spec, profile)
+    sim = _library_simulator(cluster_spec, model_spec, profile)
     result = sim.evaluate_detailed(cfg) if timeline else sim.evaluate(cfg)
     if result.status == "invalid":
         raise SpecError("", "", result.error)

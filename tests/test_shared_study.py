@@ -1,0 +1,150 @@
+"""One Optuna study shared by several searches (``tpe.SharedStudy``): claims, the budget rule across
+workers, abandoned claims, the MLflow parent-run election; then two real ``autotune search``
+processes started together on one study and a fresh MLflow store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune import load_cluster, load_model
+from autotune.search import workers
+from autotune.search.agents.tpe import SharedStudy, evaluated_trials, run_optuna
+from autotune.search.budget import BudgetedEvaluator
+from autotune.search.space import SearchSpace
+from autotune.search.tracking import config_key
+from autotune.simulator import Simulator
+
+TINY = dict(schedule=["1f1b"], recompute=["none"], mbs=[1, 2], layer_split=[0.0, 1.0], batch_split=[0.0, 1.0])
+
+
+@pytest.fixture(scope="module")
+def space():
+    return SearchSpace(load_cluster("cpu-hetero"), load_model("tiny"), restrict=TINY)
+
+
+@pytest.fixture
+def journal(tmp_path):
+    return str(tmp_path / "study.journal")
+
+
+def _plans(space, n):
+    return [(dict(p), c) for p, c in space.enumerate()[:n]]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_claim_of_a_killed_process_is_failed_and_not_counted(space, journal):
+    study = SharedStudy(space, "s", journal, 0)
+    (params, config), = _plans(space, 1)
+    dead = f"{workers.machine()}:{_dead_pid()}:gone"
+    claim = study.claim(params, config, config_key(config), dead, budget=5)
+    assert claim is not None
+    state = study.sync(worker="someone-else")
+    assert (state.evaluated, state.live_claims) == (0, 0)
+    (t,) = [t for t in study.trials() if t.user_attrs.get("claimed")]
+    assert t.state.name == "FAIL" and not evaluated_trials(study)
+
+
+def test_a_live_claim_holds_its_plan_and_its_share_of_the_budget(space, journal):
+    first, second = SharedStudy(space, "s", journal, 0), SharedStudy(space, "s", journal, 1)
+    (p1, c1), (p2, c2) = _plans(space, 2)
+    with workers.live(workers.new_worker_id()) as me, workers.live(workers.new_worker_id()) as other:
+        held = first.claim(p1, c1, config_key(c1), me, budget=1)
+        assert held is not None
+        assert second.sync(worker=other).live_claims == 1  # not taken for abandoned
+        assert second.claim(p1, c1, config_key(c1), other, budget=5) is None  # same plan: first's
+        assert second.claim(p2, c2, config_key(c2), other, budget=1) is None  # budget 1: spoken for
+        assert second.claim(p2, c2, config_key(c2), other, budget=2) is not None
+
+
+def test_another_machines_claim_is_abandoned_only_when_its_heartbeat_is_old(space, journal):
+    study = SharedStudy(space, "s", journal, 0)
+    (p1, c1), (p2, c2) = _plans(space, 2)
+    remote = "other-machine:123:abc"
+    study.claim(p1, c1, config_key(c1), remote, budget=5)
+    old = study.claim(p2, c2, config_key(c2), remote, budget=5)
+    study.storage.set_trial_user_attr(old.trial_id, "heartbeat", time.time() - 2 * workers.GRACE_S)
+    assert study.sync(worker="me").live_claims == 1
+    states = {t.user_attrs["config_key"]: t.state.name for t in study.trials() if t.user_attrs.get("claimed")}
+    assert states == {config_key(c1): "RUNNING", config_key(c2): "FAIL"}
+
+
+def test_two_searches_in_one_study_share_one_budget(space, journal):
+    """Two agents at once (threads here; processes below) reach exactly the budget, no plan twice."""
+    budget = 24
+    errors: list[BaseException] = []
+
+    def search(seed: int) -> None:
+        try:
+            ev = BudgetedEvaluator(Simulator(space.cluster, space.model), space, budget)
+            run_optuna(space, ev, seed, study=SharedStudy(space, "shared", journal, seed), poll_s=0.02)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=search, args=(seed,)) for seed in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    done = evaluated_trials(SharedStudy(space, "shared", journal, 0))
+    assert len(done) == budget == len({t.user_attrs["config_key"] for t in done})
+    assert len({t.user_attrs["worker"] for t in done}) == 2  # both worked
+
+
+def test_the_first_elected_parent_run_wins(space, journal):
+    a, b = SharedStudy(space, "s", journal, 0), SharedStudy(space, "s", journal, 1)
+    runs = {"run-a", "run-b"}
+    assert a.elect("run-a", runs.__contains__) == "run-a"
+    assert b.elect("run-b", runs.__contains__) == "run-a"
+    assert b.parent_run(runs.__contains__) == "run-a"
+    assert b.parent_run({"run-b"}.__contains__) == "run-b"  # another MLflow store: its own run
+
+
+AUTOTUNE = [sys.executable, "-m", "autotune.cli"]
+
+
+@pytest.mark.slow
+def test_two_search_processes_started_together_on_a_fresh_store_share_the_study(tmp_path):
+    """Two ``autotune search`` runs of one study, started at once on a fresh MLflow store and
+    journal: both finish, the study holds exactly ``--budget`` plans, MLflow one parent run with
+    one child per plan."""
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    budget = 30
+    args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "optuna",
+            "--budget", str(budget), "--storage", "optuna.journal"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([*AUTOTUNE, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        assert "Traceback" not in err
+    from autotune.search.agents.tpe import open_storage
+
+    study = optuna.load_study(study_name="mixed-a100-v100__gpt2-xl__optuna__seed0",
+                              storage=open_storage(str(tmp_path / "optuna.journal")))
+    done = [t for t in study.trials if t.user_attrs.get("evaluated")]
+    assert len(done) == budget == len({t.user_attrs["config_key"] for t in done})
+    assert all(t.state.name == "COMPLETE" for t in done)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("mixed-a100-v100__gpt2-xl")
+    parents = client.search_runs([exp.experiment_id], filter_string="tags.`autotune.role` = 'search'")
+    assert len(parents) == 1
+    children = client.search_runs([exp.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'",
+                                  max_results=1000)
+    assert len(children) == budget == len({c.data.tags["autotune.config_key"] for c in children})
