@@ -13,9 +13,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
+from autotune import roundpipe_plan
 from autotune.errors import SpecError, shown
+from autotune.roundpipe_plan import ROUNDPIPE, RoundPipeStages
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
+#: every schedule a plan may name: the pipeline schedules above and RoundPipe's dispatch (``roundpipe_plan``)
+ALL_SCHEDULES = SCHEDULES + (ROUNDPIPE,)
 MLP_KINDS = ("gelu", "swiglu")
 #: ZeRO / FSDP stages (Rajbhandari et al. 2020): 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
 ZERO_STAGES = (0, 1, 2, 3)
@@ -498,9 +502,13 @@ class PipelineConfig:
     stages: tuple[StageConfig, ...]
     #: expert indices this replica trains (SPES); None = "all". Only its gradients and optimizer state exist.
     trains_experts: tuple[int, ...] | None = None
+    #: schedule "roundpipe": the device pool and the partitions (``autotune.roundpipe_plan``); stages is empty
+    roundpipe: RoundPipeStages | None = None
 
     @property
     def devices(self) -> tuple[str, ...]:
+        if self.roundpipe is not None:
+            return self.roundpipe.devices
         return tuple(d for s in self.stages for d in s.devices)
 
 
@@ -526,8 +534,8 @@ class ParallelConfig:
             raise SpecError(where, "zero", f"must be 0, 1, 2 or 3 (ZeRO stage), got {shown(self.zero)}")
         _positive(where, "expert_parallel", self.expert_parallel, integer=True)
         _positive(where, "sync_every_steps", self.sync_every_steps, integer=True)
-        if self.schedule not in SCHEDULES:
-            raise SpecError(where, "schedule", f"must be one of {', '.join(SCHEDULES)}, got {shown(self.schedule)}")
+        if self.schedule not in ALL_SCHEDULES:
+            raise SpecError(where, "schedule", f"must be one of {', '.join(ALL_SCHEDULES)}, got {shown(self.schedule)}")
         if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
             raise SpecError(where, "virtual_stages", "interleaved-1f1b needs virtual_stages >= 2 (model chunks per "
                                                      f"stage's devices), got {shown(self.virtual_stages)}")
@@ -546,6 +554,10 @@ class ParallelConfig:
                                     f'must be "all" or a list of expert indices (integers >= 0), got {shown(te)}')
                 if len(set(te)) != len(te):
                     raise SpecError(where, f"pipelines[{p}].trains_experts", f"lists an expert twice: {list(te)}")
+        roundpipe_plan.check_shape(self, where)
+        if self.schedule == ROUNDPIPE:
+            return
+        for p, pipe in enumerate(self.pipelines):
             if not pipe.stages:
                 raise SpecError(where, f"pipelines[{p}].stages", "must list at least one stage")
             for s, stage in enumerate(pipe.stages):
@@ -577,9 +589,14 @@ class ParallelConfig:
         """True when any stage keeps state in host memory."""
         return any(s.offload != "none" for p in self.pipelines for s in p.stages)
 
+    @property
+    def is_roundpipe(self) -> bool:
+        """RoundPipe's dispatch schedule (``autotune.roundpipe_plan``)."""
+        return self.schedule == ROUNDPIPE
+
     def notes(self) -> list[str]:
         """Settings that are valid but do nothing (``describe`` shows them; nothing is rejected)."""
-        out = []
+        out = roundpipe_plan.notes(self)
         if self.zero and len(self.pipelines) == 1:
             out.append(f"zero {self.zero} with one replica does nothing (no data-parallel peers to shard across)")
         return out
@@ -587,6 +604,9 @@ class ParallelConfig:
     def validate(self, cluster: ClusterSpec, model: ModelSpec, source: str = "config") -> None:
         """Check the rules that need the cluster and model; raise SpecError naming the broken one."""
         _validate_expert_plan(self, model, source)
+        if self.schedule == ROUNDPIPE:
+            roundpipe_plan.validate(self, cluster, model, source)
+            return
         known = set(cluster.device_ids())
         seen: set[str] = set()
         for p, pipe in enumerate(self.pipelines):
@@ -653,7 +673,10 @@ class ParallelConfig:
             pipe: dict[str, Any] = {"num_microbatches": p.num_microbatches}
             if p.trains_experts is not None:
                 pipe["trains_experts"] = list(p.trains_experts)
-            pipe["stages"] = [stage(s) for s in p.stages]
+            if p.roundpipe is not None:
+                pipe.update(roundpipe_plan.pipeline_to_dict(p.num_microbatches, p.roundpipe))
+            else:
+                pipe["stages"] = [stage(s) for s in p.stages]
             out["pipelines"].append(pipe)
         return out
 
@@ -675,10 +698,20 @@ class ParallelConfig:
             raise SpecError(source, str(e.args[0]), "is required") from None
         if not isinstance(pipelines_raw, list):
             raise SpecError(source, "pipelines", "must be a list")
+        if data.get("schedule", "1f1b") not in ALL_SCHEDULES:
+            raise SpecError(source, "schedule", f"must be one of {', '.join(ALL_SCHEDULES)}, "
+                                                f"got {shown(data.get('schedule'))}")
         pipelines = []
         for p, raw in enumerate(pipelines_raw):
             if not isinstance(raw, Mapping):
                 raise SpecError(source, f"pipelines[{p}]", "must be an object")
+            if data.get("schedule") == ROUNDPIPE:
+                m, rp, trains = roundpipe_plan.pipeline_from_dict(raw, source, p)
+                pipelines.append(PipelineConfig(m, (), _trains_experts_from(trains, source, p), rp))
+                continue
+            if "forward_layers" in raw or "backward_layers" in raw:
+                raise SpecError(source, f"pipelines[{p}].forward_layers",
+                                'a device pool with forward/backward partitions needs "schedule": "roundpipe"')
             stages_raw = raw.get("stages")
             if not isinstance(stages_raw, list):
                 raise SpecError(source, f"pipelines[{p}].stages", "is required and must be a list")
@@ -725,6 +758,9 @@ class ParallelConfig:
         and a stage's ``off=optimizer`` / ``off=all`` when set, then any ``notes()``."""
         parts = []
         for p in self.pipelines:
+            if p.roundpipe is not None:
+                parts.append(f"[{p.roundpipe.summary()}] m={p.num_microbatches}")
+                continue
             stages = " | ".join(f"{','.join(s.devices)} x{s.layers}{_stage_flags(s)}"
                                 f"{' off=' + s.offload if s.offload != 'none' else ''}" for s in p.stages)
             experts = "" if p.trains_experts is None else f" E={_ranges(p.trains_experts)}"
