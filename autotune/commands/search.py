@@ -106,6 +106,10 @@ def _print_result(out, result) -> None:
     for col in ("replica", "micro-batches", "stage", "devices", "layers", "recompute") + (("trains experts",) if experts else ()):
         plan.add_column(col)
     for p, pipe in enumerate(cfg.pipelines):
+        if pipe.roundpipe is not None:  # stages are not bound to devices: the pool and the partitions
+            plan.add_row(str(p), str(pipe.num_microbatches), "roundpipe", ", ".join(pipe.roundpipe.devices),
+                         pipe.roundpipe.summary().split(" | ", 1)[1], pipe.roundpipe.recompute_grain)
+            continue
         for s, stage in enumerate(pipe.stages):
             row = [str(p) if s == 0 else "", str(pipe.num_microbatches) if s == 0 else "", str(s),
                    ", ".join(stage.devices), str(stage.layers), "yes" if stage.recompute else ""]

@@ -55,6 +55,9 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
     summary.add_row("global batch", f"{cfg.global_batch_size} x {model.seq_len} tokens")
     summary.add_row("calibration", str(profile) if profile else "defaults (no --profile)")
     console.print(summary)
+    if cfg.is_roundpipe:
+        _print_roundpipe(console, cluster, model, cfg, result)
+        return
 
     stages = Table(title="stages", title_justify="left")
     for col, just in (("pipeline", "right"), ("stage", "right"), ("devices", "left"), ("layers", "right"),
@@ -77,3 +80,34 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
             stages.add_row(str(r), str(s), " ".join(st.devices), str(st.layers), "yes" if st.recompute else "no",
                            st.offload, busy, mem)
     console.print(stages)
+
+
+def _print_roundpipe(console, cluster, model, cfg, result) -> None:
+    """A roundpipe plan: its stages in hand-out order (compute per iteration) and its GPUs."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    for r, pipe in enumerate(cfg.pipelines):
+        rp = pipe.roundpipe
+        stages = Table(title=escape(f"pipeline {r}: stages handed out round-robin to {len(rp.devices)} GPUs, "
+                                    f"{pipe.num_microbatches // rp.accumulation_steps} micro-batches x "
+                                    f"{rp.accumulation_steps} pass(es)"), title_justify="left")
+        for col, just in (("order", "right"), ("stage", "left"), ("runs", "left"), ("compute s / iteration", "right")):
+            stages.add_column(col, justify=just)
+        busy = result.stage_busy_s if len(cfg.pipelines) == 1 else ()
+        for k, (label, text) in enumerate(rp.stage_rows(model.num_layers)):
+            stages.add_row(str(k), label, text, f"{busy[k]:.3f}" if k < len(busy) else "-")
+        console.print(stages)
+    gpus = Table(title="GPUs (stateless: every stage's weights come over the host link)", title_justify="left")
+    for col, just in (("device", "left"), ("busy s", "right"), ("peak GiB / usable", "right")):
+        gpus.add_column(col, justify=just)
+    busy_s: dict[str, float] = {}
+    for e in result.timeline:
+        if not e.op.startswith("upload"):
+            busy_s[e.device] = busy_s.get(e.device, 0.0) + e.end_s - e.start_s
+    for d in cfg.devices:
+        cap = usable_memory_GiB(cluster.device(d).memory_GiB)
+        gib = result.peak_memory_GiB.get(d, 0.0)
+        mem = f"{gib:.1f} / {cap:.1f}"
+        gpus.add_row(escape(d), f"{busy_s[d]:.3f}" if d in busy_s else "-", f"[red]{mem}[/red]" if gib > cap else mem)
+    console.print(gpus)

@@ -153,6 +153,10 @@ class Simulator:
                         "invalid", f"config: pipelines[{r}].num_microbatches: interleaved-1f1b needs a multiple of "
                                    f"the number of stages ({pipe.num_microbatches} % {len(pipe.stages)} != 0), "
                                    "as in Megatron-LM")
+        if config.is_roundpipe:  # RoundPipe's dispatch schedule: its own module
+            from autotune.simulator import roundpipe
+
+            return roundpipe.simulate(self, config, timeline)
         try:
             return self._simulate(config, timeline)
         except ScheduleDeadlock as e:
@@ -172,6 +176,22 @@ class Simulator:
         memory, host = self._stage_memory_GiB(tuple(devices), layers, recompute, first, last, mbs, in_flight, 1,
                                               dp, zero, offload, sequence_parallel)
         return StageEstimate(durs[0], durs[1], opt, memory, min(self._usable[d] for d in devices), host)
+
+    def unit_costs(self, device: str, mbs: int) -> tuple[float, ...]:
+        """Seconds per micro-batch on ``device`` without tensor parallelism: (block forward, block backward,
+        block backward with recomputation, embedding forward, embedding backward, head forward, head
+        backward), calibrated by the profile where it has them (``autotune.simulator.roundpipe``)."""
+        return self._layer_costs(self._rate_key[device], 1, mbs, _NO_LINK)[:7]
+
+    @property
+    def effective_cluster(self) -> ClusterSpec:
+        """The cluster with the profile's measured links and memory bandwidths in place of the file's."""
+        return self._eff
+
+    @property
+    def flops_per_token(self) -> float:
+        """Model FLOPs per trained token (MFU's numerator)."""
+        return self._flops_per_token
 
     def p2p_time_s(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int) -> float:
         """One micro-batch's activations (or their gradient) from stage ``src`` to stage ``dst``."""
