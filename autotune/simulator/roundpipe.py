@@ -58,6 +58,8 @@ from __future__ import annotations
 
 import bisect
 import math
+
+import numpy as np
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -262,6 +264,16 @@ def pass_stages(sim: "Simulator", rp: RoundPipeStages, mbs: int, device: str) ->
 # One direction of one GPU's host link
 
 
+_ARANGE: dict[int, "np.ndarray"] = {}
+
+
+def _arange(n: int) -> "np.ndarray":
+    a = _ARANGE.get(n)
+    if a is None:
+        a = _ARANGE[n] = np.arange(n, dtype=float)
+    return a
+
+
 class _Channel:
     """Busy intervals of one link direction: ``reserve`` places a transfer whole in the first gap at
     or after its ready time (activations), ``fill`` spreads one over the free time from its ready time
@@ -297,41 +309,80 @@ class _Channel:
         self._put([(t, t + d)], i, i)
         return t + d
 
+    def reserve_many(self, ready: "np.ndarray", d: float) -> "np.ndarray":
+        """``reserve`` for transfers ready at non-decreasing times, in order; returns their ends. Those
+        ready before the last busy interval ends look for gaps one by one; the rest queue at the end:
+        ``e_i = d + max(e_(i-1), r_i)``, a running maximum (``g_i = e_i - (i + 1) d = max(g_(i-1), r_i - i d)``)."""
+        if d <= 0.0:
+            return ready.copy()
+        n = len(ready)
+        j = 0
+        ends = self.ends
+        if ends and ready[0] < ends[-1] - 1e-12:
+            out = np.empty(n)
+            while j < n and ready[j] < ends[-1] - 1e-12:
+                out[j] = self.reserve(float(ready[j]), d)
+                j += 1
+            if j == n:
+                return out
+        else:
+            out = None
+        r = ready[j:] if j else ready
+        k = _arange(len(r))
+        base = self.ends[-1] if self.ends else -math.inf
+        g = np.maximum.accumulate(np.maximum(r - k * d, base))
+        e = g + (k + 1) * d
+        self.starts.extend((e - d).tolist())
+        self.ends.extend(e.tolist())
+        self.busy_s += len(r) * d
+        if out is None:
+            return e
+        out[j:] = e
+        return out
+
     def fill(self, t: float, d: float) -> float:
         if d <= 0.0:
             return t
         starts, ends = self.starts, self.ends
         if not ends or t >= ends[-1] - 1e-12:  # nothing placed after t: one piece at the end
             return self.reserve(t, d)
-        i0 = i = bisect.bisect_right(ends, t)
-        pieces = []
+        n = len(starts)
+        i0 = i = bisect.bisect_right(ends, t)  # the first interval ending after t
+        t0 = t
+        if i < n and starts[i] <= t:  # t is inside interval i: start after it
+            t0, t = starts[i], ends[i]
+            i += 1
         left = d
-        while left > 1e-15:
-            if i < len(starts) and starts[i] <= t:
-                t = max(t, ends[i])
-                i += 1
-                continue
-            gap_end = starts[i] if i < len(starts) else math.inf
-            take = min(left, gap_end - t)
-            pieces.append((t, t + take))
-            left -= take
-            t += take
-        self._put(pieces, i0, i)
+        while True:  # consume the gaps from t on; everything between t0 and the end becomes busy
+            gap = (starts[i] if i < n else math.inf) - t
+            if gap >= left:
+                t += left
+                break
+            left -= gap
+            t = ends[i]
+            i += 1
+        self.busy_s += d
+        self._cover(i0, i, t0, t)
         return t
 
     def _put(self, pieces: list[tuple[float, float]], i0: int, i1: int) -> None:
-        """Insert ``pieces`` (free time between intervals ``i0 - 1`` and ``i1``), merging neighbours."""
-        self.busy_s += sum(b - a for a, b in pieces)
-        lo = max(0, i0 - 1)
-        hi = min(len(self.starts), i1 + 1)
-        merged: list[list[float]] = []
-        for a, b in sorted(list(zip(self.starts[lo:hi], self.ends[lo:hi])) + pieces):
-            if merged and a <= merged[-1][1] + 1e-12:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        self.starts[lo:hi] = [m[0] for m in merged]
-        self.ends[lo:hi] = [m[1] for m in merged]
+        """Insert one piece ``pieces[0]`` that lies in the gap before interval ``i0`` (``i0 == i1``)."""
+        (a, b), = pieces
+        self.busy_s += b - a
+        self._cover(i0, i1, a, b)
+
+    def _cover(self, i0: int, i1: int, a: float, b: float) -> None:
+        """Replace intervals ``i0 .. i1 - 1`` by ``[a, b]`` (which spans them), merging with touching
+        neighbours."""
+        starts, ends = self.starts, self.ends
+        if i0 > 0 and ends[i0 - 1] >= a - 1e-12:
+            i0 -= 1
+            a = starts[i0]
+        if i1 < len(starts) and starts[i1] <= b + 1e-12:
+            b = max(b, ends[i1])
+            i1 += 1
+        starts[i0:i1] = [a]
+        ends[i0:i1] = [b]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -387,7 +438,7 @@ def run_dispatch(stages: Sequence[StageWork], devices: Sequence[str], m_pass: in
             dispatch = max(dispatch, host_done[it - 1])
         grads_down = 0.0
         for p in range(passes):
-            ready = [dispatch] * m_pass  # the token ids are on the host
+            ready = np.full(m_pass, dispatch)  # the token ids are on the host
             next_dispatch = dispatch
             for st in stages:
                 g = cursor % N
@@ -397,15 +448,19 @@ def run_dispatch(stages: Sequence[StageWork], devices: Sequence[str], m_pass: in
                 up_end = h2d[g].fill(max(dispatch, upload_free[g], prior), dur(up))
                 upload_free[g] = up_end
                 t = max(gpu_free[g], up_end)
-                out = [0.0] * m_pass
-                for j in range(m_pass):
-                    in_end = h2d[g].reserve(ready[j], dur(st.in_bytes))
-                    start = max(t, in_end)
-                    t = start + st.compute_s
-                    out[j] = d2h[g].reserve(t, dur(st.out_bytes)) if st.out_bytes > 0 else t
-                    if timeline and it == record_it:
+                # micro-batch j starts when its input is up and the GPU finished j - 1:
+                # s_j = max(s_(j-1) + c, a_j), i.e. s_j - j c = max(s_(j-1) - (j-1) c, a_j - j c)
+                arrive = h2d[g].reserve_many(ready, dur(st.in_bytes))
+                c = st.compute_s
+                k = _arange(m_pass)
+                start = np.maximum.accumulate(np.maximum(arrive - k * c, t)) + k * c
+                end = start + c
+                t = float(end[-1])
+                out = d2h[g].reserve_many(end, dur(st.out_bytes)) if st.out_bytes > 0 else end
+                if timeline and it == record_it:
+                    for j in range(m_pass):
                         events.append(TimelineEvent(devices[g], f"{st.label}.{j}" if passes == 1 else
-                                                    f"{st.label}.p{p}.{j}", start, t))
+                                                    f"{st.label}.p{p}.{j}", float(start[j]), float(end[j])))
                 if it >= warmup:
                     busy[g] += m_pass * st.compute_s
                 gpu_free[g] = t
@@ -415,7 +470,7 @@ def run_dispatch(stages: Sequence[StageWork], devices: Sequence[str], m_pass: in
                 if timeline and it == record_it and up > 0:
                     events.append(TimelineEvent(devices[g], f"upload {st.label}", max(dispatch, prior), up_end))
                 if st.label == "FB":
-                    next_dispatch = max(out)  # forward_backward waits for the last loss on the host
+                    next_dispatch = float(out[-1])  # forward_backward waits for the last loss on the host
                 ready = out
             dispatch = next_dispatch
         ends.append(max(grads_down, max(gpu_free)))
