@@ -114,7 +114,9 @@ def test_memory_per_gpu_and_on_the_host_against_a_hand_count():
     E = 2 * V * h  # the embedding's bytes
     H = 2 * (V * h + h)  # the head and final norm
     act = 2 * b * s * h  # a hidden state
-    block_act = s * b * (10 * h + 2 * h + 4 * h + 2 * h + 4 * f)  # Korthikanti's terms, flash attention
+    # Korthikanti's terms in 16 bits, no dropout, flash attention: two norm inputs and the attention and
+    # MLP inputs (4 x 2 s b h), Q (2), K and V (2 + 2), the output projection's input (2), GeLU's two (2 x 2 f)
+    block_act = s * b * (8 * h + 2 * h + 4 * h + 2 * h + 4 * f)
     logits = 10 * b * s * V  # one loss chunk (b s = 1024 tokens < 4096) at 10 bytes per logit
     # stages handed out: F0 (embedding + 2 blocks), F1 (2), FB (2 + head), B1 (2), B0 (embedding + 2)
     state = {"F0": E + 2 * P, "F1": 2 * P, "FB": 2 * (2 * P + H), "B1": 2 * 2 * P, "B0": 2 * (E + 2 * P)}

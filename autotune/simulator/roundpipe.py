@@ -50,7 +50,7 @@ all its blocks' plus one loss chunk's logits (``LOSS_CHUNK_TOKENS``); backward s
 blocks' at grain ``stage``, one block's at grain ``layer``) and an input and an output buffer; the peak
 over its stages against the usable memory (``memory.usable_memory_GiB``). Per stage, parameters and
 gradients together must stay under half the plan's ``memory_limit_GiB`` (RoundPipe's own rule for its
-partitions), else the plan is invalid. Per node, host memory holds ``HOST_BYTES_PER_PARAM`` for every
+partitions), else the plan is invalid. Per node, host memory holds ``host_bytes_per_param`` for every
 parameter and one pass's kept stage inputs and in-flight activations.
 """
 
@@ -72,13 +72,16 @@ from autotune.specs import Measurement, ParallelConfig, TimelineEvent
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.simulator.simulator import Simulator
 
-#: 16-bit weights, activations and gradients on the GPU and over the link (RoundPipe trains fp16/bf16)
-WEIGHT_BYTES = 2
-ACT_BYTES = 2
-#: host memory per parameter: 16-bit weights (2) and their pinned gradient buffer (2), the optimizer's
-#: fp32 master weights (4), fp32 gradient (4) and Adam moments (8) (``RoundPipe(optim_dtype=float32)``
-#: with ``roundpipe.optim.Adam``, as the paper's scripts run it)
-HOST_BYTES_PER_PARAM = 20
+#: host memory per parameter besides the model's own weights and their pinned gradient buffer (each
+#: ``ModelSpec.bytes_per_element``: 2 in 16-bit training): the optimizer's fp32 master weights (4), fp32
+#: gradient (4) and Adam moments (8) (``RoundPipe(optim_dtype=float32)`` with ``roundpipe.optim.Adam``, as
+#: the paper's scripts run it): 20 bytes per parameter in all for bf16 / fp16 models
+HOST_OPTIMIZER_BYTES_PER_PARAM = 16
+
+
+def host_bytes_per_param(model) -> float:
+    """Host memory per parameter of a roundpipe plan (weights, gradient buffer, optimizer state)."""
+    return 2 * model.bytes_per_element + HOST_OPTIMIZER_BYTES_PER_PARAM
 #: token ids (int64) are the embedding's input
 TOKEN_BYTES = 8
 #: RoundPipe's model presets compute the LM head and the loss this many tokens at a time
@@ -187,9 +190,10 @@ def unit_profile(sim: "Simulator", device: str, mbs: int) -> tuple[list[float], 
     model = sim.model
     lf, lb, lbr, ef, eb, hf, hb = sim.unit_costs(device, mbs)
     L = model.num_layers
-    emb = model.embedding_params * WEIGHT_BYTES
-    block = model.params_per_layer * WEIGHT_BYTES
-    head = (model.embedding_params + model.hidden_size) * WEIGHT_BYTES
+    w = model.bytes_per_element
+    emb = model.embedding_params * w
+    block = model.params_per_layer * w
+    head = (model.embedding_params + model.hidden_size) * w
     fwd = [ef] + [lf] * L + [hf]
     bwd = [ef + eb] + [lbr] * L + [hf + hb]
     fb = [emb] + [block] * L + [head]
@@ -219,14 +223,15 @@ def pass_stages(sim: "Simulator", rp: RoundPipeStages, mbs: int, device: str) ->
     model = sim.model
     L, s, h = model.num_layers, model.seq_len, model.hidden_size
     lf, lb, lbr, ef, eb, hf, hb = sim.unit_costs(device, mbs)
-    act = ACT_BYTES * mbs * s * h
+    w = model.bytes_per_element  # weights, gradients and activations in the model's precision
+    act = w * mbs * s * h
     ids = TOKEN_BYTES * mbs * s
-    layer_act = layer_activation_bytes(model, mbs, 1, sim.flash_attention)
-    # one chunk's 16-bit logits, fp32 softmax and its gradient (memory.py's 10 bytes per logit)
-    logits = 10.0 * min(s * mbs, LOSS_CHUNK_TOKENS) * model.vocab_size
-    P = model.params_per_layer * WEIGHT_BYTES
-    emb = model.embedding_params * WEIGHT_BYTES
-    head = (model.embedding_params + model.hidden_size) * WEIGHT_BYTES
+    layer_act = layer_activation_bytes(model, mbs, 1)
+    # one chunk's logits in the model's precision, fp32 softmax and its gradient (memory.py's rule)
+    logits = (w + 8.0) * min(s * mbs, LOSS_CHUNK_TOKENS) * model.vocab_size
+    P = model.params_per_layer * w
+    emb = model.embedding_params * w
+    head = (model.embedding_params + model.hidden_size) * w
     layer_grain = rp.recompute_grain == "layer"
     fwd = rp.forward_ranges(L)[:-1]
     bwd = rp.backward_ranges(L)[:-1]
@@ -518,8 +523,8 @@ def simulate(sim: "Simulator", config: ParallelConfig, timeline: bool = False) -
             if gib > usable_memory_GiB(cluster.device(d).memory_GiB):
                 oom.append(d)
         m_pass = pipe.num_microbatches // rp.accumulation_steps
-        host_gib = (HOST_BYTES_PER_PARAM * model.num_params
-                    + m_pass * (sum(st.saved_bytes for st in stages) + ACT_BYTES * mbs * model.seq_len
+        host_gib = (host_bytes_per_param(model) * model.num_params
+                    + m_pass * (sum(st.saved_bytes for st in stages) + model.bytes_per_element * mbs * model.seq_len
                                 * model.hidden_size)) / GiB
         host[node.name] = host.get(node.name, 0.0) + host_gib
         plans.append((pipe, rp, node, stages, m_pass))
@@ -543,7 +548,7 @@ def simulate(sim: "Simulator", config: ParallelConfig, timeline: bool = False) -
     if n_rep > 1:
         bw = min(n.network.bandwidth_GBps for _, _, n, _, _ in plans)
         lat = max(n.network.latency_us for _, _, n, _, _ in plans)
-        allreduce = ring_allreduce_s(WEIGHT_BYTES * model.num_params, n_rep, bw, lat)
+        allreduce = ring_allreduce_s(model.bytes_per_element * model.num_params, n_rep, bw, lat)
     host_s = allreduce + model.num_params / HOST_ADAM_PARAMS_PER_S
     results = []
     for pipe, rp, node, stages, m_pass in plans:

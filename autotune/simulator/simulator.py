@@ -181,7 +181,8 @@ class Simulator:
         """Seconds per micro-batch on ``device`` without tensor parallelism: (block forward, block backward,
         block backward with recomputation, embedding forward, embedding backward, head forward, head
         backward), calibrated by the profile where it has them (``autotune.simulator.roundpipe``)."""
-        return self._layer_costs(self._rate_key[device], 1, mbs, _NO_LINK)[:7]
+        lf, lb, lbr, _, ef, eb, hf, hb, _ = self._layer_costs(self._rate_key[device], 1, mbs, _NO_LINK)
+        return lf, lb, lbr, ef, eb, hf, hb
 
     @property
     def effective_cluster(self) -> ClusterSpec:
