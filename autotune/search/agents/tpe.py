@@ -440,7 +440,7 @@ def run_optuna(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
     budget = evaluator.budget
     with workers.live(worker):
         state = shared.sync(evaluator, worker=worker)
-        if warm_start and not state.evaluated:
+        if warm_start and not shared.local.trials:  # nothing TPE can model yet (a start plan has no parameters)
             for params in space.heuristic_params():
                 shared.local.enqueue_trial(params)
         misses = 0
