@@ -62,13 +62,22 @@ class RankModel(nn.Module):
                 self.head = chunk.head
 
     def params_of(self, key: str) -> list[nn.Parameter]:
-        """Parameters of a holder key (``Layout``): ``embed``, ``layer<i>`` or ``head`` (norm + head)."""
+        """Parameters of a holder key (``Layout``): ``embed``, ``layer<i>`` (an MoE block's: all but its
+        experts), ``layer<i>.expert<e>`` or ``head`` (norm + head)."""
         if key == EMBED_KEY:
             mods = [self.embed]
         elif key == HEAD_KEY:
             mods = [self.norm, self.head]
         else:
-            mods = [self.blocks[key.removeprefix("layer")]]
+            layer, _, expert = key.removeprefix("layer").partition(".expert")
+            block = self.blocks[layer]
+            if expert:
+                mods = [block.mlp.experts[expert]]
+            elif hasattr(block.mlp, "experts"):
+                return [p for n, p in sorted(block.named_parameters(), key=lambda kv: kv[0])
+                        if not n.startswith("mlp.experts.")]
+            else:
+                mods = [block]
         return [p for m in mods for _, p in sorted(m.named_parameters(), key=lambda kv: kv[0])]
 
 
@@ -189,7 +198,8 @@ class Engine:
 
         # 1. this rank's chunks, deterministic weights per layer index
         self.chunks = [StageChunk(model, c.layers, first=c.first, last=c.last, seed=seed,
-                                  recompute=self.plan.recompute).to(device) for c in self.plan.chunks]
+                                  recompute=self.plan.recompute, experts=self.plan.held_experts).to(device)
+                       for c in self.plan.chunks]
         if device.type == "cuda" and model.precision == "bf16":
             for chunk in self.chunks:
                 chunk.autocast_dtype = torch.bfloat16
@@ -205,9 +215,15 @@ class Engine:
             if rank in ranks:
                 apply_tensor_parallel(self.chunks, group, device)
         self.module = RankModel(self.chunks)
-        self.optimizer = make_optimizer(self.module.parameters())
+        # MoE / SPES plans: expert parallelism, frozen experts and their own exchange (runner.moe)
+        self.expert_sync = None
+        if model.is_moe or self.plan_config_spes(layout):
+            from runner.moe import setup_experts
+
+            self.expert_sync = setup_experts(self, layout, rank, model)
+        self.optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad])
         self.grad_groups: list[tuple[dist.ProcessGroup | None, list[nn.Parameter]]] = []
-        for ranks, keys in layout.grad_groups().items():
+        for ranks, keys in (layout.grad_groups().items() if self.expert_sync is None else ()):
             group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
             if rank in ranks:
                 params = [p for key in sorted(keys) for p in self.module.params_of(key)]
@@ -233,7 +249,14 @@ class Engine:
     def busy(self) -> tuple[float, float]:
         return sum(s.forward_s for s in self.stages), sum(s.backward_s for s in self.stages)
 
+    @staticmethod
+    def plan_config_spes(layout: Layout) -> bool:
+        return layout.sync_every_steps > 1 or any(r.trains_experts is not None for r in layout.ranks)
+
     def _sync_gradients(self) -> None:
+        if self.expert_sync is not None:
+            self.expert_sync.sync_gradients()
+            return
         w = self.plan.grad_weight
         for group, params in self.grad_groups:
             for p in params:
@@ -277,6 +300,8 @@ class Engine:
         self._sync_gradients()
         t_opt = time.perf_counter()
         self.optimizer.step()
+        if self.expert_sync is not None:  # send updated experts / SPES synchronisation (runner.moe)
+            self.expert_sync.after_step(step_index)
         if recorder:
             recorder.add("allreduce", t_sync, t_opt)
             recorder.add("optimizer", t_opt, time.perf_counter())

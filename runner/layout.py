@@ -55,6 +55,14 @@ class RankPlan:
     batch_offset: int  # first sequence of this pipeline in the global batch
     batch_size: int  # sequences this pipeline takes per step
     grad_weight: float  # batch_size / global batch size
+    # mixture of experts (runner.moe): MoE blocks of this rank's chunks, the experts it holds and trains
+    # (None = all), its expert-parallel group (index and this rank's position in it, group size)
+    moe_layers: tuple[int, ...] = ()
+    held_experts: tuple[int, ...] | None = None
+    trains_experts: tuple[int, ...] | None = None
+    expert_group: int = 0
+    expert_position: int = 0
+    expert_parallel: int = 1
 
     @property
     def first(self) -> bool:
@@ -65,15 +73,26 @@ class RankPlan:
         return any(c.last for c in self.chunks)
 
     def holds(self) -> tuple[str, ...]:
-        """Keys of the weights this rank holds: ``embed``, ``layer<i>``, ``head``."""
+        """Keys of the weights this rank holds: ``embed``, ``layer<i>`` (an MoE block's shared part),
+        ``layer<i>.expert<e>`` (each expert of an MoE block it holds), ``head``."""
         keys = [EMBED_KEY] if self.first else []
-        keys += [f"layer{i}" for c in self.chunks for i in c.layers]
+        moe = set(self.moe_layers)
+        for i in (i for c in self.chunks for i in c.layers):
+            keys.append(f"layer{i}")
+            if i in moe:
+                keys += [f"layer{i}.expert{e}" for e in self.held_experts or ()]
         return tuple(keys + ([HEAD_KEY] if self.last else []))
+
+    def trains(self, key: str) -> bool:
+        """Whether this rank trains the weights of holder key ``key`` (only experts can be untrained)."""
+        _, _, expert = key.partition(".expert")
+        return not expert or self.trains_experts is None or int(expert) in self.trains_experts
 
 
 @dataclass(frozen=True, slots=True)
 class Layout:
     ranks: tuple[RankPlan, ...]
+    sync_every_steps: int = 1  # SPES (runner.moe): replicas synchronise every this many steps
 
     @property
     def world_size(self) -> int:
@@ -104,6 +123,42 @@ class Layout:
             groups.setdefault(tuple(sorted(ranks)), []).append(key)
         return {g: tuple(keys) for g, keys in sorted(groups.items())}
 
+    def expert_parallel_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Ranks that exchange tokens by all-to-all: per expert-parallel group, stage and tensor-parallel
+        index, the group's replicas' ranks in position order (none without expert parallelism)."""
+        groups: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+        for r in self.ranks:
+            if r.expert_parallel > 1:
+                groups.setdefault((r.expert_group, r.stage, r.tp_index), []).append((r.expert_position, r.rank))
+        return tuple(tuple(rank for _, rank in sorted(v)) for _, v in sorted(groups.items()))
+
+    def exchange_groups(self, local: bool = False) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...],
+                                                                 dict[int, tuple[float, float]]]]:
+        """The exchange of an MoE / SPES plan (``runner.moe.ExpertSync``): (holders, trainers, keys, weight per
+        trainer) for every set of weight keys held and trained by the same ranks. ``local``: only among the
+        ranks of one expert-parallel group (a SPES plan's per-step exchange). A holder's gradient covers
+        its pipeline's batch, an expert holder's its group's (its tokens came by all-to-all); each trainer's
+        gradient weight is its pipeline's batch over the batch its key's trainers cover together, its weight
+        in a parameter average (SPES) the batch it covers over that."""
+        holders: dict[tuple, list[RankPlan]] = {}
+        for r in self.ranks:
+            for key in r.holds():
+                scope = r.expert_group if local else -1
+                holders.setdefault((key, r.tp_index, scope), []).append(r)
+        merged: dict[tuple, list[str]] = {}
+        weights: dict[tuple, dict[int, float]] = {}
+        for (key, _, _), plans in holders.items():
+            trainers = [r for r in plans if r.trains(key)]
+            expert = ".expert" in key
+            covered = sum(r.batch_size * (r.expert_parallel if expert else 1) for r in trainers)
+            # (gradient weight, weight in a parameter average) per trainer
+            w = {r.rank: (r.batch_size / covered, r.batch_size * (r.expert_parallel if expert else 1) / covered)
+                 for r in trainers}
+            ident = (tuple(r.rank for r in plans), tuple(r.rank for r in trainers), tuple(sorted(w.items())))
+            merged.setdefault(ident, []).append(key)
+            weights[ident] = w
+        return [(ident[0], ident[1], tuple(keys), weights[ident]) for ident, keys in sorted(merged.items())]
+
 
 def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig) -> Layout:
     """Validate ``config`` against ``cluster`` and ``model`` and place it on ranks.
@@ -112,6 +167,7 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     """
     config.validate(cluster, model)
     v = config.virtual_stages
+    ep = config.expert_parallel
     ranks: list[RankPlan] = []
     offset = 0
     tp_of_layer: dict[int, tuple[int, int]] = {}
@@ -139,17 +195,26 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
                                     f"layer {layer} has tensor-parallel degree {stage.tp} here but {seen[0]} in "
                                     f"pipeline {seen[1]}; replicas must shard a layer the same way to average "
                                     "its gradients")
+            moe_layers = tuple(i for ch in chunks for i in ch.layers if model.is_moe_layer(i))
+            per = model.num_experts // ep if model.is_moe else 0
+            held = tuple(range((p % ep) * per, (p % ep + 1) * per)) if model.is_moe else None
             for j, device in enumerate(stage.devices):
                 ranks.append(RankPlan(
                     rank=len(ranks), device_id=device, pipeline=p, stage=s, tp_index=j, tp_degree=stage.tp,
                     chunks=chunks, recompute=stage.recompute, slowdown=cluster.node_of(device).slowdown,
                     num_microbatches=pipe.num_microbatches, batch_offset=offset, batch_size=batch,
-                    grad_weight=batch / model.global_batch_size))
+                    grad_weight=batch / model.global_batch_size, moe_layers=moe_layers, held_experts=held,
+                    trains_experts=pipe.trains_experts, expert_group=p // ep, expert_position=p % ep,
+                    expert_parallel=ep))
         offset += batch
+    if model.is_moe and any(r.tp_degree > 1 for r in ranks):
+        raise SpecError("runner", "pipelines", "tensor parallelism inside MoE blocks is not implemented in the runner "
+                                               "(the simulator models it): use one device per stage and "
+                                               "expert_parallel to split the experts")
     for key in (EMBED_KEY, HEAD_KEY):
         degrees = {(r.tp_degree) for r in ranks if key in r.holds()}
         if len(degrees) > 1:
             raise SpecError("runner", "pipelines",
                             f"the {key} sits on stages of different tensor-parallel degrees {sorted(degrees)}; "
                             "replicas must shard it the same way")
-    return Layout(tuple(ranks))
+    return Layout(tuple(ranks), config.sync_every_steps)

@@ -115,12 +115,20 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    """``layer``: the block's index; an MoE block (``ModelSpec.is_moe_layer``) gets ``runner.moe.MoEMLP`` with
+    the ``experts`` this rank holds (all by default) in place of the MLP."""
+
+    def __init__(self, spec: ModelSpec, layer: int = 0, experts: tuple[int, ...] | None = None) -> None:
         super().__init__()
         self.attn_norm = _norm(spec)
         self.attn = Attention(spec)
         self.mlp_norm = _norm(spec)
-        self.mlp = MLP(spec)
+        if spec.is_moe_layer(layer):
+            from runner.moe import MoEMLP
+
+            self.mlp = MoEMLP(spec, experts)
+        else:
+            self.mlp = MLP(spec)
         self.dropout = spec.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -131,8 +139,9 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-def _init_(module: nn.Module, seed: int) -> None:
-    """Deterministic init from ``seed``: matrices N(0, 0.02) in name order, norms 1.
+def _init_(module: nn.Module, seed: int, skip: str | None = None) -> None:
+    """Deterministic init from ``seed``: matrices N(0, 0.02) in name order, norms 1; parameters whose name
+    starts with ``skip`` are left alone (an MoE block's experts: each has its own seed).
 
     Output projections get GPT-2's 1/sqrt(2 * num_layers) scaling left out on purpose: the std must
     not depend on how many layers a stage holds.
@@ -140,6 +149,8 @@ def _init_(module: nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(module.named_parameters(), key=lambda kv: kv[0]):
+            if skip is not None and name.startswith(skip):
+                continue
             if p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * INIT_STD)
             else:
@@ -158,21 +169,29 @@ class StageChunk(nn.Module):
     """
 
     def __init__(self, spec: ModelSpec, layers: Iterable[int], *, first: bool, last: bool, seed: int,
-                 recompute: bool | str = False) -> None:
+                 recompute: bool | str = False, experts: tuple[int, ...] | None = None) -> None:
         super().__init__()
         self.layer_ids = tuple(layers)
         self.recompute = recompute is True  # whole blocks; "selective" is set on each block's attention
         self.dropout = spec.dropout
         self.autocast_dtype: torch.dtype | None = None  # set by the engine for bf16 on CUDA
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size) if first else None
-        self.blocks = nn.ModuleDict({str(i): Block(spec) for i in self.layer_ids})
+        self.blocks = nn.ModuleDict({str(i): Block(spec, i, experts) for i in self.layer_ids})
         self.norm = _norm(spec) if last else None
         self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) if last else None
         if self.embed is not None:
             _init_(self.embed, seed * 7919 + _EMBED_SEED)
         for i in self.layer_ids:
-            _init_(self.blocks[str(i)], layer_seed(seed, i))
-            self.blocks[str(i)].attn.selective = recompute == "selective"
+            block = self.blocks[str(i)]
+            if spec.is_moe_layer(i):  # the shared part from the layer's seed, every expert from its own
+                from runner.moe import expert_seed
+
+                _init_(block, layer_seed(seed, i), skip="mlp.experts.")
+                for e, expert in block.mlp.experts.items():
+                    _init_(expert, expert_seed(layer_seed(seed, i), int(e)))
+            else:
+                _init_(block, layer_seed(seed, i))
+            block.attn.selective = recompute == "selective"
         if self.head is not None:
             _init_(self.head, seed * 7919 + _HEAD_SEED)
             self.norm.weight.data.fill_(1.0)

@@ -1,0 +1,279 @@
+"""Mixture of experts in the runner: the MoE block's MLP (top-k routing), expert parallelism by
+all-to-all, and the data-parallel exchange of MoE and SPES plans.
+
+**The block.** ``MoEMLP`` replaces a block's MLP in the model's MoE blocks (``ModelSpec.is_moe_layer``):
+a router (``h -> E`` logits, no bias) picks each token's top ``k`` experts, whose outputs are summed
+with the softmax of the ``k`` selected logits as weights (Mixtral's routing); every expert is an MLP
+of the model's kind (``mlp``) and width ``expert_ffn_hidden_size``. Nothing is dropped (no capacity
+limit; the simulator's capacity factor only sizes the busiest expert's work) and there is no
+load-balancing loss (a training objective choice this runner leaves out: the equivalences below
+compare plans of the same objective). Expert ``e`` of block ``i`` draws its weights from its own
+seed, so it starts the same wherever it is held.
+
+**Expert parallelism.** In a plan with ``expert_parallel = g`` the replica at position ``j`` of an
+expert-parallel group holds experts ``[j E / g, (j + 1) E / g)`` of every MoE block; a token's copies go
+to their experts' holders and back by ``all_to_all_single`` in the group (``AllToAll``, whose backward
+sends the gradients back the same way; gloo on CPU has the collective in torch 2.13, NCCL on CUDA),
+counts exchanged first. The group's replicas run the same schedule on the same shapes (the plan rules
+say so), so their all-to-alls pair up in order, forward and backward.
+
+**Exchange of MoE / SPES plans** (``ExpertSync``). Every weight key (``Layout`` holder keys: the shared
+part of a block, each expert, embedding, head) is held by some ranks and trained by some of them (an
+expert by the replicas whose group trains it; everything else by all). A holder's gradient covers its
+own pipeline's batch (``B_p``), an expert holder's its whole group's (``g B_p``, the tokens routed to
+it); it is weighted by ``B_p / (sum of the covered batches of the key's trainers)`` so the sum over
+trainers is the gradient of the mean loss over their sequences.
+
+- ``sync_every_steps`` 1: every step the trainers all-reduce the weighted gradients; after the
+  optimizer step a trainer broadcasts the new weights of an expert to the holders that do not train
+  it. With every expert trained everywhere this is ordinary data parallelism.
+- ``sync_every_steps`` H > 1 (SPES): every step only the holders inside one expert-parallel group
+  all-reduce (weights over the group's batch); after every H-th step the trainers of each key average
+  its weights (weighted by covered batch) and one of them broadcasts the result to the key's other
+  holders. Optimizer states stay local; untrained experts are frozen (``requires_grad`` off, not in
+  the optimizer) and only change at a synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from autotune.specs import ModelSpec
+
+
+class AllToAll(torch.autograd.Function):
+    """``dist.all_to_all_single`` of rows (``input_sizes`` rows to each peer, ``output_sizes`` from each)
+    whose backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, output_sizes: list[int], input_sizes: list[int], group) -> torch.Tensor:
+        ctx.sizes, ctx.group = (output_sizes, input_sizes), group
+        out = x.new_empty((sum(output_sizes),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_sizes, input_sizes, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        output_sizes, input_sizes = ctx.sizes
+        back = grad.new_empty((sum(input_sizes),) + tuple(grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), input_sizes, output_sizes, group=ctx.group)
+        return back, None, None, None
+
+
+class ExpertMLP(nn.Module):
+    """One expert: the dense MLP's shape at ``expert_ffn_hidden_size``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, f = spec.hidden_size, spec.expert_ffn_hidden_size
+        self.swiglu = spec.mlp == "swiglu"
+        self.up_proj = nn.Linear(h, f, bias=False)
+        if self.swiglu:
+            self.gate_proj = nn.Linear(h, f, bias=False)
+        self.down_proj = nn.Linear(f, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+
+
+class MoEMLP(nn.Module):
+    """Router + the experts this rank holds (``experts``; all by default). Parameter names carry the
+    global expert index: ``mlp.experts.<e>.up_proj.weight``."""
+
+    def __init__(self, spec: ModelSpec, experts: tuple[int, ...] | None = None) -> None:
+        super().__init__()
+        self.num_experts = spec.num_experts
+        self.top_k = spec.experts_per_token
+        self.router = nn.Linear(spec.hidden_size, spec.num_experts, bias=False)
+        held = tuple(range(spec.num_experts)) if experts is None else tuple(experts)
+        self.experts = nn.ModuleDict({str(e): ExpertMLP(spec) for e in held})
+        self.group: dist.ProcessGroup | None = None  # expert-parallel group (None: every expert is local)
+        self.group_size = 1
+
+    def set_expert_parallel(self, group: dist.ProcessGroup, size: int) -> None:
+        self.group, self.group_size = group, size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        logits = self.router(tokens)
+        top, index = torch.topk(logits, self.top_k, dim=-1)
+        weight = torch.softmax(top, dim=-1)
+        # one row per (token, slot): which token, which expert, its weight; grouped by expert
+        expert = index.reshape(-1)
+        order = torch.argsort(expert, stable=True)
+        expert = expert[order]
+        token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)[order]
+        w = weight.reshape(-1)[order]
+        if self.group is None:
+            y = self._experts(tokens[token], expert)
+        else:
+            y = self._dispatch_compute_combine(tokens[token], expert)
+        out = torch.zeros_like(tokens).index_add(0, token, y * w.unsqueeze(-1).to(y.dtype))
+        return out.reshape(shape)
+
+    def _experts(self, rows: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        """Each row through its expert (rows sorted by expert; every expert local)."""
+        counts = torch.bincount(expert, minlength=self.num_experts).tolist()
+        outs, start = [], 0
+        for e, n in enumerate(counts):
+            if n:
+                outs.append(self.experts[str(e)](rows[start:start + n]))
+            start += n
+        return torch.cat(outs) if outs else rows[:0]
+
+    def _dispatch_compute_combine(self, rows: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        """All-to-all the rows to their experts' holders in the group, run them, all-to-all them back."""
+        g = self.group_size
+        per = self.num_experts // g
+        send = torch.bincount(expert // per, minlength=g)  # rows are sorted by expert, so by holder too
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.group)
+        send_sizes, recv_sizes = send.tolist(), recv.tolist()
+        got_expert = torch.empty(sum(recv_sizes), dtype=expert.dtype, device=expert.device)
+        dist.all_to_all_single(got_expert, expert, recv_sizes, send_sizes, group=self.group)
+        got = AllToAll.apply(rows, recv_sizes, send_sizes, self.group)
+        # rows from each sender arrive sorted by expert; sort all by expert to run each expert once
+        order = torch.argsort(got_expert, stable=True)
+        done = self._local_experts(got[order], got_expert[order])
+        y = torch.empty_like(done).index_copy(0, order, done)  # back in arrival order
+        return AllToAll.apply(y, send_sizes, recv_sizes, self.group)
+
+    def _local_experts(self, rows: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        held = sorted(int(e) for e in self.experts)
+        counts = torch.bincount(expert - held[0], minlength=len(held)).tolist() if expert.numel() else []
+        outs, start = [], 0
+        for i, n in enumerate(counts):
+            if n:
+                outs.append(self.experts[str(held[0] + i)](rows[start:start + n]))
+            start += n
+        return torch.cat(outs) if outs else rows[:0] * 0.0
+
+
+def expert_seed(layer_seed: int, expert: int) -> int:
+    return layer_seed * 131 + 7 + expert
+
+
+def setup_experts(engine, layout, rank: int, model: ModelSpec) -> "ExpertSync":
+    """An MoE / SPES plan on ``engine``: expert-parallel groups on its MoE blocks, untrained experts frozen
+    (no gradient, not in the optimizer), and the exchange that replaces the plain gradient all-reduce.
+    Every rank creates every process group, in the same order."""
+    plan = layout.ranks[rank]
+    for ranks in layout.expert_parallel_groups():
+        group = dist.new_group(list(ranks))
+        if rank in ranks:
+            for chunk in engine.chunks:
+                for block in chunk.blocks.values():
+                    if isinstance(block.mlp, MoEMLP):
+                        block.mlp.set_expert_parallel(group, len(ranks))
+    for key in plan.holds():
+        if not plan.trains(key):
+            for p in engine.module.params_of(key):
+                p.requires_grad_(False)
+    return ExpertSync(layout, rank, engine.module.params_of, layout.sync_every_steps)
+
+
+# --------------------------------------------------------------------------------------------------
+# The exchange of MoE / SPES plans
+
+
+@dataclass
+class _Group:
+    keys: tuple[str, ...]
+    group: dist.ProcessGroup | None  # among the trainers (gradient / weight averaging)
+    trainers: tuple[int, ...]
+    bcast: dist.ProcessGroup | None  # among all holders, when some do not train (trainer -> others)
+    holders: tuple[int, ...]
+    grad_weight: float  # this rank's weight in the gradient sum (0 when it does not train the keys)
+    param_weight: float  # its weight in a parameter average (SPES)
+    params: list[nn.Parameter]
+
+
+class ExpertSync:
+    """The gradient / weight exchange of one rank under an MoE or SPES plan (see the module docstring).
+    Every rank builds every process group in the same order."""
+
+    def __init__(self, layout, rank: int, params_of, sync_every_steps: int) -> None:
+        self.rank = rank
+        self.sync_every = sync_every_steps
+        self.step_groups: list[_Group] = []  # per step: H = 1 all trainers; H > 1 within an expert-parallel group
+        self.sync_groups: list[_Group] = []  # every H steps (H > 1)
+        local = sync_every_steps > 1
+        for spec in layout.exchange_groups(local=local):
+            self.step_groups.append(self._build(spec, params_of))
+        if local:
+            for spec in layout.exchange_groups(local=False):
+                self.sync_groups.append(self._build(spec, params_of))
+
+    def _build(self, spec, params_of) -> _Group:
+        holders, trainers, keys, weights = spec
+        group = dist.new_group(list(trainers)) if len(trainers) > 1 else None
+        bcast = dist.new_group(list(holders)) if trainers and len(holders) > len(trainers) else None
+        params = [p for key in keys for p in params_of(key)] if self.rank in holders else []
+        gw, pw = weights.get(self.rank, (0.0, 0.0))
+        return _Group(keys, group, trainers, bcast, holders, gw, pw, params)
+
+    def _mine(self, groups: list[_Group]):
+        return [g for g in groups if self.rank in g.holders]
+
+    def sync_gradients(self) -> None:
+        """Weighted gradients all-reduced among each key's trainers (per step)."""
+        for g in self._mine(self.step_groups):
+            if self.rank not in g.trainers:
+                continue
+            grads = []
+            for p in g.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+            if g.group is None:
+                if g.grad_weight != 1.0:
+                    for t in grads:
+                        t.mul_(g.grad_weight)
+                continue
+            flat = torch.cat([t.reshape(-1) for t in grads]).mul_(g.grad_weight)
+            dist.all_reduce(flat, group=g.group)
+            _unflatten(flat, grads)
+
+    def after_step(self, step: int) -> bool:
+        """After the optimizer step of step ``step`` (0-based): H = 1, send updated experts to the holders
+        that do not train them; H > 1, every H-th step, average the trainers' weights and send them to
+        every holder. Returns whether this step ended with a SPES synchronisation."""
+        with torch.no_grad():
+            if self.sync_every == 1:
+                for g in self._mine(self.step_groups):
+                    _broadcast(g)
+                return False
+            if (step + 1) % self.sync_every:
+                return False
+            for g in self._mine(self.sync_groups):
+                if self.rank in g.trainers and g.group is not None:
+                    flat = torch.cat([p.detach().reshape(-1) for p in g.params]).mul_(g.param_weight)
+                    dist.all_reduce(flat, group=g.group)
+                    _unflatten(flat, [p.data for p in g.params])
+                _broadcast(g)
+        return True
+
+
+def _broadcast(g: _Group) -> None:
+    if g.bcast is None:
+        return
+    flat = torch.cat([p.detach().reshape(-1) for p in g.params])
+    dist.broadcast(flat, src=g.trainers[0], group=g.bcast)
+    if g.trainers[0] != dist.get_rank():
+        _unflatten(flat, [p.data for p in g.params])
+
+
+def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset:offset + n].view_as(t))
+        offset += n
