@@ -16,7 +16,7 @@ the routed experts without the padding (``ModelSpec.active_params``).
 **All-to-all.** Per MoE block and micro-batch, four all-to-alls inside the expert-parallel group:
 dispatch and combine forward, their gradients backward (Lepikhin et al. 2020, GShard; full
 recomputation runs the forward's two again). Each device sends its ``c * T * k`` token copies of
-``2 h`` bytes (16-bit) and keeps the ``1 / g`` addressed to itself: ``(g - 1) / g * c T k 2h`` bytes
+``e h`` bytes (``e``: the model precision's element size, 2 for bf16) and keeps the ``1 / g`` addressed to itself: ``(g - 1) / g * c T k 2h`` bytes
 out. A stage's ``tp`` ranks all send (tokens are replicated on them), so the stage moves ``tp`` times
 that over the group's links at the data-parallel ring's bandwidth (``Simulator._dp_bandwidth``: ``tp``
 times the intra-node link inside one node, capped by the nodes' network when the group leaves the
@@ -63,7 +63,6 @@ from autotune.specs import ModelSpec, ParallelConfig
 
 CAPACITY_FACTOR = 1.25       # expert load over the mean that the busiest expert carries (GShard / Switch)
 SYNC_BYTES_PER_PARAM = 4     # SPES exchange in fp32 (master weights)
-ACTIVATION_BYTES = 2         # 16-bit token copies in the all-to-all
 
 
 # --------------------------------------------------------------------------------------------------
@@ -116,12 +115,12 @@ def activation_delta_per_token(model: ModelSpec, tp: int) -> float:
 
 def alltoall_bytes(model: ModelSpec, micro_batch_size: int, ep: int) -> float:
     """Bytes one device sends in one all-to-all (dispatch or combine) of one MoE block for one
-    micro-batch: its ``c T k`` token copies of ``2 h`` bytes, less the ``1 / ep`` it keeps."""
+    micro-batch: its ``c T k`` token copies of ``e h`` bytes, less the ``1 / ep`` it keeps."""
     if ep <= 1 or not model.is_moe:
         return 0.0
     tokens = micro_batch_size * model.seq_len
     copies = CAPACITY_FACTOR * tokens * model.experts_per_token
-    return (ep - 1) / ep * copies * ACTIVATION_BYTES * model.hidden_size
+    return (ep - 1) / ep * copies * model.bytes_per_element * model.hidden_size
 
 
 def alltoall_s(nbytes: float, ep: int, tp: int, bandwidth_GBps: float, latency_us: float) -> float:

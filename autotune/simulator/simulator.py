@@ -274,7 +274,7 @@ class Simulator:
             measured = prof.layer_timing(model, mbs, tp, recompute=True) if not model.is_moe else None
             if measured is not None:
                 layer_br = measured.backward_s * sd
-            measured = prof.layer_timing(model, mbs, tp, recompute="selective")
+            measured = prof.layer_timing(model, mbs, tp, recompute="selective") if not model.is_moe else None
             if measured is not None:
                 layer_bs = measured.backward_s * sd
             edge = prof.edge_timing(model, mbs, tp)
@@ -632,7 +632,7 @@ class Simulator:
                 durs = [max(stage_costs[r][s][0][i] for r in group) for i in range(2 * v)]
                 bw, lat = self._dp_bandwidth(tuple(config.pipelines[r].stages[s].devices for r in group))
                 a2a = moe.alltoall_s(nbytes, ep, st.tp, bw, lat)
-                fwd, bwd = moe.alltoalls_per_layer(st.recompute)
+                fwd, bwd = moe.alltoalls_per_layer(st.recompute is True)  # selective: attention only
                 blocks = st.layers / v * model.moe_layer_fraction  # MoE blocks per chunk
                 for c in range(v):
                     durs[2 * c] += blocks * fwd * a2a
