@@ -48,6 +48,10 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
         summary.add_row("why", result.error)
     if cfg.zero:
         summary.add_row("zero", f"{cfg.zero} across {len(cfg.pipelines)} replica(s)")
+    if cfg.expert_parallel > 1:
+        summary.add_row("expert parallel", f"groups of {cfg.expert_parallel} replicas")
+    if cfg.sync_every_steps > 1:  # SPES: the iteration time above includes the sync amortised
+        summary.add_row("sync (SPES)", f"{result.sync_time_s:.2f} s every {cfg.sync_every_steps} steps")
     for node, gib in result.host_memory_GiB.items():  # offloaded state per node (plans that offload)
         cap = next(n.host.memory_GiB for n in cluster.nodes if n.name == node)
         used = f"{gib:.1f} / {cap:g} GiB"
