@@ -910,6 +910,10 @@ class Measurement:
     #: SPES plans (sync_every_steps > 1): seconds of one synchronisation round; iteration_time_s includes
     #: it amortised over sync_every_steps. 0 for every other plan.
     sync_time_s: float = 0.0
+    #: device -> GiB of tensors at the peak (what ``torch.cuda.max_memory_allocated`` reports); absent where
+    #: not known. ``peak_memory_GiB`` is the device's view (nvidia-smi: plus CUDA context, library buffers
+    #: and the allocator's pool).
+    allocated_memory_GiB: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -935,6 +939,8 @@ class Measurement:
             out["host_memory_GiB"] = dict(self.host_memory_GiB)
         if self.sync_time_s:
             out["sync_time_s"] = self.sync_time_s
+        if self.allocated_memory_GiB:
+            out["allocated_memory_GiB"] = dict(self.allocated_memory_GiB)
         if timeline:
             out["timeline"] = [[e.device, e.op, e.start_s, e.end_s] for e in self.timeline]
         return out
@@ -954,6 +960,7 @@ class Measurement:
             error=str(data.get("error", "")),
             host_memory_GiB={str(k): float(v) for k, v in dict(data.get("host_memory_GiB", {})).items()},
             sync_time_s=float(data.get("sync_time_s", 0.0)),
+            allocated_memory_GiB={str(k): float(v) for k, v in dict(data.get("allocated_memory_GiB", {})).items()},
         )
 
     @classmethod

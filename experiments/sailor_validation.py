@@ -134,6 +134,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--cli", action="store_true", help="also run `autotune simulate` for each run and check it agrees")
+    ap.add_argument("--fit-memory", action="store_true",
+                    help="print the least-squares fit of GH200's device-memory constants (context GiB, allocator "
+                         "fraction) on the OPT-350M runs: measured nvidia-smi = context + (1 + fraction) x the "
+                         "simulator's allocator view (autotune/simulator/device_memory.py holds the result)")
     args = ap.parse_args()
     data = json.loads(args.data.read_text())
     models = {}
@@ -155,9 +159,14 @@ def main() -> None:
             row[f"{variant}_t"] = m.iteration_time_s
             row[f"{variant}_m"] = max(m.peak_memory_GiB.values())
             row[f"{variant}_oom"] = m.oom
+            row[f"{variant}_alloc"] = max(m.allocated_memory_GiB.values())
             if args.cli:
                 cli_check(cluster, mdict, cfg, prof, m.to_dict())
         rows.append(row)
+
+    if args.fit_memory:
+        fit_memory([r for r in rows if r["section"] == "sailor_gh200"])
+        return
 
     def err(pred: float, meas: float) -> float:
         return (pred - meas) / meas
@@ -197,6 +206,19 @@ def main() -> None:
     for label, value, target in checks:
         verdict = "met" if value <= target else f"MISSED by {100 * (value - target):.1f} points"
         print(f"target {label}: {100 * value:.1f}% -> {verdict}")
+
+
+def fit_memory(rows: list[dict]) -> None:
+    import numpy as np
+
+    x = np.array([r["sim_alloc"] for r in rows])
+    y = np.array([r["meas_m"] for r in rows])
+    (slope, context), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], axis=1), y, rcond=None)
+    fraction = max(0.0, slope - 1.0)
+    if fraction == 0.0:  # the pool fraction cannot be negative: refit the constant alone
+        context = float(np.mean(y - x))
+    print(f"fit on {len(rows)} runs: nvidia-smi = {context:.2f} GiB + (1 + {fraction:.3f}) x allocated "
+          f"(unclamped slope {slope:.3f}); residuals {', '.join(f'{v:+.2f}' for v in y - context - (1 + fraction) * x)}")
 
 
 def cluster_from(raw: dict):

@@ -17,8 +17,9 @@ Emulated slowdown: a ``cpu`` node with ``slowdown: f`` in the cluster file makes
 ``(f - 1)`` times their measured forward/backward compute after each one, to test heterogeneous
 plans on one machine. It is emulation, off unless the cluster sets it.
 
-Memory: CUDA reports ``torch.cuda.max_memory_allocated``; CPU reports the growth of the process's
-peak RSS during the run.
+Memory: CUDA reports the device's view in ``peak_memory_GiB`` (used memory after the timed steps, as
+nvidia-smi shows it) and ``torch.cuda.max_memory_allocated`` in ``allocated_memory_GiB``; CPU reports
+the growth of the process's peak RSS during the run in both.
 
 Test-only fault injection: ``AUTOTUNE_FAULT=raise:rank1`` / ``hang:rank1`` (``runner.worker``).
 

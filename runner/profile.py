@@ -4,7 +4,10 @@ Readings, per rank, over the timed steps (after warm-up):
 - step wall time; the iteration time is the slowest rank's mean (steps end in a global all-reduce,
   so ranks agree to within that collective);
 - forward and backward compute time of its stage(s) (``TimedStage``), including emulated slowdown;
-- peak memory: CUDA ``torch.cuda.max_memory_allocated``; CPU the growth of the process's peak RSS
+- peak memory: CUDA: ``peak_memory_GiB`` the device's view (``total - free`` of ``torch.cuda.mem_get_info``
+  after the timed steps: the allocator's cached pool, CUDA context and NCCL buffers included, as
+  nvidia-smi shows it) and ``allocated_memory_GiB`` = ``torch.cuda.max_memory_allocated``; CPU both are
+  the growth of the process's peak RSS
   (``getrusage`` max RSS minus the RSS before the model was built), which also counts allocator
   and communication buffers. A CPU rank whose growth exceeds its device's ``memory_GiB`` is
   reported as ``oom`` (emulation: the process itself did not run out).
@@ -67,13 +70,18 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
     elapsed = time.perf_counter() - t0
     fwd, bwd = engine.busy()
     if device.type == "cuda":
-        peak_GiB = torch.cuda.max_memory_allocated(device) / GiB
+        allocated_GiB = torch.cuda.max_memory_allocated(device) / GiB
+        free, total = torch.cuda.mem_get_info(device)
+        # the device's view, as nvidia-smi shows it: the allocator keeps its peak pool cached, plus the
+        # CUDA context, library workspaces and NCCL buffers (the simulator's peak_memory_GiB)
+        peak_GiB = max(allocated_GiB, (total - free) / GiB)
     else:
-        peak_GiB = max(0, peak_rss() - baseline_rss) / GiB
+        peak_GiB = allocated_GiB = max(0, peak_rss() - baseline_rss) / GiB
     plan = layout.ranks[rank]
     reading = {"rank": rank, "device": plan.device_id, "pipeline": plan.pipeline, "stage": plan.stage,
                "forward_s": (fwd - fwd0) / steps, "backward_s": (bwd - bwd0) / steps,
-               "iteration_time_s": elapsed / steps, "peak_memory_GiB": peak_GiB, "timeline": recorder.events}
+               "iteration_time_s": elapsed / steps, "peak_memory_GiB": peak_GiB, "allocated_memory_GiB": allocated_GiB,
+               "timeline": recorder.events}
     readings: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
     dist.all_gather_object(readings, reading)
     if rank == 0:
@@ -103,6 +111,7 @@ def summarize(readings: list[dict], cluster: ClusterSpec, model: ModelSpec, conf
                      for d in config.devices) * 1e12
     mfu = tokens_per_s * flops_per_token(model) / peak_flops
     memory = {r["device"]: r["peak_memory_GiB"] for r in readings}
+    allocated = {r["device"]: r.get("allocated_memory_GiB", r["peak_memory_GiB"]) for r in readings}
     over = [(d, gib, cluster.device(d).memory_GiB) for d, gib in memory.items() if gib > cluster.device(d).memory_GiB]
     status, error = "ok", ""
     if over:
@@ -112,4 +121,4 @@ def summarize(readings: list[dict], cluster: ClusterSpec, model: ModelSpec, conf
                              for op, start, end in r.get("timeline", ())), key=lambda e: (e.start_s, e.device)))
     return Measurement(tokens_per_s=tokens_per_s, iteration_time_s=iteration, oom=bool(over), peak_memory_GiB=memory,
                        mfu=mfu, bubble_fraction=max(0.0, bubble), stage_busy_s=busy_of_slowest, timeline=timeline,
-                       status=status, error=error)
+                       status=status, error=error, allocated_memory_GiB=allocated)

@@ -88,7 +88,16 @@ def test_inline_gpu_peaks_per_precision() -> None:
         _cluster(peak_tflops_tf32=-1.0)
 
 
-def test_fp32_uses_the_tf32_peak_and_4_byte_elements() -> None:
+@pytest.fixture
+def no_host_cost(monkeypatch):
+    """Device times only: the host's fixed cost per pass (tested below) would hide them on small layers."""
+    import autotune.simulator.simulator as sim_module
+    from autotune.simulator.overheads import NO_HOST_COST
+
+    monkeypatch.setattr(sim_module, "host_cost", lambda gpu, tp: NO_HOST_COST)
+
+
+def test_fp32_uses_the_tf32_peak_and_4_byte_elements(no_host_cost) -> None:
     cfg = ParallelConfig(1, (PipelineConfig(16, (StageConfig(("n:0",), 8),)),))
     bf16 = Simulator(_cluster(1, peak_tflops_tf32=25.0), _model(attention="flash")).evaluate(cfg)
     fp32 = Simulator(_cluster(1, peak_tflops_tf32=25.0), _model(attention="flash", precision="fp32")).evaluate(cfg)
@@ -134,7 +143,7 @@ def test_selective_recompute_and_sequence_parallel_memory_in_the_simulator() -> 
         cfg = ParallelConfig(b, (PipelineConfig(8, (StageConfig(devices, L, recompute, sequence_parallel=sp),)),))
         r = sim.evaluate(cfg)
         assert r.ok, r.error
-        return r.peak_memory_GiB[devices[0]] * GiB
+        return r.allocated_memory_GiB[devices[0]] * GiB
 
     t = 2
     none, sel, full = peak(False), peak("selective"), peak(True)
@@ -152,7 +161,7 @@ def test_selective_recompute_and_sequence_parallel_memory_in_the_simulator() -> 
     del V
 
 
-def test_selective_recompute_time_is_the_attention_core() -> None:
+def test_selective_recompute_time_is_the_attention_core(no_host_cost) -> None:
     m = _model()
     cfg = lambda rc: ParallelConfig(1, (PipelineConfig(16, (StageConfig(("n:0",), 8, rc),)),))  # noqa: E731
     sim = Simulator(_cluster(1), m)
@@ -209,3 +218,118 @@ def test_runner_selective_recompute_and_standard_attention_train_the_same_model(
     scores = spec.num_heads * spec.seq_len ** 2 * 2 * 4  # one fp32 softmax output per head and sequence
     assert saved("standard", False) - saved("standard", "selective") >= scores
     assert saved("standard", "selective") > saved("standard", True)
+
+
+# -- the datasheet cost model: fixed host cost, blocking sends, NCCL-like collectives, device memory --
+
+def test_a_fixed_host_cost_per_layer_adds_layers_times_microbatches_times_cost(monkeypatch) -> None:
+    """Device time ~0 (a GPU of 1e9 TFLOP/s with unlimited memory bandwidth): every layer pass waits for
+    the host, so the fixed cost adds exactly L x m x (forward + backward cost)."""
+    import autotune.simulator.simulator as sim_module
+    from autotune.simulator.overheads import NO_HOST_COST, HostCost
+
+    cost = HostCost(1.5e-3, 1.7e-3, 0.0, 0.0, 0.0, 0.0)
+    model = _model(attention="flash", dropout=0.0)
+    cluster = cluster_from_dict({"name": "t", "nodes": [{"name": "n", "count": 1, "gpu": {
+        "name": "Z", "peak_tflops": 1e9, "memory_GiB": 1000.0, "memory_bandwidth_GBps": FAST}}],
+        "network": {"bandwidth_GBps": FAST}}, "t")
+    m, L = model.global_batch_size, model.num_layers
+    cfg = ParallelConfig(1, (PipelineConfig(m, (StageConfig(("n:0",), L),)),))
+    monkeypatch.setattr(sim_module, "host_cost", lambda gpu, tp: NO_HOST_COST)
+    without = Simulator(cluster, model).evaluate(cfg).iteration_time_s
+    assert without > 0
+    monkeypatch.setattr(sim_module, "host_cost", lambda gpu, tp: cost)
+    with_cost = Simulator(cluster, model).evaluate(cfg).iteration_time_s
+    assert with_cost - without == pytest.approx(L * m * (1.5e-3 + 1.7e-3), rel=1e-6)
+    # a compute-bound layer hides the same cost entirely
+    slow = cluster_from_dict({"name": "t", "nodes": [{"name": "n", "count": 1, "gpu": {
+        "name": "Z", "peak_tflops": 0.001, "memory_GiB": 1000.0, "memory_bandwidth_GBps": 1.0}}],
+        "network": {"bandwidth_GBps": FAST}}, "t")
+    a = Simulator(slow, model).evaluate(cfg).iteration_time_s
+    monkeypatch.setattr(sim_module, "host_cost", lambda gpu, tp: NO_HOST_COST)
+    assert Simulator(slow, model).evaluate(cfg).iteration_time_s == a
+
+
+def test_host_cost_table_by_gpu_class_and_tp() -> None:
+    from autotune.simulator.overheads import DEFAULT_HOST_COST, HOST_COSTS, NO_HOST_COST, host_cost
+
+    gh = HOST_COSTS[("GH200", 4)]
+    assert host_cost("GH200", 4) is gh and host_cost("GH200", 8) is gh  # nearest measured tp
+    assert (gh.layer_forward_s, gh.layer_backward_s) == (1.5e-3, 1.728e-3) and "Sailor" in gh.source
+    assert host_cost("A100-80GB", 2) is DEFAULT_HOST_COST and host_cost("cpu", 1) is NO_HOST_COST
+
+
+def test_a_blocking_send_on_a_slow_link_lengthens_a_two_stage_1f1b_by_hand() -> None:
+    """Two stages on two nodes, one layer each, measured layer times f and b (a profile, so no host
+    cost), nothing else. 1F1B with 2 micro-batches: stage 0 runs F0 F1 B0 B1, stage 1 F0 B0 F1 B1. When a
+    send blocks its sender for its transfer time c, stage 0's forwards take f + c and stage 1's backwards
+    b + c, and the iteration is 3f + 3b + 3c (worked out op by op); a send that only delays its receiver
+    would give 3f + 3b + 2c."""
+    from autotune.simulator import collectives
+    from autotune.profile import CalibrationProfile, DeviceProfile, EdgeTiming, LayerTiming
+
+    model = _model(num_layers=2, attention="flash", dropout=0.0, global_batch_size=2)
+    f, b = 4e-3, 9e-3
+    layer = LayerTiming(model.hidden_size, model.num_heads, model.num_kv_heads, model.ffn_hidden_size, model.mlp,
+                        model.seq_len, 1, 1, forward_s=f, backward_s=b)
+    edge = EdgeTiming(model.hidden_size, model.vocab_size, model.seq_len, 1, 1, 0.0, 0.0, 0.0, 0.0)
+    prof = CalibrationProfile((DeviceProfile("X", (), layers=(layer,), edges=(edge,), optimizer_s_per_param=0.0,
+                                             memory_bandwidth_GBps=FAST),))
+    cluster = cluster_from_dict({"name": "t", "nodes": [{"name": "a", "count": 1, "gpu": {
+        "name": "X", "peak_tflops": 100.0, "memory_GiB": 1000.0, "memory_bandwidth_GBps": 1000.0}},
+        {"name": "b", "count": 1, "gpu": {"name": "X", "peak_tflops": 100.0, "memory_GiB": 1000.0,
+                                          "memory_bandwidth_GBps": 1000.0}}],
+        "network": {"bandwidth_GBps": 1.0, "latency_us": 0.0}}, "t")
+    cfg = ParallelConfig(1, (PipelineConfig(2, (StageConfig(("a:0",), 1), StageConfig(("b:0",), 1))),))
+    r = Simulator(cluster, model, prof).evaluate(cfg)
+    nbytes = 2 * model.seq_len * model.hidden_size  # one bf16 activation of one sequence
+    c = (8.4 + 14.0) * 1e-6 + nbytes / (1.0e9 * 0.9)  # NCCL Simple over the network (collectives.py)
+    assert c == pytest.approx(collectives.send_s(nbytes, 1.0, 0.0, "network"))
+    assert r.iteration_time_s == pytest.approx(3 * f + 3 * b + 3 * c, rel=1e-9)
+
+
+def test_nccl_like_collectives_per_link_kind() -> None:
+    from autotune.simulator.collectives import collective_s, intra_node_kind
+
+    assert intra_node_kind(300, "A100-80GB") == "nvlink" and intra_node_kind(32, "A100-80GB") == "pcie"
+    assert intra_node_kind(32, "RTX-4090") == "pcie-no-p2p" and intra_node_kind(32, "cpu") == "host"
+    n = 64e6  # a large all-reduce over 4 ranks: Simple protocol, 6 steps
+    nv = collective_s("allreduce", n, 4, 300.0, 2.0, "nvlink")
+    assert nv == pytest.approx((8.4 + 6 * 3.4) * 1e-6 + 1.5 * n / (300e9 * 0.8))
+    # the same bytes over PCIe without peer-to-peer cross it twice (through host memory): half the bus
+    p2p = collective_s("allreduce", n, 4, 32.0, 2.0, "pcie")
+    nop2p = collective_s("allreduce", n, 4, 32.0, 2.0, "pcie-no-p2p")
+    assert nop2p - (8.4 + 6 * 5.7) * 1e-6 == pytest.approx(2 * (p2p - (8.4 + 6 * 5.7) * 1e-6))
+    # a small message is latency-bound and takes the LL protocol: 6.6 us + 6 x 0.6 us on NVLink
+    assert collective_s("allreduce", 1024, 4, 300.0, 0.0, "nvlink") == pytest.approx(
+        (6.6 + 6 * 0.6) * 1e-6 + 1.5 * 1024 / (300e9 * 0.8 * 0.5))
+    assert collective_s("allreduce", n, 1, 300.0, 2.0, "nvlink") == 0.0
+
+
+def test_device_memory_view_adds_context_and_pool_and_sets_oom() -> None:
+    from autotune.simulator.device_memory import DEFAULT_DEVICE_MEMORY, device_memory
+
+    model = _model(attention="flash")
+    cfg = ParallelConfig(1, (PipelineConfig(16, (StageConfig(("n:0",), 8),)),))
+    r = Simulator(_cluster(1), model).evaluate(cfg)
+    alloc = r.allocated_memory_GiB["n:0"]
+    assert r.peak_memory_GiB["n:0"] == pytest.approx(alloc * 1.05 + 1.0)  # the default class: 1 GiB + 5%
+    assert device_memory("X") is DEFAULT_DEVICE_MEMORY and device_memory("GH200").context_GiB == pytest.approx(3.92)
+    # a device with exactly the allocated tensors' room is out of memory once the context is counted
+    tight = cluster_from_dict({"name": "t", "nodes": [{"name": "n", "count": 1, "gpu": {
+        "name": "X", "peak_tflops": 100.0, "memory_GiB": alloc * 1.01, "memory_bandwidth_GBps": 1000.0}}],
+        "network": {"bandwidth_GBps": FAST}}, "t")
+    r = Simulator(tight, model).evaluate(cfg)
+    assert r.oom and "context" in r.error
+
+
+def test_matmul_roofline_for_thin_attention_matmuls() -> None:
+    from autotune.simulator.efficiency import DeviceRates
+    from autotune.simulator.flops import Matmul
+
+    dev = _cluster(1, peak=1000.0).nodes[0].device
+    rates = DeviceRates(dev, precision="fp32")
+    scores = Matmul(2048, 2048, 64, 32)  # Q K^T for 32 heads of 64: writes 32 x 2048^2 fp32 scores
+    assert rates.matmul_s(scores) == pytest.approx(4 * scores.elements / (1000e9 * 0.8))  # memory-bound
+    big = Matmul(8192, 8192, 8192)
+    assert rates.matmul_s(big) == pytest.approx(big.flops / (rates.matmul_tflops(big.size) * 1e12))

@@ -64,15 +64,15 @@ def test_alltoall_bytes_and_time_hand_count() -> None:
 
 def test_expert_memory_counts_every_expert_held() -> None:
     sim = Simulator(standalone(4), TINY)
-    full = sim.evaluate(plan()).peak_memory_GiB["n-0:0"]
+    full = sim.evaluate(plan()).allocated_memory_GiB["n-0:0"]
     # expert parallelism 2: a device holds 2 of the 4 experts (16 bytes per parameter each)
-    ep2 = sim.evaluate(plan(ep=2)).peak_memory_GiB["n-0:0"]
+    ep2 = sim.evaluate(plan(ep=2)).allocated_memory_GiB["n-0:0"]
     assert (full - ep2) * GiB == pytest.approx(2 * EXPERT * 16, rel=1e-9)
     # SPES: all 4 experts kept, 1 trained: the 3 frozen ones keep their 16-bit weights only
-    spes = sim.evaluate(plan(sync=4, trains=[[0], [1], [2], [3]])).peak_memory_GiB["n-0:0"]
+    spes = sim.evaluate(plan(sync=4, trains=[[0], [1], [2], [3]])).allocated_memory_GiB["n-0:0"]
     assert (full - spes) * GiB == pytest.approx(3 * EXPERT * (16 - 2), rel=1e-9)
     # ZeRO-1 with expert parallelism 2: dense optimizer state over 4 peers, each expert's over 2
-    z1 = sim.evaluate(plan(ep=2, zero=1)).peak_memory_GiB["n-0:0"]
+    z1 = sim.evaluate(plan(ep=2, zero=1)).allocated_memory_GiB["n-0:0"]
     dense = SHARED  # every replica holds the whole shared part
     expected = (dense * (4 + 12 / 4) + 2 * EXPERT * (4 + 12 / 2))
     assert (ep2 - z1) * GiB == pytest.approx(dense * 16 + 2 * EXPERT * 16 - expected, rel=1e-9)

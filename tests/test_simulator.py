@@ -24,6 +24,35 @@ GPT = dict(name="gpt", num_layers=8, hidden_size=256, num_heads=8, ffn_hidden_si
 FAST = 1e15  # GB/s: a link or memory so fast its time vanishes
 
 
+@pytest.fixture(autouse=True)
+def _plain_cost_terms(monkeypatch):
+    """These tests compose compute, schedule, alpha-beta communication and the allocator's memory by
+    hand; the datasheet terms on top of them (the host's fixed cost per pass, NCCL-like collectives, the
+    device's memory view) are checked on their own in tests/test_fidelity_terms.py, so they are set to
+    nothing here."""
+    import autotune.simulator.simulator as sim_module
+    from autotune.simulator import collectives
+    from autotune.simulator.device_memory import NO_DEVICE_MEMORY
+    from autotune.simulator.overheads import NO_HOST_COST
+
+    monkeypatch.setattr(sim_module, "host_cost", lambda gpu, tp: NO_HOST_COST)
+    monkeypatch.setattr(sim_module, "device_memory", lambda gpu: NO_DEVICE_MEMORY)
+    monkeypatch.setattr(sim_module, "collective_s",
+                        lambda op, n, k, bw, lat, kind: collectives.collective_s(op, n, k, bw, lat, "host"))
+    monkeypatch.setattr(sim_module, "send_s", lambda n, bw, lat, kind: collectives.send_s(n, bw, lat, "host"))
+    monkeypatch.setattr(Simulator, "_blocking_sends", staticmethod(lambda durs, comms, p, v: (durs, comms)))
+
+    def stored_scores_twice_and_four_times(model, b, tp, e):
+        """The score tensor's traffic as these tests count it: its stored bytes (softmax output, and with
+        dropout the mask and the dropped output) written and read forward, and twice that backward."""
+        if model.attention != "standard":
+            return 0.0, 0.0
+        stored = (e + (model.dropout > 0) * (1 + e)) * model.num_heads / tp * b * model.seq_len ** 2
+        return 2.0 * stored, 4.0 * stored
+
+    monkeypatch.setattr(sim_module, "score_traffic_bytes", stored_scores_twice_and_four_times)
+
+
 def _cluster(nodes: list[dict], network_GBps: float = FAST, latency_us: float = 0.0):
     return cluster_from_dict({"name": "test", "nodes": nodes,
                               "network": {"bandwidth_GBps": network_GBps, "latency_us": latency_us}}, "test")

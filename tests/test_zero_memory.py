@@ -30,7 +30,7 @@ def test_simulated_memory_follows_the_zero_formula_to_the_byte(zero):
              for i in range(4)]
     sim = Simulator(cluster, model)
     peak = {z: sim.evaluate(load_config({"micro_batch_size": 1, "zero": z, "pipelines": pipes}))
-            .peak_memory_GiB["h100-0:0"] for z in (0, zero)}
+            .allocated_memory_GiB["h100-0:0"] for z in (0, zero)}
     units = stage_units(model, 32, 1, True, True)
     psi = sum(units)
     assert psi == model.num_params
@@ -64,7 +64,7 @@ def test_offload_moves_exactly_the_documented_bytes_to_host_memory():
     opt = sim.evaluate(plan(3, "optimizer"))
     assert "host_memory_GiB" not in none.to_dict()
     # zero 3 + offload optimizer: the device no longer holds the K Psi / N_d and its 2 Psi / N_d gradient shard
-    assert none.peak_memory_GiB["box:0"] - opt.peak_memory_GiB["box:0"] == pytest.approx(14 * psi / 8 / GiB)
+    assert none.allocated_memory_GiB["box:0"] - opt.allocated_memory_GiB["box:0"] == pytest.approx(14 * psi / 8 / GiB)
 
 
 def test_host_memory_is_checked_per_node_and_the_error_names_it(tmp_path):

@@ -14,8 +14,10 @@ GEMMs (roughly 0.75 on H100 SXM to 0.9 on A100); ``HALF_SIZE = 512`` puts a 512-
 that and a 2048-cube one at 94% of it. Both are defaults only: ``autotune profile`` measures the curve
 per device type and a ``CalibrationProfile`` replaces it (interpolated in log n, clamped at the ends).
 
-Memory-bound kernels (layer norms, activations, softmax, dropout, residual adds, the optimizer step)
-move their bytes at ``MEMORY_FRACTION`` of the datasheet memory bandwidth (or of the profiled one).
+Without a profile a matmul also takes at least the time to move its operands and result once through
+memory (a roofline; ``DeviceRates.matmul_s``). Memory-bound kernels (layer norms, activations,
+softmax, dropout, residual adds, the optimizer step) move their bytes at ``MEMORY_FRACTION`` of the
+datasheet memory bandwidth (or of the profiled one).
 """
 
 from __future__ import annotations
@@ -63,7 +65,14 @@ class DeviceRates:
         return self.peak_tflops * PEAK_FRACTION * n2 / (n2 + HALF_SIZE * HALF_SIZE) / self.slowdown
 
     def matmul_s(self, mm: Matmul) -> float:
-        return mm.flops / (self.matmul_tflops(mm.size) * 1e12)
+        """Seconds of ``mm``: its FLOPs at the sustained rate for its size, but no less than moving its
+        operands and result once through memory (a roofline: a batched attention matmul with a 64-wide
+        inner dimension writes an ``s x s`` result per head and is bound by that traffic). A profile's
+        measured curve already includes the memory effects at its shapes, so it is used alone."""
+        compute = mm.flops / (self.matmul_tflops(mm.size) * 1e12)
+        if self.profile is not None and self.profile.matmul:
+            return compute
+        return max(compute, self.memory_s(self.elem_bytes * mm.elements))
 
     def memory_s(self, num_bytes: float) -> float:
         return num_bytes * self.slowdown / (self.memory_bandwidth_GBps * 1e9)

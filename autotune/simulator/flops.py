@@ -37,6 +37,11 @@ class Matmul:
         return 2.0 * self.m * self.n * self.k * self.count
 
     @property
+    def elements(self) -> float:
+        """Elements read and written once: both operands and the result."""
+        return float(self.m * self.k + self.k * self.n + self.m * self.n) * self.count
+
+    @property
     def size(self) -> float:
         """Equivalent square size: the cube root of m * n * k (what calibration profiles index by)."""
         return float(self.m * self.n * self.k) ** (1.0 / 3.0)
@@ -95,3 +100,27 @@ def megatron_flops_per_iteration(model: ModelSpec, recompute: bool = True) -> fl
     passes = 4 if recompute else 3
     per_layer = passes * (24 * B * s * h * h + 4 * B * s * s * h)
     return l * per_layer + 6 * B * s * h * V
+
+
+#: memory passes over the ``s x s`` score tensor outside the two attention matmuls, when the scores are
+#: materialised (``attention: standard``), each of one element per score: forward: scale and causal mask
+#: (read, write), softmax (read, write); backward: softmax backward (read probabilities, read their
+#: gradient, write the scores' gradient), mask and scale backward (read, write). The matmuls' own reads
+#: and writes of scores (Q K^T writes them, P V reads them; four such in the backward) are in their
+#: roofline (``efficiency.DeviceRates.matmul_s``). Unfused PyTorch ops, as the runner and Megatron-LM's
+#: fp32 path run them; Megatron's fused 16-bit softmax saves two passes each way.
+SCORE_PASSES_FORWARD, SCORE_PASSES_BACKWARD = 4, 5
+#: with dropout on the probabilities: read them, write the dropped ones and a 1-byte mask (forward); read
+#: the gradient and the mask, write the gradient (backward)
+DROPOUT_PASSES = 2
+
+
+def score_traffic_bytes(model: ModelSpec, micro_batch_size: int, tp: int, elem_bytes: int) -> tuple[float, float]:
+    """(forward, backward) bytes the non-matmul kernels move over one layer's attention scores on one of
+    ``tp`` devices (0 with fused attention)."""
+    if model.attention != "standard":
+        return 0.0, 0.0
+    scores = model.num_heads / tp * micro_batch_size * model.seq_len ** 2
+    drop = DROPOUT_PASSES * elem_bytes + 1 if model.dropout > 0 else 0.0
+    return (scores * (SCORE_PASSES_FORWARD * elem_bytes + drop),
+            scores * (SCORE_PASSES_BACKWARD * elem_bytes + drop))

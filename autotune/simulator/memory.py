@@ -36,10 +36,10 @@
   Last stage: one micro-batch's logits in the model's precision plus their fp32 softmax and gradient
   (``(e + 8) s b V / t`` bytes: ``10 s b V / t`` in 16 bits).
 
-A device runs out of memory when its peak exceeds its capacity minus a reserve of
-``RESERVE_GiB + RESERVE_FRACTION * capacity``: about 1 GiB for the CUDA context, cuBLAS/NCCL
-workspaces and buffers, and 5% for caching-allocator fragmentation (PyTorch's allocator typically
-leaves a few percent of reserved memory unusable).
+This is the allocator's view (``allocated_memory_GiB``). What the device holds besides (CUDA context,
+library and NCCL buffers, the allocator's pool) and the out-of-memory rule are in
+``autotune.simulator.device_memory``. ``usable_memory_GiB`` (capacity minus ``RESERVE_GiB +
+RESERVE_FRACTION * capacity``) is the older, allocator-side form of the same reserve, kept for callers.
 """
 
 from __future__ import annotations

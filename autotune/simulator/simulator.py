@@ -22,6 +22,13 @@ One training iteration of a plan, as Megatron-LM runs it:
 4. The optimizer step, memory-bandwidth bound: 28 bytes of traffic per parameter (read the fp32 weight,
    both Adam moments and the 16-bit gradient; write the three fp32 tensors and the 16-bit weight).
 
+On GPUs, on top of these (issue 13's datasheet cost model, each term in its own module): a layer pass
+takes at least the host's time to issue it (``overheads``); collectives and sends cost what NCCL's
+model says for their link kind (``collectives``); a pipeline send blocks its sender (Megatron-LM's and
+DeepSpeed's synchronous 1F1B sends, ``_blocking_sends``), and a tensor-parallel stage's sends share
+their node's network; ``peak_memory_GiB`` is the device's view (``device_memory``), the tensors alone
+are ``allocated_memory_GiB``. CPU devices keep the calibrated gloo model.
+
 The iteration ends when the last device finishes its optimizer step. ``evaluate`` never raises for a
 bad plan: invalid plans come back with status ``invalid``, plans that do not fit with ``oom``.
 """
@@ -38,9 +45,12 @@ from autotune.errors import SpecError
 from autotune.loading import load_cluster, load_config, load_model
 from autotune.profile import CalibrationProfile
 from autotune.simulator import moe
-from autotune.simulator.communication import allreduce_over_link_s, p2p_s, ring_allreduce_s
+from autotune.simulator.collectives import collective_s, intra_node_kind, send_s
+from autotune.simulator.communication import ring_allreduce_s
+from autotune.simulator.device_memory import device_memory
+from autotune.simulator.overheads import NO_HOST_COST, host_cost
 from autotune.simulator.efficiency import DeviceRates
-from autotune.simulator.flops import head_matmul, layer_matmuls, model_flops_per_token
+from autotune.simulator.flops import head_matmul, layer_matmuls, model_flops_per_token, score_traffic_bytes
 from autotune.simulator.memory import (BYTES_PER_PARAM_STATE, GiB, layer_activation_bytes, stage_params,
                                        stage_peak_GiB, usable_memory_GiB)
 from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, compile_schedule, run_program
@@ -119,7 +129,9 @@ class Simulator:
                 self._rates[key] = DeviceRates(n.device, profile.device(n.device.name) if profile else None,
                                                n.slowdown, model.precision)
         self._rate_key = {d: f"{n.device.name}@{n.slowdown:g}" for d, n in self._node.items()}
-        self._usable = {d: usable_memory_GiB(n.device.memory_GiB) for d, n in self._node.items()}
+        # a plan is oom when the device view of its memory (allocator peak, pool, CUDA context and library
+        # buffers: autotune.simulator.device_memory) exceeds the device's capacity
+        self._usable = {d: n.device.memory_GiB for d, n in self._node.items()}
         self._layer_cache: dict[tuple, tuple[float, ...]] = {}
         self._stage_cache: dict[tuple, tuple] = {}
         self._memory_cache: dict[tuple, float] = {}
@@ -175,6 +187,7 @@ class Simulator:
         durs, _, opt = self._stage_costs(tuple(devices), layers, recompute, first, last, mbs, 1, sp=sequence_parallel)
         memory, host = self._stage_memory_GiB(tuple(devices), layers, recompute, first, last, mbs, in_flight, 1,
                                               dp, zero, offload, sequence_parallel)
+        memory = self._device_view(devices[0], memory)
         return StageEstimate(durs[0], durs[1], opt, memory, min(self._usable[d] for d in devices), host)
 
     def unit_costs(self, device: str, mbs: int) -> tuple[float, ...]:
@@ -206,20 +219,23 @@ class Simulator:
         n = len(owners) if ranks is None else ranks
         if n < 2:
             return 0.0
-        bw, lat = self._dp_bandwidth(tuple(tuple(o) for o in owners))
-        return ring_allreduce_s(self._grad_bytes * params, n, bw, lat)
+        owners = tuple(tuple(o) for o in owners)
+        bw, lat = self._dp_bandwidth(owners)
+        return collective_s("allreduce", self._grad_bytes * params, n, bw, lat, self._dp_kind(owners))
 
     # ---------------------------------------------------------------------------------------------
     # Cost model
 
     def _layer_costs(self, rate_key: str, tp: int, mbs: int, link: LinkSpec, sp: bool = False,
-                     ep: int = 1) -> tuple[float, ...]:
+                     ep: int = 1, kind: str = "nvlink") -> tuple[float, ...]:
         """Seconds on one device type for one micro-batch, tensor-parallel communication included:
         (layer forward, layer backward, layer backward with full recomputation, layer backward with
         selective recomputation, embedding forward, embedding backward, head forward, head backward,
         optimizer seconds per parameter). ``sp``: sequence parallelism in the tensor-parallel group;
-        ``ep``: expert parallelism of an MoE model (its blocks' mean compute, ``moe.layer_matmul_s``)."""
-        key = (rate_key, tp, mbs, link, sp, ep)
+        ``ep``: expert parallelism of an MoE model (its blocks' mean compute, ``moe.layer_matmul_s``);
+        ``kind``: the tensor-parallel group's link kind (``collectives``). A pass takes the longer of its
+        device time and the host's time to issue it (``overheads``)."""
+        key = (rate_key, tp, mbs, link, sp, ep, kind)
         hit = self._layer_cache.get(key)
         if hit is not None:
             return hit
@@ -232,25 +248,27 @@ class Simulator:
         act_bytes = e * tokens * h
         # one all-reduce of the b s h activations (with sequence parallelism a reduce-scatter plus an
         # all-gather: the same bytes and steps, Korthikanti et al. 2022 Sec. 4.2.2)
-        tp_ar = allreduce_over_link_s(act_bytes, tp, link)
+        tp_ar = collective_s("allreduce", act_bytes, tp, link.bandwidth_GBps, link.latency_us, kind)
         mms = layer_matmuls(model, mbs, tp)
         if model.is_moe:
             mm = moe.layer_matmul_s(rates.matmul_s, model, mbs, tp, ep)
         else:
             mm = sum(rates.matmul_s(m) for m in mms)
         attn_mm = rates.matmul_s(mms[1]) + rates.matmul_s(mms[2])  # Q K^T and P V
-        # memory-bound kernels: every stored activation byte is written and read once forward (2x) ...
+        # memory-bound kernels: every stored activation byte outside the attention scores is written and
+        # read once forward (2x) and read, with a gradient written and read, backward (4x) ...
         stored = layer_activation_bytes(model, mbs, tp, sequence_parallel=sp, elem_bytes=e)
-        elementwise = 2.0 * rates.memory_s(stored)
-        layer_f = mm + elementwise + 2 * tp_ar
-        # ... and read plus a gradient written and read backward (4x); fused attention's backward also
-        # recomputes Q K^T: 5 attention matmuls for the forward's 2 (Dao 2023, FlashAttention-2)
+        scores = stored - layer_activation_bytes(model, mbs, tp, True, sp, e)  # 0 with flash attention
+        score_f, score_b = (rates.memory_s(b) for b in score_traffic_bytes(model, mbs, tp, e))
+        elementwise = 2.0 * rates.memory_s(stored - scores)
+        layer_f = mm + elementwise + score_f + 2 * tp_ar
+        # ... and fused attention's backward also recomputes Q K^T: 5 attention matmuls for the forward's 2
+        # (Dao 2023, FlashAttention-2)
         flash_extra = 0.5 * attn_mm if model.attention == "flash" else 0.0
-        layer_b = 2 * mm + flash_extra + 2 * elementwise + 2 * tp_ar
+        layer_b = 2 * mm + flash_extra + 2 * elementwise + score_b + 2 * tp_ar
         layer_br = layer_b + layer_f
         # selective recomputation reruns the attention core forward: its matmuls and its score traffic
-        scores = stored - layer_activation_bytes(model, mbs, tp, True, sp, e)
-        layer_bs = layer_b + (attn_mm + 2.0 * rates.memory_s(scores) if model.attention == "standard" else 0.0)
+        layer_bs = layer_b + (attn_mm + score_f if model.attention == "standard" else 0.0)
         # embedding: gather rows and write the output (2 e s b h bytes); vocab-parallel: one all-reduce
         emb_f = rates.memory_s(2.0 * act_bytes) + tp_ar
         emb_b = rates.memory_s(2.0 * act_bytes)
@@ -258,10 +276,16 @@ class Simulator:
         # the logits and their fp32 softmax and gradient; 3 small fp32 all-reduces of b s values)
         head = rates.matmul_s(head_matmul(model, mbs, tp))
         logits = tokens * -(-V // tp)
-        ce_ar = 3 * allreduce_over_link_s(4.0 * tokens, tp, link)
+        ce_ar = 3 * collective_s("allreduce", 4.0 * tokens, tp, link.bandwidth_GBps, link.latency_us, kind)
         head_f = head + rates.memory_s((e + 8.0) * logits + 2.0 * act_bytes) + ce_ar
         head_b = 2 * head + rates.memory_s((e + 8.0) * logits + 2.0 * act_bytes) + tp_ar
         opt = rates.memory_s(OPTIMIZER_BYTES_PER_PARAM)
+        # the host issues every pass; small passes wait for it (launch-bound), large ones hide it
+        hc = host_cost(rates.device.name, tp) if rates.slowdown == 1.0 else NO_HOST_COST
+        layer_f, layer_b = max(layer_f, hc.layer_forward_s), max(layer_b, hc.layer_backward_s)
+        layer_br, layer_bs = max(layer_br, hc.layer_forward_s + hc.layer_backward_s), max(layer_bs, hc.layer_backward_s)
+        emb_f, emb_b = max(emb_f, hc.embedding_forward_s), max(emb_b, hc.embedding_backward_s)
+        head_f, head_b = max(head_f, hc.head_forward_s), max(head_b, hc.head_backward_s)
         prof = rates.profile
         if prof is not None:  # measured times replace the model where the profile has them
             sd = rates.slowdown  # measured on the real device; an emulated slow node stretches them
@@ -270,7 +294,7 @@ class Simulator:
             if measured is not None:
                 layer_f, layer_b = measured.forward_s * sd, measured.backward_s * sd
                 layer_br = layer_f + layer_b
-                layer_bs = layer_b + (layer_bs - layer_b) * (layer_f / (mm + elementwise + 2 * tp_ar))
+                layer_bs = layer_b + (layer_bs - layer_b) * (layer_f / (mm + elementwise + score_f + 2 * tp_ar))
             measured = prof.layer_timing(model, mbs, tp, recompute=True) if not model.is_moe else None
             if measured is not None:
                 layer_br = measured.backward_s * sd
@@ -301,7 +325,8 @@ class Simulator:
         durs = [0.0] * (2 * v)
         opt_s = 0.0
         for rk in sorted({self._rate_key[d] for d in devices}):  # mixed types: the slowest sets the pace
-            lf, lb, lbr, lbs, ef, eb, hf, hb, opt = self._layer_costs(rk, tp, mbs, link, sp, ep)
+            lf, lb, lbr, lbs, ef, eb, hf, hb, opt = self._layer_costs(rk, tp, mbs, link, sp, ep,
+                                                                      self._group_kind(devices))
             lback = lbr if recompute is True else lbs if recompute == "selective" else lb
             # a profile's measured pipeline-runtime cost per micro-batch and stage chunk (calibration)
             prof = self._rates[rk].profile
@@ -414,17 +439,75 @@ class Simulator:
     def _p2p(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int, sp: bool = False) -> float:
         """One activation (or its gradient) from stage ``src`` to stage ``dst``: each tensor-parallel rank
         sends the ``e b s h`` tensor to its peer (``1 / tp`` of it with sequence parallelism, where the
-        stage output is split along the sequence)."""
-        key = (src[0], dst[0], mbs, sp and len(src) > 1)
+        stage output is split along the sequence). Between nodes the ``tp`` ranks' sends share their
+        node's network bandwidth; NCCL-like costs per link kind (``collectives.send_s``)."""
+        key = (src[0], dst[0], mbs, sp and len(src) > 1, len(src))
         hit = self._p2p_cache.get(key)
         if hit is None:
             e = self._rates[self._rate_key[src[0]]].elem_bytes
             nbytes = e * mbs * self.model.seq_len * self.model.hidden_size
             if key[3]:
                 nbytes /= len(src)
-            hit = p2p_s(nbytes, self._eff.link(src[0], dst[0]))
+            link = self._eff.link(src[0], dst[0])
+            a, b = self._node[src[0]], self._node[dst[0]]
+            if a.device.name == "cpu":
+                kind = "host"
+            elif a.name == b.name:
+                kind = intra_node_kind(link.bandwidth_GBps, a.device.name)
+            else:
+                kind = "network"
+                nbytes *= sum(1 for d in src if self._node[d].name == a.name)  # the node's ranks share its NIC
+            hit = send_s(nbytes, link.bandwidth_GBps, link.latency_us, kind)
             self._p2p_cache[key] = hit
         return hit
+
+    def _group_kind(self, devices: tuple[str, ...]) -> str:
+        """Link kind of a tensor-parallel group's collectives (``collectives``)."""
+        node = self._node[devices[0]]
+        if node.device.name == "cpu":
+            return "host"
+        if any(self._node[d].name != node.name for d in devices):
+            return "network"
+        return intra_node_kind(node.intra_node.bandwidth_GBps, node.device.name)
+
+    def _dp_kind(self, owners: tuple[tuple[str, ...], ...]) -> str:
+        """Link kind of a data-parallel ring among stages ``owners``."""
+        nodes = {self._node[d].name for stage in owners for d in stage}
+        first = self._node[owners[0][0]]
+        if first.device.name == "cpu":
+            return "host"
+        if len(nodes) > 1:
+            return "network"
+        return intra_node_kind(first.intra_node.bandwidth_GBps, first.device.name)
+
+    def _device_view(self, device: str, allocated_GiB: float) -> float:
+        """The device's view of a stage's memory (``device_memory``): a profile's measured per-process
+        baseline is already in ``allocated_GiB`` and replaces the class's context term."""
+        name = self._node[device].device.name
+        prof = self.profile.device(name) if self.profile is not None else None
+        if prof is not None and prof.memory_baseline_GiB is not None:
+            return allocated_GiB
+        return device_memory(name).device_GiB(allocated_GiB)
+
+    @staticmethod
+    def _blocking_sends(durs: list[float], comms: list[float], p: int, v: int) -> tuple[list[float], list[float]]:
+        """Pipeline sends that block the sender: Megatron-LM's and DeepSpeed's 1F1B send each activation
+        (and gradient) synchronously, so a stage cannot start its next operation until its send has
+        completed. Each operation's duration absorbs the transfer it sends; the receiver then waits for
+        the sender's end (the transfers become part of the operations, ``comms`` all 0)."""
+        new = list(durs)
+        for s in range(p):
+            for c in range(v):
+                f, b = (s * v + c) * 2, (s * v + c) * 2 + 1
+                if s < p - 1:
+                    new[f] += comms[1 + s + 1]
+                elif c < v - 1:
+                    new[f] += comms[1]
+                if s > 0:
+                    new[b] += comms[1 + p + s - 1]
+                elif c > 0:
+                    new[b] += comms[1 + p + p - 1]
+        return new, [0.0] * len(comms)
 
     def _dp_stage(self, devices: tuple[str, ...]) -> tuple:
         """(nodes, intra-node GB/s, network GB/s, intra latency us, network latency us) of one stage as a
@@ -457,6 +540,7 @@ class Simulator:
         mbs, v, schedule = config.micro_batch_size, config.virtual_stages, config.schedule
         usable = self._usable
         peak: dict[str, float] = {}
+        allocated: dict[str, float] = {}
         host: dict[str, float] = {}  # node -> GiB of offloaded state
         oom_devices = []
         stage_costs = []
@@ -480,9 +564,11 @@ class Simulator:
                 if model.is_moe:
                     c, gib, host_gib = self._moe_stage(c, gib, host_gib, st, trained, ep, dp, config.zero)
                 costs.append(c)
+                device_gib = self._device_view(st.devices[0], gib)
                 for d in st.devices:
-                    peak[d] = gib
-                    if gib > usable[d]:
+                    peak[d] = device_gib
+                    allocated[d] = gib
+                    if device_gib > usable[d]:
                         oom_devices.append(d)
                     if st.offload != "none":
                         node = self._node[d].name
@@ -494,14 +580,15 @@ class Simulator:
             d = oom_devices[0]
             cap = self._node[d].device.memory_GiB
             return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=True, peak_memory_GiB=peak,
-                               status="oom", host_memory_GiB=host,
+                               status="oom", host_memory_GiB=host, allocated_memory_GiB=allocated,
                                error=f"{len(oom_devices)} device(s) out of memory, e.g. {d} needs {peak[d]:.1f} GiB "
-                                     f"of {cap:g} GiB (usable {usable_memory_GiB(cap):.1f})")
+                                     f"of {cap:g} GiB ({allocated[d]:.1f} GiB of tensors at the peak, the rest CUDA "
+                                     "context, library buffers and the allocator's pool)")
         for name, gib in host.items():
             cap = self._node_spec[name].host.memory_GiB
             if gib > cap:
                 return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=True, peak_memory_GiB=peak,
-                                   status="oom", host_memory_GiB=host,
+                                   status="oom", host_memory_GiB=host, allocated_memory_GiB=allocated,
                                    error=f"host memory of node {name!r} out of memory: offloaded state needs "
                                          f"{gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)")
 
@@ -530,6 +617,8 @@ class Simulator:
                 if s < p - 1 or v > 1:
                     comms[1 + p + s] = self._p2p(stages[(s + 1) % p].devices, stages[s].devices, mbs,
                                                  stages[(s + 1) % p].sequence_parallel)
+            if self._node[stages[0].devices[0]].device.name != "cpu":  # NCCL sends block the sender
+                durs, comms = self._blocking_sends(durs, comms, p, v)
             comp = compiled[r]
             if timeline:
                 end, free = run_program(comp, durs, comms)
@@ -599,7 +688,7 @@ class Simulator:
         mfu = self._flops_per_token * tokens / (iteration * peak_flops)
         return Measurement(tokens_per_s=tokens / iteration, iteration_time_s=iteration, oom=False,
                            peak_memory_GiB=peak, host_memory_GiB=host, mfu=mfu, bubble_fraction=max(0.0, bubble),
-                           stage_busy_s=busy,
+                           stage_busy_s=busy, allocated_memory_GiB=allocated,
                            timeline=tuple(sorted(events, key=lambda e: (e.start_s, e.device))) if timeline else (),
                            sync_time_s=sync_s)
 
@@ -705,7 +794,7 @@ class Simulator:
             stages = tuple(config.pipelines[r].stages[s].devices for r, s in enumerate(owners))
             bw, lat = self._dp_bandwidth(stages)
             if zero == 0:
-                t = ring_allreduce_s(self._grad_bytes * params, n, bw, lat)
+                t = collective_s("allreduce", self._grad_bytes * params, n, bw, lat, self._dp_kind(stages))
             elif phase == "allreduce":
                 t = zr.sync_s(params, n, zero, (bw, lat), split)
             else:
