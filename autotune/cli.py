@@ -110,12 +110,14 @@ def search(
                                                     "one evaluation) or heuristic (their own start plans)."),
     max_sync_every: int = typer.Option(1, "--max-sync-every", help="MoE models: the largest sync_every_steps "
                                        "the search may choose (SPES; 1 = replicas synchronise every step)."),
+    run_timeout: float = typer.Option(300.0, "--run-timeout", help="--backend real: wall-clock limit of one "
+                                      "profiled run, seconds (a plan that takes longer counts as status timeout)."),
 ) -> None:
     """Search for the fastest plan that fits; log every evaluation to MLflow."""
     _run("search", cluster=cluster, model=model, method=method, budget=budget, global_batch_size=global_batch_size,
          backend=backend, seed=seed, output=output, tracking_uri=tracking_uri, experiment=experiment,
          storage=storage, profile=profile, workers=workers, policy=policy, start=start,
-         max_sync_every=max_sync_every)
+         max_sync_every=max_sync_every, run_timeout=run_timeout)
 
 
 @app.command()

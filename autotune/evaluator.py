@@ -61,9 +61,16 @@ class CachedEvaluator:
 BACKENDS = ("sim", "real")
 
 
-def make_evaluator(cluster: ClusterSpec, model: ModelSpec, backend: str = "sim", profile=None) -> Evaluator:
+#: ``--backend real``: wall-clock limit of one profiled run (``--run-timeout``); a tiny model on CPU ranks
+#: takes 10-60 s here, a GPU run's NCCL start and model build take longer
+DEFAULT_RUN_TIMEOUT_S = 300.0
+
+
+def make_evaluator(cluster: ClusterSpec, model: ModelSpec, backend: str = "sim", profile=None,
+                   run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S) -> Evaluator:
     """The evaluator of ``backend``: ``sim`` the simulator (with ``profile``, a path or a
-    ``CalibrationProfile``), ``real`` one short profiled run per plan through the runner."""
+    ``CalibrationProfile``), ``real`` one short profiled run per plan through the runner, each ended
+    after ``run_timeout_s`` seconds (status ``timeout``)."""
     if backend == "sim":
         from pathlib import Path
 
@@ -76,7 +83,7 @@ def make_evaluator(cluster: ClusterSpec, model: ModelSpec, backend: str = "sim",
     if backend == "real":
         from runner import RealEvaluator
 
-        return RealEvaluator(cluster, model)
+        return RealEvaluator(cluster, model, timeout_s=run_timeout_s)
     from autotune.errors import SpecError
 
     raise SpecError("search", "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")

@@ -8,41 +8,181 @@ is written by rank 0 after a barrier, so a checkpoint interrupted mid-write is n
 SPES plans (``sync_every_steps > 1``): between synchronisations the expert-parallel groups hold
 different values under the same names, so their model and optimizer state are stored under
 ``group<k>`` (one copy per group; the replicas inside a group hold the same values).
+
+``resume_point`` (no torch import: the launcher calls it before anything starts) picks the checkpoint
+a ``--resume`` continues from: the one ``latest`` names; if ``latest`` names a step that is missing or
+incomplete (no DCP ``.metadata``), the newest complete ``step-*`` directory; if there is none, a
+``SpecError``. ``.lock`` in the directory is held by the ``autotune train`` using it (``lock``).
+
+Reading never unpickles freely: DCP's ``.metadata`` is a pickle, read here by an unpickler that only
+builds DCP's own metadata classes, ``torch.Size``, dtypes and paths (``_MetadataUnpickler``); the RNG
+files go through ``torch.load(weights_only=True)``. Any failure names the checkpoint directory.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import pickle
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-from runner.engine import Engine
+from autotune.errors import SpecError
 
 log = logging.getLogger(__name__)
 LATEST = "latest"
+LOCK = ".lock"
+METADATA = ".metadata"
 
 
-def _peer(engine: Engine) -> str | None:
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read (the message names it)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# The directory (launcher side, no torch)
+
+
+def step_of(path: Path) -> int:
+    return int(path.name.split("-", 1)[1])
+
+
+def _complete(path: Path) -> bool:
+    return path.is_dir() and (path / METADATA).is_file() and path.name.startswith("step-") \
+        and path.name[5:].isdigit()
+
+
+def latest(directory: str | Path) -> Path | None:
+    """The checkpoint ``latest`` names, when it exists and is complete."""
+    marker = Path(directory) / LATEST
+    if not marker.is_file():
+        return None
+    path = Path(directory) / marker.read_text(errors="replace").strip()
+    return path if _complete(path) and path.parent == Path(directory) else None
+
+
+def resume_point(directory: str | Path) -> Path:
+    """The checkpoint ``--resume`` continues from (see the module docstring)."""
+    directory = Path(directory)
+    found = latest(directory)
+    if found is not None:
+        return found
+    complete = sorted((p for p in directory.glob("step-*") if _complete(p)), key=step_of)
+    marker = directory / LATEST
+    if marker.is_file():
+        named = marker.read_text(errors="replace").strip()[:80]
+        if complete:
+            log.warning("checkpoint: %s names %r, which is missing or incomplete; resuming from %s, the newest "
+                        "complete checkpoint", marker, named, complete[-1].name)
+            return complete[-1]
+        raise SpecError("--resume", "", f"{marker} names {named!r}, which is missing or incomplete, and "
+                                        f"{directory} holds no other complete checkpoint")
+    if complete:
+        log.warning("checkpoint: %s has no %r marker; resuming from %s, the newest complete checkpoint",
+                    directory, LATEST, complete[-1].name)
+        return complete[-1]
+    raise SpecError("--resume", "", f"no checkpoint in {directory} to resume from (drop --resume to start "
+                                    "from step 0)")
+
+
+def lock(directory: str | Path):
+    """Hold ``<directory>/.lock`` for as long as the returned file stays open; ``SpecError`` when another
+    training run holds it. The lock goes with the process (a killed trainer frees it)."""
+    import fcntl
+
+    path = Path(directory) / LOCK
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        f.seek(0)
+        holder = f.read().strip()[:40]
+        f.close()
+        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            raise SpecError("--checkpoint-dir", "", f"{directory} is in use by another training run "
+                                                    f"(pid {holder or '?'}); wait for it to end or use "
+                                                    "another directory") from None
+        raise
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+# --------------------------------------------------------------------------------------------------
+# Saving and loading (ranks)
+
+
+def _peer(engine) -> str | None:
     """The name a SPES plan's group stores its own state under (None: every replica holds the same)."""
     return f"group{engine.plan.expert_group}" if engine.layout.sync_every_steps > 1 else None
 
 
-def _wrap(engine: Engine, tree):
+def _wrap(engine, tree):
     peer = _peer(engine)
     return tree if peer is None else {peer: tree}
 
 
-def _unwrap(engine: Engine, tree):
+def _unwrap(engine, tree):
     peer = _peer(engine)
     return tree if peer is None else tree[peer]
 
 
-def save(directory: str | Path, engine: Engine, step: int) -> Path:
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only what DCP's ``.metadata`` holds; any other global is refused."""
+
+    def find_class(self, module: str, name: str):
+        import torch
+
+        if module == "torch.distributed.checkpoint.metadata" or (module, name) == (
+                "torch.distributed.checkpoint.filesystem", "_StorageInfo"):
+            import importlib
+
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type):
+                return obj
+        elif module == "torch" and name == "Size":
+            return torch.Size
+        elif module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        elif (module, name) == ("torch.serialization", "_get_layout"):
+            from torch.serialization import _get_layout
+
+            return _get_layout
+        elif module == "pathlib" and name in ("PosixPath", "PurePosixPath", "Path"):
+            import pathlib
+
+            return getattr(pathlib, name)
+        elif (module, name) == ("collections", "OrderedDict"):
+            import collections
+
+            return collections.OrderedDict
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+def _reader(path: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with open(Path(self.path) / METADATA, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(path))
+
+
+def save(directory: str | Path, engine, step: int) -> Path:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     directory = Path(directory)
     path = directory / f"step-{step:08d}"
     model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
@@ -60,23 +200,43 @@ def save(directory: str | Path, engine: Engine, step: int) -> Path:
     return path
 
 
-def latest(directory: str | Path) -> Path | None:
-    marker = Path(directory) / LATEST
-    if not marker.exists():
-        return None
-    path = Path(directory) / marker.read_text().strip()
-    return path if path.is_dir() else None
+def load(path: Path, engine) -> int:
+    """Restore ``engine`` from checkpoint ``path``; return the number of optimizer steps it had done.
+    ``CheckpointError`` (naming ``path`` and the file when known) if it cannot be read."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-
-def load(path: Path, engine: Engine) -> int:
-    """Restore ``engine`` from checkpoint ``path``; return the number of optimizer steps it had done."""
     model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
     state = {"model": _wrap(engine, model_sd), "optim": _wrap(engine, optim_sd["state"]), "step": 0}
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, storage_reader=_reader(path))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        raise CheckpointError(f"checkpoint {path} cannot be read: {_cause(e)}") from None
     set_state_dict(engine.module, engine.optimizer, model_state_dict=_unwrap(engine, state["model"]),
-                   optim_state_dict={"state": _unwrap(engine, state["optim"]), "param_groups": optim_sd["param_groups"]})
+                   optim_state_dict={"state": _unwrap(engine, state["optim"]),
+                                     "param_groups": optim_sd["param_groups"]})
     rng = path / f"rng-rank{engine.rank}.pt"
     if rng.exists():
-        torch.set_rng_state(torch.load(rng)["torch"])
+        try:
+            torch.set_rng_state(torch.load(rng, weights_only=True)["torch"])
+        except Exception as e:
+            raise CheckpointError(f"checkpoint file {rng} cannot be read: {_cause(e)}") from None
     log.info("resumed from %s (step %d)", path, state["step"])
     return int(state["step"])
+
+
+def _cause(e: BaseException) -> str:
+    """The first line of the innermost error (DCP wraps each rank's as ``(exception, traceback)`` in a
+    ``CheckpointException``)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
+            e = inner[0]
+    while e.__cause__ is not None:
+        e = e.__cause__
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__

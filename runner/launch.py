@@ -42,7 +42,9 @@ class RunOutcome:
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    from autotune.lifeline import child_env
+
+    env = child_env()  # the child checks that this process is still its parent when it starts
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra or {})
@@ -103,9 +105,52 @@ def _on_sigterm_kill(running: dict):
     return previous
 
 
+_OWNER = "owner"
+_RUN_DIR_PREFIXES = ("autotune-run-", "autotune-train-")
+
+
+def _process_token(pid: int) -> str | None:
+    """``pid:start-time`` of a live process (the start time tells a reused pid apart), else None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else f"{pid}:{fields[19]}"
+
+
+def sweep_stale_run_dirs(root: str | Path | None = None) -> int:
+    """Remove run directories whose owner process is gone (a launcher killed with SIGKILL cannot remove
+    its own); called before each new run. Only directories with an ``owner`` file are touched."""
+    root = Path(root or tempfile.gettempdir())
+    removed = 0
+    for d in root.iterdir() if root.is_dir() else ():
+        if not d.name.startswith(_RUN_DIR_PREFIXES) or not d.is_dir():
+            continue
+        try:
+            token = (d / _OWNER).read_text().strip()
+        except OSError:
+            continue
+        pid = token.split(":", 1)[0]
+        if pid.isdigit() and _process_token(int(pid)) != token:
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+    if removed:
+        log.info("removed %d run directories left by killed runs in %s", removed, root)
+    return removed
+
+
+def make_run_dir(prefix: str) -> Path:
+    """A fresh temporary run directory owned by this process (after sweeping up stale ones)."""
+    sweep_stale_run_dirs()
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    (run_dir / _OWNER).write_text((_process_token(os.getpid()) or str(os.getpid())) + "\n")
+    return run_dir
+
+
 def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = False) -> RunOutcome:
     """Run ``world_size`` ranks of ``job``; end them all by ``timeout_s``; collect rank 0's result."""
-    run_dir = Path(tempfile.mkdtemp(prefix="autotune-run-"))
+    run_dir = make_run_dir("autotune-run-")
     job = {**job, "out_dir": str(run_dir), "init_method": f"file://{run_dir}/rendezvous",
            "pg_timeout_s": max(30.0, timeout_s)}
     job_path = run_dir / "job.json"
@@ -152,6 +197,7 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
     wall = time.monotonic() - t0
     outcome = _collect(run_dir, status, world_size, timeout_s, wall, procs)
     if keep_dir or os.environ.get("AUTOTUNE_KEEP_RUN_DIR"):
+        (run_dir / _OWNER).unlink(missing_ok=True)  # kept on purpose: not for the sweep
         log.info("run directory kept: %s", run_dir)
     else:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import shutil
 from dataclasses import dataclass, field
@@ -57,12 +56,8 @@ def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank
     ckpt_dir = job.get("checkpoint_dir")
     every = int(job.get("checkpoint_every") or 0)
     start = 0
-    if job.get("resume"):
-        found = checkpoint.latest(ckpt_dir)
-        if found is None:
-            log.warning("--resume: no checkpoint in %s; starting from step 0", ckpt_dir)
-        else:
-            start = checkpoint.load(found, engine)
+    if job.get("resume_from"):  # chosen by the launcher (checkpoint.resume_point) before any rank started
+        start = checkpoint.load(Path(job["resume_from"]), engine)
 
     stop = {"requested": False}
 
@@ -161,7 +156,7 @@ def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str]) 
     """``python -m torch.distributed.run`` for ``job_path``: ``--standalone`` unless multi-node flags are given."""
     args = list(torchrun_args)
     flags = {a.split("=", 1)[0] for a in args if a.startswith("--")}
-    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    cmd = [sys.executable, "-m", "runner.torchrun"]  # torch.distributed.run that dies with its parent
     if not flags & set(_MULTI_NODE_FLAGS) and "--standalone" not in flags:
         cmd.append("--standalone")
     if not flags & {"--nproc-per-node", "--nproc_per_node"}:
@@ -196,28 +191,106 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
         raise SpecError("--checkpoint-every", "", f"must be >= 0, got {checkpoint_every}")
     if resume and checkpoint_dir is None:
         raise SpecError("--resume", "", "needs --checkpoint-dir")
+    from autotune import prechecks
+
+    prechecks.seed(seed)
+    if metrics_out is not None:
+        prechecks.writable_file(metrics_out, "--metrics-out")
+    if checkpoint_dir is not None:
+        prechecks.writable_dir(checkpoint_dir, "--checkpoint-dir")
+    prechecks.tracking_uri(tracking_uri)
     if data is not None:
         TokenSource(model, seed, data)  # checks the file and the vocabulary now, with a clear error
-    run_dir = Path(tempfile.mkdtemp(prefix="autotune-train-"))
+    from runner import checkpoint
+    from runner.launch import make_run_dir
+
+    held = checkpoint.lock(checkpoint_dir) if checkpoint_dir is not None else None  # one trainer per directory
+    try:
+        resume_from = checkpoint.resume_point(checkpoint_dir) if resume else None
+        if resume_from is not None and metrics_out is not None:
+            _drop_rows_after(Path(metrics_out), checkpoint.step_of(resume_from))  # they are trained again
+        run_dir = make_run_dir("autotune-train-")
+        try:
+            return _launch(run_dir, cluster, model, config, layout, steps=steps, seed=seed,
+                           checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                           resume_from=resume_from, metrics_out=metrics_out, data=data,
+                           tracking_uri=tracking_uri, torchrun_args=torchrun_args, timeout_s=timeout_s, quiet=quiet)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    finally:
+        if held is not None:
+            held.close()
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """Keep the ``--metrics-out`` rows of steps up to ``step`` (a resume trains the later ones again)."""
+    if not path.is_file():
+        return
+    kept, dropped = [], 0
+    for line in path.read_text(errors="replace").splitlines(keepends=True):
+        try:
+            row_step = json.loads(line).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            row_step = None
+        if isinstance(row_step, int) and row_step > step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+        log.info("--metrics-out: dropped %d rows of steps after %d (resumed from step %d)", dropped, step, step)
+
+
+def _ranks_of(pid: int) -> list[int]:
+    """The child processes of ``pid`` (torchrun's ranks), from /proc."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            children.append(int(entry.name))
+    return children
+
+
+def _launch(run_dir: Path, cluster, model, config, layout, *, steps, seed, checkpoint_dir, checkpoint_every,
+            resume_from, metrics_out, data, tracking_uri, torchrun_args, timeout_s, quiet) -> TrainOutcome:
+    from runner.jobs import make_job
+    from runner.launch import worker_env
+
     job = make_job("train", cluster, model, config, steps=steps, seed=seed, out_dir=str(run_dir),
                    checkpoint_dir=str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
-                   checkpoint_every=checkpoint_every, resume=resume,
+                   checkpoint_every=checkpoint_every, resume_from=str(resume_from) if resume_from else None,
                    metrics_out=str(Path(metrics_out).resolve()) if metrics_out else None,
                    data=str(Path(data).resolve()) if data else None, tracking_uri=tracking_uri,
                    pg_timeout_s=1800)
     job_path = run_dir / "job.json"
     job_path.write_text(json.dumps(job))
-    try:
-        cmd = torchrun_command(layout.world_size, job_path, torchrun_args or [])
-    except SpecError:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
+    cmd = torchrun_command(layout.world_size, job_path, torchrun_args or [])
     out = subprocess.DEVNULL if quiet else None
-    # its own session: a terminal's Ctrl-C reaches only this process, which decides what the ranks get
+    # its own session: a terminal's Ctrl-C reaches only this process, which decides what the ranks get;
+    # runner.torchrun dies with this process (and its ranks with it), even on SIGKILL
     proc = subprocess.Popen(cmd, env=worker_env(), stdout=out, stderr=out, start_new_session=True)
     interrupts = {"n": 0}
 
-    def forward(signum, frame):  # torchrun passes SIGTERM on to every rank: finish the step, checkpoint
+    def stop_ranks() -> None:
+        """SIGTERM to the ranks themselves: they finish the step, checkpoint and exit 0, and torchrun ends
+        as after any run (SIGTERM to torchrun would stop them too, but with its SignalException traceback)."""
+        ranks = _ranks_of(proc.pid)
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if not ranks:  # none started yet
+            proc.send_signal(signal.SIGTERM)
+
+    def forward(signum, frame):
         if signum == signal.SIGINT:
             interrupts["n"] += 1
             if interrupts["n"] > 1:  # a second Ctrl-C: stop now, without the checkpoint
@@ -225,7 +298,7 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
                 _kill_group(proc)
                 return
             log.warning("interrupted: finishing the current step and writing a checkpoint (Ctrl-C again to kill)")
-        proc.send_signal(signal.SIGTERM)
+        stop_ranks()
 
     # handlers can only be installed from the main thread; elsewhere (a library caller's thread) the
     # caller's own signal handling stays in charge
@@ -235,7 +308,7 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
+            stop_ranks()
             try:
                 code = proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -256,5 +329,4 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
             outcome.returncode = 0  # a clean stop on SIGTERM, checkpoint written
     for path in sorted(run_dir.glob("error-rank*.json")):
         outcome.errors.append(json.loads(path.read_text()))
-    shutil.rmtree(run_dir, ignore_errors=True)
     return outcome

@@ -70,6 +70,9 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    from autotune.lifeline import die_with_parent
+
+    die_with_parent()  # SIGKILL when the launcher (or torchrun) dies, however it dies
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())
     rank = int(os.environ["RANK"])

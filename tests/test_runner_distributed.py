@@ -129,6 +129,7 @@ def _stopped_cleanly(proc: subprocess.Popen, ckpt: Path, metrics: Path) -> int:
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, output
     assert "stopped by SIGTERM/Ctrl-C" in output
+    assert "Traceback" not in output and "SignalException" not in output, output  # torchrun's own, once
     k = len(read_losses(metrics))
     assert 1 <= k < STEPS, output
     assert (ckpt / "latest").read_text().strip() == f"step-{k:08d}"

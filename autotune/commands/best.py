@@ -9,6 +9,9 @@ def run(experiment: str | None, tracking_uri: str | None) -> int:
     from autotune.commands.search import quiet_libraries
     from autotune.commands.status import loading
 
+    from autotune import prechecks
+
+    prechecks.tracking_uri(tracking_uri)
     quiet_libraries()
     with loading(f"loading MLflow to read {tracking_uri or 'sqlite:///mlflow.db'}"):
         from autotune.search.tracking import read_best

@@ -19,8 +19,9 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
         raise SpecError("--steps", "", f"must be >= 1, got {steps}")
     if warmup < 0:
         raise SpecError("--warmup", "", f"must be >= 0, got {warmup}")
-    if timeout <= 0:
-        raise SpecError("--timeout", "", f"must be > 0, got {timeout}")
+    from autotune import prechecks
+
+    prechecks.finite_positive(timeout, "--timeout")
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     plan = load_config(config)
@@ -36,9 +37,11 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
         print(json.dumps(m.to_dict()))
     else:
         out = Console()
-        table = Table(title=f"measured: {model_spec.name} on {cluster_spec.name} ({steps} steps after {warmup} warm-up)",
-                      show_header=False)
-        table.add_row("status", m.status + (f": {m.error}" if m.error else ""))
+        from rich.markup import escape
+
+        table = Table(title=escape(f"measured: {model_spec.name} on {cluster_spec.name} ({steps} steps after "
+                                   f"{warmup} warm-up)"), show_header=False)
+        table.add_row("status", escape(m.status + (f": {m.error}" if m.error else "")))  # rank errors hold "[...]"
         if m.status in ("ok", "oom") and m.iteration_time_s > 0:
             table.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
             table.add_row("iteration time", f"{m.iteration_time_s:.4f} s")
@@ -46,6 +49,6 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
             table.add_row("bubble", f"{m.bubble_fraction:.1%}")
             table.add_row("stage busy (slowest pipeline)", ", ".join(f"{b:.4f} s" for b in m.stage_busy_s))
             for device, gib in m.peak_memory_GiB.items():
-                table.add_row(f"peak memory {device}", f"{gib:.3f} GiB")
+                table.add_row(escape(f"peak memory {device}"), f"{gib:.3f} GiB")
         out.print(table)
     return 0 if m.status == "ok" else 1

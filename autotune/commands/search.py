@@ -10,11 +10,16 @@ from pathlib import Path
 
 def run(cluster: str, model: str, method: str, budget: int, global_batch_size: int | None, backend: str, seed: int,
         output: Path | None, tracking_uri: str | None, experiment: str | None, storage: str | None,
-        profile: Path | None, workers: int, policy: Path | None, start: str = "dp", max_sync_every: int = 1) -> int:
+        profile: Path | None, workers: int, policy: Path | None, start: str = "dp", max_sync_every: int = 1,
+        run_timeout: float = 300.0) -> int:
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from autotune import prechecks
+
+    if output is not None:
+        prechecks.writable_file(output, "--output")  # before the search, not after it
     quiet_libraries()
     console = Console(stderr=True)
     out = Console()
@@ -56,17 +61,18 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
                       global_batch_size=global_batch_size, tracking_uri=tracking_uri, experiment=experiment,
                       storage=storage, profile=profile, workers=workers, policy=policy, start=start,
                       max_sync_every=max_sync_every, on_evaluation=on_evaluation, on_start=on_start,
-                      on_status=on_status)
+                      on_status=on_status, run_timeout_s=run_timeout)
     elapsed = time.monotonic() - started
     console.print(f"{method}: {result.evaluations}/{budget} evaluations in {elapsed:.1f} s, best "
                   f"{result.best_measurement.tokens_per_s:,.0f} tokens/s", highlight=False)
     _print_result(out, result)
     if output is not None:
         output.write_text(json.dumps(result.output_document(), indent=2) + "\n")
-        out.print(f"best config written to [bold]{output}[/bold]", soft_wrap=True)
+        out.print(f"best config written to [bold]{escape(str(output))}[/bold]", soft_wrap=True)
     if not result.best_measurement.ok:
         console.print(f"[red]no evaluated plan runs[/red] ({result.best_measurement.status}: "
-                      f"{result.best_measurement.error or 'out of memory'}); try a larger budget or another method")
+                      f"{escape(result.best_measurement.error or 'out of memory')}); try a larger budget or another "
+                      "method")
         return 1
     return 0
 
@@ -82,10 +88,12 @@ def quiet_libraries() -> None:
 
 
 def _print_result(out, result) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     m = result.best_measurement
-    summary = Table(title=f"best plan: {result.method} on {result.cluster} / {result.model}", show_header=False)
+    summary = Table(title=escape(f"best plan: {result.method} on {result.cluster} / {result.model}"),
+                    show_header=False)
     summary.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
     summary.add_row("iteration time", f"{m.iteration_time_s:.3f} s")
     summary.add_row("MFU", f"{m.mfu:.1%}")
@@ -112,7 +120,7 @@ def _print_result(out, result) -> None:
             continue
         for s, stage in enumerate(pipe.stages):
             row = [str(p) if s == 0 else "", str(pipe.num_microbatches) if s == 0 else "", str(s),
-                   ", ".join(stage.devices), str(stage.layers), "yes" if stage.recompute else ""]
+                   escape(", ".join(stage.devices)), str(stage.layers), "yes" if stage.recompute else ""]
             if experts:
                 row.append(("all" if pipe.trains_experts is None else ",".join(map(str, pipe.trains_experts)))
                            if s == 0 else "")
@@ -121,7 +129,7 @@ def _print_result(out, result) -> None:
     if result.run_id:
         uri = result.tracking_uri
         ui = "autotune ui" + ("" if uri == "sqlite:///mlflow.db" else f" --tracking-uri {uri}")
-        out.print(f"MLflow: experiment [bold]{result.experiment}[/bold], parent run {result.run_id}, store {uri}",
-                  soft_wrap=True)
-        out.print(f"        see it with `{ui}`, then open http://127.0.0.1:5000 (best_config.json, "
+        out.print(f"MLflow: experiment [bold]{escape(result.experiment)}[/bold], parent run {result.run_id}, "
+                  f"store {escape(uri)}", soft_wrap=True)
+        out.print(f"        see it with `{escape(ui)}`, then open http://127.0.0.1:5000 (best_config.json, "
                   "best_timeline.png and search_progress.png are the parent run's artifacts)", soft_wrap=True)

@@ -9,6 +9,7 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
         checkpoint_dir: Path | None, checkpoint_every: int, resume: bool, metrics_out: Path | None,
         data: Path | None, tracking_uri: str | None, seed: int, torchrun_args: list[str]) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from runner.train import train
 
@@ -18,9 +19,9 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
                     tracking_uri=tracking_uri, seed=seed, torchrun_args=torchrun_args,
                     global_batch_size=global_batch_size)
     if outcome.returncode != 0:
-        console.print(f"[red]training failed[/red]: {outcome.error}")
+        console.print(f"[red]training failed[/red]: {escape(outcome.error)}")  # gloo writes "[/path:line]"
         return 1
     how = "stopped by SIGTERM/Ctrl-C" if outcome.stopped else "done"
     where = f"; checkpoint in {checkpoint_dir}" if checkpoint_dir else ""
-    console.print(f"training {how} after step {outcome.steps_done}{where}")
+    console.print(escape(f"training {how} after step {outcome.steps_done}{where}"))
     return 0

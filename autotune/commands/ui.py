@@ -1,8 +1,14 @@
-"""``autotune ui``: the MLflow UI for the local store, bound to 127.0.0.1 (runs until Ctrl-C)."""
+"""``autotune ui``: the MLflow UI for the local store, bound to 127.0.0.1 (runs until Ctrl-C).
+
+The port and the store are checked first (one line each). The server runs under
+``python -m autotune.lifeline``, which stops it and its uvicorn worker when this command ends, however
+it ends (Ctrl-C, SIGTERM, SIGKILL). A server that stops by itself (it could not start, for example)
+makes the command exit 1.
+"""
 
 from __future__ import annotations
 
-import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,15 +24,42 @@ def command(tracking_uri: str | None, port: int) -> list[str]:
     return [*exe, "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
 
 
+def _port_free(port: int) -> None:
+    from autotune.errors import SpecError
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise SpecError("--port", "", f"127.0.0.1:{port} is in use ({e.strerror}); pick another port "
+                                          "with --port") from None
+
+
 def run(tracking_uri: str | None, port: int) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
-    cmd = command(tracking_uri, port)
-    Console(stderr=True).print(f"MLflow UI on http://127.0.0.1:{port} for {tracking_uri or DEFAULT_TRACKING_URI} "
-                               "(Ctrl-C stops it)")
+    from autotune import prechecks
+    from autotune.lifeline import child_env
+
+    prechecks.port(port)
+    prechecks.tracking_uri(tracking_uri)
+    _port_free(port)
+    console = Console(stderr=True)
+    cmd = [sys.executable, "-m", "autotune.lifeline", *command(tracking_uri, port)]
+    console.print(escape(f"MLflow UI on http://127.0.0.1:{port} for {tracking_uri or DEFAULT_TRACKING_URI} "
+                         "(Ctrl-C stops it)"))
+    env = child_env()
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    proc = subprocess.Popen(cmd, env=env)
     try:
-        env = dict(os.environ)
-        env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
+        code = proc.wait()
+    except KeyboardInterrupt:  # the terminal's SIGINT reached the supervisor too: it stops the server
+        proc.wait()
         return 0
+    if code >= 128:  # stopped by a signal (SIGTERM, SIGHUP) sent to the supervisor
+        return 0
+    console.print(f"[red]error:[/red] the MLflow UI server stopped by itself (exit code {code}); its output "
+                  "above says why")
+    return 1
+

@@ -105,7 +105,8 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
          evaluator: Evaluator | None = None, restrict: Mapping[str, Any] | None = None,
          on_evaluation: Callable[[Evaluation], None] | None = None, track: bool = True,
          on_start: Callable[[str, int, float], None] | None = None, start: str = "dp", max_sync_every: int = 1,
-         on_status: Callable[[str], None] | None = None, background_record: bool | None = None) -> TuneResult:
+         on_status: Callable[[str], None] | None = None, background_record: bool | None = None,
+         run_timeout_s: float = 300.0) -> TuneResult:
     """Search ``budget`` distinct plans with ``method``; log the search to MLflow; return the best.
 
     ``evaluator`` replaces the backend's evaluator (it must be for the same cluster and model);
@@ -146,6 +147,14 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         raise SpecError("search", "workers", f"must be >= 1, got {workers}")
     if workers > 1 and method != "optuna":
         raise SpecError("search", "workers", f"several workers share one Optuna study; --method {method} runs in one")
+    from autotune import prechecks
+
+    prechecks.seed(seed, count=workers)
+    prechecks.finite_positive(run_timeout_s, "--run-timeout")
+    if track:
+        prechecks.tracking_uri(tracking_uri)
+    if method == "optuna":
+        prechecks.optuna_storage(storage)
     if policy is not None and method != "rl":
         raise SpecError("--policy", "", f"applies to --method rl only, not {method}")
     if method == "rl" and str(policy) != "scratch":  # a bad policy file is refused before any work
@@ -156,7 +165,8 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     space = SearchSpace(cluster_spec, model_spec, restrict=restrict, max_sync_every=max_sync_every)
-    inner = evaluator if evaluator is not None else make_evaluator(cluster_spec, model_spec, backend, profile)
+    inner = evaluator if evaluator is not None else make_evaluator(cluster_spec, model_spec, backend, profile,
+                                                                   run_timeout_s=run_timeout_s)
     screen = None
     if backend == "real" and workers == 1:
         from autotune.search.screen import CalibrationScreen
@@ -268,7 +278,8 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         _run_agent(method, space, budgeted, seed, study=study, storage=storage, workers=workers, policy=policy,
                    tracking_uri=tracking_uri, experiment=exp_name, run_id=tracker.parent_id if tracker else None,
                    cluster=cluster_spec, model=model_spec, backend=backend, profile=profile,
-                   study_name=study.study_name if study is not None else None, start=start)
+                   study_name=study.study_name if study is not None else None, start=start,
+                   run_timeout_s=run_timeout_s)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 import uuid
 from typing import Any
@@ -24,9 +25,15 @@ log = logging.getLogger(__name__)
 
 
 def worker_main(cluster, model, backend: str, profile: str | None, storage: str, study_name: str, seed: int,
-                budget: int, restrict: dict | None, token: str, warm_start: bool, max_sync_every: int = 1) -> None:
-    """One worker process: the Optuna agent on the shared study until it holds ``budget`` plans."""
+                budget: int, restrict: dict | None, token: str, warm_start: bool, max_sync_every: int = 1,
+                parent_pid: int | None = None, run_timeout_s: float = 300.0) -> None:
+    """One worker process: the Optuna agent on the shared study until it holds ``budget`` plans.
+    It dies with the search process ``parent_pid`` (``autotune.lifeline``), even when that is killed."""
     import os
+
+    from autotune.lifeline import die_with_parent
+
+    die_with_parent(parent=parent_pid)
 
     import torch
 
@@ -36,21 +43,23 @@ def worker_main(cluster, model, backend: str, profile: str | None, storage: str,
 
     torch.set_num_threads(1)
     space = SearchSpace(cluster, model, restrict=restrict, max_sync_every=max_sync_every)
-    evaluator = BudgetedEvaluator(make_evaluator(cluster, model, backend, profile), space, budget)
+    evaluator = BudgetedEvaluator(make_evaluator(cluster, model, backend, profile, run_timeout_s=run_timeout_s),
+                                  space, budget)
     study = open_study(space, study_name, storage, seed)
     run_optuna(space, evaluator, seed, study=study, warm_start=warm_start,
                worker=f"{workers.machine()}:{os.getpid()}:{token}")
 
 
 def run_workers(space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, study, storage: str,
-                workers: int, cluster, model, backend: str, profile, poll_s: float = 0.3, **_: Any) -> None:
+                workers: int, cluster, model, backend: str, profile, poll_s: float = 0.3,
+                run_timeout_s: float = 300.0, **_: Any) -> None:
     """Start ``workers`` processes on ``study`` and report their evaluations through ``budgeted``."""
     ctx = multiprocessing.get_context("spawn")
     tokens = [f"w{i}-{uuid.uuid4().hex[:6]}" for i in range(workers)]
     procs = [ctx.Process(target=worker_main, daemon=True,
                          args=(cluster, model, backend, str(profile) if profile else None, storage,
                                study.study_name, seed + i, budgeted.budget, dict(space.restrict), tokens[i], i == 0,
-                               space.max_sync_every))
+                               space.max_sync_every, os.getpid(), run_timeout_s))
              for i in range(workers)]
     for p in procs:
         p.start()

@@ -1,0 +1,138 @@
+"""Child processes that die with their parent, even when the parent is killed with SIGKILL.
+
+``die_with_parent()`` is called first thing in every process autotune starts (runner ranks, torchrun,
+``--workers`` processes): Linux's ``prctl(PR_SET_PDEATHSIG)`` has the kernel send it SIGKILL when its
+parent dies. The parent may already be gone when the child gets there, so the child also compares
+its parent with ``AUTOTUNE_PARENT_PID`` (set by whoever launched it, ``child_env()``) and exits if
+they differ. Where ``prctl`` is missing (not Linux) a thread polls the parent every second instead.
+
+``python -m autotune.lifeline CMD ...`` supervises a program that starts processes of its own (the
+MLflow UI server and its uvicorn worker): it runs CMD in a new process group and, when its own
+parent dies or it gets SIGTERM / SIGINT / SIGHUP, sends the whole group SIGTERM, then SIGKILL
+after ``GRACE_S``; it exits with CMD's exit code (128 + signal when it was stopped).
+
+Standard library only: it runs before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+PARENT_ENV = "AUTOTUNE_PARENT_PID"
+PR_SET_PDEATHSIG = 1
+GRACE_S = 5.0
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) plus ``AUTOTUNE_PARENT_PID`` = this process."""
+    out = dict(os.environ if env is None else env)
+    out[PARENT_ENV] = str(os.getpid())
+    return out
+
+
+def _prctl_pdeathsig(sig: int) -> bool:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
+    """Have this process get ``sig`` when its parent dies (see the module docstring). ``parent`` is the
+    pid the parent had (default: ``AUTOTUNE_PARENT_PID``, else whatever the parent is now)."""
+    expected = os.environ.get(PARENT_ENV) if parent is None else str(parent)
+    armed = _prctl_pdeathsig(sig)
+    parent = int(expected) if expected and expected.isdigit() else os.getppid()
+    if os.getppid() != parent:  # the parent died before the kernel could be told to watch it
+        os._exit(128 + int(sig))
+    if not armed:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os.kill(os.getpid(), sig)
+
+        threading.Thread(target=watch, name="autotune-lifeline", daemon=True).start()
+
+
+def supervise(cmd: list[str]) -> int:
+    """Run ``cmd`` in its own process group; stop the whole group when this process is told to stop or
+    its parent dies. Returns ``cmd``'s exit code (128 + signal number when stopped)."""
+    stop = {"signal": 0}
+
+    def on_stop(signum, frame):
+        stop["signal"] = signum
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_stop)
+    die_with_parent(signal.SIGTERM)  # the parent's death arrives as SIGTERM: handled like a stop
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    while proc.poll() is None and not stop["signal"]:
+        try:
+            proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
+    if proc.poll() is None or stop["signal"]:
+        _stop_group(proc)
+        return 128 + stop["signal"] if stop["signal"] else proc.returncode
+    _stop_group(proc)  # the program ended by itself: take any process it left behind
+    return proc.returncode
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline:
+        proc.poll()
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        if proc.returncode is not None and not _group_has_live_members(proc.pid):
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _group_has_live_members(pgid: int) -> bool:
+    """Whether a process other than a zombie is in group ``pgid`` (read from /proc; True if unknown)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m autotune.lifeline CMD [ARGS...]", file=sys.stderr)
+        return 2
+    return supervise(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
