@@ -131,7 +131,7 @@ def test_torchrun_command_standalone_or_multi_node(tmp_path):
     from runner.train import torchrun_command
 
     cmd = torchrun_command(4, tmp_path / "job.json", [])
-    assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "runner.worker",
+    assert cmd[1:] == ["-m", "runner.torchrun", "--standalone", "--nproc-per-node", "4", "-m", "runner.worker",
                        str(tmp_path / "job.json")]
     multi = torchrun_command(8, tmp_path / "j", ["--nnodes", "2", "--nproc-per-node", "4",
                                                  "--rdzv-endpoint=host:29500", "--rdzv-backend", "c10d"])
