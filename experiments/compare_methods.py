@@ -45,7 +45,7 @@ SCENARIOS = [
     ("mixed-h100-a100-32", "llama2-13b"),  # 32 GPUs, 2 types, 200 Gbit/s
     ("four-types-64", "llama3-8b"),  # 64 GPUs, 4 types, 400 Gbit/s
 ]
-METHODS = ("rl", "optuna", "random", "uniform", "exhaustive")
+METHODS = ("dp", "rl", "optuna", "random", "uniform", "exhaustive")
 
 
 def cluster_of(name: str):
