@@ -141,3 +141,15 @@ def test_ui_server_dies_with_autotune_ui(tmp_path, sig):
     finally:
         kill_and_scan(proc, tag, sig)
     assert not _listening(port)
+
+
+def test_profile_killed_leaves_no_benchmark_process(tmp_path):
+    tag, env = tagged_env(tmp_path)
+    proc = subprocess.Popen(autotune("profile", "--cluster", "cpu-2", "--model", "tiny", "--quick", "--output",
+                                     str(tmp_path / "p.json")),
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:  # a benchmark or probe process of its own is running
+        wait_for(lambda: [p for p in processes_with(tag) if p != proc.pid], 300, "a benchmark process", proc)
+        time.sleep(0.5)
+    finally:
+        kill_and_scan(proc, tag)

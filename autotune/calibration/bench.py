@@ -432,8 +432,10 @@ def bench_links(sizes: list[int] | None = None, repeats: int = 12, timeout_s: fl
     sizes = sizes or [4, 16 * 2**10, 256 * 2**10, 2**20, 4 * 2**20]
     port = _free_port()
     args = [sys.executable, "-m", "autotune.calibration.bench", str(port), ",".join(map(str, sizes)), str(repeats)]
-    procs = [subprocess.Popen(args + [str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(2)]
+    from autotune.lifeline import child_env
+
+    procs = [subprocess.Popen(args + [str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=child_env()) for r in range(2)]
     outs = []
     try:
         for p in procs:
@@ -506,10 +508,13 @@ def bench_contention(max_procs: int, duration_s: float = 0.5, rounds: int = 3,
     import subprocess
     import sys
 
+    from autotune.lifeline import child_env
+
     start_at = time.time() + 4.0  # after every worker has imported torch
     procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.bench", "contention", str(i),
                                str(max_procs), f"{start_at:.3f}", str(duration_s), str(rounds)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(max_procs)]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+             for i in range(max_procs)]
     results = []
     try:
         for p in procs:
@@ -547,6 +552,10 @@ def process_rss_bytes() -> int:
 if __name__ == "__main__":  # one rank of bench_links (PORT SIZES REPEATS RANK) or a contention worker
     import json
     import sys
+
+    from autotune.lifeline import die_with_parent
+
+    die_with_parent()  # `autotune profile` may be killed: the benchmark processes go with it
 
     if sys.argv[1] == "contention":  # contention INDEX MAX_PROCS START_AT WINDOW_S
         print(json.dumps(_contention_worker(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]),

@@ -41,6 +41,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from autotune.lifeline import child_env
+
 log = logging.getLogger(__name__)
 
 GiB = 2**30
@@ -174,7 +176,7 @@ def _step_times(world: int, shape: str, sizes: tuple[int, ...], repeats: int,
                 timeout_s: float) -> dict[int, float]:
     """Run ``_probe_ranks`` as ``world`` processes (as the runner's ranks are); rank 0's step times."""
     with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env = child_env(dict(os.environ, OMP_NUM_THREADS="1"))  # children die with this process
         procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.runtime_probe", "ranks",
                                    f"{d}/rendezvous", str(r), str(world), shape, ",".join(map(str, sizes)),
                                    str(repeats)],
@@ -283,7 +285,7 @@ def probe_model_memory(model, micro_batch_size: int, timeout_s: float = 300.0) -
     raw = {k: getattr(model, k) for k in ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
                                           "ffn_hidden_size", "mlp", "vocab_size", "seq_len")}
     with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env = child_env(dict(os.environ, OMP_NUM_THREADS="1"))  # children die with this process
         out = subprocess.run([sys.executable, "-m", "autotune.calibration.runtime_probe", "model", f"{d}/rendezvous",
                               json.dumps(raw), str(micro_batch_size)], capture_output=True, text=True,
                              timeout=timeout_s, env=env)
@@ -296,7 +298,7 @@ def probe_model_memory(model, micro_batch_size: int, timeout_s: float = 300.0) -
 def probe_runtime(repeats: int = 20, timeout_s: float = 120.0) -> RuntimeOverheads:
     """Run the probe in a fresh process (so its RSS is a runner rank's, not this one's)."""
     with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env = child_env(dict(os.environ, OMP_NUM_THREADS="1"))  # children die with this process
         out = subprocess.run([sys.executable, "-m", "autotune.calibration.runtime_probe", f"{d}/rendezvous",
                               str(repeats)], capture_output=True, text=True, timeout=timeout_s, env=env)
     if out.returncode != 0:
@@ -308,6 +310,9 @@ def probe_runtime(repeats: int = 20, timeout_s: float = 120.0) -> RuntimeOverhea
 
 
 if __name__ == "__main__":
+    from autotune.lifeline import die_with_parent
+
+    die_with_parent()  # `autotune profile` may be killed: the probe processes go with it
     if sys.argv[1] == "model":  # model INIT_FILE MODEL_JSON MICRO_BATCH_SIZE
         print(json.dumps(_probe_model_memory(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
     elif sys.argv[1] == "ranks":  # ranks INIT_FILE RANK WORLD pipeline|replicas M1,M2 REPEATS
