@@ -13,9 +13,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from autotune import roundpipe_plan
+from autotune import roundpipe_plan, stage_ranks
 from autotune.errors import SpecError, shown
 from autotune.roundpipe_plan import ROUNDPIPE, RoundPipeStages
+from autotune.stage_ranks import RankConfig
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
 #: every schedule a plan may name: the pipeline schedules above and RoundPipe's dispatch (``roundpipe_plan``)
@@ -475,17 +476,37 @@ class StageConfig:
     layer in the backward) or ``"selective"`` (recompute only the attention core, Korthikanti et al.
     2022). ``sequence_parallel``: Megatron's sequence parallelism inside the stage's tensor-parallel
     group (norms and dropout split along the sequence; reduce-scatter + all-gather instead of
-    all-reduce); no effect on a one-device stage."""
+    all-reduce); no effect on a one-device stage.
+
+    ``ranks`` (Zorse, ``autotune.stage_ranks``): the stage's data-parallel ranks, each a tensor-parallel
+    group with its own share of the pipeline's micro-batches. Given, ``devices`` is derived from them
+    (every rank's devices, in order); empty, the stage is one rank of ``devices`` holding every
+    micro-batch (``ranks_of``)."""
 
     devices: tuple[str, ...]
     layers: int
     recompute: bool | str = False
     offload: str = "none"  # OFFLOAD_MODES: none | optimizer | all
     sequence_parallel: bool = False
+    ranks: tuple[RankConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.ranks:
+            object.__setattr__(self, "devices", tuple(d for r in self.ranks for d in r.devices))
 
     @property
     def tp(self) -> int:
-        return len(self.devices)
+        """The tensor-parallel degree (of the widest rank in a stage of several ranks)."""
+        return max(r.tp for r in self.ranks) if self.ranks else len(self.devices)
+
+    @property
+    def mixed(self) -> bool:
+        """A stage of several data-parallel ranks (``ranks`` with two or more entries)."""
+        return len(self.ranks) > 1
+
+    def ranks_of(self, num_microbatches: int) -> tuple[RankConfig, ...]:
+        """The stage's ranks; a ``devices`` stage is one rank holding all ``num_microbatches``."""
+        return stage_ranks.ranks_of(self, num_microbatches)
 
     @property
     def full_recompute(self) -> bool:
@@ -510,6 +531,10 @@ class PipelineConfig:
         if self.roundpipe is not None:
             return self.roundpipe.devices
         return tuple(d for s in self.stages for d in s.devices)
+
+    def stage_ranks(self, stage: int) -> tuple[RankConfig, ...]:
+        """Stage ``stage``'s data-parallel ranks with their micro-batch shares (``StageConfig.ranks_of``)."""
+        return self.stages[stage].ranks_of(self.num_microbatches)
 
 
 @dataclass(frozen=True, slots=True)
@@ -557,6 +582,7 @@ class ParallelConfig:
         roundpipe_plan.check_shape(self, where)
         if self.schedule == ROUNDPIPE:
             return
+        stage_ranks.check_shape(self, where)
         for p, pipe in enumerate(self.pipelines):
             if not pipe.stages:
                 raise SpecError(where, f"pipelines[{p}].stages", "must list at least one stage")
@@ -583,6 +609,11 @@ class ParallelConfig:
     @property
     def global_batch_size(self) -> int:
         return sum(p.num_microbatches for p in self.pipelines) * self.micro_batch_size
+
+    @property
+    def has_mixed_stages(self) -> bool:
+        """Some stage has several data-parallel ranks (Zorse, ``autotune.stage_ranks``)."""
+        return any(s.mixed for p in self.pipelines for s in p.stages)
 
     @property
     def offloads(self) -> bool:
@@ -625,23 +656,25 @@ class ParallelConfig:
                 if self.schedule == "interleaved-1f1b" and stage.layers % self.virtual_stages:
                     raise SpecError(source, f"pipelines[{p}].stages[{s}].layers",
                                     f"{stage.layers} layers do not split into virtual_stages={self.virtual_stages} chunks")
+                dev_field = f"pipelines[{p}].stages[{s}]." + ("ranks" if stage.ranks else "devices")
                 for d in stage.devices:
                     if d not in known:
-                        raise SpecError(source, f"pipelines[{p}].stages[{s}].devices",
+                        raise SpecError(source, dev_field,
                                         f"unknown device id {shown(d)} (cluster {shown(cluster.name)} has "
                                         f"{', '.join(n.name + ':0..' + str(n.count - 1) for n in cluster.nodes)})")
                     if d in seen:
-                        raise SpecError(source, f"pipelines[{p}].stages[{s}].devices",
-                                        f"device {shown(d)} is used more than once")
+                        raise SpecError(source, dev_field, f"device {shown(d)} is used more than once")
                     seen.add(d)
-                tp = stage.tp
-                if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
-                    raise SpecError(source, f"pipelines[{p}].stages[{s}].devices",
-                                    f"tensor-parallel degree {tp} must divide num_heads={model.num_heads} "
-                                    f"and num_kv_heads={model.num_kv_heads} (or be a multiple of it)")
-                if model.ffn_hidden_size % tp:
-                    raise SpecError(source, f"pipelines[{p}].stages[{s}].devices",
-                                    f"tensor-parallel degree {tp} must divide ffn_hidden_size={model.ffn_hidden_size}")
+                for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
+                    tp = rank.tp
+                    where = f"pipelines[{p}].stages[{s}]." + (f"ranks[{k}].devices" if stage.ranks else "devices")
+                    if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
+                        raise SpecError(source, where,
+                                        f"tensor-parallel degree {tp} must divide num_heads={model.num_heads} "
+                                        f"and num_kv_heads={model.num_kv_heads} (or be a multiple of it)")
+                    if model.ffn_hidden_size % tp:
+                        raise SpecError(source, where, f"tensor-parallel degree {tp} must divide "
+                                                       f"ffn_hidden_size={model.ffn_hidden_size}")
         if self.global_batch_size != model.global_batch_size:
             parts = " + ".join(f"{p.num_microbatches}" for p in self.pipelines)
             raise SpecError(source, "num_microbatches",
@@ -661,7 +694,9 @@ class ParallelConfig:
             out["sync_every_steps"] = self.sync_every_steps
 
         def stage(s: StageConfig) -> dict[str, Any]:
-            d: dict[str, Any] = {"devices": list(s.devices), "layers": s.layers, "recompute": s.recompute}
+            d: dict[str, Any] = ({"ranks": stage_ranks.ranks_to_dict(s.ranks)} if s.ranks
+                                 else {"devices": list(s.devices)})
+            d.update(layers=s.layers, recompute=s.recompute)
             if s.offload != "none":
                 d["offload"] = s.offload
             if s.sequence_parallel:
@@ -720,16 +755,24 @@ class ParallelConfig:
                 f = f"pipelines[{p}].stages[{s}]"
                 if not isinstance(st, Mapping):
                     raise SpecError(source, f, "must be an object")
-                extra = set(st) - {"devices", "layers", "recompute", "offload", "sequence_parallel"}
+                extra = set(st) - {"devices", "ranks", "layers", "recompute", "offload", "sequence_parallel"}
                 if extra:
                     raise SpecError(source, f"{f}.{sorted(extra, key=str)[0]}", "unknown field")
-                devices = st.get("devices")
-                if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
-                    raise SpecError(source, f"{f}.devices", "is required and must be a list of device ids")
+                ranks: tuple[RankConfig, ...] = ()
+                if "ranks" in st:  # Zorse: data-parallel ranks with their own shares (autotune.stage_ranks)
+                    if "devices" in st:
+                        raise SpecError(source, f"{f}.ranks", "give devices (one rank) or ranks, not both")
+                    ranks = stage_ranks.ranks_from_dict(st["ranks"], source, f"{f}.ranks")
+                    devices = []
+                else:
+                    devices = st.get("devices")
+                    if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+                        raise SpecError(source, f"{f}.devices", "is required (or ranks) and must be a list of "
+                                                                "device ids")
                 if "layers" not in st:
                     raise SpecError(source, f"{f}.layers", "is required")
                 stages.append(StageConfig(tuple(devices), st["layers"], st.get("recompute", False),
-                                          st.get("offload", "none"), st.get("sequence_parallel", False)))
+                                          st.get("offload", "none"), st.get("sequence_parallel", False), ranks))
             if "num_microbatches" not in raw:
                 raise SpecError(source, f"pipelines[{p}].num_microbatches", "is required")
             extra = set(raw) - {"num_microbatches", "stages", "trains_experts"}
@@ -761,7 +804,7 @@ class ParallelConfig:
             if p.roundpipe is not None:
                 parts.append(f"[{p.roundpipe.summary()}] m={p.num_microbatches}")
                 continue
-            stages = " | ".join(f"{','.join(s.devices)} x{s.layers}{_stage_flags(s)}"
+            stages = " | ".join(f"{stage_ranks.summary(s)} x{s.layers}{_stage_flags(s)}"
                                 f"{' off=' + s.offload if s.offload != 'none' else ''}" for s in p.stages)
             experts = "" if p.trains_experts is None else f" E={_ranges(p.trains_experts)}"
             parts.append(f"[{stages}] m={p.num_microbatches}{experts}")

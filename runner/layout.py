@@ -166,6 +166,10 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     Raises SpecError for an invalid plan and for plan shapes the runner does not support.
     """
     config.validate(cluster, model)
+    if config.has_mixed_stages:
+        p, s = next((p, s) for p, pipe in enumerate(config.pipelines) for s, st in enumerate(pipe.stages) if st.mixed)
+        raise SpecError("runner", f"pipelines[{p}].stages[{s}].ranks",
+                        "stages of several data-parallel ranks are simulated and searched but not yet run by the runner")
     v = config.virtual_stages
     ep = config.expert_parallel
     ranks: list[RankPlan] = []

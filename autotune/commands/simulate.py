@@ -74,15 +74,17 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
             busy_s[e.device] = busy_s.get(e.device, 0.0) + e.end_s - e.start_s
     for r, pipe in enumerate(cfg.pipelines):
         for s, st in enumerate(pipe.stages):
-            d = st.devices[0]
-            cap = usable_memory_GiB(cluster.device(d).memory_GiB)
-            gib = result.peak_memory_GiB.get(d, 0.0)
-            mem = f"{gib:.1f} / {cap:.1f}"
-            if gib > cap:
-                mem = f"[red]{mem}[/red]"
-            busy = f"{busy_s[d]:.3f}" if d in busy_s else "-"
-            stages.add_row(str(r), str(s), " ".join(st.devices), str(st.layers), "yes" if st.recompute else "no",
-                           st.offload, busy, mem)
+            for k, rank in enumerate(pipe.stage_ranks(s)):  # a mixed stage (ranks): one row per rank
+                d = rank.devices[0]
+                cap = usable_memory_GiB(cluster.device(d).memory_GiB)
+                gib = result.peak_memory_GiB.get(d, 0.0)
+                mem = f"{gib:.1f} / {cap:.1f}"
+                if gib > cap:
+                    mem = f"[red]{mem}[/red]"
+                busy = f"{busy_s[d]:.3f}" if d in busy_s else "-"
+                devices = escape(" ".join(rank.devices)) + (f" ({rank.num_microbatches} micro-batches)" if st.mixed else "")
+                stages.add_row(str(r), f"{s}.{k}" if st.mixed else str(s), devices, str(st.layers),
+                               "yes" if st.recompute else "no", st.offload, busy, mem)
     console.print(stages)
 
 

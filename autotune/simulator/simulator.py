@@ -10,14 +10,16 @@ One training iteration of a plan, as Megatron-LM runs it:
    4x backward), and tensor parallelism's two all-reduces of the ``b s h``
    activations forward and two backward (Shoeybi et al. 2019, Megatron-LM, Sec. 3) over the stage's
    group link; recomputation adds one more forward to the backward. The embedding sits on the first
-   stage, the final norm, LM head and loss on the last. A stage of mixed device types runs at the
-   pace of its slowest type.
+   stage, the final norm, LM head and loss on the last. A tensor-parallel group of mixed device types
+   runs at the pace of its slowest type. A stage of several data-parallel ranks (``ranks``, Zorse)
+   is simulated rank by rank, each at its own speed for its own share of the micro-batches
+   (``autotune.simulator.mixed_stages``).
 2. The pipeline schedule per micro-batch (``schedule``), with the activation / gradient transfers
    between consecutive stages over the link between their devices (intra-node or network). Each
    data-parallel replica is simulated on its own.
 3. The data-parallel gradient all-reduce: for every run of layers held by the same stages across the
    replicas (replicas may be split differently), a ring all-reduce of their 16-bit gradients among
-   those stages, starting when the last of them finishes its backward, at the pace of the slowest
+   every rank of those stages (several in a mixed stage), starting when the last of them finishes its backward, at the pace of the slowest
    participant (``_dp_bandwidth``); a stage's all-reduces run one after another.
 4. The optimizer step, memory-bandwidth bound: 28 bytes of traffic per parameter (read the fp32 weight,
    both Adam moments and the 16-bit gradient; write the three fp32 tensors and the 16-bit weight).
@@ -53,9 +55,10 @@ from autotune.simulator.efficiency import DeviceRates
 from autotune.simulator.flops import head_matmul, layer_matmuls, model_flops_per_token, score_traffic_bytes
 from autotune.simulator.memory import (BYTES_PER_PARAM_STATE, GiB, layer_activation_bytes, stage_params,
                                        stage_peak_GiB, usable_memory_GiB)
-from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, compile_schedule, run_program
+from autotune.simulator.mixed_stages import Unit, compile_pipeline, pipeline_units, shares_key
+from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, run_program
 from autotune.simulator import zero as zr
-from autotune.simulator.zero import data_parallel_degree, stage_states, state_bytes_for
+from autotune.simulator.zero import peer_degrees, stage_states, state_bytes_for
 from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, NodeSpec, ParallelConfig, TimelineEvent
 
 log = logging.getLogger(__name__)
@@ -408,7 +411,7 @@ class Simulator:
         return {d: per_type[self._node[d].device.name] for pipe in config.pipelines for st in pipe.stages
                 for d in st.devices if self._node[d].device.name in per_type}
 
-    def _shared_host_bound(self, config: ParallelConfig, stage_costs: list, iteration: float) -> float:
+    def _shared_host_bound(self, config: ParallelConfig, stage_costs: list, units: list, iteration: float) -> float:
         """Lower bound on the iteration from a profile's host-contention curve (calibration): ranks of a
         device type with a ``contention`` curve share one host (CPU ranks on one machine), whose cores
         other programs may use too. The curve gives wall time per unit of compute when ``n`` ranks
@@ -422,13 +425,13 @@ class Simulator:
         load: dict[str, float] = {}
         work: dict[str, float] = {}
         for r, pipe in enumerate(config.pipelines):
-            for s, st in enumerate(pipe.stages):
-                durs, _, opt = stage_costs[r][s]
-                for d in st.devices:
+            for u, unit in enumerate(units[r]):
+                durs, _, opt = stage_costs[r][u]
+                for d in unit.view.devices:
                     node = self._node[d]
                     name = node.device.name
                     load[name] = load.get(name, 0.0) + 1.0 / node.slowdown
-                    work[name] = work.get(name, 0.0) + (pipe.num_microbatches * sum(durs) + opt) / node.slowdown
+                    work[name] = work.get(name, 0.0) + (unit.share * sum(durs) + opt) / node.slowdown
         bound = 0.0
         for name, n in load.items():
             prof = self.profile.device(name)
@@ -490,24 +493,14 @@ class Simulator:
         return device_memory(name).device_GiB(allocated_GiB)
 
     @staticmethod
-    def _blocking_sends(durs: list[float], comms: list[float], p: int, v: int) -> tuple[list[float], list[float]]:
+    def _blocking_sends(comp, durs: list[float], comms: list[float]) -> tuple[list[float], list[float]]:
         """Pipeline sends that block the sender: Megatron-LM's and DeepSpeed's 1F1B send each activation
         (and gradient) synchronously, so a stage cannot start its next operation until its send has
-        completed. Each operation's duration absorbs the transfer it sends; the receiver then waits for
-        the sender's end (the transfers become part of the operations, ``comms`` all 0)."""
-        new = list(durs)
-        for s in range(p):
-            for c in range(v):
-                f, b = (s * v + c) * 2, (s * v + c) * 2 + 1
-                if s < p - 1:
-                    new[f] += comms[1 + s + 1]
-                elif c < v - 1:
-                    new[f] += comms[1]
-                if s > 0:
-                    new[b] += comms[1 + p + s - 1]
-                elif c > 0:
-                    new[b] += comms[1 + p + p - 1]
-        return new, [0.0] * len(comms)
+        completed. Each operation's duration absorbs the transfer it sends (``comp.sends``: to the next
+        stage forward, the previous one backward, across chunks when interleaved, to the owning rank in
+        a mixed stage); the receiver then waits for the sender's end (the transfers become part of the
+        operations, ``comms`` all 0)."""
+        return [d + comms[k] for d, k in zip(durs, comp.sends)], [0.0] * len(comms)
 
     def _dp_stage(self, devices: tuple[str, ...]) -> tuple:
         """(nodes, intra-node GB/s, network GB/s, intra latency us, network latency us) of one stage as a
@@ -543,23 +536,27 @@ class Simulator:
         allocated: dict[str, float] = {}
         host: dict[str, float] = {}  # node -> GiB of offloaded state
         oom_devices = []
-        stage_costs = []
+        stage_costs = []  # per replica, per unit (a stage's rank: autotune.simulator.mixed_stages)
         compiled = []
+        units: list[tuple[Unit, ...]] = []
         ep = config.expert_parallel
+        peers = peer_degrees(config)
         for r, pipe in enumerate(config.pipelines):
             p = len(pipe.stages)
-            comp = compile_schedule(schedule, p, pipe.num_microbatches, v)
+            comp = compile_pipeline(schedule, p, pipe.num_microbatches, v, shares_key(pipe))
             compiled.append(comp)
+            units.append(pipeline_units(pipe))
             costs = []
             # MoE: the experts this replica's devices hold (its position in its expert-parallel group) and train
             trained = moe.trained_in(model, pipe.trains_experts, moe.shard(model, ep, r % ep)) if model.is_moe else 0
-            for s, st in enumerate(pipe.stages):
+            for u, unit in enumerate(units[r]):
+                s, st = unit.stage, unit.view
                 first, last = s == 0, s == p - 1
                 c = self._stage_costs(st.devices, st.layers, st.recompute, first, last, mbs, v, ep,
                                       st.sequence_parallel)
-                dp = data_parallel_degree(config, r, s)
+                dp = peers[(r, s)]
                 gib, host_gib = self._stage_memory_GiB(st.devices, st.layers, st.recompute, first, last, mbs,
-                                                       comp.in_flight[s], v, dp, config.zero, st.offload,
+                                                       comp.in_flight[u], v, dp, config.zero, st.offload,
                                                        st.sequence_parallel)
                 if model.is_moe:
                     c, gib, host_gib = self._moe_stage(c, gib, host_gib, st, trained, ep, dp, config.zero)
@@ -592,9 +589,9 @@ class Simulator:
                                    error=f"host memory of node {name!r} out of memory: offloaded state needs "
                                          f"{gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)")
 
-        sharded = config.zero > 0 and len(config.pipelines) > 1 or config.offloads
+        sharded = config.zero > 0 and (len(config.pipelines) > 1 or config.has_mixed_stages) or config.offloads
         if sharded:  # ZeRO / offload traffic in forward and backward, and their optimizer step
-            stage_costs, _ = self._sharded_costs(config, stage_costs)
+            stage_costs, _ = self._sharded_costs(config, stage_costs, units, peers)
 
         # -- pipelines -----------------------------------------------------------------------------
         finish: list[tuple[float, ...]] = []
@@ -604,28 +601,27 @@ class Simulator:
         for r, pipe in enumerate(config.pipelines):
             p = len(pipe.stages)
             costs = stage_costs[r]
-            durs: list[float] = []
-            for s, c in enumerate(costs):
-                extra = max((hand_off.get(d, 0.0) for d in pipe.stages[s].devices), default=0.0) if p > 1 else 0.0
-                durs += [x + extra / 2 for x in c[0]] if extra else c[0]
-            comms = [0.0] * (1 + 2 * p)
-            stages = pipe.stages
-            for s in range(p):
-                if s > 0 or v > 1:
-                    comms[1 + s] = self._p2p(stages[s - 1].devices, stages[s].devices, mbs,
-                                             stages[s - 1].sequence_parallel)
-                if s < p - 1 or v > 1:
-                    comms[1 + p + s] = self._p2p(stages[(s + 1) % p].devices, stages[s].devices, mbs,
-                                                 stages[(s + 1) % p].sequence_parallel)
-            if self._node[stages[0].devices[0]].device.name != "cpu":  # NCCL sends block the sender
-                durs, comms = self._blocking_sends(durs, comms, p, v)
             comp = compiled[r]
+            extra = [max((hand_off.get(d, 0.0) for d in unit.view.devices), default=0.0) / 2 if p > 1 else 0.0
+                     for unit in units[r]]
+            durs = [costs[u][0][i] + extra[u] for u, i in comp.sources]
+            comms = [0.0] * (1 + len(comp.transfers))
+            ranks = [pipe.stage_ranks(s) for s in range(p)]
+            for i, (kind, s, k_src, k_dst) in enumerate(comp.transfers):
+                if kind == FORWARD and (s > 0 or v > 1):  # activations from the previous (virtual) stage
+                    comms[1 + i] = self._p2p(ranks[s - 1][k_src].devices, ranks[s][k_dst].devices, mbs,
+                                             pipe.stages[s - 1].sequence_parallel)
+                elif kind != FORWARD and (s < p - 1 or v > 1):  # gradients from the next one
+                    comms[1 + i] = self._p2p(ranks[(s + 1) % p][k_src].devices, ranks[s][k_dst].devices, mbs,
+                                             pipe.stages[(s + 1) % p].sequence_parallel)
+            if self._node[pipe.stages[0].devices[0]].device.name != "cpu":  # NCCL sends block the sender
+                durs, comms = self._blocking_sends(comp, durs, comms)
             if timeline:
                 end, free = run_program(comp, durs, comms)
-                self._pipeline_events(events, comp, pipe, end, durs, v)
+                self._pipeline_events(events, comp, units[r], end, durs, v)
                 free_t = tuple(free)
             else:
-                key = (schedule, pipe.num_microbatches, v, tuple(durs), tuple(comms))
+                key = (schedule, pipe.num_microbatches, v, comp.units, tuple(durs), tuple(comms))
                 free_t = self._pipeline_cache.get(key)
                 if free_t is None:
                     free_t = tuple(run_program(comp, durs, comms)[1])
@@ -643,9 +639,9 @@ class Simulator:
         moe_exchange = len(config.pipelines) > 1 and (ep > 1 or config.spes)
         if moe_exchange:  # MoE / SPES plans (autotune.simulator.moe); ZeRO's RS + AG counted as the all-reduce
             sync_s = self._moe_exchange(config, cursor, events if timeline else None)
-        elif len(config.pipelines) > 1:
-            self._data_parallel(config, cursor, events if timeline else None, config.zero)
-        if len(config.pipelines) > 1 and config.sync_every_steps == 1:
+        elif len(config.pipelines) > 1 or config.has_mixed_stages:
+            self._data_parallel(config, cursor, units, events if timeline else None, config.zero)
+        if (len(config.pipelines) > 1 or config.has_mixed_stages) and config.sync_every_steps == 1:
             # measured runtime cost of a data-parallel step (calibration): the all-reduce call and the
             # wait for the slowest replica; every rank leaves the step's synchronisation together
             dp = self._rank_overheads(config, "data_parallel_overhead_s")
@@ -654,21 +650,22 @@ class Simulator:
                 cursor = [[t + extra for t in row] for row in cursor]
         iteration = self._step_overhead_s
         for r, pipe in enumerate(config.pipelines):
-            for s, st in enumerate(pipe.stages):
-                opt = stage_costs[r][s][2]
-                t = cursor[r][s] + opt + self._step_overhead_s
+            for u, unit in enumerate(units[r]):
+                opt = stage_costs[r][u][2]
+                t = cursor[r][u] + opt + self._step_overhead_s
                 if timeline:
-                    events.extend(TimelineEvent(d, "optimizer", cursor[r][s], t) for d in st.devices)
+                    events.extend(TimelineEvent(d, "optimizer", cursor[r][u], t) for d in unit.view.devices)
                 if t > iteration:
                     iteration = t
-                cursor[r][s] = t - self._step_overhead_s
-        if sharded and config.zero in (1, 2) and len(config.pipelines) > 1 and not moe_exchange:
+                cursor[r][u] = t - self._step_overhead_s
+        if sharded and config.zero in (1, 2) and (len(config.pipelines) > 1 or config.has_mixed_stages) \
+                and not moe_exchange:
             # all-gather the updated weights
-            self._data_parallel(config, cursor, events if timeline else None, config.zero, phase="allgather")
+            self._data_parallel(config, cursor, units, events if timeline else None, config.zero, phase="allgather")
             iteration = max(iteration, max(max(row) for row in cursor) + self._step_overhead_s)
 
         # -- shared host: ranks that time-share one machine's cores (calibration profiles only) ----
-        shared = self._shared_host_bound(config, stage_costs, iteration)
+        shared = self._shared_host_bound(config, stage_costs, units, iteration)
         stretch = shared / iteration if shared > iteration > 0 else 1.0
         iteration *= stretch
         # -- SPES: one synchronisation every sync_every_steps steps, amortised ------------------------
@@ -677,8 +674,10 @@ class Simulator:
         # -- measurement ---------------------------------------------------------------------------
         makespan, r = slowest
         costs = stage_costs[r]
-        m = config.pipelines[r].num_microbatches
-        busy = tuple(stretch * m * sum(c[0]) for c in costs)
+        per_stage = [0.0] * len(config.pipelines[r].stages)  # a stage of several ranks: its busiest rank
+        for unit, c in zip(units[r], costs):
+            per_stage[unit.stage] = max(per_stage[unit.stage], stretch * unit.share * sum(c[0]))
+        busy = tuple(per_stage)
         makespan *= stretch
         bubble = 1.0 - sum(busy) / (len(busy) * makespan) if makespan > 0 else 0.0
         tokens = config.global_batch_size * model.seq_len
@@ -782,46 +781,57 @@ class Simulator:
                 segments.append((owners, params))
         return segments
 
-    def _data_parallel(self, config: ParallelConfig, cursor: list[list[float]],
+    @staticmethod
+    def _peers(units: list, owners: tuple[int, ...]) -> list[tuple[int, int, tuple[str, ...]]]:
+        """The data-parallel peers of a run of layers held by stage ``owners[r]`` of each replica ``r``: every
+        rank of those stages, as (replica, unit, devices)."""
+        return [(r, u, unit.view.devices) for r, s in enumerate(owners) for u, unit in enumerate(units[r])
+                if unit.stage == s]
+
+    def _data_parallel(self, config: ParallelConfig, cursor: list[list[float]], units: list,
                        events: list[TimelineEvent] | None, zero: int = 0, phase: str = "allreduce") -> None:
-        """Advance each stage's clock through its gradient all-reduces (in place in ``cursor``), last
-        layers first (backward order). With ``zero`` > 0: the reduce-scatter (``phase="allreduce"``) or
-        the all-gather of the updated weights (``phase="allgather"``) of ZeRO (``zero.sync_s``,
-        ``zero.gather_s``)."""
-        n = len(config.pipelines)
+        """Advance each rank's clock through its gradient all-reduces (in place in ``cursor``, per unit), last
+        layers first (backward order), among every rank holding the layers: the ranks of their stage in
+        every replica (several in a mixed stage). With ``zero`` > 0: the reduce-scatter
+        (``phase="allreduce"``) or the all-gather of the updated weights (``phase="allgather"``) of ZeRO
+        (``zero.sync_s``, ``zero.gather_s``)."""
         split = state_bytes_for(self.model)
         for owners, params in reversed(self._segments(config)):
-            stages = tuple(config.pipelines[r].stages[s].devices for r, s in enumerate(owners))
-            bw, lat = self._dp_bandwidth(stages)
+            members = self._peers(units, owners)
+            n = len(members)
+            if n < 2:
+                continue
+            bw, lat = self._dp_bandwidth(tuple(devs for _, _, devs in members))
             if zero == 0:
                 t = collective_s("allreduce", self._grad_bytes * params, n, bw, lat, self._dp_kind(stages))
             elif phase == "allreduce":
                 t = zr.sync_s(params, n, zero, (bw, lat), split)
             else:
                 t = zr.gather_s(params, n, zero, (bw, lat), split)
-            start = max(cursor[r][s] for r, s in enumerate(owners))
-            for r, s in enumerate(owners):
-                cursor[r][s] = start + t
+            start = max(cursor[r][u] for r, u, _ in members)
+            for r, u, _ in members:
+                cursor[r][u] = start + t
             if events is not None and t > 0:
-                events.extend(TimelineEvent(d, phase, start, start + t) for devs in stages for d in devs)
+                events.extend(TimelineEvent(d, phase, start, start + t) for _, _, devs in members for d in devs)
 
     # ---------------------------------------------------------------------------------------------
     # ZeRO sharding and CPU offload (autotune.simulator.zero)
 
-    def _stage_rings(self, config: ParallelConfig) -> dict[tuple[int, int], tuple[float, float]]:
-        """Per stage: (GB/s, latency us) per device of the slowest data-parallel ring its layers take."""
+    def _stage_rings(self, config: ParallelConfig, units: list) -> dict[tuple[int, int], tuple[float, float]]:
+        """Per (replica, unit): (GB/s, latency us) per device of the slowest data-parallel ring its layers take."""
         rings: dict[tuple[int, int], tuple[float, float]] = {}
-        if len(config.pipelines) < 2:
+        if len(config.pipelines) < 2 and not config.has_mixed_stages:
             return rings
         for owners, _ in self._segments(config):
-            stages = tuple(config.pipelines[r].stages[s].devices for r, s in enumerate(owners))
-            bw, lat = self._dp_bandwidth(stages)
-            for r, s in enumerate(owners):
-                tp = len(config.pipelines[r].stages[s].devices)
-                old = rings.get((r, s))
-                ring = (bw / tp, lat)
+            members = self._peers(units, owners)
+            if len(members) < 2:
+                continue
+            bw, lat = self._dp_bandwidth(tuple(devs for _, _, devs in members))
+            for r, u, devs in members:
+                old = rings.get((r, u))
+                ring = (bw / len(devs), lat)
                 if old is None or ring[0] < old[0]:
-                    rings[(r, s)] = ring
+                    rings[(r, u)] = ring
         return rings
 
     def _host_links(self, config: ParallelConfig) -> dict[str, tuple[float, float]]:
@@ -838,30 +848,33 @@ class Simulator:
             links[name] = (spec.host.shared_bandwidth_GBps(count.get(name, 0)), spec.host.link.latency_us)
         return links
 
-    def _sharded_costs(self, config: ParallelConfig, stage_costs: list) -> tuple[list, dict]:
-        """Stage costs with ZeRO's and offload's per-micro-batch traffic folded into forward and backward
-        (``zero.chunk_comm``), and the per-device optimizer seconds (``zero.optimizer_s``)."""
+    def _sharded_costs(self, config: ParallelConfig, stage_costs: list, units: list,
+                       peers: dict[tuple[int, int], int]) -> tuple[list, dict]:
+        """Per-unit costs with ZeRO's and offload's per-micro-batch traffic folded into forward and backward
+        (``zero.chunk_comm``), and the per-device optimizer seconds (``zero.optimizer_s``). A stage's
+        ranks are data-parallel peers like the replicas (``zero.peer_degrees``)."""
         model, v = self.model, config.virtual_stages
-        rings = self._stage_rings(config)
+        rings = self._stage_rings(config, units)
         hosts = self._host_links(config)
         split = state_bytes_for(model)
         offloaded: dict[str, float] = {}  # node -> parameters its host CPU steps
         for r, pipe in enumerate(config.pipelines):
-            dp = data_parallel_degree(config, r, 0)
-            n_os = dp if config.zero >= 1 and dp > 1 else 1
-            for s, st in enumerate(pipe.stages):
-                if st.offload != "none":
-                    for d in st.devices:
+            for u, unit in enumerate(units[r]):
+                dp = peers[(r, unit.stage)]
+                n_os = dp if config.zero >= 1 and dp > 1 else 1
+                if unit.view.offload != "none":
+                    for d in unit.view.devices:
                         node = self._node[d].name
-                        offloaded[node] = offloaded.get(node, 0.0) + stage_costs[r][s][1] / n_os
+                        offloaded[node] = offloaded.get(node, 0.0) + stage_costs[r][u][1] / n_os
         out = []
         for r, pipe in enumerate(config.pipelines):
             p = len(pipe.stages)
             row = []
-            for s, st in enumerate(pipe.stages):
-                durs, params, opt_s = stage_costs[r][s]
-                dp = data_parallel_degree(config, r, s)
-                ring = rings.get((r, s), (1.0, 0.0))
+            for u, unit in enumerate(units[r]):
+                s, st = unit.stage, unit.view
+                durs, params, opt_s = stage_costs[r][u]
+                dp = peers[(r, s)]
+                ring = rings.get((r, u), (1.0, 0.0))
                 node = self._node[st.devices[0]].name
                 host = hosts[node]
                 key = (st.devices, st.layers, s == 0, s == p - 1, v, config.zero, st.offload, dp, ring, host,
@@ -872,8 +885,8 @@ class Simulator:
                     new = list(durs)
                     per_chunk = st.layers // v if v > 1 else st.layers
                     for c in range(v):
-                        units = zr.stage_units(model, per_chunk, tp, s == 0 and c == 0, s == p - 1 and c == v - 1)
-                        comm = zr.chunk_comm(units, config.zero, st.offload, dp, ring, host, split)
+                        parts = zr.stage_units(model, per_chunk, tp, s == 0 and c == 0, s == p - 1 and c == v - 1)
+                        comm = zr.chunk_comm(parts, config.zero, st.offload, dp, ring, host, split)
                         new[2 * c], new[2 * c + 1] = comm.apply(durs[2 * c], durs[2 * c + 1])
                     per_param = opt_s / params if params else 0.0
                     opt = zr.optimizer_s(params, dp, config.zero, st.offload, per_param, host,
@@ -885,13 +898,13 @@ class Simulator:
         return out, offloaded
 
     @staticmethod
-    def _pipeline_events(events: list[TimelineEvent], comp, pipe, end: list[float], durs: list[float],
-                         v: int) -> None:
-        for k, ((_, _, _, di), s, (kind, c, j)) in enumerate(zip(comp.program, comp.stages, comp.labels)):
+    def _pipeline_events(events: list[TimelineEvent], comp, units: tuple[Unit, ...], end: list[float],
+                         durs: list[float], v: int) -> None:
+        for k, ((_, _, _, di), u, (kind, c, j)) in enumerate(zip(comp.program, comp.unit_of, comp.labels)):
             t1 = end[k + 1]
             t0 = t1 - durs[di]
             name = ("F" if kind == FORWARD else "B") + str(j) + (f".c{c}" if v > 1 else "")
-            events.extend(TimelineEvent(d, name, t0, t1) for d in pipe.stages[s].devices)
+            events.extend(TimelineEvent(d, name, t0, t1) for d in units[u].view.devices)
 
 
 _SIMULATORS: dict[tuple, Simulator] = {}

@@ -131,8 +131,37 @@ def stage_units(model: ModelSpec, layers: int, tp: int, first: bool, last: bool)
 
 def data_parallel_degree(config: ParallelConfig, pipeline: int, stage: int) -> int:
     """How many ranks hold the layers of ``config.pipelines[pipeline].stages[stage]`` (its shard of
-    them): one stage per replica, since every replica holds every layer once."""
-    return len(config.pipelines)
+    them): every replica holds every layer once, on one stage of one or more data-parallel ranks
+    (``StageConfig.ranks``, Zorse), so the peers of a layer are the ranks of its stage in every replica.
+    Where the replicas cut the layers differently, the fewest peers any of the stage's layers has."""
+    return peer_degrees(config)[(pipeline, stage)]
+
+
+def peer_degrees(config: ParallelConfig) -> dict[tuple[int, int], int]:
+    """``data_parallel_degree`` of every (pipeline, stage) at once."""
+    if not config.has_mixed_stages:
+        n = len(config.pipelines)
+        return {(r, s): n for r, pipe in enumerate(config.pipelines) for s in range(len(pipe.stages))}
+    total = sum(st.layers for st in config.pipelines[0].stages)
+    count = [0] * (total + 1)  # difference array: ranks holding each layer
+    for pipe in config.pipelines:
+        a = 0
+        for st in pipe.stages:
+            width = max(1, len(st.ranks))
+            count[a] += width
+            count[a + st.layers] -= width
+            a += st.layers
+    per_layer, run = [], 0
+    for c in count[:total]:
+        run += c
+        per_layer.append(run)
+    out = {}
+    for r, pipe in enumerate(config.pipelines):
+        a = 0
+        for s, st in enumerate(pipe.stages):
+            out[(r, s)] = min(per_layer[a:a + st.layers], default=len(config.pipelines))
+            a += st.layers
+    return out
 
 
 @dataclass(frozen=True, slots=True)
