@@ -131,52 +131,58 @@ def test_round_robin_by_share_and_rank_orders():
 
 def test_two_stage_pipeline_with_a_5_3_mixed_stage_by_hand():
     """Stage 0: ranks A = fast:0 (5 micro-batches) and B = slow:0 (3), stage 1: C = fast:1 (8). Each operation
-    ends at max(its rank's previous operation, its input's arrival) + its duration; durations are the cost
-    model's for each rank's own device (``stage_estimate``), transfers ``p2p_time_s`` between the pair."""
+    ends at max(its rank's previous operation, the end of the operation it waits for) + its duration; the
+    durations are the cost model's for each rank's own device (``stage_estimate``), and on GPUs a send blocks
+    its sender (NCCL), so each operation also includes the transfer it sends (``p2p_time_s``) to the rank
+    that owns the micro-batch next: A's forwards go to C within the node, B's over the network, and C's
+    backward of micro-batch j goes back to j's owner."""
     cluster, model = _cluster(), model_from_dict(MODEL, "m")
     sim = Simulator(cluster, model)
     cfg = ParallelConfig.from_dict(_plan([ZORSE_STAGE0, LAST]))
     A = sim.stage_estimate(("fast:0",), 6, False, True, False, 1, 2, dp=2)
     B = sim.stage_estimate(("slow:0",), 6, False, True, False, 1, 2, dp=2)
     C = sim.stage_estimate(("fast:1",), 2, False, False, True, 1, 1)
-    fA, bA, fB, bB, fC, bC = A.forward_s, A.backward_s, B.forward_s, B.backward_s, C.forward_s, C.backward_s
-    assert fB > fA  # the slow card is slower
+    assert B.forward_s > A.forward_s  # the slow card is slower
     a = sim.p2p_time_s(("fast:0",), ("fast:1",), 1)  # intra-node
     n = sim.p2p_time_s(("slow:0",), ("fast:1",), 1)  # over the network
-    assert n > a
-    # orders (rank_orders): A: F0 F2 B0 F3 B2 F5 B3 F7 B5 B7, B: F1 B1 F4 F6 B4 B6, C: F0 B0 F1 B1 ... F7 B7
+    assert n > a > 0
+    fA, bA = A.forward_s + a, A.backward_s  # stage 0's backwards send nothing (first stage)
+    fB, bB = B.forward_s + n, B.backward_s
+    fC, bC_A, bC_B = C.forward_s, C.backward_s + a, C.backward_s + n  # the last stage's forwards send nothing
+    # orders (rank_orders): A: F0 F2 B0 F3 B2 F5 B3 F7 B5 B7, B: F1 B1 F4 F6 B4 B6, C: F0 B0 F1 B1 ... F7 B7;
+    # owners in stage 0: 0 1 0 0 1 0 1 0 (A B A A B A B A)
     A_F0 = fA
     B_F1 = fB
     A_F2 = A_F0 + fA
-    C_F0 = A_F0 + a + fC
-    C_B0 = C_F0 + bC
-    C_F1 = max(C_B0, B_F1 + n) + fC
-    A_B0 = max(A_F2, C_B0 + a) + bA
-    C_B1 = C_F1 + bC
+    C_F0 = A_F0 + fC
+    C_B0 = C_F0 + bC_A
+    C_F1 = max(C_B0, B_F1) + fC
+    A_B0 = max(A_F2, C_B0) + bA
+    C_B1 = C_F1 + bC_B
     A_F3 = A_B0 + fA
-    C_F2 = max(C_B1, A_F2 + a) + fC
-    B_B1 = max(B_F1, C_B1 + n) + bB
-    C_B2 = C_F2 + bC
+    C_F2 = max(C_B1, A_F2) + fC
+    B_B1 = max(B_F1, C_B1) + bB
+    C_B2 = C_F2 + bC_A
     B_F4 = B_B1 + fB
-    C_F3 = max(C_B2, A_F3 + a) + fC
-    A_B2 = max(A_F3, C_B2 + a) + bA
+    C_F3 = max(C_B2, A_F3) + fC
+    A_B2 = max(A_F3, C_B2) + bA
     B_F6 = B_F4 + fB
-    C_B3 = C_F3 + bC
+    C_B3 = C_F3 + bC_A
     A_F5 = A_B2 + fA
-    C_F4 = max(C_B3, B_F4 + n) + fC
-    A_B3 = max(A_F5, C_B3 + a) + bA
-    C_B4 = C_F4 + bC
+    C_F4 = max(C_B3, B_F4) + fC
+    A_B3 = max(A_F5, C_B3) + bA
+    C_B4 = C_F4 + bC_B
     A_F7 = A_B3 + fA
-    C_F5 = max(C_B4, A_F5 + a) + fC
-    B_B4 = max(B_F6, C_B4 + n) + bB
-    C_B5 = C_F5 + bC
-    C_F6 = max(C_B5, B_F6 + n) + fC
-    A_B5 = max(A_F7, C_B5 + a) + bA
-    C_B6 = C_F6 + bC
-    C_F7 = max(C_B6, A_F7 + a) + fC
-    B_B6 = max(B_B4, C_B6 + n) + bB
-    C_B7 = C_F7 + bC
-    A_B7 = max(A_B5, C_B7 + a) + bA
+    C_F5 = max(C_B4, A_F5) + fC
+    B_B4 = max(B_F6, C_B4) + bB
+    C_B5 = C_F5 + bC_A
+    C_F6 = max(C_B5, B_F6) + fC
+    A_B5 = max(A_F7, C_B5) + bA
+    C_B6 = C_F6 + bC_B
+    C_F7 = max(C_B6, A_F7) + fC
+    B_B6 = max(B_B4, C_B6) + bB
+    C_B7 = C_F7 + bC_A
+    A_B7 = max(A_B5, C_B7) + bA
     # stage 0's two ranks hold the same layers: they all-reduce its gradients (embedding + 6 blocks), then step
     params0 = 6 * model.params_per_layer + model.embedding_params
     sync = sim.allreduce_time_s((("fast:0",), ("slow:0",)), params0)
@@ -188,8 +194,10 @@ def test_two_stage_pipeline_with_a_5_3_mixed_stage_by_hand():
     ends = {(e.device, e.op): e.end_s for e in m.timeline}
     assert ends[("slow:0", "B6")] == pytest.approx(B_B6, rel=1e-12)
     assert ends[("fast:0", "B7")] == pytest.approx(A_B7, rel=1e-12)
+    assert ends[("fast:1", "B4")] == pytest.approx(C_B4, rel=1e-12)
     # each rank's busy time is its own share at its own speed; the stage shows its busiest rank
-    assert m.stage_busy_s[0] == pytest.approx(max(5 * (fA + bA), 3 * (fB + bB)), rel=1e-12)
+    assert m.stage_busy_s[0] == pytest.approx(max(5 * (A.forward_s + A.backward_s),
+                                                  3 * (B.forward_s + B.backward_s)), rel=1e-12)
     # memory per rank: each holds the activations of its own in-flight micro-batches (2 each here)
     assert m.peak_memory_GiB["fast:0"] == pytest.approx(A.memory_GiB)
     assert m.peak_memory_GiB["slow:0"] == pytest.approx(B.memory_GiB)
@@ -223,8 +231,13 @@ def test_hand_off_between_stages_of_different_width_goes_to_each_micro_batch_own
     assert ("fast:1", "F0") in ev and ("slow:0", "F1") in ev and ("fast:1", "F1") not in ev
     intra = sim.p2p_time_s(("fast:0",), ("fast:1",), 1)
     net = sim.p2p_time_s(("fast:0",), ("slow:0",), 1)
-    assert ev[("fast:1", "F0")].start_s == pytest.approx(ev[("fast:0", "F0")].end_s + intra, rel=1e-12)
-    assert ev[("slow:0", "F1")].start_s == pytest.approx(ev[("fast:0", "F1")].end_s + net, rel=1e-12)
+    assert net > intra > 0
+    # on GPUs a send blocks its sender (NCCL): stage 0's forward of micro-batch j lasts its compute plus the
+    # send to j's owner, and the owner starts when it ends
+    f0, f1 = ev[("fast:0", "F0")], ev[("fast:0", "F1")]
+    assert (f1.end_s - f1.start_s) - (f0.end_s - f0.start_s) == pytest.approx(net - intra, rel=1e-9)
+    assert ev[("fast:1", "F0")].start_s == pytest.approx(f0.end_s, rel=1e-12)
+    assert ev[("slow:0", "F1")].start_s == pytest.approx(f1.end_s, rel=1e-12)
     # stage 0's warm-up covers both ranks behind it: 2 forwards before its first backward
     ops = [e.op for e in sorted(m.timeline, key=lambda e: e.start_s) if e.device == "fast:0" and e.op[0] in "FB"]
     assert ops[:4] == ["F0", "F1", "F2", "B0"]
@@ -278,3 +291,30 @@ def test_one_rank_stage_written_as_ranks_simulates_like_devices():
     ranks = sim.evaluate(ParallelConfig.from_dict(_plan([{"layers": 6, "ranks": [{"devices": ["fast:0"], "num_microbatches": 8}]}, LAST])))
     devices = sim.evaluate(ParallelConfig.from_dict(_plan([{"layers": 6, "devices": ["fast:0"]}, LAST])))
     assert ranks.iteration_time_s == devices.iteration_time_s and ranks.peak_memory_GiB == devices.peak_memory_GiB
+
+
+def test_cpu_hand_offs_do_not_block_the_sender_and_take_the_owner_pairs_link():
+    """On CPU ranks (gloo) a transfer delays only its receiver: micro-batch j starts on its owner in stage 1
+    when stage 0's forward of j ended plus the transfer between that pair."""
+    cluster = cluster_from_dict({"name": "c", "nodes": [
+        dict(name="a", gpu="cpu", count=1, intra_node=dict(bandwidth_GBps=5, latency_us=20)),
+        dict(name="b", gpu="cpu", count=1, intra_node=dict(bandwidth_GBps=5, latency_us=20)),
+        dict(name="c", gpu="cpu", count=1, slowdown=2.0, intra_node=dict(bandwidth_GBps=5, latency_us=20))],
+        "network": {"bandwidth_GBps": 1, "latency_us": 50}}, "c")
+    model = model_from_dict(dict(MODEL, hidden_size=256, num_heads=4, ffn_hidden_size=1024, vocab_size=512,
+                                 seq_len=128, global_batch_size=6), "m")
+    sim = Simulator(cluster, model)
+    cfg = ParallelConfig.from_dict({"micro_batch_size": 1, "pipelines": [{"num_microbatches": 6, "stages": [
+        {"layers": 4, "devices": ["a:0"]},
+        {"layers": 4, "ranks": [{"devices": ["b:0"], "num_microbatches": 4}, {"devices": ["c:0"], "num_microbatches": 2}]}]}]})
+    m = sim.evaluate_detailed(cfg)
+    assert m.ok, m.error
+    ev = {(e.device, e.op): e for e in m.timeline}
+    owners = [0, 1, 0, 0, 1, 0]  # microbatch_owners((4, 2))
+    assert [("c:0", f"F{j}") in ev for j in range(6)] == [bool(k) for k in owners]
+    hop = sim.p2p_time_s(("a:0",), ("b:0",), 1)
+    assert ev[("b:0", "F0")].start_s == pytest.approx(ev[("a:0", "F0")].end_s + hop, rel=1e-12)
+    assert ev[("c:0", "F1")].start_s == pytest.approx(ev[("a:0", "F1")].end_s + hop, rel=1e-12)
+    # the slow rank's forward takes twice the fast one's (slowdown 2)
+    fast, slow = ev[("b:0", "F0")], ev[("c:0", "F1")]
+    assert slow.end_s - slow.start_s == pytest.approx(2 * (fast.end_s - fast.start_s), rel=1e-9)

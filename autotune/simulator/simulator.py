@@ -801,7 +801,8 @@ class Simulator:
             n = len(members)
             if n < 2:
                 continue
-            bw, lat = self._dp_bandwidth(tuple(devs for _, _, devs in members))
+            stages = tuple(devs for _, _, devs in members)
+            bw, lat = self._dp_bandwidth(stages)
             if zero == 0:
                 t = collective_s("allreduce", self._grad_bytes * params, n, bw, lat, self._dp_kind(stages))
             elif phase == "allreduce":
