@@ -40,7 +40,7 @@ def _plain_cost_terms(monkeypatch):
     monkeypatch.setattr(sim_module, "collective_s",
                         lambda op, n, k, bw, lat, kind: collectives.collective_s(op, n, k, bw, lat, "host"))
     monkeypatch.setattr(sim_module, "send_s", lambda n, bw, lat, kind: collectives.send_s(n, bw, lat, "host"))
-    monkeypatch.setattr(Simulator, "_blocking_sends", staticmethod(lambda durs, comms, p, v: (durs, comms)))
+    monkeypatch.setattr(Simulator, "_blocking_sends", staticmethod(lambda comp, durs, comms: (durs, comms)))
 
     def stored_scores_twice_and_four_times(model, b, tp, e):
         """The score tensor's traffic as these tests count it: its stored bytes (softmax output, and with
