@@ -51,26 +51,50 @@ def test_screen_prunes_oom_and_clearly_worse_plans_without_spending_budget():
     order = []
     budget = 12
     b = BudgetedEvaluator(screen, space, budget, [order.append], screen=screen.screen)
+    memory_check, ok_runs_at = b.memory_check, {}
+
+    def recording_check(config):  # remember how many real runs had calibrated the memory model
+        m = memory_check(config)
+        if m is not None:
+            ok_runs_at[config] = sum(ev.measurement.ok for ev in b.history)
+        return m
+
+    b.memory_check = recording_check
     run_random(space, b, seed=0)
 
     assert b.used == budget == len(real.calls) == len(screen.real_runs)
     assert [ev.config for ev in b.history] == real.calls  # the history holds exactly the real runs
     assert b.screened and all(ev.measurement.status == PRUNED and ev.score == 0.0 for ev in b.screened)
     assert not {ev.config for ev in b.screened} & set(real.calls)
-    # nothing is screened before two real runs finished (status ok) and fitted the corrections
-    first_pruned = next(i for i, ev in enumerate(order) if ev.measurement.status == PRUNED)
+    # memory first: the memory model answers from the first plan on (oom, no real run); nothing is
+    # screened for speed before two real runs finished (status ok) and fitted the corrections
+    first_pruned = next(i for i, ev in enumerate(order) if ev.measurement.status == PRUNED and not ev.measurement.oom)
     assert sum(ev.measurement.ok for ev in order[:first_pruned]) >= 2
     assert len(screen.calibrator.observations) == sum(ev.measurement.ok for ev in b.history)
     # the calibrator learnt the deliberate error: prediction error before each run falls
     errors = [screen.errors[c].time_error for c in real.calls if c in screen.errors]
-    assert errors[0] > 1.5 and max(errors[2:]) < 0.1, errors
+    assert errors[0] > 1.5, errors
+    # ... for every device type once a real run has used it (a run on a type not yet run is predicted
+    # with the wrong profile's 3x, and its plan is never screened out for speed)
+    seen, checked = set(), 0
+    for c in real.calls:
+        types = {cluster.device(d).name for d in c.devices}
+        if c in screen.errors and types <= seen:
+            assert screen.errors[c].time_error < 0.1, (c.describe(), screen.errors[c])
+            checked += 1
+        if truth.evaluate(c).ok:
+            seen |= types
+    assert checked >= budget // 2
     # pruned plans are truly out of memory or truly far below the best real run (both kinds occur)
     best = b.best.score
     kinds = set()
     for ev in b.screened:
         true = truth.evaluate(ev.config)
-        if "out of memory" in ev.measurement.error:
-            assert true.oom, ev.config.describe()
+        if ev.measurement.oom:
+            assert "screened out by the memory model" in ev.measurement.error
+            # before the corrections the memory model is the deliberately wrong one (+2 GiB a rank)
+            if ok_runs_at[ev.config] >= 2:
+                assert true.oom, ev.config.describe()
             kinds.add("oom")
         else:
             assert true.ok and true.tokens_per_s < 0.6 * best, (ev.measurement.error, true.tokens_per_s, best)
@@ -132,13 +156,15 @@ def test_tune_real_backend_closes_the_loop_and_records_it(tmp_path):
     assert result.evaluations == budget == len(real.calls) and result.screened > 0
     client = MlflowClient(uri)
     parent = client.get_run(result.run_id)
-    assert parent.data.metrics["pruned_plans"] == result.screened
+    pruned_count = result.screened - result.memory_screened  # by the calibration screen (children)
+    assert parent.data.metrics["pruned_plans"] == pruned_count
+    assert parent.data.metrics["memory_screened"] == result.memory_screened
     assert parent.data.metrics["evaluations"] == budget
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'", max_results=1000)
-    pruned = [c for c in children if c.data.tags.get("status") == PRUNED]
-    assert len(pruned) == result.screened and all(c.data.tags["autotune.pruned"] == "true" for c in pruned)
-    real_children = {c.data.tags["autotune.config_key"] for c in children if c.data.tags.get("status") != PRUNED}
+    pruned = [c for c in children if c.data.tags.get("autotune.pruned") == "true"]
+    assert len(pruned) == pruned_count
+    real_children = {c.data.tags["autotune.config_key"] for c in children if "autotune.pruned" not in c.data.tags}
     assert real_children == {config_key(c) for c in real.calls}
     history = client.get_metric_history(result.run_id, "calibration_time_error")
     assert history and all(1 <= h.step <= budget for h in history)
@@ -148,7 +174,7 @@ def test_tune_real_backend_closes_the_loop_and_records_it(tmp_path):
     assert "online corrections" in prof.notes
     doc = json.loads(Path(client.download_artifacts(result.run_id, "calibration_corrections.json",
                                                     str(tmp_path))).read_text())
-    assert doc["real_runs"] == [config_key(c) for c in real.calls] and doc["pruned_plans"] == result.screened
+    assert doc["real_runs"] == [config_key(c) for c in real.calls] and doc["pruned_plans"] == pruned_count
     # compute corrected back from 3x: the saved profile predicts the truth within a few percent
     fixed = Simulator(cluster, model, prof)
     ok = [c for c in real.calls if real.inner.evaluate(c).ok]

@@ -101,8 +101,12 @@ def _print_result(out, result) -> None:
     summary.add_row("peak memory", f"{max(m.peak_memory_GiB.values(), default=0.0):.1f} GiB")
     summary.add_row("status", m.status if not m.oom else "oom")
     summary.add_row("evaluations", f"{result.evaluations} (budget {result.budget}, backend {result.backend})")
+    if result.memory_screened:
+        summary.add_row("out of memory", f"{result.memory_screened} plans screened out by the memory model "
+                                          "(no budget spent)")
     if result.backend == "real":
-        summary.add_row("screened out", f"{result.screened} plans (corrected simulator; no budget spent)")
+        pruned = result.screened - result.memory_screened
+        summary.add_row("screened out", f"{pruned} plans (corrected simulator; no budget spent)")
     cfg = result.best_config
     summary.add_row("micro-batch / schedule", f"{cfg.micro_batch_size} / {cfg.schedule}")
     if cfg.expert_parallel > 1 or cfg.spes:

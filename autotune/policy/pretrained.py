@@ -192,6 +192,20 @@ def start_candidates(space: SearchSpace, limit: int = 8) -> list[Params]:
     return [params for *_, params in scored[:limit]]
 
 
+def with_frugal_start(space: SearchSpace, starts: list[Params], evaluator=None) -> list[Params]:
+    """``starts`` and, last, the space's most memory-frugal plan (``autotune.search.memory_first``) when
+    it is not among them: the walk reaches it when no earlier start fits (memory first)."""
+    from autotune.search.memory_first import frugal_start
+
+    frugal = frugal_start(space, evaluator)
+    if frugal is None:
+        return list(starts)
+    config = space.decode(frugal).config
+    if any(space.decode(p).config == config for p in starts):
+        return list(starts)
+    return list(starts) + [frugal]
+
+
 class SearchEnv(ParallelConfigEnv):
     """``ParallelConfigEnv`` with best-first semantics: stay on the best plan, try untried neighbours.
 
@@ -206,6 +220,7 @@ class SearchEnv(ParallelConfigEnv):
                  actions: tuple[tuple, ...] | None = None) -> None:
         super().__init__(space, evaluator, max_steps=max_steps, actions=actions)
         self._starts = start_candidates(space) or self._starts  # the parent's reset tries these in order
+        self._starts = with_frugal_start(space, self._starts, evaluator)
         self.start_params = start_params
         self.improvements = 0
         self.since_improvement = 0

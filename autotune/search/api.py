@@ -60,14 +60,16 @@ class TuneResult:
     run_id: str = ""
     tracking_uri: str = ""
     best_curve: tuple[float, ...] = field(default_factory=tuple)
-    screened: int = 0  # plans screened out by the corrected simulator (backend real; no budget spent)
+    screened: int = 0  # plans screened out without spending the budget (memory model, calibration screen)
+    memory_screened: int = 0  # of those, the plans the memory model alone answered oom (memory first)
 
     def to_dict(self) -> dict[str, Any]:
         return {"best_config": self.best_config.to_dict(), "best_measurement": self.best_measurement.to_dict(timeline=True),
                 "evaluations": self.evaluations, "method": self.method, "cluster": self.cluster,
                 "model": self.model, "budget": self.budget, "seed": self.seed, "backend": self.backend,
                 "experiment": self.experiment, "run_id": self.run_id, "tracking_uri": self.tracking_uri,
-                "best_curve": list(self.best_curve), "screened": self.screened}
+                "best_curve": list(self.best_curve), "screened": self.screened,
+                "memory_screened": self.memory_screened}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -81,7 +83,7 @@ class TuneResult:
                    budget=int(d["budget"]), seed=int(d["seed"]), backend=d["backend"],
                    experiment=d.get("experiment", ""), run_id=d.get("run_id", ""),
                    tracking_uri=d.get("tracking_uri", ""), best_curve=tuple(d.get("best_curve", ())),
-                   screened=int(d.get("screened", 0)))
+                   screened=int(d.get("screened", 0)), memory_screened=int(d.get("memory_screened", 0)))
 
     def output_document(self) -> dict[str, Any]:
         """The ``search --output`` file: the config (SPEC.md format) plus ``"measurement"``."""
@@ -292,12 +294,21 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
             if tracker is not None:
                 _log_calibration(tracker, screen, budgeted)
         if tracker is not None:
+            try:
+                tracker.log_parent_metrics({"memory_screened": float(budgeted.memory_screened)}, step=0)
+            except Exception as e:  # the count is a summary; never lose the search's result for it
+                log.warning("could not log memory_screened to MLflow: %s", e)
             say("writing the best plan and the pictures to MLflow")
             tracker.finish(best, budgeted.best_curve(), [ev.score for ev in budgeted.history],
                            title=f"{method} on {cluster_spec.name} / {model_spec.name}", status=status,
                            statuses=[tracking.status_of(ev.measurement) for ev in budgeted.history])
     best = _best_with_timeline(budgeted)
     if best is None:
+        if budgeted.memory_screened:
+            raise SpecError("search", "memory", f"no plan fits: the memory model says all {len(budgeted.screened)} "
+                                                f"plans {method} tried on {cluster_spec.name} / {model_spec.name} "
+                                                f"run out of memory (the most memory-frugal plan of the space "
+                                                f"included); try a smaller model, micro-batch or more devices")
         raise SpecError("search", "space", f"no plan was evaluated: the space of {cluster_spec.name} / "
                                            f"{model_spec.name} has no valid plan the method could reach")
     return TuneResult(best_config=best.config, best_measurement=best.measurement, evaluations=budgeted.used,
@@ -305,7 +316,7 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
                       backend=backend, experiment=exp_name if tracker else "",
                       run_id=tracker.parent_id or "" if tracker else "",
                       tracking_uri=tracker.tracking_uri if tracker else "", best_curve=tuple(budgeted.best_curve()),
-                      screened=len(budgeted.screened))
+                      screened=len(budgeted.screened), memory_screened=budgeted.memory_screened)
 
 
 def search_run_name(method: str, budget: int, seed: int, backend: str) -> str:
@@ -349,7 +360,8 @@ def _log_calibration(tracker, screen, budgeted: BudgetedEvaluator) -> None:
 
     try:
         corr = screen.calibrator.corrections
-        metrics = {"pruned_plans": float(len(budgeted.screened)), "real_runs": float(len(screen.real_runs)),
+        pruned = len(budgeted.screened) - budgeted.memory_screened  # by the calibration screen
+        metrics = {"pruned_plans": float(pruned), "real_runs": float(len(screen.real_runs)),
                    "calibration_link_factor": corr.link}
         for kind, pairs in (("compute", corr.compute), ("contention", corr.contention), ("memory_GiB", corr.memory_GiB)):
             for dev, v in pairs:
@@ -357,7 +369,8 @@ def _log_calibration(tracker, screen, budgeted: BudgetedEvaluator) -> None:
         tracker.log_parent_metrics(metrics, step=0)
         doc = {"corrections": corr.to_dict(), "fitted_from_runs": len(screen.calibrator.observations),
                "real_runs": [config_key(c) for c in screen.real_runs],
-               "pruned_plans": len(budgeted.screened), "min_real_runs": screen.min_real_runs,
+               "pruned_plans": pruned, "memory_screened": budgeted.memory_screened,
+               "min_real_runs": screen.min_real_runs,
                "keep_fraction": screen.keep_fraction}
         profile = screen.calibrator.profile
         try:  # never log a profile that `--profile` would refuse to load
@@ -408,7 +421,7 @@ def _dp_start(space: SearchSpace, budgeted: BudgetedEvaluator, plans: int = DP_S
         if len(out) >= plans or (budgeted.exhausted and cand.config not in budgeted):
             break
         m = evaluate(cand.config, {"dp_family": cand.family, "dp_estimate_s": round(cand.estimate_s, 6)})
-        if m is not None and m.status != "invalid":
+        if m is not None and m.status not in ("invalid", PRUNED):  # screened out by the memory model: no start
             out.append((cand.config, m))
     return out
 

@@ -12,12 +12,22 @@ about each new valid plan before the evaluator: when it answers a ``Measurement`
 ``"pruned"``, the screen's prediction; score 0), that answer is cached and returned instead of an
 evaluation. Pruned plans do not spend the budget; they are kept in ``screened``, and after
 ``max_screened`` of them the search counts as ``exhausted`` so that no agent loops forever.
+
+Memory first (every method, both backends): before anything else, a new valid plan goes to the
+evaluator's memory model (``memory_check(config)``: ``Simulator.memory_check`` for ``--backend sim``,
+the corrected simulator's for ``--backend real``, see ``autotune.search.screen``). A plan the memory
+model alone says does not fit is answered ``oom`` (``oom=True``, status ``"pruned"``, the model's
+peak memory per device, the reason in ``error``) without spending the budget, like a pruned plan:
+kept in ``screened`` and cached, and counted against the same ``max_screened`` cap (default
+``20 x budget``, per run of the search), so a search on a cluster where little fits still ends. The
+listeners are not told (MLflow gets their number, ``memory_screened``, not a child run each: there
+may be 20 per evaluation); the memory model answers a repeat or a resumed search the same way.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from autotune.evaluator import CachedEvaluator, Evaluator
@@ -28,6 +38,9 @@ log = logging.getLogger(__name__)
 
 
 PRUNED = "pruned"  # status of a plan the screen answered without a real run (search-internal, not a measure status)
+#: plans screened out (memory model or calibration screen) per unit of budget before a search stops
+SCREENED_PER_BUDGET = 20
+MEMORY_SCREEN_PREFIX = "screened out by the memory model: "
 
 
 class BudgetExhausted(RuntimeError):
@@ -55,7 +68,7 @@ Screen = Callable[[ParallelConfig, "Evaluation | None"], "Measurement | None"]
 class BudgetedEvaluator(CachedEvaluator):
     def __init__(self, inner: Evaluator, space: SearchSpace, budget: int,
                  listeners: list[Listener] | None = None, screen: Screen | None = None,
-                 max_screened: int | None = None) -> None:
+                 max_screened: int | None = None, memory_first: bool = True, memory_model=None) -> None:
         super().__init__(inner)
         if budget < 1:
             from autotune.errors import SpecError
@@ -69,9 +82,13 @@ class BudgetedEvaluator(CachedEvaluator):
         self.invalid = 0
         self._best: Evaluation | None = None
         self.screen = screen
-        self.max_screened = max_screened if max_screened is not None else 20 * budget
-        self.screened: list[Evaluation] = []  # plans the screen pruned, in order (index counts them)
+        self.max_screened = max_screened if max_screened is not None else SCREENED_PER_BUDGET * budget
+        self.screened: list[Evaluation] = []  # plans the screens pruned, in order (index counts them)
         self.preloaded: set[ParallelConfig] = set()  # plans a killed run of this search evaluated (resume)
+        #: the memory model asked before every new plan: ``memory_model`` (a ``Simulator``: real runs without
+        #: a screen) or the evaluator's own ``memory_check``, if it has one
+        self.memory_model = memory_model if memory_model is not None else inner
+        self.memory_check = getattr(self.memory_model, "memory_check", None) if memory_first else None
 
     # -- counting ----------------------------------------------------------------------------------
     @property
@@ -84,7 +101,23 @@ class BudgetedEvaluator(CachedEvaluator):
 
     @property
     def exhausted(self) -> bool:
-        return self.used >= self.budget or (self.screen is not None and len(self.screened) >= self.max_screened)
+        return self.used >= self.budget or len(self.screened) >= self.max_screened
+
+    @property
+    def memory_screened(self) -> int:
+        """Plans the memory model answered ``oom`` without spending the budget."""
+        return sum(ev.measurement.oom for ev in self.screened)
+
+    def memory_use(self, measurement: Measurement) -> float | None:
+        """The fullest device's (or host's) use of its usable memory in ``measurement`` (> 1: does not
+        fit), from the evaluator's memory model; None when it has none."""
+        inner = self.memory_model
+        for _ in range(4):
+            fn = getattr(inner, "memory_use", None)
+            if fn is not None:
+                return fn(measurement)
+            inner = getattr(inner, "simulator", None) or getattr(inner, "inner", None)
+        return None
 
     @property
     def best(self) -> Evaluation | None:
@@ -110,6 +143,9 @@ class BudgetedEvaluator(CachedEvaluator):
         if self.exhausted:
             raise BudgetExhausted(f"budget of {self.budget} evaluations is spent" if self.used >= self.budget else
                                   f"{len(self.screened)} plans screened out (limit {self.max_screened})")
+        screened = self.screen_memory(config, params)
+        if screened is not None:
+            return screened
         if self.screen is not None:
             pruned = self.screen(config, self._best)
             if pruned is not None:
@@ -122,6 +158,26 @@ class BudgetedEvaluator(CachedEvaluator):
             measurement = Measurement.failure("failed", f"{type(e).__name__}: {e}")
         self._record(config, measurement, params or {}, commit=commit)
         return measurement
+
+    def screen_memory(self, config: ParallelConfig, params: Mapping[str, Any] | None = None) -> Measurement | None:
+        """Memory first: the ``oom`` answer (recorded as screened out, no budget) when the memory model
+        says a new, valid ``config`` does not fit; None when it fits, was seen before, or there is no
+        memory model. ``evaluate`` asks it first; an agent may ask it before claiming a plan."""
+        if self.memory_check is None or config in self:
+            return None
+        try:
+            oom = self.memory_check(config)
+        except Exception as e:  # the memory model cannot judge it: evaluate it
+            log.warning("memory model raised on %s: %s", config.describe(), e)
+            return None
+        if oom is None:
+            return None
+        if self.exhausted:
+            raise BudgetExhausted(f"{len(self.screened)} plans screened out (limit {self.max_screened})")
+        screened = replace(oom, oom=True, timeline=(), status=PRUNED,
+                           error=MEMORY_SCREEN_PREFIX + (oom.error or "out of memory"))
+        self._record(config, screened, params or {}, notify=False)
+        return screened
 
     def preload(self, config: ParallelConfig, measurement: Measurement,
                 params: Mapping[str, Any] | None = None) -> None:

@@ -6,12 +6,16 @@ screens the plans the agent asks for next.
 - the evaluator ``BudgetedEvaluator`` calls for a real run: it wraps the real evaluator in
   ``autotune.calibration.online.CalibratingEvaluator``, so every real run refits the correction
   factors, and it keeps the corrected simulator's prediction error *before* each run;
+- the memory model ``BudgetedEvaluator`` asks before anything else (``memory_check``): the corrected
+  simulator's, from the first plan on (memory first: a plan it says does not fit is never run);
 - the ``screen`` ``BudgetedEvaluator`` asks before a real run: once ``min_real_runs`` real runs have
   fitted the corrections, a plan is pruned (answered with the corrected prediction, status
   ``"pruned"``, score 0, no budget spent) when the corrected simulator predicts it runs out of
   memory, or predicts it slower than ``keep_fraction`` of the best measured plan. The comparison is
   prediction against prediction (``predicted(P) < keep_fraction * predicted(best)``), so a
-  simulator that is off by a common factor still ranks plans correctly.
+  simulator that is off by a common factor still ranks plans correctly. A plan is screened for speed
+  only when every device type it uses has been in a real run (an uncalibrated type's speed is still
+  the profile's guess, possibly off by far more than a common factor).
 
 ``keep_fraction = 0.5`` (default) keeps every plan the corrected simulator puts within 2x of the best
 measured one: the fidelity experiment's worst time error after a few runs is well below that, so a
@@ -72,6 +76,16 @@ class CalibrationScreen:
     def calibrator(self):
         return self.calibrating.calibrator
 
+    # -- memory first ------------------------------------------------------------------------------
+    def memory_check(self, config: ParallelConfig) -> Measurement | None:
+        """The corrected simulator's memory model (``Simulator.memory_check``), asked by
+        ``BudgetedEvaluator`` before every new plan from the first one on: a plan it says does not fit
+        is answered ``oom`` without a real run (the memory offsets it has fitted so far included)."""
+        return self.simulator.memory_check(config)
+
+    def memory_use(self, measurement: Measurement) -> float:
+        return self.simulator.memory_use(measurement)
+
     # -- the real run ------------------------------------------------------------------------------
     def check(self, config: ParallelConfig) -> str | None:
         """The real evaluator's own feasibility check (``runner.RealEvaluator.check``), if it has one: a
@@ -111,6 +125,9 @@ class CalibrationScreen:
         else:
             if best is None or not best.measurement.ok:
                 return None
+            seen = {self.cluster.device(d).name for o in self.calibrator.observations for d in o.config.devices}
+            if not {self.cluster.device(d).name for d in config.devices} <= seen:
+                return None  # a device type no real run has calibrated yet: its speed is the profile's guess
             ref = sim.evaluate(best.config)
             if not ref.ok or ref.tokens_per_s <= 0:
                 return None

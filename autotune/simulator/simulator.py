@@ -178,6 +178,39 @@ class Simulator:
             return Measurement.failure("invalid", f"config: schedule: {e}")
 
     # ---------------------------------------------------------------------------------------------
+    # The memory model alone (memory-first search: ``autotune.search.budget``)
+
+    def memory_estimate(self, config: ParallelConfig) -> Measurement | None:
+        """The memory model's answer for ``config`` without simulating its schedule: a ``Measurement``
+        with every used device's peak (``peak_memory_GiB``) and each node's offloaded state
+        (``host_memory_GiB``); status ``oom`` (with the reason) when a device or a host does not hold
+        it, else ``ok`` with ``tokens_per_s`` 0 (nothing was timed). None for an invalid plan."""
+        try:
+            config.validate(self.cluster, self.model)
+        except SpecError:
+            return None
+        try:
+            return self._simulate(config, False, memory_only=True)
+        except ScheduleDeadlock:
+            return None
+
+    def memory_check(self, config: ParallelConfig) -> Measurement | None:
+        """The ``oom`` measurement when the memory model alone says ``config`` does not fit, else None."""
+        m = self.memory_estimate(config)
+        return m if m is not None and m.oom else None
+
+    def memory_use(self, m: Measurement) -> float:
+        """The fullest device's peak over its usable memory (capacity less the reserve) in ``m``; > 1
+        does not fit. Offloaded state counts as its node's host use over the host's memory."""
+        use = max((gib / self._usable[d] for d, gib in m.peak_memory_GiB.items() if d in self._usable),
+                  default=0.0)
+        for node, gib in m.host_memory_GiB.items():
+            spec = self._node_spec.get(node)
+            if spec is not None and spec.host.memory_GiB > 0:
+                use = max(use, gib / spec.host.memory_GiB)
+        return use
+
+    # ---------------------------------------------------------------------------------------------
     # Cost queries for planners (``autotune.search.planner``): the same numbers ``evaluate`` composes
 
     def stage_estimate(self, devices: tuple[str, ...], layers: int, recompute: bool | str, first: bool, last: bool,
@@ -528,7 +561,7 @@ class Simulator:
     # ---------------------------------------------------------------------------------------------
     # One iteration
 
-    def _simulate(self, config: ParallelConfig, timeline: bool) -> Measurement:
+    def _simulate(self, config: ParallelConfig, timeline: bool, memory_only: bool = False) -> Measurement:
         model = self.model
         mbs, v, schedule = config.micro_batch_size, config.virtual_stages, config.schedule
         usable = self._usable
@@ -588,6 +621,9 @@ class Simulator:
                                    status="oom", host_memory_GiB=host, allocated_memory_GiB=allocated,
                                    error=f"host memory of node {name!r} out of memory: offloaded state needs "
                                          f"{gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)")
+        if memory_only:  # ``memory_estimate``: the memory model's answer, nothing simulated
+            return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=False, peak_memory_GiB=peak,
+                               host_memory_GiB=host, status="ok")
 
         sharded = config.zero > 0 and (len(config.pipelines) > 1 or config.has_mixed_stages) or config.offloads
         if sharded:  # ZeRO / offload traffic in forward and backward, and their optimizer step

@@ -26,3 +26,11 @@ def run_dp(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0) -> N
             break
         evaluator.evaluate(cand.config, {"dp_rank": rank, "dp_family": cand.family,
                                          "dp_estimate_s": round(cand.estimate_s, 6)})
+    if not evaluator.exhausted and not any(ev.measurement.ok for ev in evaluator.history):
+        # memory first: nothing the planner composed runs; the space's most memory-frugal plan
+        from autotune.search.memory_first import frugal_start
+
+        frugal = frugal_start(space, evaluator)
+        decoded = space.decode(frugal) if frugal is not None else None
+        if decoded is not None and decoded.ok:
+            evaluator.evaluate(decoded.config, frugal)

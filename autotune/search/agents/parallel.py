@@ -43,8 +43,10 @@ def worker_main(cluster, model, backend: str, profile: str | None, storage: str,
 
     torch.set_num_threads(1)
     space = SearchSpace(cluster, model, restrict=restrict, max_sync_every=max_sync_every)
-    evaluator = BudgetedEvaluator(make_evaluator(cluster, model, backend, profile, run_timeout_s=run_timeout_s),
-                                  space, budget)
+    inner = make_evaluator(cluster, model, backend, profile, run_timeout_s=run_timeout_s)
+    # memory first: real runs are screened by the simulator's memory model of the same profile
+    memory = None if hasattr(inner, "memory_check") else make_evaluator(cluster, model, "sim", profile)
+    evaluator = BudgetedEvaluator(inner, space, budget, memory_model=memory)
     study = open_study(space, study_name, storage, seed)
     run_optuna(space, evaluator, seed, study=study, warm_start=warm_start,
                worker=f"{workers.machine()}:{os.getpid()}:{token}")

@@ -13,14 +13,33 @@ log = logging.getLogger(__name__)
 
 
 def run_random(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, max_tries_per_eval: int = 200) -> None:
-    """Uniform samples of the encoding; invalid and repeated plans are redrawn (they cost nothing).
+    """Uniform samples of the encoding; invalid and repeated plans are redrawn and plans the memory
+    model screens out are free (they cost nothing). Memory first: while no evaluated plan runs, the
+    last evaluation the search can still make (the budget's last, or the last before the screened-out
+    cap) goes to the space's most memory-frugal plan (``autotune.search.memory_first``), so random
+    search returns a plan that fits wherever that plan does.
 
     A resumed search replays the same draws: a plan its killed run evaluated (``evaluator.preloaded``)
     is answered from the record, free, and is not a miss, so the search goes on exactly where it stopped."""
+    from autotune.search.memory_first import fallback_due, frugal_start
+
     rng = np.random.default_rng(seed)
+    fallback_done = False
+
+    def fallback() -> None:
+        nonlocal fallback_done
+        fallback_done = True
+        frugal = frugal_start(space, evaluator)
+        decoded = space.decode(frugal) if frugal is not None else None
+        if decoded is not None and decoded.ok and evaluator.would_cost(decoded.config):
+            evaluator.evaluate(decoded.config, frugal)
+
     misses = 0
     replay = set(evaluator.preloaded)
     while not evaluator.exhausted and misses < max_tries_per_eval:
+        if not fallback_done and fallback_due(evaluator):
+            fallback()
+            continue
         params = space.sample(rng)
         decoded = space.decode(params)
         if not decoded.ok or not evaluator.would_cost(decoded.config):
@@ -33,6 +52,8 @@ def run_random(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
         misses = 0
         evaluator.evaluate(decoded.config, params)
     if not evaluator.exhausted:
+        if not fallback_done and not (evaluator.best is not None and evaluator.best.measurement.ok):
+            fallback()
         log.info("random: no new valid plan in %d draws; stopping at %d evaluations", max_tries_per_eval,
                  evaluator.used)
 

@@ -1,0 +1,145 @@
+"""The most memory-frugal plan of a search space: the start plan every method includes (memory first).
+
+On a cluster where little fits, a search that starts from fast plans may spend its budget on plans
+that do not run. Every method's start plans therefore include the plan of the space that needs the
+least device memory: every node class used at its widest tensor-parallel degree, micro-batch 1,
+recomputation everywhere, schedule 1F1B, the largest ZeRO stage and offload mode where the space has
+them, and, among pipeline depths, stage orders, device assignments and layer splits, the one whose
+fullest device is least full by the memory model (``Simulator.memory_estimate``: usually the deepest
+pipeline, which spreads the weights over the most stages; with ZeRO-3 and offload, where the state
+leaves the devices, often a shallower one with fewer micro-batches in flight).
+
+``frugal_params(space, simulator)`` returns its encoding (or None when the space has no valid plan);
+the memory model is the search's own (the simulator behind the evaluator, with its profile, or the
+corrected one of ``--backend real``), so "frugal" means what the screen will judge. Where each method
+puts it: ``optuna`` enqueues it after its speed-proportional warm start, ``rl`` tries it after its
+start plans, ``random`` and ``dp`` evaluate it when nothing they evaluated runs and one evaluation is
+left (``fallback_due``); ``uniform`` and ``exhaustive`` keep their grids.
+
+``memory_repairs`` gives the steps from a plan that does not fit toward it (Optuna repairs the
+proposals the memory model screens out, see ``autotune.search.agents.tpe``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+from autotune.search.space import Params, SearchSpace
+
+log = logging.getLogger(__name__)
+
+
+def _widest(space: SearchSpace, name: str) -> Any:
+    return space._dims[name].choices[-1]
+
+
+def frugal_candidates(space: SearchSpace) -> list[Params]:
+    """Encodings of the memory-frugal plans: widest tp, every class used, mbs 1, recompute all, 1F1B,
+    ZeRO and offload at their largest, for every pipeline depth (deepest first), assignment, order
+    and layer split (even or speed-proportional)."""
+    dims = space._dims
+    base: Params = {f"tp.{c.name}": _widest(space, f"tp.{c.name}") for c in space.node_classes}
+    for c in space.node_classes:
+        name = f"use.{c.name}"
+        if name in dims:
+            base[name] = True if True in dims[name].choices else dims[name].choices[0]
+    base["mbs"] = dims["mbs"].choices[0]
+    base["schedule"] = "1f1b" if "1f1b" in dims["schedule"].choices else dims["schedule"].choices[0]
+    base["recompute"] = "all" if "all" in dims["recompute"].choices else dims["recompute"].choices[-1]
+    base["batch_split"] = dims["batch_split"].choices[-1]
+    for name in ("zero", "offload"):  # memory-saving dimensions, ordered least to most saving
+        if name in dims:
+            base[name] = dims[name].choices[-1]
+    out = []
+    splits = sorted(set(dims["layer_split"].choices) & {0.0, 1.0}) or list(dims["layer_split"].choices[:1])
+    for pp, assign, order, split in itertools.product(reversed(dims["pp"].choices), dims["assign"].choices,
+                                                      dims["order"].choices, splits):
+        out.append(dict(base, pp=pp, assign=assign, order=order, layer_split=split))
+    return out
+
+
+def frugal_params(space: SearchSpace, simulator) -> Params | None:
+    """The candidate whose fullest device (or host) is least full by ``simulator``'s memory model."""
+    best: tuple[float, int, Params] | None = None
+    for k, params in enumerate(frugal_candidates(space)):
+        decoded = space.decode(params)
+        if not decoded.ok:
+            continue
+        m = simulator.memory_estimate(decoded.config)
+        if m is None:
+            continue
+        use = simulator.memory_use(m)
+        if best is None or use < best[0] - 1e-12:
+            best = (use, k, params)
+    if best is None:
+        return None
+    log.debug("memory-frugal plan: fullest device at %.2f of its usable memory", best[0])
+    return best[2]
+
+
+def search_simulator(space: SearchSpace, evaluator=None):
+    """The memory model a search judges plans with: the simulator behind ``evaluator`` (its profile,
+    or the corrected one of ``--backend real``), else the datasheet simulator of the space."""
+    from autotune.search.planner import simulator_of
+
+    sim = simulator_of(evaluator)
+    if sim is None:
+        from autotune.simulator import Simulator
+
+        sim = Simulator(space.cluster, space.model)
+    return sim
+
+
+def fallback_due(evaluator) -> bool:
+    """True when no evaluated plan runs yet and the search can make one more evaluation at most (its
+    budget's last, or the last plan before the screened-out cap): the moment for the frugal plan."""
+    best = evaluator.best
+    if best is not None and best.measurement.ok:
+        return False
+    return evaluator.remaining <= 1 or len(evaluator.screened) >= evaluator.max_screened - 1
+
+
+def frugal_start(space: SearchSpace, evaluator=None) -> Params | None:
+    """``frugal_params`` with the search's memory model (see ``search_simulator``)."""
+    try:
+        return frugal_params(space, search_simulator(space, evaluator))
+    except Exception as e:  # a start plan is a help, never a reason for a search to fail
+        log.warning("no memory-frugal start plan: %s", e)
+        return None
+
+
+def memory_repairs(space: SearchSpace, params: Params):
+    """Encodings that need less memory than ``params``, each one step further than the last:
+    recomputation everywhere, then micro-batch size 1, the largest ZeRO stage, the largest offload
+    mode, then every class one tensor-parallel degree wider and the pipeline one depth deeper, until
+    both are at their largest. Used to repair a plan the memory model screened out (``run_optuna``)."""
+    dims = space._dims
+    cur = dict(params)
+
+    def moved(name: str, to_end: bool = False, up: bool = True) -> bool:
+        dim = dims.get(name)
+        if dim is None or cur.get(name) not in dim.choices:
+            return False
+        i = dim.choices.index(cur[name])
+        j = (len(dim.choices) - 1 if up else 0) if to_end else i + (1 if up else -1)
+        if j == i or not 0 <= j < len(dim.choices):
+            return False
+        cur[name] = dim.choices[j]
+        return True
+
+    if "all" in dims["recompute"].choices and cur.get("recompute") != "all":
+        cur["recompute"] = "all"
+        yield dict(cur)
+    if moved("mbs", to_end=True, up=False):
+        yield dict(cur)
+    for name in ("zero", "offload"):  # memory-saving dimensions, ordered least to most saving
+        if moved(name, to_end=True):
+            yield dict(cur)
+    while True:
+        wider = [moved(f"tp.{c.name}") for c in space.node_classes]
+        deeper = moved("pp")
+        if not any(wider) and not deeper:
+            return
+        yield dict(cur)

@@ -1,0 +1,136 @@
+"""Memory first: plans the memory model says do not fit cost no budget, every method starts from the
+most memory-frugal plan among others, and on a memory-tight cluster every method returns a plan that
+fits (issue 16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotune.loading import cluster_from_dict, load_model
+from autotune.search.api import tune
+from autotune.search.budget import PRUNED, BudgetedEvaluator
+from autotune.search.memory_first import frugal_candidates, frugal_params, memory_repairs
+from autotune.search.space import SearchSpace
+from autotune.search.tracking import config_key
+from autotune.simulator import Simulator
+
+#: 4 T4 (16 GB) + 4 L4 (24 GB) training Llama-2-7B: only tensor parallel 4 in both nodes, two stages,
+#: fits (the weight state alone is 105 GiB of the 140 usable); the uniform grid has no plan that fits
+TIGHT = dict(nodes=[dict(name="t4", gpu="T4", count=4, intra_node=dict(bandwidth_GBps=12, latency_us=5)),
+                    dict(name="l4", gpu="L4", count=4, intra_node=dict(bandwidth_GBps=16, latency_us=5))],
+             network=dict(bandwidth_GBps=3.125, latency_us=20))
+
+
+def _tight():
+    cluster = cluster_from_dict(TIGHT, source="test", default_name="tight-t4-l4")
+    model = load_model("llama2-7b", 32)
+    return cluster, model
+
+
+def test_the_tight_cluster_is_tight():
+    """The control: random plans of the space and the uniform grid do not fit; without the memory
+    model's screen a search spends its budget on out-of-memory plans."""
+    cluster, model = _tight()
+    space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
+    rng = np.random.default_rng(0)
+    configs = [d.config for d in (space.decode(space.sample(rng)) for _ in range(600)) if d.ok]
+    assert len(configs) > 100 and not any(sim.evaluate(c).ok for c in configs)
+    assert not any(sim.evaluate(c).ok for c in space.uniform_plans())
+    blind = BudgetedEvaluator(sim, space, 10, memory_first=False)
+    for c in configs[:10]:
+        blind.evaluate(c)
+    assert blind.used == 10 and blind.best.score == 0.0 and not blind.screened
+
+
+def test_memory_screen_answers_oom_without_budget_and_caps_the_search():
+    cluster, model = _tight()
+    space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
+    rng = np.random.default_rng(1)
+    configs = [d.config for d in (space.decode(space.sample(rng)) for _ in range(300)) if d.ok]
+    b = BudgetedEvaluator(sim, space, 2, max_screened=5)
+    m = b.evaluate(configs[0])
+    assert m.oom and m.status == PRUNED and not m.ok and m.score() == 0.0
+    assert "screened out by the memory model" in m.error and m.peak_memory_GiB
+    assert b.used == 0 and b.memory_screened == 1 and b.remaining == 2
+    assert b.evaluate(configs[0]) is m and b.memory_screened == 1  # a repeat: cached, not counted again
+    for c in configs[1:]:
+        if b.exhausted:
+            break
+        b.evaluate(c)
+    assert b.exhausted and len(b.screened) == 5 and b.used == 0  # the cap ends a search where nothing fits
+    # the memory model is the simulator's own: a plan that fits is evaluated and spends the budget
+    fitting = space.decode(frugal_params(space, sim)).config
+    b2 = BudgetedEvaluator(sim, space, 2)
+    assert b2.evaluate(fitting).ok and b2.used == 1
+
+
+def test_the_frugal_plan_is_the_least_full_candidate_and_fits():
+    cluster, model = _tight()
+    space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
+    params = frugal_params(space, sim)
+    config = space.decode(params).config
+    use = sim.memory_use(sim.memory_estimate(config))
+    assert use <= 1.0 and sim.evaluate(config).ok
+    assert params["recompute"] == "all" and params["mbs"] == 1
+    assert all(params[f"tp.{c.name}"] == 4 for c in space.node_classes)  # the widest tensor parallelism
+    uses = [sim.memory_use(sim.memory_estimate(d.config)) for d in map(space.decode, frugal_candidates(space)) if d.ok]
+    assert use == pytest.approx(min(uses))
+    # repairs head toward it: each step needs no more memory than the one before
+    start = dict(space.heuristic_params()[0], recompute="none", mbs=space._dims["mbs"].choices[-1])
+    assert sim.memory_check(space.decode(start).config) is not None  # the start does not fit
+    steps = [space.decode(p) for p in memory_repairs(space, start)]
+    assert len(steps) >= 3 and any(d.ok and sim.memory_check(d.config) is None for d in steps)
+
+
+@pytest.mark.parametrize("method", ["optuna", "rl", "random"])
+@pytest.mark.parametrize("start", ["heuristic", "dp"])
+def test_every_method_returns_a_plan_that_fits_on_a_memory_tight_cluster(method, start):
+    if method == "random" and start == "dp":
+        pytest.skip("random has no --start")
+    cluster, model = _tight()
+    paid = []
+    result = tune(cluster, model, method=method, budget=10, track=False, storage="memory", start=start,
+                  on_evaluation=paid.append)
+    assert result.best_measurement.ok and result.best_measurement.tokens_per_s > 0
+    assert result.evaluations <= 10 and result.memory_screened > 0
+    # no evaluation of the budget went to a plan the memory model rejects
+    paid = [ev for ev in paid if ev.measurement.status != PRUNED]
+    assert paid and not any(ev.measurement.oom for ev in paid)
+
+
+def test_optuna_learns_the_memory_constraint_and_keeps_one_budget():
+    from autotune.search.agents import tpe
+
+    cluster, model = _tight()
+    space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
+    b = BudgetedEvaluator(sim, space, 8)
+    shared = tpe.open_study(space, "tight", "memory", 0)
+    tpe.run_optuna(space, b, 0, study=shared)
+    assert b.used == len(tpe.evaluated_trials(shared)) == 8 and b.best.measurement.ok
+    assert b.memory_screened > 0
+    # TPE's copy holds the screened-out proposals as infeasible trials, the evaluated ones as feasible
+    trials = [t for t in shared.local.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    infeasible = [t for t in trials if t.constraints.get("memory", 0.0) > 0]
+    feasible = [t for t in trials if t.value and t.value > 0]
+    assert infeasible and all(t.value == 0.0 for t in infeasible)
+    assert feasible and all(t.constraints["memory"] <= 0 for t in feasible)
+    # the storage never saw a screened-out plan: its evaluated trials are the budget's plans
+    assert {t.user_attrs["config_key"] for t in tpe.evaluated_trials(shared)} == \
+        {config_key(ev.config) for ev in b.history}
+
+
+def test_a_resumed_search_on_a_tight_cluster_reaches_exactly_its_budget(tmp_path):
+    """Screened-out plans are not budget: a second run continues the same study and MLflow parent and
+    ends with exactly the new budget of evaluated plans (the memory model answers the old ones again)."""
+    from mlflow.tracking import MlflowClient
+
+    cluster, model = _tight()
+    uri, storage = f"sqlite:///{tmp_path}/mlflow.db", f"journal:{tmp_path}/optuna.journal"
+    first = tune(cluster, model, method="optuna", budget=4, tracking_uri=uri, storage=storage, start="heuristic")
+    second = tune(cluster, model, method="optuna", budget=7, tracking_uri=uri, storage=storage, start="heuristic")
+    assert first.run_id == second.run_id and second.evaluations == 7 and second.best_measurement.ok
+    client = MlflowClient(uri)
+    children = client.search_runs([client.get_run(second.run_id).info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{second.run_id}'")
+    assert len(children) == 7 and all(c.data.tags["status"] != "oom" for c in children)
