@@ -13,14 +13,17 @@ import argparse
 import json
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from autotune.loading import load_model
 from runner.reference import reference_losses
 from runner.train import train
 
 LLAMA = str(Path(__file__).resolve().parent.parent / "tests" / "data" / "tiny-llama.yaml")
+LLAMA_STANDARD = replace(load_model(LLAMA), attention="standard")  # scores written out and stored
 
 
 def st(devices, layers, recompute=False):
@@ -47,6 +50,13 @@ PLANS = [  # (name, model, config)
         {"num_microbatches": 3, "stages": [st(["cpu:2", "cpu:3"], 4)]}]}),
     ("PP 2 x TP 2, SwiGLU + GQA (tests/data/tiny-llama.yaml)", LLAMA, {"micro_batch_size": 1, "pipelines": [
         {"num_microbatches": 4, "stages": [st(["cpu:0", "cpu:1"], 1), st(["cpu:2", "cpu:3"], 1, True)]}]}),
+    ("PP 2 x TP 2 sequence parallel, selective / full recompute", "tiny", {"micro_batch_size": 1, "pipelines": [
+        {"num_microbatches": 8, "stages": [
+            {**st(["cpu:0", "cpu:1"], 2, "selective"), "sequence_parallel": True},
+            {**st(["cpu:2", "cpu:3"], 2, True), "sequence_parallel": True}]}]}),
+    ("TP 2 sequence parallel, standard attention, SwiGLU + GQA", LLAMA_STANDARD, {"micro_batch_size": 1,
+        "pipelines": [{"num_microbatches": 4, "stages": [{**st(["cpu:0", "cpu:1"], 2, "selective"),
+                                                          "sequence_parallel": True}]}]}),
 ]
 
 

@@ -157,23 +157,43 @@ def check_supported(plan: RankPlan, model: ModelSpec) -> None:
                         "(replicating key/value heads across tensor-parallel ranks is not implemented)")
 
 
-def apply_tensor_parallel(chunks: list[StageChunk], group: dist.ProcessGroup, device: torch.device) -> None:
+def apply_tensor_parallel(chunks: list[StageChunk], group: dist.ProcessGroup, device: torch.device,
+                          sequence_parallel: bool = False) -> None:
     """Megatron-style TP on every block (``parallelize_module``): Q/K/V and the MLP's up/gate projections
     column-parallel, the attention output and MLP down projections row-parallel. Each TP rank keeps
     whole heads (``Attention`` infers the local head count). Embedding, norms and the LM head stay
-    replicated: their inputs and gradients are identical on every TP rank."""
+    replicated: their inputs and gradients are identical on every TP rank.
+
+    ``sequence_parallel`` (Korthikanti et al. 2022, the torchtitan layout): between the blocks' matmuls
+    the residual stream is split along the sequence across the TP ranks: the norms run on their rank's
+    part (``SequenceParallel``), the attention and MLP inputs are all-gathered (``PrepareModuleInput``)
+    and the row-parallel outputs reduce-scattered (``RowwiseParallel(output_layouts=Shard(1))``)
+    instead of all-reduced. A chunk's output (what the next stage receives) is its rank's part of the
+    sequence; the first chunk splits the embedding's output, the last gathers the sequence again before
+    the final norm and head (``StageChunk.sequence_mesh``)."""
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
 
     mesh = DeviceMesh.from_group(group, device.type)
     for chunk in chunks:
         for block in chunk.blocks.values():
             plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
-                    "attn.v_proj": ColwiseParallel(), "attn.o_proj": RowwiseParallel(),
-                    "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+                    "attn.v_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel()}
             if block.mlp.swiglu:
                 plan["mlp.gate_proj"] = ColwiseParallel()
+            if sequence_parallel:
+                gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+                plan.update({"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(), "attn": gather,
+                             "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                             "attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+                             "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
+            else:
+                plan.update({"attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()})
             parallelize_module(block, mesh, plan)
+        if sequence_parallel:
+            chunk.sequence_mesh = mesh
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -213,7 +233,7 @@ class Engine:
         for ranks in layout.tp_groups():
             group = dist.new_group(list(ranks))
             if rank in ranks:
-                apply_tensor_parallel(self.chunks, group, device)
+                apply_tensor_parallel(self.chunks, group, device, sequence_parallel=self.plan.sequence_parallel)
         self.module = RankModel(self.chunks)
         # MoE / SPES plans: expert parallelism, frozen experts and their own exchange (runner.moe)
         self.expert_sync = None

@@ -11,7 +11,7 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.loading import cluster_from_dict, model_from_dict
-from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig, iter_stages
+from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
 from runner.layout import Layout, build_layout
 
 
@@ -67,11 +67,16 @@ def uses_cuda(cluster: ClusterSpec, config: ParallelConfig, cuda_available: bool
 def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, schedule_check: bool = True) -> Layout:
     """Everything that can be checked before launching: validity, runner support, CUDA presence."""
     layout = build_layout(cluster, model, config)
-    for p, s, stage in iter_stages(config):
-        if stage.sequence_parallel and stage.tp > 1:
-            raise SpecError("runner", f"pipelines[{p}].stages[{s}].sequence_parallel",
-                            "sequence parallelism is not implemented in the runner (the simulator models it); "
-                            "set it to false to run this plan")
+    for p, pipe in enumerate(config.pipelines):
+        modes = {st.sequence_parallel and st.tp > 1 for st in pipe.stages}
+        if len(modes) > 1:
+            raise SpecError("runner", f"pipelines[{p}].stages",
+                            "sequence_parallel must be the same on every stage of a pipeline in the runner "
+                            "(a stage's output is split along the sequence with it, whole without)")
+        for s, stage in enumerate(pipe.stages):
+            if stage.sequence_parallel and stage.tp > 1 and model.seq_len % stage.tp:
+                raise SpecError("runner", f"pipelines[{p}].stages[{s}].sequence_parallel",
+                                f"needs seq_len={model.seq_len} divisible by the tensor-parallel degree {stage.tp}")
     for plan in layout.ranks:
         if plan.tp_degree > 1 and model.num_kv_heads % plan.tp_degree:
             from runner.engine import check_supported  # torch import only when needed

@@ -63,6 +63,7 @@ class RankPlan:
     expert_group: int = 0
     expert_position: int = 0
     expert_parallel: int = 1
+    sequence_parallel: bool = False  # Megatron sequence parallelism in this rank's tensor-parallel group
 
     @property
     def first(self) -> bool:
@@ -209,7 +210,7 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
                     num_microbatches=pipe.num_microbatches, batch_offset=offset, batch_size=batch,
                     grad_weight=batch / model.global_batch_size, moe_layers=moe_layers, held_experts=held,
                     trains_experts=pipe.trains_experts, expert_group=p // ep, expert_position=p % ep,
-                    expert_parallel=ep))
+                    expert_parallel=ep, sequence_parallel=stage.sequence_parallel and stage.tp > 1))
         offset += batch
     if model.is_moe and any(r.tp_degree > 1 for r in ranks):
         raise SpecError("runner", "pipelines", "tensor parallelism inside MoE blocks is not implemented in the runner "

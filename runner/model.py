@@ -175,6 +175,7 @@ class StageChunk(nn.Module):
         self.recompute = recompute is True  # whole blocks; "selective" is set on each block's attention
         self.dropout = spec.dropout
         self.autocast_dtype: torch.dtype | None = None  # set by the engine for bf16 on CUDA
+        self.sequence_mesh = None  # sequence parallelism: the tensor-parallel mesh (runner.engine)
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size) if first else None
         self.blocks = nn.ModuleDict({str(i): Block(spec, i, experts) for i in self.layer_ids})
         self.norm = _norm(spec) if last else None
@@ -207,14 +208,29 @@ class StageChunk(nn.Module):
             x = self.embed(x)
             if self.dropout > 0 and self.training:
                 x = F.dropout(x, self.dropout)
+            if self.sequence_mesh is not None:  # this rank's part of the sequence from here on
+                x = _redistribute(x, self.sequence_mesh, "shard")
         for block in self.blocks.values():
             if self.recompute and torch.is_grad_enabled():
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
         if self.head is not None:
+            if self.sequence_mesh is not None:  # the whole sequence again for the (replicated) head
+                x = _redistribute(x, self.sequence_mesh, "gather")
             x = self.head(self.norm(x))
         return x
+
+
+def _redistribute(x: torch.Tensor, mesh, to: str) -> torch.Tensor:
+    """Split a replicated ``(batch, seq, hidden)`` tensor along the sequence across ``mesh`` (``"shard"``;
+    backward: all-gather of the gradient) or gather the parts back (``"gather"``; backward: each rank's
+    part of the replicated gradient)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if to == "shard":
+        return DTensor.from_local(x, mesh, [Replicate()], run_check=False).redistribute(mesh, [Shard(1)]).to_local()
+    return DTensor.from_local(x, mesh, [Shard(1)], run_check=False).redistribute(mesh, [Replicate()]).to_local()
 
 
 def build_full_model(spec: ModelSpec, seed: int) -> StageChunk:

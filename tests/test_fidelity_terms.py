@@ -333,3 +333,46 @@ def test_matmul_roofline_for_thin_attention_matmuls() -> None:
     assert rates.matmul_s(scores) == pytest.approx(4 * scores.elements / (1000e9 * 0.8))  # memory-bound
     big = Matmul(8192, 8192, 8192)
     assert rates.matmul_s(big) == pytest.approx(big.flops / (rates.matmul_tflops(big.size) * 1e12))
+
+
+# -- runner: sequence parallelism and selective recomputation ----------------------------------
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_runner_sequence_parallel_and_selective_recompute_train_like_a_single_process(tmp_path) -> None:
+    """Two tensor-parallel stages with sequence parallelism (gloo), one selectively and one fully
+    recomputing, train the same losses as one process (the tolerance of test_runner_distributed)."""
+    import torch
+
+    from runner.reference import reference_losses
+    from runner.train import train
+
+    config = {"micro_batch_size": 1, "schedule": "1f1b", "pipelines": [{"num_microbatches": 8, "stages": [
+        {"devices": ["cpu:0", "cpu:1"], "layers": 2, "recompute": "selective", "sequence_parallel": True},
+        {"devices": ["cpu:2", "cpu:3"], "layers": 2, "recompute": True, "sequence_parallel": True}]}]}
+    steps = 3
+    out = train("cpu-4", "tiny", config, steps=steps, metrics_out=tmp_path / "m.jsonl", quiet=True, timeout_s=240)
+    assert out.returncode == 0, out.error
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses("tiny", steps)), rtol=1e-5, atol=0)
+
+
+def test_runner_preflight_names_sequence_parallel_it_cannot_run() -> None:
+    from runner.jobs import preflight
+
+    from autotune.loading import load_cluster
+
+    cluster = load_cluster("cpu-4")
+    model = {"name": "m", "num_layers": 4, "hidden_size": 64, "num_heads": 4, "ffn_hidden_size": 256, "vocab_size": 128, "seq_len": 32,
+             "global_batch_size": 4}
+
+    def plan(sp0: bool, sp1: bool) -> ParallelConfig:
+        return ParallelConfig.from_dict({"micro_batch_size": 1, "pipelines": [{"num_microbatches": 4, "stages": [
+            {"devices": ["cpu:0", "cpu:1"], "layers": 2, "sequence_parallel": sp0},
+            {"devices": ["cpu:2", "cpu:3"], "layers": 2, "sequence_parallel": sp1}]}]})
+
+    with pytest.raises(SpecError, match=r"same on every stage"):
+        preflight(cluster, model_from_dict(model, "test"), plan(True, False), schedule_check=False)
+    with pytest.raises(SpecError, match=r"seq_len=31 divisible by the tensor-parallel degree 2"):
+        preflight(cluster, model_from_dict({**model, "seq_len": 31}, "test"), plan(True, True), schedule_check=False)
+    preflight(cluster, model_from_dict(model, "test"), plan(True, True), schedule_check=False)  # runs
