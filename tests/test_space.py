@@ -123,7 +123,7 @@ def test_uniform_plans_are_heterogeneity_blind(big):
 
 
 def test_exhaustive_refuses_large_spaces_with_the_size(big):
-    with pytest.raises(SpecError, match=r"1,244,160 combinations.*exceed the limit"):
+    with pytest.raises(SpecError, match=r"2,488,320 combinations.*seq_parallel:2.*exceed the limit"):
         big.enumerate()
 
 

@@ -124,7 +124,8 @@ def _print_result(out, result) -> None:
             continue
         for s, stage in enumerate(pipe.stages):
             row = [str(p) if s == 0 else "", str(pipe.num_microbatches) if s == 0 else "", str(s),
-                   escape(", ".join(stage.devices)), str(stage.layers), "yes" if stage.recompute else ""]
+                   escape(", ".join(stage.devices)), str(stage.layers),
+                   "selective" if stage.selective_recompute else "yes" if stage.recompute else ""]
             if experts:
                 row.append(("all" if pipe.trains_experts is None else ",".join(map(str, pipe.trains_experts)))
                            if s == 0 else "")

@@ -84,7 +84,8 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
                 busy = f"{busy_s[d]:.3f}" if d in busy_s else "-"
                 devices = escape(" ".join(rank.devices)) + (f" ({rank.num_microbatches} micro-batches)" if st.mixed else "")
                 stages.add_row(str(r), f"{s}.{k}" if st.mixed else str(s), devices, str(st.layers),
-                               "yes" if st.recompute else "no", st.offload, busy, mem)
+                               "selective" if st.selective_recompute else "yes" if st.recompute else "no", st.offload,
+                               busy, mem)
     console.print(stages)
 
 

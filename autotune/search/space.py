@@ -18,8 +18,12 @@ Every method searches instead over a small set of *dimensions*, each a finite li
 ``batch_split``    exponent b: micro-batches per replica proportional to (replica speed)^b.
 ``mbs``            micro-batch size (divides the global batch).
 ``schedule``       ``1f1b``, ``gpipe`` or ``interleaved-1f1b`` (two virtual stages).
-``recompute``      ``none``, ``all``, or ``low-memory`` (stages whose devices have less memory than
-                   the largest used device).
+``recompute``      ``none``, ``all``, ``low-memory`` (stages whose devices have less memory than
+                   the largest used device), and for models with ``attention: standard``
+                   ``selective`` (every stage recomputes the attention core only; with fused attention
+                   it would equal ``none``).
+``seq_parallel``   sequence parallelism in every tensor-parallel stage (``False`` / ``True``), when some
+                   class can take a tensor-parallel degree above 1.
 ``expert_parallel``, ``trains_experts``, ``sync_every``: MoE models only (``autotune.search.moe_space``):
                    expert parallelism, SPES's expert subsets per replica group, and the sync period up
                    to ``max_sync_every``. A dense model's space has none of them.
@@ -52,7 +56,7 @@ EXHAUSTIVE_LIMIT = 100_000
 INTERLEAVED_CHUNKS = 2
 ASSIGNMENTS = ("grouped", "mixed")
 ORDERS = ("fast-first", "slow-first")
-RECOMPUTE_MODES = ("none", "all", "low-memory")
+RECOMPUTE_MODES = ("none", "all", "low-memory", "selective")
 SPLIT_EXPONENTS = (0.0, 0.5, 1.0)
 
 Params = dict[str, Any]
@@ -180,7 +184,11 @@ class SearchSpace:
                               ordinal=True))
         dims.append(Dimension("schedule", SCHEDULES))
         memories = {c.memory_GiB for c in self.node_classes}
-        dims.append(Dimension("recompute", RECOMPUTE_MODES if len(memories) > 1 else ("none", "all")))
+        modes = ("none", "all") + (("low-memory",) if len(memories) > 1 else ()) + (
+            ("selective",) if model.attention == "standard" else ())
+        dims.append(Dimension("recompute", modes))
+        if any(t > 1 for d in dims if d.name.startswith("tp.") for t in d.choices):
+            dims.append(Dimension("seq_parallel", (False, True)))
         # mixture of experts: expert parallelism, SPES expert subsets and sync period (autotune.search.moe_space)
         dims += [Dimension(name, choices, ordinal) for name, choices, ordinal in
                  moe_space.dimensions(cluster, model, max_sync_every)]
@@ -314,11 +322,14 @@ class SearchSpace:
                                  f"{mb_quantum} (interleaved-1f1b)")
         trains = moe_space.trained_experts(params.get("trains_experts", "all"), model, mbs_split, ep)
         mode = params["recompute"]
+        sp = bool(params.get("seq_parallel", False))
         max_mem = max(g.memory_GiB for g in groups)
         pipelines = []
         for pipe, split, m, experts in zip(pipes, layer_splits, mbs_split, trains):
             stages = tuple(
-                StageConfig(g.devices, n, mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem))
+                StageConfig(g.devices, n, "selective" if mode == "selective" else
+                            mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem),
+                            sequence_parallel=sp and len(g.devices) > 1)
                 for g, n in zip(pipe, split))
             pipelines.append(PipelineConfig(m, stages, experts))
         try:
@@ -455,6 +466,8 @@ class SearchSpace:
                               layer_split=pick("layer_split", 1.0), batch_split=pick("batch_split", 1.0),
                               mbs=pick("mbs", 1 if pp > 1 else 4), schedule=pick("schedule", "1f1b"),
                               recompute=pick("recompute", "none"))
+                if "seq_parallel" in self._dims:  # splits memory and norm work, same communication
+                    params["seq_parallel"] = pick("seq_parallel", True)
                 if "expert_parallel" in self._dims:  # MoE: plain data parallelism first, then SPES, then EP
                     params.update(expert_parallel=pick("expert_parallel", 1), trains_experts=pick("trains_experts", "all"),
                                   sync_every=pick("sync_every", 1))
@@ -489,13 +502,16 @@ class SearchSpace:
 
         One TP degree for every stage, pp dividing num_layers (even layers), every replica identical
         and fed an equal share of the batch, devices taken in cluster order as a homogeneous-cluster
-        user would (Megatron-style tp/pp/dp flags), recompute off or on everywhere, schedule 1f1b.
-        Devices that do not fill a TP group or a whole replica stay idle.
+        user would (Megatron-style tp/pp/dp flags), recompute off, full or (where the space has it)
+        selective everywhere, sequence parallelism off or on (tp > 1), schedule 1f1b. Devices that do not
+        fill a TP group or a whole replica stay idle.
         """
         model, cluster = self.model, self.cluster
         tps = [t for t in _powers_of_two_upto(max(n.count for n in cluster.nodes)) if valid_tp(model, t)]
         mbs_choices = self._dims["mbs"].choices
-        recompute = [r == "all" for r in self._dims["recompute"].choices if r in ("none", "all")]
+        recompute = [{"none": False, "all": True, "selective": "selective"}[r] for r in self._dims["recompute"].choices
+                     if r in ("none", "all", "selective")]
+        sps = self._dims["seq_parallel"].choices if "seq_parallel" in self._dims else (False,)
         plans, seen = [], set()
         for tp in tps:
             groups = [node.device_ids()[g * tp:(g + 1) * tp] for node in cluster.nodes for g in range(node.count // tp)]
@@ -510,9 +526,10 @@ class SearchSpace:
                     if model.global_batch_size % (mbs * dp):
                         continue
                     per_replica = model.global_batch_size // (mbs * dp)
-                    for rc, ep in itertools.product(recompute, eps):
+                    for rc, ep, sp in itertools.product(recompute, eps, sps if tp > 1 else (False,)):
                         pipes = tuple(
-                            PipelineConfig(per_replica, tuple(StageConfig(groups[r * pp + s], model.num_layers // pp, rc)
+                            PipelineConfig(per_replica, tuple(StageConfig(groups[r * pp + s], model.num_layers // pp, rc,
+                                                                          sequence_parallel=sp)
                                                               for s in range(pp)))
                             for r in range(dp))
                         config = ParallelConfig(mbs, pipes, "1f1b", expert_parallel=ep)
@@ -533,7 +550,9 @@ class SearchSpace:
             "schedule": config.schedule,
             "layers": "|".join("-".join(str(s.layers) for s in p.stages) for p in pipes),
             "microbatches": "-".join(str(p.num_microbatches) for p in pipes),
-            "recompute_stages": sum(s.recompute for p in pipes for s in p.stages),
+            "recompute_stages": sum(s.full_recompute for p in pipes for s in p.stages),
+            "selective_stages": sum(s.selective_recompute for p in pipes for s in p.stages),
+            "seq_parallel_stages": sum(s.sequence_parallel and s.tp > 1 for p in pipes for s in p.stages),
             "devices_used": len(config.devices),
             "devices_idle": self.cluster.num_devices - len(config.devices),
             **(self._moe_params_of(config) if self.model.is_moe else {}),
