@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install demo test gpu-check clean
 
 install: $(STAMP)
 
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# simulator vs real runs on the one CUDA GPU here (< 8 min); without CUDA it says so and exits 0
+gpu-check: $(STAMP)
+	$(BIN)/python experiments/gpu_check.py
 
 clean:
 	rm -rf $(VENV) *.egg-info mlflow.db mlflow.db-* optuna.db optuna.journal* mlruns

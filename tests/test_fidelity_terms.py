@@ -323,6 +323,21 @@ def test_device_memory_view_adds_context_and_pool_and_sets_oom() -> None:
     assert r.oom and "context" in r.error
 
 
+def test_a_gpu_profiles_memory_baseline_replaces_the_context_term() -> None:
+    """``autotune profile`` on a GPU measures the memory outside the allocator: the device view adds it
+    (with the class's pool share) instead of the class's context; the allocated view is unchanged."""
+    from autotune.profile import CalibrationProfile, DeviceProfile
+
+    model = _model(attention="flash")
+    cfg = ParallelConfig(1, (PipelineConfig(16, (StageConfig(("n:0",), 8),)),))
+    plain = Simulator(_cluster(1), model).evaluate(cfg)
+    profile = CalibrationProfile((DeviceProfile("X", ((1024.0, 100.0),), memory_baseline_GiB=0.25),))
+    r = Simulator(_cluster(1), model, profile).evaluate(cfg)
+    alloc = r.allocated_memory_GiB["n:0"]
+    assert alloc == pytest.approx(plain.allocated_memory_GiB["n:0"])
+    assert r.peak_memory_GiB["n:0"] == pytest.approx(alloc * 1.05 + 0.25)
+
+
 def test_matmul_roofline_for_thin_attention_matmuls() -> None:
     from autotune.simulator.efficiency import DeviceRates
     from autotune.simulator.flops import Matmul
@@ -376,3 +391,50 @@ def test_runner_preflight_names_sequence_parallel_it_cannot_run() -> None:
     with pytest.raises(SpecError, match=r"seq_len=31 divisible by the tensor-parallel degree 2"):
         preflight(cluster, model_from_dict({**model, "seq_len": 31}, "test"), plan(True, True), schedule_check=False)
     preflight(cluster, model_from_dict(model, "test"), plan(True, True), schedule_check=False)  # runs
+
+
+# -- make gpu-check ------------------------------------------------------------------------------
+
+def test_gpu_check_names_gpus_and_says_so_without_cuda() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "experiments"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.pop(0)
+    assert gpu_check.catalog_name("NVIDIA H200", 140) == "H200"
+    assert gpu_check.catalog_name("NVIDIA GH200 480GB", 95) == "GH200"
+    assert gpu_check.catalog_name("NVIDIA A100-SXM4-40GB", 39.4) == "A100-40GB"
+    assert gpu_check.catalog_name("NVIDIA GeForce RTX 2080 Ti", 10.7) == "RTX-2080-Ti"
+    assert gpu_check.catalog_name("NVIDIA GeForce RTX 2080", 7.8) == "RTX-2080"
+    assert gpu_check.catalog_name("Some Future GPU", 80) is None
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: `make gpu-check` runs the real check (test_gpu_check_on_cuda)")
+    out = subprocess.run([sys.executable, str(root / "experiments" / "gpu_check.py")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "no CUDA device here" in out.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_check_on_cuda(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "experiments" / "gpu_check.py"), "--out", str(tmp_path / "r.json")],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert len(rows) == 5 and all(r["measured"].get("status") == "ok" for r in rows), rows

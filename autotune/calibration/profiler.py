@@ -5,9 +5,13 @@ e.g. a GPU type without CUDA, is kept with the reason it is skipped) and one per
 is a small callable (``profile_steps``), so the CLI can show progress between items; ``to_profile``
 puts the results in the ``CalibrationProfile`` format.
 
-On this machine only ``cpu`` device types run. Their links (``intra_node`` and ``network``) are both
-two gloo processes on this one host: the same physical path, measured once and recorded for both
-kinds (the profile's ``notes`` say so).
+``cpu`` device types run on this host's cores. A GPU type runs when a CUDA device is here: it is
+benchmarked on ``cuda:0`` (taken to be that type; the profile's ``notes`` name the device found) by
+``autotune.calibration.gpu_bench``: matmuls, copy bandwidth, the runner's block per micro-batch size
+(tensor-parallel degree 1: one device), with and without (full and selective) recomputation, embedding
+and head, AdamW, and the device memory outside the allocator; links between GPUs are not measured.
+CPU links (``intra_node`` and ``network``) are both two gloo processes on this one host: the same
+physical path, measured once and recorded for both kinds (the profile's ``notes`` say so).
 """
 
 from __future__ import annotations
@@ -57,14 +61,15 @@ class ProfilePlan:
 
 
 def device_runnable(device_name: str) -> tuple[bool, str]:
-    """Can this device type be benchmarked here? ``cpu`` always; a GPU type needs a CUDA device."""
+    """Can this device type be benchmarked here? ``cpu`` always; a GPU type needs a CUDA device (the
+    first one is benchmarked as that type)."""
     if device_name == "cpu":
         return True, ""
     try:
         import torch
 
         if torch.cuda.is_available():
-            return False, f"CUDA device here is {torch.cuda.get_device_name(0)!r}; GPU profiling is not implemented"
+            return True, ""
     except ImportError:  # pragma: no cover - torch is a dependency
         pass
     return False, "skipped: no CUDA device here"
@@ -109,6 +114,8 @@ class DeviceResults:
     pipeline_overhead: tuple[tuple[int, float], ...] = ()
     data_parallel_overhead: tuple[tuple[int, float], ...] = ()
     tensor_parallel_overhead: tuple[tuple[int, float], ...] = ()
+    gpu_memory_baseline_GiB: float | None = None  # CUDA: device memory outside the allocator's pool
+    gpu_name: str = ""  # CUDA: the device that was benchmarked
     skipped: str = ""
 
 
@@ -146,6 +153,9 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
         res = results.setdefault(dev.name, DeviceResults(dev.name))
         if not dev.runnable:
             res.skipped = dev.skip_reason
+            continue
+        if dev.name != "cpu":
+            steps += _gpu_steps(model, dev, res, quick)
             continue
         shapes = (SMALL_MATMUL_SHAPES + model_gemm_shapes(model, dev.micro_batch_sizes, dev.tp_degrees) if model
                   else GENERIC_MATMUL_SHAPES)
@@ -224,6 +234,51 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
     return steps
 
 
+def _gpu_steps(model: ModelSpec | None, dev: DeviceTypePlan, res: DeviceResults, quick: bool) -> list[Step]:
+    """The work on ``cuda:0`` for GPU type ``dev`` (``autotune.calibration.gpu_bench``): one device, so
+    tensor-parallel degree 1 only."""
+    from autotune.calibration import gpu_bench
+
+    repeats = 5 if quick else 10
+    precision = model.precision if model is not None else "bf16"
+    shapes = (model_gemm_shapes(model, dev.micro_batch_sizes, (1,)) if model is not None
+              else [(n, n, n) for n in (256, 512, 1024, 2048, 4096, 8192)])
+    steps = []
+
+    def identify(res=res):
+        import torch
+
+        res.gpu_name = torch.cuda.get_device_name(0)
+        res.gpu_memory_baseline_GiB = gpu_bench.cuda_memory_baseline()
+
+    def matmul(res=res, shapes=shapes):
+        res.matmul.extend(gpu_bench.cuda_matmul(shapes, precision, repeats=repeats))
+
+    def membw(res=res):
+        res.memory_bandwidth_GBps = gpu_bench.cuda_memory_bandwidth(repeats=repeats)
+
+    steps += [Step(f"{dev.name}: CUDA device and its memory outside the allocator", identify),
+              Step(f"{dev.name}: matmul at {len(shapes)} shapes ({precision})", matmul),
+              Step(f"{dev.name}: memory bandwidth", membw)]
+    if model is not None:
+        for b in dev.micro_batch_sizes:
+            def layer(res=res, b=b):
+                for rc in (False, True, "selective"):
+                    res.layers.append(gpu_bench.cuda_layer(model, b, rc, repeats=repeats))
+
+            def edges(res=res, b=b):
+                res.edges.append(gpu_bench.cuda_edges(model, b, repeats=repeats))
+
+            steps += [Step(f"{dev.name}: runner block fwd/bwd mbs={b} (recompute none, full, selective)", layer),
+                      Step(f"{dev.name}: embedding + head mbs={b}", edges)]
+
+        def optimizer(res=res):
+            res.optimizer_s_per_param = gpu_bench.cuda_optimizer()
+
+        steps.append(Step(f"{dev.name}: optimizer step", optimizer))
+    return steps
+
+
 def environment_notes() -> dict[str, str]:
     import torch
 
@@ -285,12 +340,15 @@ def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
         layers, edges = [], []
         if model is not None:
             for t in res.layers:
+                gpu = name != "cpu"  # measured in the model's precision and attention: match only those
                 layers.append(LayerTiming(hidden_size=model.hidden_size, num_heads=model.num_heads,
                                           num_kv_heads=model.num_kv_heads, ffn_hidden_size=model.ffn_hidden_size,
                                           mlp=model.mlp, seq_len=model.seq_len, micro_batch_size=t.micro_batch_size,
                                           tp=t.tp, recompute=t.recompute, forward_s=max(t.forward_s, 1e-9),
                                           backward_s=max(t.backward_s, 1e-9),
-                                          activation_bytes=float(t.activation_bytes)))
+                                          activation_bytes=float(t.activation_bytes),
+                                          precision=model.precision if gpu else None,
+                                          attention=model.attention if gpu else None))
             for e in res.edges:
                 # the runner holds the embedding and the head whole on one rank (tp 1); with tp > 1 the
                 # simulator would fall back to its model for these
@@ -303,7 +361,7 @@ def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
         dev = DeviceProfile(name, matmul_curve(res.matmul), res.memory_bandwidth_GBps or None,
                             tuple(layers), tuple(edges), res.optimizer_s_per_param or None,
                             microbatch_overhead_s=rt.microbatch_overhead_s if rt else None,
-                            memory_baseline_GiB=rt.memory_baseline_GiB if rt else None,
+                            memory_baseline_GiB=rt.memory_baseline_GiB if rt else res.gpu_memory_baseline_GiB,
                             contention=tuple((float(n), float(k)) for n, k in res.contention),
                             pipeline_overhead=tuple((float(n), float(t)) for n, t in res.pipeline_overhead),
                             data_parallel_overhead=tuple((float(n), float(t)) for n, t in res.data_parallel_overhead),
@@ -328,6 +386,8 @@ def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
     versions = (("torch", env["torch_version"]), ("python", env["python_version"]), ("host", env["host"]),
                 ("cpu", env["cpu"]))
     notes = [f"{name}: {res.skipped}" for name, res in results.items() if res.skipped]
+    notes += [f"{name}: benchmarked on CUDA device {res.gpu_name!r} (cuda:0), tensor-parallel degree 1"
+              for name, res in results.items() if res.gpu_name]
     if links:
         notes.append("links of cpu nodes: intra_node and network are both two gloo processes on this one host (the same "
                      "physical path), measured once by p2p ping-pong and recorded for both kinds; all-reduce "

@@ -406,7 +406,10 @@ class Simulator:
                 if recompute and dense:
                     measured = prof.layer_timing(self.model, mbs, len(devices), recompute=recompute)
                     kept = measured.activation_bytes if measured is not None else None
-                baseline = prof.memory_baseline_GiB or 0.0
+                # the CPU runner's measured process baseline is part of what it reports as allocated (RSS
+                # growth); a GPU's is outside the allocator and joins the device view (_device_view)
+                if self._node[devices[0]].device.name == "cpu":
+                    baseline = prof.memory_baseline_GiB or 0.0
                 per_param = prof.state_bytes_per_param
                 act_factor = prof.activation_memory_factor or 1.0
             states_bytes, host_GiB = None, 0.0
@@ -517,13 +520,17 @@ class Simulator:
         return intra_node_kind(first.intra_node.bandwidth_GBps, first.device.name)
 
     def _device_view(self, device: str, allocated_GiB: float) -> float:
-        """The device's view of a stage's memory (``device_memory``): a profile's measured per-process
-        baseline is already in ``allocated_GiB`` and replaces the class's context term."""
+        """The device's view of a stage's memory (``device_memory``). A profile's measured per-process
+        baseline replaces the class's context term: on a GPU (memory outside the allocator, measured by
+        ``autotune profile``) it is added here; on a CPU it is already in ``allocated_GiB``."""
         name = self._node[device].device.name
         prof = self.profile.device(name) if self.profile is not None else None
+        dm = device_memory(name)
         if prof is not None and prof.memory_baseline_GiB is not None:
-            return allocated_GiB
-        return device_memory(name).device_GiB(allocated_GiB)
+            if name == "cpu":
+                return allocated_GiB
+            return allocated_GiB * (1.0 + dm.fragmentation) + prof.memory_baseline_GiB
+        return dm.device_GiB(allocated_GiB)
 
     @staticmethod
     def _blocking_sends(comp, durs: list[float], comms: list[float]) -> tuple[list[float], list[float]]:
