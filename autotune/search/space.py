@@ -466,8 +466,8 @@ class SearchSpace:
                               layer_split=pick("layer_split", 1.0), batch_split=pick("batch_split", 1.0),
                               mbs=pick("mbs", 1 if pp > 1 else 4), schedule=pick("schedule", "1f1b"),
                               recompute=pick("recompute", "none"))
-                if "seq_parallel" in self._dims:  # splits memory and norm work, same communication
-                    params["seq_parallel"] = pick("seq_parallel", True)
+                if "seq_parallel" in self._dims:  # off, as the plans these starts were tuned with; the
+                    params["seq_parallel"] = pick("seq_parallel", False)  # methods that search dims turn it on
                 if "expert_parallel" in self._dims:  # MoE: plain data parallelism first, then SPES, then EP
                     params.update(expert_parallel=pick("expert_parallel", 1), trains_experts=pick("trains_experts", "all"),
                                   sync_every=pick("sync_every", 1))
