@@ -35,10 +35,14 @@ def test_the_tight_cluster_is_tight():
     space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
     rng = np.random.default_rng(0)
     configs = [d.config for d in (space.decode(space.sample(rng)) for _ in range(600)) if d.ok]
-    assert len(configs) > 100 and not any(sim.evaluate(c).ok for c in configs)
-    assert not any(sim.evaluate(c).ok for c in space.uniform_plans())
+    fits = [c for c in configs if sim.evaluate(c).ok]
+    assert len(configs) > 100 and len(fits) <= len(configs) // 50  # (1 of 121 with seed 0)
+    # the uniform grid fits nothing without sequence parallelism (with it, Megatron's tp 4 x pp 2 plan
+    # with full recomputation fits: the checkpointed stage inputs are split 4 ways, issue 13)
+    assert not any(sim.evaluate(c).ok for c in space.uniform_plans()
+                   if not any(s.sequence_parallel for p in c.pipelines for s in p.stages))
     blind = BudgetedEvaluator(sim, space, 10, memory_first=False)
-    for c in configs[:10]:
+    for c in [c for c in configs if c not in fits][:10]:
         blind.evaluate(c)
     assert blind.used == 10 and blind.best.score == 0.0 and not blind.screened
 

@@ -49,7 +49,7 @@ def frugal_candidates(space: SearchSpace) -> list[Params]:
     base["schedule"] = "1f1b" if "1f1b" in dims["schedule"].choices else dims["schedule"].choices[0]
     base["recompute"] = "all" if "all" in dims["recompute"].choices else dims["recompute"].choices[-1]
     base["batch_split"] = dims["batch_split"].choices[-1]
-    for name in ("zero", "offload"):  # memory-saving dimensions, ordered least to most saving
+    for name in ("zero", "offload", "seq_parallel"):  # memory-saving dimensions, ordered least to most saving
         if name in dims:
             base[name] = dims[name].choices[-1]
     out = []
@@ -134,7 +134,7 @@ def memory_repairs(space: SearchSpace, params: Params):
         yield dict(cur)
     if moved("mbs", to_end=True, up=False):
         yield dict(cur)
-    for name in ("zero", "offload"):  # memory-saving dimensions, ordered least to most saving
+    for name in ("zero", "offload", "seq_parallel"):  # memory-saving dimensions, ordered least to most saving
         if moved(name, to_end=True):
             yield dict(cur)
     while True:
