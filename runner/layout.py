@@ -212,6 +212,9 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
                     trains_experts=pipe.trains_experts, expert_group=p // ep, expert_position=p % ep,
                     expert_parallel=ep, sequence_parallel=stage.sequence_parallel and stage.tp > 1))
         offset += batch
+    if getattr(config, "zero", 0) and (model.is_moe or config.spes):
+        raise SpecError("runner", "zero", f"ZeRO sharding of MoE or SPES plans is not implemented in the runner "
+                                          f"(zero={config.zero}); the simulator models it")
     if model.is_moe and any(r.tp_degree > 1 for r in ranks):
         raise SpecError("runner", "pipelines", "tensor parallelism inside MoE blocks is not implemented in the runner "
                                                "(the simulator models it): use one device per stage and "

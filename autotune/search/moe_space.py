@@ -9,6 +9,8 @@
                      every expert learns from about the same number of tokens per step: a group with
                      twice the batch trains twice the experts; with more groups than experts, every
                      group trains one, the next expert going to the one with the least batch so far).
+                     With expert parallelism the split is of each shard's slots, the same in every
+                     shard, so every replica of a group trains as many of the experts it holds.
 ``sync_every``       ``sync_every_steps`` of the plan, from 1 up to ``max_sync_every`` (``search
                      --max-sync-every``, default 1: how stale replicas may grow is the user's
                      convergence choice, as in SPES). Values above 1 need two or more groups.
@@ -43,12 +45,17 @@ def dimensions(cluster: ClusterSpec, model: ModelSpec, max_sync_every: int) -> l
 def partition(num_experts: int, weights: Sequence[float]) -> list[tuple[int, ...]]:
     """Each group's experts, sized by its weight (its batch share): contiguous blocks of at least one
     expert with as many groups as experts or fewer; one expert each beyond that, balanced greedily."""
-    from autotune.search.space import apportion
-
     n = len(weights)
     if n <= num_experts:
-        counts = apportion(num_experts, list(weights), minimum=1)
-        assert counts is not None
+        total = float(sum(weights)) or 1.0
+        raw = [w / total * num_experts for w in weights]  # proportional to the whole, then at least one each
+        counts = [max(1, int(r)) for r in raw]
+        while sum(counts) > num_experts:
+            i = max((i for i in range(n) if counts[i] > 1), key=lambda i: counts[i] - raw[i])
+            counts[i] -= 1
+        while sum(counts) < num_experts:
+            i = max(range(n), key=lambda i: raw[i] - counts[i])
+            counts[i] += 1
         out, start = [], 0
         for c in counts:
             out.append(tuple(range(start, start + c)))
@@ -104,4 +111,10 @@ def trained_experts(mode: str, model: ModelSpec, microbatches: Sequence[int], ep
     if mode != "partition" or n_groups < 2:
         return [None] * len(microbatches)
     weights = [sum(microbatches[i * ep:(i + 1) * ep]) for i in range(n_groups)]
-    return [experts for experts in partition(model.num_experts, weights) for _ in range(ep)]
+    per = model.num_experts // ep  # experts each replica of a group holds (its shard)
+    if per >= n_groups:  # split the slots of a shard, the same slots in every shard: every replica trains alike
+        shares = partition(per, weights)
+        groups = [tuple(sorted(j * per + slot for j in range(ep) for slot in share)) for share in shares]
+    else:
+        groups = partition(model.num_experts, weights)
+    return [experts for experts in groups for _ in range(ep)]
