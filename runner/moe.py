@@ -203,6 +203,9 @@ class ExpertSync:
     def __init__(self, layout, rank: int, params_of, sync_every_steps: int) -> None:
         self.rank = rank
         self.sync_every = sync_every_steps
+        #: False: no synchronisation every sync_every steps (a profiled run times local steps and one
+        #: ``synchronise`` apart)
+        self.periodic = True
         self.step_groups: list[_Group] = []  # per step: H = 1 all trainers; H > 1 within an expert-parallel group
         self.sync_groups: list[_Group] = []  # every H steps (H > 1)
         local = sync_every_steps > 1
@@ -251,15 +254,21 @@ class ExpertSync:
                 for g in self._mine(self.step_groups):
                     _broadcast(g)
                 return False
-            if (step + 1) % self.sync_every:
-                return False
+        if not self.periodic or (step + 1) % self.sync_every:
+            return False
+        self.synchronise()
+        return True
+
+    def synchronise(self) -> None:
+        """One SPES synchronisation: every key's trainers average its weights (weighted by the batch they
+        cover), then one of them sends the result to the key's other holders."""
+        with torch.no_grad():
             for g in self._mine(self.sync_groups):
                 if self.rank in g.trainers and g.group is not None:
                     flat = torch.cat([p.detach().reshape(-1) for p in g.params]).mul_(g.param_weight)
                     dist.all_reduce(flat, group=g.group)
                     _unflatten(flat, [p.data for p in g.params])
                 _broadcast(g)
-        return True
 
 
 def _broadcast(g: _Group) -> None:

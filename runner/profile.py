@@ -22,6 +22,8 @@ Derived:
   micro-batch ``mb``; ``F<mb>@<v>`` on virtual stage ``v`` when interleaved), ``allreduce`` (gradient
   sync) and ``optimizer``, in seconds from that step's start on each rank (ranks' clocks are the
   host's monotonic clock; steps start together after the previous step's all-reduce);
+- ``sync_time_s`` (SPES plans): one synchronisation, timed on its own after the timed local steps
+  (which do not synchronise); ``iteration_time_s`` adds it divided by ``sync_every_steps``;
 - ``mfu``: model FLOPs per second (``runner.model.flops_per_token``) over the plan's devices' summed
   datasheet peaks at the model's precision (16-bit tensor rate for bf16/fp16, TF32 for fp32; for ``cpu``
   the catalog's nominal fp32 core), as the simulator counts it.
@@ -56,6 +58,9 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
     engine = Engine(layout, model, rank, device, schedule=config.schedule,
                     seed=int(job.get("seed", 0)), tokens=TokenSource(model, int(job.get("seed", 0))))
     fault(rank)
+    spes = engine.expert_sync is not None and layout.sync_every_steps > 1
+    if spes:  # SPES: time the local steps, then one synchronisation on its own
+        engine.expert_sync.periodic = False
     losses = []
     for i in range(warmup):
         losses.append(engine.step(i).loss)
@@ -69,6 +74,13 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
         losses.append(engine.step(i).loss)
     elapsed = time.perf_counter() - t0
     fwd, bwd = engine.busy()
+    sync_s = 0.0
+    if spes:
+        dist.barrier()
+        t1 = time.perf_counter()
+        engine.expert_sync.synchronise()
+        dist.barrier()
+        sync_s = time.perf_counter() - t1
     if device.type == "cuda":
         allocated_GiB = torch.cuda.max_memory_allocated(device) / GiB
         free, total = torch.cuda.mem_get_info(device)
@@ -81,7 +93,7 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
     reading = {"rank": rank, "device": plan.device_id, "pipeline": plan.pipeline, "stage": plan.stage,
                "forward_s": (fwd - fwd0) / steps, "backward_s": (bwd - bwd0) / steps,
                "iteration_time_s": elapsed / steps, "peak_memory_GiB": peak_GiB, "allocated_memory_GiB": allocated_GiB,
-               "timeline": recorder.events}
+               "timeline": recorder.events, "sync_time_s": sync_s}
     readings: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
     dist.all_gather_object(readings, reading)
     if rank == 0:
@@ -92,7 +104,9 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
 
 
 def summarize(readings: list[dict], cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig) -> Measurement:
-    iteration = max(r["iteration_time_s"] for r in readings)
+    # SPES: local steps plus one synchronisation (timed on its own) every sync_every_steps steps
+    sync = max((r.get("sync_time_s", 0.0) for r in readings), default=0.0)
+    iteration = max(r["iteration_time_s"] for r in readings) + sync / config.sync_every_steps
     tokens_per_s = model.global_batch_size * model.seq_len / iteration
     stage_busy: dict[tuple[int, int], float] = {}
     for r in readings:
@@ -121,4 +135,4 @@ def summarize(readings: list[dict], cluster: ClusterSpec, model: ModelSpec, conf
                              for op, start, end in r.get("timeline", ())), key=lambda e: (e.start_s, e.device)))
     return Measurement(tokens_per_s=tokens_per_s, iteration_time_s=iteration, oom=bool(over), peak_memory_GiB=memory,
                        mfu=mfu, bubble_fraction=max(0.0, bubble), stage_busy_s=busy_of_slowest, timeline=timeline,
-                       status=status, error=error, allocated_memory_GiB=allocated)
+                       status=status, error=error, allocated_memory_GiB=allocated, sync_time_s=sync)

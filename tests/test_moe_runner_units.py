@@ -80,3 +80,13 @@ def test_runner_refuses_what_it_does_not_implement() -> None:
         _layout(tp)
     with pytest.raises(SpecError, match="ZeRO sharding of MoE or SPES plans is not implemented in the runner"):
         _layout({"micro_batch_size": 1, "zero": 1, "pipelines": _pipes(4)})
+
+
+def test_profiled_spes_run_amortises_its_timed_sync() -> None:
+    from runner.profile import summarize
+
+    config = load_config({"micro_batch_size": 1, "sync_every_steps": 4, "pipelines": _pipes(2, trains=[[0, 1], [2, 3]])})
+    readings = [dict(rank=r, device=f"cpu:{r}", pipeline=r, stage=0, forward_s=0.01, backward_s=0.02,
+                     iteration_time_s=0.1, peak_memory_GiB=0.1, sync_time_s=0.2 + 0.1 * r) for r in range(2)]
+    m = summarize(readings, load_cluster("cpu-4"), MODEL, config)
+    assert m.sync_time_s == pytest.approx(0.3) and m.iteration_time_s == pytest.approx(0.1 + 0.3 / 4)
