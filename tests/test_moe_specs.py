@@ -154,6 +154,14 @@ def test_moe_plan_rules(changes: dict, message: str | None) -> None:
     assert message in str(info.value)
 
 
+def test_expert_parallel_must_divide_the_replicas() -> None:
+    plan = {"micro_batch_size": 1, "expert_parallel": 4, "pipelines": [
+        {"num_microbatches": 4, "stages": [{"devices": [f"cpu:{p}"], "layers": 4}]} for p in range(2)]}
+    with pytest.raises(SpecError, match=r"expert_parallel: 4 must divide the number of data-parallel replicas "
+                                        r"\(pipelines\), 2"):
+        _validate(plan)
+
+
 def test_moe_plan_fields_need_an_moe_model() -> None:
     with pytest.raises(SpecError, match="expert_parallel: 2 needs a mixture-of-experts model"):
         _validate(_plan(ep=2), model="tiny")

@@ -167,6 +167,9 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     space = SearchSpace(cluster_spec, model_spec, restrict=restrict, max_sync_every=max_sync_every)
+    if max_sync_every > 1 and not model_spec.is_moe:
+        log.warning("--max-sync-every %d has no effect: model %r is dense (it applies to MoE models)",
+                    max_sync_every, model_spec.name)
     inner = evaluator if evaluator is not None else make_evaluator(cluster_spec, model_spec, backend, profile,
                                                                    run_timeout_s=run_timeout_s)
     screen = None
