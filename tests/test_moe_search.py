@@ -42,9 +42,9 @@ def test_moe_dimensions_and_sync_choices_up_to_the_maximum() -> None:
     cluster = internet(8)
     dims = {d.name: d.choices for d in SearchSpace(cluster, MODEL).dimensions}
     assert dims["expert_parallel"] == (1, 2, 4, 8) and dims["sync_every"] == (1,)
-    assert dims["trains_experts"] == ("all", "partition")
+    assert dims["trains_experts"] == ("all",)  # subsets are SPES too: only when the user allows it
     dims = {d.name: d.choices for d in SearchSpace(cluster, MODEL, max_sync_every=30).dimensions}
-    assert dims["sync_every"] == (1, 2, 5, 10, 20, 30)
+    assert dims["sync_every"] == (1, 2, 5, 10, 20, 30) and dims["trains_experts"] == ("all", "partition")
 
 
 def test_decode_expert_parallel_groups_are_identical_and_subsets_follow_batch_share() -> None:
@@ -126,3 +126,4 @@ def test_max_sync_every_one_keeps_plans_synchronous() -> None:
 
     result = tune(internet(8), MODEL, method="random", budget=12, track=False)
     assert result.best_config.sync_every_steps == 1
+    assert all(p.trains_experts is None for p in result.best_config.pipelines)

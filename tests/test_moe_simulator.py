@@ -138,3 +138,22 @@ def test_mixtral_simulates_and_moe_flops_set_mfu() -> None:
     ep1 = Simulator(cluster, model).evaluate(load_config({"micro_batch_size": 1, "pipelines": pipes}))
     # expert parallelism halves the experts each device holds
     assert max(m.peak_memory_GiB.values()) < max(ep1.peak_memory_GiB.values())
+
+
+def test_replicas_of_one_node_share_its_network_link_in_a_sync() -> None:
+    """Two nodes of two GPUs, expert parallelism 2 inside each: the sync has one ring per position
+    (position 0 of both groups, position 1 of both), both leaving the nodes through their one link, so
+    they run one after the other: twice one ring's time."""
+    cluster = cluster_from_dict({"nodes": [{"name": "box", "gpu": "A100-80GB", "count": 2, "repeat": 2,
+                                            "intra_node": {"bandwidth_GBps": 300}}],
+                                 "network": {"bandwidth_GBps": 0.5}}, "pair")
+    devices = cluster.device_ids()
+    cfg = load_config({"micro_batch_size": 1, "expert_parallel": 2, "sync_every_steps": 4, "pipelines": [
+        {"num_microbatches": 2, "trains_experts": [0, 2] if p < 2 else [1, 3],
+         "stages": [{"devices": [d], "layers": 4}]} for p, d in enumerate(devices)]})
+    m = Simulator(cluster, TINY).evaluate(cfg)
+    assert m.ok, m.error
+    # each ring: half the shared part all-reduced between 2 (1x), and the one of its 2 held experts the
+    # other group trains, received once; in fp32
+    ring = (SHARED / 2 + EXPERT) * moe.SYNC_BYTES_PER_PARAM / 0.5e9
+    assert m.sync_time_s == pytest.approx(2 * ring, rel=1e-6)

@@ -11,6 +11,9 @@
                      group trains one, the next expert going to the one with the least batch so far).
                      With expert parallelism the split is of each shard's slots, the same in every
                      shard, so every replica of a group trains as many of the experts it holds.
+                     Subsets change what is trained (an expert learns from its trainers' tokens
+                     only), so like the sync period they are searched only when ``max_sync_every``
+                     is above 1; with the default the space trains every expert everywhere.
 ``sync_every``       ``sync_every_steps`` of the plan, from 1 up to ``max_sync_every`` (``search
                      --max-sync-every``, default 1: how stale replicas may grow is the user's
                      convergence choice, as in SPES). Values above 1 need two or more groups.
@@ -39,7 +42,10 @@ def dimensions(cluster: ClusterSpec, model: ModelSpec, max_sync_every: int) -> l
         return []
     eps = tuple(g for g in range(1, model.num_experts + 1) if model.num_experts % g == 0 and g <= cluster.num_devices)
     syncs = tuple(sorted({h for h in SYNC_CHOICES if h <= max_sync_every} | {max_sync_every}))
-    return [("expert_parallel", eps, True), ("trains_experts", EXPERT_MODES, False), ("sync_every", syncs, True)]
+    # expert subsets change what is trained too (an expert learns from its trainers' tokens only): like
+    # the sync period they are the user's convergence choice, searched only once --max-sync-every allows SPES
+    modes = EXPERT_MODES if max_sync_every > 1 else ("all",)
+    return [("expert_parallel", eps, True), ("trains_experts", modes, False), ("sync_every", syncs, True)]
 
 
 def partition(num_experts: int, weights: Sequence[float]) -> list[tuple[int, ...]]:

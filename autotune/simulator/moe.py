@@ -45,7 +45,8 @@ replicas takes ``1 / g`` of it, in parallel), every expert all-reduced among the
 it and received by the others, in fp32 (``SYNC_BYTES_PER_PARAM``: averaging 16-bit copies would
 round the master weights every round). A participant's wire bytes are ``2 (n - 1) / n`` of what it
 all-reduces with ``n - 1`` others plus what it receives, over its link's bandwidth, plus ``2 (n - 1)``
-latencies; a collective ends for all participants when the slowest finishes. Untrained copies,
+latencies; a collective ends for all participants when the slowest finishes, and collectives that
+leave a node take its network link one after another (the replicas of one node share it). Untrained copies,
 gradients and optimizer state never travel. The sync's makespan, started with every device idle, is
 ``sync_time_s``; ``iteration_time_s`` adds it divided by H.
 """
@@ -288,17 +289,26 @@ def exchange(model: ModelSpec, config: ParallelConfig, scope: str, bytes_per_par
 
 
 def run_collectives(collectives: list[Collective], cursor: dict[tuple[int, int], float],
-                    bandwidth: Callable[[tuple[tuple[int, int], ...]], tuple[float, float]]) -> list[tuple]:
+                    bandwidth: Callable[[tuple[tuple[int, int], ...]], tuple[float, float]],
+                    nodes: Callable[[tuple[int, int]], frozenset[str]] | None = None) -> list[tuple]:
     """Advance ``cursor`` ((pipeline, stage) -> time) through ``collectives``: each starts when its last
     participant is free and ends for all when the slowest finishes its wire bytes. Wire bytes are a
     stage's (its ``tp`` devices carry them together); ``bandwidth(parts)`` gives the participating
-    stages' (GB/s, latency us), as ``Simulator._dp_bandwidth``. Returns (participants, start, end) per op."""
+    stages' (GB/s, latency us), as ``Simulator._dp_bandwidth``. ``nodes(participant)``: its nodes; the
+    collectives that leave a node share its network link one after another (several replicas of one node
+    exchanging with other nodes at once). Returns (participants, start, end) per op."""
     spans = []
+    nic: dict[str, float] = {}  # node -> when its network link is free
     for c in collectives:
         n = len(c.participants)
         bw, lat = bandwidth(c.participants)
         t = 2 * (n - 1) * lat * 1e-6 + max(c.wire_bytes) / (bw * 1e9)
         start = max(cursor.get(p, 0.0) for p in c.participants)
+        crossing = frozenset().union(*(nodes(p) for p in c.participants)) if nodes is not None else frozenset()
+        if len(crossing) > 1:  # leaves the nodes: one node's collectives share its network link, in turn
+            start = max([start] + [nic.get(x, 0.0) for x in crossing])
+            for x in crossing:
+                nic[x] = start + t
         for p in c.participants:
             cursor[p] = start + t
         spans.append((c.participants, start, start + t))

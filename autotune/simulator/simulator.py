@@ -781,9 +781,12 @@ class Simulator:
         def bandwidth(parts):
             return self._dp_bandwidth(tuple(config.pipelines[p].stages[s].devices for p, s in parts))
 
+        def nodes(part):
+            return self._dp_stage(config.pipelines[part[0]].stages[part[1]].devices)[0]
+
         scope = "local" if config.sync_every_steps > 1 else "step"
         clock = {(r, s): cursor[r][s] for r, pipe in enumerate(config.pipelines) for s in range(len(pipe.stages))}
-        spans = moe.run_collectives(moe.exchange(model, config, scope, self._grad_bytes), clock, bandwidth)
+        spans = moe.run_collectives(moe.exchange(model, config, scope, self._grad_bytes), clock, bandwidth, nodes)
         for (r, s), t in clock.items():
             cursor[r][s] = t
         if events is not None:
@@ -792,7 +795,8 @@ class Simulator:
                               for d in config.pipelines[p].stages[s].devices)
         if config.sync_every_steps == 1:
             return 0.0
-        spans = moe.run_collectives(moe.exchange(model, config, "sync", moe.SYNC_BYTES_PER_PARAM), {}, bandwidth)
+        spans = moe.run_collectives(moe.exchange(model, config, "sync", moe.SYNC_BYTES_PER_PARAM), {}, bandwidth,
+                                    nodes)
         return max((t1 for _, _, t1 in spans), default=0.0)
 
     def _segments(self, config: ParallelConfig) -> list[tuple[tuple[int, ...], float]]:
