@@ -18,6 +18,7 @@ every H steps). It also prints what the SPES paper reports where it reports it: 
 (up to one third less than DiLoCo), as summarised in the public reviews of the paper.
 
     python experiments/spes_benchmark.py [--budget 150] [--methods exhaustive,optuna,rl,random] [--syncs 1,10,100]
+                                       [--clusters internet,nvlink] [--json out.json]
 """
 
 from __future__ import annotations
@@ -89,12 +90,16 @@ def main() -> None:
     ap.add_argument("--methods", default="exhaustive,optuna,rl,random")
     ap.add_argument("--syncs", default="1,10,100")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--clusters", default=",".join(CLUSTERS), help="which of: " + ", ".join(CLUSTERS))
     ap.add_argument("--json", type=str, default=None, help="also write the results here")
     args = ap.parse_args()
     methods = args.methods.split(",")
     header = (f"  {'plan':58s} {'':>4s} {'tokens/s':>10s} {'step s':>8s} {'sync s':>7s} {'GiB':>6s}")
     results = []
-    for cname, raw in CLUSTERS.items():
+    for cname in args.clusters.split(","):
+        if cname not in CLUSTERS:
+            ap.error(f"unknown cluster {cname!r}: choose from {', '.join(CLUSTERS)}")
+        raw = CLUSTERS[cname]
         cluster = cluster_from_dict(raw, cname)
         sim = Simulator(cluster, MODEL)
         print(f"\n== spes-2b on {cname}: {cluster.num_devices} GPUs "
