@@ -4,7 +4,10 @@ For every plan below, trains ``--steps`` steps through ``runner.train.train`` (t
 ``cpu-4`` preset; or any cluster with ``--cluster``) and prints the largest relative difference of
 its per-step loss from the single-process reference (fp32; reduction order is the only difference).
 
-    .venv/bin/python experiments/runner_equivalence.py [--steps 6]
+    .venv/bin/python experiments/runner_equivalence.py [--steps 6] [--only moe]
+
+``--only`` keeps the plans whose name contains it (``moe``: the mixture-of-experts plans of issue 12:
+expert parallelism by all-to-all over gloo, and SPES with every expert trained and ``sync_every_steps`` 1).
 """
 
 from __future__ import annotations
@@ -57,6 +60,19 @@ PLANS = [  # (name, model, config)
     ("TP 2 sequence parallel, standard attention, SwiGLU + GQA", LLAMA_STANDARD, {"micro_batch_size": 1,
         "pipelines": [{"num_microbatches": 4, "stages": [{**st(["cpu:0", "cpu:1"], 2, "selective"),
                                                           "sequence_parallel": True}]}]}),
+    ("moe: 4 replicas (tiny-moe, 4 experts top-2)", "tiny-moe", {"micro_batch_size": 1, "pipelines": [
+        {"num_microbatches": 2, "stages": [st(f"cpu:{p}", 4)]} for p in range(4)]}),
+    ("moe: expert parallel 2, 2 groups x 2 stages 1+3, recompute", "tiny-moe", {
+        "micro_batch_size": 1, "expert_parallel": 2, "pipelines": [
+            {"num_microbatches": 4, "stages": [st(f"cpu:{2 * p}", 1), st(f"cpu:{2 * p + 1}", 3, True)]}
+            for p in range(2)]}),
+    ("moe: expert parallel 4, one expert per replica", "tiny-moe", {
+        "micro_batch_size": 1, "expert_parallel": 4, "pipelines": [
+            {"num_microbatches": 2, "stages": [st(f"cpu:{p}", 4)]} for p in range(4)]}),
+    ("moe: SPES lists, every expert trained, sync_every_steps 1", "tiny-moe", {
+        "micro_batch_size": 1, "sync_every_steps": 1, "pipelines": [
+            {"num_microbatches": 2, "trains_experts": [0, 1, 2, 3], "stages": [st(f"cpu:{p}", 4)]}
+            for p in range(4)]}),
 ]
 
 
@@ -64,11 +80,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--cluster", default="cpu-4")
+    parser.add_argument("--only", default="", help="run only the plans whose name contains this")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"{'plan':70s} {'max rel diff':>12s} {'wall s':>7s}")
     worst = 0.0
-    for name, model, config in PLANS:
+    for name, model, config in (p for p in PLANS if args.only in p[0]):
         ref = reference_losses(model, args.steps)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.monotonic()
