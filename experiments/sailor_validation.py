@@ -1,6 +1,7 @@
 """Simulated vs measured: Sailor's published GH200 training runs (OPT-350M and GPT-Neo-2.7B).
 
     .venv/bin/python experiments/sailor_validation.py [--data experiments/data/sailor_gh200_runs.json] [--cli]
+    .venv/bin/python experiments/sailor_validation.py --fit-memory | --fit-backward   # the fitted GH200 constants
 
 Data: ``experiments/data/sailor_gh200_runs.json``, a transcription of the measured runs of Sailor's
 simulator-validation experiments (eth-easl/sailor, SOSP'25 artifact; the file names its sources, how
@@ -138,8 +139,16 @@ def main() -> None:
                     help="print the least-squares fit of GH200's device-memory constants (context GiB, allocator "
                          "fraction) on the OPT-350M runs: measured nvidia-smi = context + (1 + fraction) x the "
                          "simulator's allocator view (autotune/simulator/device_memory.py holds the result)")
+    ap.add_argument("--fit-backward", action="store_true",
+                    help="print the least-squares fit of GH200's backward / forward ratio on Sailor's OPT-350M block "
+                         "times: measured backward = max(host backward, ratio x the simulator's forward device time) "
+                         "(autotune/simulator/backward.py holds the result)")
     args = ap.parse_args()
     data = json.loads(args.data.read_text())
+    if args.fit_backward:
+        fit_backward(data, "OPT-350")  # the constant in autotune/simulator/backward.py
+        fit_backward(data, "GPT-Neo-2.7")  # the other way round, as a check of how far it transfers
+        return
     models = {}
     for _, model, run in runs(data):
         models.setdefault(model["name"], model_from_dict(model_dict(model, run), "data"))
@@ -206,6 +215,46 @@ def main() -> None:
     for label, value, target in checks:
         verdict = "met" if value <= target else f"MISSED by {100 * (value - target):.1f} points"
         print(f"target {label}: {100 * value:.1f}% -> {verdict}")
+
+
+def fit_backward(data: dict, fit_model: str) -> None:
+    """One constant: the ratio r minimising the squared relative error of max(host, r x forward device
+    time) against Sailor's measured block backward times of ``fit_model``; the other model's entries
+    are printed as a held-out check. The forward device time is the simulator's, with no host cost and
+    no measured ratio (both patched out here)."""
+    import numpy as np
+
+    import autotune.simulator.simulator as simmod
+    from autotune.simulator.overheads import NO_HOST_COST, host_cost
+
+    shapes = {model["name"]: (model, run) for _, model, run in runs(data)}
+    points = []
+    for e in data["sailor_layer_profiles"]["entries"]:
+        model, run = shapes[e["model"]]
+        run = {**run, "nodes": 1}
+        m = model_from_dict(model_dict(model, run), "data")
+        saved = simmod.host_cost, simmod.backward_ratio
+        simmod.host_cost, simmod.backward_ratio = (lambda gpu, tp: NO_HOST_COST), (lambda *a: None)
+        try:
+            sim = simmod.Simulator(cluster_from(cluster_dict(data, run)), m)
+            devices = tuple(f"{NODE}:{i}" for i in range(e["tp"]))
+            node = sim._node[devices[0]]
+            fwd = sim._layer_costs(sim._rate_key[devices[0]], e["tp"], e["micro_batch_size"], node.intra_node,
+                                   False, 1, sim._group_kind(devices))[0]
+        finally:
+            simmod.host_cost, simmod.backward_ratio = saved
+        host = host_cost(run["gpu"], e["tp"]).layer_backward_s
+        points.append((e["model"], e["micro_batch_size"], fwd, host, e["layer_backward_s"]))
+    fit = [p for p in points if p[0] == fit_model]
+    grid = np.linspace(1.0, 4.0, 3001)
+    loss = [sum(((max(h, r * f) - b) / b) ** 2 for _, _, f, h, b in fit) for r in grid]
+    ratio = float(grid[int(np.argmin(loss))])
+    print(f"fit on {len(fit)} {fit_model} block backward times: ratio {ratio:.2f}")
+    for name, mbs, f, h, b in points:
+        pred = max(h, ratio * f)
+        print(f"  {name:12s} mbs {mbs}: forward device {1e3 * f:.2f} ms, host backward {1e3 * h:.2f} ms -> backward "
+              f"{1e3 * pred:.2f} ms, measured {1e3 * b:.2f} ms ({100 * (pred - b) / b:+.1f}%)"
+              f"{'' if name == fit_model else '  (held out)'}")
 
 
 def fit_memory(rows: list[dict]) -> None:

@@ -172,6 +172,28 @@ def test_selective_recompute_time_is_the_attention_core(no_host_cost) -> None:
     assert flash.evaluate(cfg("selective")).iteration_time_s == flash.evaluate(cfg(False)).iteration_time_s
 
 
+def test_a_measured_backward_ratio_replaces_the_pass_counts_in_its_regime(no_host_cost, monkeypatch) -> None:
+    """GH200 in fp32 with unfused attention: a block's backward is the measured ratio times its forward
+    (autotune/simulator/backward.py); every other regime keeps the pass counts."""
+    import autotune.simulator.simulator as sim_module
+    from autotune.simulator.backward import BACKWARD_RATIOS
+
+    gh200 = cluster_from_dict({"name": "t", "nodes": [{"name": "n", "count": 1, "gpu": "GH200",
+                                                       "intra_node": {"bandwidth_GBps": FAST}}],
+                               "network": {"bandwidth_GBps": FAST}}, "t")
+    fp32 = _model(precision="fp32", attention="standard")
+    lf, lb, lbr, *_ = Simulator(gh200, fp32).unit_costs("n:0", 2)
+    assert lb == pytest.approx(BACKWARD_RATIOS[("GH200", "fp32", "standard")].ratio * lf)
+    assert lbr == pytest.approx(lb + lf)  # full recomputation: the forward again, then this backward
+    others = [Simulator(gh200, _model(precision=p, attention=a)).unit_costs("n:0", 2)
+              for p, a in (("bf16", "standard"), ("fp32", "flash"))]
+    monkeypatch.setattr(sim_module, "backward_ratio", lambda *key: None)
+    assert [Simulator(gh200, _model(precision=p, attention=a)).unit_costs("n:0", 2)
+            for p, a in (("bf16", "standard"), ("fp32", "flash"))] == others
+    counted = Simulator(gh200, fp32).unit_costs("n:0", 2)
+    assert counted[0] == pytest.approx(lf) and 1.0 < counted[1] / lf < 2.0 < lb / lf
+
+
 # -- runner ---------------------------------------------------------------------------------------
 
 def test_runner_selective_recompute_and_standard_attention_train_the_same_model() -> None:

@@ -47,6 +47,7 @@ from autotune.errors import SpecError
 from autotune.loading import load_cluster, load_config, load_model
 from autotune.profile import CalibrationProfile
 from autotune.simulator import moe
+from autotune.simulator.backward import backward_ratio
 from autotune.simulator.collectives import collective_s, intra_node_kind, send_s
 from autotune.simulator.communication import ring_allreduce_s
 from autotune.simulator.device_memory import device_memory
@@ -270,7 +271,8 @@ class Simulator:
         optimizer seconds per parameter). ``sp``: sequence parallelism in the tensor-parallel group;
         ``ep``: expert parallelism of an MoE model (its blocks' mean compute, ``moe.layer_matmul_s``);
         ``kind``: the tensor-parallel group's link kind (``collectives``). A pass takes the longer of its
-        device time and the host's time to issue it (``overheads``)."""
+        device time and the host's time to issue it (``overheads``). A block's backward device time comes
+        from pass counts, or is a measured multiple of its forward where ``backward`` has one."""
         key = (rate_key, tp, mbs, link, sp, ep, kind)
         hit = self._layer_cache.get(key)
         if hit is not None:
@@ -302,6 +304,9 @@ class Simulator:
         # (Dao 2023, FlashAttention-2)
         flash_extra = 0.5 * attn_mm if model.attention == "flash" else 0.0
         layer_b = 2 * mm + flash_extra + 2 * elementwise + score_b + 2 * tp_ar
+        ratio = backward_ratio(rates.device.name, rates.precision, model.attention)
+        if ratio is not None:  # measured in this regime (``backward``): replaces the pass counts
+            layer_b = ratio * layer_f
         layer_br = layer_b + layer_f
         # selective recomputation reruns the attention core forward: its matmuls and its score traffic
         layer_bs = layer_b + (attn_mm + score_f if model.attention == "standard" else 0.0)
