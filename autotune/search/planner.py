@@ -141,15 +141,17 @@ class Planner:
             self._coef[key] = hit
         return hit
 
-    def _transfer_s(self, a: int, b: int, mbs: int) -> float:
-        key = (a, b, mbs)
+    def _transfer_s(self, kinds: tuple[int, ...], i: int, j: int, mbs: int) -> float:
+        """One micro-batch's activations between stages ``i`` and ``j`` of a pipeline of ``kinds``, placed
+        as the first replica is built: a kind's stages take its groups in cluster order (so consecutive
+        stages of one kind share a node while the node has groups, and cross the network after)."""
+        gi, gj = kinds[:i].count(kinds[i]), kinds[:j].count(kinds[j])
+        ga, gb = self.kinds[kinds[i]].groups, self.kinds[kinds[j]].groups
+        src, dst = ga[min(gi, len(ga) - 1)], gb[min(gj, len(gb) - 1)]
+        key = (src[0], dst[0], mbs)
         hit = self._p2p.get(key)
         if hit is None:
-            ga, gb = self.kinds[a].groups, self.kinds[b].groups
-            # consecutive stages of one kind sit on one node where they can; a change of kind crosses nodes
-            dst = gb[1] if a == b and len(gb) > 1 else gb[0]
-            hit = self.sim.p2p_time_s(ga[0], dst, mbs)
-            self._p2p[key] = hit
+            hit = self._p2p[key] = self.sim.p2p_time_s(src, dst, mbs)
         return hit
 
     # -- one pipeline -------------------------------------------------------------------------------
@@ -168,6 +170,16 @@ class Planner:
         for rc in (False, True):
             cols = [self._coefficients(k, mbs, rc, i == 0, i == p - 1) for i, k in enumerate(kinds)]
             rows[rc] = np.array(cols, dtype=float).T  # 9 x p
+        blocking = self._blocking_sends(kinds)
+        if blocking and p > 1:
+            # a GPU stage's sends block it (the simulator's ``_blocking_sends``): each forward carries its
+            # send to the next stage, each backward its send to the previous one
+            sends = np.array([(self._transfer_s(kinds, i, i + 1, mbs) if i < p - 1 else 0.0)
+                              + (self._transfer_s(kinds, i, i - 1, mbs) if i > 0 else 0.0)
+                              for i in range(p)])
+            for rc in rows:
+                rows[rc] = rows[rc].copy()
+                rows[rc][0] = rows[rc][0] + sends
         q = np.array([p - i for i in range(p)], dtype=float)  # 1F1B in-flight micro-batches (m >= p)
 
         def mem_layers(c: np.ndarray) -> np.ndarray:
@@ -238,8 +250,13 @@ class Planner:
             rcs.append(rc)
             c = rows[rc][:, i]
             opt = max(opt, c[6] + (layers[i] - 1) * c[7])
-        comm = sum(self._transfer_s(kinds[i], kinds[i + 1], mbs) for i in range(p - 1))
+        comm = 0.0 if blocking else sum(self._transfer_s(kinds, i, i + 1, mbs) for i in range(p - 1))
         return Template(tuple(kinds), tuple(layers), tuple(rcs), max(times), sum(times) + 2 * comm, opt)
+
+    def _blocking_sends(self, kinds: tuple[int, ...]) -> bool:
+        """GPU pipelines send synchronously (the simulator charges each send to its sender); CPU ranks
+        (gloo, the calibrated model) overlap them."""
+        return self.space.cluster.device(self.kinds[kinds[0]].groups[0][0]).name != "cpu"
 
     # -- replicas side by side --------------------------------------------------------------------
     @staticmethod
