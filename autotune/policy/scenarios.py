@@ -15,7 +15,9 @@ The train / held-out split is structural:
   scenario uses one of them, so no held-out cluster's mix of devices was seen in training.
 - **Scenarios**: ``heldout_scenarios()`` is a fixed, hand-written list (not drawn from a seed), with
   shapes chosen to be unlike the bulk of the training draws: a 4-node cluster joined by a 1 Gbit/s
-  internet link, a 128-GPU cluster, a homogeneous cluster of a held-out type, 3-type mixes.
+  internet link, a 128-GPU cluster, a homogeneous cluster of a held-out type, 3-type mixes, and (issue
+  16) two memory-tight clusters (consumer cards, a cloud T4/L4/A10G mix) and an MoE model (SPES-2B)
+  on standalone nodes joined by the internet.
 - **Seeds**: training draws from ``training_rng(seed)`` (a ``SeedSequence`` with spawn key
   ``TRAIN_SPAWN_KEY``); anything else that needs random scenarios (validation while developing the
   policy) uses ``validation_rng`` (a different spawn key). The held-out list uses no randomness.
@@ -52,6 +54,10 @@ HELDOUT_MIXES: tuple[frozenset[str], ...] = (
     frozenset({"H100-80GB", "A100-80GB", "V100-32GB"}),
     frozenset({"L4"}),
     frozenset({"H200", "A6000", "A10G", "T4"}),
+    # issue 16: memory-tight consumer and cloud clusters, an MoE model over the internet
+    frozenset({"RTX-3090", "RTX-4090"}),
+    frozenset({"T4", "L4", "A10G"}),
+    frozenset({"L40S", "RTX-4090"}),
 )
 
 TRAIN_SPAWN_KEY = 1
@@ -253,6 +259,19 @@ def heldout_scenarios() -> list[Scenario]:
         + _nodes("a10g", "A10G", 4, 1, 16, LinkSpec(3.125, 20)) + _nodes("t4", "T4", 4, 1, 10, LinkSpec(3.125, 20)),
         ModelSpec("random-swiglu-2.7b", num_layers=32, hidden_size=2560, num_heads=20, num_kv_heads=4,
                   ffn_hidden_size=6912, mlp="swiglu", vocab_size=32000, seq_len=2048, global_batch_size=256))
+    # issue 16: where little fits (memory-tight consumer and cloud clusters) and an MoE model trained
+    # over the internet (SPES's setting)
+    add("consumer-tight-8",
+        _nodes("rtx3090", "RTX-3090", 4, 1, 16, LinkSpec(1.25, 50)) + _nodes("rtx4090", "RTX-4090", 4, 1, 25, LinkSpec(1.25, 50)),
+        _preset("llama2-7b", 64))
+    add("cloud-tight-16",  # the issue's cluster: 4 T4 + 4 L4 + 8 A10G training Llama-3-8B, global batch 128
+        _nodes("t4", "T4", 4, 1, 12, LinkSpec(3.125, 20)) + _nodes("l4", "L4", 4, 1, 16, LinkSpec(3.125, 20))
+        + _nodes("a10g", "A10G", 4, 2, 16, LinkSpec(3.125, 20)),
+        _preset("llama3-8b", 128))
+    internet_20ms = LinkSpec(0.125, 20_000.0)  # 1 Gbit/s, 20 ms: standalone nodes joined by the internet
+    add("moe-internet-16",
+        _nodes("l40s", "L40S", 2, 4, 32, internet_20ms) + _nodes("rtx4090", "RTX-4090", 2, 4, 25, internet_20ms),
+        _preset("spes-2b", 256))
     for s in out:
         assert s.gpu_types in HELDOUT_MIXES, s.name
     return out
