@@ -103,6 +103,23 @@ def test_every_method_returns_a_plan_that_fits_on_a_memory_tight_cluster(method,
     assert paid and not any(ev.measurement.oom for ev in paid)
 
 
+#: the issue's cluster: 4 T4 + 4 L4 + 8 A10G training Llama-3-8B (global batch 128), where optuna, rl
+#: and random at budget 60 used to end with "no evaluated plan runs (oom ...)"
+CLOUD = dict(nodes=[dict(name="t4", gpu="T4", count=4, intra_node=dict(bandwidth_GBps=12, latency_us=5)),
+                    dict(name="l4", gpu="L4", count=4, intra_node=dict(bandwidth_GBps=16, latency_us=5)),
+                    dict(name="a10g", gpu="A10G", count=4, repeat=2, intra_node=dict(bandwidth_GBps=16, latency_us=5))],
+             network=dict(bandwidth_GBps=3.125, latency_us=20))
+
+
+@pytest.mark.parametrize("method", ["optuna", "rl", "random"])
+def test_the_issues_cloud_cluster_gets_a_plan_that_fits_at_budget_10(method):
+    cluster = cluster_from_dict(CLOUD, source="test", default_name="cloud-t4-l4-a10g")
+    model = load_model("llama3-8b", 128)
+    result = tune(cluster, model, method=method, budget=10, track=False, storage="memory", start="heuristic")
+    assert result.best_measurement.ok and result.best_measurement.tokens_per_s > 0
+    assert result.evaluations <= 10 and result.memory_screened > 0
+
+
 def test_optuna_learns_the_memory_constraint_and_keeps_one_budget():
     from autotune.search.agents import tpe
 
