@@ -628,7 +628,7 @@ class ParallelConfig:
     def notes(self) -> list[str]:
         """Settings that are valid but do nothing (``describe`` shows them; nothing is rejected)."""
         out = roundpipe_plan.notes(self)
-        if self.zero and len(self.pipelines) == 1:
+        if self.zero and len(self.pipelines) == 1 and not self.has_mixed_stages:
             out.append(f"zero {self.zero} with one replica does nothing (no data-parallel peers to shard across)")
         return out
 

@@ -29,6 +29,12 @@ Moves (a fixed list, the same on every cluster; see ``ACTIONS``):
   - MoE models only, appended after the fixed list (``MOE_ACTIONS``): ``<dim>+``/``<dim>-`` for
     ``expert_parallel``, ``trains_experts`` and ``sync_every`` (re-decode, as the structure moves).
     A dense model's env has exactly the fixed list, which the shipped policy was trained on.
+  - With ``actions_for(space, mixed=True)`` (the from-scratch RL search) and a space with mixed-stage
+    dimensions (several node classes), appended last (``MIXED_ACTIONS``):
+    ``<dim>+``/``<dim>-`` for ``stage_width`` and ``grouping``, and ``share k+``/``share k-``: move one
+    micro-batch between two ranks of stage k of every pipeline where it has several (``+`` from the rank
+    with the most micro-batches per speed to the one with the least, ``-`` the other way). Moves that
+    change a pipeline's micro-batches (``batch``, ``mbs``) rescale its stages' shares.
 
 Observations are fixed-size and normalised, independent of the cluster size: per stage slot (up to
 ``MAX_STAGES``, of the slowest replica), per replica slot (up to ``MAX_REPLICAS``), per node class
@@ -46,6 +52,7 @@ import numpy as np
 from gymnasium import spaces
 
 from autotune.evaluator import CachedEvaluator, Evaluator
+from autotune.search import mixed_space
 from autotune.search.budget import BudgetedEvaluator, BudgetExhausted
 from autotune.search.space import INTERLEAVED_CHUNKS, Params, SearchSpace, apportion
 from autotune.specs import SCHEDULES, Measurement, ParallelConfig
@@ -90,10 +97,18 @@ MOE_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("expert_parall
                                        for step in (+1, -1))
 
 
-def actions_for(space: SearchSpace) -> tuple[tuple, ...]:
-    """The env's move list for ``space``: ``ACTIONS``, plus ``MOE_ACTIONS`` when it has MoE dimensions."""
+#: moves appended last when the space has mixed-stage dimensions (Zorse: ``autotune.search.mixed_space``)
+MIXED_ACTIONS: tuple[tuple, ...] = (tuple(("dim", d, step) for d in mixed_space.DIMENSIONS for step in (+1, -1))
+                                    + tuple(("share", k, step) for k in range(MAX_STAGES) for step in (+1, -1)))
+
+
+def actions_for(space: SearchSpace, mixed: bool = False) -> tuple[tuple, ...]:
+    """The env's move list for ``space``: ``ACTIONS``, plus ``MOE_ACTIONS`` when it has MoE dimensions,
+    plus with ``mixed`` ``MIXED_ACTIONS`` when it has mixed-stage dimensions (off by default: policy files
+    are trained on the list without them; the from-scratch RL search turns them on)."""
     names = {d.name for d in space.dimensions}
-    return ACTIONS + tuple(a for a in MOE_ACTIONS if a[1] in names)
+    mixed = MIXED_ACTIONS if mixed and "stage_width" in names else ()
+    return ACTIONS + tuple(a for a in MOE_ACTIONS if a[1] in names) + mixed
 
 
 def action_name(a: int, actions: tuple[tuple, ...] = ACTIONS) -> str:
@@ -301,6 +316,9 @@ class ParallelConfigEnv(gym.Env):
             return self._change_schedule(act[1])
         if kind == "dim":
             return self._redecode(act[1], step=act[2])
+        if kind == "share":
+            moved = mixed_space.shift_share(self.space, cfg, act[1], act[2])
+            return None if moved is None else (moved, self.params)
         if kind == "tp":
             if act[1] >= len(self._classes):
                 return None
@@ -332,7 +350,7 @@ class ParallelConfigEnv(gym.Env):
         return replace(cfg, pipelines=tuple(pipes)), self.params
 
     def _replica_speeds(self, cfg: ParallelConfig) -> list[float]:
-        return [self.space.replica_speed([self.space.group_speed(s.devices) for s in p.stages],
+        return [self.space.replica_speed([mixed_space.stage_speed(self.space, s) for s in p.stages],
                                          [s.layers for s in p.stages]) for p in cfg.pipelines]
 
     def _move_batch(self, r: int, direction: int) -> tuple[ParallelConfig, Params] | None:
@@ -354,7 +372,9 @@ class ParallelConfigEnv(gym.Env):
             return None
         counts[src] -= q
         counts[dst] += q
-        pipes = tuple(replace(p, num_microbatches=c) for c, p in zip(counts, cfg.pipelines))
+        pipes = tuple(mixed_space.rescale_shares(p, c) for c, p in zip(counts, cfg.pipelines))
+        if any(p is None for p in pipes):
+            return None
         return replace(cfg, pipelines=pipes), self.params
 
     def _change_mbs(self, direction: int) -> tuple[ParallelConfig, Params] | None:
@@ -371,7 +391,9 @@ class ParallelConfigEnv(gym.Env):
         counts = apportion(total, [p.num_microbatches for p in cfg.pipelines], minimum=q, quantum=q)
         if counts is None:
             return None
-        pipes = tuple(replace(p, num_microbatches=c) for c, p in zip(counts, cfg.pipelines))
+        pipes = tuple(mixed_space.rescale_shares(p, c) for c, p in zip(counts, cfg.pipelines))
+        if any(p is None for p in pipes):
+            return None
         return replace(cfg, micro_batch_size=mbs, pipelines=pipes), dict(self.params, mbs=mbs)
 
     def _change_schedule(self, schedule: str) -> tuple[ParallelConfig, Params] | None:
@@ -435,8 +457,8 @@ class ParallelConfigEnv(gym.Env):
             loads = [c / s for c, s in zip(counts, speeds)]
             focus = int(np.argmax(loads))
             pipe = cfg.pipelines[focus]
-            g_speeds = [space.group_speed(s.devices) for s in pipe.stages]
-            max_speed = max(space.group_speed(s.devices) for p in cfg.pipelines for s in p.stages)
+            g_speeds = [mixed_space.stage_speed(space, s) for s in pipe.stages]
+            max_speed = max(mixed_space.stage_speed(space, s) for p in cfg.pipelines for s in p.stages)
             busy = list(m.stage_busy_s) if m is not None and len(m.stage_busy_s) == len(pipe.stages) else []
             if not busy or sum(busy) <= 0:
                 busy = [(s.layers + (space.head_extra if i == len(pipe.stages) - 1 else 0)) / g

@@ -27,6 +27,9 @@ Every method searches instead over a small set of *dimensions*, each a finite li
 ``expert_parallel``, ``trains_experts``, ``sync_every``: MoE models only (``autotune.search.moe_space``):
                    expert parallelism, SPES's expert subsets per replica group, and the sync period up
                    to ``max_sync_every``. A dense model's space has none of them.
+``stage_width``, ``grouping``: several node classes only (``autotune.search.mixed_space``): Zorse's
+                   stages of several data-parallel ranks (mixed GPU types, micro-batch shares by speed),
+                   and the grouping of GPUs into stages by cutting the bandwidth graph.
 
 ``SearchSpace.decode(params)`` turns one choice per dimension into a valid ``ParallelConfig`` or the
 reason it cannot. ``SearchSpace.check(config)`` says whether *any* plan (also one edited by the env)
@@ -45,7 +48,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from autotune.errors import SpecError
-from autotune.search import moe_space
+from autotune.search import mixed_space, moe_space
 from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig, PipelineConfig, SCHEDULES, StageConfig
 
 log = logging.getLogger(__name__)
@@ -192,6 +195,9 @@ class SearchSpace:
         # mixture of experts: expert parallelism, SPES expert subsets and sync period (autotune.search.moe_space)
         dims += [Dimension(name, choices, ordinal) for name, choices, ordinal in
                  moe_space.dimensions(cluster, model, max_sync_every)]
+        # Zorse's mixed data-parallel stages and bandwidth grouping (autotune.search.mixed_space)
+        dims += [Dimension(name, choices, ordinal) for name, choices, ordinal in
+                 mixed_space.dimensions(cluster, model, len(self.node_classes) > 1)]
         if restrict:
             by_name = {d.name: d for d in dims}
             for name, allowed in restrict.items():
@@ -262,7 +268,7 @@ class SearchSpace:
     # -- decoding ----------------------------------------------------------------------------------
     def decode(self, params: Mapping[str, Any]) -> Decoded:
         """One choice per dimension -> a valid ParallelConfig, or the reason there is none."""
-        missing = [d.name for d in self.dimensions if d.name not in params]
+        missing = [d.name for d in self.dimensions if d.name not in params and d.name not in mixed_space.DEFAULTS]
         if missing:
             return Decoded(None, f"missing choice for {', '.join(missing)}")
         model = self.model
@@ -276,12 +282,19 @@ class SearchSpace:
             return Decoded(None, f"pp={pp} exceeds num_layers={model.num_layers}")
         if len(groups) < pp:
             return Decoded(None, f"pp={pp} needs {pp} TP groups, the used devices form {len(groups)}")
-        dp = len(groups) // pp
-        groups = groups[:dp * pp]  # the slowest left-over groups stay idle
-        if params["assign"] == "grouped":
-            pipes = [groups[p * pp:(p + 1) * pp] for p in range(dp)]
+        if mixed_space.wanted(params):  # stages of several ranks (Zorse): they replace the TP groups below
+            built = mixed_space.build_pipes(self, groups, pp, params)
+            if isinstance(built, str):
+                return Decoded(None, built)
+            pipes, dp = built
+            groups = [g for pipe in pipes for g in pipe]
         else:
-            pipes = self._mixed_pipelines(groups, dp)
+            dp = len(groups) // pp
+            groups = groups[:dp * pp]  # the slowest left-over groups stay idle
+            if params["assign"] == "grouped":
+                pipes = [groups[p * pp:(p + 1) * pp] for p in range(dp)]
+            else:
+                pipes = self._mixed_pipelines(groups, dp)
         if params["order"] == "slow-first":
             pipes = [list(reversed(p)) for p in pipes]
         schedule = str(params["schedule"])
@@ -327,10 +340,13 @@ class SearchSpace:
         pipelines = []
         for pipe, split, m, experts in zip(pipes, layer_splits, mbs_split, trains):
             stages = tuple(
-                StageConfig(g.devices, n, "selective" if mode == "selective" else
-                            mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem),
-                            sequence_parallel=sp and len(g.devices) > 1)
+                mixed_space.stage_config(g, n, "selective" if mode == "selective" else
+                                         mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem),
+                                         "none", m, sp)
                 for g, n in zip(pipe, split))
+            bad = next((st for st in stages if isinstance(st, str)), None)
+            if bad is not None:
+                return Decoded(None, bad)
             pipelines.append(PipelineConfig(m, stages, experts))
         try:
             config = ParallelConfig(mbs, tuple(pipelines), schedule,
@@ -385,9 +401,11 @@ class SearchSpace:
             return f"{e.field}: {e.rule}" if e.field else e.rule
         for p, pipe in enumerate(config.pipelines):
             for s, stage in enumerate(pipe.stages):
-                nodes = {self.cluster.node_of(d).name for d in stage.devices}
-                if len(nodes) > 1:
-                    return f"pipelines[{p}].stages[{s}]: TP group spans nodes {sorted(nodes)}"
+                for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
+                    nodes = {self.cluster.node_of(d).name for d in rank.devices}
+                    if len(nodes) > 1:
+                        where = f"pipelines[{p}].stages[{s}]" + (f".ranks[{k}]" if stage.ranks else "")
+                        return f"{where}: TP group spans nodes {sorted(nodes)}"
                 if stage.layers < 1:
                     return f"pipelines[{p}].stages[{s}]: has no layers"
             if config.schedule == "interleaved-1f1b" and pipe.num_microbatches % len(pipe.stages):
@@ -438,7 +456,8 @@ class SearchSpace:
         """Speed-proportional starting points, most promising first (the RL start and Optuna seeds).
 
         All node classes used, the largest TP degree that keeps per-device weight state under half
-        the smallest device memory at the smallest such pp, layers and batch proportional to speed.
+        the smallest device memory at the smallest such pp, layers and batch proportional to speed;
+        then, with mixed-stage dimensions, Zorse's starts (``mixed_space.start_params``).
         """
         def pick(dim: str, want: Any) -> Any:
             choices = self._dims[dim].choices
@@ -482,6 +501,7 @@ class SearchSpace:
                             break
                 if len(self.node_classes) == 1:
                     break
+        candidates += mixed_space.start_params(self, candidates)
         out, seen = [], set()
         for params in candidates:
             for pp_shift in (0, 1, -1, 2):
@@ -556,6 +576,7 @@ class SearchSpace:
             "devices_used": len(config.devices),
             "devices_idle": self.cluster.num_devices - len(config.devices),
             **(self._moe_params_of(config) if self.model.is_moe else {}),
+            **mixed_space.params_of(config),
         }
 
     @staticmethod

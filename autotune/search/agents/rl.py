@@ -44,7 +44,7 @@ def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None 
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
 
-    from envs.parallel_config import ParallelConfigEnv
+    from envs.parallel_config import ParallelConfigEnv, actions_for
 
     torch.set_num_threads(1)
     if budget is not None and budget != evaluator.budget:
@@ -59,7 +59,8 @@ def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None 
         run_pretrained(space, evaluator, seed, policy_path=policy_path, fine_tune=fine_tune)
         return
     # learn online from scratch
-    env = ParallelConfigEnv(space, evaluator, max_steps=max_episode_steps, start_from_best=start_from_best)
+    env = ParallelConfigEnv(space, evaluator, max_steps=max_episode_steps, start_from_best=start_from_best,
+                            actions=actions_for(space, mixed=True))  # with the mixed-stage moves
     max_steps = max(STEPS_PER_EVALUATION * evaluator.budget, 2 * n_steps)
 
     class StopOnBudget(BaseCallback):

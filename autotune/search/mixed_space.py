@@ -1,0 +1,260 @@
+"""The search space's mixed-stage dimensions (Zorse): stages of several data-parallel ranks.
+
+Present only on clusters with several node classes (as ``assign``, ``order`` and the splits):
+
+``stage_width``  ranks per stage (1, 2, 4, 8, as many as the TP groups allow). With ``w > 1`` every stage
+                 is a data-parallel group of ``w`` TP groups: ``assign: grouped`` takes ``w`` consecutive
+                 groups in speed order (stages of one type where the counts allow), ``assign: mixed``
+                 deals the groups out in turn (stage ``i`` of ``S`` takes groups ``i, i + S, ...``), so every
+                 stage mixes the speed tiers (Zorse's mixed-type stages). Replicas: as many as the groups
+                 fill, the slowest left-over groups stay idle.
+``grouping``     ``speed`` (the above) or ``bandwidth``: Zorse's grouping of GPUs into stages by cutting the
+                 cluster's bandwidth graph (``bandwidth_stages``): one pipeline whose ``pp`` stages are the
+                 parts of the cut, each holding all the TP groups of its part as ranks (stages of different
+                 width and type: 4 V100s in one, 2 A100s in the next), slow links between stages and fast
+                 links inside. ``stage_width`` and ``assign`` do not apply.
+
+Micro-batch shares inside a stage follow Zorse's rule: proportional to each rank's speed, i.e. inversely
+proportional to its per-layer latency (``shares``; at least one each). Layers per stage follow the stage's
+total speed (``layer_split``), so a stage of two fast ranks and one slow one gets their sum's share.
+
+A params dict without these dimensions (an older study, a stored start) decodes with width 1 and
+``speed`` grouping: the plans of the space before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from autotune.specs import ClusterSpec, ModelSpec, StageConfig
+from autotune.stage_ranks import RankConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.search.space import SearchSpace, TPGroup
+
+WIDTHS = (1, 2, 4, 8)
+GROUPINGS = ("speed", "bandwidth")
+DIMENSIONS = ("stage_width", "grouping")
+DEFAULTS = {"stage_width": 1, "grouping": "speed"}
+#: above this many TP groups the bandwidth cut starts from whole nodes (it is cubic in its vertices)
+MAX_CUT_VERTICES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RankGroup:
+    """A stage of several TP groups (its ranks), seen by the decoder like one TP group: the devices of
+    every rank, the ranks' summed speed, the smallest device memory among them."""
+
+    ranks: tuple["TPGroup", ...]
+    devices: tuple[str, ...]
+    node_class: str
+    speed_tflops: float
+    memory_GiB: float
+
+
+def merge(ranks: Sequence["TPGroup"]) -> "TPGroup | RankGroup":
+    """One TP group as it is; several as a ``RankGroup``."""
+    if len(ranks) == 1:
+        return ranks[0]
+    classes = sorted({g.node_class for g in ranks})
+    return RankGroup(tuple(ranks), tuple(d for g in ranks for d in g.devices), "+".join(classes),
+                     sum(g.speed_tflops for g in ranks), min(g.memory_GiB for g in ranks))
+
+
+def dimensions(cluster: ClusterSpec, model: ModelSpec, several_classes: bool) -> list[tuple[str, tuple, bool]]:
+    """(name, choices, ordinal) of the mixed-stage dimensions; none on a cluster of one node class."""
+    if not several_classes or cluster.num_devices < 2:
+        return []
+    widths = tuple(w for w in WIDTHS if w <= cluster.num_devices)
+    return [("stage_width", widths, True), ("grouping", GROUPINGS, False)]
+
+
+def shares(total: int, speeds: Sequence[float]) -> list[int] | None:
+    """Zorse's rule: ``total`` micro-batches split in proportion to the ranks' speeds (inverse per-layer
+    latency), at least one each; None when there are fewer micro-batches than ranks."""
+    from autotune.search.space import apportion
+
+    return apportion(total, list(speeds), minimum=1)
+
+
+def wanted(params: Mapping[str, Any]) -> bool:
+    return int(params.get("stage_width", 1)) > 1 or params.get("grouping", "speed") == "bandwidth"
+
+
+def build_pipes(space: "SearchSpace", groups: list["TPGroup"], pp: int,
+                params: Mapping[str, Any]) -> tuple[list[list[Any]], int] | str:
+    """Pipelines (lists of stages, each a TP group or a ``RankGroup``) and their count, or the reason
+    there are none. ``groups``: the used TP groups, fastest first."""
+    if params.get("grouping", "speed") == "bandwidth":
+        stages = bandwidth_stages(space, groups, pp)
+        if isinstance(stages, str):
+            return stages
+        return [[merge(s) for s in stages]], 1
+    w = int(params.get("stage_width", 1))
+    if len(groups) < pp * w:
+        return f"pp={pp} stages of width {w} need {pp * w} TP groups, the used devices form {len(groups)}"
+    dp = len(groups) // (pp * w)
+    n_stages = dp * pp
+    groups = groups[:n_stages * w]  # the slowest left-over groups stay idle
+    if params["assign"] == "mixed":  # deal out in turn: every stage takes one group of each speed tier
+        stages = [groups[i::n_stages] for i in range(n_stages)]
+    else:
+        stages = [groups[i * w:(i + 1) * w] for i in range(n_stages)]
+    merged = [merge(s) for s in stages]
+    return [merged[p * pp:(p + 1) * pp] for p in range(dp)], dp
+
+
+def bandwidth_stages(space: "SearchSpace", groups: list["TPGroup"], pp: int) -> list[list["TPGroup"]] | str:
+    """Zorse's stage grouping: cut the bandwidth graph of the TP groups into ``pp`` parts.
+
+    Agglomerative min-k-cut: every TP group starts as its own part; the two parts joined by the fastest
+    link (complete linkage: the slowest link between their members, so a part never hides a slow link
+    inside) merge, ties to the pair of least combined speed (balanced parts), until ``pp`` parts remain.
+    Parts come out fastest first (the ``order`` dimension may reverse them). Groups of a node merge before
+    nodes do, so with fewer stages than nodes the nodes joined by the fastest network form a stage, and
+    with more stages than nodes a node's groups split into stages of balanced speed.
+    """
+    if len(groups) < pp:
+        return f"pp={pp} needs {pp} TP groups, the used devices form {len(groups)}"
+    cluster = space.cluster
+    n = len(groups)
+    node = [cluster.node_of(g.devices[0]).name for g in groups]
+    if n > MAX_CUT_VERTICES and len(set(node)) >= pp:  # large clusters: whole nodes are the vertices
+        first: dict[str, int] = {}
+        members = {}
+        for i, name in enumerate(node):
+            members.setdefault(first.setdefault(name, i), []).append(i)
+    else:
+        members = {i: [i] for i in range(n)}
+    speed = {a: sum(groups[i].speed_tflops for i in m) for a, m in members.items()}
+    leaders = sorted(members)
+    link = {}  # part leader pair -> complete linkage (the slowest link between their members)
+    for x, a in enumerate(leaders):
+        for b in leaders[x + 1:]:
+            link[(a, b)] = min(cluster.link(groups[i].devices[0], groups[j].devices[0]).bandwidth_GBps
+                               for i in members[a][:4] for j in members[b][:4])
+    while len(members) > pp:
+        a, b = max(link, key=lambda k: (link[k], -(speed[k[0]] + speed[k[1]]), -k[0], -k[1]))
+        members[a] += members.pop(b)
+        speed[a] += speed.pop(b)
+        for c in members:
+            if c != a:
+                ka, kb = (min(a, c), max(a, c)), (min(b, c), max(b, c))
+                link[ka] = min(link[ka], link[kb])
+        link = {k: v for k, v in link.items() if b not in k}
+    parts = [sorted(m) for m in members.values()]
+    parts.sort(key=lambda m: (-sum(groups[i].speed_tflops for i in m), m[0]))
+    return [[groups[i] for i in m] for m in parts]
+
+
+def stage_config(group: Any, layers: int, recompute: bool | str, offload: str, num_microbatches: int,
+                 sequence_parallel: bool = False) -> StageConfig | str:
+    """The plan's stage for a decoded TP group or ``RankGroup`` (ranks with Zorse's shares), or why not;
+    ``sequence_parallel`` where the stage (some rank of it) is tensor-parallel."""
+    if not isinstance(group, RankGroup):
+        return StageConfig(group.devices, layers, recompute, offload,
+                           sequence_parallel=sequence_parallel and len(group.devices) > 1)
+    split = shares(num_microbatches, [g.speed_tflops for g in group.ranks])
+    if split is None:
+        return (f"{num_microbatches} micro-batches cannot feed a stage of {len(group.ranks)} ranks "
+                "(each rank takes at least one)")
+    ranks = tuple(RankConfig(g.devices, m) for g, m in zip(group.ranks, split))
+    return StageConfig((), layers, recompute, offload, sequence_parallel=sequence_parallel and
+                       any(len(g.devices) > 1 for g in group.ranks), ranks=ranks)
+
+
+def stage_speed(space: "SearchSpace", stage: StageConfig) -> float:
+    """Nominal speed of a plan's stage: the sum over its ranks of tp x peak / slowdown."""
+    if not stage.ranks:
+        return space.group_speed(stage.devices)
+    return sum(space.group_speed(r.devices) for r in stage.ranks)
+
+
+def params_of(config) -> dict[str, Any]:
+    """MLflow parameters of a plan with mixed stages: ranks per stage, e.g. ``2-1|1-1``."""
+    if not config.has_mixed_stages:
+        return {}
+    return {"stage_ranks": "|".join("-".join(str(len(s.ranks) or 1) for s in p.stages) for p in config.pipelines)}
+
+
+# --------------------------------------------------------------------------------------------------
+# The env's share moves
+
+
+def shift_share(space: "SearchSpace", config, stage: int, direction: int):
+    """Move one micro-batch between two ranks of stage ``stage`` of every pipeline where it has several:
+    ``+1`` from the rank with the most work per speed (share / speed) to the one with the least (towards
+    Zorse's rule), ``-1`` the other way (away from it, e.g. to unload a rank short of memory). None when no
+    pipeline has such a stage or a rank would be left with none."""
+    from dataclasses import replace
+
+    changed = False
+    pipes = []
+    for pipe in config.pipelines:
+        if stage >= len(pipe.stages) or not pipe.stages[stage].mixed:
+            pipes.append(pipe)
+            continue
+        st = pipe.stages[stage]
+        speeds = [space.group_speed(r.devices) for r in st.ranks]
+        load = [r.num_microbatches / s for r, s in zip(st.ranks, speeds)]
+        hi = max(range(len(load)), key=lambda k: (load[k], -k))
+        lo = min(range(len(load)), key=lambda k: (load[k], k))
+        src, dst = (hi, lo) if direction > 0 else (lo, hi)
+        if src == dst or st.ranks[src].num_microbatches <= 1:
+            return None
+        counts = [r.num_microbatches for r in st.ranks]
+        counts[src] -= 1
+        counts[dst] += 1
+        ranks = tuple(replace(r, num_microbatches=c) for r, c in zip(st.ranks, counts))
+        stages = tuple(replace(s, ranks=ranks) if i == stage else s for i, s in enumerate(pipe.stages))
+        pipes.append(replace(pipe, stages=stages))
+        changed = True
+    return replace(config, pipelines=tuple(pipes)) if changed else None
+
+
+def rescale_shares(pipe, num_microbatches: int):
+    """A pipeline with ``num_microbatches`` and every mixed stage's shares rescaled to them (largest
+    remainder, at least one each); None when a stage has more ranks than micro-batches."""
+    from dataclasses import replace
+
+    from autotune.search.space import apportion
+
+    stages = []
+    for st in pipe.stages:
+        if not st.ranks:
+            stages.append(st)
+            continue
+        counts = apportion(num_microbatches, [r.num_microbatches for r in st.ranks], minimum=1)
+        if counts is None:
+            return None
+        stages.append(replace(st, ranks=tuple(replace(r, num_microbatches=c) for r, c in zip(st.ranks, counts))))
+    return replace(pipe, num_microbatches=num_microbatches, stages=tuple(stages))
+
+
+# --------------------------------------------------------------------------------------------------
+# Start plans
+
+
+def start_params(space: "SearchSpace", candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Zorse's start plans, after the speed-proportional ones (``SearchSpace.heuristic_params``): the first
+    of those with the stages cut from the bandwidth graph (``grouping: bandwidth``), then with mixed-type
+    stages of two ranks (``stage_width 2``, ``assign: mixed``); both with micro-batch shares by speed.
+    The other candidates get width 1 and speed grouping. None without the dimensions."""
+    names = {d.name for d in space.dimensions}
+    if "stage_width" not in names:
+        return []
+    for params in candidates:
+        params.setdefault("stage_width", 1)
+        params.setdefault("grouping", "speed")
+    if not candidates:
+        return []
+    base = candidates[0]
+    out = []
+    if "bandwidth" in space._dims["grouping"].choices:
+        out.append(dict(base, grouping="bandwidth", stage_width=space._dims["stage_width"].choices[0]))
+    widths = [w for w in space._dims["stage_width"].choices if w > 1]
+    if widths and "speed" in space._dims["grouping"].choices:
+        assign = "mixed" if "mixed" in space._dims["assign"].choices else base["assign"]
+        out.append(dict(base, grouping="speed", stage_width=widths[0], assign=assign))
+    return out
