@@ -8,6 +8,10 @@ average gradients across replicas, step AdamW. Reads like torchtitan's train loo
    the schedule the config names (``Schedule1F1B``, ``ScheduleGPipe``, ``ScheduleInterleaved1F1B``).
 4. ``step``: schedule -> weighted gradient all-reduce per holder group -> AdamW -> global loss.
 
+A plan with a stage of several data-parallel ranks (Zorse) runs every pipeline on ``runner.mixed`` in
+place of step 3 (its own per-rank orders and hand-offs; each micro-batch's loss weighted by its part of
+the global batch, so the holders' all-reduce is a plain sum).
+
 Gradient weighting: each schedule averages its micro-batch losses (``scale_grads``), so a pipeline's
 gradient is that of the mean loss over its own ``B_p`` sequences. The global loss is the mean over
 all ``B`` sequences, whose gradient is ``sum_p (B_p / B) grad_p``: every rank multiplies its
@@ -226,7 +230,7 @@ class Engine:
 
         # 2. process groups: every rank creates every group, in the same order
         self.pp_group = None
-        for ranks in layout.pipeline_groups():
+        for ranks in (layout.pipeline_groups() if not layout.mixed else ()):  # runner.mixed sends on the world
             group = dist.new_group(list(ranks))
             if rank in ranks:
                 self.pp_group = group
@@ -251,6 +255,13 @@ class Engine:
 
         # 3. stages and schedule
         cuda = device.type == "cuda"
+        self.mixed = None
+        if layout.mixed:  # stages of several ranks: every pipeline runs runner.mixed's orders and hand-offs
+            from runner.mixed import MixedPipeline
+
+            self.mixed = MixedPipeline(self, schedule)
+            self.stages = [self.mixed.clock]
+            return
         self.stages = [TimedStage(chunk, c.stage_index, c.num_stages, device, group=self.pp_group,
                                   slowdown=self.plan.slowdown, cuda=cuda)
                        for chunk, c in zip(self.chunks, self.plan.chunks)]
@@ -277,7 +288,7 @@ class Engine:
         if self.expert_sync is not None:
             self.expert_sync.sync_gradients()
             return
-        w = self.plan.grad_weight
+        w = 1.0 if self.mixed is not None else self.plan.grad_weight  # runner.mixed weighs each micro-batch
         for group, params in self.grad_groups:
             for p in params:
                 if p.grad is None:  # a weight the schedule did not touch still takes part in the sum
@@ -313,9 +324,12 @@ class Engine:
         x, y = self.tokens.pipeline_batch(step_index, self.plan.batch_offset, self.plan.batch_size)
         x, y = x.to(self.device), y.to(self.device)
         losses: list[torch.Tensor] = []
-        args = (x,) if self.plan.first else ()
-        self.schedule.step(*args, target=y if self.plan.last else None, losses=losses if self.plan.last else None,
-                           return_outputs=False)
+        if self.mixed is not None:
+            losses = self.mixed.step(x if self.plan.first else None, y if self.plan.last else None)
+        else:
+            args = (x,) if self.plan.first else ()
+            self.schedule.step(*args, target=y if self.plan.last else None, losses=losses if self.plan.last else None,
+                               return_outputs=False)
         t_sync = time.perf_counter()
         self._sync_gradients()
         t_opt = time.perf_counter()
@@ -330,7 +344,9 @@ class Engine:
         # Global loss (and an agreed stop flag) in one all-reduce: the last stage of each pipeline
         # contributes its share of the mean.
         contrib = 0.0
-        if self.plan.last and self.plan.tp_index == 0 and losses:
+        if self.plan.last and self.plan.tp_index == 0 and losses and self.mixed is not None:
+            contrib = float(torch.stack([l.detach().float() for l in losses]).sum()) * self.mixed.scale
+        elif self.plan.last and self.plan.tp_index == 0 and losses:
             contrib = float(torch.stack([l.detach().float() for l in losses]).mean()) * self.plan.grad_weight
         t = torch.tensor([contrib, 1.0 if stop_requested else 0.0], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)

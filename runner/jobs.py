@@ -82,7 +82,7 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, sc
             from runner.engine import check_supported  # torch import only when needed
 
             check_supported(plan, model)
-    if config.schedule == "1f1b":
+    if config.schedule == "1f1b" and not layout.mixed:  # runner.mixed runs its own orders
         for p, pipe in enumerate(config.pipelines):
             # torch.distributed.pipelining.Schedule1F1B refuses fewer micro-batches than stages
             if pipe.num_microbatches < len(pipe.stages):

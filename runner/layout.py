@@ -8,6 +8,10 @@ consecutive sequences of the global batch, starting after those of pipelines ``0
 gradients are weighted by its share of the global batch before they are summed, so the update is
 the one a single process makes on the whole global batch (loss = mean over all its tokens).
 
+A stage of several data-parallel ranks (Zorse, ``ranks``) gives each of its ranks its own ``stage_rank``
+and ``share`` of the pipeline's micro-batches; a plan with such a stage runs on ``runner.mixed`` (every
+pipeline of it), which weights each micro-batch's loss by its part of the global batch instead.
+
 With ``interleaved-1f1b`` and ``virtual_stages = v`` each stage's layers split into ``v`` equal
 chunks placed Megatron-style: virtual stage ``c * S + s`` (chunk ``c`` of stage ``s`` of ``S``)
 holds the next ``layers_s / v`` blocks, so a rank's chunks are not contiguous in the model.
@@ -64,6 +68,10 @@ class RankPlan:
     expert_position: int = 0
     expert_parallel: int = 1
     sequence_parallel: bool = False  # Megatron sequence parallelism in this rank's tensor-parallel group
+    # mixed stages (runner.mixed): this rank's index among its stage's data-parallel ranks, and its share
+    # of the pipeline's micro-batches (num_microbatches for a stage of one rank)
+    stage_rank: int = 0
+    share: int = 0
 
     @property
     def first(self) -> bool:
@@ -94,6 +102,7 @@ class RankPlan:
 class Layout:
     ranks: tuple[RankPlan, ...]
     sync_every_steps: int = 1  # SPES (runner.moe): replicas synchronise every this many steps
+    mixed: bool = False  # some stage has several data-parallel ranks: every pipeline runs on runner.mixed
 
     @property
     def world_size(self) -> int:
@@ -107,9 +116,9 @@ class Layout:
         return tuple(tuple(v) for _, v in sorted(groups.items()))
 
     def tp_groups(self) -> tuple[tuple[int, ...], ...]:
-        groups: dict[tuple[int, int], list[int]] = {}
+        groups: dict[tuple[int, int, int], list[int]] = {}
         for r in self.ranks:
-            groups.setdefault((r.pipeline, r.stage), []).append(r.rank)
+            groups.setdefault((r.pipeline, r.stage, r.stage_rank), []).append(r.rank)
         return tuple(tuple(v) for _, v in sorted(groups.items()) if len(v) > 1)
 
     def grad_groups(self) -> dict[tuple[int, ...], tuple[str, ...]]:
@@ -168,16 +177,16 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     """
     config.validate(cluster, model)
     if config.has_mixed_stages:
-        p, s = next((p, s) for p, pipe in enumerate(config.pipelines) for s, st in enumerate(pipe.stages) if st.mixed)
-        raise SpecError("runner", f"pipelines[{p}].stages[{s}].ranks",
-                        "stages of several data-parallel ranks are simulated and searched but not yet run by the runner")
+        from runner.mixed import check_plan
+
+        check_plan(config, model)
     v = config.virtual_stages
     ep = config.expert_parallel
     ranks: list[RankPlan] = []
     offset = 0
     tp_of_layer: dict[int, tuple[int, int]] = {}
     for p, pipe in enumerate(config.pipelines):
-        degrees = {s.tp for s in pipe.stages}
+        degrees = {r.tp for s in pipe.stages for r in s.ranks_of(pipe.num_microbatches)}
         if len(degrees) > 1:
             raise SpecError("runner", f"pipelines[{p}].stages",
                             f"stages of one pipeline with different tensor-parallel degrees {sorted(degrees)} "
@@ -203,14 +212,16 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
             moe_layers = tuple(i for ch in chunks for i in ch.layers if model.is_moe_layer(i))
             per = model.num_experts // ep if model.is_moe else 0
             held = tuple(range((p % ep) * per, (p % ep + 1) * per)) if model.is_moe else None
-            for j, device in enumerate(stage.devices):
-                ranks.append(RankPlan(
-                    rank=len(ranks), device_id=device, pipeline=p, stage=s, tp_index=j, tp_degree=stage.tp,
-                    chunks=chunks, recompute=stage.recompute, slowdown=cluster.node_of(device).slowdown,
-                    num_microbatches=pipe.num_microbatches, batch_offset=offset, batch_size=batch,
-                    grad_weight=batch / model.global_batch_size, moe_layers=moe_layers, held_experts=held,
-                    trains_experts=pipe.trains_experts, expert_group=p // ep, expert_position=p % ep,
-                    expert_parallel=ep, sequence_parallel=stage.sequence_parallel and stage.tp > 1))
+            for k, stage_rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
+                for j, device in enumerate(stage_rank.devices):
+                    ranks.append(RankPlan(
+                        rank=len(ranks), device_id=device, pipeline=p, stage=s, tp_index=j, tp_degree=stage_rank.tp,
+                        chunks=chunks, recompute=stage.recompute, slowdown=cluster.node_of(device).slowdown,
+                        num_microbatches=pipe.num_microbatches, batch_offset=offset, batch_size=batch,
+                        grad_weight=batch / model.global_batch_size, moe_layers=moe_layers, held_experts=held,
+                        trains_experts=pipe.trains_experts, expert_group=p // ep, expert_position=p % ep,
+                        expert_parallel=ep, sequence_parallel=stage.sequence_parallel and stage_rank.tp > 1,
+                        stage_rank=k, share=stage_rank.num_microbatches))
         offset += batch
     if getattr(config, "zero", 0) and (model.is_moe or config.spes):
         raise SpecError("runner", "zero", f"ZeRO sharding of MoE or SPES plans is not implemented in the runner "
@@ -225,4 +236,4 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
             raise SpecError("runner", "pipelines",
                             f"the {key} sits on stages of different tensor-parallel degrees {sorted(degrees)}; "
                             "replicas must shard it the same way")
-    return Layout(tuple(ranks), config.sync_every_steps)
+    return Layout(tuple(ranks), config.sync_every_steps, config.has_mixed_stages)

@@ -1,0 +1,127 @@
+"""Issue 10 benchmark: the best plan with Zorse's mixed stages vs the best plan without them.
+
+Part 1 (simulated): on each cluster, the same search (``--method``, ``--budget`` plans, simulator backend,
+every seed) over the full space and over the space restricted to one rank per stage
+(``stage_width: [1], grouping: [speed]``: the plans autotune could write before issue 10); the best
+tokens/s of each, and the winning plan.
+
+Part 2 (``--runner``, measured): a CPU cluster with emulated slowdown (2 fast ranks, 2 ranks 3x slower):
+the best plan of each space found by the simulator search (tiny model, CPU profile built in) and a
+hand-written mixed-stage plan, each measured by the runner (``measure``: real gloo ranks).
+
+    nice -n 15 .venv/bin/python experiments/mixed_stages.py --budget 100 --seeds 0,1
+    nice -n 15 .venv/bin/python experiments/mixed_stages.py --runner
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from autotune.loading import cluster_from_dict, load_cluster, load_model
+
+NO_MIXED = {"stage_width": [1], "grouping": ["speed"]}
+
+# A P40-like card: Pascal, no 16-bit tensor cores (12 TFLOP/s FP32 used for everything), 24 GB GDDR5, 346 GB/s
+P40 = {"name": "P40-like", "peak_tflops": 12.0, "memory_GiB": 22.35, "memory_bandwidth_GBps": 346.0, "pcie_gen": 3,
+       "peak_tflops_tf32": 12.0, "peak_tflops_fp32": 12.0}
+
+CLUSTERS = {
+    # 2 A100-80GB (NVLink) + 4 T4 (16 GB, PCIe), 100 Gbit/s between the nodes
+    "a100x2+t4x4": {"nodes": [
+        {"name": "a100", "gpu": "A100-80GB", "count": 2, "intra_node": {"bandwidth_GBps": 300, "latency_us": 2}},
+        {"name": "t4", "gpu": "T4", "count": 4, "intra_node": {"bandwidth_GBps": 16, "latency_us": 5}}],
+        "network": {"bandwidth_GBps": 12.5, "latency_us": 10}},
+    # 4 V100-32GB + 4 P40-like cards, 100 Gbit/s
+    "v100x4+p40x4": {"nodes": [
+        {"name": "v100", "gpu": "V100-32GB", "count": 4, "intra_node": {"bandwidth_GBps": 16, "latency_us": 5}},
+        {"name": "p40", "gpu": P40, "count": 4, "intra_node": {"bandwidth_GBps": 12, "latency_us": 5}}],
+        "network": {"bandwidth_GBps": 12.5, "latency_us": 10}},
+    "mixed-a100-v100": None,  # preset: 4 A100-80GB + 4 V100-32GB
+    "mixed-consumer-16": None,  # preset: 8 A100-80GB + 2 x 4 RTX-4090, 10 Gbit/s
+}
+MODELS = {"a100x2+t4x4": "llama2-7b", "v100x4+p40x4": "llama2-7b", "mixed-a100-v100": "gpt2-xl",
+          "mixed-consumer-16": "llama2-7b"}
+
+
+def cluster_of(name: str):
+    raw = CLUSTERS[name]
+    return load_cluster(name) if raw is None else cluster_from_dict({"name": name, **raw}, name)
+
+
+def simulated(args) -> list[dict]:
+    from autotune.search.api import tune
+
+    rows = []
+    for name in CLUSTERS:
+        cluster, model = cluster_of(name), load_model(MODELS[name])
+        for seed in args.seeds:
+            row = {"cluster": name, "model": model.name, "seed": seed}
+            for label, restrict in (("without", NO_MIXED), ("with", None)):
+                t0 = time.process_time()
+                res = tune(cluster, model, method=args.method, budget=args.budget, seed=seed, track=False,
+                           restrict=restrict)
+                row[label] = res.best_measurement.tokens_per_s if res.best_measurement.ok else 0.0
+                row[f"{label}_plan"] = res.best_config.describe()
+                row[f"{label}_cpu_s"] = round(time.process_time() - t0, 1)
+            row["gain"] = row["with"] / row["without"] - 1 if row["without"] > 0 else float("inf")
+            rows.append(row)
+            print(f"{name:18s} {model.name:10s} seed {seed}: without {row['without']:>10,.0f}  with "
+                  f"{row['with']:>10,.0f} tokens/s ({row['gain']:+.1%})", flush=True)
+            print(f"    without: {row['without_plan']}\n    with:    {row['with_plan']}", flush=True)
+    return rows
+
+
+CPU_CLUSTER = {"nodes": [{"name": "fast", "gpu": "cpu", "count": 2}, {"name": "slow", "gpu": "cpu", "count": 2,
+                                                                        "slowdown": 3}],
+               "network": {"bandwidth_GBps": 5, "latency_us": 20}}
+
+
+def measured(args) -> list[dict]:
+    from autotune.search.api import tune
+    from autotune.specs import ParallelConfig
+    from runner.launch import profiled_run
+
+    cluster, model = cluster_from_dict({"name": "cpu-fast2-slow2", **CPU_CLUSTER}, "cpu"), load_model(args.cpu_model)
+    plans = {}
+    for label, restrict in (("without", NO_MIXED), ("with", None)):
+        res = tune(cluster, model, method=args.method, budget=args.budget, seed=0, track=False, restrict=restrict)
+        plans[f"best {label} (sim {res.best_measurement.tokens_per_s:,.0f})"] = res.best_config
+    gbs = model.global_batch_size
+    # hand-written: 2 stages, each one fast + one slow rank with shares 3:1 (speed ratio 3)
+    mixed = {"micro_batch_size": 1, "schedule": "1f1b", "pipelines": [{"num_microbatches": gbs, "stages": [
+        {"layers": model.num_layers // 2, "ranks": [{"devices": ["fast:0"], "num_microbatches": gbs * 3 // 4},
+                                                    {"devices": ["slow:0"], "num_microbatches": gbs // 4}]},
+        {"layers": model.num_layers // 2, "ranks": [{"devices": ["fast:1"], "num_microbatches": gbs * 3 // 4},
+                                                    {"devices": ["slow:1"], "num_microbatches": gbs // 4}]}]}]}
+    plans["hand: 2 mixed stages, shares 3:1"] = ParallelConfig.from_dict(mixed)
+    rows = []
+    for label, config in plans.items():
+        m = profiled_run(cluster, model, config, steps=args.steps, warmup=1, timeout_s=600)
+        rows.append({"plan": label, "config": config.describe(), "tokens_per_s": m.tokens_per_s, "status": m.status,
+                     "error": m.error})
+        print(f"{label:40s} measured {m.tokens_per_s:>8,.0f} tokens/s {m.status} {m.error}\n    {config.describe()}",
+              flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budget", type=int, default=100)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--method", default="optuna")
+    ap.add_argument("--runner", action="store_true", help="part 2: CPU cluster with slowdown, measured by the runner")
+    ap.add_argument("--cpu-model", default="tiny")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    rows = measured(args) if args.runner else simulated(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""The runner on plans with mixed data-parallel stages (Zorse; runner.mixed): placement and refusals (fast),
+and real gloo runs (slow): loss equal to single-process training over 6 steps, bit-exact resume.
+
+Tolerance as in test_runner_distributed: the same fp32 math as the single-process reference up to the
+order of sums (measured <= 2e-7 relative); rtol 1e-5 is far below what a weighting bug moves (giving the
+two ranks of the 5/3 stage equal weight changes the step-2 loss by ~1e-3 relative).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import SpecError
+from autotune.loading import cluster_from_dict, load_model
+from autotune.specs import ParallelConfig
+from runner.layout import build_layout
+
+STEPS = 6
+RTOL = 1e-5
+
+
+def cluster_yaml(tmp: Path, fast: int, slow: int) -> Path:
+    path = tmp / "cluster.yaml"
+    path.write_text(f"nodes: [{{name: fast, gpu: cpu, count: {fast}}}, "
+                    f"{{name: slow, gpu: cpu, count: {slow}, slowdown: 2}}]\nnetwork: {{bandwidth_GBps: 5}}\n")
+    return path
+
+
+def rank(device: str, m: int) -> dict:
+    return {"devices": [device], "num_microbatches": m}
+
+
+# the issue's plan: stage 0 = two ranks of different speed with shares 5/3, stage 1 = one rank
+PLAN_5_3 = {"micro_batch_size": 1, "schedule": "1f1b", "pipelines": [{"num_microbatches": 8, "stages": [
+    {"layers": 3, "ranks": [rank("fast:0", 5), rank("slow:0", 3)]},
+    {"devices": ["fast:1"], "layers": 1}]}]}
+# one rank widening to a mixed stage of two (1 -> 2 hand-offs), plus a second replica of plain stages
+PLAN_REPLICA = {"micro_batch_size": 1, "schedule": "gpipe", "pipelines": [
+    {"num_microbatches": 5, "stages": [{"devices": ["fast:0"], "layers": 1},
+                                       {"layers": 3, "recompute": True, "ranks": [rank("fast:1", 3), rank("slow:0", 2)]}]},
+    {"num_microbatches": 3, "stages": [{"devices": ["slow:1"], "layers": 2}, {"devices": ["fast:2"], "layers": 2}]}]}
+
+
+def layout_of(config: dict, fast: int, slow: int):
+    cluster = cluster_from_dict({"name": "t", "nodes": [{"name": "fast", "gpu": "cpu", "count": fast},
+                                                        {"name": "slow", "gpu": "cpu", "count": slow, "slowdown": 2}],
+                                 "network": {"bandwidth_GBps": 5}}, "test")
+    return build_layout(cluster, load_model("tiny"), ParallelConfig.from_dict(config))
+
+
+def test_layout_places_each_rank_of_a_mixed_stage_with_its_share():
+    layout = layout_of(PLAN_5_3, 2, 1)
+    assert layout.mixed
+    assert [(r.device_id, r.stage, r.stage_rank, r.share) for r in layout.ranks] == [
+        ("fast:0", 0, 0, 5), ("slow:0", 0, 1, 3), ("fast:1", 1, 0, 8)]
+    # the two ranks of stage 0 hold the same layers: one gradient group; no tensor-parallel groups
+    groups = layout.grad_groups()
+    assert groups[(0, 1)] == ("embed", "layer0", "layer1", "layer2")
+    assert groups[(2,)] == ("layer3", "head")
+    assert layout.tp_groups() == ()
+    # across replicas too: layer 0 lives on fast:0 (pipeline 0) and slow:1 (pipeline 1)
+    layout = layout_of(PLAN_REPLICA, 3, 2)
+    by_device = {r.device_id: r.rank for r in layout.ranks}
+    holders = {k: g for g, keys in layout.grad_groups().items() for k in keys}
+    assert holders["layer2"] == tuple(sorted((by_device["fast:1"], by_device["slow:0"], by_device["fast:2"])))
+    assert holders["layer0"] == tuple(sorted((by_device["fast:0"], by_device["slow:1"])))
+
+
+def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_field():
+    with pytest.raises(SpecError, match=r"zero.*zero 2 with stages of several ranks.*not run by the runner"):
+        layout_of({**PLAN_REPLICA, "zero": 2}, 3, 2)
+    tp = {"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
+        {"layers": 4, "ranks": [{"devices": ["fast:0", "fast:1"], "num_microbatches": 3}, rank("slow:0", 1)]}]}]}
+    with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.ranks\[0\]\.devices.*tensor parallelism"):
+        layout_of(tp, 2, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# real runs (gloo)
+
+
+def read_losses(path: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+
+def run(config: dict, cluster: Path, directory: Path, steps: int = STEPS, **kw) -> list[float]:
+    from runner.train import train
+
+    metrics = directory / "m.jsonl"
+    outcome = train(str(cluster), "tiny", config, steps=steps, metrics_out=metrics, quiet=True, timeout_s=300, **kw)
+    assert outcome.returncode == 0, outcome.error
+    return read_losses(metrics)
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[float]:
+    from runner.reference import reference_losses
+
+    return reference_losses("tiny", STEPS)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_5_3_mixed_stage_trains_like_a_single_process_and_resumes_bit_exact(reference, tmp_path):
+    import torch
+
+    cluster = cluster_yaml(tmp_path, 2, 1)
+    full = tmp_path / "full"
+    full.mkdir()
+    losses = run(PLAN_5_3, cluster, full)
+    assert len(losses) == STEPS and losses[-1] < losses[0]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
+    # stop after 3 steps (checkpoint at the end), resume to 6: the identical curve
+    part = tmp_path / "part"
+    part.mkdir()
+    run(PLAN_5_3, cluster, part, steps=3, checkpoint_dir=part / "ckpt")
+    resumed = run(PLAN_5_3, cluster, part, checkpoint_dir=part / "ckpt", resume=True)
+    assert resumed == losses
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_mixed_stage_beside_a_second_replica_trains_like_a_single_process(reference, tmp_path):
+    import torch
+
+    losses = run(PLAN_REPLICA, cluster_yaml(tmp_path, 3, 2), tmp_path)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
