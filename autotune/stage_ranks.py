@@ -21,12 +21,13 @@ micro-batches. A stage of a plan may give ``ranks`` in place of ``devices``::
   owner in stage ``s`` (and its gradient back): between stages of different width the hand-offs cycle
   through the rank pairs in the order the shares interleave.
 - Each rank runs its micro-batches in the order the pipeline schedule gives the stage, skipping the
-  others' (``rank_orders``): GPipe, or 1F1B with the stage's warm-up widened to the ranks downstream,
-  ``w_s = min(m, k_s - 1 + sum_{t > s} k_t)`` forwards for stage ``s`` of ``k_s`` ranks (``p - s - 1`` when
-  every stage has one rank, Megatron-LM's). A rank then keeps about its share of the stage's micro-batches
-  in flight, enough to cover the round trip through the wider stages behind it, and since ``w_s`` falls
-  along the pipeline (by ``k_s >= 1`` per stage) the orders cannot wait on each other (each rank's order
-  is a sub-sequence of a deadlock-free stage order). The stage's time per micro-batch slot is set by its
+  others' (``rank_orders``): GPipe, or 1F1B with the stage's warm-up ``w_s`` (``stage_warmups``) the larger
+  of ``k_s - 1 + sum_{t > s} k_t`` for ``k_s`` ranks in stage ``s`` (the round trip through wider stages
+  behind it) and the fewest forwards that give each rank ``min(share, p - s)`` of its own before its first
+  backward (Megatron-LM's in-flight count, per rank), made non-increasing along the pipeline; ``p - s - 1``
+  when every stage has one rank, Megatron-LM's. Since ``w_s >= w_{s+1}`` each stage's forward of a
+  micro-batch comes before the backward that waits on it downstream, so the stage orders cannot wait on
+  each other, and each rank's order is a sub-sequence of its stage's. The stage's time per micro-batch slot is set by its
   ranks' queues, not by its slowest GPU. ``interleaved-1f1b`` with a stage of several ranks is refused.
 - The ranks of a stage hold the same layers, so they are data-parallel peers: gradients (or, with
   ``zero``, the ZeRO shards) are synchronised among all ranks holding the same layers, inside stages and
@@ -87,14 +88,30 @@ def microbatch_owners(shares: Sequence[int]) -> tuple[int, ...]:
 FORWARD, BACKWARD = 0, 1
 
 
-def stage_warmups(schedule: str, widths: Sequence[int], num_microbatches: int) -> tuple[int, ...]:
-    """Forwards each stage runs before its first backward: all of them (GPipe), else
-    ``min(m, k_s - 1 + sum_{t > s} k_t)`` for ``k_s`` ranks in stage ``s`` (1F1B; ``p - s - 1`` with one rank
-    per stage)."""
+def stage_warmups(schedule: str, shares: Sequence[Sequence[int]], num_microbatches: int) -> tuple[int, ...]:
+    """Forwards each stage runs before its first backward (``w_s``): all of them (GPipe); for 1F1B the
+    larger of ``k_s - 1 + sum_{t > s} k_t`` (``k_s`` ranks in stage ``s``: the round trip through wider
+    stages behind it) and the fewest that give every rank of the stage ``min(share, p - s)`` of its own
+    forwards before its own first backward (Megatron-LM's ``p - s`` in flight, per rank: a slow rank with
+    a small share would otherwise hold one micro-batch and wait out each round trip), made non-increasing
+    along the pipeline (``w_s >= w_{s+1}``, which keeps the orders free of deadlock). With one rank per
+    stage: ``p - s - 1``."""
     m = num_microbatches
+    p = len(shares)
     if schedule == "gpipe":
-        return tuple(m for _ in widths)
-    return tuple(min(m, widths[s] - 1 + sum(widths[s + 1:])) for s in range(len(widths)))
+        return tuple(m for _ in shares)
+    out = [0] * p
+    after = 0  # w of the next stage
+    for s in reversed(range(p)):
+        need = len(shares[s]) - 1 + sum(len(k) for k in shares[s + 1:])
+        if len(shares[s]) > 1:
+            owner = microbatch_owners(shares[s])
+            for k, share in enumerate(shares[s]):
+                own = [j for j, o in enumerate(owner) if o == k]
+                # own[t-1] <= w + own[0]: the rank's t-th forward comes before its first backward
+                need = max(need, own[min(share, p - s) - 1] - own[0])
+        out[s] = after = min(m, max(need, after))
+    return tuple(out)
 
 
 def stage_order(schedule: str, num_microbatches: int, warmup: int) -> list[tuple[int, int]]:
@@ -114,7 +131,7 @@ def rank_orders(schedule: str, shares: Sequence[Sequence[int]]) -> list[list[lis
     stage's order (``stage_order`` with ``stage_warmups``) restricted to the micro-batches
     ``microbatch_owners`` gives the rank. The simulator and the runner both run these orders."""
     m = sum(shares[0])
-    warmups = stage_warmups(schedule, [len(k) for k in shares], m)
+    warmups = stage_warmups(schedule, shares, m)
     out = []
     for s, stage_shares in enumerate(shares):
         owner = microbatch_owners(stage_shares)

@@ -31,7 +31,7 @@ Moves (a fixed list, the same on every cluster; see ``ACTIONS``):
     A dense model's env has exactly the fixed list, which the shipped policy was trained on.
   - With ``actions_for(space, mixed=True)`` (the from-scratch RL search) and a space with mixed-stage
     dimensions (several node classes), appended last (``MIXED_ACTIONS``):
-    ``<dim>+``/``<dim>-`` for ``stage_width`` and ``grouping``, and ``share k+``/``share k-``: move one
+    ``stage_ranks+``/``stage_ranks-`` (re-decode), and ``share k+``/``share k-``: move one
     micro-batch between two ranks of stage k of every pipeline where it has several (``+`` from the rank
     with the most micro-batches per speed to the one with the least, ``-`` the other way). Moves that
     change a pipeline's micro-batches (``batch``, ``mbs``) rescale its stages' shares.
@@ -107,7 +107,7 @@ def actions_for(space: SearchSpace, mixed: bool = False) -> tuple[tuple, ...]:
     plus with ``mixed`` ``MIXED_ACTIONS`` when it has mixed-stage dimensions (off by default: policy files
     are trained on the list without them; the from-scratch RL search turns them on)."""
     names = {d.name for d in space.dimensions}
-    mixed = MIXED_ACTIONS if mixed and "stage_width" in names else ()
+    mixed = MIXED_ACTIONS if mixed and "stage_ranks" in names else ()
     return ACTIONS + tuple(a for a in MOE_ACTIONS if a[1] in names) + mixed
 
 

@@ -2,7 +2,7 @@
 
 Part 1 (simulated): on each cluster, the same search (``--method``, ``--budget`` plans, simulator backend,
 every seed) over the full space and over the space restricted to one rank per stage
-(``stage_width: [1], grouping: [speed]``: the plans autotune could write before issue 10); the best
+(``stage_ranks: [1]``: the plans autotune could write before issue 10); the best
 tokens/s of each, and the winning plan.
 
 Part 2 (``--runner``, measured): a CPU cluster with emulated slowdown (2 fast ranks, 2 ranks 3x slower):
@@ -21,7 +21,7 @@ import time
 
 from autotune.loading import cluster_from_dict, load_cluster, load_model
 
-NO_MIXED = {"stage_width": [1], "grouping": ["speed"]}
+NO_MIXED = {"stage_ranks": [1]}
 
 # A P40-like card: Pascal, no 16-bit tensor cores (12 TFLOP/s FP32 used for everything), 24 GB GDDR5, 346 GB/s
 P40 = {"name": "P40-like", "peak_tflops": 12.0, "memory_GiB": 22.35, "memory_bandwidth_GBps": 346.0, "pcie_gen": 3,

@@ -1,4 +1,4 @@
-"""Search over Zorse's mixed stages: stage width, mixed-type stages, bandwidth grouping, share moves."""
+"""Search over Zorse's mixed stages (stage_ranks): stage width, mixed-type stages, bandwidth grouping, share moves."""
 
 from __future__ import annotations
 
@@ -22,22 +22,22 @@ def base(space: SearchSpace, **kw):
 
 def test_dimensions_only_with_several_node_classes(space):
     names = [d.name for d in space.dimensions]
-    assert names[-2:] == ["stage_width", "grouping"]
-    assert space._dims["stage_width"].choices == (1, 2, 4, 8)
+    assert names[-1] == "stage_ranks"
+    assert space._dims["stage_ranks"].choices == (1, 2, 4, 8, "bandwidth")
     homogeneous = SearchSpace(load_cluster("cpu-4"), load_model("tiny"))
-    assert "stage_width" not in {d.name for d in homogeneous.dimensions}
+    assert "stage_ranks" not in {d.name for d in homogeneous.dimensions}
     assert not set(MIXED_ACTIONS) & set(actions_for(homogeneous))
 
 
 def test_params_without_the_dimensions_decode_as_before(space):
     p = base(space)
     old = {k: v for k, v in p.items() if k not in mixed_space.DIMENSIONS}
-    assert space.decode(old).config == space.decode(dict(p, stage_width=1, grouping="speed")).config
+    assert space.decode(old).config == space.decode(dict(p, stage_ranks=1)).config
     assert not space.decode(old).config.has_mixed_stages
 
 
 def test_mixed_type_stages_take_zorse_shares_by_speed(space):
-    d = space.decode(base(space, stage_width=2, assign="mixed", pp=2))
+    d = space.decode(base(space, stage_ranks=2, assign="mixed", pp=2))
     assert d.ok, d.reason
     cfg = d.config
     assert len(cfg.pipelines) == 2
@@ -49,15 +49,15 @@ def test_mixed_type_stages_take_zorse_shares_by_speed(space):
             assert a100 + v100 == pipe.num_microbatches
             assert abs(a100 / pipe.num_microbatches - 312 / 437) <= 1 / pipe.num_microbatches
     # grouped: stages of one type where the counts allow
-    g = space.decode(base(space, stage_width=2, assign="grouped", pp=2)).config
+    g = space.decode(base(space, stage_ranks=2, assign="grouped", pp=2)).config
     assert {tuple(sorted({d.split(":")[0] for d in st.devices})) for p in g.pipelines for st in p.stages} == \
         {("a100",), ("v100",)}
 
 
 def test_too_wide_or_too_few_micro_batches_is_a_reason(space):
-    d = space.decode(base(space, stage_width=8, pp=2))
+    d = space.decode(base(space, stage_ranks=8, pp=2))
     assert not d.ok and "pp=2 stages of width 8 need 16 TP groups, the used devices form 8" in d.reason
-    d = space.decode(base(space, stage_width=4, pp=1, mbs=space._dims["mbs"].choices[-1]))
+    d = space.decode(base(space, stage_ranks=4, pp=1, mbs=space._dims["mbs"].choices[-1]))
     total = space.model.global_batch_size // space._dims["mbs"].choices[-1]
     if total < 4:
         assert not d.ok and "cannot feed a stage of 4 ranks" in d.reason
@@ -69,7 +69,7 @@ def test_bandwidth_grouping_cuts_the_slow_links_between_stages():
         {"name": "v", "gpu": "V100-32GB", "count": 4, "intra_node": {"bandwidth_GBps": 16, "latency_us": 5}}],
         "network": {"bandwidth_GBps": 12.5, "latency_us": 10}}, "test")
     space = SearchSpace(cluster, load_model("gpt2-xl"))
-    d = space.decode(dict(space.heuristic_params()[0], grouping="bandwidth", pp=2, order="slow-first"))
+    d = space.decode(dict(space.heuristic_params()[0], stage_ranks="bandwidth", pp=2, order="slow-first"))
     assert d.ok, d.reason
     (pipe,) = d.config.pipelines
     # stages of different width and type: 4 V100s in stage 0, 2 A100s in stage 1; only the network between
@@ -78,7 +78,7 @@ def test_bandwidth_grouping_cuts_the_slow_links_between_stages():
     s0, s1 = pipe.stages
     assert s0.layers < s1.layers  # 4 x 125 < 2 x 312 TFLOP/s
     # three stages from two nodes: the V100 node splits into two balanced parts
-    d3 = space.decode(dict(space.heuristic_params()[0], grouping="bandwidth", pp=3))
+    d3 = space.decode(dict(space.heuristic_params()[0], stage_ranks="bandwidth", pp=3))
     widths = sorted(len(st.ranks) for st in d3.config.pipelines[0].stages)
     assert widths == [2, 2, 2]
     assert Simulator(cluster, space.model).evaluate(d.config).ok
@@ -86,9 +86,9 @@ def test_bandwidth_grouping_cuts_the_slow_links_between_stages():
 
 def test_starts_include_bandwidth_and_mixed_type_stages(space):
     starts = space.heuristic_params()
-    kinds = [(p.get("grouping"), p.get("stage_width")) for p in starts]
-    assert ("bandwidth", 1) in kinds and ("speed", 2) in kinds
-    assert kinds[0] == ("speed", 1)  # the speed-proportional plans still come first
+    kinds = [p.get("stage_ranks") for p in starts]
+    assert "bandwidth" in kinds and 2 in kinds
+    assert kinds[0] == 1  # the speed-proportional plans still come first
     for p in starts:
         assert space.decode(p).ok
 
@@ -98,7 +98,7 @@ def test_env_share_moves_shift_micro_batches_between_a_stages_ranks(space):
                             actions=actions_for(space, mixed=True))
     assert not set(MIXED_ACTIONS) & set(actions_for(space))  # off by default (policy files' move lists)
     env.reset(seed=0)
-    env.params = base(space, stage_width=2, assign="mixed", pp=2)
+    env.params = base(space, stage_ranks=2, assign="mixed", pp=2)
     env.config = space.decode(env.params).config
     env._candidates = None
     before = [r.num_microbatches for r in env.config.pipelines[0].stages[0].ranks]

@@ -119,11 +119,19 @@ def test_round_robin_by_share_and_rank_orders():
     assert microbatch_owners((1, 1, 2)) == (2, 0, 1, 2)
     assert microbatch_owners((8,)) == (0,) * 8
     # one rank per stage: Megatron-LM's p - s - 1 warm-up forwards
-    assert stage_warmups("1f1b", [1, 1, 1, 1], 8) == (3, 2, 1, 0)
-    assert stage_warmups("1f1b", [2, 1], 8) == (2, 0)
+    assert stage_warmups("1f1b", [(8,)] * 4, 8) == (3, 2, 1, 0)
+    # a wider stage behind: k_s - 1 + sum of the later widths (1 -> 2 ranks: 2 forwards before the first backward)
+    assert stage_warmups("1f1b", [(8,), (4, 4)], 8) == (2, 1)
+    # 5/3 then one rank: rank B (micro-batches 1, 4, 6) gets p - s = 2 of its own forwards (F1 F4) before B1:
+    # the stage's warm-up is 3 (k_s - 1 + 1 = 2 would give B only F1, and B would wait out each round trip)
+    assert stage_warmups("1f1b", [(5, 3), (8,)], 8) == (3, 0)
+    # non-increasing along the pipeline (what keeps the orders free of deadlock), at most m
+    # (stage 1's owners 0 0 1 0 0 0 1 0: its rank 1 needs F2 F6 before B2, so w_1 = 4, and w_0 >= w_1)
+    assert stage_warmups("1f1b", [(8,), (6, 2), (8,)], 8) == (4, 4, 0)
+    assert stage_warmups("1f1b", [(2, 1), (3,)], 3) == (2, 0)
     (a, b), (c,) = rank_orders("1f1b", [(5, 3), (8,)])
-    assert a == [(0, 0), (0, 2), (1, 0), (0, 3), (1, 2), (0, 5), (1, 3), (0, 7), (1, 5), (1, 7)]
-    assert b == [(0, 1), (1, 1), (0, 4), (0, 6), (1, 4), (1, 6)]
+    assert a == [(0, 0), (0, 2), (0, 3), (1, 0), (0, 5), (1, 2), (1, 3), (0, 7), (1, 5), (1, 7)]
+    assert b == [(0, 1), (0, 4), (1, 1), (0, 6), (1, 4), (1, 6)]
     assert c == [(kind, j) for j in range(8) for kind in (0, 1)]
 
 
@@ -149,39 +157,39 @@ def test_two_stage_pipeline_with_a_5_3_mixed_stage_by_hand():
     fA, bA = A.forward_s + a, A.backward_s  # stage 0's backwards send nothing (first stage)
     fB, bB = B.forward_s + n, B.backward_s
     fC, bC_A, bC_B = C.forward_s, C.backward_s + a, C.backward_s + n  # the last stage's forwards send nothing
-    # orders (rank_orders): A: F0 F2 B0 F3 B2 F5 B3 F7 B5 B7, B: F1 B1 F4 F6 B4 B6, C: F0 B0 F1 B1 ... F7 B7;
-    # owners in stage 0: 0 1 0 0 1 0 1 0 (A B A A B A B A)
+    # orders (rank_orders, stage 0's warm-up 3): A: F0 F2 F3 B0 F5 B2 B3 F7 B5 B7, B: F1 F4 B1 F6 B4 B6,
+    # C: F0 B0 F1 B1 ... F7 B7; owners in stage 0: 0 1 0 0 1 0 1 0 (A B A A B A B A)
     A_F0 = fA
     B_F1 = fB
     A_F2 = A_F0 + fA
+    A_F3 = A_F2 + fA
+    B_F4 = B_F1 + fB
     C_F0 = A_F0 + fC
     C_B0 = C_F0 + bC_A
     C_F1 = max(C_B0, B_F1) + fC
-    A_B0 = max(A_F2, C_B0) + bA
     C_B1 = C_F1 + bC_B
-    A_F3 = A_B0 + fA
+    A_B0 = max(A_F3, C_B0) + bA
     C_F2 = max(C_B1, A_F2) + fC
-    B_B1 = max(B_F1, C_B1) + bB
     C_B2 = C_F2 + bC_A
-    B_F4 = B_B1 + fB
+    B_B1 = max(B_F4, C_B1) + bB
     C_F3 = max(C_B2, A_F3) + fC
-    A_B2 = max(A_F3, C_B2) + bA
-    B_F6 = B_F4 + fB
     C_B3 = C_F3 + bC_A
-    A_F5 = A_B2 + fA
+    A_F5 = A_B0 + fA
+    B_F6 = B_B1 + fB
     C_F4 = max(C_B3, B_F4) + fC
-    A_B3 = max(A_F5, C_B3) + bA
     C_B4 = C_F4 + bC_B
-    A_F7 = A_B3 + fA
+    A_B2 = max(A_F5, C_B2) + bA
+    A_B3 = max(A_B2, C_B3) + bA
     C_F5 = max(C_B4, A_F5) + fC
-    B_B4 = max(B_F6, C_B4) + bB
     C_B5 = C_F5 + bC_A
+    B_B4 = max(B_F6, C_B4) + bB
+    A_F7 = A_B3 + fA
     C_F6 = max(C_B5, B_F6) + fC
-    A_B5 = max(A_F7, C_B5) + bA
     C_B6 = C_F6 + bC_B
     C_F7 = max(C_B6, A_F7) + fC
-    B_B6 = max(B_B4, C_B6) + bB
     C_B7 = C_F7 + bC_A
+    A_B5 = max(A_F7, C_B5) + bA
+    B_B6 = max(B_B4, C_B6) + bB
     A_B7 = max(A_B5, C_B7) + bA
     # stage 0's two ranks hold the same layers: they all-reduce its gradients (embedding + 6 blocks), then step
     params0 = 6 * model.params_per_layer + model.embedding_params
@@ -198,9 +206,11 @@ def test_two_stage_pipeline_with_a_5_3_mixed_stage_by_hand():
     # each rank's busy time is its own share at its own speed; the stage shows its busiest rank
     assert m.stage_busy_s[0] == pytest.approx(max(5 * (A.forward_s + A.backward_s),
                                                   3 * (B.forward_s + B.backward_s)), rel=1e-12)
-    # memory per rank: each holds the activations of its own in-flight micro-batches (2 each here)
-    assert m.peak_memory_GiB["fast:0"] == pytest.approx(A.memory_GiB)
+    # memory per rank: each holds the activations of its own in-flight micro-batches (A 3: F0 F2 F3; B 2: F1 F4)
+    A3 = sim.stage_estimate(("fast:0",), 6, False, True, False, 1, 3, dp=2)
+    assert m.peak_memory_GiB["fast:0"] == pytest.approx(A3.memory_GiB)
     assert m.peak_memory_GiB["slow:0"] == pytest.approx(B.memory_GiB)
+    assert A3.memory_GiB > A.memory_GiB
 
 
 def test_mixed_stage_slot_time_is_set_by_its_queues_not_its_slowest_gpu():

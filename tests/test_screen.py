@@ -119,7 +119,7 @@ def test_plans_the_real_runner_cannot_run_are_invalid_behind_the_screen_too():
 
     real = Checking(Simulator(cluster, model))
     screen = CalibrationScreen(real, Simulator(cluster, model))
-    b = BudgetedEvaluator(screen, SearchSpace(cluster, model, restrict={"stage_width": [1], "grouping": ["speed"]}),
+    b = BudgetedEvaluator(screen, SearchSpace(cluster, model, restrict={"stage_ranks": [1]}),
                           15, screen=screen.screen)
     run_random(b.space, b, seed=0)
     assert b.used == 15 and b.invalid > 0

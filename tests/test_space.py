@@ -124,7 +124,7 @@ def test_uniform_plans_are_heterogeneity_blind(big):
 
 
 def test_exhaustive_refuses_large_spaces_with_the_size(big):
-    with pytest.raises(SpecError, match=r"19,906,560 combinations.*seq_parallel:2.*exceed the limit"):
+    with pytest.raises(SpecError, match=r"12,441,600 combinations.*seq_parallel:2.*exceed the limit"):
         big.enumerate()
 
 

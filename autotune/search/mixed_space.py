@@ -2,24 +2,25 @@
 
 Present only on clusters with several node classes (as ``assign``, ``order`` and the splits):
 
-``stage_width``  ranks per stage (1, 2, 4, 8, as many as the TP groups allow). With ``w > 1`` every stage
+``stage_ranks``  one dimension, choices ``1``, ``2``, ``4``, ``8`` (as many as the cluster has devices) and
+                 ``bandwidth``. A number ``w`` is the ranks per stage. With ``w > 1`` every stage
                  is a data-parallel group of ``w`` TP groups: ``assign: grouped`` takes ``w`` consecutive
                  groups in speed order (stages of one type where the counts allow), ``assign: mixed``
                  deals the groups out in turn (stage ``i`` of ``S`` takes groups ``i, i + S, ...``), so every
                  stage mixes the speed tiers (Zorse's mixed-type stages). Replicas: as many as the groups
                  fill, the slowest left-over groups stay idle.
-``grouping``     ``speed`` (the above) or ``bandwidth``: Zorse's grouping of GPUs into stages by cutting the
+                 ``bandwidth``: Zorse's grouping of GPUs into stages by cutting the
                  cluster's bandwidth graph (``bandwidth_stages``): one pipeline whose ``pp`` stages are the
                  parts of the cut, each holding all the TP groups of its part as ranks (stages of different
                  width and type: 4 V100s in one, 2 A100s in the next), slow links between stages and fast
-                 links inside. ``stage_width`` and ``assign`` do not apply.
+                 links inside (``assign`` does not apply).
 
 Micro-batch shares inside a stage follow Zorse's rule: proportional to each rank's speed, i.e. inversely
 proportional to its per-layer latency (``shares``; at least one each). Layers per stage follow the stage's
 total speed (``layer_split``), so a stage of two fast ranks and one slow one gets their sum's share.
 
-A params dict without these dimensions (an older study, a stored start) decodes with width 1 and
-``speed`` grouping: the plans of the space before.
+A params dict without the dimension (an older study, a stored start) decodes with ``stage_ranks: 1``: the
+plans of the space before. ``restrict={"stage_ranks": [1]}`` is the space without mixed stages.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from autotune.search.space import SearchSpace, TPGroup
 
 WIDTHS = (1, 2, 4, 8)
-GROUPINGS = ("speed", "bandwidth")
-DIMENSIONS = ("stage_width", "grouping")
-DEFAULTS = {"stage_width": 1, "grouping": "speed"}
+BANDWIDTH = "bandwidth"
+DIMENSIONS = ("stage_ranks",)
+DEFAULTS = {"stage_ranks": 1}
 #: above this many TP groups the bandwidth cut starts from whole nodes (it is cubic in its vertices)
 MAX_CUT_VERTICES = 64
 
@@ -63,11 +64,10 @@ def merge(ranks: Sequence["TPGroup"]) -> "TPGroup | RankGroup":
 
 
 def dimensions(cluster: ClusterSpec, model: ModelSpec, several_classes: bool) -> list[tuple[str, tuple, bool]]:
-    """(name, choices, ordinal) of the mixed-stage dimensions; none on a cluster of one node class."""
+    """(name, choices, ordinal) of the mixed-stage dimension; none on a cluster of one node class."""
     if not several_classes or cluster.num_devices < 2:
         return []
-    widths = tuple(w for w in WIDTHS if w <= cluster.num_devices)
-    return [("stage_width", widths, True), ("grouping", GROUPINGS, False)]
+    return [("stage_ranks", tuple(w for w in WIDTHS if w <= cluster.num_devices) + (BANDWIDTH,), False)]
 
 
 def shares(total: int, speeds: Sequence[float]) -> list[int] | None:
@@ -79,19 +79,19 @@ def shares(total: int, speeds: Sequence[float]) -> list[int] | None:
 
 
 def wanted(params: Mapping[str, Any]) -> bool:
-    return int(params.get("stage_width", 1)) > 1 or params.get("grouping", "speed") == "bandwidth"
+    return params.get("stage_ranks", 1) != 1
 
 
 def build_pipes(space: "SearchSpace", groups: list["TPGroup"], pp: int,
                 params: Mapping[str, Any]) -> tuple[list[list[Any]], int] | str:
     """Pipelines (lists of stages, each a TP group or a ``RankGroup``) and their count, or the reason
     there are none. ``groups``: the used TP groups, fastest first."""
-    if params.get("grouping", "speed") == "bandwidth":
+    if params.get("stage_ranks", 1) == BANDWIDTH:
         stages = bandwidth_stages(space, groups, pp)
         if isinstance(stages, str):
             return stages
         return [[merge(s) for s in stages]], 1
-    w = int(params.get("stage_width", 1))
+    w = int(params.get("stage_ranks", 1))
     if len(groups) < pp * w:
         return f"pp={pp} stages of width {w} need {pp * w} TP groups, the used devices form {len(groups)}"
     dp = len(groups) // (pp * w)
@@ -172,10 +172,10 @@ def stage_speed(space: "SearchSpace", stage: StageConfig) -> float:
 
 
 def params_of(config) -> dict[str, Any]:
-    """MLflow parameters of a plan with mixed stages: ranks per stage, e.g. ``2-1|1-1``."""
+    """MLflow parameters of a plan with mixed stages: ``ranks_per_stage``, e.g. ``2-1|1-1``."""
     if not config.has_mixed_stages:
         return {}
-    return {"stage_ranks": "|".join("-".join(str(len(s.ranks) or 1) for s in p.stages) for p in config.pipelines)}
+    return {"ranks_per_stage": "|".join("-".join(str(len(s.ranks) or 1) for s in p.stages) for p in config.pipelines)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -238,23 +238,22 @@ def rescale_shares(pipe, num_microbatches: int):
 
 def start_params(space: "SearchSpace", candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Zorse's start plans, after the speed-proportional ones (``SearchSpace.heuristic_params``): the first
-    of those with the stages cut from the bandwidth graph (``grouping: bandwidth``), then with mixed-type
-    stages of two ranks (``stage_width 2``, ``assign: mixed``); both with micro-batch shares by speed.
-    The other candidates get width 1 and speed grouping. None without the dimensions."""
-    names = {d.name for d in space.dimensions}
-    if "stage_width" not in names:
+    of those with the stages cut from the bandwidth graph (``stage_ranks: bandwidth``), then with mixed-type
+    stages of two ranks (``stage_ranks: 2``, ``assign: mixed``); both with micro-batch shares by speed.
+    The other candidates get ``stage_ranks: 1``. None without the dimension."""
+    dim = space._dims.get("stage_ranks")
+    if dim is None:
         return []
     for params in candidates:
-        params.setdefault("stage_width", 1)
-        params.setdefault("grouping", "speed")
+        params.setdefault("stage_ranks", 1 if 1 in dim.choices else dim.choices[0])
     if not candidates:
         return []
     base = candidates[0]
     out = []
-    if "bandwidth" in space._dims["grouping"].choices:
-        out.append(dict(base, grouping="bandwidth", stage_width=space._dims["stage_width"].choices[0]))
-    widths = [w for w in space._dims["stage_width"].choices if w > 1]
-    if widths and "speed" in space._dims["grouping"].choices:
+    if BANDWIDTH in dim.choices:
+        out.append(dict(base, stage_ranks=BANDWIDTH))
+    widths = [w for w in dim.choices if w != BANDWIDTH and w > 1]
+    if widths:
         assign = "mixed" if "mixed" in space._dims["assign"].choices else base["assign"]
-        out.append(dict(base, grouping="speed", stage_width=widths[0], assign=assign))
+        out.append(dict(base, stage_ranks=widths[0], assign=assign))
     return out

@@ -27,9 +27,9 @@ Every method searches instead over a small set of *dimensions*, each a finite li
 ``expert_parallel``, ``trains_experts``, ``sync_every``: MoE models only (``autotune.search.moe_space``):
                    expert parallelism, SPES's expert subsets per replica group, and the sync period up
                    to ``max_sync_every``. A dense model's space has none of them.
-``stage_width``, ``grouping``: several node classes only (``autotune.search.mixed_space``): Zorse's
-                   stages of several data-parallel ranks (mixed GPU types, micro-batch shares by speed),
-                   and the grouping of GPUs into stages by cutting the bandwidth graph.
+``stage_ranks``    several node classes only (``autotune.search.mixed_space``): Zorse's stages of 1, 2, 4
+                   or 8 data-parallel ranks (mixed GPU types, micro-batch shares by speed), or
+                   ``bandwidth``: GPUs grouped into stages by cutting the cluster's bandwidth graph.
 
 ``SearchSpace.decode(params)`` turns one choice per dimension into a valid ``ParallelConfig`` or the
 reason it cannot. ``SearchSpace.check(config)`` says whether *any* plan (also one edited by the env)
