@@ -378,7 +378,10 @@ def test_matmul_roofline_for_thin_attention_matmuls() -> None:
 @pytest.mark.distributed
 def test_runner_sequence_parallel_and_selective_recompute_train_like_a_single_process(tmp_path) -> None:
     """Two tensor-parallel stages with sequence parallelism (gloo), one selectively and one fully
-    recomputing, train the same losses as one process (the tolerance of test_runner_distributed)."""
+    recomputing, train the same losses as one process. The tolerance is 10x tighter than
+    test_runner_distributed's: this plan is 2.6e-7 from the reference over 6 steps, and leaving the
+    norms out of the sequence-parallel plan (their weight gradients then come from each rank's half of
+    the sequence only, a deliberate bug, reverted) moved it to 3.5e-6 (experiments/RESULTS.md)."""
     import torch
 
     from runner.reference import reference_losses
@@ -387,11 +390,11 @@ def test_runner_sequence_parallel_and_selective_recompute_train_like_a_single_pr
     config = {"micro_batch_size": 1, "schedule": "1f1b", "pipelines": [{"num_microbatches": 8, "stages": [
         {"devices": ["cpu:0", "cpu:1"], "layers": 2, "recompute": "selective", "sequence_parallel": True},
         {"devices": ["cpu:2", "cpu:3"], "layers": 2, "recompute": True, "sequence_parallel": True}]}]}
-    steps = 3
-    out = train("cpu-4", "tiny", config, steps=steps, metrics_out=tmp_path / "m.jsonl", quiet=True, timeout_s=240)
+    steps = 6
+    out = train("cpu-4", "tiny", config, steps=steps, metrics_out=tmp_path / "m.jsonl", quiet=True, timeout_s=300)
     assert out.returncode == 0, out.error
     losses = [json.loads(line)["loss"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses("tiny", steps)), rtol=1e-5, atol=0)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses("tiny", steps)), rtol=1e-6, atol=0)
 
 
 def test_runner_preflight_names_sequence_parallel_it_cannot_run() -> None:
