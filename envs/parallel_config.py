@@ -55,7 +55,7 @@ from autotune.evaluator import CachedEvaluator, Evaluator
 from autotune.search import mixed_space
 from autotune.search.budget import BudgetedEvaluator, BudgetExhausted
 from autotune.search.space import INTERLEAVED_CHUNKS, Params, SearchSpace, apportion
-from autotune.specs import SCHEDULES, Measurement, ParallelConfig
+from autotune.specs import SCHEDULES, Measurement, ParallelConfig, PipelineConfig, StageConfig
 
 MAX_STAGES = 16
 MAX_REPLICAS = 8
@@ -232,8 +232,7 @@ class ParallelConfigEnv(gym.Env):
             m = first_valid[2] if len(first_valid) > 2 else Measurement.failure("failed", "not evaluated (no budget)")  # type: ignore[misc]
             chosen = (p, cfg, m)
         self.params, self.config, self.measurement = dict(chosen[0]), chosen[1], chosen[2]
-        self.params["mbs"] = self.config.micro_batch_size
-        self.params["schedule"] = self.config.schedule
+        sync_params(self.params, self.config)
         self.score = self.start_score = self.best_score = self.measurement.score()
         info = self._info()
         info["budget_exhausted"] = budget_hit and not self.measurement.ok
@@ -299,6 +298,20 @@ class ParallelConfigEnv(gym.Env):
         if cfg is None:
             return None
         kind = act[0]
+        if cfg.is_roundpipe:  # its knobs are dimensions: re-decode (RoundPipe cuts the stages itself)
+            if kind == "mbs":
+                choices = self._dims["mbs"].choices
+                i = choices.index(cfg.micro_batch_size) + act[1] if cfg.micro_batch_size in choices else -1
+                return self._redecode("mbs", value=choices[i]) if 0 <= i < len(choices) else None
+            if kind == "schedule":  # leave RoundPipe for a pipeline plan with this schedule
+                if act[1] not in self._dims["schedule"].choices:
+                    return None
+                params = dict(self.params, schedule=act[1], roundpipe=False)
+                decoded = self.space.decode(params)
+                return (decoded.config, params) if decoded.ok else None
+            if kind == "dim":
+                return self._redecode(act[1], step=act[2])
+            return None
         if kind == "layer":
             return self._move_layer(act[1], act[2])
         if kind == "recompute":
@@ -445,7 +458,7 @@ class ParallelConfigEnv(gym.Env):
 
     # -- observation ---------------------------------------------------------------------------------
     def _observation(self) -> np.ndarray:
-        cfg, m, space = self.config, self.measurement, self.space
+        cfg, m, space = observed(self.config), self.measurement, self.space
         stage_f = np.zeros((MAX_STAGES, len(STAGE_FEATURES)), dtype=np.float32)
         rep_f = np.zeros((MAX_REPLICAS, len(REPLICA_FEATURES)), dtype=np.float32)
         cls_f = np.zeros((MAX_CLASSES, len(CLASS_FEATURES)), dtype=np.float32)
@@ -519,6 +532,39 @@ class ParallelConfigEnv(gym.Env):
                 "config": self.config}
         info.update(extra)
         return info
+
+
+def sync_params(params: Params, config: ParallelConfig) -> None:
+    """Keep a plan's encoding in step with fine edits: its micro-batch size and (pipeline plans) schedule."""
+    params["mbs"] = config.micro_batch_size
+    if config.schedule in SCHEDULES:
+        params["schedule"] = config.schedule
+
+
+def observed(config: ParallelConfig | None) -> ParallelConfig | None:
+    """The plan the observation describes. A roundpipe plan (``autotune.roundpipe_plan``) is shown as a
+    pipeline of its forward stages on its pool's GPUs in turn (the fused stage's blocks with the last),
+    recompute on (its backward recomputes), so every feature stays defined; its schedule features are 0."""
+    if config is None or not config.is_roundpipe:
+        return config
+    pipes = []
+    for p in config.pipelines:
+        rp = p.roundpipe
+        layers = list(rp.forward_layers)
+        layers[-1] += rp.fused_layers
+        pipes.append(PipelineConfig(p.num_microbatches, tuple(
+            StageConfig((rp.devices[k % len(rp.devices)],), n, True) for k, n in enumerate(layers))))
+    return _view(config, tuple(pipes))
+
+
+def _view(config: ParallelConfig, pipes: tuple[PipelineConfig, ...]) -> ParallelConfig:
+    """``config`` with ``pipes`` in place of its pipelines, keeping its schedule name (not validated:
+    a view for the observation only)."""
+    view = object.__new__(ParallelConfig)
+    for name in ParallelConfig.__dataclass_fields__:
+        object.__setattr__(view, name, getattr(config, name))
+    object.__setattr__(view, "pipelines", pipes)
+    return view
 
 
 def observation_features() -> list[str]:

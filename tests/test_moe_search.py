@@ -113,8 +113,9 @@ def test_every_method_searches_the_moe_space(method: str) -> None:
     from autotune.search.api import tune
 
     cluster = internet(8)
+    # pipeline plans only: one node's RoundPipe (no network at all) is a different answer to the slow link
     result = tune(cluster, MODEL, method=method, budget=12, track=False, max_sync_every=10, start="heuristic",
-                  storage="memory" if method == "optuna" else None)
+                  storage="memory" if method == "optuna" else None, restrict={"roundpipe": [False]})
     assert result.best_measurement.ok
     if method != "uniform":  # the Megatron-style baseline synchronises every step
         # on a 1 Gbit/s internet, training locally for 10 steps between syncs wins

@@ -50,6 +50,11 @@ def test_every_decoded_plan_is_valid_or_says_why(fixture, request):
             assert sum(p.num_microbatches for p in d.config.pipelines) * d.config.micro_batch_size == \
                 space.model.global_batch_size
             for pipe in d.config.pipelines:
+                if pipe.roundpipe is not None:  # a roundpipe plan: its partitions, its pool on one node
+                    rp = pipe.roundpipe
+                    assert sum(rp.forward_layers) + rp.fused_layers == space.model.num_layers
+                    assert len({space.cluster.node_of(x).name for x in rp.devices}) == 1
+                    continue
                 assert sum(s.layers for s in pipe.stages) == space.model.num_layers
                 for stage in pipe.stages:  # a TP group (each rank of a mixed stage) never leaves its node
                     for rank in stage.ranks_of(pipe.num_microbatches):
@@ -124,7 +129,8 @@ def test_uniform_plans_are_heterogeneity_blind(big):
 
 
 def test_exhaustive_refuses_large_spaces_with_the_size(big):
-    with pytest.raises(SpecError, match=r"12,441,600 combinations.*seq_parallel:2.*exceed the limit"):
+    # 12,441,600 pipeline plans' combinations + 6,000 roundpipe plans' (4 pools x 5 x 5 x 2 x 5 x 6 mbs)
+    with pytest.raises(SpecError, match=r"12,447,600 combinations.*seq_parallel:2.*exceed the limit"):
         big.enumerate()
 
 

@@ -48,7 +48,7 @@ from autotune.search.budget import BudgetedEvaluator
 from autotune.policy.scenarios import Scenario, draw_scenario, training_rng
 from autotune.search.space import Params, SearchSpace
 from autotune.specs import Measurement, ParallelConfig
-from envs.parallel_config import ACTIONS, GLOBAL_FEATURES, ParallelConfigEnv, observation_features
+from envs.parallel_config import ACTIONS, GLOBAL_FEATURES, ParallelConfigEnv, observation_features, sync_params
 
 log = logging.getLogger(__name__)
 
@@ -234,8 +234,7 @@ class SearchEnv(ParallelConfigEnv):
     def place(self, params: Params, config: ParallelConfig, measurement: Measurement) -> None:
         """Make ``config`` (already evaluated as ``measurement``) the walk's current plan."""
         self.params = dict(params)
-        self.params["mbs"] = config.micro_batch_size
-        self.params["schedule"] = config.schedule
+        sync_params(self.params, config)
         self.config, self.measurement = config, measurement
         self.score = measurement.score()
         self.best_score = max(self.best_score, self.score)
@@ -314,8 +313,7 @@ class SearchEnv(ParallelConfigEnv):
                     reward, moved = OVERFLOW_REWARD_WEIGHT * float(min(gain, 1.0)), True
         if moved:
             self.params, self.config, self.measurement = dict(params), config, m
-            self.params["mbs"] = config.micro_batch_size
-            self.params["schedule"] = config.schedule
+            sync_params(self.params, config)
             self.score = m.score()
             self.best_score = max(self.best_score, self.score)
             self._overflow = 0.0 if m.ok else self._relative_overflow(config, m)
@@ -467,7 +465,9 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
         obs, _ = env.reset(seed=seed, options={"params": best[1]})
     prior = evaluator.best  # e.g. the structured planner's plan (``tune(start="dp")``)
     if prior is not None and prior.score > env.score and prior.config != env.config:
-        env.place(env.params, prior.config, prior.measurement)
+        # a plan of the encoding (e.g. RoundPipe's start) brings its own choices; others keep the walk's
+        own = set(prior.params) >= {d.name for d in space.dimensions}
+        env.place(prior.params if own else env.params, prior.config, prior.measurement)
         obs = env._observation()
     moves = 0
     while not evaluator.exhausted:

@@ -437,8 +437,29 @@ def _run_agent(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, see
         _run_method(method, space, budgeted, seed, worker=worker, **kw)
 
 
+def _roundpipe_start(space: SearchSpace, budgeted: BudgetedEvaluator, study=None, worker: str = "") -> None:
+    """Evaluate the plan RoundPipe itself would pick (``roundpipe_space.start_params``), where RoundPipe
+    applies: every method starts from it (free on a resume: already evaluated). An Optuna study records
+    it as a trial with its parameters, so TPE models it."""
+    from autotune.search import roundpipe_space
+
+    params = roundpipe_space.start_params(space)
+    if params is None:
+        return
+    config = space.decode(params).config
+    if config is None or (config not in budgeted and budgeted.exhausted):
+        return
+    if study is not None:
+        from autotune.search.agents.tpe import ROUNDPIPE_START
+
+        study.evaluate_outside(budgeted, config, params, worker, source=ROUNDPIPE_START, encoded=True)
+    else:
+        budgeted.evaluate(config, params)
+
+
 def _run_method(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, worker: str,
                 **kw: Any) -> None:
+    _roundpipe_start(space, budgeted, kw.get("study") if method == "optuna" else None, worker)
     if method in ("optuna", "rl") and kw.get("start", "dp") == "dp":
         study = kw.get("study") if method == "optuna" else None
         if study is not None:  # the study stays the budget's memory (see SharedStudy.evaluate_outside)

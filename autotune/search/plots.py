@@ -9,7 +9,7 @@ from typing import Sequence
 from autotune.specs import Measurement, ParallelConfig
 
 _KINDS = (("forward", "#4C72B0"), ("backward", "#DD8452"), ("recompute", "#8172B3"), ("all-reduce", "#55A868"),
-          ("optimizer", "#937860"), ("other", "#C44E52"))
+          ("optimizer", "#937860"), ("weight upload", "#BBBBBB"), ("other", "#C44E52"))
 _COLOUR = dict(_KINDS)
 
 
@@ -23,6 +23,8 @@ def _pyplot():
 
 
 def _kind(op: str) -> str:
+    if op.startswith("upload"):  # a roundpipe stage's weights coming over the host link
+        return "weight upload"
     if op.startswith("F"):
         return "forward"
     if op.startswith("B"):
@@ -63,6 +65,9 @@ def timeline_png(config: ParallelConfig, measurement: Measurement, path: Path, t
 
     rows: list[tuple[int, int, str, str]] = []  # (replica, stage, first device, label)
     for r, pipe in enumerate(config.pipelines):
+        if pipe.roundpipe is not None:  # stages are not bound to GPUs: one row per GPU of the pool
+            rows += [(r, g, d, f"r{r} {d}  (roundpipe pool)") for g, d in enumerate(pipe.roundpipe.devices)]
+            continue
         for s, stage in enumerate(pipe.stages):
             tp = len(stage.devices)
             label = (f"r{r} s{s}  {_device_range(stage.devices)}" + (f" (tp {tp})" if tp > 1 else "")
@@ -95,8 +100,9 @@ def timeline_png(config: ParallelConfig, measurement: Measurement, path: Path, t
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlabel("time in one iteration (s)")
     n_dev = len(config.devices)
+    stages = max((p.roundpipe.num_stages if p.roundpipe is not None else len(p.stages)) for p in config.pipelines)
     head = title or (f"best plan: {measurement.tokens_per_s:,.0f} tokens/s, iteration {measurement.iteration_time_s:.3f} s, "
-                     f"{len(config.pipelines)} replicas x {max(len(p.stages) for p in config.pipelines)} stages "
+                     f"{len(config.pipelines)} replicas x {stages} stages "
                      f"on {n_dev} devices, micro-batch {config.micro_batch_size}, {config.schedule}")
     fig.suptitle(head, fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.97 if height > 4 else 0.93))

@@ -48,7 +48,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from autotune.errors import SpecError
-from autotune.search import mixed_space, moe_space
+from autotune.search import mixed_space, moe_space, roundpipe_space
 from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig, PipelineConfig, SCHEDULES, StageConfig
 
 log = logging.getLogger(__name__)
@@ -198,6 +198,7 @@ class SearchSpace:
         # Zorse's mixed data-parallel stages and bandwidth grouping (autotune.search.mixed_space)
         dims += [Dimension(name, choices, ordinal) for name, choices, ordinal in
                  mixed_space.dimensions(cluster, model, len(self.node_classes) > 1)]
+        dims += roundpipe_space.dimensions(self)  # RoundPipe's plans, where a node qualifies
         if restrict:
             by_name = {d.name: d for d in dims}
             for name, allowed in restrict.items():
@@ -210,6 +211,7 @@ class SearchSpace:
                                                           f"(choices: {list(by_name[name].choices)})")
                 by_name[name] = Dimension(name, kept, by_name[name].ordinal)
             dims = [by_name[d.name] for d in dims]
+        dims = roundpipe_space.drop_if_off(dims)  # restricted to pipeline plans: no roundpipe dimensions at all
         self.dimensions: tuple[Dimension, ...] = tuple(dims)
         self._dims = {d.name: d for d in dims}
 
@@ -260,10 +262,29 @@ class SearchSpace:
         node = self.cluster.node_of(devices[0])
         return len(devices) * node.device.peak_tflops / node.slowdown
 
+    #: dimensions that matter for both kinds of plan (pipeline plans and roundpipe plans)
+    SHARED_DIMENSIONS = ("mbs",)
+
+    def _families(self) -> list[tuple[dict[str, Any], list[Dimension]]]:
+        """(fixed choices, free dimensions) of each kind of plan: pipeline plans, and roundpipe plans where
+        the space has them; a kind's irrelevant dimensions are fixed at their first choice."""
+        rp_names = set(roundpipe_space.DIMENSION_NAMES)
+        if roundpipe_space.SWITCH not in self._dims:
+            return [({}, list(self.dimensions))]
+        out = []
+        for on in self._dims[roundpipe_space.SWITCH].choices:
+            free = [d for d in self.dimensions if d.name != roundpipe_space.SWITCH and (
+                d.name in self.SHARED_DIMENSIONS or (d.name in rp_names) == bool(on))]
+            fixed = {d.name: d.choices[0] for d in self.dimensions if d not in free}
+            fixed[roundpipe_space.SWITCH] = on
+            out.append((fixed, free))
+        return out
+
     @property
     def size(self) -> int:
-        """Raw number of combinations (before removing invalid and duplicate plans)."""
-        return math.prod(len(d.choices) for d in self.dimensions)
+        """Raw number of combinations (before removing invalid and duplicate plans): pipeline plans'
+        dimensions times each other, plus roundpipe plans' (``roundpipe_space``)."""
+        return sum(math.prod(len(d.choices) for d in free) for _, free in self._families())
 
     # -- decoding ----------------------------------------------------------------------------------
     def decode(self, params: Mapping[str, Any]) -> Decoded:
@@ -271,6 +292,8 @@ class SearchSpace:
         missing = [d.name for d in self.dimensions if d.name not in params and d.name not in mixed_space.DEFAULTS]
         if missing:
             return Decoded(None, f"missing choice for {', '.join(missing)}")
+        if params.get(roundpipe_space.SWITCH):
+            return roundpipe_space.decode(self, params)
         model = self.model
         tp_by_class = {c.name: int(params[f"tp.{c.name}"]) for c in self.node_classes}
         used = {c.name: bool(params.get(f"use.{c.name}", True)) for c in self.node_classes}
@@ -427,13 +450,16 @@ class SearchSpace:
 
     def all_params(self, limit: int = EXHAUSTIVE_LIMIT) -> Iterator[Params]:
         if self.size > limit:
-            sizes = " x ".join(f"{d.name}:{len(d.choices)}" for d in self.dimensions)
+            sizes = " + ".join(" x ".join(f"{d.name}:{len(d.choices)}" for d in free) for _, free in self._families())
             raise SpecError("search space", "exhaustive",
                             f"{self.size:,} combinations ({sizes}) exceed the limit of {limit:,}; "
                             "use --method optuna, random or rl")
-        names = [d.name for d in self.dimensions]
-        for combo in itertools.product(*(d.choices for d in self.dimensions)):
-            yield dict(zip(names, combo))
+        order = [d.name for d in self.dimensions]
+        for fixed, free in self._families():
+            names = [d.name for d in free]
+            for combo in itertools.product(*(d.choices for d in free)):
+                params = dict(fixed, **dict(zip(names, combo)))
+                yield {k: params[k] for k in order}
 
     def enumerate(self, limit: int = EXHAUSTIVE_LIMIT) -> list[tuple[Params, ParallelConfig]]:
         """Every distinct valid plan of the space (first encoding that produces it), in a fixed order."""
@@ -487,6 +513,7 @@ class SearchSpace:
                               recompute=pick("recompute", "none"))
                 if "seq_parallel" in self._dims:  # off, as the plans these starts were tuned with; the
                     params["seq_parallel"] = pick("seq_parallel", False)  # methods that search dims turn it on
+                params.update(roundpipe_space.off_params(self))  # pipeline plans (RoundPipe starts apart)
                 if "expert_parallel" in self._dims:  # MoE: plain data parallelism first, then SPES, then EP
                     params.update(expert_parallel=pick("expert_parallel", 1), trains_experts=pick("trains_experts", "all"),
                                   sync_every=pick("sync_every", 1))
@@ -561,6 +588,8 @@ class SearchSpace:
     # -- describing plans --------------------------------------------------------------------------------
     def params_of(self, config: ParallelConfig) -> dict[str, Any]:
         """Flat, MLflow-friendly parameters of any plan (also those not from ``decode``)."""
+        if config.is_roundpipe:
+            return dict(roundpipe_space.params_of(config), devices_idle=self.cluster.num_devices - len(config.devices))
         pipes = config.pipelines
         return {
             "dp": len(pipes),

@@ -216,7 +216,11 @@ def status_of(m: Measurement) -> str:
 
 
 def plan_shape(config: ParallelConfig) -> str:
-    """``dp2 pp4 tp2 mbs2 1f1b``: the plan's degrees in a few characters (run names, tables)."""
+    """``dp2 pp4 tp2 mbs2 1f1b``: the plan's degrees in a few characters (run names, tables); a roundpipe
+    plan: ``dp1 rp22 mbs1 roundpipe`` (stages per pass, handed round-robin to its pool)."""
+    if config.is_roundpipe:
+        stages = max(p.roundpipe.num_stages for p in config.pipelines)
+        return f"dp{len(config.pipelines)} rp{stages} mbs{config.micro_batch_size} {config.schedule}"
     pp = max(len(p.stages) for p in config.pipelines)
     tp = max(len(s.devices) for p in config.pipelines for s in p.stages)
     return f"dp{len(config.pipelines)} pp{pp} tp{tp} mbs{config.micro_batch_size} {config.schedule}"

@@ -291,6 +291,13 @@ class _Channel:
         self.ends: list[float] = []
         self.busy_s = 0.0
 
+    def forget_before(self, t: float) -> None:
+        """Drop the intervals that end before ``t``: no transfer is ready before ``t`` any more."""
+        i = bisect.bisect_left(self.ends, t)
+        if i:
+            del self.starts[:i]
+            del self.ends[:i]
+
     def reserve(self, t: float, d: float) -> float:
         if d <= 0.0:
             return t
@@ -443,6 +450,8 @@ def run_dispatch(stages: Sequence[StageWork], devices: Sequence[str], m_pass: in
             dispatch = max(dispatch, host_done[it - 1])
         grads_down = 0.0
         for p in range(passes):
+            for ch in h2d + d2h:  # every transfer from here on is ready after this pass is handed out
+                ch.forget_before(dispatch)
             ready = np.full(m_pass, dispatch)  # the token ids are on the host
             next_dispatch = dispatch
             for st in stages:
@@ -483,8 +492,8 @@ def run_dispatch(stages: Sequence[StageWork], devices: Sequence[str], m_pass: in
     gpu_period = (ends[-1] - ends[warmup - 1]) / cycle if warmup >= 1 else ends[-1] / cycle
     period = max(gpu_period, host_s)
     per_stage = tuple(m_pass * passes * st.compute_s for st in stages)
-    if timeline:
-        t0 = ends[warmup - 1] if warmup >= 1 else 0.0
+    if timeline:  # the recorded iteration, from its first operation (it overlaps its neighbours)
+        t0 = min((e.start_s for e in events), default=0.0)
         events = [TimelineEvent(e.device, e.op, e.start_s - t0, e.end_s - t0) for e in events]
     return PipelineResult(period, gpu_period, host_s, {d: busy[i] / cycle for i, d in enumerate(devices)},
                           per_stage, tuple(events))

@@ -156,10 +156,16 @@ class Claim:
     done: bool = False
 
 
+#: ``source`` of the trial of RoundPipe's start plan (``api._roundpipe_start``): a study whose only
+#: evaluations are such starts is still fresh (the heuristic warm starts are enqueued)
+ROUNDPIPE_START = "roundpipe-start"
+
+
 @dataclass(frozen=True)
 class StudyState:
     evaluated: int  # COMPLETE trials with evaluated = True
     live_claims: int  # RUNNING claims whose worker is alive
+    starts: int = 0  # of the evaluated: RoundPipe's start plan (``ROUNDPIPE_START``)
 
 
 class SharedStudy:
@@ -205,11 +211,12 @@ class SharedStudy:
         the evaluations of this search's own worker processes); other evaluations are preloaded."""
         from optuna.trial import TrialState
 
-        evaluated, live = 0, 0
+        evaluated, live, starts = 0, 0, 0
         now = time.time()
         for t in self.trials():
             if t.state == TrialState.COMPLETE and t.user_attrs.get("evaluated"):
                 evaluated += 1
+                starts += t.user_attrs.get("source") == ROUNDPIPE_START
                 if t._trial_id not in self._mirrored:
                     self._mirror(t, evaluator, notify)
             elif t.state == TrialState.RUNNING and t.user_attrs.get("claimed"):
@@ -219,7 +226,7 @@ class SharedStudy:
                     self._fail(t._trial_id, t.user_attrs)
                 else:
                     live += 1
-        return StudyState(evaluated, live)
+        return StudyState(evaluated, live, starts)
 
     def _mirror(self, t, evaluator: BudgetedEvaluator | None, notify: Callable[[Any], bool] | None) -> None:
         import optuna
@@ -314,16 +321,19 @@ class SharedStudy:
             self.complete(again, m, worker, budget)
 
     def evaluate_outside(self, evaluator: BudgetedEvaluator, config: ParallelConfig, params: dict[str, Any],
-                         worker: str, source: str) -> Measurement | None:
+                         worker: str, source: str, encoded: bool = False) -> Measurement | None:
         """Evaluate a plan from outside TPE's encoding (the structured planner's start plan) under the
         study's budget rule; the study records it as a trial without parameters (TPE does not model
-        it; the study's best value includes it). None when another worker has the plan or the budget
-        is spoken for. Free when the plan was evaluated before (a resume)."""
+        it; the study's best value includes it), or with ``encoded`` (``params`` is a point of the
+        space, e.g. RoundPipe's start plan) with its parameters, so TPE models it. None when another
+        worker has the plan or the budget is spoken for. Free when the plan was evaluated before (a
+        resume)."""
         from autotune.search.tracking import config_key
 
         if config in evaluator:
             return evaluator.evaluate(config)
-        claim = self.claim({}, config, config_key(config), worker, evaluator.budget, source=source)
+        claim = self.claim({k: params[k] for k in self.dists} if encoded else {}, config, config_key(config), worker,
+                           evaluator.budget, source=source)
         if claim is None:
             return None
         try:
@@ -510,7 +520,8 @@ def run_optuna(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
     budget = evaluator.budget
     with workers.live(worker):
         state = shared.sync(evaluator, worker=worker)
-        if warm_start and not shared.local.trials:  # nothing TPE can model yet (a start plan has no parameters)
+        # nothing TPE can model yet but RoundPipe's start plan (a dp start plan has no parameters)
+        if warm_start and len(shared.local.trials) <= state.starts:
             for params in warm_start_params(space, evaluator):
                 shared.local.enqueue_trial(params)
 

@@ -1,0 +1,189 @@
+"""RoundPipe plans in the shared search space: their dimensions, their decoding, RoundPipe's own start plan.
+
+Present only where RoundPipe applies: nodes of GPUs with a host link (``pcie_gen`` > 0; the ``cpu``
+device has none). A roundpipe plan uses one node's GPUs as its pool, or every node of one node class,
+one pool (replica) each, the batch split evenly. The dimensions (``SearchSpace`` adds them after its
+own; they matter only when ``roundpipe`` is true, the pipeline dimensions only when it is false, and
+``mbs`` for both):
+
+``roundpipe``    the switch: a roundpipe plan or a pipeline plan.
+``rp.pool``      the pool: ``<class>`` (the class's first node) or ``<class>x<k>`` (its ``k`` nodes, each on
+                 its own).
+``rp.balance``   RoundPipe's ``upper_threshold``: stages packed up to this many times the slowest unit's
+                 time (the LM head, or a block's backward).
+``rp.memory``    the memory limit as a fraction of the smallest pool GPU (RoundPipe's default 0.6).
+``rp.grain``     recompute grain, ``stage`` or ``layer``.
+``rp.passes``    forward-backward passes per optimizer step (``accumulation_steps``).
+
+The partition itself is RoundPipe's automatic one (``autotune.simulator.roundpipe.auto_partition``),
+computed from the datasheet simulator's unit times for the chosen micro-batch size, balance and limit:
+a point of the space is a plan RoundPipe would run with those settings. ``start_params`` is the plan
+RoundPipe picks with its defaults (fastest node class, balance 1.1, 60% memory limit, stage grain, one
+pass of at least pool + 1 micro-batches): every search method evaluates it first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from autotune.errors import SpecError
+from autotune.roundpipe_plan import RECOMPUTE_GRAINS, ROUNDPIPE, RoundPipeStages
+from autotune.specs import ParallelConfig, PipelineConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from autotune.search.space import Decoded, Dimension, SearchSpace
+
+SWITCH = "roundpipe"
+BALANCES = (1.0, 1.1, 1.25, 1.5, 2.0)
+MEMORY_FRACTIONS = (0.4, 0.5, 0.6, 0.7, 0.8)
+PASSES = (1, 2, 4, 8, 16)
+#: RoundPipe's defaults (``ModelExecutePlan.auto``, ``RoundPipeRunConfig``)
+DEFAULT_BALANCE = 1.1
+DEFAULT_MEMORY_FRACTION = 0.6
+DIMENSION_NAMES = (SWITCH, "rp.pool", "rp.balance", "rp.memory", "rp.grain", "rp.passes")
+
+
+def pool_choices(space: "SearchSpace") -> dict[str, tuple[str, ...]]:
+    """Pool name -> the node names it uses, for node classes of GPUs with a host link, fastest first."""
+    out: dict[str, tuple[str, ...]] = {}
+    classes = sorted(space.node_classes, key=lambda c: -c.peak_tflops * c.count)
+    for c in classes:
+        device = space.cluster.nodes[[n.name for n in space.cluster.nodes].index(c.node_names[0])].device
+        if device.pcie_gen == 0:
+            continue
+        out[c.name] = c.node_names[:1]
+        if len(c.node_names) > 1:
+            out[f"{c.name}x{len(c.node_names)}"] = tuple(c.node_names)
+    return out
+
+
+def dimensions(space: "SearchSpace") -> list["Dimension"]:
+    """The roundpipe dimensions of ``space`` (none where no node qualifies)."""
+    from autotune.search.space import Dimension
+
+    pools = pool_choices(space)
+    if not pools:
+        return []
+    return [Dimension(SWITCH, (False, True)),
+            Dimension("rp.pool", tuple(pools)),
+            Dimension("rp.balance", BALANCES, ordinal=True),
+            Dimension("rp.memory", MEMORY_FRACTIONS, ordinal=True),
+            Dimension("rp.grain", RECOMPUTE_GRAINS),
+            Dimension("rp.passes", PASSES, ordinal=True)]
+
+
+def drop_if_off(dims: list["Dimension"]) -> list["Dimension"]:
+    """``dims`` without the roundpipe dimensions when a restriction left the switch only ``False``: the
+    space is then exactly the pipeline plans' (sampling draws what it drew before roundpipe existed)."""
+    switch = next((d for d in dims if d.name == SWITCH), None)
+    if switch is None or True in switch.choices:
+        return dims
+    return [d for d in dims if d.name not in DIMENSION_NAMES]
+
+
+def off_params(space: "SearchSpace") -> dict[str, Any]:
+    """The roundpipe dimensions' choices of a pipeline plan: the switch off, the rest at their first
+    choice (they do not matter); empty where the space has no roundpipe dimensions."""
+    dims = space._dims
+    if SWITCH not in dims:
+        return {}
+    return {name: (False if name == SWITCH else dims[name].choices[0]) for name in DIMENSION_NAMES}
+
+
+def _simulator(space: "SearchSpace"):
+    """The datasheet simulator the partitions are cut with (RoundPipe measures; the space estimates)."""
+    sim = getattr(space, "_roundpipe_sim", None)
+    if sim is None:
+        from autotune.simulator import Simulator
+
+        sim = Simulator(space.cluster, space.model)
+        space._roundpipe_sim = sim
+        space._roundpipe_cache = {}
+    return sim
+
+
+def decode(space: "SearchSpace", params: Mapping[str, Any]) -> "Decoded":
+    """A roundpipe point of the space -> its plan, or the reason there is none."""
+    from autotune.search.space import Decoded
+    from autotune.simulator.roundpipe import auto_stages
+
+    pools = pool_choices(space)
+    pool = params["rp.pool"]
+    if pool not in pools:
+        return Decoded(None, f"rp.pool {pool!r} is not a node class of GPUs here")
+    mbs, passes = int(params["mbs"]), int(params["rp.passes"])
+    gbs = space.model.global_batch_size
+    nodes = pools[pool]
+    if gbs % mbs:
+        return Decoded(None, f"mbs={mbs} does not divide global_batch_size={gbs}")
+    total = gbs // mbs
+    if total % len(nodes):
+        return Decoded(None, f"{total} micro-batches do not split evenly over {len(nodes)} pools")
+    per_node = total // len(nodes)
+    if per_node % passes:
+        return Decoded(None, f"{per_node} micro-batches per pool do not split into rp.passes={passes} passes")
+    sim = _simulator(space)
+    node_of = {n.name: n for n in space.cluster.nodes}
+    first = node_of[nodes[0]]
+    smallest = first.device.memory_GiB
+    limit = round(float(params["rp.memory"]) * smallest, 2)
+    key = (pool, mbs, float(params["rp.balance"]), limit)
+    cache = space._roundpipe_cache
+    part = cache.get(key)
+    if part is None:
+        part = auto_stages(sim, first.device_ids(), mbs, float(params["rp.balance"]), limit)
+        cache[key] = part
+    pipes = tuple(PipelineConfig(per_node, (), None, RoundPipeStages(
+        node_of[n].device_ids(), part.forward_layers, part.backward_layers, part.fused_layers,
+        str(params["rp.grain"]), limit, passes)) for n in nodes)
+    try:
+        config = ParallelConfig(mbs, pipes, ROUNDPIPE)
+    except SpecError as e:
+        return Decoded(None, str(e))
+    reason = space.check(config)
+    return Decoded(config, "") if reason is None else Decoded(None, reason)
+
+
+def start_params(space: "SearchSpace") -> dict[str, Any] | None:
+    """The point RoundPipe's defaults give (see the module docstring); None where RoundPipe does not apply.
+    The pipeline dimensions take their first choices (they do not matter for a roundpipe plan)."""
+    pools = pool_choices(space)
+    if not pools or SWITCH not in space._dims or True not in space._dims[SWITCH].choices:
+        return None  # no roundpipe plans here, or the search is restricted to pipeline plans
+    dims = space._dims
+
+    def pick(name: str, want: Any) -> Any:
+        choices = dims[name].choices
+        return want if want in choices else choices[0]
+
+    pool = pick("rp.pool", next(iter(pools)))
+    node = next(n for n in space.cluster.nodes if n.name == pools[pool][0])
+    gbs = space.model.global_batch_size
+    mbs_choices = dims["mbs"].choices
+    enough = [m for m in mbs_choices if gbs // m >= node.count + 1]  # RoundPipe's default: GPUs + 1
+    mbs = max(enough) if enough else min(mbs_choices)
+    params = {d.name: d.choices[0] for d in space.dimensions}
+    params.update({SWITCH: True, "rp.pool": pool, "rp.balance": pick("rp.balance", DEFAULT_BALANCE),
+                   "rp.memory": pick("rp.memory", DEFAULT_MEMORY_FRACTION), "rp.grain": pick("rp.grain", "stage"),
+                   "rp.passes": pick("rp.passes", 1), "mbs": mbs})
+    return params if space.decode(params).ok else None
+
+
+def params_of(config: ParallelConfig) -> dict[str, Any]:
+    """Flat, MLflow-friendly parameters of a roundpipe plan (``SearchSpace.params_of``)."""
+    rp = config.pipelines[0].roundpipe
+    assert rp is not None
+    return {
+        "dp": len(config.pipelines),
+        "pp": str(rp.num_stages),
+        "tp": "1",
+        "mbs": config.micro_batch_size,
+        "schedule": config.schedule,
+        "layers": f"F{'-'.join(map(str, rp.forward_layers))}|FB{rp.fused_layers}|B{'-'.join(map(str, rp.backward_layers))}",
+        "microbatches": "-".join(str(p.num_microbatches) for p in config.pipelines),
+        "recompute_stages": len(rp.backward_layers),
+        "recompute_grain": rp.recompute_grain,
+        "accumulation_steps": rp.accumulation_steps,
+        "memory_limit_GiB": rp.memory_limit_GiB,
+        "devices_used": len(config.devices),
+    }
