@@ -65,7 +65,12 @@ def uses_cuda(cluster: ClusterSpec, config: ParallelConfig, cuda_available: bool
 
 
 def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, schedule_check: bool = True) -> Layout:
-    """Everything that can be checked before launching: validity, runner support, CUDA presence."""
+    """Everything that can be checked before launching: validity, runner support, CUDA presence. A roundpipe
+    plan gets ``runner.roundpipe_run.preflight`` (one process for its pool, CUDA and the library)."""
+    if config.is_roundpipe:
+        from runner.roundpipe_run import preflight as roundpipe_preflight
+
+        return roundpipe_preflight(cluster, model, config)  # type: ignore[return-value]
     layout = build_layout(cluster, model, config)
     for p, pipe in enumerate(config.pipelines):
         modes = {st.sequence_parallel and st.tp > 1 for st in pipe.stages}

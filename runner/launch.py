@@ -148,8 +148,10 @@ def make_run_dir(prefix: str) -> Path:
     return run_dir
 
 
-def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = False) -> RunOutcome:
-    """Run ``world_size`` ranks of ``job``; end them all by ``timeout_s``; collect rank 0's result."""
+def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = False,
+              extra_env: dict[str, str] | None = None) -> RunOutcome:
+    """Run ``world_size`` ranks of ``job``; end them all by ``timeout_s``; collect rank 0's result.
+    ``extra_env``: more environment for every rank (a roundpipe plan's ``CUDA_VISIBLE_DEVICES``)."""
     run_dir = make_run_dir("autotune-run-")
     job = {**job, "out_dir": str(run_dir), "init_method": f"file://{run_dir}/rendezvous",
            "pg_timeout_s": max(30.0, timeout_s)}
@@ -164,7 +166,8 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
     finished = False
     try:
         for rank in range(world_size):
-            env = worker_env({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)})
+            env = worker_env({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                              **(extra_env or {})})
             out = open(run_dir / f"rank{rank}.log", "wb")
             logs.append(out)
             group = {"process_group": 0 if rank == 0 else pgid}  # one new group for all ranks
@@ -274,6 +277,12 @@ def profiled_run(cluster: str | ClusterSpec, model: str | ModelSpec, config: str
         layout = preflight(cluster, model, config)
     except SpecError as e:
         return Measurement.failure("failed" if e.source == "runner" else "invalid", str(e))
+    if config.is_roundpipe:  # one process drives the pool (runner.roundpipe_run); preflight checked its GPUs
+        job = make_job("profile", cluster, model, config, steps=steps, warmup=warmup, seed=seed)
+        outcome = run_ranks(job, 1, timeout_s, extra_env=layout.env())
+        if outcome.status != "ok":
+            return Measurement.failure(outcome.status, outcome.error, oom=outcome.status == "oom")
+        return Measurement.from_dict(outcome.result["measurement"])
     gpus = _cuda_device_count() if any(cluster.device(d).name != "cpu" for d in config.devices) else 0
     if gpus and gpus < layout.world_size:
         return Measurement.failure("failed", f"runner: the plan needs {layout.world_size} GPUs on this machine "

@@ -185,6 +185,10 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
     model = load_model(model, global_batch_size)
     config = load_config(config)
     layout = preflight(cluster, model, config)
+    if config.is_roundpipe:
+        from runner.roundpipe_run import refuse_checkpoints
+
+        refuse_checkpoints(checkpoint_dir, resume)
     if steps < 1:
         raise SpecError("--steps", "", f"must be >= 1, got {steps}")
     if checkpoint_every < 0:
@@ -275,7 +279,9 @@ def _launch(run_dir: Path, cluster, model, config, layout, *, steps, seed, check
     out = subprocess.DEVNULL if quiet else None
     # its own session: a terminal's Ctrl-C reaches only this process, which decides what the ranks get;
     # runner.torchrun dies with this process (and its ranks with it), even on SIGKILL
-    proc = subprocess.Popen(cmd, env=worker_env(), stdout=out, stderr=out, start_new_session=True)
+    # a roundpipe plan: one process whose CUDA devices are the pool (runner.roundpipe_run)
+    extra = layout.env() if config.is_roundpipe else None
+    proc = subprocess.Popen(cmd, env=worker_env(extra), stdout=out, stderr=out, start_new_session=True)
     interrupts = {"n": 0}
 
     def stop_ranks() -> None:

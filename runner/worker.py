@@ -109,6 +109,12 @@ def run(job: dict, rank: int, world: int, local_rank: int) -> None:
 
     torch.set_num_threads(1)
     cluster, model, config = read_job(job)
+    if config.is_roundpipe:  # one process drives the pool through the roundpipe library: no process group
+        from runner.roundpipe_run import run_job
+
+        torch.set_num_threads(max(1, os.cpu_count() or 1))  # the host optimizer steps every parameter
+        run_job(job, cluster, model, config, fault=_inject_fault)
+        return
     layout = build_layout(cluster, model, config)
     if world != layout.world_size:
         raise SpecError("runner", "world size", f"launched {world} ranks but the config has {layout.world_size} "

@@ -30,7 +30,9 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
         from runner.launch import profiled_run
 
         preflight(cluster_spec, model_spec, plan)  # bad or unsupported plans: one SpecError line, exit 2
-        say(f"running {len(plan.devices)} ranks: "
+        who = (f"one RoundPipe process on a pool of {len(plan.devices)} GPUs" if plan.is_roundpipe
+               else f"{len(plan.devices)} ranks")
+        say(f"running {who}: "
             f"{warmup} warm-up + {steps} timed steps (timeout {timeout:.0f} s)")
         m = profiled_run(cluster_spec, model_spec, plan, steps=steps, warmup=warmup, timeout_s=timeout)
     if json_out:
