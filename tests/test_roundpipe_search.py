@@ -109,3 +109,24 @@ def test_the_env_stays_defined_on_a_roundpipe_plan(box):
     a = int(np.flatnonzero(env.action_masks())[0])
     env.step(a)
     assert space.check(env.config) is None
+
+
+@pytest.mark.parametrize("method", ["optuna", "random"])
+def test_a_search_restricted_to_one_kind_of_plan_stays_in_it(box, method):
+    """restrict={"roundpipe": [True]}: the dp start plan and the heuristic warm starts are pipeline plans,
+    answered invalid (no budget); [False]: RoundPipe's start plan is not evaluated at all."""
+    from autotune.search.api import tune
+
+    space, _ = box
+    only = SearchSpace(space.cluster, space.model, restrict={"roundpipe": [True]})
+    pipeline = space.decode(space.heuristic_params()[0]).config
+    assert not pipeline.is_roundpipe and "restricted to roundpipe plans" in only.check(pipeline)
+    assert all(p["roundpipe"] is True for p in only.heuristic_params())  # inside the restricted choices
+    never = SearchSpace(space.cluster, space.model, restrict={"roundpipe": [False]})
+    rp = space.decode(rs.start_params(space)).config
+    assert "outside this search" in never.check(rp) and space.check(rp) is None
+    for allowed in (True, False):
+        seen = []
+        res = tune(space.cluster, space.model, method, budget=4, seed=0, track=False, storage="memory",
+                   restrict={"roundpipe": [allowed]}, on_evaluation=lambda e: seen.append(e.config.is_roundpipe))
+        assert seen and set(seen) == {allowed} and res.best_config.is_roundpipe is allowed

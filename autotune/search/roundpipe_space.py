@@ -87,7 +87,23 @@ def off_params(space: "SearchSpace") -> dict[str, Any]:
     dims = space._dims
     if SWITCH not in dims:
         return {}
-    return {name: (False if name == SWITCH else dims[name].choices[0]) for name in DIMENSION_NAMES}
+    # a search restricted to roundpipe plans keeps the switch on: params stay inside the dimensions' choices
+    off = False if False in dims[SWITCH].choices else True
+    return {name: (off if name == SWITCH else dims[name].choices[0]) for name in DIMENSION_NAMES}
+
+
+def restriction(space: "SearchSpace", config: ParallelConfig) -> str | None:
+    """Why ``config`` is outside a search restricted by ``restrict={"roundpipe": [...]}`` (``SearchSpace.check``):
+    a roundpipe plan in a search of pipeline plans, or a pipeline plan (the dp start, an env edit) in a
+    search of roundpipe plans; None otherwise."""
+    allowed = space.restrict.get(SWITCH)
+    if allowed is None:
+        return None
+    if config.is_roundpipe and True not in allowed:
+        return "schedule: roundpipe plans are outside this search (restricted to roundpipe=False)"
+    if not config.is_roundpipe and False not in allowed:
+        return "schedule: this search is restricted to roundpipe plans (roundpipe=True)"
+    return None
 
 
 def _simulator(space: "SearchSpace"):

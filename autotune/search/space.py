@@ -422,6 +422,9 @@ class SearchSpace:
             config.validate(self.cluster, self.model)
         except SpecError as e:
             return f"{e.field}: {e.rule}" if e.field else e.rule
+        outside = roundpipe_space.restriction(self, config)  # restrict={"roundpipe": [True]} or [False]
+        if outside is not None:
+            return outside
         for p, pipe in enumerate(config.pipelines):
             for s, stage in enumerate(pipe.stages):
                 for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
