@@ -253,8 +253,10 @@ class RoundPipeTrainer:
 
     def stage_busy_s(self) -> tuple[float, ...]:
         """Compute seconds per step of each stage in hand-out order, from RoundPipe's own per-layer CUDA-event
-        timer (forward; recompute + backward), or ``()`` where the library has no timings."""
+        timer (``get_estimate``: per layer and micro-batch, the forward, and the forward (recompute) plus
+        backward), or ``()`` where the library has no timings yet."""
         try:
+            self.model.model_timer.update_times()  # the last steps' CUDA events (synchronize() ran)
             src, fwd_ms, bwd_ms = self.model.model_timer.get_estimate("fused")
         except Exception:  # a private part of the library: no timings rather than no measurement
             return ()
@@ -264,7 +266,7 @@ class RoundPipeTrainer:
         per_step = self.total_microbatches / 1e3  # ms per micro-batch -> s per step
         out = [sum(fwd_ms[a:b]) * per_step for a, b in fwd]
         fa, fb = bwd[0]
-        out.append((sum(fwd_ms[fa:fb]) + sum(bwd_ms[fa:fb])) * per_step)  # fused: its forward and backward
+        out.append(sum(bwd_ms[fa:fb]) * per_step)  # fused: forward + backward (RoundPipe's "re" + "bwd")
         out += [sum(bwd_ms[a:b]) * per_step for a, b in bwd[1:]]
         return tuple(out)
 
