@@ -52,6 +52,9 @@ def frugal_candidates(space: SearchSpace) -> list[Params]:
     for name in ("zero", "offload", "seq_parallel"):  # memory-saving dimensions, ordered least to most saving
         if name in dims:
             base[name] = dims[name].choices[-1]
+    from autotune.search import roundpipe_space
+
+    base.update(roundpipe_space.off_params(space))  # pipeline plans: an enqueued trial must not draw the switch
     out = []
     splits = sorted(set(dims["layer_split"].choices) & {0.0, 1.0}) or list(dims["layer_split"].choices[:1])
     for pp, assign, order, split in itertools.product(reversed(dims["pp"].choices), dims["assign"].choices,

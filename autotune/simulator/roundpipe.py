@@ -503,8 +503,9 @@ def run_dispatch(stages: Sequence[StageWork], devices: Sequence[str], m_pass: in
 # Measurement of a plan
 
 
-def simulate(sim: "Simulator", config: ParallelConfig, timeline: bool = False) -> Measurement:
-    """One roundpipe plan's steady-state iteration, memory per GPU and host memory per node."""
+def simulate(sim: "Simulator", config: ParallelConfig, timeline: bool = False, memory_only: bool = False) -> Measurement:
+    """One roundpipe plan's steady-state iteration, memory per GPU and host memory per node; ``memory_only``
+    (``Simulator.memory_estimate``): the memory and the stage-size rule only, nothing scheduled."""
     model = sim.model
     cluster = sim.effective_cluster
     mbs = config.micro_batch_size
@@ -552,6 +553,9 @@ def simulate(sim: "Simulator", config: ParallelConfig, timeline: bool = False) -
                                host_memory_GiB=host,
                                error=f"host memory of node {name!r} out of memory: RoundPipe's state and kept "
                                      f"activations need {gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)")
+    if memory_only:
+        return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=False, peak_memory_GiB=peak,
+                           host_memory_GiB=host, status="ok")
     n_rep = len(plans)
     allreduce = 0.0
     if n_rep > 1:

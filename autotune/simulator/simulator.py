@@ -190,6 +190,11 @@ class Simulator:
             config.validate(self.cluster, self.model)
         except SpecError:
             return None
+        if config.is_roundpipe:  # its own memory model (autotune.simulator.roundpipe)
+            from autotune.simulator import roundpipe
+
+            m = roundpipe.simulate(self, config, memory_only=True)
+            return None if m.status == "invalid" else m
         try:
             return self._simulate(config, False, memory_only=True)
         except ScheduleDeadlock:
