@@ -16,6 +16,7 @@ preset). All at sequence length ``--seq-len`` (4096) and global batch ``--global
 bf16.
 
     .venv/bin/python experiments/roundpipe_bench.py [--budget 50] [--methods optuna,random,rl] [--models ...]
+        [--host-gib 1024]
 """
 
 from __future__ import annotations
@@ -88,9 +89,17 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--host-gib", type=float, default=0.0,
+                        help="host memory of the node instead of examples/8x4090.yaml's 512 GiB")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     cluster = load_cluster(CLUSTER)
+    if args.host_gib > 0:
+        import dataclasses
+
+        node = cluster.nodes[0]
+        cluster = dataclasses.replace(cluster, nodes=(dataclasses.replace(
+            node, host=dataclasses.replace(node.host, memory_GiB=args.host_gib)),))
     methods = [m for m in args.methods.split(",") if m]
     rows = []
     for name in args.models.split(","):

@@ -22,7 +22,7 @@ def base(space: SearchSpace, **kw):
 
 def test_dimensions_only_with_several_node_classes(space):
     names = [d.name for d in space.dimensions]
-    assert names[-1] == "stage_ranks"
+    assert "stage_ranks" in names  # after the MoE dimensions; the roundpipe dimensions (issue 11) follow it
     assert space._dims["stage_ranks"].choices == (1, 2, 4, 8, "bandwidth")
     homogeneous = SearchSpace(load_cluster("cpu-4"), load_model("tiny"))
     assert "stage_ranks" not in {d.name for d in homogeneous.dimensions}
