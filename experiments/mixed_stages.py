@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
+from pathlib import Path
 
 from autotune.loading import cluster_from_dict, load_cluster, load_model
 
@@ -41,8 +43,9 @@ CLUSTERS = {
     "mixed-a100-v100": None,  # preset: 4 A100-80GB + 4 V100-32GB
     "mixed-consumer-16": None,  # preset: 8 A100-80GB + 2 x 4 RTX-4090, 10 Gbit/s
 }
-MODELS = {"a100x2+t4x4": "llama2-7b", "v100x4+p40x4": "llama2-7b", "mixed-a100-v100": "gpt2-xl",
-          "mixed-consumer-16": "llama2-7b"}
+#: (cluster, model) cases of part 1
+CASES = [("a100x2+t4x4", "llama2-7b"), ("a100x2+t4x4", "gpt2-xl"), ("v100x4+p40x4", "llama2-7b"),
+         ("v100x4+p40x4", "gpt2-xl"), ("mixed-a100-v100", "gpt2-xl"), ("mixed-consumer-16", "llama2-7b")]
 
 
 def cluster_of(name: str):
@@ -50,25 +53,50 @@ def cluster_of(name: str):
     return load_cluster(name) if raw is None else cluster_from_dict({"name": name, **raw}, name)
 
 
+class MixedCounter:
+    """The simulator, counting the plans with a stage of several ranks it evaluates and the best of them."""
+
+    def __init__(self, sim) -> None:
+        self.sim, self.mixed, self.best_mixed = sim, 0, 0.0
+
+    def __getattr__(self, name):  # everything else (check, memory_estimate, ...) is the simulator's
+        return getattr(self.sim, name)
+
+    def evaluate(self, config):
+        m = self.sim.evaluate(config)
+        if config.has_mixed_stages:
+            self.mixed += 1
+            if m.ok:
+                self.best_mixed = max(self.best_mixed, m.tokens_per_s)
+        return m
+
+
 def simulated(args) -> list[dict]:
     from autotune.search.api import tune
+    from autotune.simulator import Simulator
 
     rows = []
-    for name in CLUSTERS:
-        cluster, model = cluster_of(name), load_model(MODELS[name])
+    for name, model_name in CASES:
+        cluster, model = cluster_of(name), load_model(model_name)
         for seed in args.seeds:
             row = {"cluster": name, "model": model.name, "seed": seed}
             for label, restrict in (("without", NO_MIXED), ("with", None)):
                 t0 = time.process_time()
-                res = tune(cluster, model, method=args.method, budget=args.budget, seed=seed, track=False,
-                           restrict=restrict)
+                counter = MixedCounter(Simulator(cluster, model))
+                with tempfile.TemporaryDirectory() as tmp:  # a fresh Optuna study (./optuna.journal would resume)
+                    res = tune(cluster, model, method=args.method, budget=args.budget, seed=seed, track=False,
+                               restrict=restrict, evaluator=counter, storage=str(Path(tmp) / "optuna.journal"))
+                if label == "with":
+                    row["mixed_evaluated"] = counter.mixed
+                    row["best_mixed"] = counter.best_mixed
                 row[label] = res.best_measurement.tokens_per_s if res.best_measurement.ok else 0.0
                 row[f"{label}_plan"] = res.best_config.describe()
                 row[f"{label}_cpu_s"] = round(time.process_time() - t0, 1)
             row["gain"] = row["with"] / row["without"] - 1 if row["without"] > 0 else float("inf")
             rows.append(row)
             print(f"{name:18s} {model.name:10s} seed {seed}: without {row['without']:>10,.0f}  with "
-                  f"{row['with']:>10,.0f} tokens/s ({row['gain']:+.1%})", flush=True)
+                  f"{row['with']:>10,.0f} tokens/s ({row['gain']:+.1%}); {row['mixed_evaluated']} mixed-stage plans "
+                  f"evaluated, best {row['best_mixed']:,.0f}", flush=True)
             print(f"    without: {row['without_plan']}\n    with:    {row['with_plan']}", flush=True)
     return rows
 
@@ -86,7 +114,9 @@ def measured(args) -> list[dict]:
     cluster, model = cluster_from_dict({"name": "cpu-fast2-slow2", **CPU_CLUSTER}, "cpu"), load_model(args.cpu_model)
     plans = {}
     for label, restrict in (("without", NO_MIXED), ("with", None)):
-        res = tune(cluster, model, method=args.method, budget=args.budget, seed=0, track=False, restrict=restrict)
+        with tempfile.TemporaryDirectory() as tmp:  # a fresh Optuna study
+            res = tune(cluster, model, method=args.method, budget=args.budget, seed=0, track=False, restrict=restrict,
+                       storage=str(Path(tmp) / "optuna.journal"))
         plans[f"best {label} (sim {res.best_measurement.tokens_per_s:,.0f})"] = res.best_config
     gbs = model.global_batch_size
     # hand-written: 2 stages, each one fast + one slow rank with shares 3:1 (speed ratio 3)
