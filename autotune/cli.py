@@ -112,12 +112,29 @@ def search(
                                        "the search may choose (SPES; 1 = replicas synchronise every step)."),
     run_timeout: float = typer.Option(300.0, "--run-timeout", help="--backend real: wall-clock limit of one "
                                       "profiled run, seconds (a plan that takes longer counts as status timeout)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start this search over instead of resuming it (the earlier "
+                               "one stays in the MLflow store and the Optuna storage)."),
 ) -> None:
-    """Search for the fastest plan that fits; log every evaluation to MLflow."""
+    """Search for the fastest plan that fits; log every evaluation to MLflow.
+
+    Re-running the same command resumes an interrupted search (or continues a finished one to a
+    larger --budget); --fresh starts over."""
     _run("search", cluster=cluster, model=model, method=method, budget=budget, global_batch_size=global_batch_size,
          backend=backend, seed=seed, output=output, tracking_uri=tracking_uri, experiment=experiment,
          storage=storage, profile=profile, workers=workers, policy=policy, start=start,
-         max_sync_every=max_sync_every, run_timeout=run_timeout)
+         max_sync_every=max_sync_every, run_timeout=run_timeout, fresh=fresh)
+
+
+@app.command()
+def compare(
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment (default: the one of "
+                                             "the most recent search)."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default "
+                                               "sqlite:///mlflow.db)."),
+    csv: bool = typer.Option(False, "--csv", help="Print CSV (one header line, one line per search) instead of a table."),
+) -> None:
+    """One row per search in an experiment: method, budget, seed, backend, best tokens/s, found at, wall time."""
+    _run("compare", experiment=experiment, tracking_uri=tracking_uri, csv=csv)
 
 
 @app.command()

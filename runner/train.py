@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -67,6 +68,7 @@ def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)  # torchrun passes on the signal it got
     metrics = open(job["metrics_out"], "a") if rank == 0 and job.get("metrics_out") else None
+    progress = open(job["progress_out"], "a") if rank == 0 and job.get("progress_out") else None
     tracker = _MlflowLogger(job, config, model) if rank == 0 and job.get("tracking_uri") else None
     fault(rank)
     tokens_per_step = model.global_batch_size * model.seq_len
@@ -78,10 +80,12 @@ def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank
             done = index + 1
             record = {"step": done, "loss": result.loss, "tokens_per_s": tokens_per_step / result.time_s}
             if rank == 0:
-                log.info("step %d loss %.4f %.0f tokens/s", done, result.loss, record["tokens_per_s"])
-                if metrics:
-                    metrics.write(json.dumps(record) + "\n")
-                    metrics.flush()
+                if job.get("log_steps", True):
+                    log.info("step %d loss %.4f %.0f tokens/s", done, result.loss, record["tokens_per_s"])
+                for f in (metrics, progress):
+                    if f:
+                        f.write(json.dumps(record) + "\n")
+                        f.flush()
                 if tracker:
                     tracker.log(record)
             if ckpt_dir and (result.stop or (every and done % every == 0)):
@@ -96,8 +100,9 @@ def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank
             Path(job["out_dir"], "result.json").write_text(json.dumps({"steps_done": done,
                                                                        "stopped": stop["requested"]}))
     finally:
-        if metrics:
-            metrics.close()
+        for f in (metrics, progress):
+            if f:
+                f.close()
         if tracker:
             tracker.close()
 
@@ -133,6 +138,10 @@ class TrainOutcome:
     steps_done: int = 0
     stopped: bool = False
     errors: list[dict] = field(default_factory=list)
+    steps_run: int = 0  # optimizer steps this run did (a resumed run starts after the checkpoint's)
+    mean_tokens_per_s: float = 0.0  # over this run's steps after the first (the first includes warm-up)
+    final_loss: float | None = None
+    wall_time_s: float = 0.0  # launch to exit, torchrun's start-up included
 
     @property
     def error(self) -> str:
@@ -150,6 +159,50 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+class _StepReader:
+    """Reads the lines rank 0 appends to the progress file as they arrive."""
+
+    def __init__(self, path: Path, on_step: Callable[[dict], None] | None) -> None:
+        self.path, self.on_step = path, on_step
+        self.records: list[dict] = []
+        self._offset = 0
+        self._partial = ""
+
+    def poll(self) -> None:
+        try:
+            with open(self.path) as f:
+                f.seek(self._offset)
+                chunk = f.read()
+                self._offset = f.tell()
+        except OSError:
+            return
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            self.records.append(record)
+            if self.on_step is not None:
+                self.on_step(record)
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float | None, poll: Callable[[], None], every_s: float = 0.5) -> int:
+    """``proc.wait(timeout_s)`` that calls ``poll()`` every ``every_s`` meanwhile."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        step = every_s if deadline is None else max(0.0, min(every_s, deadline - time.monotonic()))
+        try:
+            return proc.wait(timeout=step)
+        except subprocess.TimeoutExpired:
+            poll()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
 
 
 def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str]) -> list[str]:
@@ -171,11 +224,13 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
           resume: bool = False, metrics_out: str | Path | None = None, data: str | Path | None = None,
           tracking_uri: str | None = None, seed: int = 0, torchrun_args: list[str] | None = None,
           global_batch_size: int | None = None, timeout_s: float | None = None,
-          quiet: bool = False) -> TrainOutcome:
+          quiet: bool = False, on_step: Callable[[dict], None] | None = None) -> TrainOutcome:
     """Train ``model`` under ``config`` for ``steps`` optimizer steps on torchrun-launched ranks.
 
     Bad input raises SpecError before anything is launched. ``timeout_s`` (tests) kills the whole
-    job after that many seconds.
+    job after that many seconds. ``on_step(record)`` hears of each step rank 0 finishes
+    (``{"step", "loss", "tokens_per_s"}``; rank 0 on this machine only), and rank 0 then leaves the
+    per-step log lines to it. The outcome sums the run up (steps, mean tokens/s, final loss, wall time).
     """
     from runner.data import TokenSource
     from runner.jobs import make_job, preflight
@@ -273,6 +328,8 @@ def _launch(run_dir: Path, cluster, model, config, layout, *, steps, seed, check
                    metrics_out=str(Path(metrics_out).resolve()) if metrics_out else None,
                    data=str(Path(data).resolve()) if data else None, tracking_uri=tracking_uri,
                    pg_timeout_s=1800)
+    job["progress_out"] = str(run_dir / "progress.jsonl")  # rank 0's steps, for on_step and the summary
+    job["log_steps"] = on_step is None
     job_path = run_dir / "job.json"
     job_path.write_text(json.dumps(job))
     cmd = torchrun_command(layout.world_size, job_path, torchrun_args or [])
@@ -310,9 +367,11 @@ def _launch(run_dir: Path, cluster, model, config, layout, *, steps, seed, check
     # caller's own signal handling stays in charge
     in_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)} if in_main else {}
+    progress = _StepReader(run_dir / "progress.jsonl", on_step)
+    started = time.monotonic()
     try:
         try:
-            code = proc.wait(timeout=timeout_s)
+            code = _wait(proc, timeout_s, progress.poll)
         except subprocess.TimeoutExpired:
             stop_ranks()
             try:
@@ -326,7 +385,14 @@ def _launch(run_dir: Path, cluster, model, config, layout, *, steps, seed, check
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    outcome = TrainOutcome(code)
+    progress.poll()
+    outcome = TrainOutcome(code, wall_time_s=time.monotonic() - started)
+    records = progress.records
+    if records:
+        outcome.steps_run = len(records)
+        rates = [r["tokens_per_s"] for r in records[1:]] or [records[0]["tokens_per_s"]]
+        outcome.mean_tokens_per_s = sum(rates) / len(rates)
+        outcome.final_loss = records[-1]["loss"]
     result = run_dir / "result.json"
     if result.exists():
         info = json.loads(result.read_text())

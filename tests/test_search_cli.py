@@ -175,3 +175,85 @@ def test_ui_serves_the_local_store_on_localhost_only():
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "5123"
     assert cmd[cmd.index("--backend-store-uri") + 1] == "sqlite:///mlflow.db"
     assert command("sqlite:////x/m.db", 1)[cmd.index("--backend-store-uri") + 1] == "sqlite:////x/m.db"
+
+
+def test_compare_prints_one_row_per_search(searched, workdir):
+    """Three searches in one experiment (the module's random one and two more): three rows."""
+    from autotune.search.api import tune
+
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    tune("mixed-a100-v100", "gpt2-xl", method="uniform", budget=4, tracking_uri=uri)
+    tune("mixed-a100-v100", "gpt2-xl", method="optuna", budget=5, tracking_uri=uri,
+         storage=str(workdir / "optuna.journal"))
+    r = cli("compare", "--experiment", "mixed-a100-v100__gpt2-xl", "--csv", cwd=workdir)
+    assert r.returncode == 0, r.stderr
+    import csv
+
+    rows = list(csv.DictReader(r.stdout.splitlines()))
+    assert [(row["method"], row["budget"]) for row in rows] == [("random", "8"), ("uniform", "4"), ("optuna", "5")]
+    assert all(float(row["best_tokens_per_s"]) > 0 and int(row["found_at"]) >= 1 for row in rows)
+    assert all(row["status"] == "FINISHED" for row in rows)
+    table = cli("compare", cwd=workdir)  # the most recent search's experiment, as a table
+    assert table.returncode == 0 and "searches in experiment mixed-a100-v100__gpt2-xl" in table.stdout
+    assert sum(line.split()[0] in ("random", "uniform", "optuna") for line in table.stdout.splitlines()
+               if line.strip()) == 3
+
+
+def test_compare_names_a_missing_experiment(searched, workdir):
+    r = cli("compare", "--experiment", "nope", cwd=workdir)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no experiment 'nope'" in r.stderr
+
+
+def test_search_ends_with_its_summary(searched):
+    out = searched.stdout
+    import re
+
+    assert re.search(r"top [1-5] plans", out) and "best found at evaluation" in out
+    assert "per second" in out and "out of memory" in out
+    assert "x the best heterogeneity-blind uniform plan" in out
+    assert "http://127.0.0.1:5000/#/experiments/" in out
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_how_to_resume_and_fresh_starts_over(tmp_path):
+    """SIGINT (Ctrl-C) mid-search: one message that re-running resumes, exit 130, the parent run
+    KILLED; the same command then resumes to exactly --budget; --fresh starts a new study."""
+    import optuna
+
+    from autotune.search.agents.tpe import open_storage
+
+    args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "optuna", "--budget", "70",
+            "--seed", "4"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen([*AUTOTUNE, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    name = "mixed-a100-v100__gpt2-xl__optuna__seed4"
+    journal = str(tmp_path / "optuna.journal")
+
+    def evaluated(study_name: str = name) -> int:
+        try:
+            study = optuna.load_study(study_name=study_name, storage=open_storage(journal))
+        except Exception:  # not created yet
+            return 0
+        return sum(bool(t.user_attrs.get("evaluated")) for t in study.trials)
+
+    deadline = time.time() + 120
+    while time.time() < deadline and evaluated() < 5:
+        time.sleep(0.3)
+    assert proc.poll() is None, "the search finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Re-run the same command to resume" in err and "Traceback" not in err
+    done = evaluated()
+    assert 5 <= done < 70
+
+    again = cli(*args, cwd=tmp_path, timeout=240)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming: {done} of 70 plans already evaluated" in again.stderr
+    assert evaluated() == 70
+
+    fresh = cli(*args[:-4], "--budget", "4", "--seed", "4", "--fresh", cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr
+    assert "resuming" not in fresh.stderr
+    assert evaluated(name + "__fresh2") == 4 and evaluated() == 70  # the earlier study is kept

@@ -1,4 +1,5 @@
-"""MLflow record of searches (one real SQLite store per module): parent + children, artifacts, best
+"""MLflow record of searches (one real SQLite store per module; the tests before the re-run tests
+see the fixture's first searches): parent + children, artifacts, best
 plan read back, methods side by side in one experiment, Optuna resume without duplicated children."""
 
 from __future__ import annotations
@@ -64,6 +65,46 @@ def test_one_parent_and_budget_children_with_artifacts(store):
     assert ParallelConfig.from_json(parent.data.tags[BEST_TAG]) == result.best_config
     history = client.get_metric_history(result.run_id, "best_tokens_per_s")
     assert len(history) == 12 and history[-1].value == pytest.approx(result.best_measurement.tokens_per_s)
+
+
+def test_the_experiment_opens_on_training_runs_and_describes_itself(store):
+    exp = _client(store["uri"]).get_experiment_by_name(EXPERIMENT)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # not the GenAI traces view
+    assert "gpt2-xl" in exp.tags["mlflow.note.content"] and "mixed-a100-v100" in exp.tags["mlflow.note.content"]
+
+
+def test_children_are_finished_whatever_the_plan_did_and_say_it(store):
+    client = _client(store["uri"])
+    children = _children(client, store["optuna"].run_id) + _children(client, store["random"].run_id)
+    assert {c.info.status for c in children} == {"FINISHED"}  # out of memory is an answer, not a failure
+    oom = [c for c in children if c.data.metrics["oom"] == 1.0]
+    assert oom and all(c.data.tags["status"] == "oom" and c.data.metrics["ok"] == 0.0 for c in oom)
+    named = {c.info.run_name for c in children}
+    assert any(n.startswith("optuna #0001: ") and "tokens/s" in n for n in named), named
+    assert any("out of memory" in n for n in named)
+
+
+def test_the_parent_has_the_comparison_columns_and_a_readable_name(store):
+    result: TuneResult = store["optuna"]
+    parent = _client(store["uri"]).get_run(result.run_id)
+    assert parent.info.run_name == "optuna, 12 plans, seed 0 (simulator)"
+    m = parent.data.metrics
+    s = result.summary
+    assert m["best_tokens_per_s"] == pytest.approx(result.best_measurement.tokens_per_s)
+    assert m["found_at"] == s.found_at >= 1 and m["evaluations"] == 12
+    assert m["oom_plans"] == s.oom and m["evaluations_per_s"] > 0
+    # the speedup over uniform under the same budget rule: 12 plans of the uniform grid
+    assert s.uniform_evaluations == min(12, s.uniform_grid)
+    assert m["speedup_vs_uniform"] == pytest.approx(result.best_measurement.tokens_per_s / s.uniform_best_tokens_per_s)
+    assert result.run_url.endswith(f"/#/experiments/{parent.info.experiment_id}/runs/{result.run_id}")
+
+
+def test_the_summary_ranks_the_top_plans(store):
+    s = store["optuna"].summary
+    scores = [ev.score for ev in s.top]
+    assert 1 <= len(scores) <= 5 and scores == sorted(scores, reverse=True)
+    assert scores[0] == pytest.approx(store["optuna"].best_measurement.tokens_per_s)
+    assert s.top[0].index == s.found_at
 
 
 def test_methods_share_one_experiment(store):
@@ -165,3 +206,4 @@ def test_optuna_resume_after_a_kill_mid_mlflow_write_reaches_exactly_the_budget(
     assert len(evaluated) == budget == len(children)
     assert {t.user_attrs["config_key"] for t in evaluated} == {c.data.tags["autotune.config_key"] for c in children}
     assert all(c.info.status != "RUNNING" and c.data.params for c in children)
+

@@ -11,7 +11,7 @@ from pathlib import Path
 def run(cluster: str, model: str, method: str, budget: int, global_batch_size: int | None, backend: str, seed: int,
         output: Path | None, tracking_uri: str | None, experiment: str | None, storage: str | None,
         profile: Path | None, workers: int, policy: Path | None, start: str = "dp", max_sync_every: int = 1,
-        run_timeout: float = 300.0) -> int:
+        run_timeout: float = 300.0, fresh: bool = False) -> int:
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -28,7 +28,7 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
                         # drawn on a terminal only, and erased at the end: an error stays one line,
                         # and the summary line below says how it went
                         transient=True, disable=not console.is_terminal)
-    state = {"best": 0.0}
+    state = {"best": 0.0, "done": 0}
     started = time.monotonic()
 
     def best_text() -> str:
@@ -42,7 +42,7 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
             progress.update(task, what=escape(text))
 
         def on_start(run_id: str, done: int, best: float) -> None:
-            state["best"] = best
+            state["best"], state["done"] = best, done
             progress.update(task, completed=done, what=best_text())
             if done:
                 console.print(f"resuming: {done} of {budget} plans already evaluated"
@@ -52,16 +52,23 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
             if ev.measurement.status == "pruned":  # screened out (backend real): no budget spent
                 return
             state["best"] = max(state["best"], ev.score)
+            state["done"] += 1
             progress.update(task, advance=1, what=best_text())
 
         from autotune.search.api import tune
 
         on_status("loading the cluster and model")
-        result = tune(cluster, model, method=method, budget=budget, backend=backend, seed=seed,
-                      global_batch_size=global_batch_size, tracking_uri=tracking_uri, experiment=experiment,
-                      storage=storage, profile=profile, workers=workers, policy=policy, start=start,
-                      max_sync_every=max_sync_every, on_evaluation=on_evaluation, on_start=on_start,
-                      on_status=on_status, run_timeout_s=run_timeout)
+        try:
+            result = tune(cluster, model, method=method, budget=budget, backend=backend, seed=seed,
+                          global_batch_size=global_batch_size, tracking_uri=tracking_uri, experiment=experiment,
+                          storage=storage, profile=profile, workers=workers, policy=policy, start=start,
+                          max_sync_every=max_sync_every, fresh=fresh, on_evaluation=on_evaluation,
+                          on_start=on_start, on_status=on_status, run_timeout_s=run_timeout)
+        except KeyboardInterrupt:
+            progress.stop()
+            console.print(f"interrupted: {state['done']} of {budget} plans are recorded. Re-run the same command "
+                          "to resume where it stopped (add --fresh to start over).", highlight=False)
+            raise SystemExit(130) from None
     elapsed = time.monotonic() - started
     console.print(f"{method}: {result.evaluations}/{budget} evaluations in {elapsed:.1f} s, best "
                   f"{result.best_measurement.tokens_per_s:,.0f} tokens/s", highlight=False)
@@ -131,10 +138,53 @@ def _print_result(out, result) -> None:
                            if s == 0 else "")
             plan.add_row(*row)
     out.print(plan)
+    _print_summary(out, result)
     if result.run_id:
         uri = result.tracking_uri
         ui = "autotune ui" + ("" if uri == "sqlite:///mlflow.db" else f" --tracking-uri {uri}")
-        out.print(f"MLflow: experiment [bold]{escape(result.experiment)}[/bold], parent run {result.run_id}, "
-                  f"store {escape(uri)}", soft_wrap=True)
-        out.print(f"        see it with `{escape(ui)}`, then open http://127.0.0.1:5000 (best_config.json, "
-                  "best_timeline.png and search_progress.png are the parent run's artifacts)", soft_wrap=True)
+        out.print(f"MLflow: experiment [bold]{escape(result.experiment)}[/bold], store {escape(uri)}", soft_wrap=True)
+        if result.run_url:
+            out.print(f"        this search: {result.run_url}  (start the UI with `{ui}`)", soft_wrap=True)
+        out.print(f"        compare the searches of this experiment: autotune compare --experiment "
+                  f"{escape(result.experiment)}", soft_wrap=True)
+
+
+def _print_summary(out, result) -> None:
+    """The top plans and the numbers that sum a search up (``autotune.search.summary``)."""
+    from rich.table import Table
+
+    from autotune.search.tracking import plan_shape
+
+    s = result.summary
+    if s is None:
+        return
+    top = Table(title=f"top {len(s.top)} plans", title_justify="left")
+    for col, just in (("#", "right"), ("tokens/s", "right"), ("found at", "right"), ("iteration s", "right"),
+                      ("peak GiB", "right"), ("plan", "left")):
+        top.add_column(col, justify=just)
+    for rank, ev in enumerate(s.top, 1):
+        m = ev.measurement
+        top.add_row(str(rank), f"{m.tokens_per_s:,.0f}", str(ev.index), f"{m.iteration_time_s:.3f}",
+                    f"{max(m.peak_memory_GiB.values(), default=0.0):.1f}", escape(plan_shape(ev.config)))
+    out.print(top)
+    lines = [f"best found at evaluation {s.found_at} of {s.evaluations}"
+             + (f" ({s.evaluations - s.new_evaluations} of them before this run resumed)"
+                if s.new_evaluations < s.evaluations else ""),
+             f"{s.new_evaluations} evaluations in {s.wall_time_s:.1f} s: {s.evaluations_per_s:.1f} per second",
+             f"{s.oom} out of memory, {s.failed} failed, {s.invalid} invalid proposals (free: not evaluated)"]
+    if s.speedup_vs_uniform is not None:
+        grid = (f"all {s.uniform_grid} plans of its grid" if s.uniform_evaluations >= s.uniform_grid else
+                f"{s.uniform_evaluations} of its {s.uniform_grid} grid plans")
+        lines.append(f"{s.speedup_vs_uniform:.2f}x the best heterogeneity-blind uniform plan "
+                     f"({s.uniform_best_tokens_per_s:,.0f} tokens/s; --method uniform under the same budget: {grid})")
+    elif result.backend == "real" and result.method != "uniform":
+        lines.append("speedup over uniform: not computed with --backend real (it would cost real runs; "
+                     "run --method uniform with the same budget to compare)")
+    for line in lines:
+        out.print(line, highlight=False, soft_wrap=True)
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(str(text))

@@ -1,4 +1,8 @@
-"""``autotune train``: train the model under a plan on torchrun-launched ranks (``runner.train``)."""
+"""``autotune train``: train the model under a plan on torchrun-launched ranks (``runner.train``).
+
+On a terminal a progress bar follows rank 0's steps (loss, tokens/s); elsewhere rank 0 logs a line
+per step. Either way the command ends with a summary: steps, mean tokens/s, final loss, wall time.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +14,35 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
         data: Path | None, tracking_uri: str | None, seed: int, torchrun_args: list[str]) -> int:
     from rich.console import Console
     from rich.markup import escape
-
-    from runner.train import train
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
-    outcome = train(cluster, model, config, steps=steps, checkpoint_dir=checkpoint_dir,
-                    checkpoint_every=checkpoint_every, resume=resume, metrics_out=metrics_out, data=data,
-                    tracking_uri=tracking_uri, seed=seed, torchrun_args=torchrun_args,
-                    global_batch_size=global_batch_size)
+    progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[what]}"),
+                        TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal)
+    with progress:
+        task = progress.add_task("train", total=steps, what="loading torch")
+        from runner.train import train
+
+        progress.update(task, what="starting torchrun and the ranks")
+
+        def on_step(record: dict) -> None:
+            progress.update(task, completed=record["step"],
+                            what=f"steps  loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tokens/s")
+
+        outcome = train(cluster, model, config, steps=steps, checkpoint_dir=checkpoint_dir,
+                        checkpoint_every=checkpoint_every, resume=resume, metrics_out=metrics_out, data=data,
+                        tracking_uri=tracking_uri, seed=seed, torchrun_args=torchrun_args,
+                        global_batch_size=global_batch_size, on_step=on_step if console.is_terminal else None)
     if outcome.returncode != 0:
         console.print(f"[red]training failed[/red]: {escape(outcome.error)}")  # gloo writes "[/path:line]"
         return 1
     how = "stopped by SIGTERM/Ctrl-C" if outcome.stopped else "done"
-    where = f"; checkpoint in {checkpoint_dir}" if checkpoint_dir else ""
-    console.print(escape(f"training {how} after step {outcome.steps_done}{where}"))
+    where = f"; checkpoint in {escape(str(checkpoint_dir))}" if checkpoint_dir else ""
+    console.print(f"training {how} after step {outcome.steps_done}{where}", highlight=False)
+    if outcome.steps_run:
+        console.print(f"  {outcome.steps_run} steps in {outcome.wall_time_s:.1f} s (torchrun start-up included), "
+                      f"mean {outcome.mean_tokens_per_s:,.0f} tokens/s"
+                      + (" after the first step" if outcome.steps_run > 1 else "")
+                      + (f", final loss {outcome.final_loss:.4f}" if outcome.final_loss is not None else ""),
+                      highlight=False, soft_wrap=True)
     return 0

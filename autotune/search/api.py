@@ -30,6 +30,7 @@ from autotune.loading import load_cluster, load_model
 from autotune.search.agents import METHODS, run_exhaustive, run_random, run_uniform
 from autotune.search.budget import PRUNED, BudgetedEvaluator, Evaluation
 from autotune.search.space import SearchSpace
+from autotune.search.summary import SearchSummary
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,15 @@ class TuneResult:
     best_curve: tuple[float, ...] = field(default_factory=tuple)
     screened: int = 0  # plans screened out without spending the budget (memory model, calibration screen)
     memory_screened: int = 0  # of those, the plans the memory model alone answered oom (memory first)
+    summary: "SearchSummary | None" = None  # top plans, found at, speed, oom counts, speedup vs uniform
+    experiment_id: str = ""
+
+    @property
+    def run_url(self) -> str:
+        """The parent run's page in the MLflow UI started by ``autotune ui`` (default port 5000)."""
+        if not self.run_id or not self.experiment_id:
+            return ""
+        return f"http://127.0.0.1:5000/#/experiments/{self.experiment_id}/runs/{self.run_id}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"best_config": self.best_config.to_dict(), "best_measurement": self.best_measurement.to_dict(timeline=True),
@@ -69,7 +79,9 @@ class TuneResult:
                 "model": self.model, "budget": self.budget, "seed": self.seed, "backend": self.backend,
                 "experiment": self.experiment, "run_id": self.run_id, "tracking_uri": self.tracking_uri,
                 "best_curve": list(self.best_curve), "screened": self.screened,
-                "memory_screened": self.memory_screened}
+                "memory_screened": self.memory_screened,
+                "summary": self.summary.to_dict() if self.summary is not None else None,
+                "experiment_id": self.experiment_id}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -83,7 +95,9 @@ class TuneResult:
                    budget=int(d["budget"]), seed=int(d["seed"]), backend=d["backend"],
                    experiment=d.get("experiment", ""), run_id=d.get("run_id", ""),
                    tracking_uri=d.get("tracking_uri", ""), best_curve=tuple(d.get("best_curve", ())),
-                   screened=int(d.get("screened", 0)), memory_screened=int(d.get("memory_screened", 0)))
+                   screened=int(d.get("screened", 0)), memory_screened=int(d.get("memory_screened", 0)),
+                   summary=SearchSummary.from_dict(d["summary"]) if d.get("summary") else None,
+                   experiment_id=d.get("experiment_id", ""))
 
     def output_document(self) -> dict[str, Any]:
         """The ``search --output`` file: the config (SPEC.md format) plus ``"measurement"``."""
@@ -108,7 +122,7 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
          on_evaluation: Callable[[Evaluation], None] | None = None, track: bool = True,
          on_start: Callable[[str, int, float], None] | None = None, start: str = "dp", max_sync_every: int = 1,
          on_status: Callable[[str], None] | None = None, background_record: bool | None = None,
-         run_timeout_s: float = 300.0) -> TuneResult:
+         run_timeout_s: float = 300.0, fresh: bool = False) -> TuneResult:
     """Search ``budget`` distinct plans with ``method``; log the search to MLflow; return the best.
 
     ``evaluator`` replaces the backend's evaluator (it must be for the same cluster and model);
@@ -123,6 +137,9 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     environment variable ``AUTOTUNE_MLFLOW_WRITER=process|inline`` overrides the default).
     ``max_sync_every``: the largest ``sync_every_steps`` an MoE plan may get (SPES; default 1: replicas
     synchronise every step). A dense model's space has no such dimension.
+    A re-run with the same arguments resumes the search (its Optuna study, or for the other methods
+    the MLflow parent run with the same resume key); ``fresh=True`` starts a new one instead (a new
+    study generation ``<name>__fresh<k>``, a new parent run; the earlier ones stay where they are).
     ``start="dp"`` (default) makes ``optuna`` and ``rl`` evaluate the structured planner's best plan
     first (``autotune.search.planner``; one evaluation of the budget), so they start from it: TPE
     sees it as the best so far, and the rl walk starts there when it beats rl's own start plans;
@@ -207,7 +224,7 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         name = study_name or f"{exp_name}__optuna__seed{seed}{sync}"
         storage = storage or tpe.default_storage()
         say(f"opening the Optuna study {name} in {storage}")
-        study = tpe.open_study(space, name, storage, seed)
+        study = tpe.open_study(space, name, storage, seed, fresh=fresh)
 
     tags = {"autotune.method": method, "autotune.backend": backend, "autotune.cluster": cluster_spec.name,
             "autotune.model": model_spec.name}
@@ -218,7 +235,7 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         key = tracking.resume_key(method, seed, backend, cluster_spec, model_spec, sorted((restrict or {}).items()),
                                   start, str(policy), str(profile), max_sync_every)
         tags[tracking.RESUME_TAG] = key
-        resume_id = tracker.find_parent(key)
+        resume_id = None if fresh else tracker.find_parent(key)
 
     listeners: list[Callable[[Evaluation], None]] = []
     if tracker is not None:
@@ -278,6 +295,9 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         best_before = budgeted.best.score if budgeted.best is not None else 0.0
         on_start(tracker.parent_id if tracker else "", budgeted.used, best_before)
 
+    preloaded = budgeted.used
+    began = time.monotonic()
+    summary = None
     status = "FAILED"
     try:
         _run_agent(method, space, budgeted, seed, study=study, storage=storage, workers=workers, policy=policy,
@@ -291,6 +311,19 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         raise
     finally:
         best = _best_with_timeline(budgeted)
+        wall = time.monotonic() - began
+        uniform = None
+        if status == "FINISHED" and budgeted.best is not None:
+            if method == "uniform":
+                uniform = (budgeted.best.score, budgeted.used, len(space.uniform_plans()))
+            elif backend == "sim":
+                from autotune.search.summary import uniform_baseline
+
+                say("the uniform baseline under the same budget (for the speedup)")
+                uniform = uniform_baseline(budgeted, seed)
+        from autotune.search.summary import summarize
+
+        summary = summarize(budgeted, wall, preloaded, uniform)
         if screen is not None:
             log.info("search: %d real runs, %d plans screened out by the corrected simulator", budgeted.used,
                      len(budgeted.screened))
@@ -304,6 +337,7 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
             say("writing the best plan and the pictures to MLflow")
             tracker.finish(best, budgeted.best_curve(), [ev.score for ev in budgeted.history],
                            title=f"{method} on {cluster_spec.name} / {model_spec.name}", status=status,
+                           summary=summary.metrics(),
                            statuses=[tracking.status_of(ev.measurement) for ev in budgeted.history])
     best = _best_with_timeline(budgeted)
     if best is None:
@@ -319,7 +353,8 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
                       backend=backend, experiment=exp_name if tracker else "",
                       run_id=tracker.parent_id or "" if tracker else "",
                       tracking_uri=tracker.tracking_uri if tracker else "", best_curve=tuple(budgeted.best_curve()),
-                      screened=len(budgeted.screened), memory_screened=budgeted.memory_screened)
+                      screened=len(budgeted.screened), memory_screened=budgeted.memory_screened, summary=summary,
+                      experiment_id=(getattr(tracker, "experiment_id", "") or "") if tracker else "")
 
 
 def search_run_name(method: str, budget: int, seed: int, backend: str) -> str:

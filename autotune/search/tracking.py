@@ -269,6 +269,7 @@ class SearchTracker:
         self._curve: list[tuple[int, float]] = []
         self._curve_logged = 0  # steps of the best_tokens_per_s curve already in the parent run
         self._best = 0.0
+        self._prior_wall_s = 0.0  # wall time of the runs this one resumes
 
     # -- parent ------------------------------------------------------------------------------------
     def run_exists(self, run_id: str) -> bool:
@@ -318,6 +319,7 @@ class SearchTracker:
                     continue
             self._logged.add(key)
         self._best = float(run.data.metrics.get("best_tokens_per_s", 0.0))
+        self._prior_wall_s = float(run.data.metrics.get("wall_time_s", 0.0))
         self._curve_logged = len(self.client.get_metric_history(self.parent_id, "best_tokens_per_s"))
         log.info("resuming MLflow run %s with %d plans", self.parent_id, len(self._logged))
 
@@ -434,7 +436,10 @@ class SearchTracker:
             logged = max(logged, len(self.client.get_metric_history(self.parent_id, "best_tokens_per_s")))
         metrics = [Metric("best_tokens_per_s", v, now, i + 1) for i, v in enumerate(best_curve) if i >= logged]
         metrics.append(Metric("evaluations", float(len(best_curve)), now, 0))
-        metrics += [Metric(k, float(v), now, 0) for k, v in (summary or {}).items()]
+        summary = dict(summary or {})
+        if "wall_time_s" in summary:  # the search's wall time over all its runs (kills and resumes)
+            summary["wall_time_s"] += self._prior_wall_s
+        metrics += [Metric(k, float(v), now, 0) for k, v in summary.items()]
         tags = []
         if best is not None:
             tags.append(RunTag(BEST_TAG, best.config.to_json(indent=None)[:_MAX_TAG]))
@@ -484,25 +489,79 @@ def _parse_param(v: str) -> Any:
     return v
 
 
-def read_best(experiment: str | None = None, tracking_uri: str | None = None) -> tuple[ParallelConfig, Measurement, str]:
-    """The best plan recorded in MLflow: over the search runs of ``experiment`` (default: the
-    experiment of the most recent search), the one with the highest ``best_tokens_per_s``.
-    Returns (config, measurement, parent run id)."""
-    client, uri = _client(tracking_uri)
+@dataclass(frozen=True, slots=True)
+class SearchRow:
+    """One search (parent run) of an experiment, as ``autotune compare`` prints it."""
+
+    run_id: str
+    run_name: str
+    method: str
+    budget: int
+    seed: int
+    backend: str
+    status: str
+    evaluations: int
+    best_tokens_per_s: float
+    found_at: int
+    wall_time_s: float
+    speedup_vs_uniform: float | None
+    oom_plans: int
+    started: str  # local time, "YYYY-MM-DD HH:MM"
+
+    FIELDS = ("method", "budget", "seed", "backend", "best_tokens_per_s", "found_at", "evaluations",
+              "wall_time_s", "speedup_vs_uniform", "oom_plans", "status", "started", "run_name", "run_id")
+
+
+def _experiment_ids(client, uri: str, experiment: str | None) -> tuple[list[str], str]:
     if experiment is not None:
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             names = [e.name for e in client.search_experiments()]
             raise SpecError(uri, "experiment", f"no experiment {experiment!r} (the store has: "
                                                f"{', '.join(names) or 'none'})")
-        exp_ids = [exp.experiment_id]
-    else:
-        exps = client.search_experiments()
-        latest = client.search_runs([e.experiment_id for e in exps], filter_string=f"tags.`{ROLE_TAG}` = 'search'",
-                                    order_by=["attributes.start_time DESC"], max_results=1) if exps else []
-        if not latest:
-            raise SpecError(uri, "experiment", "no search recorded in this MLflow store; run `autotune search` first")
-        exp_ids = [latest[0].info.experiment_id]
+        return [exp.experiment_id], exp.name
+    exps = client.search_experiments()
+    latest = client.search_runs([e.experiment_id for e in exps], filter_string=f"tags.`{ROLE_TAG}` = 'search'",
+                                order_by=["attributes.start_time DESC"], max_results=1) if exps else []
+    if not latest:
+        raise SpecError(uri, "experiment", "no search recorded in this MLflow store; run `autotune search` first")
+    exp_id = latest[0].info.experiment_id
+    return [exp_id], client.get_experiment(exp_id).name
+
+
+def list_searches(experiment: str | None = None, tracking_uri: str | None = None) -> tuple[str, list[SearchRow]]:
+    """Every search of ``experiment`` (default: the experiment of the most recent search), oldest
+    first: (experiment name, rows)."""
+    client, uri = _client(tracking_uri)
+    exp_ids, name = _experiment_ids(client, uri, experiment)
+    runs = client.search_runs(exp_ids, filter_string=f"tags.`{ROLE_TAG}` = 'search'",
+                              order_by=["attributes.start_time ASC"], max_results=5000)
+    rows = []
+    for r in runs:
+        p, m = r.data.params, r.data.metrics
+
+        def num(key: str, cast=float, default=0):
+            try:
+                return cast(float(p[key])) if key in p else cast(m[key]) if key in m else default
+            except (TypeError, ValueError):
+                return default
+
+        rows.append(SearchRow(
+            run_id=r.info.run_id, run_name=r.info.run_name or "", method=p.get("method", "?"),
+            budget=num("budget", int), seed=num("seed", int), backend=p.get("backend", "?"), status=r.info.status,
+            evaluations=int(m.get("evaluations", 0)), best_tokens_per_s=float(m.get("best_tokens_per_s", 0.0)),
+            found_at=int(m.get("found_at", 0)), wall_time_s=float(m.get("wall_time_s", 0.0)),
+            speedup_vs_uniform=m.get("speedup_vs_uniform"), oom_plans=int(m.get("oom_plans", 0)),
+            started=time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000))))
+    return name, rows
+
+
+def read_best(experiment: str | None = None, tracking_uri: str | None = None) -> tuple[ParallelConfig, Measurement, str]:
+    """The best plan recorded in MLflow: over the search runs of ``experiment`` (default: the
+    experiment of the most recent search), the one with the highest ``best_tokens_per_s``.
+    Returns (config, measurement, parent run id)."""
+    client, uri = _client(tracking_uri)
+    exp_ids, _ = _experiment_ids(client, uri, experiment)
     runs = client.search_runs(exp_ids, filter_string=f"tags.`{ROLE_TAG}` = 'search'",
                               order_by=["metrics.best_tokens_per_s DESC"], max_results=50)
     runs = [r for r in runs if BEST_TAG in r.data.tags]

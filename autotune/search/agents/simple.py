@@ -48,6 +48,7 @@ def run_random(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
                 misses = 0
             else:
                 misses += 1
+                evaluator.invalid += not decoded.ok  # a proposal that breaks a rule (summary count)
             continue
         misses = 0
         evaluator.evaluate(decoded.config, params)

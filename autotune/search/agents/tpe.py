@@ -171,13 +171,15 @@ class StudyState:
 class SharedStudy:
     """One Optuna study in a storage, plus the in-memory copy TPE samples from."""
 
-    def __init__(self, space: SearchSpace, study_name: str, storage: str | None, seed: int) -> None:
+    def __init__(self, space: SearchSpace, study_name: str, storage: str | None, seed: int,
+                 fresh: bool = False) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.space = space
         self.url = storage or default_storage()
         self.storage = optuna.storages.get_storage(open_storage(self.url))
+        study_name = generation(self.storage, study_name, fresh)
         self.study = optuna.create_study(study_name=study_name, storage=self.storage, direction="maximize",
                                          load_if_exists=True, sampler=optuna.samplers.RandomSampler(seed))
         self.study_name = study_name
@@ -403,8 +405,24 @@ class SharedStudy:
         return legacy if legacy and exists(legacy) else None
 
 
-def open_study(space: SearchSpace, study_name: str, storage: str | None, seed: int) -> SharedStudy:
-    return SharedStudy(space, study_name, storage, seed)
+def generation(storage, base: str, fresh: bool = False) -> str:
+    """The study a search named ``base`` works on: the newest of ``base``, ``base__fresh2``,
+    ``base__fresh3`` ... in ``storage``; with ``fresh`` the next one (``--fresh`` starts over and keeps
+    the earlier studies; a later run without it resumes the fresh one)."""
+    import re
+
+    pattern = re.compile(re.escape(base) + r"(?:__fresh(\d+))?$")
+    newest = 0
+    for study in storage.get_all_studies():
+        m = pattern.match(study.study_name)
+        if m:
+            newest = max(newest, int(m.group(1) or 1))
+    k = newest + 1 if fresh else max(newest, 1)
+    return base if k == 1 else f"{base}__fresh{k}"
+
+
+def open_study(space: SearchSpace, study_name: str, storage: str | None, seed: int, fresh: bool = False) -> SharedStudy:
+    return SharedStudy(space, study_name, storage, seed, fresh=fresh)
 
 
 def evaluated_trials(study) -> list:
@@ -551,6 +569,7 @@ def run_optuna(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
             decoded = space.decode(trial.params)
             if not decoded.ok:
                 misses += 1
+                evaluator.invalid += 1  # a proposal that breaks a rule: free, counted for the summary
                 shared.local.tell(trial, 0.0)
                 continue
             config: ParallelConfig = decoded.config  # type: ignore[assignment]
