@@ -75,11 +75,30 @@ def _sqlite_path(url: str) -> Path | None:
     return Path(url[len(prefix):])
 
 
+def postgres_driver(url: str) -> str:
+    """``postgresql://...`` names SQLAlchemy's psycopg2 driver; with only psycopg 3 installed (the dev
+    extra's), use it instead. A missing driver is one clear line."""
+    import importlib.util
+
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("postgresql", "postgres"):
+        return url
+    if importlib.util.find_spec("psycopg2") is not None:
+        return "postgresql://" + rest
+    if importlib.util.find_spec("psycopg") is not None:
+        return "postgresql+psycopg://" + rest
+    from autotune.errors import SpecError
+
+    raise SpecError("--storage", "", "a PostgreSQL storage needs a driver: pip install 'psycopg[binary]' "
+                                     "(or psycopg2)")
+
+
 def _open_rdb(url: str, attempts: int = 6):
     """``RDBStorage(url)``; retried when another process is creating the same tables right now."""
     import optuna
     from sqlalchemy import event
 
+    url = postgres_driver(url)
     path = _sqlite_path(url)
     engine_kwargs: dict[str, Any] = {}
     if path is not None:
