@@ -9,9 +9,9 @@ search needs (``start``, ``recorded``, ``run_exists``, ``finish`` ...) wait for 
 per-plan ``log_evaluation`` and ``log_parent_metrics`` are queued and return at once, in order.
 ``finish`` waits until everything queued is written. An error in a queued call is raised by the next
 call that waits. The writer ignores Ctrl-C (the search's process handles it and then finishes the
-record) and exits when the search's process is gone, after writing what it had received; what was
-still queued in a killed process is missing from MLflow but not from the Optuna study, and a
-resumed search logs it (``api.tune``).
+record) and dies with the search's process (``autotune.lifeline``); what was still queued when the
+search was killed is missing from MLflow but not from the Optuna study, and a resumed search logs
+it (``api.tune``; the other methods evaluate those plans again).
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ class WriterError(RuntimeError):
 def _serve(tracking_uri: str | None, experiment: str, description: str, calls, replies, parent_pid: int) -> None:
     import signal
 
+    from autotune.lifeline import die_with_parent
+
+    die_with_parent(parent=parent_pid)  # a killed search takes its writer along (what it queued is in the study)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle; it then calls finish
     from autotune.commands.search import quiet_libraries
 
