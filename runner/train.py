@@ -273,7 +273,8 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
             return _launch(run_dir, cluster, model, config, layout, steps=steps, seed=seed,
                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                            resume_from=resume_from, metrics_out=metrics_out, data=data,
-                           tracking_uri=tracking_uri, torchrun_args=torchrun_args, timeout_s=timeout_s, quiet=quiet)
+                           tracking_uri=tracking_uri, torchrun_args=torchrun_args, timeout_s=timeout_s, quiet=quiet,
+                           on_step=on_step)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
     finally:
@@ -318,7 +319,8 @@ def _ranks_of(pid: int) -> list[int]:
 
 
 def _launch(run_dir: Path, cluster, model, config, layout, *, steps, seed, checkpoint_dir, checkpoint_every,
-            resume_from, metrics_out, data, tracking_uri, torchrun_args, timeout_s, quiet) -> TrainOutcome:
+            resume_from, metrics_out, data, tracking_uri, torchrun_args, timeout_s, quiet,
+            on_step=None) -> TrainOutcome:
     from runner.jobs import make_job
     from runner.launch import worker_env
 

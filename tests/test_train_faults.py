@@ -112,3 +112,25 @@ def test_dangling_latest_resumes_from_newest_complete_and_metrics_keep_one_row_p
     evil = train("cpu-2", "tiny", PLAN, steps=3, checkpoint_dir=ckpt, resume=True, quiet=True, timeout_s=300)
     assert evil.returncode != 0 and "posix.system is not part of a checkpoint's metadata" in evil.error, evil.error
     assert not marker.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_train_reports_each_step_and_ends_with_a_summary(tmp_path):
+    """``on_step`` hears of rank 0's steps (the CLI's progress bar); the CLI ends with steps, mean
+    tokens/s, final loss and wall time."""
+    import subprocess
+    import sys
+
+    heard = []
+    outcome = train("cpu-2", "tiny", PLAN, steps=3, quiet=True, timeout_s=300, on_step=heard.append)
+    assert outcome.returncode == 0, outcome.error
+    assert [r["step"] for r in heard] == [1, 2, 3] and outcome.steps_run == 3
+    assert outcome.final_loss == pytest.approx(heard[-1]["loss"]) and outcome.mean_tokens_per_s > 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    r = subprocess.run([sys.executable, "-m", "autotune.cli", "train", "--cluster", "cpu-2", "--model", "tiny",
+                        "--config", str(plan), "--steps", "2"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "training done after step 2" in r.stderr and "2 steps in" in r.stderr and "final loss" in r.stderr
