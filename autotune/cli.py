@@ -21,6 +21,27 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Find and run the fastest training plan for an LLM on a mixed GPU cluster.")
 
+
+def _flags_take_no_value() -> None:
+    """typer 0.29's help shows ``<bool>`` beside a flag (``--json <bool>``) as if it took a value:
+    show nothing there for flags (``tests/test_cli_usage.py`` checks every command's help)."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_autotune", False):
+        return
+
+    def display_type_rich(self, ctx):
+        if getattr(self, "is_flag", False) and self.metavar is None:
+            return None
+        return shown(self, ctx)
+
+    display_type_rich._autotune = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_take_no_value()
+
 ClusterOpt = typer.Option(..., "--cluster", help="Cluster YAML path or preset name.")
 ModelOpt = typer.Option(..., "--model", help="Model YAML path or preset name.")
 GbsOpt = typer.Option(None, "--global-batch-size", help="Override the model's global batch size (sequences).")
@@ -98,11 +119,14 @@ def search(
     budget: int = typer.Option(100, "--budget", help="Number of evaluated plans."),
     global_batch_size: Optional[int] = GbsOpt,
     backend: str = typer.Option("sim", "--backend", help="sim (simulator) or real (profiled runs)."),
-    seed: int = typer.Option(0, "--seed"),
-    output: Optional[Path] = typer.Option(None, "--output", help="Write the best config JSON here."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the method's random choices (0 to 2**32-1); another seed "
+                             "is another search."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Write the best config JSON here (the plan file "
+                                          "measure and train take, plus its measurement)."),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow.db)."),
     experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment (default: cluster+model)."),
-    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: local SQLite)."),
+    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage: optuna.journal (the default, a journal file in the working directory), "
+                                    "sqlite:///FILE or postgresql://USER@HOST/DB (several machines)."),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Calibration profile for the simulator."),
     workers: int = typer.Option(1, "--workers", help="Optuna worker processes on one study."),
     policy: Optional[Path] = typer.Option(None, "--policy", help="RL policy file (default: the shipped one)."),
@@ -139,8 +163,10 @@ def compare(
 
 @app.command()
 def best(
-    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment name."),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment (default: the one of "
+                                             "the most recent search)."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default "
+                                               "sqlite:///mlflow.db)."),
 ) -> None:
     """Print the best config JSON recorded in MLflow."""
     _run("best", experiment=experiment, tracking_uri=tracking_uri)
@@ -153,16 +179,22 @@ def train(
     model: str = ModelOpt,
     config: Path = typer.Option(..., "--config", help="Parallel config JSON (e.g. from search --output)."),
     global_batch_size: Optional[int] = GbsOpt,
-    steps: int = typer.Option(10, "--steps"),
-    checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir"),
+    steps: int = typer.Option(10, "--steps", help="Train until this optimizer step (a resumed run counts the "
+                              "steps before its checkpoint)."),
+    checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir", help="Directory for checkpoints "
+                                                  "(torch.distributed.checkpoint; one train at a time)."),
     checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Checkpoint every K steps (0: only at the end)."),
-    resume: bool = typer.Option(False, "--resume"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --checkpoint-dir "
+                                "(the one 'latest' names, else the newest complete one)."),
     metrics_out: Optional[Path] = typer.Option(None, "--metrics-out", help="Append one JSON line per step."),
     data: Optional[Path] = typer.Option(None, "--data", help="Text file (byte-level tokens); default synthetic."),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Also log steps to MLflow."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic data."),
 ) -> None:
-    """Train the model with a plan on torch.distributed (torchrun); extra args go to torchrun."""
+    """Train the model with a plan on torch.distributed (torchrun); extra args go to torchrun.
+
+    Several machines: run the same command on each with torchrun's flags, e.g. --nnodes 2
+    --node-rank 0 --nproc-per-node 4 --master-addr HOST --master-port 29500 (README)."""
     _run("train", cluster=cluster, model=model, config=config, global_batch_size=global_batch_size, steps=steps,
          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume, metrics_out=metrics_out,
          data=data, tracking_uri=tracking_uri, seed=seed, torchrun_args=list(ctx.args))
@@ -170,8 +202,9 @@ def train(
 
 @app.command()
 def ui(
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
-    port: int = typer.Option(5000, "--port"),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store to show (default "
+                                               "sqlite:///mlflow.db)."),
+    port: int = typer.Option(5000, "--port", help="Port of the UI on 127.0.0.1."),
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 for the local store."""
     _run("ui", tracking_uri=tracking_uri, port=port)
