@@ -48,7 +48,7 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
             table.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
             table.add_row("iteration time", f"{m.iteration_time_s:.4f} s")
             table.add_row("MFU", f"{m.mfu:.1%}")
-            table.add_row("bubble", f"{m.bubble_fraction:.1%}")
+            table.add_row("idle (not forward/backward)", f"{m.bubble_fraction:.1%}")
             table.add_row("stage busy (slowest pipeline)", ", ".join(f"{b:.4f} s" for b in m.stage_busy_s))
             for device, gib in m.peak_memory_GiB.items():
                 table.add_row(escape(f"peak memory {device}"), f"{gib:.3f} GiB")

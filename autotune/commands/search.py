@@ -104,7 +104,7 @@ def _print_result(out, result) -> None:
     summary.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
     summary.add_row("iteration time", f"{m.iteration_time_s:.3f} s")
     summary.add_row("MFU", f"{m.mfu:.1%}")
-    summary.add_row("bubble", f"{m.bubble_fraction:.1%}")
+    summary.add_row("pipeline bubble" if result.backend == "sim" else "idle (measured)", f"{m.bubble_fraction:.1%}")
     summary.add_row("peak memory", f"{max(m.peak_memory_GiB.values(), default=0.0):.1f} GiB")
     summary.add_row("status", m.status if not m.oom else "oom")
     summary.add_row("evaluations", f"{result.evaluations} (budget {result.budget}, backend {result.backend})")
@@ -170,8 +170,12 @@ def _print_summary(out, result) -> None:
     lines = [f"best found at evaluation {s.found_at} of {s.evaluations}"
              + (f" ({s.evaluations - s.new_evaluations} of them before this run resumed)"
                 if s.new_evaluations < s.evaluations else ""),
-             f"{s.new_evaluations} evaluations in {s.wall_time_s:.1f} s: {s.evaluations_per_s:.1f} per second",
-             f"{s.oom} out of memory, {s.failed} failed, {s.invalid} invalid proposals (free: not evaluated)"]
+             f"{s.new_evaluations} evaluations in {s.wall_time_s:.1f} s of searching (after loading): "
+             f"{s.evaluations_per_s:.1f} per second",
+             f"{s.oom} evaluated plans out of memory"
+             + (f" (and {result.memory_screened} more the memory model answered, no budget spent)"
+                if result.memory_screened else "")
+             + f", {s.failed} failed, {s.invalid} invalid proposals (free: not evaluated)"]
     if s.speedup_vs_uniform is not None:
         grid = (f"all {s.uniform_grid} plans of its grid" if s.uniform_evaluations >= s.uniform_grid else
                 f"{s.uniform_evaluations} of its {s.uniform_grid} grid plans")

@@ -43,7 +43,7 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
         summary.add_row("tokens/s", f"{result.tokens_per_s:,.0f}")
         summary.add_row("iteration time", f"{result.iteration_time_s:.3f} s")
         summary.add_row("MFU", f"{result.mfu:.1%}")
-        summary.add_row("bubble (slowest pipeline)", f"{result.bubble_fraction:.1%}")
+        summary.add_row("pipeline bubble", f"{result.bubble_fraction:.1%}")
     else:
         summary.add_row("why", result.error)
     if cfg.zero:

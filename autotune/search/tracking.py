@@ -505,7 +505,7 @@ class SearchRow:
     found_at: int
     wall_time_s: float
     speedup_vs_uniform: float | None
-    oom_plans: int
+    oom_plans: int  # out of memory: evaluated plans plus those the memory model answered (no budget spent)
     started: str  # local time, "YYYY-MM-DD HH:MM"
 
     FIELDS = ("method", "budget", "seed", "backend", "best_tokens_per_s", "found_at", "evaluations",
@@ -551,7 +551,7 @@ def list_searches(experiment: str | None = None, tracking_uri: str | None = None
             budget=num("budget", int), seed=num("seed", int), backend=p.get("backend", "?"), status=r.info.status,
             evaluations=int(m.get("evaluations", 0)), best_tokens_per_s=float(m.get("best_tokens_per_s", 0.0)),
             found_at=int(m.get("found_at", 0)), wall_time_s=float(m.get("wall_time_s", 0.0)),
-            speedup_vs_uniform=m.get("speedup_vs_uniform"), oom_plans=int(m.get("oom_plans", 0)),
+            speedup_vs_uniform=m.get("speedup_vs_uniform"), oom_plans=int(m.get("oom_plans", 0) + m.get("memory_screened", 0)),  # evaluated + memory-screened
             started=time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000))))
     return name, rows
 
