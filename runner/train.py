@@ -142,6 +142,7 @@ class TrainOutcome:
     mean_tokens_per_s: float = 0.0  # over this run's steps after the first (the first includes warm-up)
     final_loss: float | None = None
     wall_time_s: float = 0.0  # launch to exit, torchrun's start-up included
+    rank0_here: bool = True  # False on the machines of a multi-node run that do not run rank 0 (no step report)
 
     @property
     def error(self) -> str:
@@ -205,6 +206,20 @@ def _wait(proc: subprocess.Popen, timeout_s: float | None, poll: Callable[[], No
                 raise
 
 
+def _node_rank(torchrun_args: list[str] | None) -> int:
+    """torchrun's ``--node-rank`` among ``torchrun_args`` (0 when not given: one machine, or node 0)."""
+    args = list(torchrun_args or [])
+    for i, a in enumerate(args):
+        name, _, value = a.partition("=")
+        if name in ("--node-rank", "--node_rank"):
+            value = value if _ else (args[i + 1] if i + 1 < len(args) else "0")
+            try:
+                return int(value)
+            except ValueError:
+                raise SpecError("torchrun", name, f"must be an integer, got {value!r}") from None
+    return 0
+
+
 def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str]) -> list[str]:
     """``python -m torch.distributed.run`` for ``job_path``: ``--standalone`` unless multi-node flags are given."""
     args = list(torchrun_args)
@@ -263,7 +278,8 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
     from runner import checkpoint
     from runner.launch import make_run_dir
 
-    held = checkpoint.lock(checkpoint_dir) if checkpoint_dir is not None else None  # one trainer per directory
+    # one trainer per directory; on several machines the directory is shared and node 0's launcher holds it
+    held = checkpoint.lock(checkpoint_dir) if checkpoint_dir is not None and _node_rank(torchrun_args) == 0 else None
     try:
         resume_from = checkpoint.resume_point(checkpoint_dir) if resume else None
         if resume_from is not None and metrics_out is not None:
@@ -396,6 +412,7 @@ def _launch(run_dir: Path, cluster, model, config, layout, *, steps, seed, check
         outcome.mean_tokens_per_s = sum(rates) / len(rates)
         outcome.final_loss = records[-1]["loss"]
     result = run_dir / "result.json"
+    outcome.rank0_here = result.exists() or bool(records)
     if result.exists():
         info = json.loads(result.read_text())
         outcome.steps_done, outcome.stopped = info["steps_done"], info["stopped"]

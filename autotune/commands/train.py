@@ -36,6 +36,11 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
     if outcome.returncode != 0:
         console.print(f"[red]training failed[/red]: {escape(outcome.error)}")  # gloo writes "[/path:line]"
         return 1
+    if not outcome.rank0_here:  # a machine of a multi-node run without rank 0: its ranks ended cleanly
+        console.print(f"training done on this machine's ranks in {outcome.wall_time_s:.1f} s; the machine with "
+                      "--node-rank 0 (rank 0) reports the steps, the loss and the checkpoint", highlight=False,
+                      soft_wrap=True)
+        return 0
     how = "stopped by SIGTERM/Ctrl-C" if outcome.stopped else "done"
     where = f"; checkpoint in {escape(str(checkpoint_dir))}" if checkpoint_dir else ""
     console.print(f"training {how} after step {outcome.steps_done}{where}", highlight=False)
