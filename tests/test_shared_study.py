@@ -148,3 +148,30 @@ def test_two_search_processes_started_together_on_a_fresh_store_share_the_study(
                                   filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'",
                                   max_results=1000)
     assert len(children) == budget == len({c.data.tags["autotune.config_key"] for c in children})
+
+
+def test_default_study_names_keep_different_searches_apart(tmp_path):
+    """A restricted search, another backend, start or global batch size of the same cluster, model and
+    seed opens its own Optuna study: it does not resume (and count) the plans of the default search."""
+    import optuna
+
+    from autotune import tune
+    from autotune.search.agents.tpe import open_storage
+    from autotune.search.api import study_variant
+
+    assert study_variant("sim", None, "dp", None, None) == ""
+    variants = {study_variant("real", None, "dp", None, None), study_variant("sim", {"schedule": ["1f1b"]}, "dp", None, None),
+                study_variant("sim", None, "heuristic", None, None), study_variant("sim", None, "dp", "p.json", None),
+                study_variant("sim", None, "dp", None, 64)}
+    assert len(variants) == 5 and "" not in variants
+    assert study_variant("sim", {"schedule": ["1f1b"]}, "dp", None, None) == study_variant(
+        "sim", {"schedule": ("1f1b",)}, "dp", None, None)
+
+    storage = str(tmp_path / "optuna.journal")
+    tune("cpu-2", "tiny", method="optuna", budget=3, storage=storage, track=False)
+    restricted = tune("cpu-2", "tiny", method="optuna", budget=2, storage=storage, track=False,
+                      restrict={"schedule": ["1f1b"]})
+    assert restricted.evaluations == 2
+    names = sorted(s.study_name for s in optuna.get_all_study_summaries(open_storage(storage)))
+    assert names[0] == "cpu-2__tiny__optuna__seed0" and len(names) == 2
+    assert names[1].startswith("cpu-2__tiny__optuna__seed0__")

@@ -114,6 +114,24 @@ def _load_profile(profile):
     return profile
 
 
+def study_variant(backend: str, restrict: Mapping[str, Any] | None, start: str, profile: str | Path | None,
+                  global_batch_size: int | None) -> str:
+    """The part of a default Optuna study name that keeps different searches of one cluster and model
+    apart (another backend, a restricted space, another start, a profile, another global batch size):
+    empty for the default search, so its name stays ``<cluster>__<model>__optuna__seed<N>``."""
+    narrowed = sorted((dim, tuple(choices) if isinstance(choices, (list, tuple)) else choices)
+                      for dim, choices in (restrict or {}).items())
+    given = (("backend", backend, "sim"), ("restrict", narrowed, []), ("start", start, "dp"),
+             ("profile", None if profile is None else str(profile), None),
+             ("global_batch_size", global_batch_size, None))
+    parts = [(key, value) for key, value, default in given if value != default]
+    if not parts:
+        return ""
+    import hashlib
+
+    return "__" + hashlib.sha1(repr(parts).encode()).hexdigest()[:8]
+
+
 def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, method: str = "optuna", budget: int = 100,
          backend: str = "sim", seed: int = 0, global_batch_size: int | None = None, tracking_uri: str | None = None,
          experiment: str | None = None, storage: str | None = None, profile: str | Path | None = None, *,
@@ -221,7 +239,7 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         from autotune.search.agents import tpe
 
         sync = f"__sync{max_sync_every}" if max_sync_every > 1 and model_spec.is_moe else ""  # its own space
-        name = study_name or f"{exp_name}__optuna__seed{seed}{sync}"
+        name = study_name or f"{exp_name}__optuna__seed{seed}{sync}{study_variant(backend, restrict, start, profile, global_batch_size)}"
         storage = storage or tpe.default_storage()
         say(f"opening the Optuna study {name} in {storage}")
         study = tpe.open_study(space, name, storage, seed, fresh=fresh)
