@@ -113,7 +113,8 @@ def test_the_parent_has_the_comparison_columns_and_a_readable_name(store):
     # the speedup over uniform under the same budget rule: 12 plans of the uniform grid
     assert s.uniform_evaluations == min(12, s.uniform_grid)
     assert m["speedup_vs_uniform"] == pytest.approx(result.best_measurement.tokens_per_s / s.uniform_best_tokens_per_s)
-    assert result.run_url.endswith(f"/#/experiments/{parent.info.experiment_id}/runs/{result.run_id}")
+    assert result.run_url.endswith(f"/#/experiments/{parent.info.experiment_id}/runs/{result.run_id}"
+                                   "?workflowType=machine_learning")  # opens on model training, not GenAI
 
 
 def test_the_summary_ranks_the_top_plans(store):

@@ -171,7 +171,8 @@ def _print_summary(out, result) -> None:
              + (f" ({s.evaluations - s.new_evaluations} of them before this run resumed)"
                 if s.new_evaluations < s.evaluations else ""),
              f"{s.new_evaluations} evaluations in {s.wall_time_s:.1f} s of searching (after loading): "
-             f"{s.evaluations_per_s:.1f} per second",
+             + (f"{s.evaluations_per_s:.1f} per second" if s.evaluations_per_s >= 0.1 or not s.new_evaluations
+                else f"{s.wall_time_s / s.new_evaluations:.0f} s per evaluation"),
              f"{s.oom} evaluated plans out of memory"
              + (f" (and {result.memory_screened} more the memory model answered, no budget spent)"
                 if result.memory_screened else "")

@@ -47,8 +47,9 @@ def run(tracking_uri: str | None, port: int) -> int:
     _port_free(port)
     console = Console(stderr=True)
     cmd = [sys.executable, "-m", "autotune.lifeline", *command(tracking_uri, port)]
-    console.print(escape(f"MLflow UI on http://127.0.0.1:{port} for {tracking_uri or DEFAULT_TRACKING_URI} "
-                         "(Ctrl-C stops it)"))
+    console.print(escape(f"MLflow UI on http://127.0.0.1:{port}/#/?workflowType=machine_learning for "
+                         f"{tracking_uri or DEFAULT_TRACKING_URI} (Ctrl-C stops it; the link opens on model "
+                         "training runs, not the GenAI view)"))
     env = child_env()
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     proc = subprocess.Popen(cmd, env=env)

@@ -68,10 +68,14 @@ class TuneResult:
 
     @property
     def run_url(self) -> str:
-        """The parent run's page in the MLflow UI started by ``autotune ui`` (default port 5000)."""
+        """The parent run's page in the MLflow UI started by ``autotune ui`` (default port 5000).
+
+        ``workflowType=machine_learning``: MLflow 3.17's UI keeps a GenAI / model-training switch per
+        browser (GenAI by default, whatever the experiment's kind); the link opens on model training."""
         if not self.run_id or not self.experiment_id:
             return ""
-        return f"http://127.0.0.1:5000/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        return (f"http://127.0.0.1:5000/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+                f"?{MLFLOW_UI_TRAINING_VIEW}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"best_config": self.best_config.to_dict(), "best_measurement": self.best_measurement.to_dict(timeline=True),
@@ -373,6 +377,9 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
                       tracking_uri=tracker.tracking_uri if tracker else "", best_curve=tuple(budgeted.best_curve()),
                       screened=len(budgeted.screened), memory_screened=budgeted.memory_screened, summary=summary,
                       experiment_id=(getattr(tracker, "experiment_id", "") or "") if tracker else "")
+
+
+MLFLOW_UI_TRAINING_VIEW = "workflowType=machine_learning"  # the MLflow UI's model-training view (see run_url)
 
 
 def search_run_name(method: str, budget: int, seed: int, backend: str) -> str:

@@ -128,8 +128,11 @@ def progress_png(best_curve: Sequence[float], path: Path, title: str = "", score
                    zorder=2)
     ax.step(xs, best_curve, where="post", color="#4C72B0", lw=2, label="best so far", zorder=3)
     top = max(best_curve, default=0.0) or 1.0
-    ax.set_ylim(-0.12 * top, 1.08 * top)
-    ax.axhspan(-0.12 * top, -0.02 * top, color="#fbe3e3", lw=0, zorder=0)
+    if bad:  # a strip below the axis for the plans that have no throughput
+        ax.set_ylim(-0.12 * top, 1.08 * top)
+        ax.axhspan(-0.12 * top, -0.02 * top, color="#fbe3e3", lw=0, zorder=0)
+    else:
+        ax.set_ylim(0, 1.08 * top)
     for label, marker, colour in (("oom", "x", "#C44E52"), ("failed", "v", "#8c564b"), ("timeout", "v", "#8c564b")):
         pts = [x for x, st in bad if st == label]
         if pts:
