@@ -157,3 +157,22 @@ def test_replicas_of_one_node_share_its_network_link_in_a_sync() -> None:
     # other group trains, received once; in fp32
     ring = (SHARED / 2 + EXPERT) * moe.SYNC_BYTES_PER_PARAM / 0.5e9
     assert m.sync_time_s == pytest.approx(2 * ring, rel=1e-6)
+
+
+def test_zero_in_spes_mode_shards_only_over_the_replicas_that_step_together() -> None:
+    """SPES replicas train on their own between synchronisations, so ZeRO can shard state only over one
+    expert-parallel group: with expert_parallel 1 it changes nothing (no free memory from sharding over
+    replicas that never reduce together), with 2 the shared part is sharded over the group's 2."""
+    sim = Simulator(standalone(4), TINY)
+    trains = ([0], [1], [2], [3])
+    for zero in (1, 2, 3):
+        assert sim.evaluate(plan(sync=4, trains=trains, zero=zero)).peak_memory_GiB == \
+            sim.evaluate(plan(sync=4, trains=trains)).peak_memory_GiB
+    synchronous = sim.evaluate(plan(trains=trains, zero=1)).peak_memory_GiB["n-0:0"]
+    assert synchronous < sim.evaluate(plan(trains=trains)).peak_memory_GiB["n-0:0"]  # 4 peers every step
+    groups = ([0, 1], [0, 1], [2, 3], [2, 3])
+    zero0 = sim.evaluate(plan(ep=2, sync=4, trains=groups)).allocated_memory_GiB["n-0:0"]
+    zero1 = sim.evaluate(plan(ep=2, sync=4, trains=groups, zero=1)).allocated_memory_GiB["n-0:0"]
+    # ZeRO-1: the shared part's fp32 master + Adam moments (12 bytes) split over the group's 2 replicas
+    assert (zero0 - zero1) * GiB == pytest.approx(SHARED * 12 / 2, rel=1e-6)
+    assert moe.zero_peers(plan(ep=2, sync=4, trains=groups), {(0, 0): 4}) == {(0, 0): 2}

@@ -156,6 +156,28 @@ def position_in_group(config: ParallelConfig, pipeline: int) -> int:
     return pipeline % config.expert_parallel
 
 
+def zero_peers(config: ParallelConfig, peers: dict[tuple[int, int], int]) -> dict[tuple[int, int], int]:
+    """ZeRO's sharding peers per (pipeline, stage): ``peers`` (``zero.peer_degrees``: the replicas), except
+    in SPES mode (``sync_every_steps`` > 1), where only the replicas of one expert-parallel group step
+    together (the others train on their own until the next synchronisation), so state can be sharded over
+    those ``expert_parallel`` replicas only: with ``expert_parallel`` 1 ZeRO has no peers there. An
+    expert's peers are then one (``expert_state_delta_bytes``: ``dp / ep``)."""
+    if config.sync_every_steps == 1:
+        return peers
+    return {k: min(n, config.expert_parallel) for k, n in peers.items()}
+
+
+def stepping_together(config: ParallelConfig, members: list[tuple]) -> list[list[tuple]]:
+    """``members`` ((pipeline, ...) tuples of one data-parallel ring) split into the sets that synchronise
+    every step: all of them, or in SPES mode each expert-parallel group's (``zero_peers``)."""
+    if config.sync_every_steps == 1:
+        return [members]
+    groups: dict[int, list[tuple]] = {}
+    for m in members:
+        groups.setdefault(m[0] // config.expert_parallel, []).append(m)
+    return list(groups.values())
+
+
 def expert_state_delta_bytes(model: ModelSpec, layers: int, tp: int, ep: int, trained: int, dp: int, zero: int,
                              offload: str, state: StateBytes = MIXED_PRECISION_ADAM) -> tuple[float, float]:
     """(device, host) correction to a stage's model-state bytes, which ``autotune.simulator.zero`` counts as

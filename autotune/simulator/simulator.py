@@ -590,7 +590,7 @@ class Simulator:
         compiled = []
         units: list[tuple[Unit, ...]] = []
         ep = config.expert_parallel
-        peers = peer_degrees(config)
+        peers = moe.zero_peers(config, peer_degrees(config))
         for r, pipe in enumerate(config.pipelines):
             p = len(pipe.stages)
             comp = compile_pipeline(schedule, p, pipe.num_microbatches, v, shares_key(pipe))
@@ -881,15 +881,15 @@ class Simulator:
         if len(config.pipelines) < 2 and not config.has_mixed_stages:
             return rings
         for owners, _ in self._segments(config):
-            members = self._peers(units, owners)
-            if len(members) < 2:
-                continue
-            bw, lat = self._dp_bandwidth(tuple(devs for _, _, devs in members))
-            for r, u, devs in members:
-                old = rings.get((r, u))
-                ring = (bw / len(devs), lat)
-                if old is None or ring[0] < old[0]:
-                    rings[(r, u)] = ring
+            for members in moe.stepping_together(config, self._peers(units, owners)):
+                if len(members) < 2:
+                    continue
+                bw, lat = self._dp_bandwidth(tuple(devs for _, _, devs in members))
+                for r, u, devs in members:
+                    old = rings.get((r, u))
+                    ring = (bw / len(devs), lat)
+                    if old is None or ring[0] < old[0]:
+                        rings[(r, u)] = ring
         return rings
 
     def _host_links(self, config: ParallelConfig) -> dict[str, tuple[float, float]]:
