@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                                best_known=best_known, mixed=s.mixed, describe=s.describe(), timing=timing)
         print(f"{s.describe()}\n  best-known {best_known:,.0f} tokens/s (reference optuna {ref / best_known:.3f}), "
               f"best uniform {best_uniform / best_known:.3f} of it, {time.time() - t0:.0f} s", flush=True)
+        if args.json:  # after every scenario, so a run stopped early keeps what it finished (--load reads it)
+            Path(args.json).write_text(json.dumps({"summary": {}, "results": results}, default=float))
 
     # -- tables --------------------------------------------------------------------------------------
     def values(name: str, m: str, b: int) -> list[float]:
