@@ -26,9 +26,11 @@ Moves (a fixed list, the same on every cluster; see ``ACTIONS``):
     class c, assign, order, layer_split, batch_split, recompute): re-decode the plan with that
     choice moved one step (this resets the fine edits).
   - ``noop``: valid only when no other move is, so the mask is never all False.
-  - MoE models only, appended after the fixed list (``MOE_ACTIONS``): ``<dim>+``/``<dim>-`` for
+  - appended after the fixed list: ``zero+``/``zero-`` and ``offload+``/``offload-`` (``ZERO_ACTIONS``,
+    re-decode) on every space that has those dimensions (issue 9).
+  - MoE models only, appended after those (``MOE_ACTIONS``): ``<dim>+``/``<dim>-`` for
     ``expert_parallel``, ``trains_experts`` and ``sync_every`` (re-decode, as the structure moves).
-    A dense model's env has exactly the fixed list, which the shipped policy was trained on.
+    The fixed list is what the shipped policy was trained on (it reads the zero moves' layout as a prefix).
   - With ``actions_for(space, mixed=True)`` (the from-scratch RL search) and a space with mixed-stage
     dimensions (several node classes), appended last (``MIXED_ACTIONS``):
     ``stage_ranks+``/``stage_ranks-`` (re-decode), and ``share k+``/``share k-``: move one
@@ -39,6 +41,11 @@ Moves (a fixed list, the same on every cluster; see ``ACTIONS``):
 Observations are fixed-size and normalised, independent of the cluster size: per stage slot (up to
 ``MAX_STAGES``, of the slowest replica), per replica slot (up to ``MAX_REPLICAS``), per node class
 slot (up to ``MAX_CLASSES``) and global features; ``observation_features()`` names them.
+
+Layouts: the ZeRO / offload features (``ZERO_FEATURES``) and moves were appended after the first
+layout (``LAYOUTS["v1"]``: ``V1_OBSERVATIONS`` features, ``len(ACTIONS)`` moves), so that layout is a
+prefix of today's: a policy trained on it reads the first ``V1_OBSERVATIONS`` features and chooses
+among the first ``len(ACTIONS)`` moves (``autotune.policy.pretrained``).
 """
 
 from __future__ import annotations
@@ -72,6 +79,8 @@ GLOBAL_FEATURES = ("mbs_index", "sched_1f1b", "sched_gpipe", "sched_interleaved"
                    "bubble_fraction", "mfu", "last_failed", "gain_vs_start", "gain_vs_best", "steps_left",
                    "max_memory_used", "layer_split", "batch_split", "assign_mixed", "order_slow_first",
                    "recompute_none", "recompute_all", "head_extra", "interleaved_ok")
+#: appended after the first layout (ZeRO sharding and CPU offload)
+ZERO_FEATURES = ("zero", "offload_optimizer", "offload_all", "host_memory_used")
 
 
 def _build_actions() -> list[tuple]:
@@ -97,18 +106,27 @@ MOE_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("expert_parall
                                        for step in (+1, -1))
 
 
+#: moves appended after ``ACTIONS`` when the space has the ZeRO / offload dimensions (every space built
+#: by ``SearchSpace``), before any MoE moves
+ZERO_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("zero", "offload") for step in (+1, -1))
+V1_OBSERVATIONS = (MAX_STAGES * len(STAGE_FEATURES) + MAX_REPLICAS * len(REPLICA_FEATURES)
+                   + MAX_CLASSES * len(CLASS_FEATURES) + len(GLOBAL_FEATURES))
+#: (observations, moves) of each dense-model layout a policy may have been trained on, oldest first
+LAYOUTS = {"v1": (V1_OBSERVATIONS, len(ACTIONS)),
+           "zero": (V1_OBSERVATIONS + len(ZERO_FEATURES), len(ACTIONS) + len(ZERO_ACTIONS))}
 #: moves appended last when the space has mixed-stage dimensions (Zorse: ``autotune.search.mixed_space``)
 MIXED_ACTIONS: tuple[tuple, ...] = (tuple(("dim", d, step) for d in mixed_space.DIMENSIONS for step in (+1, -1))
                                     + tuple(("share", k, step) for k in range(MAX_STAGES) for step in (+1, -1)))
 
 
 def actions_for(space: SearchSpace, mixed: bool = False) -> tuple[tuple, ...]:
-    """The env's move list for ``space``: ``ACTIONS``, plus ``MOE_ACTIONS`` when it has MoE dimensions,
-    plus with ``mixed`` ``MIXED_ACTIONS`` when it has mixed-stage dimensions (off by default: policy files
-    are trained on the list without them; the from-scratch RL search turns them on)."""
+    """The env's move list for ``space``: ``ACTIONS``, plus ``ZERO_ACTIONS`` and ``MOE_ACTIONS`` for the
+    dimensions it has, plus with ``mixed`` ``MIXED_ACTIONS`` when it has mixed-stage dimensions (off by
+    default: policy files are trained on the list without them; the from-scratch RL search turns them on)."""
     names = {d.name for d in space.dimensions}
     mixed = MIXED_ACTIONS if mixed and "stage_ranks" in names else ()
-    return ACTIONS + tuple(a for a in MOE_ACTIONS if a[1] in names) + mixed
+    return (ACTIONS + tuple(a for a in ZERO_ACTIONS if a[1] in names)
+            + tuple(a for a in MOE_ACTIONS if a[1] in names) + mixed)
 
 
 def action_name(a: int, actions: tuple[tuple, ...] = ACTIONS) -> str:
@@ -144,8 +162,7 @@ class ParallelConfigEnv(gym.Env):
         self.render_mode = render_mode
         self.actions = actions_for(space) if actions is None else actions  # ``actions=ACTIONS``: no MoE moves
         self.action_space = spaces.Discrete(len(self.actions))
-        n_obs = (MAX_STAGES * len(STAGE_FEATURES) + MAX_REPLICAS * len(REPLICA_FEATURES)
-                 + MAX_CLASSES * len(CLASS_FEATURES) + len(GLOBAL_FEATURES))
+        n_obs = V1_OBSERVATIONS + len(ZERO_FEATURES)
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(n_obs,), dtype=np.float32)
         self._dims = {d.name: d for d in space.dimensions}
         self._classes = space.node_classes[:MAX_CLASSES]
@@ -443,6 +460,8 @@ class ParallelConfigEnv(gym.Env):
             return None
         if value is None:
             cur = self.params.get(name)
+            if cur is None and name in ("zero", "offload") and self.config is not None:  # params from an older layout
+                cur = self.config.zero if name == "zero" else self.config.pipelines[0].stages[0].offload
             if cur not in dim.choices:
                 return None
             i = dim.choices.index(cur) + step
@@ -463,6 +482,7 @@ class ParallelConfigEnv(gym.Env):
         rep_f = np.zeros((MAX_REPLICAS, len(REPLICA_FEATURES)), dtype=np.float32)
         cls_f = np.zeros((MAX_CLASSES, len(CLASS_FEATURES)), dtype=np.float32)
         glob = np.zeros(len(GLOBAL_FEATURES), dtype=np.float32)
+        zero_f = np.zeros(len(ZERO_FEATURES), dtype=np.float32)
         L = space.model.num_layers
         if cfg is not None:
             speeds = self._replica_speeds(cfg)
@@ -524,7 +544,13 @@ class ParallelConfigEnv(gym.Env):
                        float(self.params.get("assign") == "mixed"), float(self.params.get("order") == "slow-first"),
                        float(self.params.get("recompute") == "none"), float(self.params.get("recompute") == "all"),
                        min(space.head_extra / L, 1.0), float(L % INTERLEAVED_CHUNKS == 0))
-        obs = np.concatenate([stage_f.ravel(), rep_f.ravel(), cls_f.ravel(), glob])
+            stages = [s for p in cfg.pipelines for s in p.stages]
+            host = dict(m.host_memory_GiB) if m is not None else {}
+            host_used = max((gib / n.host.memory_GiB for n in space.cluster.nodes for k, gib in host.items()
+                             if k == n.name), default=0.0)
+            zero_f[:] = (cfg.zero / 3.0, sum(s.offload == "optimizer" for s in stages) / len(stages),
+                         sum(s.offload == "all" for s in stages) / len(stages), min(host_used, 1.5) / 1.5)
+        obs = np.concatenate([stage_f.ravel(), rep_f.ravel(), cls_f.ravel(), glob, zero_f])
         return np.clip(np.nan_to_num(obs, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0).astype(np.float32)
 
     def _info(self, **extra: Any) -> dict[str, Any]:
@@ -571,4 +597,4 @@ def observation_features() -> list[str]:
     names = [f"stage{i}.{f}" for i in range(MAX_STAGES) for f in STAGE_FEATURES]
     names += [f"replica{r}.{f}" for r in range(MAX_REPLICAS) for f in REPLICA_FEATURES]
     names += [f"class{c}.{f}" for c in range(MAX_CLASSES) for f in CLASS_FEATURES]
-    return names + list(GLOBAL_FEATURES)
+    return names + list(GLOBAL_FEATURES) + list(ZERO_FEATURES)

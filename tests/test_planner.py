@@ -94,7 +94,8 @@ def test_recompute_only_where_memory_needs_it():
 
 def test_dp_reaches_the_exhaustive_optimum_of_a_tiny_space_and_respects_the_budget():
     cluster, model = load_cluster("cpu-hetero"), load_model("tiny")
-    space = _space(cluster, model, restrict=dict(schedule=["1f1b"], recompute=["none"]))
+    # a space small enough to enumerate: no ZeRO / offload (the planner's plans here use neither)
+    space = _space(cluster, model, restrict=dict(schedule=["1f1b"], recompute=["none"], zero=[0], offload=["none"]))
     ex = BudgetedEvaluator(Simulator(cluster, model), space, 10**6)
     run_exhaustive(space, ex)
     ev = BudgetedEvaluator(Simulator(cluster, model), space, 5)

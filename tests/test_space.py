@@ -129,14 +129,14 @@ def test_uniform_plans_are_heterogeneity_blind(big):
 
 
 def test_exhaustive_refuses_large_spaces_with_the_size(big):
-    # 12,441,600 pipeline plans' combinations + 6,000 roundpipe plans' (4 pools x 5 x 5 x 2 x 5 x 6 mbs)
-    with pytest.raises(SpecError, match=r"12,447,600 combinations.*seq_parallel:2.*exceed the limit"):
+    # pipeline plans' combinations (x 12 for zero x offload) + roundpipe plans' (4 pools x 5 x 5 x 2 x 5 x 6 mbs)
+    with pytest.raises(SpecError, match=r"combinations.*seq_parallel:2.*zero:4 x offload:3.*exceed the limit"):
         big.enumerate()
 
 
 def test_enumerate_small_space_is_distinct_and_valid():
     space = SearchSpace(load_cluster("cpu-hetero"), load_model("tiny"),
-                        restrict={"schedule": ["1f1b"], "recompute": ["none"], "mbs": [1, 2]})
+                        restrict={"schedule": ["1f1b"], "recompute": ["none"], "mbs": [1, 2], "zero": [0, 3], "offload": ["none"]})
     plans = space.enumerate()
     configs = [c for _, c in plans]
     assert len(configs) == len(set(configs)) > 10

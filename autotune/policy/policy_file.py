@@ -129,13 +129,16 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
         raise _refuse(path, f"net_arch must list 1 to {MAX_LAYERS} layer widths of 1 to {MAX_WIDTH}")
     if meta.get("activation") not in ACTIVATIONS:
         raise _refuse(path, f"activation must be one of {', '.join(ACTIVATIONS)}")
-    from envs.parallel_config import ACTIONS, observation_features
+    from envs.parallel_config import LAYOUTS
 
-    obs_dim, n_actions = len(observation_features()), len(ACTIONS)
-    if meta.get("obs_dim") != obs_dim or meta.get("n_actions") != n_actions:
+    # today's layout, or an older one it extends (a prefix: the policy sees the features and moves it knows)
+    if (meta.get("obs_dim"), meta.get("n_actions")) not in set(LAYOUTS.values()):
+        obs_dim, n_actions = LAYOUTS[list(LAYOUTS)[-1]]
         raise _refuse(path, f"trained for {str(meta.get('obs_dim'))[:12]} observations and "
                             f"{str(meta.get('n_actions'))[:12]} moves; this autotune's env has {obs_dim} and "
-                            f"{n_actions} (retrain with experiments/train_policy.py)")
+                            f"{n_actions} (or an older layout: "
+                            + ", ".join(f"{o} and {a}" for o, a in list(LAYOUTS.values())[:-1])
+                            + "; retrain with experiments/train_policy.py)")
     hyper = meta.get("hyperparameters", {})
     if not isinstance(hyper, dict) or not all(k in HYPERPARAMETERS and isinstance(v, (int, float))
                                               and not isinstance(v, bool) and math.isfinite(v)

@@ -48,11 +48,12 @@ from autotune.search.budget import BudgetedEvaluator
 from autotune.policy.scenarios import Scenario, draw_scenario, training_rng
 from autotune.search.space import Params, SearchSpace
 from autotune.specs import Measurement, ParallelConfig
-from envs.parallel_config import ACTIONS, GLOBAL_FEATURES, ParallelConfigEnv, observation_features, sync_params
+from envs.parallel_config import (ACTIONS, GLOBAL_FEATURES, ZERO_ACTIONS, ParallelConfigEnv, observation_features,
+                                  sync_params)
 
 log = logging.getLogger(__name__)
 
-_STEPS_LEFT = len(observation_features()) - len(GLOBAL_FEATURES) + GLOBAL_FEATURES.index("steps_left")
+_STEPS_LEFT = observation_features().index("steps_left")
 
 #: reward for the first plan of an episode that runs (when the start did not)
 FIRST_RUN_REWARD = 0.5
@@ -327,6 +328,27 @@ class SearchEnv(ParallelConfigEnv):
         return self._observation(), reward, False, truncated, info
 
 
+class LayoutView(gym.Wrapper):
+    """A ``SearchEnv`` seen through an older layout's observation: its first ``obs_dim`` features (for
+    fine-tuning a policy trained before features were appended)."""
+
+    def __init__(self, env: "SearchEnv", obs_dim: int) -> None:
+        super().__init__(env)
+        self.obs_dim = obs_dim
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(obs_dim,), dtype=np.float32)
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return obs[:self.obs_dim], info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs[:self.obs_dim], reward, terminated, truncated, info
+
+    def action_masks(self) -> np.ndarray:
+        return self.env.action_masks()
+
+
 class ScenarioEnv(gym.Env):
     """Domain randomisation: every reset draws a scenario and runs a ``SearchEnv`` episode on it.
 
@@ -418,9 +440,35 @@ def load_policy(path: str | Path | None = None):
     return policy_file.load_policy_network(path)
 
 
-def greedy_action(policy, obs: np.ndarray, mask: np.ndarray) -> int:
-    action, _ = policy.predict(obs, action_masks=mask, deterministic=True)
+def policy_layout(policy) -> tuple[int, int]:
+    """(observations, moves) the policy was trained on: today's layout or an older prefix of it
+    (``envs.parallel_config.LAYOUTS``)."""
+    return int(policy.observation_space.shape[0]), int(policy.action_space.n)
+
+
+def greedy_action(policy, obs: np.ndarray, mask: np.ndarray, deterministic: bool = True) -> int:
+    """The policy's move among the moves it knows (the first ``n`` of its layout), from the features it
+    knows (a policy of an older layout reads today's observation's prefix); 0 (noop) when none is open."""
+    n_obs, n_act = policy_layout(policy)
+    known = mask[:n_act]
+    if not known.any():
+        return 0
+    action, _ = policy.predict(obs[:n_obs], action_masks=known, deterministic=deterministic)
     return int(action)
+
+
+def newer_move(env: "SearchEnv", mask: np.ndarray, n_act: int) -> int | None:
+    """An open zero / offload move the policy does not know (``ZERO_ACTIONS``, appended after its
+    layout) to try now: while no plan runs, those that shrink device memory (``zero+``, ``offload+``);
+    once the walk has stalled on a plan that runs, ``offload-`` and ``zero-`` (faster if it still fits)
+    first, then the others."""
+    open_moves = [a for a in range(n_act, len(mask)) if mask[a] and env.actions[a] in ZERO_ACTIONS]
+    if not open_moves:
+        return None
+    if env.score <= 0:
+        grow = [a for a in open_moves if env.actions[a][2] > 0]
+        return grow[0] if grow else None
+    return sorted(open_moves, key=lambda a: (env.actions[a][2] > 0, env.actions[a][1] != "offload"))[0]
 
 
 def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, *,
@@ -470,25 +518,35 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
         env.place(prior.params if own else env.params, prior.config, prior.measurement)
         obs = env._observation()
     moves = 0
+    n_act = policy_layout(policy)[1] if order == "policy" else len(env.actions)
+    moe = np.array([a[1] not in {z[1] for z in ZERO_ACTIONS} for a in env.actions]) & (np.arange(len(env.actions))
+                                                                                        >= len(ACTIONS))
     while not evaluator.exhausted:
         mask = env.action_masks()
         used_up = not mask[1:].any()
-        if used_up or env.since_improvement >= stall_restart:
+        # zero / offload moves the policy does not know: tried first while nothing runs, and before a restart
+        stalled = env.since_improvement >= stall_restart
+        newer = newer_move(env, mask, n_act) if order == "policy" and (env.score <= 0 or stalled) else None
+        if newer is None and (used_up or stalled):
             obs = _restart(env, space, evaluator, rng)
             if obs is None:
                 log.info("rl: no untried plan reachable; stopping at %d evaluations", evaluator.used)
                 return
             continue
         moves += 1
-        base = len(ACTIONS)
-        extra = np.flatnonzero(mask[base:])
-        if order == "policy" and extra.size and (moves % 2 == 0 or not mask[1:base].any()):
+        known = mask.copy()
+        known[n_act:] = False
+        extra = np.flatnonzero(mask & moe)
+        if newer is not None:
+            a = newer
+        elif order == "policy" and extra.size and (moves % 2 == 0 or not known[1:].any()):
             # MoE moves (the policy was trained on dense plans and has no outputs for them): every second
             # step, and whenever the policy's own moves are used up, the walk tries the first untried one
-            a = base + int(extra[0])
+            a = int(extra[0])
         elif order == "policy":
-            a = greedy_action(policy, obs, mask[:base]) if not sample else int(
-                policy.predict(obs, action_masks=mask[:base], deterministic=False)[0])
+            a = greedy_action(policy, obs, known, deterministic=not sample)
+            if not known[a]:  # nothing the policy knows is open (the zero / offload moves are): take one
+                a = newer_move(env, mask, n_act) or int(np.flatnonzero(mask)[0])
         else:
             a = int(rng.choice(np.flatnonzero(mask)))
         obs, _, _, truncated, info = env.step(a)
@@ -524,8 +582,13 @@ def _fine_tune(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int, poli
 
     torch.set_num_threads(1)
     path = Path(policy_path) if policy_path is not None else default_policy_path()
-    # the policy's own moves only: MoE plans are reached through the start plans (SearchSpace.heuristic_params)
-    env = SearchEnv(space, evaluator, max_steps=FINE_TUNE_STEPS, exclude_evaluated=True, actions=ACTIONS)
+    # the policy's own moves only: MoE plans are reached through the start plans (SearchSpace.heuristic_params),
+    # and so are zero / offload plans for a policy of the first layout, which sees the features it knows
+    _, meta = policy_file.read(path)
+    actions = ACTIONS if meta["n_actions"] == len(ACTIONS) else ACTIONS + ZERO_ACTIONS
+    env = SearchEnv(space, evaluator, max_steps=FINE_TUNE_STEPS, exclude_evaluated=True, actions=actions)
+    if meta["obs_dim"] != env.observation_space.shape[0]:
+        env = LayoutView(env, meta["obs_dim"])
     model = policy_file.load_model(path, env, seed, n_steps=FINE_TUNE_STEPS, batch_size=FINE_TUNE_STEPS)
 
     class StopOnBudget(BaseCallback):

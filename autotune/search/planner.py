@@ -32,6 +32,13 @@ Plan families it enumerates (every micro-batch size of the space):
 - ``mixed``: identical replicas that each take stages from every class (a heterogeneous pipeline,
   classes in order of speed, reversed, or of memory), layers split by the partition above.
 
+When no plan fits the devices this way (a model too big for pipeline and tensor parallelism alone),
+the planner composes again with every stage's optimizer offloaded, then with everything offloaded
+(``offload`` of the space's offload dimension, memory from the simulator's offload terms with no
+sharding credit; the plans it builds shard ZeRO-3 across their replicas, so host memory holds one
+copy of the state), ranking them by the same composed time, which leaves out the offload and ZeRO
+traffic: the evaluator that runs each plan charges it.
+
 The best few per family and micro-batch size, ranked by the composed time, are what ``run_dp`` sends
 to the real evaluator (the full simulator or real runs) within the budget. ``plan_candidates`` is
 also the start of ``optuna`` and ``rl`` (``autotune.search.api``).
@@ -119,16 +126,17 @@ class Planner:
         self._partitions: dict[tuple, Template | None] = {}
         self._ring: dict[tuple, float] = {}
         self.composed = 0  # plans composed by the last ``plan`` call
+        self.offload = "none"  # offload of every stage of the plans composed (``plan``'s memory fallback)
 
     # -- per-stage coefficients -------------------------------------------------------------------
     def _coefficients(self, k: int, mbs: int, recompute: bool, first: bool, last: bool) -> tuple[float, ...]:
         """(t1, dt, m11, dl, dq, dlq, opt1, dopt, usable): time ``t1 + (l-1) dt``; memory
         ``m11 + (l-1) dl + (q-1) dq + (l-1)(q-1) dlq``; optimizer ``opt1 + (l-1) dopt``."""
-        key = (k, mbs, recompute, first, last)
+        key = (k, mbs, recompute, first, last, self.offload)
         hit = self._coef.get(key)
         if hit is None:
             devices = self.kinds[k].groups[0]
-            e = {(l, q): self.sim.stage_estimate(devices, l, recompute, first, last, mbs, q)
+            e = {(l, q): self.sim.stage_estimate(devices, l, recompute, first, last, mbs, q, offload=self.offload)
                  for l in (1, 2) for q in (1, 2)}
             t1 = e[1, 1].forward_s + e[1, 1].backward_s
             dt = e[2, 1].forward_s + e[2, 1].backward_s - t1
@@ -157,7 +165,7 @@ class Planner:
     # -- one pipeline -------------------------------------------------------------------------------
     def partition(self, kinds: tuple[int, ...], mbs: int) -> Template | None:
         """The layer split of a pipeline of ``kinds`` that minimises its slowest stage (1F1B memory)."""
-        key = (tuple(kinds), mbs)
+        key = (tuple(kinds), mbs, self.offload)
         if key not in self._partitions:
             self._partitions[key] = self._partition(tuple(kinds), mbs)
         return self._partitions[key]
@@ -364,9 +372,10 @@ class Planner:
         pipelines = []
         for t, reps in types:
             for g in reps:
-                stages = tuple(StageConfig(dev, n, rc) for dev, n, rc in zip(g, t.layers, t.recompute))
+                stages = tuple(StageConfig(dev, n, rc, self.offload) for dev, n, rc in zip(g, t.layers, t.recompute))
                 pipelines.append(PipelineConfig(shares[len(pipelines)], stages))
-        config = ParallelConfig(mbs, tuple(pipelines), "1f1b")
+        zero = 3 if self.offload != "none" and len(pipelines) > 1 and 3 in self.space._dims["zero"].choices else 0
+        config = ParallelConfig(mbs, tuple(pipelines), "1f1b", zero=zero)
         return config if self.space.check(config) is None else None
 
     # -- families -----------------------------------------------------------------------------------
@@ -457,7 +466,17 @@ class Planner:
         return (pow2 + rest)[:MAX_MBS_CHOICES]
 
     def plan(self, limit: int = 64) -> list[Candidate]:
-        """Distinct valid plans, best composed time first (at most ``limit``)."""
+        """Distinct valid plans, best composed time first (at most ``limit``); when none fits, the
+        same with the optimizer offloaded, then with everything offloaded (module docstring)."""
+        offloads = [o for o in ("none", "optimizer", "all") if o in self.space._dims["offload"].choices]
+        for offload in offloads:
+            self.offload = offload
+            out = self._plan(limit)
+            if out:
+                return out
+        return []
+
+    def _plan(self, limit: int) -> list[Candidate]:
         t0 = time.perf_counter()
         drafts: list[_Draft] = []
         for mbs in self._mbs_choices():

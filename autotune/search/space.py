@@ -24,6 +24,9 @@ Every method searches instead over a small set of *dimensions*, each a finite li
                    it would equal ``none``).
 ``seq_parallel``   sequence parallelism in every tensor-parallel stage (``False`` / ``True``), when some
                    class can take a tensor-parallel degree above 1.
+``zero``           ZeRO / FSDP stage 0-3 across the data-parallel peers (0 when the plan has one replica:
+                   sharding among no peers is the same plan).
+``offload``        ``none``, ``optimizer`` or ``all``: every stage's CPU offload (host memory).
 ``expert_parallel``, ``trains_experts``, ``sync_every``: MoE models only (``autotune.search.moe_space``):
                    expert parallelism, SPES's expert subsets per replica group, and the sync period up
                    to ``max_sync_every``. A dense model's space has none of them.
@@ -49,7 +52,8 @@ import numpy as np
 
 from autotune.errors import SpecError
 from autotune.search import mixed_space, moe_space, roundpipe_space
-from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig, PipelineConfig, SCHEDULES, StageConfig
+from autotune.specs import (OFFLOAD_MODES, ZERO_STAGES, ClusterSpec, ModelSpec, ParallelConfig, PipelineConfig,
+                            SCHEDULES, StageConfig)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,9 @@ ASSIGNMENTS = ("grouped", "mixed")
 ORDERS = ("fast-first", "slow-first")
 RECOMPUTE_MODES = ("none", "all", "low-memory", "selective")
 SPLIT_EXPONENTS = (0.0, 0.5, 1.0)
+#: dimensions added after the first layout; a params dict without them (an older Optuna study, a
+#: stored start) decodes with these defaults
+DEFAULTED_DIMENSIONS = {"zero": 0, "offload": "none"}
 
 Params = dict[str, Any]
 
@@ -192,6 +199,8 @@ class SearchSpace:
         dims.append(Dimension("recompute", modes))
         if any(t > 1 for d in dims if d.name.startswith("tp.") for t in d.choices):
             dims.append(Dimension("seq_parallel", (False, True)))
+        dims.append(Dimension("zero", ZERO_STAGES, ordinal=True))
+        dims.append(Dimension("offload", OFFLOAD_MODES, ordinal=True))  # ordered by host-memory use
         # mixture of experts: expert parallelism, SPES expert subsets and sync period (autotune.search.moe_space)
         dims += [Dimension(name, choices, ordinal) for name, choices, ordinal in
                  moe_space.dimensions(cluster, model, max_sync_every)]
@@ -289,7 +298,8 @@ class SearchSpace:
     # -- decoding ----------------------------------------------------------------------------------
     def decode(self, params: Mapping[str, Any]) -> Decoded:
         """One choice per dimension -> a valid ParallelConfig, or the reason there is none."""
-        missing = [d.name for d in self.dimensions if d.name not in params and d.name not in mixed_space.DEFAULTS]
+        missing = [d.name for d in self.dimensions if d.name not in params and d.name not in mixed_space.DEFAULTS
+                   and d.name not in DEFAULTED_DIMENSIONS]
         if missing:
             return Decoded(None, f"missing choice for {', '.join(missing)}")
         if params.get(roundpipe_space.SWITCH):
@@ -359,13 +369,15 @@ class SearchSpace:
         trains = moe_space.trained_experts(params.get("trains_experts", "all"), model, mbs_split, ep)
         mode = params["recompute"]
         sp = bool(params.get("seq_parallel", False))
+        offload = str(params.get("offload", "none"))
+        zero = int(params.get("zero", 0)) if dp > 1 else 0  # no peers: zero k is the zero-0 plan
         max_mem = max(g.memory_GiB for g in groups)
         pipelines = []
         for pipe, split, m, experts in zip(pipes, layer_splits, mbs_split, trains):
             stages = tuple(
                 mixed_space.stage_config(g, n, "selective" if mode == "selective" else
                                          mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem),
-                                         "none", m, sp)
+                                         offload, m, sp)
                 for g, n in zip(pipe, split))
             bad = next((st for st in stages if isinstance(st, str)), None)
             if bad is not None:
@@ -373,7 +385,7 @@ class SearchSpace:
             pipelines.append(PipelineConfig(m, stages, experts))
         try:
             config = ParallelConfig(mbs, tuple(pipelines), schedule,
-                                    INTERLEAVED_CHUNKS if schedule == "interleaved-1f1b" else 1,
+                                    INTERLEAVED_CHUNKS if schedule == "interleaved-1f1b" else 1, zero,
                                     expert_parallel=ep, sync_every_steps=int(params.get("sync_every", 1)))
         except SpecError as e:
             return Decoded(None, str(e))
@@ -486,7 +498,11 @@ class SearchSpace:
 
         All node classes used, the largest TP degree that keeps per-device weight state under half
         the smallest device memory at the smallest such pp, layers and batch proportional to speed;
-        then, with mixed-stage dimensions, Zorse's starts (``mixed_space.start_params``).
+        then, with mixed-stage dimensions, Zorse's starts (``mixed_space.start_params``); then
+        ``memory_params``: the first speed-proportional start sharded ZeRO-3 with its optimizer
+        offloaded and recomputation on, and the memory-first plan (``memory_first_params``). When no
+        tp x pp split of the unsharded weight state fits half the smallest device (the model is too big
+        for plain pipeline and tensor parallelism), those two come first.
         """
         def pick(dim: str, want: Any) -> Any:
             choices = self._dims[dim].choices
@@ -531,7 +547,16 @@ class SearchSpace:
                             break
                 if len(self.node_classes) == 1:
                     break
+        for params in candidates:
+            params.setdefault("zero", pick("zero", 0))
+            params.setdefault("offload", pick("offload", "none"))
         candidates += mixed_space.start_params(self, candidates)
+        # tight: even the deepest pipeline at the smallest TP degree leaves no room (the first start's rule)
+        tight = not any(self.rough_weight_memory_GiB(min(self._dims[f"tp.{c.name}"].choices[0]
+                                                         for c in self.node_classes), p) < 0.5 * min_mem
+                        for p in self._dims["pp"].choices)
+        memory = self.memory_params(candidates[0] if candidates else None)
+        candidates = memory + candidates if tight else candidates + memory
         out, seen = [], set()
         for params in candidates:
             for pp_shift in (0, 1, -1, 2):
@@ -547,6 +572,56 @@ class SearchSpace:
                     break
         return out
 
+    def memory_first_params(self) -> Params:
+        """The smallest-memory plan of the space: every node class used at its largest tensor-parallel
+        degree (splits weights, activations and streamed units), the fewest stages (fewest
+        micro-batches in flight), micro-batch 1, recomputation everywhere, ZeRO-3 and everything in
+        host memory (nothing resident on the devices but the streamed units and activations). If
+        any plan fits the devices, this one does, as far as host memory holds its state."""
+        def last(dim: str) -> Any:
+            return self._dims[dim].choices[-1]
+
+        def first(dim: str) -> Any:
+            return self._dims[dim].choices[0]
+
+        params: Params = {f"tp.{c.name}": last(f"tp.{c.name}") for c in self.node_classes}
+        for c in self.node_classes:
+            if f"use.{c.name}" in self._dims:
+                params[f"use.{c.name}"] = True if True in self._dims[f"use.{c.name}"].choices else first(f"use.{c.name}")
+        params.update(pp=first("pp"), assign=first("assign"), order=first("order"), layer_split=last("layer_split"),
+                      batch_split=last("batch_split"), mbs=first("mbs"),
+                      schedule="1f1b" if "1f1b" in self._dims["schedule"].choices else first("schedule"),
+                      recompute="all" if "all" in self._dims["recompute"].choices else last("recompute"),
+                      zero=last("zero"), offload=last("offload"))
+        for d in self.dimensions:  # any other dimension (MoE): its first choice
+            params.setdefault(d.name, d.choices[0])
+        for p in self._dims["pp"].choices:  # the fewest stages that decode (e.g. enough TP groups)
+            if self.decode(dict(params, pp=p)).ok:
+                params["pp"] = p
+                break
+        return params
+
+    def memory_params(self, base: Params | None) -> list[Params]:
+        """Memory-first starts: ``base`` (a speed-proportional start) at the fewest stages (the most
+        replicas to shard across) with ZeRO-3, offloaded optimizer and recomputation, then
+        ``memory_first_params``. None when the space has neither sharding nor offload (restricted)."""
+        if self._dims["zero"].choices == (0,) and self._dims["offload"].choices == ("none",):
+            return []
+        out = []
+        if base is not None:
+            def pick(dim: str, want: Any) -> Any:
+                return want if want in self._dims[dim].choices else self._dims[dim].choices[-1]
+
+            sharded = dict(base, zero=pick("zero", 3), offload=pick("offload", "optimizer"),
+                           recompute=pick("recompute", "all"), mbs=self._dims["mbs"].choices[0])
+            for p in self._dims["pp"].choices:  # the fewest stages that decode
+                if self.decode(dict(sharded, pp=p)).ok:
+                    sharded["pp"] = p
+                    break
+            out.append(sharded)
+        out.append(self.memory_first_params())
+        return out
+
     def uniform_plans(self) -> list[ParallelConfig]:
         """The heterogeneity-blind baseline grid (SPEC.md ``--method uniform``).
 
@@ -554,7 +629,8 @@ class SearchSpace:
         and fed an equal share of the batch, devices taken in cluster order as a homogeneous-cluster
         user would (Megatron-style tp/pp/dp flags), recompute off, full or (where the space has it)
         selective everywhere, sequence parallelism off or on (tp > 1), schedule 1f1b. Devices that do not
-        fill a TP group or a whole replica stay idle.
+        fill a TP group or a whole replica stay idle. The ZeRO stage (with replicas) and the offload
+        mode are grid dimensions too, the same on every stage, as a DeepSpeed user sets them.
         """
         model, cluster = self.model, self.cluster
         tps = [t for t in _powers_of_two_upto(max(n.count for n in cluster.nodes)) if valid_tp(model, t)]
@@ -562,6 +638,7 @@ class SearchSpace:
         recompute = [{"none": False, "all": True, "selective": "selective"}[r] for r in self._dims["recompute"].choices
                      if r in ("none", "all", "selective")]
         sps = self._dims["seq_parallel"].choices if "seq_parallel" in self._dims else (False,)
+        zeros, offloads = self._dims["zero"].choices, self._dims["offload"].choices
         plans, seen = [], set()
         for tp in tps:
             groups = [node.device_ids()[g * tp:(g + 1) * tp] for node in cluster.nodes for g in range(node.count // tp)]
@@ -576,13 +653,14 @@ class SearchSpace:
                     if model.global_batch_size % (mbs * dp):
                         continue
                     per_replica = model.global_batch_size // (mbs * dp)
-                    for rc, ep, sp in itertools.product(recompute, eps, sps if tp > 1 else (False,)):
+                    for rc, ep, sp, zero, offload in itertools.product(
+                            recompute, eps, sps if tp > 1 else (False,), zeros if dp > 1 else zeros[:1], offloads):
                         pipes = tuple(
                             PipelineConfig(per_replica, tuple(StageConfig(groups[r * pp + s], model.num_layers // pp, rc,
-                                                                          sequence_parallel=sp)
+                                                                          offload, sequence_parallel=sp)
                                                               for s in range(pp)))
                             for r in range(dp))
-                        config = ParallelConfig(mbs, pipes, "1f1b", expert_parallel=ep)
+                        config = ParallelConfig(mbs, pipes, "1f1b", zero=zero, expert_parallel=ep)
                         if config not in seen and self.check(config) is None:
                             seen.add(config)
                             plans.append(config)
@@ -605,6 +683,8 @@ class SearchSpace:
             "recompute_stages": sum(s.full_recompute for p in pipes for s in p.stages),
             "selective_stages": sum(s.selective_recompute for p in pipes for s in p.stages),
             "seq_parallel_stages": sum(s.sequence_parallel and s.tp > 1 for p in pipes for s in p.stages),
+            "zero": config.zero,
+            "offload": ",".join(sorted({s.offload for p in pipes for s in p.stages})),
             "devices_used": len(config.devices),
             "devices_idle": self.cluster.num_devices - len(config.devices),
             **(self._moe_params_of(config) if self.model.is_moe else {}),
