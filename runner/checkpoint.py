@@ -185,10 +185,13 @@ def save(directory: str | Path, engine, step: int) -> Path:
 
     directory = Path(directory)
     path = directory / f"step-{step:08d}"
-    model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
-    # Only the optimizer's per-weight state travels: its hyperparameters are the same constants in every run.
-    dcp.save({"model": _wrap(engine, model_sd), "optim": _wrap(engine, optim_sd["state"]), "step": step},
-             checkpoint_id=str(path))
+    if engine.zero is not None:  # sharded state: each rank writes its own shards (runner.zero)
+        dcp.save({"zero": engine.zero.state_dict(), "step": step}, checkpoint_id=str(path))
+    else:
+        model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
+        # Only the optimizer's per-weight state travels: its hyperparameters are the same constants in every run.
+        dcp.save({"model": _wrap(engine, model_sd), "optim": _wrap(engine, optim_sd["state"]), "step": step},
+                 checkpoint_id=str(path))
     torch.save({"torch": torch.get_rng_state()}, path / f"rng-rank{engine.rank}.pt")
     dist.barrier()
     if engine.rank == 0:
@@ -207,6 +210,18 @@ def load(path: Path, engine) -> int:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    if engine.zero is not None:  # sharded state: each rank reads its own shards (runner.zero)
+        state = {"zero": engine.zero.empty_state_dict(steps_done=True), "step": 0}
+        try:
+            dcp.load(state, storage_reader=_reader(path))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            raise CheckpointError(f"checkpoint {path} cannot be read: {_cause(e)}") from None
+        engine.zero.load_state_dict(state["zero"])
+        _load_rng(path, engine)
+        log.info("resumed from %s (step %d, sharded state)", path, state["step"])
+        return int(state["step"])
     model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
     state = {"model": _wrap(engine, model_sd), "optim": _wrap(engine, optim_sd["state"]), "step": 0}
     try:
@@ -218,14 +233,20 @@ def load(path: Path, engine) -> int:
     set_state_dict(engine.module, engine.optimizer, model_state_dict=_unwrap(engine, state["model"]),
                    optim_state_dict={"state": _unwrap(engine, state["optim"]),
                                      "param_groups": optim_sd["param_groups"]})
+    _load_rng(path, engine)
+    log.info("resumed from %s (step %d)", path, state["step"])
+    return int(state["step"])
+
+
+def _load_rng(path: Path, engine) -> None:
+    import torch
+
     rng = path / f"rng-rank{engine.rank}.pt"
     if rng.exists():
         try:
             torch.set_rng_state(torch.load(rng, weights_only=True)["torch"])
         except Exception as e:
             raise CheckpointError(f"checkpoint file {rng} cannot be read: {_cause(e)}") from None
-    log.info("resumed from %s (step %d)", path, state["step"])
-    return int(state["step"])
 
 
 def _cause(e: BaseException) -> str:

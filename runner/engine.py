@@ -245,13 +245,20 @@ class Engine:
             from runner.moe import setup_experts
 
             self.expert_sync = setup_experts(self, layout, rank, model)
-        self.optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad])
         self.grad_groups: list[tuple[dist.ProcessGroup | None, list[nn.Parameter]]] = []
-        for ranks, keys in (layout.grad_groups().items() if self.expert_sync is None else ()):
-            group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
-            if rank in ranks:
-                params = [p for key in sorted(keys) for p in self.module.params_of(key)]
-                self.grad_groups.append((group, params))
+        self.zero = None
+        if layout.sharded:  # ZeRO sharding / CPU offload: runner.zero keeps the optimizer and the gradients
+            from runner.zero import ShardedState
+
+            self.zero = ShardedState(layout, rank, self.module, device)
+            self.optimizer = self.zero.optimizer
+        else:
+            self.optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad])
+            for ranks, keys in (layout.grad_groups().items() if self.expert_sync is None else ()):
+                group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+                if rank in ranks:
+                    params = [p for key in sorted(keys) for p in self.module.params_of(key)]
+                    self.grad_groups.append((group, params))
 
         # 3. stages and schedule
         cuda = device.type == "cuda"
@@ -262,9 +269,13 @@ class Engine:
             self.mixed = MixedPipeline(self, schedule)
             self.stages = [self.mixed.clock]
             return
-        self.stages = [TimedStage(chunk, c.stage_index, c.num_stages, device, group=self.pp_group,
-                                  slowdown=self.plan.slowdown, cuda=cuda)
-                       for chunk, c in zip(self.chunks, self.plan.chunks)]
+        static = {}
+        self.stages = []
+        for chunk, c in zip(self.chunks, self.plan.chunks):
+            if self.zero is not None:  # no metadata-inference pass: it would run the units' hooks
+                static = self._static_metadata(c)
+            self.stages.append(TimedStage(chunk, c.stage_index, c.num_stages, device, group=self.pp_group,
+                                          slowdown=self.plan.slowdown, cuda=cuda, **static))
         n = self.plan.num_microbatches
         try:
             if schedule == "interleaved-1f1b":
@@ -275,6 +286,20 @@ class Engine:
                 self.schedule = Schedule1F1B(self.stages[0], n, loss_fn=lm_loss)
         except ValueError as e:  # e.g. interleaved 1F1B's micro-batch rule
             raise SpecError("runner", "schedule", f"torch.distributed.pipelining rejects this plan: {e}") from None
+
+    def _static_metadata(self, chunk) -> dict:
+        """Example input / output tensors of a chunk (meta device: shapes and dtypes only)."""
+        m = self.model_spec
+        mbs = self.plan.batch_size // self.plan.num_microbatches
+        hidden = torch.empty(mbs, m.seq_len, m.hidden_size, device="meta", requires_grad=True)
+        inp = torch.empty(mbs, m.seq_len, dtype=torch.long, device="meta") if chunk.first else hidden
+        out = torch.empty(mbs, m.seq_len, m.vocab_size, device="meta", requires_grad=True) if chunk.last else hidden
+        meta = {"input_args": (inp,), "output_args": (out,)}
+        if not chunk.last:  # the gradient the next stage sends back
+            meta["output_grads"] = (hidden,)
+        if not chunk.first:  # the gradient sent to the previous stage
+            meta["input_grads"] = (hidden,)
+        return meta
 
     # ---------------------------------------------------------------------------------------------
     def busy(self) -> tuple[float, float]:
@@ -321,6 +346,9 @@ class Engine:
             recorder.t_ref = time.perf_counter()
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.zero is not None:
+            self.module.zero_grad(set_to_none=True)
+            self.zero.begin_step()
         x, y = self.tokens.pipeline_batch(step_index, self.plan.batch_offset, self.plan.batch_size)
         x, y = x.to(self.device), y.to(self.device)
         losses: list[torch.Tensor] = []
@@ -331,9 +359,13 @@ class Engine:
             self.schedule.step(*args, target=y if self.plan.last else None, losses=losses if self.plan.last else None,
                                return_outputs=False)
         t_sync = time.perf_counter()
-        self._sync_gradients()
-        t_opt = time.perf_counter()
-        self.optimizer.step()
+        if self.zero is not None:  # gradient sync, sharded step and write-back in one (runner.zero)
+            self.zero.finish_step()
+            t_opt = time.perf_counter()
+        else:
+            self._sync_gradients()
+            t_opt = time.perf_counter()
+            self.optimizer.step()
         if self.expert_sync is not None:  # send updated experts / SPES synchronisation (runner.moe)
             self.expert_sync.after_step(step_index)
         if recorder:

@@ -72,6 +72,7 @@ class RankPlan:
     # of the pipeline's micro-batches (num_microbatches for a stage of one rank)
     stage_rank: int = 0
     share: int = 0
+    offload: str = "none"  # the stage's CPU offload (runner.zero)
 
     @property
     def first(self) -> bool:
@@ -103,6 +104,14 @@ class Layout:
     ranks: tuple[RankPlan, ...]
     sync_every_steps: int = 1  # SPES (runner.moe): replicas synchronise every this many steps
     mixed: bool = False  # some stage has several data-parallel ranks: every pipeline runs on runner.mixed
+    zero: int = 0  # the plan's ZeRO stage (runner.zero)
+    total_microbatches: int = 0  # over all pipelines: the gradient of a micro-batch counts 1 / this
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the ranks keep ZeRO-sharded or offloaded training state (``runner.zero``)."""
+        return (self.zero > 0 and len({r.pipeline for r in self.ranks}) > 1) or any(
+            r.offload != "none" for r in self.ranks)
 
     @property
     def world_size(self) -> int:
@@ -169,6 +178,18 @@ class Layout:
             weights[ident] = w
         return [(ident[0], ident[1], tuple(keys), weights[ident]) for ident, keys in sorted(merged.items())]
 
+    def key_holders(self) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
+        """(weight key, tensor-parallel index, ranks holding that shard), in one fixed order: the unit
+        of ZeRO sharding (``runner.zero``)."""
+        holders: dict[tuple[str, int], list[int]] = {}
+        for r in self.ranks:
+            for key in r.holds():
+                holders.setdefault((key, r.tp_index), []).append(r.rank)
+        order = {EMBED_KEY: -1, HEAD_KEY: 1 << 30}
+        return tuple((k, t, tuple(sorted(v))) for (k, t), v in sorted(
+            holders.items(), key=lambda kv: (order.get(kv[0][0], int(kv[0][0].removeprefix("layer")) if
+                                                   kv[0][0].startswith("layer") else 0), kv[0][1])))
+
 
 def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig) -> Layout:
     """Validate ``config`` against ``cluster`` and ``model`` and place it on ranks.
@@ -221,7 +242,7 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
                         grad_weight=batch / model.global_batch_size, moe_layers=moe_layers, held_experts=held,
                         trains_experts=pipe.trains_experts, expert_group=p // ep, expert_position=p % ep,
                         expert_parallel=ep, sequence_parallel=stage.sequence_parallel and stage_rank.tp > 1,
-                        stage_rank=k, share=stage_rank.num_microbatches))
+                        stage_rank=k, share=stage_rank.num_microbatches, offload=stage.offload))
         offset += batch
     if getattr(config, "zero", 0) and (model.is_moe or config.spes):
         raise SpecError("runner", "zero", f"ZeRO sharding of MoE or SPES plans is not implemented in the runner "
@@ -236,4 +257,17 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
             raise SpecError("runner", "pipelines",
                             f"the {key} sits on stages of different tensor-parallel degrees {sorted(degrees)}; "
                             "replicas must shard it the same way")
-    return Layout(tuple(ranks), config.sync_every_steps, config.has_mixed_stages)
+    layout = Layout(tuple(ranks), config.sync_every_steps, config.has_mixed_stages, config.zero,
+                    sum(p.num_microbatches for p in config.pipelines))
+    if layout.sharded:
+        if model.is_moe:
+            raise SpecError("runner", "zero", "ZeRO sharding and offload of MoE models are not implemented in the "
+                                              "runner (the simulator models them)")
+        if layout.mixed:
+            raise SpecError("runner", "zero", f"ZeRO sharding (zero={config.zero}) and offload with mixed stages "
+                                              "(a stage of several ranks) are not implemented in the runner "
+                                              "(the simulator models them)")
+        from runner.zero import check_layout
+
+        check_layout(layout)
+    return layout

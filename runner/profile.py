@@ -9,8 +9,11 @@ Readings, per rank, over the timed steps (after warm-up):
   nvidia-smi shows it) and ``allocated_memory_GiB`` = ``torch.cuda.max_memory_allocated``; CPU both are
   the growth of the process's peak RSS
   (``getrusage`` max RSS minus the RSS before the model was built), which also counts allocator
-  and communication buffers. A CPU rank whose growth exceeds its device's ``memory_GiB`` is
-  reported as ``oom`` (emulation: the process itself did not run out).
+  and communication buffers, less the state the rank keeps in host memory (offload, ``runner.zero``:
+  on the CPU it lives in the same process). A CPU rank whose growth exceeds its device's ``memory_GiB``
+  is reported as ``oom`` (emulation: the process itself did not run out);
+- host memory (plans that offload): the bytes of the ranks' host-held state, summed per node
+  (``host_memory_GiB``), ``oom`` beyond the node's ``host.memory_GiB``.
 
 Derived:
 - ``stage_busy_s``: per stage of the slowest pipeline, forward + backward seconds per step (the
@@ -81,19 +84,21 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
         engine.expert_sync.synchronise()
         dist.barrier()
         sync_s = time.perf_counter() - t1
+    host_bytes = engine.zero.host_bytes() if engine.zero is not None else 0
     if device.type == "cuda":
         allocated_GiB = torch.cuda.max_memory_allocated(device) / GiB
         free, total = torch.cuda.mem_get_info(device)
         # the device's view, as nvidia-smi shows it: the allocator keeps its peak pool cached, plus the
         # CUDA context, library workspaces and NCCL buffers (the simulator's peak_memory_GiB)
         peak_GiB = max(allocated_GiB, (total - free) / GiB)
-    else:
-        peak_GiB = allocated_GiB = max(0, peak_rss() - baseline_rss) / GiB
+    else:  # host-held (offloaded) state lives in the same process memory on CPU: count it apart
+        peak_GiB = allocated_GiB = max(0, peak_rss() - baseline_rss - host_bytes) / GiB
     plan = layout.ranks[rank]
     reading = {"rank": rank, "device": plan.device_id, "pipeline": plan.pipeline, "stage": plan.stage,
                "forward_s": (fwd - fwd0) / steps, "backward_s": (bwd - bwd0) / steps,
                "iteration_time_s": elapsed / steps, "peak_memory_GiB": peak_GiB, "allocated_memory_GiB": allocated_GiB,
-               "timeline": recorder.events, "sync_time_s": sync_s}
+               "timeline": recorder.events, "sync_time_s": sync_s, "host_GiB": host_bytes / GiB,
+               "node": cluster.node_of(plan.device_id).name}
     readings: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
     dist.all_gather_object(readings, reading)
     if rank == 0:
@@ -128,11 +133,22 @@ def summarize(readings: list[dict], cluster: ClusterSpec, model: ModelSpec, conf
     allocated = {r["device"]: r.get("allocated_memory_GiB", r["peak_memory_GiB"]) for r in readings}
     over = [(d, gib, cluster.device(d).memory_GiB) for d, gib in memory.items() if gib > cluster.device(d).memory_GiB]
     status, error = "ok", ""
+    host: dict[str, float] = {}  # node -> GiB of offloaded state (plans that offload)
+    for r in readings:
+        if r.get("host_GiB"):
+            host[r["node"]] = host.get(r["node"], 0.0) + r["host_GiB"]
+    host_over = [(n, gib) for n, gib in host.items() if gib > next(x.host.memory_GiB for x in cluster.nodes
+                                                                     if x.name == n)]
     if over:
         d, gib, cap = over[0]
         status, error = "oom", f"device {d} used {gib:.2f} GiB, more than its {cap:.2f} GiB"
+    elif host_over:
+        n, gib = host_over[0]
+        status, error = "oom", f"host memory of node {n!r} out of memory: offloaded state used {gib:.2f} GiB"
+        over = host_over
     timeline = tuple(sorted((TimelineEvent(r["device"], op, start, end) for r in readings
                              for op, start, end in r.get("timeline", ())), key=lambda e: (e.start_s, e.device)))
     return Measurement(tokens_per_s=tokens_per_s, iteration_time_s=iteration, oom=bool(over), peak_memory_GiB=memory,
                        mfu=mfu, bubble_fraction=max(0.0, bubble), stage_busy_s=busy_of_slowest, timeline=timeline,
-                       status=status, error=error, allocated_memory_GiB=allocated, sync_time_s=sync)
+                       status=status, error=error, allocated_memory_GiB=allocated, sync_time_s=sync,
+                       host_memory_GiB=host)

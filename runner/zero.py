@@ -1,0 +1,450 @@
+"""ZeRO-1/2/3 sharding and CPU offload of one rank's training state, on plain torch.distributed.
+
+The unit of sharding is one weight key of ``runner.layout`` (``embed``, ``layer<i>``, ``head``: the
+embedding, one transformer block, the final norm + LM head) and its holders: the ranks of every
+replica that hold that key (same tensor-parallel shard). Each key's parameters are flattened into one
+buffer, padded to a multiple of the holders ``N``; rank ``i`` of them owns slice ``i`` (ZeRO's
+partitioning, Rajbhandari et al. 2020). Per unit the rank keeps, as ``autotune.simulator.zero``
+counts them:
+
+- the optimizer's fp32 master shard and its two AdamW moments (``torch.optim.AdamW`` on the shards;
+  the same elementwise math as the single-process reference) -- with ``zero >= 1`` 1/N of them,
+  else all -- held apart from the model's parameters (in host memory with ``offload``);
+- gradients: whole, accumulated on the device until the step's synchronisation (zero 0 / 1: all-reduce
+  / reduce-scatter), or reduce-scattered after every micro-batch's backward of the unit (zero 2 / 3)
+  and accumulated into a gradient shard, or copied to host memory after every micro-batch (offload
+  with gradients not resident: ``autotune.simulator.zero.gradients_resident``);
+- parameters: whole on the device (zero < 3, no ``all``); or ``streamed``: only while the unit
+  computes. The parameters are views into one flat buffer whose storage is freed after the unit's
+  forward and backward and refilled before them (FSDP's technique): by an all-gather of the owners'
+  weight shards (zero 3), by a copy from host memory (offload ``all``), or both (a shard copied up,
+  then all-gathered). Forward pre/post hooks on the unit's modules, a hook on its output's gradient
+  (before its backward) and post-accumulate-grad hooks on its parameters (after it) drive this.
+
+Communication: one process group per unit for all-gathers and one for reduce-scatters, so every
+collective call on a group moves the same buffer and calls pair up whatever order forward and
+backward run in. Replicas with fewer micro-batches than their peers make up the difference with
+zero-filled calls at the end of the step, so every holder makes the same number of calls. With
+uneven layer splits across replicas, zero 2 / 3 would need each rank's per-layer collectives to line
+up across different pipeline schedules, and so would uneven micro-batch counts in pipelines of several
+stages (their 1F1B schedules interleave forwards and backwards differently): those calls are blocking,
+one group per unit, so every replica must issue them in the same order. The runner refuses those
+shapes (``check_layout``; zero 1 runs there, its collectives only at step boundaries), and tensor
+parallelism with zero 3 or ``all`` (the flat-buffer views do not apply to DTensor shards). Single-stage
+replicas may differ in micro-batches: the padding calls replay a micro-batch's order (forward
+gathers first to last unit, then per unit from the last: gather, reduce-scatter).
+
+Offload: host tensors live on the CPU (pinned when the device is CUDA) and every move between host and
+device is an explicit copy (``_up`` / ``_down``); on the CPU runner device and host are the same memory
+and the copies are real memcpys, a faithful code path that the CUDA runner shares (copies there go over
+PCIe, non-blocking from pinned memory). The optimizer step of offloaded units runs on host tensors
+(the host CPU).
+
+Gradient weighting is the engine's: a micro-batch's gradient counts ``1 / total micro-batches`` (the
+global loss is the mean over all sequences), a replica's whole accumulated gradient ``B_p / B``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autotune.errors import SpecError
+from autotune.simulator.zero import gradients_resident
+from runner.layout import EMBED_KEY, HEAD_KEY, Layout
+
+log = logging.getLogger(__name__)
+
+
+def check_layout(layout: Layout) -> None:
+    """Plan shapes the sharded runner cannot run (one clear error before launch)."""
+    streaming = {r.rank for r in layout.ranks if r.offload == "all"}
+    if layout.zero >= 3 and len({r.pipeline for r in layout.ranks}) > 1:
+        streaming |= {r.rank for r in layout.ranks}
+    for r in layout.ranks:
+        if r.rank in streaming and r.tp_degree > 1:
+            what = "offload 'all'" if r.offload == "all" else "zero 3"
+            raise SpecError("runner", f"pipelines[{r.pipeline}].stages[{r.stage}]",
+                            f"{what} with tensor parallelism (degree {r.tp_degree}) is not supported by the runner "
+                            "(streamed parameters are flat-buffer views; DTensor shards are not)")
+    if layout.zero >= 2 and len({r.pipeline for r in layout.ranks}) > 1:
+        # per-micro-batch collectives (reduce-scatters, zero-3 all-gathers) are blocking calls on one
+        # group per layer: the replicas must issue them in the same order
+        splits: dict[int, list] = {}
+        counts: dict[int, int] = {}
+        for r in layout.ranks:
+            splits.setdefault(r.pipeline, []).append((r.stage, tuple(c.layers for c in r.chunks)))
+            counts[r.pipeline] = r.num_microbatches
+        if len({tuple(sorted(set(v))) for v in splits.values()}) > 1:
+            raise SpecError("runner", "zero", f"zero {layout.zero} needs every replica to split the layers the same "
+                                              "way (its per-micro-batch collectives must line up across the "
+                                              "replicas' schedules); use zero 1 with uneven layer splits")
+        stages = max(len(set(v)) for v in splits.values())
+        if stages > 1 and len(set(counts.values())) > 1:
+            raise SpecError("runner", "zero", f"zero {layout.zero} with pipelines of {stages} stages needs the same "
+                                              f"num_microbatches in every replica (got {sorted(counts.values())}): "
+                                              "their schedules would order the per-micro-batch collectives "
+                                              "differently; single-stage replicas may differ, or use zero 1")
+
+
+def _pinned(numel: int, cuda: bool) -> torch.Tensor:
+    return torch.zeros(numel, dtype=torch.float32, pin_memory=cuda)
+
+
+class Unit:
+    """One weight key's sharded state on this rank."""
+
+    def __init__(self, key: str, params: list[nn.Parameter], modules: list[nn.Module], holders: tuple[int, ...],
+                 rank: int, zero: int, offload: str, device: torch.device, ag_group, rs_group,
+                 max_microbatches: int, own_microbatches: int) -> None:
+        from runner.engine import _local
+
+        self.key, self.params, self.modules = key, params, modules
+        self.device, self.offload = device, offload
+        self.cuda = device.type == "cuda"
+        n = len(holders)
+        self.n, self.index = n, holders.index(rank)
+        self.ag_group, self.rs_group = ag_group, rs_group
+        self.zero = zero
+        self.n_shards = n if zero >= 1 and n > 1 else 1
+        self.streamed = offload == "all" or (zero >= 3 and n > 1)
+        self.resident = gradients_resident(zero, offload, n)
+        self.scatter_per_mb = not self.resident and zero >= 2 and n > 1
+        local = [_local(p) for p in params]
+        self.shapes = [t.shape for t in local]
+        self.sizes = [t.numel() for t in local]
+        self.numel = sum(self.sizes)
+        self.shard = math.ceil(self.numel / self.n_shards)
+        self.padded = self.shard * self.n_shards
+        self.lo, self.hi = self.index * self.shard if self.n_shards > 1 else 0, \
+            (self.index + 1) * self.shard if self.n_shards > 1 else self.padded
+        self.pads = max(0, max_microbatches - own_microbatches)
+        host = offload != "none"
+        with torch.no_grad():
+            flat = torch.zeros(self.padded, dtype=torch.float32, device=device)
+            flat[:self.numel].copy_(torch.cat([t.detach().reshape(-1).float() for t in local]))
+            mine = flat[self.lo:self.hi]
+            # the optimizer's master shard, apart from the parameters (host memory with offload)
+            self.master = nn.Parameter(_pinned(self.shard, self.cuda).copy_(mine) if host else mine.clone())
+            # gradients accumulated between micro-batches: a shard (zero >= 2), else the whole buffer
+            acc_numel = self.shard if self.scatter_per_mb else self.padded
+            self.acc = None if self.resident else (_pinned(acc_numel, self.cuda) if host else
+                                                   torch.zeros(acc_numel, device=device))
+            self.weight_shard = None  # zero 3 without 'all': this rank's slice of the weights, on the device
+            self.host_weights = None  # offload 'all': the weights in host memory (a shard with zero 3)
+            self.flat = None
+            if self.streamed:
+                if offload == "all":
+                    self.host_weights = _pinned(self.shard if self.n_shards > 1 and zero >= 3 else self.padded,
+                                                self.cuda)
+                    self.host_weights.copy_(mine if self.host_weights.numel() == self.shard and self.n_shards > 1
+                                            else flat)
+                else:
+                    self.weight_shard = mine.clone()
+                self.flat = flat  # the parameters become views of this buffer, freed between uses
+                offset = 0
+                for p, size, shape in zip(params, self.sizes, self.shapes):
+                    p.data = flat[offset:offset + size].view(shape)
+                    offset += size
+                self._free()
+            del flat, mine
+        self.gathered = False
+        self.backward_pending = False
+        self._seen = 0
+        self.factor = 1.0  # per-micro-batch gradient weight (set by ShardedState)
+        self._handles = []
+        if not self.resident:
+            for p in params:
+                self._handles.append(p.register_post_accumulate_grad_hook(self._after_grad))
+        if self.streamed:
+            self._handles.append(modules[0].register_forward_pre_hook(self._before_forward))
+            self._handles.append(modules[-1].register_forward_hook(self._after_forward))
+
+    # -- bytes -------------------------------------------------------------------------------------
+    def host_bytes(self) -> int:
+        """Bytes of this unit's state in host memory (master, two moments, accumulators, weights)."""
+        if self.offload == "none":
+            return 0
+        total = 3 * self.master.numel() + (self.acc.numel() if self.acc is not None else 0)
+        total += self.host_weights.numel() if self.host_weights is not None else 0
+        return 4 * total
+
+    # -- moving data ---------------------------------------------------------------------------------
+    def _up(self, t: torch.Tensor) -> torch.Tensor:
+        """Host -> device (a real copy, also on the CPU runner)."""
+        return t.to(self.device, non_blocking=True, copy=True)
+
+    def _down(self, t: torch.Tensor, into: torch.Tensor, add: bool = False) -> None:
+        """Device -> host buffer ``into`` (copy or accumulate)."""
+        host = t.to("cpu", non_blocking=False, copy=True) if self.cuda else t.clone()
+        if add:
+            into.add_(host)
+        else:
+            into.copy_(host)
+
+    def _all_gather(self, out: torch.Tensor, shard: torch.Tensor) -> None:
+        if self.ag_group is None:
+            out.copy_(shard)
+        else:
+            dist.all_gather_into_tensor(out, shard.contiguous(), group=self.ag_group)
+
+    def _free(self) -> None:
+        self.flat.untyped_storage().resize_(0)
+        self.gathered = False
+
+    def gather(self) -> None:
+        """Materialise the unit's parameters on the device (streamed units)."""
+        if self.gathered:
+            return
+        with torch.no_grad():
+            self.flat.untyped_storage().resize_(self.padded * self.flat.element_size())
+            if self.offload == "all" and self.host_weights.numel() == self.padded:
+                self.flat.copy_(self._up(self.host_weights))
+            else:
+                shard = self._up(self.host_weights) if self.offload == "all" else self.weight_shard
+                self._all_gather(self.flat, shard)
+        self.gathered = True
+
+    # -- hooks ---------------------------------------------------------------------------------------
+    def _before_forward(self, module, args):
+        self.gather()
+
+    def _after_forward(self, module, args, output):
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(self._before_backward)
+        if not self.backward_pending:  # not a recomputation inside the unit's backward
+            self._free()
+        return output
+
+    def _before_backward(self, grad):
+        self.backward_pending = True
+        self.gather()
+        return grad
+
+    def _after_grad(self, param) -> None:
+        self._seen += 1
+        if self._seen < len(self.params):
+            return
+        self._seen = 0
+        self.reduce_microbatch()
+        if self.streamed:
+            self.backward_pending = False
+            self._free()
+
+    def _flat_grads(self, scale: float) -> torch.Tensor:
+        from runner.engine import _local
+
+        flat = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
+        offset = 0
+        for p, size in zip(self.params, self.sizes):
+            if p.grad is not None:
+                flat[offset:offset + size].copy_(_local(p.grad).reshape(-1))
+            offset += size
+        return flat.mul_(scale)
+
+    def reduce_microbatch(self, pad: bool = False) -> None:
+        """One micro-batch's gradient of this unit: reduce-scattered (zero >= 2) and/or sent to host
+        memory, accumulated; the whole gradient is freed. ``pad``: a zero-filled call for a micro-batch
+        this replica does not have."""
+        with torch.no_grad():
+            g = torch.zeros(self.padded, device=self.device) if pad else self._flat_grads(self.factor)
+            if not pad:
+                for p in self.params:
+                    p.grad = None
+            if self.scatter_per_mb:
+                part = torch.empty(self.shard, device=self.device)
+                dist.reduce_scatter_tensor(part, g, group=self.rs_group)
+                g = part
+            if pad and not self.scatter_per_mb:
+                return
+            if self.offload != "none":
+                self._down(g, self.acc, add=True)
+            else:
+                self.acc.add_(g)
+
+    # -- the step ----------------------------------------------------------------------------------
+    def begin_step(self) -> None:
+        if self.acc is not None:
+            self.acc.zero_()
+        self._seen = 0
+        self.backward_pending = False
+
+    @property
+    def gathers(self) -> bool:
+        """Whether the unit's parameters are all-gathered per use (zero 3 among peers)."""
+        return self.streamed and self.zero >= 3 and self.n > 1
+
+    def pad_gather(self) -> None:
+        """A zero-cost stand-in for one all-gather of a micro-batch this replica does not have."""
+        buf = torch.empty(self.padded, device=self.device)
+        self._all_gather(buf, self.weight_shard if self.weight_shard is not None else self._up(self.host_weights))
+
+    def finish_step(self, weight: float) -> None:
+        """Synchronise the step's gradient and leave it in ``master.grad``."""
+        with torch.no_grad():
+            if self.resident:
+                g = self._flat_grads(weight)
+                for p in self.params:
+                    p.grad = None
+            elif self.scatter_per_mb:
+                g = None  # already reduce-scattered into the shard
+            else:
+                g = self._up(self.acc) if self.offload != "none" else self.acc
+            if g is not None and self.n > 1:
+                if self.n_shards > 1:
+                    part = torch.empty(self.shard, device=self.device)
+                    dist.reduce_scatter_tensor(part, g, group=self.rs_group)
+                    g = part
+                else:
+                    dist.all_reduce(g, group=self.rs_group)
+            if g is None:
+                grad = self.acc.clone()
+            elif g.numel() == self.shard:
+                grad = g
+            else:
+                grad = g[self.lo:self.hi]
+            if self.offload != "none":
+                host = _pinned(self.shard, self.cuda)
+                self._down(grad, host)
+                grad = host
+            self.master.grad = grad.to(self.master.device) if grad.device != self.master.device else grad
+
+    def write_back(self) -> None:
+        """After the optimizer step: the updated master shard back into the weights."""
+        from runner.engine import _local
+
+        with torch.no_grad():
+            self.master.grad = None
+            if self.weight_shard is not None:  # zero 3: the device's weight shard
+                self.weight_shard.copy_(self._up(self.master) if self.offload != "none" else self.master)
+                return
+            if self.host_weights is not None:  # offload 'all': the weights in host memory
+                if self.host_weights.numel() == self.shard and self.n_shards > 1:
+                    self.host_weights.copy_(self.master)
+                else:
+                    full = torch.empty(self.padded, device=self.device)
+                    self._all_gather(full, self._up(self.master)) if self.n_shards > 1 else full.copy_(
+                        self._up(self.master))
+                    self._down(full, self.host_weights)
+                return
+            full = torch.empty(self.padded, device=self.device)
+            shard = self._up(self.master) if self.offload != "none" else self.master
+            if self.n_shards > 1:
+                self._all_gather(full, shard)
+            else:
+                full.copy_(shard)
+            offset = 0
+            for p, size in zip(self.params, self.sizes):
+                _local(p).copy_(full[offset:offset + size].view_as(_local(p)))
+                offset += size
+
+
+class ShardedState:
+    """All units of one rank, their process groups and the optimizer over their master shards.
+
+    Every rank constructs it (process groups are created by all ranks in one order)."""
+
+    def __init__(self, layout: Layout, rank: int, module, device: torch.device) -> None:
+        from runner.engine import ADAMW
+
+        self.layout = layout
+        self.plan = layout.ranks[rank]
+        self.units: list[Unit] = []
+        counts = {r.rank: r.num_microbatches for r in layout.ranks}
+        for key, tp_index, holders in layout.key_holders():
+            groups = (dist.new_group(list(holders)), dist.new_group(list(holders))) if len(holders) > 1 else (None, None)
+            if rank not in holders:
+                continue
+            params = module.params_of(key)
+            if key == EMBED_KEY:
+                modules = [module.embed]
+            elif key == HEAD_KEY:
+                modules = [module.norm, module.head]
+            else:
+                modules = [module.blocks[key.removeprefix("layer")]]
+            unit = Unit(key, params, modules, holders, rank, layout.zero, self.plan.offload, device, *groups,
+                        max(counts[h] for h in holders), self.plan.num_microbatches)
+            unit.factor = 1.0 / layout.total_microbatches
+            self.units.append(unit)
+        self.optimizer = torch.optim.AdamW([u.master for u in self.units], **ADAMW, foreach=False)
+
+    @property
+    def streamed(self) -> bool:
+        return any(u.streamed for u in self.units)
+
+    def host_bytes(self) -> int:
+        return sum(u.host_bytes() for u in self.units)
+
+    def begin_step(self) -> None:
+        for u in self.units:
+            u.begin_step()
+
+    def finish_step(self) -> None:
+        """Pad the per-micro-batch collectives, synchronise gradients, step AdamW on the master shards,
+        write the weights back."""
+        pads = max((u.pads for u in self.units), default=0)
+        with torch.no_grad():
+            for _ in range(pads):  # replay a micro-batch's collective order (check_layout: single stage)
+                for u in self.units:  # forward: first unit to last
+                    if u.pads and u.gathers:
+                        u.pad_gather()
+                for u in reversed(self.units):  # backward: last unit to first
+                    if u.pads and u.gathers:
+                        u.pad_gather()
+                    if u.pads and u.scatter_per_mb:
+                        u.reduce_microbatch(pad=True)
+        for u in self.units:
+            u.finish_step(self.plan.grad_weight)
+        self.optimizer.step()
+        for u in self.units:
+            u.write_back()
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def _name(self, u: Unit) -> str:
+        return f"{u.key}.tp{self.plan.tp_index}.shard{u.index}of{u.n_shards if u.n_shards > 1 else 1}"
+
+    def state_dict(self) -> dict:
+        """This rank's shards under names that say which shard they are (a sharded checkpoint is
+        resumed by the same plan)."""
+        out = {}
+        for u in self.units:
+            state = self.optimizer.state.get(u.master, {})
+            name = self._name(u)
+            if u.n_shards == 1 and u.index > 0:
+                continue  # an unsharded unit's replicas hold the same state: rank 0 of its holders saves it
+            out[f"{name}.master"] = u.master.detach()
+            if state:
+                out[f"{name}.exp_avg"] = state["exp_avg"]
+                out[f"{name}.exp_avg_sq"] = state["exp_avg_sq"]
+                out[f"{name}.step"] = state["step"]
+        return out
+
+    def empty_state_dict(self, steps_done: bool) -> dict:
+        """Tensors of the right shapes for loading into (every unit, as a resumed rank needs them)."""
+        out = {}
+        for u in self.units:
+            name = f"{u.key}.tp{self.plan.tp_index}.shard{u.index if u.n_shards > 1 else 0}of" \
+                   f"{u.n_shards if u.n_shards > 1 else 1}"
+            out[f"{name}.master"] = torch.empty_like(u.master.detach())
+            if steps_done:
+                out[f"{name}.exp_avg"] = torch.empty_like(u.master.detach())
+                out[f"{name}.exp_avg_sq"] = torch.empty_like(u.master.detach())
+                out[f"{name}.step"] = torch.zeros((), dtype=torch.float32)
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            for u in self.units:
+                name = f"{u.key}.tp{self.plan.tp_index}.shard{u.index if u.n_shards > 1 else 0}of" \
+                       f"{u.n_shards if u.n_shards > 1 else 1}"
+                u.master.copy_(state[f"{name}.master"])
+                if f"{name}.exp_avg" in state:
+                    self.optimizer.state[u.master] = {"step": state[f"{name}.step"].clone(),
+                                                      "exp_avg": state[f"{name}.exp_avg"].clone().to(u.master.device),
+                                                      "exp_avg_sq": state[f"{name}.exp_avg_sq"].clone().to(
+                                                          u.master.device)}
+                u.write_back()

@@ -1,0 +1,111 @@
+"""The runner's ZeRO sharding and CPU offload (runner.zero): real gloo runs against single-process
+training, exact resume from sharded checkpoints, and the plan shapes it refuses before launch.
+
+Tolerance as in tests/test_runner_distributed.py: the same fp32 math in another summation order
+(reduce-scatter + all-gather instead of all-reduce, per-micro-batch accumulation in the shard)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from autotune import SpecError, load_cluster, load_config, load_model
+from runner.layout import build_layout
+from runner.reference import reference_losses
+from runner.train import train
+
+STEPS = 6
+RTOL = 1e-5
+
+
+def st(device, layers, recompute=False, offload="none"):
+    return {"devices": [device] if isinstance(device, str) else device, "layers": layers, "recompute": recompute,
+            "offload": offload}
+
+
+PLANS = {
+    # zero 1 on uneven replicas (layers 3+1 / 1+3, 5 + 3 micro-batches), one replica offloading its optimizer
+    "zero1-uneven-offload": ("cpu-4", {"micro_batch_size": 1, "zero": 1, "pipelines": [
+        {"num_microbatches": 5, "stages": [st("cpu:0", 3, offload="optimizer"), st("cpu:1", 1, True, "optimizer")]},
+        {"num_microbatches": 3, "stages": [st("cpu:2", 1), st("cpu:3", 3)]}]}),
+    # zero 3 on two uneven single-stage replicas (5 + 3 micro-batches); one streams everything from host
+    # memory, the other recomputes
+    "zero3-all": ("cpu-2", {"micro_batch_size": 1, "zero": 3, "pipelines": [
+        {"num_microbatches": 5, "stages": [st("cpu:0", 4, offload="all")]},
+        {"num_microbatches": 3, "stages": [st("cpu:1", 4, True)]}]}),
+    # zero 2 across two 2-stage replicas, optimizer offloaded
+    "zero2-pipelines-offload": ("cpu-4", {"micro_batch_size": 1, "zero": 2, "pipelines": [
+        {"num_microbatches": 4, "stages": [st("cpu:0", 1, offload="optimizer"), st("cpu:1", 3, True, "optimizer")]},
+        {"num_microbatches": 4, "stages": [st("cpu:2", 1, offload="optimizer"), st("cpu:3", 3, offload="optimizer")]}]}),
+}
+
+
+def _losses(path: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[float]:
+    return reference_losses("tiny", STEPS)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_sharded_and_offloaded_plans_train_like_a_single_process(plan, reference, tmp_path):
+    cluster, config = PLANS[plan]
+    out = train(cluster, "tiny", config, steps=STEPS, metrics_out=tmp_path / "m.jsonl", quiet=True, timeout_s=240)
+    assert out.returncode == 0, out.error
+    losses = _losses(tmp_path / "m.jsonl")
+    assert len(losses) == STEPS and losses[-1] < losses[0]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_resume_from_a_sharded_checkpoint_is_exact(tmp_path):
+    """zero 2 with the optimizer offloaded, two uneven replicas: 3 steps, then --resume to 6, equals 6 at once."""
+    config = {"micro_batch_size": 1, "zero": 2, "pipelines": [
+        {"num_microbatches": 5, "stages": [st("cpu:0", 4, offload="optimizer")]},
+        {"num_microbatches": 3, "stages": [st("cpu:1", 4, offload="optimizer")]}]}
+    whole = train("cpu-2", "tiny", config, steps=STEPS, metrics_out=tmp_path / "whole.jsonl", quiet=True, timeout_s=240)
+    assert whole.returncode == 0, whole.error
+    ckpt = tmp_path / "ckpt"
+    first = train("cpu-2", "tiny", config, steps=3, checkpoint_dir=ckpt, metrics_out=tmp_path / "a.jsonl", quiet=True,
+                  timeout_s=240)
+    assert first.returncode == 0, first.error
+    assert any(p.name.endswith(".distcp") for p in (ckpt / "step-00000003").iterdir())
+    second = train("cpu-2", "tiny", config, steps=STEPS, checkpoint_dir=ckpt, resume=True,
+                   metrics_out=tmp_path / "a.jsonl", quiet=True, timeout_s=240)
+    assert second.returncode == 0, second.error
+    assert _losses(tmp_path / "a.jsonl") == _losses(tmp_path / "whole.jsonl")  # bit for bit
+
+
+def _layout(cluster, config):
+    return build_layout(load_cluster(cluster), load_model("tiny"), load_config(config))
+
+
+def test_plan_shapes_the_sharded_runner_refuses_are_named_before_launch():
+    tp_zero3 = {"micro_batch_size": 1, "zero": 3, "pipelines": [
+        {"num_microbatches": 4, "stages": [st(["cpu:0", "cpu:1"], 4)]},
+        {"num_microbatches": 4, "stages": [st(["cpu:2", "cpu:3"], 4)]}]}
+    with pytest.raises(SpecError, match="zero 3 with tensor parallelism"):
+        _layout("cpu-4", tp_zero3)
+    uneven_split = {"micro_batch_size": 1, "zero": 2, "pipelines": [
+        {"num_microbatches": 4, "stages": [st("cpu:0", 3), st("cpu:1", 1)]},
+        {"num_microbatches": 4, "stages": [st("cpu:2", 1), st("cpu:3", 3)]}]}
+    with pytest.raises(SpecError, match="split the layers the same way"):
+        _layout("cpu-4", uneven_split)
+    uneven_counts = {"micro_batch_size": 1, "zero": 3, "pipelines": [
+        {"num_microbatches": 5, "stages": [st("cpu:0", 2), st("cpu:1", 2)]},
+        {"num_microbatches": 3, "stages": [st("cpu:2", 2), st("cpu:3", 2)]}]}
+    with pytest.raises(SpecError, match=r"same num_microbatches in every replica \(got \[3, 5\]\)"):
+        _layout("cpu-4", uneven_counts)
+    # what it runs: zero 1 on any split, zero 2/3 on single-stage replicas of uneven batch shares
+    assert _layout("cpu-4", dict(uneven_split, zero=1)).sharded
+    assert _layout("cpu-2", PLANS["zero3-all"][1]).sharded
+    assert not _layout("cpu-2", {"micro_batch_size": 1, "pipelines": [
+        {"num_microbatches": 8, "stages": [st("cpu:0", 4)]}]}).sharded
