@@ -52,7 +52,7 @@ def test_masks_never_leave_the_agent_without_a_valid_action(cluster, model):
     obs, _ = env.reset(seed=0)
     for _ in range(120):
         mask = env.action_masks()
-        assert mask.shape == (len(ACTIONS),) and mask.any()
+        assert mask.shape == (len(env.actions),) and mask.any()  # ACTIONS + the zero / offload moves
         action = int(rng.choice(np.flatnonzero(mask)))
         obs, reward, terminated, truncated, info = env.step(action)
         assert env.observation_space.contains(obs)

@@ -519,8 +519,7 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
         obs = env._observation()
     moves = 0
     n_act = policy_layout(policy)[1] if order == "policy" else len(env.actions)
-    moe = np.array([a[1] not in {z[1] for z in ZERO_ACTIONS} for a in env.actions]) & (np.arange(len(env.actions))
-                                                                                        >= len(ACTIONS))
+    moe = np.array([i >= len(ACTIONS) and act not in ZERO_ACTIONS for i, act in enumerate(env.actions)])
     while not evaluator.exhausted:
         mask = env.action_masks()
         used_up = not mask[1:].any()
