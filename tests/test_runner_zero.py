@@ -109,3 +109,23 @@ def test_plan_shapes_the_sharded_runner_refuses_are_named_before_launch():
     assert _layout("cpu-2", PLANS["zero3-all"][1]).sharded
     assert not _layout("cpu-2", {"micro_batch_size": 1, "pipelines": [
         {"num_microbatches": 8, "stages": [st("cpu:0", 4)]}]}).sharded
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("offload", ["optimizer", "all"])
+def test_offload_on_cuda_moves_state_to_pinned_host_memory_and_trains(offload, tmp_path):
+    """The same code path on one GPU: host buffers pinned, copies over PCIe. CUDA trains with bf16
+    autocast, so the loss is compared to the fp32 single-process reference loosely (it must learn and
+    stay within 2%)."""
+    gpu = torch.cuda.get_device_name(0)
+    cluster = tmp_path / "gpu.yaml"
+    cluster.write_text(f"nodes: [{{name: g, gpu: {{name: {gpu!r}, peak_tflops: 100, memory_GiB: 16, "
+                       "memory_bandwidth_GBps: 1000}, count: 1}]\nnetwork: {bandwidth_GBps: 10}\n")
+    config = {"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [st("g:0", 4, offload=offload)]}]}
+    out = train(str(cluster), "tiny", config, steps=STEPS, metrics_out=tmp_path / "m.jsonl", quiet=True, timeout_s=300)
+    assert out.returncode == 0, out.error
+    losses = _losses(tmp_path / "m.jsonl")
+    assert losses[-1] < losses[0]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses("tiny", STEPS)), rtol=2e-2, atol=0)

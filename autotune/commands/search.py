@@ -116,13 +116,19 @@ def _print_result(out, result) -> None:
         summary.add_row("screened out", f"{pruned} plans (corrected simulator; no budget spent)")
     cfg = result.best_config
     summary.add_row("micro-batch / schedule", f"{cfg.micro_batch_size} / {cfg.schedule}")
+    if cfg.zero or cfg.offloads:  # ZeRO sharding and CPU offload (host memory per node)
+        summary.add_row("zero", f"{cfg.zero} across {len(cfg.pipelines)} replica(s)")
+        for node, gib in m.host_memory_GiB.items():
+            summary.add_row(escape(f"host memory {node}"), f"{gib:.1f} GiB")
     if cfg.expert_parallel > 1 or cfg.spes:
         summary.add_row("expert parallel / sync every", f"{cfg.expert_parallel} / {cfg.sync_every_steps} steps"
                         + (f" (sync {m.sync_time_s:.2f} s)" if m.sync_time_s else ""))
     out.print(summary)
     plan = Table(title="pipelines (data-parallel replicas)")
     experts = any(p.trains_experts is not None for p in cfg.pipelines)
-    for col in ("replica", "micro-batches", "stage", "devices", "layers", "recompute") + (("trains experts",) if experts else ()):
+    offloads = cfg.offloads
+    for col in ("replica", "micro-batches", "stage", "devices", "layers", "recompute") + (("offload",) if offloads else ()) \
+            + (("trains experts",) if experts else ()):
         plan.add_column(col)
     for p, pipe in enumerate(cfg.pipelines):
         if pipe.roundpipe is not None:  # stages are not bound to devices: the pool and the partitions
@@ -133,6 +139,8 @@ def _print_result(out, result) -> None:
             row = [str(p) if s == 0 else "", str(pipe.num_microbatches) if s == 0 else "", str(s),
                    escape(", ".join(stage.devices)), str(stage.layers),
                    "selective" if stage.selective_recompute else "yes" if stage.recompute else ""]
+            if offloads:
+                row.append(stage.offload)
             if experts:
                 row.append(("all" if pipe.trains_experts is None else ",".join(map(str, pipe.trains_experts)))
                            if s == 0 else "")
