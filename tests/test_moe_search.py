@@ -12,7 +12,7 @@ from autotune.search import moe_space
 from autotune.search.budget import BudgetedEvaluator
 from autotune.search.space import SearchSpace
 from autotune.simulator import Simulator
-from envs.parallel_config import ACTIONS, MOE_ACTIONS, ParallelConfigEnv
+from envs.parallel_config import ACTIONS, MOE_ACTIONS, ZERO_ACTIONS, ParallelConfigEnv
 
 MOE_DIMS = {"expert_parallel", "trains_experts", "sync_every"}
 
@@ -33,7 +33,8 @@ def test_dense_spaces_have_no_moe_dimensions_and_the_policy_env_is_unchanged() -
     space = SearchSpace(cluster, model, max_sync_every=100)
     assert not MOE_DIMS & {d.name for d in space.dimensions}
     env = ParallelConfigEnv(space, Simulator(cluster, model))
-    assert env.actions == ACTIONS and env.action_space.n == len(ACTIONS)
+    # MoE adds no move to a dense space (its zero / offload moves follow the fixed list: issue 9)
+    assert env.actions == ACTIONS + ZERO_ACTIONS and env.action_space.n == len(ACTIONS) + len(ZERO_ACTIONS)
     with pytest.raises(SpecError, match="--max-sync-every: must be an integer >= 1, got 0"):
         SearchSpace(cluster, model, max_sync_every=0)
 
@@ -85,7 +86,7 @@ def test_env_has_moe_moves_and_fine_edits_keep_moe_fields() -> None:
     cluster = internet(8)
     space = SearchSpace(cluster, MODEL, max_sync_every=10)
     env = ParallelConfigEnv(space, Simulator(cluster, MODEL), max_steps=40)
-    assert env.actions == ACTIONS + MOE_ACTIONS
+    assert env.actions == ACTIONS + ZERO_ACTIONS + MOE_ACTIONS
     env.reset(seed=0, options={"params": dict(space.heuristic_params()[0], trains_experts="partition",
                                               sync_every=10)})
     assert env.config.sync_every_steps == 10
