@@ -7,7 +7,8 @@ batch 512. Without ZeRO or offload no plan of either fits there. ``--cluster`` /
 scenarios (e.g. a T4 + L4 + A10G cloud mix with Llama-3-8B: ``--scenario cloud-mix``).
 
 For each method: does its best plan fit, tokens/s, MFU, what it uses (tp, pp, dp, zero, offload,
-micro-batch, recompute), and the evaluation at which it first saw a plan that fits.
+micro-batch, recompute), and the evaluation (of the budget; plans the memory model screens out cost
+none and are not counted) at which it first saw a plan that fits. Each Optuna run gets a fresh study.
 
     .venv/bin/python experiments/bench_zero.py --budget 50 [--seed 0]
 """
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import tempfile
 import time
+from pathlib import Path
 
 from autotune.loading import cluster_from_dict, load_cluster, load_model, model_from_dict
 from autotune.search.api import tune
@@ -73,13 +76,16 @@ def main() -> None:
             first_fit = {"at": None, "n": 0}
 
             def seen(ev, first_fit=first_fit):
+                if ev.measurement.status == "pruned":  # screened out by the memory model: no budget spent
+                    return
                 first_fit["n"] += 1
                 if first_fit["at"] is None and ev.measurement.ok:
                     first_fit["at"] = first_fit["n"]
 
             try:
-                result = tune(cluster, model, method=method, budget=args.budget, seed=args.seed, track=False,
-                              on_evaluation=seen)
+                with tempfile.TemporaryDirectory() as tmp:  # a fresh Optuna study: never resume an old one
+                    result = tune(cluster, model, method=method, budget=args.budget, seed=args.seed, track=False,
+                                  on_evaluation=seen, storage=str(Path(tmp) / "optuna.journal"))
             except Exception as e:  # a method that refuses (e.g. exhaustive over a huge space) is reported
                 print(f"{method:10s} {'-':4s} {'-':>9s} {'-':>6s} {'-':>9s} {time.monotonic() - t0:6.1f}  "
                       f"{type(e).__name__}: {str(e)[:90]}")
