@@ -14,7 +14,8 @@ from autotune.simulator import Simulator
 from autotune.specs import ParallelConfig
 
 # A tiny heterogeneous space: 2 fast + 2 (emulated 2x) slow CPU ranks, the tiny model.
-TINY = dict(schedule=["1f1b"], recompute=["none"], mbs=[1, 2], layer_split=[0.0, 1.0], batch_split=[0.0, 1.0])
+TINY = dict(schedule=["1f1b"], recompute=["none"], mbs=[1, 2], layer_split=[0.0, 1.0], batch_split=[0.0, 1.0],
+            zero=[0], offload=["none"])  # the agents on a small space (ZeRO / offload: tests/test_zero_search.py)
 
 
 class CountingSimulator(Simulator):

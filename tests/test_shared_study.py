@@ -21,7 +21,8 @@ from autotune.search.space import SearchSpace
 from autotune.search.tracking import config_key
 from autotune.simulator import Simulator
 
-TINY = dict(schedule=["1f1b"], recompute=["none"], mbs=[1, 2], layer_split=[0.0, 1.0], batch_split=[0.0, 1.0])
+TINY = dict(schedule=["1f1b"], recompute=["none"], mbs=[1, 2], layer_split=[0.0, 1.0], batch_split=[0.0, 1.0],
+            zero=[0], offload=["none"])  # the agents on a small space (ZeRO / offload: tests/test_zero_search.py)
 
 
 @pytest.fixture(scope="module")
