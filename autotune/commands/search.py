@@ -116,8 +116,9 @@ def _print_result(out, result) -> None:
         summary.add_row("screened out", f"{pruned} plans (corrected simulator; no budget spent)")
     cfg = result.best_config
     summary.add_row("micro-batch / schedule", f"{cfg.micro_batch_size} / {cfg.schedule}")
-    if cfg.zero or cfg.offloads:  # ZeRO sharding and CPU offload (host memory per node)
+    if cfg.zero:  # ZeRO sharding
         summary.add_row("zero", f"{cfg.zero} across {len(cfg.pipelines)} replica(s)")
+    if cfg.offloads:  # CPU offload: host memory per node (each stage's mode is in the plan table)
         for node, gib in m.host_memory_GiB.items():
             summary.add_row(escape(f"host memory {node}"), f"{gib:.1f} GiB")
     if cfg.expert_parallel > 1 or cfg.spes:
