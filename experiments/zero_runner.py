@@ -3,7 +3,10 @@ measured vs predicted.
 
 1. Equivalence (``--steps`` optimizer steps, ``tiny``): each plan's per-step loss against single-process
    training (``runner.reference``), largest relative difference.
-2. Memory: short profiled runs (``runner.RealEvaluator``: 1 warm-up + 2 timed steps) of two
+2. Resume (``--skip-resume`` to leave out): each plan of ``RESUME`` trains ``--steps`` at once, and again
+   as half the steps, a sharded checkpoint (each rank writes its own shards) and ``--resume`` to the
+   end; the per-step losses must be equal bit for bit.
+3. Memory: short profiled runs (``runner.RealEvaluator``: 1 warm-up + 2 timed steps) of two
    single-stage replicas of a model whose training state dominates (``STATE_MODEL``: 25.2M parameters,
    short sequences), each plan's peak RSS growth per rank (host-held state counted apart) against the
    model-state bytes ``autotune.simulator.zero`` predicts for it. The CPU runner trains in fp32 and keeps
@@ -14,7 +17,7 @@ measured vs predicted.
    the simulator counts it; activations, the model's construction copy and allocator slack are the
    same in every plan, so the comparison is of each plan's peak minus the zero-0 plan's.
 
-    .venv/bin/python experiments/zero_runner.py [--steps 6] [--skip-equivalence] [--skip-memory]
+    .venv/bin/python experiments/zero_runner.py [--steps 6] [--skip-equivalence] [--skip-resume] [--skip-memory]
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ EQUIVALENCE = [  # (name, cluster, config) on tiny
         {"num_microbatches": 2, "stages": [st("cpu:1", 4, offload="all")]}]}),
 ]
 
+RESUME = [EQUIVALENCE[0], EQUIVALENCE[3], EQUIVALENCE[5]]  # zero 1 uneven, zero 3 + all uneven, zero 3 + all pipelines
+
 MEMORY = [("zero 0", 0, "none"), ("zero 1", 1, "none"), ("zero 2", 2, "none"), ("zero 3", 3, "none"),
           ("zero 2 + offload optimizer", 2, "optimizer"), ("zero 3 + offload all", 3, "all")]
 
@@ -92,6 +97,30 @@ def equivalence(steps: int) -> None:
         worst = max(worst, diff)
         print(f"{name:78s} {diff:12.2e} {wall:7.1f}", flush=True)
     print(f"worst relative difference over {steps} steps: {worst:.2e} (tests assert rtol 1e-5)\n")
+
+
+def resume(steps: int) -> None:
+    half = steps // 2
+    print(f"{'plan':78s} {'resumed == at once':>18s}")
+    for name, cluster, config in RESUME:
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            runs = [train(cluster, "tiny", config, steps=steps, metrics_out=tmp / "whole.jsonl", quiet=True,
+                          timeout_s=600),
+                    train(cluster, "tiny", config, steps=half, checkpoint_dir=tmp / "ckpt",
+                          metrics_out=tmp / "parts.jsonl", quiet=True, timeout_s=600),
+                    train(cluster, "tiny", config, steps=steps, checkpoint_dir=tmp / "ckpt", resume=True,
+                          metrics_out=tmp / "parts.jsonl", quiet=True, timeout_s=600)]
+            failed = [r.error for r in runs if r.returncode != 0]
+            if failed:
+                print(f"{name:78s} FAILED: {failed[0]}")
+                continue
+            whole, parts = ([json.loads(line)["loss"] for line in (tmp / f).read_text().splitlines()]
+                            for f in ("whole.jsonl", "parts.jsonl"))
+            shards = sum(1 for _ in (tmp / "ckpt" / f"step-{half:08d}").glob("*.distcp"))
+        same = "bit for bit" if parts == whole else f"NO (max diff {max(abs(a - b) for a, b in zip(parts, whole)):.2e})"
+        print(f"{name:78s} {same:>18s}  ({len(parts)} steps, resumed at {half}, {shards} shard files)", flush=True)
+    print()
 
 
 def predicted_states_GiB(model, zero: int, offload: str) -> tuple[float, float]:
@@ -133,11 +162,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--skip-equivalence", action="store_true")
+    ap.add_argument("--skip-resume", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if not args.skip_equivalence:
         equivalence(args.steps)
+    if not args.skip_resume:
+        resume(args.steps)
     if not args.skip_memory:
         memory()
 
