@@ -51,6 +51,8 @@ def _model(name: str):
 
 def uses(space: SearchSpace, config) -> str:
     p = space.params_of(config)
+    if "zero" not in p:  # a RoundPipe plan (issue 11): its own parameters
+        return " ".join(f"{k}={v}" for k, v in p.items() if k not in ("devices_used", "devices_idle"))[:90]
     rc = "R" if p["recompute_stages"] else "-"
     return (f"tp{p['tp']} pp{p['pp']} dp{p['dp']} zero{p['zero']} off={p['offload']} mbs{p['mbs']} "
             f"{p['schedule']} rc{rc}")
