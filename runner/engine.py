@@ -98,6 +98,7 @@ class TimedStage(PipelineStage):
         self.cuda = cuda
         self.forward_s = 0.0
         self.backward_s = 0.0
+        self.emulated_s = 0.0  # of forward_s + backward_s, the sleeps that emulate ``slowdown``
         self.recorder: "EventRecorder | None" = None
 
     def _clock(self) -> float:
@@ -107,8 +108,10 @@ class TimedStage(PipelineStage):
 
     def _stretch(self, elapsed: float) -> float:
         if self.slowdown > 1.0:
-            time.sleep((self.slowdown - 1.0) * elapsed)
-            return elapsed * self.slowdown
+            extra = (self.slowdown - 1.0) * elapsed
+            time.sleep(extra)
+            self.emulated_s += extra
+            return elapsed + extra
         return elapsed
 
     def forward_one_chunk(self, fwd_chunk_id, *args, **kwargs):
@@ -304,6 +307,10 @@ class Engine:
     # ---------------------------------------------------------------------------------------------
     def busy(self) -> tuple[float, float]:
         return sum(s.forward_s for s in self.stages), sum(s.backward_s for s in self.stages)
+
+    def emulated(self) -> float:
+        """Seconds of ``busy()`` that are ``slowdown``'s sleeps (0 without one)."""
+        return sum(s.emulated_s for s in self.stages)
 
     @staticmethod
     def plan_config_spes(layout: Layout) -> bool:

@@ -73,36 +73,43 @@ def _kill_group(pgid: int, procs: list[subprocess.Popen]) -> None:
         time.sleep(0.05)
 
 
-def _on_sigterm_kill(running: dict):
-    """While ranks run, SIGTERM to this (launching) process kills the rank process group first.
+def _defer_stop_signals(running: dict) -> dict:
+    """While ranks run, SIGTERM and SIGINT (Ctrl-C) to this (launching) process are taken by a handler
+    that kills the rank process group at once, records the signal and returns; ``run_ranks`` stops
+    waiting, reaps the ranks, restores the handlers that were there and raises the signal again
+    through them. So with the default actions the process still dies of SIGTERM or raises
+    ``KeyboardInterrupt``, a handler installed before is still called (the run then ends as a failed
+    measurement), and an ignored signal stays ignored.
 
-    With the default action the process then dies of SIGTERM as before (the handler restores the
-    default and re-sends the signal), a handler installed before is called after the kill, and an
-    ignored SIGTERM stays ignored. Returns the handler to restore, or None when none was installed
-    (SIGTERM ignored, or not the main thread, where Python cannot install handlers)."""
+    Deferring matters: a ``KeyboardInterrupt`` raised wherever the main thread happens to be can land
+    inside ``Popen.poll()`` just after it took the ``Popen``'s wait lock and before its ``try``; the
+    lock is then never released and the ``Popen.wait()`` that reaps the killed ranks blocks for ever
+    (``experiments/popen_interrupt_lock.py``: 513 and 540 of 3,000 interrupts raised in a ``poll()``
+    loop left the lock held). That was ``test_stopping_the_launcher_kills_the_ranks[default-2]``
+    hanging on a loaded machine.
+
+    Returns the handlers to restore; none is installed outside the main thread, where Python cannot
+    install handlers (the caller's own signal handling stays in charge there)."""
     if threading.current_thread() is not threading.main_thread():
-        return None
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous == signal.SIG_IGN or previous is None:  # None: set outside Python; leave it alone
-        return None
+        return {}
 
-    def handler(signum, frame):
+    def handler(signum, frame):  # no lock, no wait, no exception: safe wherever it interrupts
+        if signum not in running["signals"]:
+            running["signals"].append(signum)
         if running["pgid"]:
             try:
                 os.killpg(running["pgid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            for p in running["procs"]:
-                p.wait()
-        if callable(previous):
-            previous(signum, frame)
-            return
-        shutil.rmtree(running["run_dir"], ignore_errors=True)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, handler)
-    return previous
+    restore = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+        if previous == signal.SIG_IGN or previous is None:  # None: set outside Python; leave it alone
+            continue
+        restore[sig] = previous
+        signal.signal(sig, handler)
+    return restore
 
 
 _OWNER = "owner"
@@ -153,6 +160,7 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
     """Run ``world_size`` ranks of ``job``; end them all by ``timeout_s``; collect rank 0's result.
     ``extra_env``: more environment for every rank (a roundpipe plan's ``CUDA_VISIBLE_DEVICES``)."""
     run_dir = make_run_dir("autotune-run-")
+    keep = keep_dir or bool(os.environ.get("AUTOTUNE_KEEP_RUN_DIR"))
     job = {**job, "out_dir": str(run_dir), "init_method": f"file://{run_dir}/rendezvous",
            "pg_timeout_s": max(30.0, timeout_s)}
     job_path = run_dir / "job.json"
@@ -161,9 +169,11 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
     logs = []
     t0 = time.monotonic()
     pgid = 0
-    running: dict = {"pgid": 0, "procs": procs, "run_dir": run_dir}
-    previous = _on_sigterm_kill(running)
+    running: dict = {"pgid": 0, "procs": procs, "signals": []}
+    stopped = running["signals"]  # signals taken while the ranks ran (see _defer_stop_signals)
+    previous = _defer_stop_signals(running)
     finished = False
+    status = "failed"
     try:
         for rank in range(world_size):
             env = worker_env({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
@@ -175,9 +185,13 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
                                           stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), **group))
             if rank == 0:
                 pgid = running["pgid"] = procs[0].pid
-        status = "timeout"
+            if stopped:
+                break
         deadline = t0 + timeout_s
-        while time.monotonic() < deadline:
+        while not stopped:
+            if time.monotonic() >= deadline:
+                status = "timeout"
+                break
             codes = [p.poll() for p in procs]
             if any(c not in (None, 0) for c in codes):
                 status = "failed"
@@ -187,19 +201,24 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
                 status = "ok"
                 break
             time.sleep(0.05)
-        finished = True
-    finally:  # also on KeyboardInterrupt or any error: no rank outlives this call
+        finished = not stopped
+    finally:  # also on any error: no rank outlives this call
         if pgid:
             _kill_group(pgid, procs)
         for f in logs:
             f.close()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        if not finished and not (keep_dir or os.environ.get("AUTOTUNE_KEEP_RUN_DIR")):
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if not finished and not keep:
             shutil.rmtree(run_dir, ignore_errors=True)
+        for sig in stopped:  # through the handlers restored above: dies, raises KeyboardInterrupt, or returns
+            signal.raise_signal(sig)
     wall = time.monotonic() - t0
     outcome = _collect(run_dir, status, world_size, timeout_s, wall, procs)
-    if keep_dir or os.environ.get("AUTOTUNE_KEEP_RUN_DIR"):
+    if stopped:
+        outcome = RunOutcome("failed", f"stopped by {signal.Signals(stopped[0]).name}; killed the ranks",
+                             errors=outcome.errors, wall_s=wall)
+    if keep:
         (run_dir / _OWNER).unlink(missing_ok=True)  # kept on purpose: not for the sweep
         log.info("run directory kept: %s", run_dir)
     else:

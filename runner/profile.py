@@ -3,7 +3,8 @@
 Readings, per rank, over the timed steps (after warm-up):
 - step wall time; the iteration time is the slowest rank's mean (steps end in a global all-reduce,
   so ranks agree to within that collective);
-- forward and backward compute time of its stage(s) (``TimedStage``), including emulated slowdown;
+- forward and backward compute time of its stage(s) (``TimedStage``), including emulated slowdown
+  (``emulated_s``: the part that is slowdown's sleeps; ``result.json`` keeps every rank's readings);
 - peak memory: CUDA: ``peak_memory_GiB`` the device's view (``total - free`` of ``torch.cuda.mem_get_info``
   after the timed steps: the allocator's cached pool, CUDA context and NCCL buffers included, as
   nvidia-smi shows it) and ``allocated_memory_GiB`` = ``torch.cuda.max_memory_allocated``; CPU both are
@@ -69,6 +70,7 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
         losses.append(engine.step(i).loss)
     dist.barrier()
     fwd0, bwd0 = engine.busy()
+    emulated0 = engine.emulated()
     t0 = time.perf_counter()
     recorder = None
     for i in range(warmup, warmup + steps):
@@ -96,6 +98,7 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
     plan = layout.ranks[rank]
     reading = {"rank": rank, "device": plan.device_id, "pipeline": plan.pipeline, "stage": plan.stage,
                "forward_s": (fwd - fwd0) / steps, "backward_s": (bwd - bwd0) / steps,
+               "emulated_s": (engine.emulated() - emulated0) / steps,
                "iteration_time_s": elapsed / steps, "peak_memory_GiB": peak_GiB, "allocated_memory_GiB": allocated_GiB,
                "timeline": recorder.events, "sync_time_s": sync_s, "host_GiB": host_bytes / GiB,
                "node": cluster.node_of(plan.device_id).name}
@@ -104,7 +107,8 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
     if rank == 0:
         m = summarize(readings, cluster, model, config)
         log.info("measured %.1f tokens/s, %.3f s/iteration", m.tokens_per_s, m.iteration_time_s)
-        out = {"measurement": m.to_dict(timeline=True), "losses": losses}
+        out = {"measurement": m.to_dict(timeline=True), "losses": losses,
+               "readings": [{k: v for k, v in r.items() if k != "timeline"} for r in readings]}
         Path(job["out_dir"], "result.json").write_text(json.dumps(out))
 
 

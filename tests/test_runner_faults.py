@@ -44,7 +44,10 @@ def test_hanging_rank_times_out_and_leaves_nothing(tag, monkeypatch):
     t0 = time.monotonic()
     m = RealEvaluator("cpu-2", "tiny", steps=2, warmup=1, timeout_s=timeout).evaluate(TWO_STAGES)
     elapsed = time.monotonic() - t0
-    assert timeout <= elapsed < timeout + 10
+    # the status says the launcher's deadline ended it (rank 0's own process-group timeout is 30 s and
+    # would make it "failed"); the upper bound only catches a launcher that does not kill promptly,
+    # with room for a loaded machine
+    assert timeout <= elapsed < timeout + 30
     assert m.status == "timeout" and m.score() == 0.0
     assert "no result after 12 s" in m.error and "killed 2 rank process(es)" in m.error
     assert processes_with(tag) == []
