@@ -24,8 +24,8 @@ def main(trials: int) -> None:
     leaks = 0
     try:
         for _ in range(trials):
-            signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0001, 0.002))
             try:
+                signal.setitimer(signal.ITIMER_REAL, random.uniform(0.0001, 0.002))
                 while True:
                     child.poll()
             except KeyboardInterrupt:

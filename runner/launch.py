@@ -84,7 +84,7 @@ def _defer_stop_signals(running: dict) -> dict:
     Deferring matters: a ``KeyboardInterrupt`` raised wherever the main thread happens to be can land
     inside ``Popen.poll()`` just after it took the ``Popen``'s wait lock and before its ``try``; the
     lock is then never released and the ``Popen.wait()`` that reaps the killed ranks blocks for ever
-    (``experiments/popen_interrupt_lock.py``: 513 and 540 of 3,000 interrupts raised in a ``poll()``
+    (``experiments/popen_interrupt_lock.py``: 513 to 579 of 3,000 interrupts raised in a ``poll()``
     loop left the lock held). That was ``test_stopping_the_launcher_kills_the_ranks[default-2]``
     hanging on a loaded machine.
 
