@@ -9,6 +9,7 @@ process-group timeout). The caller never hangs and always learns why a run ended
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -113,7 +114,7 @@ def _defer_stop_signals(running: dict) -> dict:
 
 
 _OWNER = "owner"
-_RUN_DIR_PREFIXES = ("autotune-run-", "autotune-train-")
+_RUN_DIR_PREFIXES = ("autotune-run-", "autotune-train-", "autotune-probe-")
 
 
 def _process_token(pid: int) -> str | None:
@@ -153,6 +154,16 @@ def make_run_dir(prefix: str) -> Path:
     run_dir = Path(tempfile.mkdtemp(prefix=prefix))
     (run_dir / _OWNER).write_text((_process_token(os.getpid()) or str(os.getpid())) + "\n")
     return run_dir
+
+
+@contextlib.contextmanager
+def run_dir(prefix: str):
+    """``make_run_dir(prefix)``, removed on the way out (and swept by a later run if this one is killed)."""
+    path = make_run_dir(prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = False,

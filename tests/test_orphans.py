@@ -148,8 +148,13 @@ def test_profile_killed_leaves_no_benchmark_process(tmp_path):
     proc = subprocess.Popen(autotune("profile", "--cluster", "cpu-2", "--model", "tiny", "--quick", "--output",
                                      str(tmp_path / "p.json")),
                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:  # a benchmark or probe process of its own is running
-        wait_for(lambda: [p for p in processes_with(tag) if p != proc.pid], 300, "a benchmark process", proc)
+    try:  # a probe process of its own is running, in a run directory of its own
+        wait_for(lambda: [p for p in processes_with(tag) if p != proc.pid] and list(tmp_path.glob("autotune-probe-*")),
+                 300, "a probe process", proc)
         time.sleep(0.5)
     finally:
         kill_and_scan(proc, tag)
+    from runner.launch import sweep_stale_run_dirs
+
+    assert list(tmp_path.glob("autotune-probe-*"))  # a killed process cannot remove its own
+    assert sweep_stale_run_dirs(tmp_path) >= 1 and not list(tmp_path.glob("autotune-probe-*"))

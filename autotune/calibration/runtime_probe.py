@@ -37,7 +37,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -175,7 +174,9 @@ DATA_PARALLEL_MICROBATCHES = (2, 8)
 def _step_times(world: int, shape: str, sizes: tuple[int, ...], repeats: int,
                 timeout_s: float) -> dict[int, float]:
     """Run ``_probe_ranks`` as ``world`` processes (as the runner's ranks are); rank 0's step times."""
-    with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
+    from runner.launch import run_dir
+
+    with run_dir("autotune-probe-") as d:  # swept by a later run when this process is killed
         env = child_env(dict(os.environ, OMP_NUM_THREADS="1"))  # children die with this process
         procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.runtime_probe", "ranks",
                                    f"{d}/rendezvous", str(r), str(world), shape, ",".join(map(str, sizes)),
@@ -284,7 +285,9 @@ def probe_model_memory(model, micro_batch_size: int, timeout_s: float = 300.0) -
     """Peak memory (GiB, RSS growth) of one runner rank holding all of ``model`` at ``micro_batch_size``."""
     raw = {k: getattr(model, k) for k in ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
                                           "ffn_hidden_size", "mlp", "vocab_size", "seq_len")}
-    with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
+    from runner.launch import run_dir
+
+    with run_dir("autotune-probe-") as d:  # swept by a later run when this process is killed
         env = child_env(dict(os.environ, OMP_NUM_THREADS="1"))  # children die with this process
         out = subprocess.run([sys.executable, "-m", "autotune.calibration.runtime_probe", "model", f"{d}/rendezvous",
                               json.dumps(raw), str(micro_batch_size)], capture_output=True, text=True,
@@ -297,7 +300,9 @@ def probe_model_memory(model, micro_batch_size: int, timeout_s: float = 300.0) -
 
 def probe_runtime(repeats: int = 20, timeout_s: float = 120.0) -> RuntimeOverheads:
     """Run the probe in a fresh process (so its RSS is a runner rank's, not this one's)."""
-    with tempfile.TemporaryDirectory(prefix="autotune-probe-") as d:
+    from runner.launch import run_dir
+
+    with run_dir("autotune-probe-") as d:  # swept by a later run when this process is killed
         env = child_env(dict(os.environ, OMP_NUM_THREADS="1"))  # children die with this process
         out = subprocess.run([sys.executable, "-m", "autotune.calibration.runtime_probe", f"{d}/rendezvous",
                               str(repeats)], capture_output=True, text=True, timeout=timeout_s, env=env)
