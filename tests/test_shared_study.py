@@ -131,7 +131,7 @@ def test_two_search_processes_started_together_on_a_fresh_store_share_the_study(
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), XDG_CACHE_HOME=str(tmp_path / "cache"))
     procs = [subprocess.Popen([*AUTOTUNE, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=240) for p in procs]
+    outs = [p.communicate(timeout=480) for p in procs]  # a hang guard, generous for a loaded machine
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
         assert "Traceback" not in err
