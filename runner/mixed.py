@@ -63,6 +63,7 @@ class MixedClock:
         self.cuda = cuda
         self.forward_s = 0.0
         self.backward_s = 0.0
+        self.emulated_s = 0.0  # of forward_s + backward_s, the sleeps that emulate ``slowdown``
         self.recorder = None
 
     def now(self) -> float:
@@ -75,8 +76,10 @@ class MixedClock:
     def done(self, kind: int, j: int, t0: float) -> None:
         elapsed = self.now() - t0
         if self.slowdown > 1.0:
-            time.sleep((self.slowdown - 1.0) * elapsed)
-            elapsed *= self.slowdown
+            extra = (self.slowdown - 1.0) * elapsed
+            time.sleep(extra)
+            self.emulated_s += extra
+            elapsed += extra
         if kind == FORWARD:
             self.forward_s += elapsed
         else:
