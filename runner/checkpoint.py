@@ -203,33 +203,33 @@ def save(directory: str | Path, engine, step: int) -> Path:
     return path
 
 
-def load(path: Path, engine) -> int:
-    """Restore ``engine`` from checkpoint ``path``; return the number of optimizer steps it had done.
-    ``CheckpointError`` (naming ``path`` and the file when known) if it cannot be read."""
-    import torch
+def _dcp_load(state: dict, path: Path) -> None:
+    """``dcp.load`` of ``state`` from ``path``; any failure but an interrupt is one ``CheckpointError``."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    if engine.zero is not None:  # sharded state: each rank reads its own shards (runner.zero)
-        state = {"zero": engine.zero.empty_state_dict(steps_done=True), "step": 0}
-        try:
-            dcp.load(state, storage_reader=_reader(path))
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # DCP's CheckpointException is a BaseException
-            raise CheckpointError(f"checkpoint {path} cannot be read: {_cause(e)}") from None
-        engine.zero.load_state_dict(state["zero"])
-        _load_rng(path, engine)
-        log.info("resumed from %s (step %d, sharded state)", path, state["step"])
-        return int(state["step"])
-    model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
-    state = {"model": _wrap(engine, model_sd), "optim": _wrap(engine, optim_sd["state"]), "step": 0}
     try:
         dcp.load(state, storage_reader=_reader(path))
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         raise CheckpointError(f"checkpoint {path} cannot be read: {_cause(e)}") from None
+
+
+def load(path: Path, engine) -> int:
+    """Restore ``engine`` from checkpoint ``path``; return the number of optimizer steps it had done.
+    ``CheckpointError`` (naming ``path`` and the file when known) if it cannot be read."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    if engine.zero is not None:  # sharded state: each rank reads its own shards (runner.zero)
+        state = {"zero": engine.zero.empty_state_dict(steps_done=True), "step": 0}
+        _dcp_load(state, path)
+        engine.zero.load_state_dict(state["zero"])
+        _load_rng(path, engine)
+        log.info("resumed from %s (step %d, sharded state)", path, state["step"])
+        return int(state["step"])
+    model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
+    state = {"model": _wrap(engine, model_sd), "optim": _wrap(engine, optim_sd["state"]), "step": 0}
+    _dcp_load(state, path)
     set_state_dict(engine.module, engine.optimizer, model_state_dict=_unwrap(engine, state["model"]),
                    optim_state_dict={"state": _unwrap(engine, state["optim"]),
                                      "param_groups": optim_sd["param_groups"]})
