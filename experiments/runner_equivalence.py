@@ -7,7 +7,8 @@ its per-step loss from the single-process reference (fp32; reduction order is th
     .venv/bin/python experiments/runner_equivalence.py [--steps 6] [--only moe]
 
 ``--only`` keeps the plans whose name contains it (``moe``: the mixture-of-experts plans of issue 12:
-expert parallelism by all-to-all over gloo, and SPES with every expert trained and ``sync_every_steps`` 1).
+expert parallelism by all-to-all over gloo, and SPES with every expert trained and ``sync_every_steps`` 1;
+``mixed``: Zorse's mixed data-parallel stages of issue 10, with ZeRO-1 / 2 across their ranks).
 """
 
 from __future__ import annotations
@@ -60,6 +61,16 @@ PLANS = [  # (name, model, config)
     ("TP 2 sequence parallel, standard attention, SwiGLU + GQA", LLAMA_STANDARD, {"micro_batch_size": 1,
         "pipelines": [{"num_microbatches": 4, "stages": [{**st(["cpu:0", "cpu:1"], 2, "selective"),
                                                           "sequence_parallel": True}]}]}),
+    *((f"mixed: stage of 2 ranks (5 + 3 micro-batches) + 1 rank, zero {z}", "tiny", {
+        "micro_batch_size": 1, "zero": z, "pipelines": [{"num_microbatches": 8, "stages": [
+            {"layers": 3, "ranks": [{"devices": ["cpu:0"], "num_microbatches": 5},
+                                    {"devices": ["cpu:1"], "num_microbatches": 3}]},
+            st("cpu:2", 1)]}]}) for z in (0, 1, 2)),
+    ("mixed: 1 rank -> stage of 2 ranks (3 + 2), recompute, gpipe, + a 1-stage replica, zero 2", "tiny", {
+        "micro_batch_size": 1, "schedule": "gpipe", "zero": 2, "pipelines": [
+            {"num_microbatches": 5, "stages": [st("cpu:0", 1), {"layers": 3, "recompute": True, "ranks": [
+                {"devices": ["cpu:1"], "num_microbatches": 3}, {"devices": ["cpu:2"], "num_microbatches": 2}]}]},
+            {"num_microbatches": 3, "stages": [st("cpu:3", 4)]}]}),
     ("moe: 4 replicas (tiny-moe, 4 experts top-2)", "tiny-moe", {"micro_batch_size": 1, "pipelines": [
         {"num_microbatches": 2, "stages": [st(f"cpu:{p}", 4)]} for p in range(4)]}),
     ("moe: expert parallel 2, 2 groups x 2 stages 1+3, recompute", "tiny-moe", {

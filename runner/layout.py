@@ -110,7 +110,7 @@ class Layout:
     @property
     def sharded(self) -> bool:
         """Whether the ranks keep ZeRO-sharded or offloaded training state (``runner.zero``)."""
-        return (self.zero > 0 and len({r.pipeline for r in self.ranks}) > 1) or any(
+        return (self.zero > 0 and (len({r.pipeline for r in self.ranks}) > 1 or self.mixed)) or any(
             r.offload != "none" for r in self.ranks)
 
     @property
@@ -263,10 +263,6 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
         if model.is_moe:
             raise SpecError("runner", "zero", "ZeRO sharding and offload of MoE models are not implemented in the "
                                               "runner (the simulator models them)")
-        if layout.mixed:
-            raise SpecError("runner", "zero", f"ZeRO sharding (zero={config.zero}) and offload with mixed stages "
-                                              "(a stage of several ranks) are not implemented in the runner "
-                                              "(the simulator models them)")
         from runner.zero import check_layout
 
         check_layout(layout)

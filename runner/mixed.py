@@ -15,9 +15,17 @@ several ranks (``ranks`` in the plan, ``autotune.stage_ranks``) runs here instea
   and the holders of each weight (``Layout.grad_groups``: every rank of every stage and replica that holds
   it) simply sum. The step equals the single-process step on the whole batch.
 
+- ZeRO-1 / 2 (``runner.zero``): the peers of a weight are again all its holders (every rank of its stage in
+  every replica). ZeRO-1's collectives run at the step's end only; ZeRO-2's per-micro-batch reduce-scatters
+  are issued asynchronously here (``ShardedState(asynchronous=True)``): a rank with 5 micro-batches and its
+  peer with 3 pair their calls by count on the key's own group, the peer making up the difference with
+  zero-filled calls at the step's end, and no rank ever waits in a collective for a peer's slower queue
+  (blocking calls would pair a fast rank's third backward with a slow rank's third and deadlock against
+  the hand-offs). The shards are summed in issue order, so runs are deterministic and resume bit-exact.
+
 ``slowdown`` is emulated as in ``runner.engine.TimedStage`` (sleep ``slowdown - 1`` times each measured
-forward / backward). Not run here (refused before launch, ``check_plan``): ZeRO sharding and tensor
-parallelism inside plans with mixed stages (both simulated and searched).
+forward / backward). Not run here (refused before launch, ``check_plan``): ZeRO-3, CPU offload and tensor
+parallelism inside plans with mixed stages (all three simulated and searched).
 """
 
 from __future__ import annotations
@@ -38,9 +46,11 @@ if TYPE_CHECKING:  # pragma: no cover
 def check_plan(config: ParallelConfig, model: ModelSpec) -> None:
     """Plan shapes with mixed stages the runner does not run (the specs already refuse interleaving, MoE
     expert parallelism and SPES with them)."""
-    if config.zero:
+    if config.zero >= 3:
         raise SpecError("runner", "zero", f"zero {config.zero} with stages of several ranks is simulated and searched "
-                                          "but not run by the runner: use zero 0 to run this plan")
+                                          "but not run by the runner (its per-use all-gathers would pair a fast "
+                                          "rank's calls with a slow rank's and hold both to one pace): use zero 1 "
+                                          "or 2 to run this plan")
     for p, pipe in enumerate(config.pipelines):
         for s, stage in enumerate(pipe.stages):
             for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):

@@ -29,7 +29,8 @@ uneven layer splits across replicas, zero 2 / 3 would need each rank's per-layer
 up across different pipeline schedules, and so would uneven micro-batch counts in pipelines of several
 stages (their 1F1B schedules interleave forwards and backwards differently): those calls are blocking,
 one group per unit, so every replica must issue them in the same order. The runner refuses those
-shapes (``check_layout``; zero 1 runs there, its collectives only at step boundaries), and tensor
+shapes (``check_layout``; zero 1 runs there, its collectives only at step boundaries; plans with mixed
+stages issue zero 2's reduce-scatters asynchronously instead, ``runner.mixed``), and tensor
 parallelism with zero 3 or ``all`` (the flat-buffer views do not apply to DTensor shards). Single-stage
 replicas may differ in micro-batches: the padding calls replay a micro-batch's order (forward
 gathers first to last unit, then per unit from the last: gather, reduce-scatter).
@@ -71,7 +72,7 @@ def check_layout(layout: Layout) -> None:
             raise SpecError("runner", f"pipelines[{r.pipeline}].stages[{r.stage}]",
                             f"{what} with tensor parallelism (degree {r.tp_degree}) is not supported by the runner "
                             "(streamed parameters are flat-buffer views; DTensor shards are not)")
-    if layout.zero >= 2 and len({r.pipeline for r in layout.ranks}) > 1:
+    if layout.zero >= 2 and len({r.pipeline for r in layout.ranks}) > 1 and not layout.mixed:
         # per-micro-batch collectives (reduce-scatters, zero-3 all-gathers) are blocking calls on one
         # group per layer: the replicas must issue them in the same order
         splits: dict[int, list] = {}
@@ -100,7 +101,7 @@ class Unit:
 
     def __init__(self, key: str, params: list[nn.Parameter], modules: list[nn.Module], holders: tuple[int, ...],
                  rank: int, zero: int, offload: str, device: torch.device, ag_group, rs_group,
-                 max_microbatches: int, own_microbatches: int) -> None:
+                 max_microbatches: int, own_microbatches: int, asynchronous: bool = False) -> None:
         from runner.engine import _local
 
         self.key, self.params, self.modules = key, params, modules
@@ -123,6 +124,9 @@ class Unit:
         self.lo, self.hi = self.index * self.shard if self.n_shards > 1 else 0, \
             (self.index + 1) * self.shard if self.n_shards > 1 else self.padded
         self.pads = max(0, max_microbatches - own_microbatches)
+        # mixed stages (runner.mixed): per-micro-batch reduce-scatters issued without waiting, summed in order
+        self.asynchronous = asynchronous
+        self._pending: list = []  # (work, shard) of reduce-scatters in flight, in issue order
         host = offload != "none"
         with torch.no_grad():
             flat = torch.zeros(self.padded, dtype=torch.float32, device=device)
@@ -257,6 +261,11 @@ class Unit:
                     p.grad = None
             if self.scatter_per_mb:
                 part = torch.empty(self.shard, device=self.device)
+                if self.asynchronous and self.offload == "none":
+                    work = dist.reduce_scatter_tensor(part, g, group=self.rs_group, async_op=True)
+                    self._pending.append((work, part, g))  # g kept alive until the call completed
+                    self._drain(wait=False)
+                    return
                 dist.reduce_scatter_tensor(part, g, group=self.rs_group)
                 g = part
             if pad and not self.scatter_per_mb:
@@ -265,6 +274,14 @@ class Unit:
                 self._down(g, self.acc, add=True)
             else:
                 self.acc.add_(g)
+
+    def _drain(self, wait: bool) -> None:
+        """Add the finished asynchronous reduce-scatters' shards to the accumulator, oldest first (all of
+        them, waiting, with ``wait``): the sum's order is the issue order whatever the timing."""
+        while self._pending and (wait or self._pending[0][0].is_completed()):
+            work, part, _ = self._pending.pop(0)
+            work.wait()
+            self.acc.add_(part)
 
     # -- the step ----------------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -286,6 +303,7 @@ class Unit:
     def finish_step(self, weight: float) -> None:
         """Synchronise the step's gradient and leave it in ``master.grad``."""
         with torch.no_grad():
+            self._drain(wait=True)
             if self.resident:
                 g = self._flat_grads(weight)
                 for p in self.params:
@@ -354,7 +372,10 @@ class ShardedState:
         self.layout = layout
         self.plan = layout.ranks[rank]
         self.units: list[Unit] = []
-        counts = {r.rank: r.num_microbatches for r in layout.ranks}
+        # micro-batches each rank runs: its share in a mixed stage (runner.mixed), else its pipeline's
+        counts = {r.rank: r.share or r.num_microbatches for r in layout.ranks}
+        # runner.mixed weighs each micro-batch's loss by its part of the global batch already
+        self.grad_weight = 1.0 if layout.mixed else self.plan.grad_weight
         for key, tp_index, holders in layout.key_holders():
             groups = (dist.new_group(list(holders)), dist.new_group(list(holders))) if len(holders) > 1 else (None, None)
             if rank not in holders:
@@ -367,8 +388,8 @@ class ShardedState:
             else:
                 modules = [module.blocks[key.removeprefix("layer")]]
             unit = Unit(key, params, modules, holders, rank, layout.zero, self.plan.offload, device, *groups,
-                        max(counts[h] for h in holders), self.plan.num_microbatches)
-            unit.factor = 1.0 / layout.total_microbatches
+                        max(counts[h] for h in holders), counts[rank], asynchronous=layout.mixed)
+            unit.factor = 1.0 if layout.mixed else 1.0 / layout.total_microbatches
             self.units.append(unit)
         self.optimizer = torch.optim.AdamW([u.master for u in self.units], **ADAMW, foreach=False)
 
@@ -388,17 +409,17 @@ class ShardedState:
         write the weights back."""
         pads = max((u.pads for u in self.units), default=0)
         with torch.no_grad():
-            for _ in range(pads):  # replay a micro-batch's collective order (check_layout: single stage)
+            for i in range(pads):  # replay a micro-batch's collective order (check_layout: single stage)
                 for u in self.units:  # forward: first unit to last
-                    if u.pads and u.gathers:
+                    if i < u.pads and u.gathers:
                         u.pad_gather()
                 for u in reversed(self.units):  # backward: last unit to first
-                    if u.pads and u.gathers:
+                    if i < u.pads and u.gathers:
                         u.pad_gather()
-                    if u.pads and u.scatter_per_mb:
+                    if i < u.pads and u.scatter_per_mb:
                         u.reduce_microbatch(pad=True)
         for u in self.units:
-            u.finish_step(self.plan.grad_weight)
+            u.finish_step(self.grad_weight)
         self.optimizer.step()
         for u in self.units:
             u.write_back()

@@ -1,5 +1,6 @@
 """The runner on plans with mixed data-parallel stages (Zorse; runner.mixed): placement and refusals (fast),
-and real gloo runs (slow): loss equal to single-process training over 6 steps, bit-exact resume.
+and real gloo runs (slow): loss equal to single-process training over 6 steps, bit-exact resume, also with
+ZeRO-1 / 2 sharding over the mixed stages' ranks.
 
 Tolerance as in test_runner_distributed: the same fp32 math as the single-process reference up to the
 order of sums (measured <= 2e-7 relative); rtol 1e-5 is far below what a weighting bug moves (giving the
@@ -71,12 +72,29 @@ def test_layout_places_each_rank_of_a_mixed_stage_with_its_share():
 
 
 def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_field():
-    with pytest.raises(SpecError, match=r"zero.*zero 2 with stages of several ranks.*not run by the runner"):
-        layout_of({**PLAN_REPLICA, "zero": 2}, 3, 2)
+    with pytest.raises(SpecError, match=r"zero.*zero 3 with stages of several ranks.*not run by the runner.*"
+                                         r"use zero 1 or 2"):
+        layout_of({**PLAN_REPLICA, "zero": 3}, 3, 2)
+    offload = {**PLAN_5_3, "pipelines": [{**PLAN_5_3["pipelines"][0], "stages": [
+        {**PLAN_5_3["pipelines"][0]["stages"][0], "offload": "optimizer"}, PLAN_5_3["pipelines"][0]["stages"][1]]}]}
+    with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.offload.*not run by the runner"):
+        layout_of(offload, 2, 1)
     tp = {"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
         {"layers": 4, "ranks": [{"devices": ["fast:0", "fast:1"], "num_microbatches": 3}, rank("slow:0", 1)]}]}]}
     with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.ranks\[0\]\.devices.*tensor parallelism"):
         layout_of(tp, 2, 1)
+
+
+def test_zero_1_and_2_shard_a_mixed_stage_among_its_ranks_and_the_replicas():
+    """The ranks of a mixed stage (and the other replicas' holders) are the ZeRO peers of its layers."""
+    layout = layout_of({**PLAN_5_3, "zero": 2}, 2, 1)
+    assert layout.sharded and layout.mixed
+    holders = {key: h for key, _, h in layout.key_holders()}
+    assert holders["layer0"] == (0, 1) and holders["head"] == (2,)
+    layout = layout_of({**PLAN_REPLICA, "zero": 1}, 3, 2)
+    by_device = {r.device_id: r.rank for r in layout.ranks}
+    holders = {key: h for key, _, h in layout.key_holders()}
+    assert holders["layer2"] == tuple(sorted((by_device["fast:1"], by_device["slow:0"], by_device["fast:2"])))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,4 +146,33 @@ def test_mixed_stage_beside_a_second_replica_trains_like_a_single_process(refere
     import torch
 
     losses = run(PLAN_REPLICA, cluster_yaml(tmp_path, 3, 2), tmp_path)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_zero_2_over_a_mixed_stage_trains_like_a_single_process_and_resumes_bit_exact(reference, tmp_path):
+    """ZeRO-2 across the 5/3 stage's two ranks (asynchronous per-micro-batch reduce-scatters, the 3-share rank
+    padding two): single-process loss; stop + sharded checkpoint + resume gives the identical curve."""
+    import torch
+
+    plan = {**PLAN_5_3, "zero": 2}
+    cluster = cluster_yaml(tmp_path, 2, 1)
+    full = tmp_path / "full"
+    full.mkdir()
+    losses = run(plan, cluster, full)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
+    part = tmp_path / "part"
+    part.mkdir()
+    run(plan, cluster, part, steps=3, checkpoint_dir=part / "ckpt")
+    assert run(plan, cluster, part, checkpoint_dir=part / "ckpt", resume=True) == losses
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("zero", [1, 2])
+def test_zero_over_a_mixed_stage_beside_a_second_replica_trains_like_a_single_process(reference, tmp_path, zero):
+    import torch
+
+    losses = run({**PLAN_REPLICA, "zero": zero}, cluster_yaml(tmp_path, 3, 2), tmp_path)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)

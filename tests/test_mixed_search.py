@@ -45,13 +45,60 @@ def test_mixed_type_stages_take_zorse_shares_by_speed(space):
         for st in pipe.stages:
             assert [r.devices[0].split(":")[0] for r in st.ranks] == ["a100", "v100"]
             a100, v100 = (r.num_microbatches for r in st.ranks)
-            # shares proportional to speed (312 vs 125 TFLOP/s): Zorse's inverse per-layer latency rule
+            # Zorse's rule: shares inversely proportional to the cost model's per-layer latency
+            lat_a, lat_v = (mixed_space.layer_latency_s(space, r.devices, cfg.micro_batch_size) for r in st.ranks)
             assert a100 + v100 == pipe.num_microbatches
-            assert abs(a100 / pipe.num_microbatches - 312 / 437) <= 1 / pipe.num_microbatches
+            assert abs(a100 / pipe.num_microbatches - lat_v / (lat_a + lat_v)) <= 1 / pipe.num_microbatches
     # grouped: stages of one type where the counts allow
     g = space.decode(base(space, stage_ranks=2, assign="grouped", pp=2)).config
     assert {tuple(sorted({d.split(":")[0] for d in st.devices})) for p in g.pipelines for st in p.stages} == \
         {("a100",), ("v100",)}
+
+
+def test_zorse_shares_are_inverse_to_the_cost_models_per_layer_latency():
+    """Hand cases: a rank emulated 2x slower takes a third (12 -> 8 + 4); a card of the same peak TFLOP/s but
+    1/20 of the memory bandwidth is slower per layer (memory-bound), so it takes fewer micro-batches than
+    the peak rule's half."""
+    cpu = cluster_from_dict({"name": "t", "nodes": [{"name": "f", "gpu": "cpu", "count": 2},
+                                                    {"name": "s", "gpu": "cpu", "count": 2, "slowdown": 2}],
+                             "network": {"bandwidth_GBps": 10}}, "t")
+    space = SearchSpace(cpu, load_model("tiny"))
+    assert mixed_space.layer_latency_s(space, ["s:0"], 1) == pytest.approx(2 * mixed_space.layer_latency_s(
+        space, ["f:0"], 1))
+    assert mixed_space.zorse_shares(space, [["f:0"], ["s:0"]], 12, 1) == [8, 4]
+    assert mixed_space.zorse_shares(space, [["f:0"], ["s:0"], ["s:1"]], 12, 1) == [6, 3, 3]
+    gpu = lambda name, bw: dict(name=name, peak_tflops=100, memory_GiB=40, memory_bandwidth_GBps=bw)  # noqa: E731
+    cluster = cluster_from_dict({"name": "t", "nodes": [{"name": "f", "count": 2, "gpu": gpu("F", 2000)},
+                                                        {"name": "m", "count": 2, "gpu": gpu("M", 100)}],
+                                 "network": {"bandwidth_GBps": 10}}, "t")
+    space = SearchSpace(cluster, load_model("gpt2-xl"))
+    assert space.group_speed(["f:0"]) == space.group_speed(["m:0"])  # the peak rule would split 6 + 6
+    sim = Simulator(cluster, space.model)
+    lat = [sum((e.forward_s, e.backward_s)) for e in (sim.stage_estimate((d,), 1, False, False, False, 1, 1)
+                                                     for d in ("f:0", "m:0"))]
+    assert lat[1] > 2 * lat[0]
+    expected = mixed_space.shares(12, [1 / lat[0], 1 / lat[1]])
+    assert mixed_space.zorse_shares(space, [["f:0"], ["m:0"]], 12, 1) == expected and expected[1] < 6
+    # the decoder's mixed stages take these shares
+    d = space.decode(dict(space.heuristic_params()[0], stage_ranks=2, assign="mixed", pp=1, mbs=1))
+    assert d.ok, d.reason
+    pipe = d.config.pipelines[0]
+    assert [r.devices[0][0] for r in pipe.stages[0].ranks] == ["f", "m"]
+    assert [r.num_microbatches for r in pipe.stages[0].ranks] == mixed_space.zorse_shares(
+        space, [r.devices for r in pipe.stages[0].ranks], pipe.num_microbatches, 1)
+
+
+def test_zero_is_kept_for_one_replica_whose_stages_have_several_ranks(space):
+    """The ranks of a mixed stage are ZeRO peers: a one-replica plan with stage_ranks 2 keeps its zero; one
+    with one rank per stage (no peers) decodes as zero 0."""
+    one = base(space, stage_ranks="bandwidth", pp=2, zero=2)
+    d = space.decode(one)
+    assert d.ok, d.reason
+    assert len(d.config.pipelines) == 1 and d.config.has_mixed_stages and d.config.zero == 2
+    plain = space.decode(base(space, stage_ranks=1, pp=8, zero=2))
+    assert plain.ok and len(plain.config.pipelines) == 1 and plain.config.zero == 0
+    starts = space.heuristic_params()
+    assert any(p.get("stage_ranks") == "bandwidth" and p.get("zero") == 2 for p in starts)  # Zorse: ZeRO-2
 
 
 def test_too_wide_or_too_few_micro_batches_is_a_reason(space):

@@ -15,9 +15,17 @@ Present only on clusters with several node classes (as ``assign``, ``order`` and
                  width and type: 4 V100s in one, 2 A100s in the next), slow links between stages and fast
                  links inside (``assign`` does not apply).
 
-Micro-batch shares inside a stage follow Zorse's rule: proportional to each rank's speed, i.e. inversely
-proportional to its per-layer latency (``shares``; at least one each). Layers per stage follow the stage's
-total speed (``layer_split``), so a stage of two fast ranks and one slow one gets their sum's share.
+Micro-batch shares inside a stage follow Zorse's rule: inversely proportional to each rank's per-layer
+latency (``shares``; at least one each), the latency being the simulator's cost model for one transformer
+block's forward plus backward at the plan's micro-batch size on the rank's GPU type and tensor-parallel degree
+(``layer_latency_s``: datasheet rates, tensor-parallel all-reduces and launch overheads included; not the
+peak TFLOP/s, which overrates a card whose memory bandwidth or kernel overheads bind). Layers per stage follow
+the stage's total speed (``layer_split``), so a stage of two fast ranks and one slow one gets their sum's share.
+
+ZeRO (the ``zero`` dimension) shards training state among a layer's data-parallel peers: the ranks of its
+stage in every replica (``autotune.simulator.zero.peer_degrees``). So a plan of one replica keeps its
+``zero`` when a stage has several ranks (``has_peers``): Zorse's ZeRO-2 inside a stage, the small card of a
+mixed stage holding a shard. Zorse's start plans come with zero 0 and with ZeRO-2 (``start_params``).
 
 A params dict without the dimension (an older study, a stored start) decodes with ``stage_ranks: 1``: the
 plans of the space before. ``restrict={"stage_ranks": [1]}`` is the space without mixed stages.
@@ -71,11 +79,42 @@ def dimensions(cluster: ClusterSpec, model: ModelSpec, several_classes: bool) ->
 
 
 def shares(total: int, speeds: Sequence[float]) -> list[int] | None:
-    """Zorse's rule: ``total`` micro-batches split in proportion to the ranks' speeds (inverse per-layer
-    latency), at least one each; None when there are fewer micro-batches than ranks."""
+    """``total`` micro-batches split in proportion to the ranks' ``speeds`` (largest remainder), at least one
+    each; None when there are fewer micro-batches than ranks. Zorse's rule with speeds ``1 / latency``
+    (``zorse_shares``)."""
     from autotune.search.space import apportion
 
     return apportion(total, list(speeds), minimum=1)
+
+
+def layer_latency_s(space: "SearchSpace", devices: Sequence[str], mbs: int) -> float:
+    """Seconds of one transformer block's forward plus backward for one micro-batch of ``mbs`` on the rank
+    (TP group) ``devices``: the simulator's cost model (``Simulator.stage_estimate`` of a one-block stage;
+    datasheet rates, the cluster's slowdown, the TP group's all-reduces). Cached per space."""
+    cache = space.__dict__.setdefault("_rank_latency", {})
+    key = (tuple(devices), mbs)
+    hit = cache.get(key)
+    if hit is None:
+        sim = space.__dict__.get("_cost_model")
+        if sim is None:
+            from autotune.simulator import Simulator
+
+            sim = space.__dict__["_cost_model"] = Simulator(space.cluster, space.model)
+        est = sim.stage_estimate(tuple(devices), 1, False, False, False, mbs, 1)
+        hit = cache[key] = est.forward_s + est.backward_s
+    return hit
+
+
+def zorse_shares(space: "SearchSpace", ranks: Sequence[Sequence[str]], total: int, mbs: int) -> list[int] | None:
+    """Zorse's rule: ``total`` micro-batches over the ranks (each a TP group's devices) inversely
+    proportional to their per-layer latency (``layer_latency_s``), at least one each."""
+    return shares(total, [1.0 / max(layer_latency_s(space, r, mbs), 1e-30) for r in ranks])
+
+
+def has_peers(pipes: Sequence[Sequence[Any]]) -> bool:
+    """Whether some stage of the decoded pipelines has several ranks (data-parallel peers for ZeRO even
+    in a plan of one replica)."""
+    return any(isinstance(g, RankGroup) for pipe in pipes for g in pipe)
 
 
 def wanted(params: Mapping[str, Any]) -> bool:
@@ -148,14 +187,14 @@ def bandwidth_stages(space: "SearchSpace", groups: list["TPGroup"], pp: int) -> 
     return [[groups[i] for i in m] for m in parts]
 
 
-def stage_config(group: Any, layers: int, recompute: bool | str, offload: str, num_microbatches: int,
-                 sequence_parallel: bool = False) -> StageConfig | str:
-    """The plan's stage for a decoded TP group or ``RankGroup`` (ranks with Zorse's shares), or why not;
-    ``sequence_parallel`` where the stage (some rank of it) is tensor-parallel."""
+def stage_config(space: "SearchSpace", group: Any, layers: int, recompute: bool | str, offload: str,
+                 num_microbatches: int, mbs: int, sequence_parallel: bool = False) -> StageConfig | str:
+    """The plan's stage for a decoded TP group or ``RankGroup`` (ranks with Zorse's shares at micro-batch
+    size ``mbs``), or why not; ``sequence_parallel`` where the stage (some rank of it) is tensor-parallel."""
     if not isinstance(group, RankGroup):
         return StageConfig(group.devices, layers, recompute, offload,
                            sequence_parallel=sequence_parallel and len(group.devices) > 1)
-    split = shares(num_microbatches, [g.speed_tflops for g in group.ranks])
+    split = zorse_shares(space, [g.devices for g in group.ranks], num_microbatches, mbs)
     if split is None:
         return (f"{num_microbatches} micro-batches cannot feed a stage of {len(group.ranks)} ranks "
                 "(each rank takes at least one)")
@@ -184,9 +223,9 @@ def params_of(config) -> dict[str, Any]:
 
 def shift_share(space: "SearchSpace", config, stage: int, direction: int):
     """Move one micro-batch between two ranks of stage ``stage`` of every pipeline where it has several:
-    ``+1`` from the rank with the most work per speed (share / speed) to the one with the least (towards
-    Zorse's rule), ``-1`` the other way (away from it, e.g. to unload a rank short of memory). None when no
-    pipeline has such a stage or a rank would be left with none."""
+    ``+1`` from the rank with the most work (share x per-layer latency, ``layer_latency_s``) to the one with
+    the least (towards Zorse's rule), ``-1`` the other way (away from it, e.g. to unload a rank short of
+    memory). None when no pipeline has such a stage or a rank would be left with none."""
     from dataclasses import replace
 
     changed = False
@@ -196,8 +235,7 @@ def shift_share(space: "SearchSpace", config, stage: int, direction: int):
             pipes.append(pipe)
             continue
         st = pipe.stages[stage]
-        speeds = [space.group_speed(r.devices) for r in st.ranks]
-        load = [r.num_microbatches / s for r, s in zip(st.ranks, speeds)]
+        load = [r.num_microbatches * layer_latency_s(space, r.devices, config.micro_batch_size) for r in st.ranks]
         hi = max(range(len(load)), key=lambda k: (load[k], -k))
         lo = min(range(len(load)), key=lambda k: (load[k], k))
         src, dst = (hi, lo) if direction > 0 else (lo, hi)
@@ -239,7 +277,8 @@ def rescale_shares(pipe, num_microbatches: int):
 def start_params(space: "SearchSpace", candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Zorse's start plans, after the speed-proportional ones (``SearchSpace.heuristic_params``): the first
     of those with the stages cut from the bandwidth graph (``stage_ranks: bandwidth``), then with mixed-type
-    stages of two ranks (``stage_ranks: 2``, ``assign: mixed``); both with micro-batch shares by speed.
+    stages of two ranks (``stage_ranks: 2``, ``assign: mixed``); both with Zorse's micro-batch shares, then
+    both again with ZeRO-2 (Zorse's sharding inside a stage) where the space has it.
     The other candidates get ``stage_ranks: 1``. None without the dimension."""
     dim = space._dims.get("stage_ranks")
     if dim is None:
@@ -256,4 +295,6 @@ def start_params(space: "SearchSpace", candidates: list[dict[str, Any]]) -> list
     if widths:
         assign = "mixed" if "mixed" in space._dims["assign"].choices else base["assign"]
         out.append(dict(base, stage_ranks=widths[0], assign=assign))
+    if 2 in space._dims["zero"].choices:  # Zorse shards each stage's state ZeRO-2 style among its ranks
+        out += [dict(p, zero=2) for p in out]
     return out

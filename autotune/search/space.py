@@ -24,14 +24,14 @@ Every method searches instead over a small set of *dimensions*, each a finite li
                    it would equal ``none``).
 ``seq_parallel``   sequence parallelism in every tensor-parallel stage (``False`` / ``True``), when some
                    class can take a tensor-parallel degree above 1.
-``zero``           ZeRO / FSDP stage 0-3 across the data-parallel peers (0 when the plan has one replica:
-                   sharding among no peers is the same plan).
+``zero``           ZeRO / FSDP stage 0-3 across the data-parallel peers (0 when the plan has one replica and
+                   one rank per stage: sharding among no peers is the same plan).
 ``offload``        ``none``, ``optimizer`` or ``all``: every stage's CPU offload (host memory).
 ``expert_parallel``, ``trains_experts``, ``sync_every``: MoE models only (``autotune.search.moe_space``):
                    expert parallelism, SPES's expert subsets per replica group, and the sync period up
                    to ``max_sync_every``. A dense model's space has none of them.
 ``stage_ranks``    several node classes only (``autotune.search.mixed_space``): Zorse's stages of 1, 2, 4
-                   or 8 data-parallel ranks (mixed GPU types, micro-batch shares by speed), or
+                   or 8 data-parallel ranks (mixed GPU types, micro-batch shares by per-layer latency), or
                    ``bandwidth``: GPUs grouped into stages by cutting the cluster's bandwidth graph.
 
 ``SearchSpace.decode(params)`` turns one choice per dimension into a valid ``ParallelConfig`` or the
@@ -370,14 +370,16 @@ class SearchSpace:
         mode = params["recompute"]
         sp = bool(params.get("seq_parallel", False))
         offload = str(params.get("offload", "none"))
-        zero = int(params.get("zero", 0)) if dp > 1 else 0  # no peers: zero k is the zero-0 plan
+        # no peers (one replica, one rank per stage): zero k is the zero-0 plan; a stage of several ranks
+        # has its ranks as peers (mixed_space.has_peers)
+        zero = int(params.get("zero", 0)) if dp > 1 or mixed_space.has_peers(pipes) else 0
         max_mem = max(g.memory_GiB for g in groups)
         pipelines = []
         for pipe, split, m, experts in zip(pipes, layer_splits, mbs_split, trains):
             stages = tuple(
-                mixed_space.stage_config(g, n, "selective" if mode == "selective" else
+                mixed_space.stage_config(self, g, n, "selective" if mode == "selective" else
                                          mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem),
-                                         offload, m, sp)
+                                         offload, m, mbs, sp)
                 for g, n in zip(pipe, split))
             bad = next((st for st in stages if isinstance(st, str)), None)
             if bad is not None:
