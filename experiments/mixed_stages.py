@@ -40,12 +40,25 @@ CLUSTERS = {
         {"name": "v100", "gpu": "V100-32GB", "count": 4, "intra_node": {"bandwidth_GBps": 16, "latency_us": 5}},
         {"name": "p40", "gpu": P40, "count": 4, "intra_node": {"bandwidth_GBps": 12, "latency_us": 5}}],
         "network": {"bandwidth_GBps": 12.5, "latency_us": 10}},
+    # Zorse's natural case: few big GPUs, many small ones (2 A100-80GB + 2 nodes of 4 T4)
+    "a100x2+t4x8": {"nodes": [
+        {"name": "a100", "gpu": "A100-80GB", "count": 2, "intra_node": {"bandwidth_GBps": 300, "latency_us": 2}},
+        {"name": "t4a", "gpu": "T4", "count": 4, "intra_node": {"bandwidth_GBps": 16, "latency_us": 5}},
+        {"name": "t4b", "gpu": "T4", "count": 4, "intra_node": {"bandwidth_GBps": 16, "latency_us": 5}}],
+        "network": {"bandwidth_GBps": 12.5, "latency_us": 10}},
+    # 4 V100-32GB + 2 nodes of 4 P40-like cards: llama2-13b's 208 GB of training state fits neither type alone
+    "v100x4+p40x8": {"nodes": [
+        {"name": "v100", "gpu": "V100-32GB", "count": 4, "intra_node": {"bandwidth_GBps": 16, "latency_us": 5}},
+        {"name": "p40a", "gpu": P40, "count": 4, "intra_node": {"bandwidth_GBps": 12, "latency_us": 5}},
+        {"name": "p40b", "gpu": P40, "count": 4, "intra_node": {"bandwidth_GBps": 12, "latency_us": 5}}],
+        "network": {"bandwidth_GBps": 12.5, "latency_us": 10}},
     "mixed-a100-v100": None,  # preset: 4 A100-80GB + 4 V100-32GB
     "mixed-consumer-16": None,  # preset: 8 A100-80GB + 2 x 4 RTX-4090, 10 Gbit/s
 }
 #: (cluster, model) cases of part 1
 CASES = [("a100x2+t4x4", "llama2-7b"), ("a100x2+t4x4", "gpt2-xl"), ("v100x4+p40x4", "llama2-7b"),
-         ("v100x4+p40x4", "gpt2-xl"), ("mixed-a100-v100", "gpt2-xl"), ("mixed-consumer-16", "llama2-7b")]
+         ("v100x4+p40x4", "gpt2-xl"), ("mixed-a100-v100", "gpt2-xl"), ("mixed-consumer-16", "llama2-7b"),
+         ("a100x2+t4x8", "llama2-7b"), ("v100x4+p40x8", "llama2-13b")]
 
 
 def cluster_of(name: str):
@@ -57,7 +70,8 @@ class MixedCounter:
     """The simulator, counting the plans with a stage of several ranks it evaluates and the best of them."""
 
     def __init__(self, sim) -> None:
-        self.sim, self.mixed, self.best_mixed = sim, 0, 0.0
+        self.sim, self.mixed, self.best_mixed, self.best_mixed_config = sim, 0, 0.0, None
+        self.mixed_fit = 0
 
     def __getattr__(self, name):  # everything else (check, memory_estimate, ...) is the simulator's
         return getattr(self.sim, name)
@@ -66,9 +80,37 @@ class MixedCounter:
         m = self.sim.evaluate(config)
         if config.has_mixed_stages:
             self.mixed += 1
-            if m.ok:
-                self.best_mixed = max(self.best_mixed, m.tokens_per_s)
+            self.mixed_fit += m.ok
+            if m.ok and m.tokens_per_s > self.best_mixed:
+                self.best_mixed, self.best_mixed_config = m.tokens_per_s, config
         return m
+
+
+def breakdown(sim, config) -> str:
+    """Where a plan's step goes, per GPU type (mean over its devices): forward / backward busy, the step's
+    data-parallel phases (all-reduce, all-gather), optimizer, idle; its peak memory against usable."""
+    m = sim.evaluate_detailed(config)
+    if not m.ok:
+        return f"    {m.status}: {m.error}"
+    cluster = sim.effective_cluster
+    per: dict[str, dict[str, float]] = {}
+    count: dict[str, set] = {}
+    for e in m.timeline:
+        gpu = cluster.node_of(e.device).device.name
+        kind = "fwd" if e.op.startswith("F") else "bwd" if e.op.startswith("B") else e.op
+        per.setdefault(gpu, {}).setdefault(kind, 0.0)
+        per[gpu][kind] += e.end_s - e.start_s
+        count.setdefault(gpu, set()).add(e.device)
+    lines = [f"    step {m.iteration_time_s:.3f} s, bubble {m.bubble_fraction:.3f}, zero {config.zero}"]
+    for gpu, kinds in per.items():
+        n = len(count[gpu])
+        busy = {k: v / n for k, v in kinds.items()}
+        idle = m.iteration_time_s - sum(busy.values())
+        peak = max(m.peak_memory_GiB.get(d, 0.0) for d in count[gpu])
+        usable = sim.stage_estimate((sorted(count[gpu])[0],), 1, False, False, False, 1, 1).usable_GiB
+        lines.append(f"    {gpu:10s} x{n}: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(busy.items()))
+                     + f", idle {idle:.3f} s; peak {peak:.1f} of {usable:.1f} GiB")
+    return "\n".join(lines)
 
 
 def simulated(args) -> list[dict]:
@@ -76,7 +118,7 @@ def simulated(args) -> list[dict]:
     from autotune.simulator import Simulator
 
     rows = []
-    for name, model_name in CASES:
+    for name, model_name in (c for c in CASES if args.cases in f"{c[0]}/{c[1]}"):
         cluster, model = cluster_of(name), load_model(model_name)
         for seed in args.seeds:
             row = {"cluster": name, "model": model.name, "seed": seed}
@@ -88,7 +130,15 @@ def simulated(args) -> list[dict]:
                                restrict=restrict, evaluator=counter, storage=str(Path(tmp) / "optuna.journal"))
                 if label == "with":
                     row["mixed_evaluated"] = counter.mixed
+                    row["mixed_fit"] = counter.mixed_fit
                     row["best_mixed"] = counter.best_mixed
+                    row["best_mixed_plan"] = counter.best_mixed_config.describe() if counter.best_mixed_config \
+                        else ""
+                    row["best_mixed_breakdown"] = breakdown(counter.sim, counter.best_mixed_config) \
+                        if counter.best_mixed_config else ""
+                else:
+                    row["without_breakdown"] = breakdown(counter.sim, res.best_config) if res.best_measurement.ok \
+                        else ""
                 row[label] = res.best_measurement.tokens_per_s if res.best_measurement.ok else 0.0
                 row[f"{label}_plan"] = res.best_config.describe()
                 row[f"{label}_cpu_s"] = round(time.process_time() - t0, 1)
@@ -96,8 +146,9 @@ def simulated(args) -> list[dict]:
             rows.append(row)
             print(f"{name:18s} {model.name:10s} seed {seed}: without {row['without']:>10,.0f}  with "
                   f"{row['with']:>10,.0f} tokens/s ({row['gain']:+.1%}); {row['mixed_evaluated']} mixed-stage plans "
-                  f"evaluated, best {row['best_mixed']:,.0f}", flush=True)
-            print(f"    without: {row['without_plan']}\n    with:    {row['with_plan']}", flush=True)
+                  f"evaluated ({row['mixed_fit']} fit), best {row['best_mixed']:,.0f}", flush=True)
+            print(f"    without: {row['without_plan']}\n{row['without_breakdown']}\n    with:    {row['with_plan']}\n"
+                  f"    best mixed: {row['best_mixed_plan']}\n{row['best_mixed_breakdown']}", flush=True)
     return rows
 
 
@@ -144,6 +195,7 @@ def main() -> None:
     ap.add_argument("--runner", action="store_true", help="part 2: CPU cluster with slowdown, measured by the runner")
     ap.add_argument("--cpu-model", default="tiny")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--cases", default="", help="run only the cases whose 'cluster/model' contains this")
     ap.add_argument("--json")
     args = ap.parse_args()
     args.seeds = [int(s) for s in args.seeds.split(",")]

@@ -159,35 +159,33 @@ def test_two_stage_pipeline_with_a_5_3_mixed_stage_by_hand():
     fC, bC_A, bC_B = C.forward_s, C.backward_s + a, C.backward_s + n  # the last stage's forwards send nothing
     # orders (rank_orders, stage 0's warm-up 3): A: F0 F2 F3 B0 F5 B2 B3 F7 B5 B7, B: F1 F4 B1 F6 B4 B6,
     # C: F0 B0 F1 B1 ... F7 B7; owners in stage 0: 0 1 0 0 1 0 1 0 (A B A A B A B A)
+
+    def c_pair(prev_backward: float, upstream_forward: float, backward: float) -> float:
+        """End of C's backward of micro-batch j: its forward starts after its previous backward and j's
+        forward in stage 0, then its backward (sending to j's owner) follows at once."""
+        return max(prev_backward, upstream_forward) + fC + backward
+
     A_F0 = fA
     B_F1 = fB
     A_F2 = A_F0 + fA
     A_F3 = A_F2 + fA
     B_F4 = B_F1 + fB
-    C_F0 = A_F0 + fC
-    C_B0 = C_F0 + bC_A
-    C_F1 = max(C_B0, B_F1) + fC
-    C_B1 = C_F1 + bC_B
+    C_B0 = c_pair(0.0, A_F0, bC_A)
+    C_B1 = c_pair(C_B0, B_F1, bC_B)
     A_B0 = max(A_F3, C_B0) + bA
-    C_F2 = max(C_B1, A_F2) + fC
-    C_B2 = C_F2 + bC_A
+    C_B2 = c_pair(C_B1, A_F2, bC_A)
     B_B1 = max(B_F4, C_B1) + bB
-    C_F3 = max(C_B2, A_F3) + fC
-    C_B3 = C_F3 + bC_A
+    C_B3 = c_pair(C_B2, A_F3, bC_A)
     A_F5 = A_B0 + fA
     B_F6 = B_B1 + fB
-    C_F4 = max(C_B3, B_F4) + fC
-    C_B4 = C_F4 + bC_B
+    C_B4 = c_pair(C_B3, B_F4, bC_B)
     A_B2 = max(A_F5, C_B2) + bA
     A_B3 = max(A_B2, C_B3) + bA
-    C_F5 = max(C_B4, A_F5) + fC
-    C_B5 = C_F5 + bC_A
+    C_B5 = c_pair(C_B4, A_F5, bC_A)
     B_B4 = max(B_F6, C_B4) + bB
     A_F7 = A_B3 + fA
-    C_F6 = max(C_B5, B_F6) + fC
-    C_B6 = C_F6 + bC_B
-    C_F7 = max(C_B6, A_F7) + fC
-    C_B7 = C_F7 + bC_A
+    C_B6 = c_pair(C_B5, B_F6, bC_B)
+    C_B7 = c_pair(C_B6, A_F7, bC_A)
     A_B5 = max(A_F7, C_B5) + bA
     B_B6 = max(B_B4, C_B6) + bB
     A_B7 = max(A_B5, C_B7) + bA
