@@ -177,3 +177,48 @@ def test_default_study_names_keep_different_searches_apart(tmp_path):
     names = sorted(s.study_name for s in optuna.get_all_study_summaries(open_storage(storage)))
     assert names[0] == "cpu-2__tiny__optuna__seed0" and len(names) == 2
     assert names[1].startswith("cpu-2__tiny__optuna__seed0__")
+
+
+def test_the_journal_is_read_back_at_once_and_synced_to_disk_at_most_once_a_second(journal, space, monkeypatch):
+    """Every write reaches the OS before it returns (a second storage on the file reads it, as another
+    worker or a resume after ``kill -9`` does); fsync is rationed (``JOURNAL_FSYNC_EVERY_S``) and done
+    once more at exit (``sync``)."""
+    import optuna
+
+    from autotune.search.agents import tpe
+
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    monkeypatch.setattr(tpe, "JOURNAL_FSYNC_EVERY_S", 3600.0)
+    storage = tpe.open_storage(journal)
+    sid = storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "s")
+    tid = storage.create_new_trial(sid)
+    for i in range(20):
+        storage.set_trial_user_attr(tid, "n", i)
+    assert synced == []  # none of the 21 writes waited for the disk
+    other = tpe.open_storage(journal)  # a second reader: sees every write
+    assert other.get_trial(other.get_trial_id_from_study_id_trial_number(other.get_study_id_from_name("s"), 0)
+                           ).user_attrs["n"] == 19
+    storage._backend.sync()
+    assert len(synced) == 1
+    monkeypatch.setattr(tpe, "JOURNAL_FSYNC_EVERY_S", 0.0)  # due at once: every write syncs
+    storage.set_trial_user_attr(tid, "n", 20)
+    assert len(synced) == 2
+
+
+def test_tpe_does_not_model_one_choice_dimensions_but_the_study_keeps_them(journal):
+    """A dimension with one choice (here tp of the single-GPU nodes) is left out of TPE's model (its
+    cost grows with the dimensions) and added back to every proposal and stored trial."""
+    space = SearchSpace(load_cluster("cpu-hetero"), load_model("tiny"), restrict=dict(TINY, pp=[2]))
+    study = SharedStudy(space, "s", journal, seed=0)
+    one = {d.name for d in space.dimensions if len(d.choices) == 1}
+    assert "pp" in one and one == set(study.fixed)
+    assert not one & set(study.model_dists) and set(study.model_dists) | one == set(study.dists)
+    b = BudgetedEvaluator(Simulator(space.cluster, space.model), space, 4)
+    run_optuna(space, b, 0, study=study)
+    stored = evaluated_trials(study.study)
+    assert len(stored) == 4 and all(set(t.params) == set(study.dists) for t in stored)
+    assert all(t.params["pp"] == 2 for t in stored)
+    local = [t for t in study.local.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    assert local and all(not one & set(t.params) for t in local)
