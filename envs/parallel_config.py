@@ -42,10 +42,22 @@ Observations are fixed-size and normalised, independent of the cluster size: per
 ``MAX_STAGES``, of the slowest replica), per replica slot (up to ``MAX_REPLICAS``), per node class
 slot (up to ``MAX_CLASSES``) and global features; ``observation_features()`` names them.
 
-Layouts: the ZeRO / offload features (``ZERO_FEATURES``) and moves were appended after the first
-layout (``LAYOUTS["v1"]``: ``V1_OBSERVATIONS`` features, ``len(ACTIONS)`` moves), so that layout is a
-prefix of today's: a policy trained on it reads the first ``V1_OBSERVATIONS`` features and chooses
-among the first ``len(ACTIONS)`` moves (``autotune.policy.pretrained``).
+Layouts (``LAYOUTS``: name -> (observations, moves)), each a prefix of the next, so a policy trained
+on an older one reads the first features and chooses among the first moves it knows
+(``autotune.policy.pretrained``; policy files name their layout, ``autotune.policy.policy_file``):
+
+  - ``v1``: ``V1_OBSERVATIONS`` features (stage, replica, class slots and ``GLOBAL_FEATURES``),
+    ``ACTIONS`` (the fixed list above);
+  - ``zero``: + ``ZERO_FEATURES`` (ZeRO stage, offload shares, host memory used), + ``ZERO_ACTIONS``;
+  - ``full`` (issue 16, today's): + ``HEADROOM_FEATURES`` (the memory model's predicted peak over
+    capacity of the current plan per node-class slot, of its fullest device and of its fullest host),
+    + ``SPACE_FEATURES`` (roundpipe, sequence parallelism, mixed-stage width, the MoE choices, an MoE
+    model, the slowest inter-node link's bandwidth and latency); moves ``FULL_ACTIONS`` =
+    ``ACTIONS`` + ``ZERO_ACTIONS`` + ``EXTRA_ACTIONS`` (sequence parallelism, RoundPipe's switch and
+    knobs) + ``MOE_ACTIONS`` + ``MIXED_ACTIONS``, the same list on every cluster and model (a move
+    whose dimension the space lacks is masked). The env's default move list is ``FULL_ACTIONS``.
+
+``observation_features()`` names every feature of the ``full`` layout in order.
 """
 
 from __future__ import annotations
@@ -59,7 +71,7 @@ import numpy as np
 from gymnasium import spaces
 
 from autotune.evaluator import CachedEvaluator, Evaluator
-from autotune.search import mixed_space
+from autotune.search import mixed_space, roundpipe_space
 from autotune.search.budget import BudgetedEvaluator, BudgetExhausted
 from autotune.search.space import INTERLEAVED_CHUNKS, Params, SearchSpace, apportion
 from autotune.specs import SCHEDULES, Measurement, ParallelConfig, PipelineConfig, StageConfig
@@ -81,6 +93,19 @@ GLOBAL_FEATURES = ("mbs_index", "sched_1f1b", "sched_gpipe", "sched_interleaved"
                    "recompute_none", "recompute_all", "head_extra", "interleaved_ok")
 #: appended after the first layout (ZeRO sharding and CPU offload)
 ZERO_FEATURES = ("zero", "offload_optimizer", "offload_all", "host_memory_used")
+#: appended after the zero layout (issue 16, layout "full"): the memory model's predicted headroom of the
+#: current plan (``Simulator.memory_estimate``: no schedule simulation, so it is defined for a plan whatever
+#: the backend measured), per node-class slot the fullest used device's predicted peak (the device view:
+#: allocator peak, pool, CUDA context) over its capacity, then the fullest device of the plan and the
+#: fullest host (offloaded state over host memory); each min(use, 1.5) / 1.5, so 2/3 is "exactly full"
+HEADROOM_FEATURES = tuple(f"class{c}.predicted_memory" for c in range(MAX_CLASSES)) + (
+    "predicted_memory_worst", "predicted_host_worst")
+#: and the rest of the space the plan sits in (layout "full"): a roundpipe plan, sequence parallelism,
+#: mixed-stage width (``stage_ranks`` index), MoE choices (expert parallel index, expert subsets, sync
+#: period index; 0 for a dense model), an MoE model, the cluster's slowest inter-node link (log10 of its
+#: bandwidth in GB/s over 3, log10 of its latency in us over 5; 0 on one node)
+SPACE_FEATURES = ("roundpipe", "seq_parallel", "stage_ranks", "expert_parallel", "trains_experts_partition",
+                  "sync_every", "moe_model", "network_log_bw", "network_log_latency")
 
 
 def _build_actions() -> list[tuple]:
@@ -111,22 +136,35 @@ MOE_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("expert_parall
 ZERO_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("zero", "offload") for step in (+1, -1))
 V1_OBSERVATIONS = (MAX_STAGES * len(STAGE_FEATURES) + MAX_REPLICAS * len(REPLICA_FEATURES)
                    + MAX_CLASSES * len(CLASS_FEATURES) + len(GLOBAL_FEATURES))
-#: (observations, moves) of each dense-model layout a policy may have been trained on, oldest first
-LAYOUTS = {"v1": (V1_OBSERVATIONS, len(ACTIONS)),
-           "zero": (V1_OBSERVATIONS + len(ZERO_FEATURES), len(ACTIONS) + len(ZERO_ACTIONS))}
 #: moves appended last when the space has mixed-stage dimensions (Zorse: ``autotune.search.mixed_space``)
 MIXED_ACTIONS: tuple[tuple, ...] = (tuple(("dim", d, step) for d in mixed_space.DIMENSIONS for step in (+1, -1))
                                     + tuple(("share", k, step) for k in range(MAX_STAGES) for step in (+1, -1)))
+#: sequence parallelism and RoundPipe's dimensions (``autotune.search.roundpipe_space``: the switch, pool,
+#: balance, memory limit, recompute grain, passes), one step each way (re-decode)
+EXTRA_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("seq_parallel",) + roundpipe_space.DIMENSION_NAMES
+                                         for step in (+1, -1))
+#: the fixed move list of layout "full" (issue 16), the same on every cluster and model: a move whose
+#: dimension the space lacks is masked. Every older layout's list is a prefix of it.
+FULL_ACTIONS: tuple[tuple, ...] = ACTIONS + ZERO_ACTIONS + EXTRA_ACTIONS + MOE_ACTIONS + MIXED_ACTIONS
+FULL_OBSERVATIONS = V1_OBSERVATIONS + len(ZERO_FEATURES) + len(HEADROOM_FEATURES) + len(SPACE_FEATURES)
+#: (observations, moves) of each layout a policy may have been trained on, oldest first; each is a prefix
+#: of the next (a policy reads the first features and chooses among the first moves it knows)
+LAYOUTS = {"v1": (V1_OBSERVATIONS, len(ACTIONS)),
+           "zero": (V1_OBSERVATIONS + len(ZERO_FEATURES), len(ACTIONS) + len(ZERO_ACTIONS)),
+           "full": (FULL_OBSERVATIONS, len(FULL_ACTIONS))}
 
 
 def actions_for(space: SearchSpace, mixed: bool = False) -> tuple[tuple, ...]:
     """The env's move list for ``space``: ``ACTIONS``, plus ``ZERO_ACTIONS`` and ``MOE_ACTIONS`` for the
-    dimensions it has, plus with ``mixed`` ``MIXED_ACTIONS`` when it has mixed-stage dimensions (off by
-    default: policy files are trained on the list without them; the from-scratch RL search turns them on)."""
+    dimensions it has, plus with ``mixed`` ``MIXED_ACTIONS`` when it has mixed-stage dimensions and the
+    ``EXTRA_ACTIONS`` (sequence parallelism, RoundPipe) of the dimensions it has (off by default: the
+    older policy layouts were trained on the list without them; the from-scratch RL search turns them
+    on). A policy of layout "full" uses ``FULL_ACTIONS`` instead, the same list on every space."""
     names = {d.name for d in space.dimensions}
+    extra = tuple(a for a in EXTRA_ACTIONS if a[1] in names) if mixed else ()
     mixed = MIXED_ACTIONS if mixed and "stage_ranks" in names else ()
     return (ACTIONS + tuple(a for a in ZERO_ACTIONS if a[1] in names)
-            + tuple(a for a in MOE_ACTIONS if a[1] in names) + mixed)
+            + tuple(a for a in MOE_ACTIONS if a[1] in names) + mixed + extra)
 
 
 def action_name(a: int, actions: tuple[tuple, ...] = ACTIONS) -> str:
@@ -160,9 +198,9 @@ class ParallelConfigEnv(gym.Env):
         self.random_start = random_start
         self.start_from_best = start_from_best
         self.render_mode = render_mode
-        self.actions = actions_for(space) if actions is None else actions  # ``actions=ACTIONS``: no MoE moves
+        self.actions = FULL_ACTIONS if actions is None else actions  # the fixed list of layout "full"
         self.action_space = spaces.Discrete(len(self.actions))
-        n_obs = V1_OBSERVATIONS + len(ZERO_FEATURES)
+        n_obs = FULL_OBSERVATIONS
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(n_obs,), dtype=np.float32)
         self._dims = {d.name: d for d in space.dimensions}
         self._classes = space.node_classes[:MAX_CLASSES]
@@ -176,6 +214,8 @@ class ParallelConfigEnv(gym.Env):
         self.steps = 0
         self._last_failed = False
         self._candidates: list[tuple[ParallelConfig, Params] | None] | None = None
+        self._memory_sim: Any = None  # the memory model behind the headroom features (lazy)
+        self._headroom: dict[ParallelConfig, np.ndarray] = {}
 
     # -- evaluations -------------------------------------------------------------------------------
     @property
@@ -462,6 +502,10 @@ class ParallelConfigEnv(gym.Env):
             cur = self.params.get(name)
             if cur is None and name in ("zero", "offload") and self.config is not None:  # params from an older layout
                 cur = self.config.zero if name == "zero" else self.config.pipelines[0].stages[0].offload
+            if cur is None and name == roundpipe_space.SWITCH and self.config is not None:
+                cur = bool(self.config.is_roundpipe)  # a start plan encoded before the switch existed
+            if cur is None and name == "seq_parallel":
+                cur = False
             if cur not in dim.choices:
                 return None
             i = dim.choices.index(cur) + step
@@ -550,8 +594,56 @@ class ParallelConfigEnv(gym.Env):
                              if k == n.name), default=0.0)
             zero_f[:] = (cfg.zero / 3.0, sum(s.offload == "optimizer" for s in stages) / len(stages),
                          sum(s.offload == "all" for s in stages) / len(stages), min(host_used, 1.5) / 1.5)
-        obs = np.concatenate([stage_f.ravel(), rep_f.ravel(), cls_f.ravel(), glob, zero_f])
+        obs = np.concatenate([stage_f.ravel(), rep_f.ravel(), cls_f.ravel(), glob, zero_f,
+                              self._headroom_features(), self._space_features()])
         return np.clip(np.nan_to_num(obs, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0).astype(np.float32)
+
+    def _headroom_features(self) -> np.ndarray:
+        """``HEADROOM_FEATURES`` of the current plan from the memory model (cached per plan)."""
+        cfg = self.config
+        if cfg is None:
+            return np.zeros(len(HEADROOM_FEATURES), dtype=np.float32)
+        cached = self._headroom.get(cfg)
+        if cached is None:
+            cached = predicted_headroom(self.space, cfg, self._memory_model())
+            if len(self._headroom) > 4096:
+                self._headroom.clear()
+            self._headroom[cfg] = cached
+        return cached
+
+    def _memory_model(self) -> Any:
+        if self._memory_sim is None:
+            from autotune.search.memory_first import search_simulator
+
+            self._memory_sim = search_simulator(self.space, self.evaluator)
+        return self._memory_sim
+
+    def _space_features(self) -> np.ndarray:
+        """``SPACE_FEATURES``: the plan's place in the rest of the space, and the cluster's network."""
+        cfg, space, dims = self.config, self.space, self._dims
+        f = np.zeros(len(SPACE_FEATURES), dtype=np.float32)
+        if cfg is None:
+            return f
+
+        def idx(name: str) -> float:
+            d = dims.get(name)
+            v = self.params.get(name)
+            return d.choices.index(v) / max(len(d.choices) - 1, 1) if d is not None and v in d.choices else 0.0
+
+        seq = any(getattr(s, "sequence_parallel", False) for p in cfg.pipelines for s in p.stages) \
+            or bool(self.params.get("seq_parallel", False))
+        f[0] = float(cfg.is_roundpipe)
+        f[1] = float(seq)
+        f[2] = idx("stage_ranks")
+        f[3] = idx("expert_parallel")
+        f[4] = float(self.params.get("trains_experts") == "partition")
+        f[5] = idx("sync_every")
+        f[6] = float(space.model.num_experts > 0)
+        if len(space.cluster.nodes) > 1:
+            net = min((n.network for n in space.cluster.nodes), key=lambda link: link.bandwidth_GBps)
+            f[7] = math.log10(max(net.bandwidth_GBps, 0.01)) / 3.0
+            f[8] = math.log10(max(max(n.network.latency_us for n in space.cluster.nodes), 1.0)) / 5.0
+        return f
 
     def _info(self, **extra: Any) -> dict[str, Any]:
         info = {"tokens_per_s": self.score, "best_tokens_per_s": self.best_score, "evaluations": self.evaluations,
@@ -593,8 +685,33 @@ def _view(config: ParallelConfig, pipes: tuple[PipelineConfig, ...]) -> Parallel
     return view
 
 
+def predicted_headroom(space: SearchSpace, config: ParallelConfig, simulator: Any) -> np.ndarray:
+    """``HEADROOM_FEATURES`` of ``config``: by ``simulator``'s memory model (``memory_estimate``,
+    ``memory_use``), per node-class slot (``space.node_classes[:MAX_CLASSES]``) the fullest used
+    device's peak over its capacity, then the fullest device and the fullest host; each
+    min(use, 1.5) / 1.5. Zeros when the model has no answer (an invalid plan)."""
+    out = np.zeros(len(HEADROOM_FEATURES), dtype=np.float32)
+    try:
+        m = simulator.memory_estimate(config)
+    except Exception:  # the observation never raises
+        m = None
+    if m is None:
+        return out
+    usable = getattr(simulator, "_usable", {})
+    used = {d: gib / usable[d] for d, gib in m.peak_memory_GiB.items() if usable.get(d, 0) > 0}
+    node_class = {n: k for k, c in enumerate(space.node_classes[:MAX_CLASSES]) for n in c.node_names}
+    for d, use in used.items():
+        k = node_class.get(space.cluster.node_of(d).name)
+        if k is not None:
+            out[k] = max(out[k], min(use, 1.5) / 1.5)
+    out[MAX_CLASSES] = min(max(used.values(), default=0.0), 1.5) / 1.5
+    host = simulator.memory_use(replace(m, peak_memory_GiB={})) if m.host_memory_GiB else 0.0
+    out[MAX_CLASSES + 1] = min(host, 1.5) / 1.5
+    return out
+
+
 def observation_features() -> list[str]:
     names = [f"stage{i}.{f}" for i in range(MAX_STAGES) for f in STAGE_FEATURES]
     names += [f"replica{r}.{f}" for r in range(MAX_REPLICAS) for f in REPLICA_FEATURES]
     names += [f"class{c}.{f}" for c in range(MAX_CLASSES) for f in CLASS_FEATURES]
-    return names + list(GLOBAL_FEATURES) + list(ZERO_FEATURES)
+    return names + list(GLOBAL_FEATURES) + list(ZERO_FEATURES) + list(HEADROOM_FEATURES) + list(SPACE_FEATURES)

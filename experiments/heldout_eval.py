@@ -90,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="use this many validation scenarios (training distribution, validation seeds) instead "
                          "of the held-out set: for developing the policy without touching the held-out set")
     ap.add_argument("--methods", default=DEFAULT_METHODS)
+    ap.add_argument("--reference-from", default=None,
+                    help="a --json file of an earlier run (same --reference-budget): take each scenario's reference "
+                         "Optuna result from it instead of re-running it (e.g. to compare two policies)")
     ap.add_argument("--load", default=None,
                     help="comma-separated --json files of earlier runs (for example shards run with --only and the "
                          "same --seeds): print their tables together instead of running")
@@ -110,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     B = max(BUDGETS)
     methods = tuple(args.methods.split(","))
     results: dict[str, dict] = {}
+    earlier_refs = ({n: float(r["reference"]) for n, r in json.loads(Path(args.reference_from).read_text())["results"].items()}
+                    if args.reference_from else {})
     t_all = time.time()
     if args.load:  # the tables of earlier runs, in the scenarios' order
         loaded: dict[str, dict] = {}
@@ -140,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
                 timing[m] += time.time() - t
         if "dp" in at:
             at["dp"][1] = [run(s, sim, "dp", 1, 0, policy_path)[0][-1]]
-        ref = run(s, sim, "optuna", args.reference_budget, 1000, policy_path)[0][-1]
+        if s.name in earlier_refs:
+            ref = earlier_refs[s.name]
+        else:
+            ref = run(s, sim, "optuna", args.reference_budget, 1000, policy_path)[0][-1]
         grid = space.uniform_plans()
         best_uniform = max((sim.evaluate(p).score() for p in grid), default=0.0)
         best_known = max([ref, best_uniform] + [c[-1] for cs in curves.values() for c in cs]

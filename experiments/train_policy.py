@@ -9,7 +9,11 @@ separate seed stream, never the held-out set) and the best-scoring checkpoint is
 
     .venv/bin/python experiments/train_policy.py --minutes 20 --output autotune/data/policy.safetensors
 
-Prints the training time, the validation curve and the saved file's size.
+``--init FILE`` continues from a policy file; one of an older env layout is widened to today's
+(``policy_file.widen``: the appended features and moves start with zero weights). Every validation
+also writes the latest weights to ``<output>.last.safetensors``, so a run stopped at any point leaves
+a usable policy (the best-validating one at ``--output``). Prints the training time, CPU seconds, the
+machine's load, the validation curve and the saved file's size (all also in ``<output>.json``).
 """
 
 from __future__ import annotations
@@ -37,15 +41,27 @@ from autotune.simulator import Simulator  # noqa: E402
 log = logging.getLogger("train_policy")
 
 
+#: the kinds of the validation scenarios, in turn (``large`` left out: its reference costs minutes)
+VALIDATION_KINDS = ("classic", "tight", "internet", "moe")
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    return sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+
+
 def validation_set(n: int, seed: int = 0) -> list[tuple[Scenario, float]]:
-    """``n`` validation scenarios and a reference throughput each: the best of the uniform grid and
-    200 random valid plans (cheap; the metric only compares checkpoints with each other)."""
+    """``n`` validation scenarios (``VALIDATION_KINDS`` in turn) and a reference throughput each: the
+    best of the uniform grid and 200 random valid plans (cheap; the metric only compares checkpoints
+    with each other)."""
     from autotune.search.agents.simple import run_random, run_uniform
 
     rng = validation_rng(seed)
     out = []
     for i in range(n):
-        s = draw_scenario(rng, name=f"val{i}")
+        s = draw_scenario(rng, name=f"val{i}", kind=VALIDATION_KINDS[i % len(VALIDATION_KINDS)])
         space = SearchSpace(s.cluster, s.model)
         sim = Simulator(s.cluster, s.model)
         ref = 0.0
@@ -102,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     t0 = time.time()
+    cpu0 = _cpu_seconds()
+    load0 = os.getloadavg()
 
     def make(i: int):
         def thunk():
@@ -117,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     net = [int(x) for x in args.net.split(",")]
     if args.init:
         # weights from the file (autotune.policy.policy_file, no pickle); the optimizer starts fresh
-        model = policy_file.load_model(args.init, venv, args.seed, learning_rate=args.lr, ent_coef=args.ent_coef,
-                                       gamma=args.gamma, n_steps=args.n_steps, batch_size=256)
+        model = policy_file.load_model(args.init, venv, args.seed, widen_layout=True, learning_rate=args.lr,
+                                       ent_coef=args.ent_coef, gamma=args.gamma, n_steps=args.n_steps, batch_size=256)
     else:
         model = MaskablePPO("MlpPolicy", venv, n_steps=args.n_steps, batch_size=256, n_epochs=4,
                             learning_rate=args.lr, gamma=args.gamma, gae_lambda=0.9, ent_coef=args.ent_coef,
@@ -128,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     val = validation_set(args.validation_scenarios)
     out_path = Path(args.output)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    last_path = out_path.with_name(out_path.stem + ".last.safetensors")
     deadline = time.time() + 60 * args.minutes  # the training itself, after the validation set is built
 
     mlflow.set_tracking_uri(args.tracking_uri)
@@ -151,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 self.curve.append((self.num_timesteps, time.time() - t0, metrics))
                 log.info("step %d (%.0f s): %s", self.num_timesteps, time.time() - t0,
                          " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+                policy_file.save(self.model, last_path, num_timesteps=int(self.num_timesteps))
                 if score > self.best_val:
                     self.best_val = score
                     policy_file.save(self.model, out_path, num_timesteps=int(self.num_timesteps))
@@ -177,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         model.learn(total_timesteps=args.timesteps, callback=track)
         track._check()
         train_s = time.time() - t0
+        cpu_s = _cpu_seconds() - cpu0
+        load1 = os.getloadavg()
         size = out_path.stat().st_size
         mlflow.log_metrics({"train_time_s": train_s, "timesteps": model.num_timesteps,
                             "policy_bytes": size, "best_validation_score": track.best_val})
@@ -185,10 +207,13 @@ def main(argv: list[str] | None = None) -> int:
                 "command": "python experiments/train_policy.py " + " ".join(sys.argv[1:] if argv is None else argv),
                 "cpu": f"{os.cpu_count()} shared CPU cores, torch 1 thread", "mlflow_run_id": run.info.run_id,
                 "validation": [{"step": st, "seconds": round(sec, 1), **m} for st, sec, m in track.curve],
-                "best_validation_score": track.best_val}
+                "best_validation_score": track.best_val, "cpu_s": round(cpu_s, 1), "nice": os.nice(0),
+                "loadavg_start": [round(x, 2) for x in load0], "loadavg_end": [round(x, 2) for x in load1],
+                "init": args.init}
         out_path.with_suffix(".json").write_text(json.dumps(meta, indent=2))
-        print(f"trained {model.num_timesteps} env steps ({track.episodes} episodes) in {train_s:.0f} s; "
-              f"mlflow run {run.info.run_id} in {args.tracking_uri}")
+        print(f"trained {model.num_timesteps} env steps ({track.episodes} episodes) in {train_s:.0f} s wall, "
+              f"{cpu_s:.0f} CPU s (nice {os.nice(0)}, load average {load0[0]:.1f} at the start, {load1[0]:.1f} at "
+              f"the end); mlflow run {run.info.run_id} in {args.tracking_uri}")
         print("validation (mean best@B / reference over the validation scenarios):")
         for steps, secs, metrics in track.curve:
             print(f"  step {steps:>8d}  {secs:6.0f} s  " + "  ".join(f"{k}={v:.4f}" for k, v in metrics.items()))

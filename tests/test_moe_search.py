@@ -12,7 +12,7 @@ from autotune.search import moe_space
 from autotune.search.budget import BudgetedEvaluator
 from autotune.search.space import SearchSpace
 from autotune.simulator import Simulator
-from envs.parallel_config import ACTIONS, MOE_ACTIONS, ZERO_ACTIONS, ParallelConfigEnv
+from envs.parallel_config import ACTIONS, FULL_ACTIONS, MOE_ACTIONS, ZERO_ACTIONS, ParallelConfigEnv, actions_for
 
 MOE_DIMS = {"expert_parallel", "trains_experts", "sync_every"}
 
@@ -33,8 +33,13 @@ def test_dense_spaces_have_no_moe_dimensions_and_the_policy_env_is_unchanged() -
     space = SearchSpace(cluster, model, max_sync_every=100)
     assert not MOE_DIMS & {d.name for d in space.dimensions}
     env = ParallelConfigEnv(space, Simulator(cluster, model))
-    # MoE adds no move to a dense space (its zero / offload moves follow the fixed list: issue 9)
-    assert env.actions == ACTIONS + ZERO_ACTIONS and env.action_space.n == len(ACTIONS) + len(ZERO_ACTIONS)
+    # the env's move list is the fixed one of layout "full" (issue 16): on a dense space the MoE moves
+    # are there but never open; the from-scratch list (actions_for) has none
+    assert env.actions == FULL_ACTIONS and env.action_space.n == len(FULL_ACTIONS)
+    env.reset(seed=0)
+    moe = [i for i, a in enumerate(env.actions) if a in MOE_ACTIONS]
+    assert moe and not env.action_masks()[moe].any()
+    assert not set(MOE_ACTIONS) & set(actions_for(space, mixed=True))
     with pytest.raises(SpecError, match="--max-sync-every: must be an integer >= 1, got 0"):
         SearchSpace(cluster, model, max_sync_every=0)
 
@@ -86,7 +91,8 @@ def test_env_has_moe_moves_and_fine_edits_keep_moe_fields() -> None:
     cluster = internet(8)
     space = SearchSpace(cluster, MODEL, max_sync_every=10)
     env = ParallelConfigEnv(space, Simulator(cluster, MODEL), max_steps=40)
-    assert env.actions == ACTIONS + ZERO_ACTIONS + MOE_ACTIONS
+    assert env.actions[:len(ACTIONS) + len(ZERO_ACTIONS)] == ACTIONS + ZERO_ACTIONS  # the fixed list of layout "full"
+    assert set(MOE_ACTIONS) <= set(env.actions)
     env.reset(seed=0, options={"params": dict(space.heuristic_params()[0], trains_experts="partition",
                                               sync_every=10)})
     assert env.config.sync_every_steps == 10
@@ -98,7 +104,9 @@ def test_env_has_moe_moves_and_fine_edits_keep_moe_fields() -> None:
         before = env.config
         env.step(a)
         assert env.space.check(env.config) is None
-        if env.actions[a][0] in ("layer", "batch", "mbs", "recompute", "schedule") and env.config != before:
+        # (a roundpipe plan's moves re-decode: leaving it by a schedule move is a structure move)
+        if env.actions[a][0] in ("layer", "batch", "mbs", "recompute", "schedule") and env.config != before \
+                and not before.is_roundpipe:
             assert env.config.sync_every_steps == before.sync_every_steps  # fine edits keep the MoE fields
             assert [p.trains_experts for p in env.config.pipelines] == [p.trains_experts for p in before.pipelines]
     moved = env.actions.index(("dim", "sync_every", -1))

@@ -45,6 +45,35 @@ def test_training_draws_are_in_range_seeded_and_never_held_out():
     assert a == b
 
 
+def test_the_training_mixture_covers_the_issue_16_shapes():
+    """Each kind of draw (issue 16): tight consumer / cloud clusters with host-memory limits, internet
+    links of 0.1-1 GB/s and 1-100 ms, MoE models, 128-1,024 GPUs; never a held-out mix."""
+    from autotune.policy.scenarios import (INTERNET_GBPS, INTERNET_LATENCY_US, SCENARIO_KINDS, TIGHT_GPU_TYPES,
+                                           TIGHT_STATE_SHARE, TRAINING_GPU_TYPES, WEIGHT_STATE_BYTES)
+
+    rng = training_rng(11)
+    for kind in SCENARIO_KINDS:
+        for _ in range(4 if kind == "large" else 12):
+            s = draw_scenario(rng, kind=kind, check_feasible=False)
+            c, m = s.cluster, s.model
+            assert s.gpu_types not in HELDOUT_MIXES and s.gpu_types <= set(TRAINING_GPU_TYPES)
+            if kind == "tight":
+                assert s.gpu_types <= set(TIGHT_GPU_TYPES)
+                share = WEIGHT_STATE_BYTES * m.num_params / 2**30 / sum(n.count * n.device.memory_GiB for n in c.nodes)
+                assert TIGHT_STATE_SHARE[0] <= share <= TIGHT_STATE_SHARE[1]
+                assert all(n.host is not None for n in c.nodes)
+            elif kind == "internet":
+                assert len(c.nodes) >= 2
+                assert all(INTERNET_GBPS[0] <= n.network.bandwidth_GBps <= INTERNET_GBPS[1]
+                           and INTERNET_LATENCY_US[0] <= n.network.latency_us <= INTERNET_LATENCY_US[1] for n in c.nodes)
+            elif kind == "moe":
+                assert m.num_experts > 0
+            elif kind == "large":
+                assert 128 <= c.num_devices <= 1024
+            if kind != "large":
+                assert MIN_GPUS <= c.num_devices <= MAX_GPUS
+
+
 def test_heldout_set_is_fixed_and_covers_the_required_shapes():
     held = heldout_scenarios()
     assert held == heldout_scenarios()

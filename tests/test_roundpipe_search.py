@@ -95,8 +95,6 @@ def test_optuna_models_the_start_plan_and_still_warm_starts(box, tmp_path):
 
 def test_the_env_stays_defined_on_a_roundpipe_plan(box):
     from autotune.policy.pretrained import SearchEnv
-    from envs.parallel_config import ACTIONS
-
     space, sim = box
     ev = BudgetedEvaluator(sim, space, 20)
     env = SearchEnv(space, ev, max_steps=10)
@@ -105,7 +103,7 @@ def test_the_env_stays_defined_on_a_roundpipe_plan(box):
     cfg = space.decode(params).config
     env.place(params, cfg, ev.evaluate(cfg, params))
     assert env.observation_space.contains(env._observation())
-    moves = {ACTIONS[i][0] for i in np.flatnonzero(env.action_masks())}
+    moves = {env.actions[i][0] for i in np.flatnonzero(env.action_masks())}
     assert moves and moves <= {"mbs", "schedule", "dim"}  # RoundPipe cuts its stages itself
     a = int(np.flatnonzero(env.action_masks())[0])
     env.step(a)

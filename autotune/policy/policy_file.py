@@ -11,6 +11,12 @@ A policy file (``--policy FILE``; the shipped ``autotune/data/policy.safetensors
   ``hyperparameters`` used when fine-tuning;
 - the tensors' raw little-endian bytes, one after the other.
 
+Versions: 1 has no ``layout``; its ``obs_dim`` and ``n_actions`` must be one of the layouts' sizes
+(the shipped policy before issue 16 is layout ``v1``). 2 names its layout, whose sizes it must have.
+Every layout's features and moves are a prefix of the next, so a file of an older layout still loads
+and reads the prefix it knows; a layout or a version this autotune does not know is refused with one
+line (retrain with ``experiments/train_policy.py``).
+
 That is the safetensors format, so the file also opens with the ``safetensors`` library. Reading it
 never runs code: the header is parsed as JSON, the tensors are copied out with ``numpy.frombuffer``,
 and the weights go into a network built here from the JSON description. Anything else (a
@@ -31,7 +37,9 @@ import numpy as np
 from autotune.errors import SpecError
 
 FORMAT = "autotune-policy"
-VERSION = 1
+VERSION = 2
+#: versions this autotune reads (1: no ``layout`` entry, the layout is told by its sizes)
+READABLE_VERSIONS = (1, 2)
 METADATA_KEY = "autotune_policy"
 MAX_FILE_BYTES = 64 * 2**20
 MAX_HEADER_BYTES = 1 * 2**20
@@ -118,9 +126,10 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
         raise _refuse(path, f"__metadata__.{METADATA_KEY} is not JSON") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise _refuse(path, f"not an autotune policy file: format must be {FORMAT!r}")
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in READABLE_VERSIONS or isinstance(meta.get("version"), bool):
         raise _refuse(path, f"policy format version {str(meta.get('version'))[:20]!r}; this autotune reads "
-                            f"version {VERSION}")
+                            f"versions {', '.join(map(str, READABLE_VERSIONS))} (retrain with "
+                            f"experiments/train_policy.py)")
     if meta.get("algorithm") != "MaskablePPO":
         raise _refuse(path, "algorithm must be 'MaskablePPO'")
     arch = meta.get("net_arch")
@@ -132,6 +141,15 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
     from envs.parallel_config import LAYOUTS
 
     # today's layout, or an older one it extends (a prefix: the policy sees the features and moves it knows)
+    if meta["version"] >= 2:
+        layout = meta.get("layout")
+        if not isinstance(layout, str) or layout not in LAYOUTS:
+            raise _refuse(path, f"trained on env layout {str(layout)[:40]!r}, which this autotune does not know "
+                                f"(it reads {', '.join(LAYOUTS)}; retrain with experiments/train_policy.py)")
+        if (meta.get("obs_dim"), meta.get("n_actions")) != LAYOUTS[layout]:
+            raise _refuse(path, f"layout {layout!r} has {LAYOUTS[layout][0]} observations and {LAYOUTS[layout][1]} "
+                                f"moves; the file says {str(meta.get('obs_dim'))[:12]} and "
+                                f"{str(meta.get('n_actions'))[:12]}")
     if (meta.get("obs_dim"), meta.get("n_actions")) not in set(LAYOUTS.values()):
         obs_dim, n_actions = LAYOUTS[list(LAYOUTS)[-1]]
         raise _refuse(path, f"trained for {str(meta.get('obs_dim'))[:12]} observations and "
@@ -186,8 +204,15 @@ def describe(model, **extra: Any) -> dict[str, Any]:
              "gamma": float(model.gamma), "gae_lambda": float(model.gae_lambda), "ent_coef": float(model.ent_coef),
              "vf_coef": float(model.vf_coef), "max_grad_norm": float(model.max_grad_norm),
              "clip_range": float(clip(1.0)) if callable(clip) else float(clip), "n_epochs": int(model.n_epochs)}
-    return {"format": FORMAT, "version": VERSION, "algorithm": "MaskablePPO",
-            "obs_dim": int(model.observation_space.shape[0]), "n_actions": int(model.action_space.n),
+    from envs.parallel_config import LAYOUTS
+
+    sizes = (int(model.observation_space.shape[0]), int(model.action_space.n))
+    layout = next((name for name, dims in LAYOUTS.items() if dims == sizes), None)
+    if layout is None:
+        raise ValueError(f"the model's {sizes[0]} observations and {sizes[1]} moves are no env layout "
+                         f"({', '.join(f'{k}: {v}' for k, v in LAYOUTS.items())})")
+    return {"format": FORMAT, "version": VERSION, "layout": layout, "algorithm": "MaskablePPO",
+            "obs_dim": sizes[0], "n_actions": sizes[1],
             "net_arch": [int(w) for w in arch], "activation": "tanh", "hyperparameters": hyper, **extra}
 
 
@@ -230,14 +255,38 @@ def load_policy_network(path: str | Path):
     return policy
 
 
-def load_model(path: str | Path, env, seed: int = 0, **overrides: Any):
+def widen(tensors: Mapping[str, np.ndarray], obs_dim: int, n_actions: int) -> dict[str, np.ndarray]:
+    """The weights of a policy of an older layout for a later one (``obs_dim`` features, ``n_actions``
+    moves, each a prefix-extension): the first layers read the appended features with zero weights, and
+    the appended moves get zero weights and the lowest bias of the known moves (so the widened policy
+    first acts as the old one on its moves and rarely picks a new one until training teaches it)."""
+    out = {k: np.array(v, dtype=np.float32) for k, v in tensors.items()}
+    for name in ("mlp_extractor.policy_net.0.weight", "mlp_extractor.value_net.0.weight"):
+        w = out[name]
+        if w.shape[1] > obs_dim:
+            raise ValueError(f"{name} reads {w.shape[1]} features, more than {obs_dim}")
+        out[name] = np.concatenate([w, np.zeros((w.shape[0], obs_dim - w.shape[1]), np.float32)], axis=1)
+    w, b = out["action_net.weight"], out["action_net.bias"]
+    if w.shape[0] > n_actions:
+        raise ValueError(f"action_net has {w.shape[0]} moves, more than {n_actions}")
+    extra = n_actions - w.shape[0]
+    out["action_net.weight"] = np.concatenate([w, np.zeros((extra, w.shape[1]), np.float32)])
+    out["action_net.bias"] = np.concatenate([b, np.full(extra, float(b.min()), np.float32)])
+    return out
+
+
+def load_model(path: str | Path, env, seed: int = 0, *, widen_layout: bool = False, **overrides: Any):
     """A MaskablePPO on ``env`` with the file's weights and hyperparameters (``overrides`` win); its
-    optimizer starts fresh (files carry no optimizer state)."""
+    optimizer starts fresh (files carry no optimizer state). ``widen_layout``: a file of an older
+    layout than ``env``'s is widened to it first (``widen``), for training it on the new layout."""
     import torch
     from sb3_contrib import MaskablePPO
 
     path = Path(path)
     tensors, meta = read(path)
+    env_sizes = (int(env.observation_space.shape[0]), int(env.action_space.n))
+    if widen_layout and (meta["obs_dim"], meta["n_actions"]) != env_sizes:
+        tensors = widen(tensors, *env_sizes)
     hyper = {**HYPERPARAMETERS, **meta.get("hyperparameters", {}), **overrides}
     hyper["n_epochs"] = int(hyper["n_epochs"])
     model = MaskablePPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0,

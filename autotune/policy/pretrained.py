@@ -48,8 +48,8 @@ from autotune.search.budget import BudgetedEvaluator
 from autotune.policy.scenarios import Scenario, draw_scenario, training_rng
 from autotune.search.space import Params, SearchSpace
 from autotune.specs import Measurement, ParallelConfig
-from envs.parallel_config import (ACTIONS, GLOBAL_FEATURES, ZERO_ACTIONS, ParallelConfigEnv, observation_features,
-                                  sync_params)
+from envs.parallel_config import (ACTIONS, FULL_ACTIONS, GLOBAL_FEATURES, ZERO_ACTIONS, ParallelConfigEnv,
+                                  actions_for, observation_features, sync_params)
 
 log = logging.getLogger(__name__)
 
@@ -394,7 +394,7 @@ class ScenarioEnv(gym.Env):
             except Exception:  # no valid random plan found: take the heuristic start
                 start = None
         self.env = SearchEnv(space, evaluator, max_steps=self.episode_evaluations, start_params=start,
-                             exclude_evaluated=True)
+                             exclude_evaluated=True, actions=FULL_ACTIONS)
         return self.env.reset(seed=int(self._rng.integers(2**31)))
 
     def step(self, action):
@@ -417,7 +417,7 @@ def _probe_env() -> ParallelConfigEnv:
         from autotune.simulator import Simulator
 
         cluster, model = load_cluster("mixed-a100-v100"), load_model("tiny")
-        _PROBE = ParallelConfigEnv(SearchSpace(cluster, model), Simulator(cluster, model))
+        _PROBE = ParallelConfigEnv(SearchSpace(cluster, model), Simulator(cluster, model), actions=FULL_ACTIONS)
     return _PROBE
 
 
@@ -494,7 +494,11 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
         import torch
 
         torch.manual_seed(seed)
-    env = SearchEnv(space, evaluator, max_steps=10**9, exclude_evaluated=True)
+    # a policy of layout "full" chooses among the fixed move list it was trained on (every dimension);
+    # older layouts read a prefix of today's list, and the walk adds the moves they lack (below)
+    full = order == "policy" and policy_layout(policy)[1] == len(FULL_ACTIONS)
+    env = SearchEnv(space, evaluator, max_steps=10**9, exclude_evaluated=True,
+                    actions=FULL_ACTIONS if full else actions_for(space))
     obs, _ = env.reset(seed=seed)
     if starts > 1 and env.score > 0:
         best = (env.score, env.params)
@@ -519,7 +523,7 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
         obs = env._observation()
     moves = 0
     n_act = policy_layout(policy)[1] if order == "policy" else len(env.actions)
-    moe = np.array([i >= len(ACTIONS) and act not in ZERO_ACTIONS for i, act in enumerate(env.actions)])
+    moe = np.array([i >= n_act and act not in ZERO_ACTIONS for i, act in enumerate(env.actions)])
     while not evaluator.exhausted:
         mask = env.action_masks()
         used_up = not mask[1:].any()
@@ -584,7 +588,8 @@ def _fine_tune(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int, poli
     # the policy's own moves only: MoE plans are reached through the start plans (SearchSpace.heuristic_params),
     # and so are zero / offload plans for a policy of the first layout, which sees the features it knows
     _, meta = policy_file.read(path)
-    actions = ACTIONS if meta["n_actions"] == len(ACTIONS) else ACTIONS + ZERO_ACTIONS
+    actions = {len(ACTIONS): ACTIONS, len(ACTIONS) + len(ZERO_ACTIONS): ACTIONS + ZERO_ACTIONS}.get(
+        meta["n_actions"], FULL_ACTIONS)
     env = SearchEnv(space, evaluator, max_steps=FINE_TUNE_STEPS, exclude_evaluated=True, actions=actions)
     if meta["obs_dim"] != env.observation_space.shape[0]:
         env = LayoutView(env, meta["obs_dim"])

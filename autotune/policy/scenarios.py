@@ -8,6 +8,15 @@
 scenario has at least one plan that runs on the simulator (``feasible``): models too big for the
 cluster are redrawn.
 
+Since issue 16 the policy trains on ``draw_scenario``'s wider mixture (``SCENARIO_KINDS``), each draw
+one of: ``classic`` (the generator above, on ``TRAINING_GPU_TYPES``, with a host-memory limit on 30%
+of the nodes), ``tight`` (consumer or cloud cards, ``TIGHT_GPU_TYPES``, a model whose training state is
+0.4-1.5x the cluster's device memory, so ZeRO, offload and recomputation decide what fits, and a host
+memory of 0.5-4x the node's device memory), ``internet`` (2-16 standalone nodes joined by 0.1-1 GB/s
+links of 1-100 ms latency), ``moe`` (an MoE model: a random MoE shape, SPES-2B or Mixtral-8x7B, on a
+classic or internet cluster) and ``large`` (128-1,024 GPUs on nodes of 8). ``draw_cluster`` and
+``draw_model`` alone still draw the first generator's distribution.
+
 The train / held-out split is structural:
 
 - **GPU mixes**: ``HELDOUT_MIXES`` are sets of GPU types that training never draws (a training
@@ -59,6 +68,21 @@ HELDOUT_MIXES: tuple[frozenset[str], ...] = (
     frozenset({"T4", "L4", "A10G"}),
     frozenset({"L40S", "RTX-4090"}),
 )
+
+#: what the policy trains on since issue 16: the first list and the catalog GPUs added since
+TRAINING_GPU_TYPES: tuple[str, ...] = GPU_TYPES + ("GH200", "L40S", "TITAN-RTX", "RTX-2080-Ti", "RTX-2080", "A800-80GB")
+#: consumer and cloud cards (``tight`` draws)
+TIGHT_GPU_TYPES: tuple[str, ...] = ("RTX-4090", "RTX-3090", "RTX-2080-Ti", "RTX-2080", "TITAN-RTX", "A6000", "T4",
+                                    "L4", "A10G", "L40S")
+#: the kinds of ``draw_scenario``'s mixture and their probabilities
+SCENARIO_KINDS: dict[str, float] = {"classic": 0.36, "tight": 0.27, "internet": 0.17, "moe": 0.16, "large": 0.04}
+#: internet links between standalone nodes: 0.1-1 GB/s, 1-100 ms (log-uniform)
+INTERNET_GBPS = (0.1, 1.0)
+INTERNET_LATENCY_US = (1_000.0, 100_000.0)
+MAX_LARGE_GPUS = 1024
+#: a ``tight`` draw's training state (16 bytes per parameter) over the cluster's device memory
+TIGHT_STATE_SHARE = (0.4, 1.5)
+HOST_MEMORY_PER_DEVICE_MEMORY = (0.5, 4.0)
 
 TRAIN_SPAWN_KEY = 1
 VALIDATION_SPAWN_KEY = 2
@@ -124,11 +148,11 @@ def _intra_link(rng: np.random.Generator, gpu: str) -> LinkSpec:
 
 
 def draw_cluster(rng: np.random.Generator, *, exclude_mixes: tuple[frozenset[str], ...] = HELDOUT_MIXES,
-                 name: str = "cluster") -> ClusterSpec:
-    """A random cluster; its set of GPU types is never one of ``exclude_mixes``."""
+                 name: str = "cluster", gpu_types: tuple[str, ...] = GPU_TYPES) -> ClusterSpec:
+    """A random cluster of ``gpu_types``; its set of GPU types is never one of ``exclude_mixes``."""
     for _ in range(1000):
         n_types = int(rng.choice([1, 2, 3, 4], p=[0.15, 0.45, 0.3, 0.1]))
-        types = [str(t) for t in rng.choice(GPU_TYPES, size=n_types, replace=False)]
+        types = [str(t) for t in rng.choice(gpu_types, size=n_types, replace=False)]
         if frozenset(types) in exclude_mixes:
             continue
         nodes: list[NodeSpec] = []
@@ -197,15 +221,128 @@ def feasible(cluster: ClusterSpec, model: ModelSpec, max_uniform: int = 40) -> b
 
 
 def draw_scenario(rng: np.random.Generator, *, exclude_mixes: tuple[frozenset[str], ...] = HELDOUT_MIXES,
-                  name: str = "train", check_feasible: bool = True) -> Scenario:
-    """A random scenario whose GPU mix is not held out and that has a plan that runs."""
+                  name: str = "train", check_feasible: bool = True, kind: str | None = None) -> Scenario:
+    """A random scenario of the training mixture (``SCENARIO_KINDS``; ``kind`` forces one) whose GPU mix
+    is not held out and that (``check_feasible``) has a plan that runs."""
     for _ in range(200):
-        cluster = draw_cluster(rng, exclude_mixes=exclude_mixes, name=name)
+        k = kind or str(rng.choice(list(SCENARIO_KINDS), p=list(SCENARIO_KINDS.values())))
+        cluster = _DRAW_CLUSTER[k](rng, exclude_mixes, name)
+        if cluster is None:
+            continue
         for _ in range(20):
-            model = draw_model(rng)
-            if state_fits(cluster, model) and (not check_feasible or feasible(cluster, model)):
+            model = draw_moe_model(rng) if k == "moe" else draw_model(rng)
+            if not _state_ok(k, cluster, model):
+                continue
+            if not check_feasible or feasible(cluster, model):
                 return Scenario(name, cluster, model)
     raise RuntimeError("could not draw a feasible scenario")  # pragma: no cover
+
+
+def _state_ok(kind: str, cluster: ClusterSpec, model: ModelSpec) -> bool:
+    total_GiB = sum(n.count * n.device.memory_GiB for n in cluster.nodes)
+    share = WEIGHT_STATE_BYTES * model.num_params / 2**30 / total_GiB
+    if kind == "tight":
+        return TIGHT_STATE_SHARE[0] <= share <= TIGHT_STATE_SHARE[1]
+    return share <= MAX_STATE_SHARE
+
+
+def _with_host(rng: np.random.Generator, node: NodeSpec) -> NodeSpec:
+    """``node`` with a host-memory limit of 0.5-4x its device memory (its default host link)."""
+    from dataclasses import replace
+
+    from autotune.specs import default_host
+
+    gib = max(8.0, round(_log_uniform(rng, *HOST_MEMORY_PER_DEVICE_MEMORY) * node.count * node.device.memory_GiB, 1))
+    return replace(node, host=replace(default_host(node.device, node.count), memory_GiB=gib))
+
+
+def _mixed_types(rng: np.random.Generator, pool: tuple[str, ...], exclude: tuple[frozenset[str], ...],
+                 weights=(0.3, 0.45, 0.25)) -> list[str] | None:
+    n = int(rng.choice([1, 2, 3], p=list(weights)))
+    types = [str(t) for t in rng.choice(pool, size=n, replace=False)]
+    return None if frozenset(types) in exclude else types
+
+
+def _classic_cluster(rng, exclude, name):
+    cluster = draw_cluster(rng, exclude_mixes=exclude, name=name, gpu_types=TRAINING_GPU_TYPES)
+    nodes = tuple(_with_host(rng, n) if rng.random() < 0.3 else n for n in cluster.nodes)
+    return ClusterSpec(name, nodes)
+
+
+def _tight_cluster(rng, exclude, name):
+    types = _mixed_types(rng, TIGHT_GPU_TYPES, exclude)
+    if types is None:
+        return None
+    net = LinkSpec(round(_log_uniform(rng, 0.125, 12.5), 3), round(float(rng.uniform(5, 50)), 1))
+    nodes = []
+    for t in types:
+        per_node = int(rng.choice([1, 2, 4, 8]))
+        for k in range(int(rng.choice([1, 1, 2, 2, 3, 4]))):
+            nodes.append(_with_host(rng, NodeSpec(f"{t.lower()}-{k}", GPU_CATALOG[t], per_node,
+                                                  _intra_link(rng, t), net)))
+    return _bounded(name, nodes, MIN_GPUS, MAX_GPUS, MAX_NODES)
+
+
+def _internet_cluster(rng, exclude, name):
+    types = _mixed_types(rng, TRAINING_GPU_TYPES, exclude, weights=(0.35, 0.45, 0.2))
+    if types is None:
+        return None
+    net = LinkSpec(round(float(rng.uniform(*INTERNET_GBPS)), 3), round(_log_uniform(rng, *INTERNET_LATENCY_US), 0))
+    nodes = []
+    for t in types:
+        per_node = int(rng.choice([1, 2, 4, 8]))
+        for k in range(int(rng.choice([1, 2, 2, 3, 4, 6, 8]))):
+            node = NodeSpec(f"{t.lower()}-{k}", GPU_CATALOG[t], per_node, _intra_link(rng, t), net)
+            nodes.append(_with_host(rng, node) if rng.random() < 0.3 else node)
+    if len(nodes) < 2:
+        return None
+    return _bounded(name, nodes, MIN_GPUS, MAX_GPUS, MAX_NODES)
+
+
+def _moe_cluster(rng, exclude, name):
+    return _internet_cluster(rng, exclude, name) if rng.random() < 0.5 else _classic_cluster(rng, exclude, name)
+
+
+def _large_cluster(rng, exclude, name):
+    types = _mixed_types(rng, TRAINING_GPU_TYPES, exclude, weights=(0.3, 0.5, 0.2))
+    if types is None:
+        return None
+    target = int(2 ** rng.uniform(math.log2(128), math.log2(MAX_LARGE_GPUS)))
+    net = LinkSpec(round(_log_uniform(rng, 3.125, 50.0), 3), round(float(rng.uniform(5, 20)), 1))
+    shares = rng.dirichlet(np.ones(len(types)))
+    nodes = []
+    for t, share in zip(types, shares):
+        n_nodes = max(1, int(round(share * target / 8)))
+        intra = _intra_link(rng, t)
+        nodes += [NodeSpec(f"{t.lower()}-{k}", GPU_CATALOG[t], 8, intra, net) for k in range(n_nodes)]
+    return _bounded(name, nodes, MAX_GPUS, MAX_LARGE_GPUS, MAX_LARGE_GPUS // 8)
+
+
+def _bounded(name, nodes, lo, hi, max_nodes):
+    gpus = sum(n.count for n in nodes)
+    return ClusterSpec(name, tuple(nodes)) if lo <= gpus <= hi and 1 <= len(nodes) <= max_nodes else None
+
+
+_DRAW_CLUSTER = {"classic": _classic_cluster, "tight": _tight_cluster, "internet": _internet_cluster,
+                 "moe": _moe_cluster, "large": _large_cluster}
+
+
+def draw_moe_model(rng: np.random.Generator, name: str = "moe") -> ModelSpec:
+    """SPES-2B or Mixtral-8x7B (1 in 4), else a random MoE decoder: 8-64 experts, top-1 or top-2,
+    experts in every block or every second, with a random global batch size."""
+    gbs = int(rng.choice([64, 128, 256, 512, 1024], p=[0.2, 0.3, 0.25, 0.15, 0.1]))
+    if rng.random() < 0.25:
+        return _preset(str(rng.choice(["spes-2b", "mixtral-8x7b"])), gbs)
+    dense = draw_model(rng, name)
+    experts = int(rng.choice([8, 16, 32, 64]))
+    return ModelSpec(name=f"{name}-E{experts}-L{dense.num_layers}-h{dense.hidden_size}", num_layers=dense.num_layers,
+                     hidden_size=dense.hidden_size, num_heads=dense.num_heads, num_kv_heads=dense.num_kv_heads,
+                     ffn_hidden_size=dense.ffn_hidden_size, mlp=dense.mlp, vocab_size=dense.vocab_size,
+                     seq_len=dense.seq_len, global_batch_size=gbs, num_experts=experts,
+                     experts_per_token=int(rng.choice([1, 2])),
+                     expert_ffn_hidden_size=int(rng.choice([dense.ffn_hidden_size // 4, dense.ffn_hidden_size // 2,
+                                                            dense.ffn_hidden_size])) // 64 * 64,
+                     moe_layer_every=int(rng.choice([1, 2])))
 
 
 # --------------------------------------------------------------------------------------------------
