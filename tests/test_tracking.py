@@ -52,7 +52,10 @@ def test_one_parent_and_budget_children_with_artifacts(store):
     for child in children:
         assert {"tokens_per_s", "iteration_time_s", "mfu", "bubble_fraction", "oom"} <= set(child.data.metrics)
         assert child.data.tags["status"] in ("ok", "oom", "failed", "timeout")  # never "invalid": those are free
-        assert any(k.startswith("x.") for k in child.data.params)
+        # the readable shape as params; the encoding (what a resume reloads) in one tag, not 21 params
+        assert {"dp", "pp", "tp", "mbs", "layers", "eval_index"} <= set(child.data.params)
+        assert not any(k.startswith("x.") for k in child.data.params)
+        assert any(k.startswith("x.") for k in json.loads(child.data.tags["autotune.params"]))
     best_child = max(children, key=lambda c: c.data.metrics["tokens_per_s"] * c.data.metrics["ok"])
     assert best_child.data.metrics["tokens_per_s"] == pytest.approx(result.best_measurement.tokens_per_s)
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}

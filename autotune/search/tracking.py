@@ -5,9 +5,11 @@ Default store: ``sqlite:///mlflow.db`` in the working directory; default experim
 MLflow UI compares them side by side. The parent holds the search's params (cluster, model, method,
 budget, seed, backend), a ``best_tokens_per_s`` curve (one step per evaluation), the best plan as
 ``best_config.json`` (SPEC.md format plus ``"measurement"``) and tag, and two PNGs: the best plan's
-pipeline timeline and the search-progress curve. A child holds the plan's encoding (``x.*``) and
-shape params, every ``Measurement`` metric, its status, and the plan JSON as a tag, so a resumed
-search can reload what it already evaluated without evaluating it again.
+pipeline timeline and the search-progress curve. A child holds the plan's shape params (dp, pp, tp,
+layers, zero ...), every ``Measurement`` metric, its status, the plan JSON as a tag and its encoding
+in the search space (``x.*``, what TPE and the agents see) in the ``autotune.params`` tag (as MLflow
+params only when that tag would be too long: MLflow's store writes a row per param, half a child's
+cost), so a resumed search can reload what it already evaluated without evaluating it again.
 
 Only ``MlflowClient`` is used (no global active run). A child is three calls: ``create_run`` with
 every tag (the plan, its measurement and its encoding, so the run is complete from its first
@@ -238,6 +240,12 @@ def child_run_name(method: str, ev: Evaluation) -> str:
     return f"{method} {prefix}#{ev.index:04d}: {outcome}, {plan_shape(ev.config)}"
 
 
+def _shown_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The child's params logged as MLflow params when its ``PARAMS_TAG`` holds them all: the plan's
+    shape, not its encoding (``x.*``, read back from the tag by ``recorded``)."""
+    return {k: v for k, v in params.items() if not k.startswith("x.")}
+
+
 class SearchTracker:
     """Writes one search into MLflow. ``start`` creates the parent run or reopens ``resume_run_id``."""
 
@@ -336,7 +344,7 @@ class SearchTracker:
         tags = child.data.tags
         try:
             m = Measurement.from_dict(json.loads(tags["autotune.measurement"]))
-            params = json.loads(tags[PARAMS_TAG])
+            params = _shown_params(json.loads(tags[PARAMS_TAG]))
         except (KeyError, ValueError):
             return False
         now = int(time.time() * 1000)
@@ -389,6 +397,7 @@ class SearchTracker:
         params_json = json.dumps(params, default=str)
         if len(params_json) <= _MAX_TAG:
             tags[PARAMS_TAG] = params_json
+            params = _shown_params(params)
         if pruned:  # screened out by the corrected simulator: its metrics are predictions
             tags["autotune.pruned"] = "true"
         if m.error:
