@@ -65,7 +65,11 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def _run(module: str, **kwargs) -> None:
-    code = importlib.import_module(f"autotune.commands.{module}").run(**kwargs)
+    try:
+        code = importlib.import_module(f"autotune.commands.{module}").run(**kwargs)
+    except KeyboardInterrupt:  # typer would turn it into a silent exit 130: say it in one line
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(130) from None
     if code:
         raise typer.Exit(code)
 

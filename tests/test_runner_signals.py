@@ -96,3 +96,39 @@ def test_peak_rss_falls_back_to_getrusage_without_proc(tmp_path):
 
     value = _peak_rss_bytes(str(tmp_path / "missing"))
     assert value == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 > 0
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_ctrl_c_of_measure_says_so_in_one_line(tmp_path):
+    """Ctrl-C of ``autotune measure``: exit 130 with one line saying nothing was measured (typer turned the
+    KeyboardInterrupt into a silent exit 130), no traceback, no rank left."""
+    tag = f"autotune-test-{uuid.uuid4().hex}"
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": ['
+                    '{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]}')
+    env = {**os.environ, "AUTOTUNE_TEST_TAG": tag, "AUTOTUNE_FAULT": "hang:rank1", "TMPDIR": str(tmp_path),
+           "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "autotune.cli", "measure", "--cluster", "cpu-2", "--model", "tiny", "--config",
+           str(plan), "--steps", "2", "--timeout", "600"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len([p for p in processes_with(tag) if p != proc.pid]) < 2:  # both ranks started
+            assert time.monotonic() < deadline and proc.poll() is None, "ranks did not start"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)  # < the run's 600 s timeout
+        left = processes_with(tag)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in processes_with(tag):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == 130, err
+    assert err.count("\n") == 1 and err.startswith("interrupted: ") and "nothing was measured" in err, err
+    assert out == "" and left == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 
@@ -25,16 +26,21 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     plan = load_config(config)
-    with loading("loading torch") as say:
-        from runner.jobs import preflight
-        from runner.launch import profiled_run
+    try:
+        with loading("loading torch") as say:
+            from runner.jobs import preflight
+            from runner.launch import profiled_run
 
-        preflight(cluster_spec, model_spec, plan)  # bad or unsupported plans: one SpecError line, exit 2
-        who = (f"one RoundPipe process on a pool of {len(plan.devices)} GPUs" if plan.is_roundpipe
-               else f"{len(plan.devices)} ranks")
-        say(f"running {who}: "
-            f"{warmup} warm-up + {steps} timed steps (timeout {timeout:.0f} s)")
-        m = profiled_run(cluster_spec, model_spec, plan, steps=steps, warmup=warmup, timeout_s=timeout)
+            preflight(cluster_spec, model_spec, plan)  # bad or unsupported plans: one SpecError line, exit 2
+            who = (f"one RoundPipe process on a pool of {len(plan.devices)} GPUs" if plan.is_roundpipe
+                   else f"{len(plan.devices)} ranks")
+            say(f"running {who}: "
+                f"{warmup} warm-up + {steps} timed steps (timeout {timeout:.0f} s)")
+            m = profiled_run(cluster_spec, model_spec, plan, steps=steps, warmup=warmup, timeout_s=timeout)
+    except KeyboardInterrupt:  # Ctrl-C: the launcher has killed the ranks before it re-raised it
+        print("interrupted: the run was stopped and its ranks killed before it finished; nothing was measured",
+              file=sys.stderr)
+        return 130
     if json_out:
         print(json.dumps(m.to_dict()))
     else:
