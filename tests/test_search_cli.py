@@ -220,7 +220,7 @@ def test_ctrl_c_says_how_to_resume_and_fresh_starts_over(tmp_path):
     KILLED; the same command then resumes to exactly --budget; --fresh starts a new study."""
     import optuna
 
-    from autotune.search.agents.tpe import open_storage
+    from autotune.search.agents.tpe import evaluated_trials, open_storage
 
     args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "optuna", "--budget", "70",
             "--seed", "4"]
@@ -231,11 +231,18 @@ def test_ctrl_c_says_how_to_resume_and_fresh_starts_over(tmp_path):
     journal = str(tmp_path / "optuna.journal")
 
     def evaluated(study_name: str = name) -> int:
+        """Evaluations the study holds as the search counts them: COMPLETE trials. A Ctrl-C inside the
+        write of the last one can leave it RUNNING with its ``evaluated`` attribute already set; the
+        resumed search fails that trial and evaluates the plan again (counting those made this test
+        expect one evaluation more than the resume reported)."""
         try:
             study = optuna.load_study(study_name=study_name, storage=open_storage(journal))
         except Exception:  # not created yet
             return 0
-        return sum(bool(t.user_attrs.get("evaluated")) for t in study.trials)
+        trials = evaluated_trials(study)
+        keys = [t.user_attrs.get("config_key") for t in trials]
+        assert len(set(keys)) == len(keys), "a plan was evaluated twice"
+        return len(trials)
 
     deadline = time.time() + 120
     while time.time() < deadline and evaluated() < 5:
