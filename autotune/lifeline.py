@@ -11,17 +11,24 @@ MLflow UI server and its uvicorn worker): it runs CMD in a new process group and
 parent dies or it gets SIGTERM / SIGINT / SIGHUP, sends the whole group SIGTERM, then SIGKILL
 after ``GRACE_S``; it exits with CMD's exit code (128 + signal when it was stopped).
 
+``stop_signals_end(kill)`` is how a process that waits on children takes Ctrl-C and SIGTERM: while
+the children run, the signal calls ``kill`` (ending them) and is raised again only once they are
+reaped, never inside ``subprocess.Popen``'s own waiting (see its docstring); ``communicate_all`` waits
+on a list of children that way.
+
 Standard library only: it runs before anything heavy is imported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from typing import Callable, Iterator
 
 PARENT_ENV = "AUTOTUNE_PARENT_PID"
 PR_SET_PDEATHSIG = 1
@@ -60,6 +67,80 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Non
             os.kill(os.getpid(), sig)
 
         threading.Thread(target=watch, name="autotune-lifeline", daemon=True).start()
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def stop_signals_end(kill: Callable[[], None], reraise: bool = True) -> Iterator[list[int]]:
+    """While the block runs, SIGTERM and SIGINT (Ctrl-C) to this process call ``kill()`` (which ends the
+    children the block waits on: it must not wait, lock or raise) and are recorded in the yielded list;
+    the block's wait then ends because the children are gone. On the way out the handlers that were
+    there are restored and, with ``reraise``, each recorded signal is raised again through them: with
+    the default actions the process still dies of SIGTERM or raises ``KeyboardInterrupt``, a handler
+    installed before is still called, and an ignored signal stays ignored (no handler is put there).
+
+    Why not let ``KeyboardInterrupt`` fly: raised wherever the main thread happens to be, it can land
+    inside ``Popen.poll()`` or a ``Popen.wait(timeout)`` just after it took the Popen's wait lock and
+    before its ``try``; the lock is then never released and a later ``Popen.wait()`` on that child blocks
+    for ever (``experiments/popen_interrupt_lock.py``: 513 to 579 of 3,000 interrupts raised in a
+    ``poll()`` loop left the lock held).
+
+    Outside the main thread Python cannot install handlers: nothing is changed there (the caller's own
+    signal handling stays in charge)."""
+    stopped: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield stopped
+        return
+
+    def handler(signum, frame):  # no lock, no wait, no exception: safe wherever it interrupts
+        if signum not in stopped:
+            stopped.append(signum)
+        kill()
+
+    restore = {}
+    for sig in STOP_SIGNALS:
+        previous = signal.getsignal(sig)
+        if previous == signal.SIG_IGN or previous is None:  # None: set outside Python; leave it alone
+            continue
+        restore[sig] = previous
+        signal.signal(sig, handler)
+    try:
+        yield stopped
+    finally:
+        for sig, previous in restore.items():
+            signal.signal(sig, previous)
+        if reraise:
+            for sig in stopped:  # through the handlers restored above: dies, raises KeyboardInterrupt, or returns
+                signal.raise_signal(sig)
+
+
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL every child in ``procs`` not reaped yet (signal-handler safe: no wait, no lock)."""
+    for p in list(procs):
+        if p.returncode is None:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def communicate_all(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple]:
+    """``communicate()`` with each child in turn; every child is killed and reaped on the way out,
+    however the wait ends (a ``TimeoutExpired`` after ``timeout_s`` per child is re-raised). SIGINT /
+    SIGTERM meanwhile kill the children and are raised again after they are reaped
+    (``stop_signals_end``), so the interrupted wait cannot lose a Popen's lock and hang."""
+    outs = []
+    with stop_signals_end(lambda: kill_all(procs)):
+        try:
+            for p in procs:
+                outs.append(p.communicate(timeout=timeout_s))
+        finally:
+            kill_all(procs)
+            for p in procs:
+                p.wait()
+    return outs
 
 
 def supervise(cmd: list[str]) -> int:

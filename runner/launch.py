@@ -18,12 +18,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.errors import SpecError
+from autotune.lifeline import stop_signals_end
 from autotune.loading import load_cluster, load_config, load_model
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
 from runner.jobs import make_job, preflight
@@ -74,43 +74,13 @@ def _kill_group(pgid: int, procs: list[subprocess.Popen]) -> None:
         time.sleep(0.05)
 
 
-def _defer_stop_signals(running: dict) -> dict:
-    """While ranks run, SIGTERM and SIGINT (Ctrl-C) to this (launching) process are taken by a handler
-    that kills the rank process group at once, records the signal and returns; ``run_ranks`` stops
-    waiting, reaps the ranks, restores the handlers that were there and raises the signal again
-    through them. So with the default actions the process still dies of SIGTERM or raises
-    ``KeyboardInterrupt``, a handler installed before is still called (the run then ends as a failed
-    measurement), and an ignored signal stays ignored.
-
-    Deferring matters: a ``KeyboardInterrupt`` raised wherever the main thread happens to be can land
-    inside ``Popen.poll()`` just after it took the ``Popen``'s wait lock and before its ``try``; the
-    lock is then never released and the ``Popen.wait()`` that reaps the killed ranks blocks for ever
-    (``experiments/popen_interrupt_lock.py``: 513 to 579 of 3,000 interrupts raised in a ``poll()``
-    loop left the lock held). That was ``test_stopping_the_launcher_kills_the_ranks[default-2]``
-    hanging on a loaded machine.
-
-    Returns the handlers to restore; none is installed outside the main thread, where Python cannot
-    install handlers (the caller's own signal handling stays in charge there)."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def handler(signum, frame):  # no lock, no wait, no exception: safe wherever it interrupts
-        if signum not in running["signals"]:
-            running["signals"].append(signum)
-        if running["pgid"]:
-            try:
-                os.killpg(running["pgid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    restore = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        previous = signal.getsignal(sig)
-        if previous == signal.SIG_IGN or previous is None:  # None: set outside Python; leave it alone
-            continue
-        restore[sig] = previous
-        signal.signal(sig, handler)
-    return restore
+def _kill_group_now(pgid: int) -> None:
+    """SIGKILL the rank group ``pgid`` (0: not started yet); no wait, no lock: safe in a signal handler."""
+    if pgid:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 _OWNER = "owner"
@@ -180,50 +150,48 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
     logs = []
     t0 = time.monotonic()
     pgid = 0
-    running: dict = {"pgid": 0, "procs": procs, "signals": []}
-    stopped = running["signals"]  # signals taken while the ranks ran (see _defer_stop_signals)
-    previous = _defer_stop_signals(running)
+    running = {"pgid": 0}
     finished = False
     status = "failed"
-    try:
-        for rank in range(world_size):
-            env = worker_env({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                              **(extra_env or {})})
-            out = open(run_dir / f"rank{rank}.log", "wb")
-            logs.append(out)
-            group = {"process_group": 0 if rank == 0 else pgid}  # one new group for all ranks
-            procs.append(subprocess.Popen([sys.executable, "-m", "runner.worker", str(job_path)], env=env,
-                                          stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), **group))
-            if rank == 0:
-                pgid = running["pgid"] = procs[0].pid
-            if stopped:
-                break
-        deadline = t0 + timeout_s
-        while not stopped:
-            if time.monotonic() >= deadline:
-                status = "timeout"
-                break
-            codes = [p.poll() for p in procs]
-            if any(c not in (None, 0) for c in codes):
-                status = "failed"
-                time.sleep(_GRACE_S)
-                break
-            if all(c == 0 for c in codes):
-                status = "ok"
-                break
-            time.sleep(0.05)
-        finished = not stopped
-    finally:  # also on any error: no rank outlives this call
-        if pgid:
-            _kill_group(pgid, procs)
-        for f in logs:
-            f.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if not finished and not keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        for sig in stopped:  # through the handlers restored above: dies, raises KeyboardInterrupt, or returns
-            signal.raise_signal(sig)
+    # SIGTERM / Ctrl-C while the ranks run: the rank group is killed at once and the signal raised again
+    # once they are reaped (autotune.lifeline.stop_signals_end: an interrupted Popen.poll() can lose its
+    # wait lock, and the wait below then hung for ever: test_stopping_the_launcher_kills_the_ranks)
+    with stop_signals_end(lambda: _kill_group_now(running["pgid"])) as stopped:
+        try:
+            for rank in range(world_size):
+                env = worker_env({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                                  **(extra_env or {})})
+                out = open(run_dir / f"rank{rank}.log", "wb")
+                logs.append(out)
+                group = {"process_group": 0 if rank == 0 else pgid}  # one new group for all ranks
+                procs.append(subprocess.Popen([sys.executable, "-m", "runner.worker", str(job_path)], env=env,
+                                              stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), **group))
+                if rank == 0:
+                    pgid = running["pgid"] = procs[0].pid
+                if stopped:
+                    break
+            deadline = t0 + timeout_s
+            while not stopped:
+                if time.monotonic() >= deadline:
+                    status = "timeout"
+                    break
+                codes = [p.poll() for p in procs]
+                if any(c not in (None, 0) for c in codes):
+                    status = "failed"
+                    time.sleep(_GRACE_S)
+                    break
+                if all(c == 0 for c in codes):
+                    status = "ok"
+                    break
+                time.sleep(0.05)
+            finished = not stopped
+        finally:  # also on any error: no rank outlives this call
+            if pgid:
+                _kill_group(pgid, procs)
+            for f in logs:
+                f.close()
+            if not finished and not keep:
+                shutil.rmtree(run_dir, ignore_errors=True)
     wall = time.monotonic() - t0
     outcome = _collect(run_dir, status, world_size, timeout_s, wall, procs)
     if stopped:

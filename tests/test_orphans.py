@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from proc_scan import processes_with
+from proc_scan import kill_test_processes, processes_with
 
 REPO = Path(__file__).resolve().parents[1]
 PLAN = {"micro_batch_size": 2, "schedule": "1f1b", "pipelines": [{"num_microbatches": 4, "stages": [
@@ -52,14 +52,8 @@ def kill_and_scan(proc: subprocess.Popen, tag: str, sig: int = signal.SIGKILL, w
         while processes_with(tag) and time.monotonic() < deadline:
             time.sleep(0.1)
         left = processes_with(tag)
-    finally:  # never leave this test's processes behind, whatever happened
-        if proc.poll() is None:
-            proc.kill()
-        for pid in processes_with(tag):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    finally:
+        kill_test_processes(proc, tag)
     assert left == [], f"processes outlived their parent: {left}"
 
 
@@ -130,8 +124,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "SIGINT"])
 def test_ui_server_dies_with_autotune_ui(tmp_path, sig):
+    """SIGINT to ``autotune ui`` alone (``kill -INT``, not a terminal's Ctrl-C to the whole group): it used
+    to wait for ever on a server nobody had stopped; now it stops it and exits 0."""
     tag, env = tagged_env(tmp_path)
     port = _free_port()
     proc = subprocess.Popen(autotune("ui", "--port", str(port), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"),
@@ -141,6 +137,8 @@ def test_ui_server_dies_with_autotune_ui(tmp_path, sig):
     finally:
         kill_and_scan(proc, tag, sig)
     assert not _listening(port)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 0
 
 
 def test_profile_killed_leaves_no_benchmark_process(tmp_path):

@@ -432,21 +432,14 @@ def bench_links(sizes: list[int] | None = None, repeats: int = 12, timeout_s: fl
     sizes = sizes or [4, 16 * 2**10, 256 * 2**10, 2**20, 4 * 2**20]
     port = _free_port()
     args = [sys.executable, "-m", "autotune.calibration.bench", str(port), ",".join(map(str, sizes)), str(repeats)]
-    from autotune.lifeline import child_env
+    from autotune.lifeline import child_env, communicate_all
 
     procs = [subprocess.Popen(args + [str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=child_env()) for r in range(2)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout_s))
+    try:  # killed and reaped however it ends; Ctrl-C raised only after that (lifeline.stop_signals_end)
+        outs = communicate_all(procs, timeout_s)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"link benchmark timed out after {timeout_s:.0f} s") from None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     if any(p.returncode != 0 for p in procs):
         err = next(e for (_, e), p in zip(outs, procs) if p.returncode != 0).strip().splitlines()
         raise RuntimeError(f"link benchmark failed: {err[-1] if err else 'no output'}")
@@ -508,7 +501,7 @@ def bench_contention(max_procs: int, duration_s: float = 0.5, rounds: int = 3,
     import subprocess
     import sys
 
-    from autotune.lifeline import child_env
+    from autotune.lifeline import child_env, communicate_all
 
     start_at = time.time() + 4.0  # after every worker has imported torch
     procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.bench", "contention", str(i),
@@ -516,17 +509,10 @@ def bench_contention(max_procs: int, duration_s: float = 0.5, rounds: int = 3,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
              for i in range(max_procs)]
     results = []
-    try:
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=timeout_s)
-            if p.returncode != 0:
-                raise RuntimeError(f"contention benchmark failed: {stderr.strip().splitlines()[-1:]}")
-            results.append(json.loads(stdout.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    for p, (stdout, stderr) in zip(procs, communicate_all(procs, timeout_s)):  # all killed and reaped
+        if p.returncode != 0:
+            raise RuntimeError(f"contention benchmark failed: {stderr.strip().splitlines()[-1:]}")
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
     cpu_unit = min(r["cpu"] for r in results)
     per_round = 2 * max_procs
     out: list[tuple[int, float]] = []

@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from autotune.lifeline import child_env
+from autotune.lifeline import child_env, communicate_all
 
 log = logging.getLogger(__name__)
 
@@ -183,15 +183,7 @@ def _step_times(world: int, shape: str, sizes: tuple[int, ...], repeats: int,
                                    str(repeats)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                  for r in range(world)]
-        outs = []
-        try:
-            for proc in procs:
-                outs.append(proc.communicate(timeout=timeout_s))
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        outs = communicate_all(procs, timeout_s)  # all killed and reaped; Ctrl-C raised only after that
     if any(proc.returncode != 0 for proc in procs):
         err = next((o[1] for proc, o in zip(procs, outs) if proc.returncode != 0), "")
         lines = err.strip().splitlines()

@@ -8,6 +8,8 @@ makes the command exit 1.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +37,16 @@ def _port_free(port: int) -> None:
                                           "with --port") from None
 
 
+def _stop_supervisor(proc: subprocess.Popen) -> None:
+    """SIGTERM to the ``autotune.lifeline`` supervisor, which stops the server's process group (no wait:
+    called from a signal handler)."""
+    if proc.returncode is None:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
 def run(tracking_uri: str | None, port: int) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -52,11 +64,15 @@ def run(tracking_uri: str | None, port: int) -> int:
                          "training runs, not the GenAI view)"))
     env = child_env()
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-    proc = subprocess.Popen(cmd, env=env)
-    try:
-        code = proc.wait()
-    except KeyboardInterrupt:  # the terminal's SIGINT reached the supervisor too: it stops the server
-        proc.wait()
+    from autotune.lifeline import stop_signals_end
+
+    # Ctrl-C (or SIGTERM) to this command: the supervisor is told to stop the server, and this command
+    # waits for it and exits 0. A terminal's Ctrl-C reaches the supervisor too; a `kill -INT` of this
+    # process alone reaches only this one (it used to wait for ever, the server still listening).
+    procs = [subprocess.Popen(cmd, env=env)]
+    with stop_signals_end(lambda: _stop_supervisor(procs[0]), reraise=False) as stopped:
+        code = procs[0].wait()
+    if stopped:
         return 0
     if code >= 128:  # stopped by a signal (SIGTERM, SIGHUP) sent to the supervisor
         return 0
