@@ -20,3 +20,18 @@ def processes_with(tag: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def kill_test_processes(proc, tag: str) -> None:
+    """Never leave a test's processes behind, whatever happened: kill ``proc`` (a ``subprocess.Popen``)
+    if it still runs, and every process carrying ``tag`` (only that test's)."""
+    import signal
+
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in processes_with(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

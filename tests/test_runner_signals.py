@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from proc_scan import processes_with
+from proc_scan import kill_test_processes, processes_with
 
 from runner.worker import _peak_rss_bytes
 
@@ -42,7 +42,7 @@ LAUNCHER = textwrap.dedent("""
                                       ("default", signal.SIGINT), ("handler", signal.SIGINT)])
 def test_stopping_the_launcher_kills_the_ranks(mode, sig, tmp_path):
     """The ranks are killed by the launcher's own handler, which defers the signal to a safe point
-    (``runner.launch._defer_stop_signals``); the deadlines are generous for a loaded machine: without
+    (``autotune.lifeline.stop_signals_end``); the deadlines are generous for a loaded machine: without
     the fix the launcher hung for ever (default-SIGINT) or until the run's 120 s timeout (handler-SIGINT)."""
     tag = f"autotune-test-{uuid.uuid4().hex}"
     env = {**os.environ, "AUTOTUNE_TEST_TAG": tag, "AUTOTUNE_FAULT": "hang:rank1", "TMPDIR": str(tmp_path)}
@@ -56,15 +56,8 @@ def test_stopping_the_launcher_kills_the_ranks(mode, sig, tmp_path):
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=100)  # < the run's 120 s timeout, which would also end it
         left = processes_with(tag)
-    finally:  # never leave the launcher or its ranks behind on a failed test (only this test's tag)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in processes_with(tag):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    finally:
+        kill_test_processes(proc, tag)
     assert left == [], out
     assert not list(tmp_path.glob("autotune-run-*")), out  # the run directory is removed too
     if mode == "default" and sig == signal.SIGINT:
@@ -121,14 +114,7 @@ def test_ctrl_c_of_measure_says_so_in_one_line(tmp_path):
         out, err = proc.communicate(timeout=300)  # < the run's 600 s timeout
         left = processes_with(tag)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in processes_with(tag):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_test_processes(proc, tag)
     assert proc.returncode == 130, err
     assert err.count("\n") == 1 and err.startswith("interrupted: ") and "nothing was measured" in err, err
     assert out == "" and left == []
