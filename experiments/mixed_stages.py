@@ -3,13 +3,15 @@
 Part 1 (simulated): on each cluster, the same search (``--method``, ``--budget`` plans, simulator backend,
 every seed) over the full space and over the space restricted to one rank per stage
 (``stage_ranks: [1]``: the plans autotune could write before issue 10); the best
-tokens/s of each, and the winning plan.
+tokens/s of each, and the winning plan with a breakdown per GPU type. ``--only-mixed`` adds a third search
+over the plans with mixed stages only (``ONLY_MIXED``): the best mixed-stage plan at the same budget.
 
 Part 2 (``--runner``, measured): a CPU cluster with emulated slowdown (2 fast ranks, 2 ranks 3x slower):
 the best plan of each space found by the simulator search (tiny model, CPU profile built in) and a
 hand-written mixed-stage plan, each measured by the runner (``measure``: real gloo ranks).
 
-    nice -n 15 .venv/bin/python experiments/mixed_stages.py --budget 100 --seeds 0,1
+    nice -n 15 .venv/bin/python experiments/mixed_stages.py --budget 100 --seeds 0,1 [--only-mixed] [--cases a100x2]
+    nice -n 15 .venv/bin/python experiments/mixed_stages.py --grid [--cases /32]
     nice -n 15 .venv/bin/python experiments/mixed_stages.py --runner
 """
 
@@ -22,8 +24,11 @@ import time
 from pathlib import Path
 
 from autotune.loading import cluster_from_dict, load_cluster, load_model
+from autotune.search.space import SearchSpace
 
 NO_MIXED = {"stage_ranks": [1]}
+#: the search among plans with mixed stages only (stages of 2, 4, 8 ranks or the bandwidth cut; no RoundPipe)
+ONLY_MIXED = {"stage_ranks": [2, 4, 8, "bandwidth"], "roundpipe": [False]}
 
 # A P40-like card: Pascal, no 16-bit tensor cores (12 TFLOP/s FP32 used for everything), 24 GB GDDR5, 346 GB/s
 P40 = {"name": "P40-like", "peak_tflops": 12.0, "memory_GiB": 22.35, "memory_bandwidth_GBps": 346.0, "pcie_gen": 3,
@@ -55,10 +60,12 @@ CLUSTERS = {
     "mixed-a100-v100": None,  # preset: 4 A100-80GB + 4 V100-32GB
     "mixed-consumer-16": None,  # preset: 8 A100-80GB + 2 x 4 RTX-4090, 10 Gbit/s
 }
-#: (cluster, model) cases of part 1
+#: (cluster, model[, global batch size]) cases of part 1
 CASES = [("a100x2+t4x4", "llama2-7b"), ("a100x2+t4x4", "gpt2-xl"), ("v100x4+p40x4", "llama2-7b"),
          ("v100x4+p40x4", "gpt2-xl"), ("mixed-a100-v100", "gpt2-xl"), ("mixed-consumer-16", "llama2-7b"),
-         ("a100x2+t4x8", "llama2-7b"), ("v100x4+p40x8", "llama2-13b")]
+         ("a100x2+t4x8", "llama2-7b"), ("v100x4+p40x8", "llama2-13b"),
+         # small global batches (32 sequences of 4,096 tokens: fine-tuning sizes): few micro-batches per replica
+         ("v100x4+p40x4", "llama2-7b", 32), ("a100x2+t4x8", "llama2-7b", 32), ("v100x4+p40x8", "llama2-13b", 32)]
 
 
 def cluster_of(name: str):
@@ -118,16 +125,27 @@ def simulated(args) -> list[dict]:
     from autotune.simulator import Simulator
 
     rows = []
-    for name, model_name in (c for c in CASES if args.cases in f"{c[0]}/{c[1]}"):
-        cluster, model = cluster_of(name), load_model(model_name)
+    for name, model_name, *gbs in (c for c in CASES if args.cases in "/".join(map(str, c))):
+        cluster, model = cluster_of(name), load_model(model_name, global_batch_size=gbs[0] if gbs else None)
         for seed in args.seeds:
-            row = {"cluster": name, "model": model.name, "seed": seed}
-            for label, restrict in (("without", NO_MIXED), ("with", None)):
+            row = {"cluster": name, "model": model.name, "global_batch_size": model.global_batch_size, "seed": seed}
+            searches = (("without", NO_MIXED), ("with", None)) + ((("only", ONLY_MIXED),) if args.only_mixed else ())
+            for label, restrict in searches:
                 t0 = time.process_time()
                 counter = MixedCounter(Simulator(cluster, model))
+                if label == "only":
+                    space_dims = {d.name for d in SearchSpace(cluster, model).dimensions}
+                    restrict = {k: v for k, v in restrict.items() if k in space_dims}
                 with tempfile.TemporaryDirectory() as tmp:  # a fresh Optuna study (./optuna.journal would resume)
                     res = tune(cluster, model, method=args.method, budget=args.budget, seed=seed, track=False,
                                restrict=restrict, evaluator=counter, storage=str(Path(tmp) / "optuna.journal"))
+                if label == "only":
+                    row["only"] = counter.best_mixed
+                    row["only_plan"] = counter.best_mixed_config.describe() if counter.best_mixed_config else ""
+                    row["only_breakdown"] = breakdown(counter.sim, counter.best_mixed_config) \
+                        if counter.best_mixed_config else ""
+                    row["only_cpu_s"] = round(time.process_time() - t0, 1)
+                    continue
                 if label == "with":
                     row["mixed_evaluated"] = counter.mixed
                     row["mixed_fit"] = counter.mixed_fit
@@ -144,11 +162,57 @@ def simulated(args) -> list[dict]:
                 row[f"{label}_cpu_s"] = round(time.process_time() - t0, 1)
             row["gain"] = row["with"] / row["without"] - 1 if row["without"] > 0 else float("inf")
             rows.append(row)
-            print(f"{name:18s} {model.name:10s} seed {seed}: without {row['without']:>10,.0f}  with "
+            print(f"{name:18s} {model.name:10s} gbs {model.global_batch_size} seed {seed}: without {row['without']:>10,.0f}  with "
                   f"{row['with']:>10,.0f} tokens/s ({row['gain']:+.1%}); {row['mixed_evaluated']} mixed-stage plans "
                   f"evaluated ({row['mixed_fit']} fit), best {row['best_mixed']:,.0f}", flush=True)
             print(f"    without: {row['without_plan']}\n{row['without_breakdown']}\n    with:    {row['with_plan']}\n"
                   f"    best mixed: {row['best_mixed_plan']}\n{row['best_mixed_breakdown']}", flush=True)
+            if "only" in row:
+                print(f"  mixed-only search: best mixed-stage plan {row['only']:,.0f} tokens/s "
+                      f"({row['only'] / row['without'] - 1 if row['without'] else 0:+.1%} vs without)\n"
+                      f"    {row['only_plan']}\n{row['only_breakdown']}", flush=True)
+    return rows
+
+
+def grid(args) -> list[dict]:
+    """Part 1b (``--grid``): the best plan with and without mixed stages over a fixed grid of decoded plans
+    (every ``stage_ranks``, pp up to 8, zero 0-3, recompute none / all, mbs 1 / 2 / 4, both ``assign``, every
+    TP degree per class, layer_split 0.5 / 1; other dimensions at the first start plan's), simulated."""
+    import itertools
+
+    from autotune.simulator import Simulator
+
+    rows = []
+    for name, model_name, *gbs in (c for c in CASES if args.cases in "/".join(map(str, c))):
+        cluster, model = cluster_of(name), load_model(model_name, global_batch_size=gbs[0] if gbs else None)
+        space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
+        base = space.heuristic_params()[0]
+        tps = {c.name: space._dims[f"tp.{c.name}"].choices for c in space.node_classes}
+        best: dict[str, tuple[float, object]] = {}
+        t0, n = time.process_time(), 0
+        for sr, pp, zero, rc, mbs, assign, tpc, ls in itertools.product(
+                space._dims["stage_ranks"].choices, space._dims["pp"].choices[:8], (0, 1, 2, 3), ("none", "all"),
+                (1, 2, 4), ("grouped", "mixed"), itertools.product(*tps.values()), (0.5, 1.0)):
+            d = space.decode(dict(base, stage_ranks=sr, pp=pp, zero=zero, recompute=rc, mbs=mbs, assign=assign,
+                                  offload="none", layer_split=ls, **{f"tp.{k}": v for k, v in zip(tps, tpc)}))
+            if not d.ok:
+                continue
+            n += 1
+            m = sim.evaluate(d.config)
+            key = "mixed" if d.config.has_mixed_stages else "plain"
+            if m.ok and m.tokens_per_s > best.get(key, (0.0, None))[0]:
+                best[key] = (m.tokens_per_s, d.config)
+        row = {"cluster": name, "model": model.name, "global_batch_size": model.global_batch_size, "plans": n,
+               "cpu_s": round(time.process_time() - t0, 1)}
+        for key in ("plain", "mixed"):
+            tps_, cfg = best.get(key, (0.0, None))
+            row[key], row[f"{key}_plan"] = tps_, cfg.describe() if cfg else ""
+        rows.append(row)
+        print(f"{name:18s} {model.name:10s} gbs {model.global_batch_size}: grid of {n} plans: plain "
+              f"{row['plain']:,.0f}, mixed {row['mixed']:,.0f} tokens/s\n    plain: {row['plain_plan']}\n"
+              f"    mixed: {row['mixed_plan']}", flush=True)
+        if best.get("mixed"):
+            print(breakdown(sim, best["mixed"][1]), flush=True)
     return rows
 
 
@@ -177,6 +241,7 @@ def measured(args) -> list[dict]:
         {"layers": model.num_layers // 2, "ranks": [{"devices": ["fast:1"], "num_microbatches": gbs * 3 // 4},
                                                     {"devices": ["slow:1"], "num_microbatches": gbs // 4}]}]}]}
     plans["hand: 2 mixed stages, shares 3:1"] = ParallelConfig.from_dict(mixed)
+    plans["hand: the same with zero 2"] = ParallelConfig.from_dict({**mixed, "zero": 2})
     rows = []
     for label, config in plans.items():
         m = profiled_run(cluster, model, config, steps=args.steps, warmup=1, timeout_s=600)
@@ -195,11 +260,14 @@ def main() -> None:
     ap.add_argument("--runner", action="store_true", help="part 2: CPU cluster with slowdown, measured by the runner")
     ap.add_argument("--cpu-model", default="tiny")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--grid", action="store_true", help="part 1b: a fixed grid of plans instead of the searches")
+    ap.add_argument("--only-mixed", action="store_true",
+                    help="part 1: also search the plans with mixed stages only (stage_ranks > 1, no RoundPipe)")
     ap.add_argument("--cases", default="", help="run only the cases whose 'cluster/model' contains this")
     ap.add_argument("--json")
     args = ap.parse_args()
     args.seeds = [int(s) for s in args.seeds.split(",")]
-    rows = measured(args) if args.runner else simulated(args)
+    rows = measured(args) if args.runner else grid(args) if args.grid else simulated(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
