@@ -20,7 +20,9 @@ latency (``shares``; at least one each), the latency being the simulator's cost 
 block's forward plus backward at the plan's micro-batch size on the rank's GPU type and tensor-parallel degree
 (``layer_latency_s``: datasheet rates, tensor-parallel all-reduces and launch overheads included; not the
 peak TFLOP/s, which overrates a card whose memory bandwidth or kernel overheads bind). Layers per stage follow
-the stage's total speed (``layer_split``), so a stage of two fast ranks and one slow one gets their sum's share.
+the stage's total speed (``layer_split``) and micro-batches per replica the replicas' (``batch_split``), both
+in the same cost-model rates (``effective_tflops``), so a stage of two fast ranks and one slow one gets
+their sum's share. (Plans without mixed stages keep the peak-TFLOP/s splits of the space before.)
 
 ZeRO (the ``zero`` dimension) shards training state among a layer's data-parallel peers: the ranks of its
 stage in every replica (``autotune.simulator.zero.peer_degrees``). So a plan of one replica keeps its
@@ -111,6 +113,15 @@ def zorse_shares(space: "SearchSpace", ranks: Sequence[Sequence[str]], total: in
     return shares(total, [1.0 / max(layer_latency_s(space, r, mbs), 1e-30) for r in ranks])
 
 
+def effective_tflops(space: "SearchSpace", devices: Sequence[str], mbs: int) -> float:
+    """A rank's compute rate as the cost model sees it: one block's training flops (``6 x params x tokens``)
+    over its per-layer latency (``layer_latency_s``), TFLOP/s. Plans with mixed stages split layers over
+    stages and micro-batches over replicas by these rates (Zorse: layers proportional to the stage's
+    compute), so a stage's rate is its ranks' sum in the same units as its shares."""
+    m = space.model
+    return 6.0 * m.params_per_layer * mbs * m.seq_len / max(layer_latency_s(space, devices, mbs), 1e-30) / 1e12
+
+
 def has_peers(pipes: Sequence[Sequence[Any]]) -> bool:
     """Whether some stage of the decoded pipelines has several ranks (data-parallel peers for ZeRO even
     in a plan of one replica)."""
@@ -125,6 +136,10 @@ def build_pipes(space: "SearchSpace", groups: list["TPGroup"], pp: int,
                 params: Mapping[str, Any]) -> tuple[list[list[Any]], int] | str:
     """Pipelines (lists of stages, each a TP group or a ``RankGroup``) and their count, or the reason
     there are none. ``groups``: the used TP groups, fastest first."""
+    from dataclasses import replace
+
+    mbs = int(params.get("mbs", 1))  # stage and replica speeds from the cost model (effective_tflops)
+    groups = [replace(g, speed_tflops=effective_tflops(space, g.devices, mbs)) for g in groups]
     if params.get("stage_ranks", 1) == BANDWIDTH:
         stages = bandwidth_stages(space, groups, pp)
         if isinstance(stages, str):
