@@ -7,8 +7,9 @@ tokens/s of each, and the winning plan with a breakdown per GPU type. ``--only-m
 over the plans with mixed stages only (``ONLY_MIXED``): the best mixed-stage plan at the same budget.
 
 Part 2 (``--runner``, measured): a CPU cluster with emulated slowdown (2 fast ranks, 2 ranks 3x slower):
-the best plan of each space found by the simulator search (tiny model, CPU profile built in) and a
-hand-written mixed-stage plan, each measured by the runner (``measure``: real gloo ranks).
+the best plan of each space found by the simulator search (tiny model, CPU profile built in; both spaces
+cut to what the runner runs with mixed stages: zero 0-2, no offload) and a hand-written mixed-stage plan
+(with zero 0 and 2), each measured by the runner (``measure``: real gloo ranks).
 
     nice -n 15 .venv/bin/python experiments/mixed_stages.py --budget 100 --seeds 0,1 [--only-mixed] [--cases a100x2]
     nice -n 15 .venv/bin/python experiments/mixed_stages.py --grid [--cases /32]
@@ -228,7 +229,9 @@ def measured(args) -> list[dict]:
 
     cluster, model = cluster_from_dict({"name": "cpu-fast2-slow2", **CPU_CLUSTER}, "cpu"), load_model(args.cpu_model)
     plans = {}
-    for label, restrict in (("without", NO_MIXED), ("with", None)):
+    # both searches over what the runner runs with mixed stages (runner.mixed.check_plan: zero <= 2, no offload)
+    runnable = {"zero": [0, 1, 2], "offload": ["none"]}
+    for label, restrict in (("without", {**NO_MIXED, **runnable}), ("with", runnable)):
         with tempfile.TemporaryDirectory() as tmp:  # a fresh Optuna study
             res = tune(cluster, model, method=args.method, budget=args.budget, seed=0, track=False, restrict=restrict,
                        storage=str(Path(tmp) / "optuna.journal"))
