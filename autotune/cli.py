@@ -45,6 +45,9 @@ _flags_take_no_value()
 ClusterOpt = typer.Option(..., "--cluster", help="Cluster YAML path or preset name.")
 ModelOpt = typer.Option(..., "--model", help="Model YAML path or preset name.")
 GbsOpt = typer.Option(None, "--global-batch-size", help="Override the model's global batch size (sequences).")
+ExperimentOpt = typer.Option(None, "--experiment", help="MLflow experiment (default: the one of the most recent "
+                             "search).")  # compare, best
+StoreOpt = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow.db).")  # compare, best
 
 
 def _version(value: bool) -> None:
@@ -155,10 +158,8 @@ def search(
 
 @app.command()
 def compare(
-    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment (default: the one of "
-                                             "the most recent search)."),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default "
-                                               "sqlite:///mlflow.db)."),
+    experiment: Optional[str] = ExperimentOpt,
+    tracking_uri: Optional[str] = StoreOpt,
     csv: bool = typer.Option(False, "--csv", help="Print CSV (one header line, one line per search) instead of a table."),
 ) -> None:
     """One row per search in an experiment: method, budget, seed, backend, best tokens/s, found at, wall time."""
@@ -167,10 +168,8 @@ def compare(
 
 @app.command()
 def best(
-    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment (default: the one of "
-                                             "the most recent search)."),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default "
-                                               "sqlite:///mlflow.db)."),
+    experiment: Optional[str] = ExperimentOpt,
+    tracking_uri: Optional[str] = StoreOpt,
 ) -> None:
     """Print the best config JSON recorded in MLflow."""
     _run("best", experiment=experiment, tracking_uri=tracking_uri)

@@ -84,6 +84,23 @@ def cuda_memory_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 10) -> fl
     return 2.0 * num_bytes / _cuda_time(lambda: dst.copy_(src), repeats=repeats) / 1e9
 
 
+def _forward_and_backward_s(module, inp, grad, precision: str, repeats: int) -> tuple[float, float]:
+    """CUDA seconds of ``module(inp)`` without grad, and of ``module(inp)`` plus the backward of ``grad``
+    (cast to the output's dtype, as autograd would), both under the precision's autocast."""
+    torch = _torch()
+
+    def fwd():
+        with torch.no_grad(), _autocast(precision):
+            module(inp)
+
+    def fwd_bwd():
+        with _autocast(precision):
+            y = module(inp)
+        y.backward(grad.to(y.dtype))
+
+    return _cuda_time(fwd, repeats=repeats), _cuda_time(fwd_bwd, repeats=repeats)
+
+
 def cuda_layer(model: ModelSpec, micro_batch_size: int, recompute: bool | str = False,
                repeats: int = 10) -> LayerTiming:
     """One runner block (tp 1) on ``cuda:0``: forward (no grad) and forward + backward."""
@@ -95,17 +112,7 @@ def cuda_layer(model: ModelSpec, micro_batch_size: int, recompute: bool | str = 
     x = torch.randn(micro_batch_size, model.seq_len, model.hidden_size, device="cuda", requires_grad=True)
     grad = torch.randn(micro_batch_size, model.seq_len, model.hidden_size, device="cuda")
 
-    def fwd():
-        with torch.no_grad(), _autocast(model.precision):
-            chunk(x)
-
-    def fwd_bwd():
-        with _autocast(model.precision):
-            y = chunk(x)
-        y.backward(grad)
-
-    fwd_s = _cuda_time(fwd, repeats=repeats)
-    fwd_bwd_s = _cuda_time(fwd_bwd, repeats=repeats)
+    fwd_s, fwd_bwd_s = _forward_and_backward_s(chunk, x, grad, model.precision, repeats)
 
     def run(inp):
         with _autocast(model.precision):
@@ -125,15 +132,6 @@ def cuda_edges(model: ModelSpec, micro_batch_size: int, repeats: int = 10) -> Ed
     hidden = torch.randn(micro_batch_size, model.seq_len, model.hidden_size, device="cuda", requires_grad=True)
     grad = torch.randn(micro_batch_size, model.seq_len, model.hidden_size, device="cuda")
 
-    def emb_fwd():
-        with torch.no_grad(), _autocast(model.precision):
-            emb(tokens)
-
-    def emb_fwd_bwd():
-        with _autocast(model.precision):
-            y = emb(tokens)
-        y.backward(grad.to(y.dtype))
-
     def head_fwd():
         with torch.no_grad(), _autocast(model.precision):
             lm_loss(head(hidden), tokens)
@@ -143,7 +141,7 @@ def cuda_edges(model: ModelSpec, micro_batch_size: int, repeats: int = 10) -> Ed
             loss = lm_loss(head(hidden), tokens)
         loss.backward()
 
-    ef, efb = _cuda_time(emb_fwd, repeats=repeats), _cuda_time(emb_fwd_bwd, repeats=repeats)
+    ef, efb = _forward_and_backward_s(emb, tokens, grad, model.precision, repeats)
     hf, hfb = _cuda_time(head_fwd, repeats=repeats), _cuda_time(head_fwd_bwd, repeats=repeats)
     return EdgeTiming(micro_batch_size, ef, max(efb - ef, 0.0), hf, max(hfb - hf, 0.0))
 
