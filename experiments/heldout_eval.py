@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                          "of the held-out set: for developing the policy without touching the held-out set")
     ap.add_argument("--methods", default=DEFAULT_METHODS)
     ap.add_argument("--reference-from", default=None,
-                    help="a --json file of an earlier run (same --reference-budget): take each scenario's reference "
+                    help="comma-separated --json files of earlier runs (same --reference-budget): take each scenario's reference "
                          "Optuna result from it instead of re-running it (e.g. to compare two policies)")
     ap.add_argument("--load", default=None,
                     help="comma-separated --json files of earlier runs (for example shards run with --only and the "
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     B = max(BUDGETS)
     methods = tuple(args.methods.split(","))
     results: dict[str, dict] = {}
-    earlier_refs = ({n: float(r["reference"]) for n, r in json.loads(Path(args.reference_from).read_text())["results"].items()}
-                    if args.reference_from else {})
+    earlier_refs = {n: float(r["reference"]) for f in (args.reference_from.split(",") if args.reference_from else [])
+                    for n, r in json.loads(Path(f).read_text())["results"].items()}
     t_all = time.time()
     if args.load:  # the tables of earlier runs, in the scenarios' order
         loaded: dict[str, dict] = {}
