@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=50)
     ap.add_argument("--policy", action="append", default=[])
     ap.add_argument("--scenario", default="internet-4node")
+    ap.add_argument("--pipeline-only-budget", type=int, default=0,
+                    help="also search the space without RoundPipe plans (dp, and optuna at this budget)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     import torch
@@ -61,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
                storage="memory", evaluator=sim, start="dp")
     found_at = next(i + 1 for i, v in enumerate(ref.best_curve) if v >= ref.best_curve[-1])
     show(f"optuna reference (budget {args.reference_budget}, best found at evaluation {found_at})", ref.best_config, sim)
+    if args.pipeline_only_budget:
+        off = {"roundpipe": [False]}
+        dp2 = tune(s.cluster, s.model, method="dp", budget=args.budget, seed=0, track=False, storage="memory",
+                   evaluator=sim, restrict=off)
+        show(f"pipeline plans only: dp (budget {args.budget})", dp2.best_config, sim)
+        op2 = tune(s.cluster, s.model, method="optuna", budget=args.pipeline_only_budget, seed=1000, track=False,
+                   storage="memory", evaluator=sim, start="dp", restrict=off)
+        show(f"pipeline plans only: optuna (budget {args.pipeline_only_budget})", op2.best_config, sim)
     for policy in args.policy or [None]:
         r = tune(s.cluster, s.model, method="rl", budget=args.budget, seed=0, track=False, storage="memory",
                  evaluator=sim, start="dp", policy=policy)
