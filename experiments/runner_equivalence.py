@@ -14,17 +14,13 @@ expert parallelism by all-to-all over gloo, and SPES with every expert trained a
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from autotune.loading import load_model
-from runner.reference import reference_losses
-from runner.train import train
+from runner.reference import reference_losses, trained_difference
 
 LLAMA = str(Path(__file__).resolve().parent.parent / "tests" / "data" / "tiny-llama.yaml")
 LLAMA_STANDARD = replace(load_model(LLAMA), attention="standard")  # scores written out and stored
@@ -98,15 +94,10 @@ def main() -> None:
     worst = 0.0
     for name, model, config in (p for p in PLANS if args.only in p[0]):
         ref = reference_losses(model, args.steps)
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.monotonic()
-            out = train(args.cluster, model, config, steps=args.steps, metrics_out=Path(tmp) / "m.jsonl", quiet=True)
-            wall = time.monotonic() - t0
-            if out.returncode != 0:
-                print(f"{name:70s} FAILED: {out.error}")
-                continue
-            losses = [json.loads(line)["loss"] for line in (Path(tmp) / "m.jsonl").read_text().splitlines()]
-        diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+        diff, wall, error = trained_difference(args.cluster, model, config, args.steps, ref)
+        if diff is None:
+            print(f"{name:70s} FAILED: {error}")
+            continue
         worst = max(worst, diff)
         print(f"{name:70s} {diff:12.2e} {wall:7.1f}", flush=True)
     print(f"worst relative difference over {args.steps} steps: {worst:.2e} (tests assert rtol 1e-5)")

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -33,7 +32,7 @@ import torch
 from autotune.loading import load_cluster, model_from_dict
 from autotune.simulator.zero import StateBytes, offload_state_bytes, stage_units, working_bytes
 from autotune.specs import ParallelConfig
-from runner.reference import reference_losses
+from runner.reference import reference_losses, trained_difference
 from runner.train import train
 
 GiB = 2**30
@@ -84,16 +83,10 @@ def equivalence(steps: int) -> None:
     worst = 0.0
     ref = reference_losses("tiny", steps)
     for name, cluster, config in EQUIVALENCE:
-        with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.monotonic()
-            out = train(cluster, "tiny", config, steps=steps, metrics_out=Path(tmp) / "m.jsonl", quiet=True,
-                        timeout_s=600)
-            wall = time.monotonic() - t0
-            if out.returncode != 0:
-                print(f"{name:78s} FAILED: {out.error}")
-                continue
-            losses = [json.loads(line)["loss"] for line in (Path(tmp) / "m.jsonl").read_text().splitlines()]
-        diff = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+        diff, wall, error = trained_difference(cluster, "tiny", config, steps, ref, timeout_s=600)
+        if diff is None:
+            print(f"{name:78s} FAILED: {error}")
+            continue
         worst = max(worst, diff)
         print(f"{name:78s} {diff:12.2e} {wall:7.1f}", flush=True)
     print(f"worst relative difference over {steps} steps: {worst:.2e} (tests assert rtol 1e-5)\n")

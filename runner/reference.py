@@ -25,3 +25,26 @@ def reference_losses(model: str | ModelSpec, steps: int, seed: int = 0) -> list[
         opt.step()
         out.append(loss.item())
     return out
+
+
+def trained_difference(cluster, model: str | ModelSpec, config, steps: int, reference: list[float],
+                       **train_kw) -> tuple[float | None, float, str]:
+    """Train ``config`` for ``steps`` steps through the runner (``runner.train.train``) and compare its
+    losses with ``reference`` (``reference_losses``): (the largest relative difference, or None when
+    the run failed; wall seconds; the run's error)."""
+    import json
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from runner.train import train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = Path(tmp) / "m.jsonl"
+        t0 = time.monotonic()
+        out = train(cluster, model, config, steps=steps, metrics_out=metrics, quiet=True, **train_kw)
+        wall = time.monotonic() - t0
+        if out.returncode != 0:
+            return None, wall, out.error
+        losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, reference)), wall, ""
