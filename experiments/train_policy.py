@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                             learning_rate=args.lr, gamma=args.gamma, gae_lambda=0.9, ent_coef=args.ent_coef,
                             clip_range=0.2, seed=args.seed, device="cpu", verbose=0,
                             policy_kwargs={"net_arch": net})
+        policy_file.without_log_folder(model)
     log.info("building %d validation scenarios", args.validation_scenarios)
     val = validation_set(args.validation_scenarios)
     out_path = Path(args.output)

@@ -139,3 +139,26 @@ def test_rl_smoke_learn_save_load_and_act(tiny, tmp_path):
     ev = fresh(space, 10)
     run_rl(space, ev, seed=0, policy_path=path, fine_tune=True)
     assert ev.used == 10
+
+
+def test_rl_leaves_no_log_folder_in_the_temporary_directory(tiny, tmp_path, monkeypatch):
+    """Each Stable-Baselines3 ``learn()`` without a logger of its own creates an empty
+    ``<tmp>/SB3-<date>`` folder and never removes it: 264 of them had piled up on a dev machine."""
+    import tempfile
+
+    from autotune.policy.pretrained import default_policy_path
+
+    space, _, _ = tiny
+    monkeypatch.delenv("SB3_LOGDIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    run_rl(space, fresh(space, 6), seed=0, policy_path="scratch")  # online PPO from nothing
+    run_rl(space, fresh(space, 6), seed=0, policy_path=default_policy_path(), fine_tune=True)
+    model = make_model(parallel_config_env(space), seed=0, n_steps=16)
+    model.learn(total_timesteps=16)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("SB3-")) == []
+
+
+def parallel_config_env(space: SearchSpace):
+    from envs.parallel_config import ParallelConfigEnv
+
+    return ParallelConfigEnv(space, Simulator(space.cluster, space.model), max_steps=8)

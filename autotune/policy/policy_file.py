@@ -292,4 +292,15 @@ def load_model(path: str | Path, env, seed: int = 0, *, widen_layout: bool = Fal
     model = MaskablePPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0,
                         policy_kwargs={"net_arch": list(meta["net_arch"]), "activation_fn": torch.nn.Tanh}, **hyper)
     _load_weights(path, model.policy, tensors)
+    return without_log_folder(model)
+
+
+def without_log_folder(model):
+    """``model`` with a logger that writes nowhere. Without one, every ``learn()`` call lets
+    Stable-Baselines3 make its default logger, which creates an empty ``SB3-<date>`` folder in the
+    temporary directory and never removes it (``stable_baselines3.common.logger.configure``); the
+    recorded values stay readable (``model.logger.name_to_value``)."""
+    from stable_baselines3.common.logger import Logger
+
+    model.set_logger(Logger(folder=None, output_formats=[]))
     return model

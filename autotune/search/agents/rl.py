@@ -30,10 +30,12 @@ def make_model(env, seed: int, n_steps: int = 64):
     import torch
     from sb3_contrib import MaskablePPO
 
+    from autotune.policy.policy_file import without_log_folder
+
     torch.set_num_threads(1)
-    return MaskablePPO("MlpPolicy", env, n_steps=n_steps, batch_size=32, n_epochs=4, learning_rate=3e-4,
-                       gamma=0.9, ent_coef=0.01, seed=seed, device="cpu", verbose=0,
-                       policy_kwargs={"net_arch": [128, 128]})
+    return without_log_folder(MaskablePPO("MlpPolicy", env, n_steps=n_steps, batch_size=32, n_epochs=4,
+                                          learning_rate=3e-4, gamma=0.9, ent_coef=0.01, seed=seed, device="cpu",
+                                          verbose=0, policy_kwargs={"net_arch": [128, 128]}))
 
 
 def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None = None, seed: int = 0,
