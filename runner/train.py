@@ -221,7 +221,8 @@ def _node_rank(torchrun_args: list[str] | None) -> int:
 
 
 def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str]) -> list[str]:
-    """``python -m torch.distributed.run`` for ``job_path``: ``--standalone`` unless multi-node flags are given."""
+    """``python -m torch.distributed.run`` for ``job_path``: ``--standalone`` unless multi-node flags are given;
+    torchrun's own log folder inside the run directory (removed with it) unless ``--log-dir`` is given."""
     args = list(torchrun_args)
     flags = {a.split("=", 1)[0] for a in args if a.startswith("--")}
     cmd = [sys.executable, "-m", "runner.torchrun"]  # torch.distributed.run that dies with its parent
@@ -232,6 +233,8 @@ def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str]) 
             raise SpecError("torchrun", "--nproc-per-node", f"is required with multi-node flags (the config has "
                                                             f"{world_size} devices in all; give each node's count)")
         cmd += ["--nproc-per-node", str(world_size)]
+    if not flags & {"--log-dir", "--log_dir"}:  # else torchrun leaves a /tmp/torchelastic_* folder per run
+        cmd += ["--log-dir", str(job_path.parent / "torchrun")]
     return cmd + args + ["-m", "runner.worker", str(job_path)]
 
 

@@ -131,8 +131,9 @@ def test_torchrun_command_standalone_or_multi_node(tmp_path):
     from runner.train import torchrun_command
 
     cmd = torchrun_command(4, tmp_path / "job.json", [])
-    assert cmd[1:] == ["-m", "runner.torchrun", "--standalone", "--nproc-per-node", "4", "-m", "runner.worker",
-                       str(tmp_path / "job.json")]
+    assert cmd[1:] == ["-m", "runner.torchrun", "--standalone", "--nproc-per-node", "4",
+                       "--log-dir", str(tmp_path / "torchrun"), "-m", "runner.worker", str(tmp_path / "job.json")]
+    assert torchrun_command(2, tmp_path / "j", ["--log-dir", "/x"]).count("--log-dir") == 1
     multi = torchrun_command(8, tmp_path / "j", ["--nnodes", "2", "--nproc-per-node", "4",
                                                  "--rdzv-endpoint=host:29500", "--rdzv-backend", "c10d"])
     assert "--standalone" not in multi and multi.count("--nproc-per-node") == 1

@@ -129,8 +129,13 @@ def test_train_reports_each_step_and_ends_with_a_summary(tmp_path):
     assert outcome.final_loss == pytest.approx(heard[-1]["loss"]) and outcome.mean_tokens_per_s > 0
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(PLAN))
+    tmp = tmp_path / "tmp"  # the run's temporary directory: it must be left empty
+    tmp.mkdir()
     r = subprocess.run([sys.executable, "-m", "autotune.cli", "train", "--cluster", "cpu-2", "--model", "tiny",
                         "--config", str(plan), "--steps", "2"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+                       timeout=300, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+                                             TMPDIR=str(tmp)))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "training done after step 2" in r.stderr and "2 steps in" in r.stderr and "final loss" in r.stderr
+    # neither autotune's run directory nor torchrun's torchelastic_* log folder stays behind
+    assert sorted(p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor")) == []
