@@ -109,3 +109,43 @@ def test_plan_candidates_without_a_simulator_uses_the_datasheet_model():
     cluster, model = load_cluster("cpu-2"), load_model("tiny")
     cands = plan_candidates(_space(cluster, model), evaluator=None, limit=3)
     assert cands and all(c.estimate_s > 0 for c in cands)
+
+
+def _standalone_nodes(n: int):
+    """``n`` standalone nodes that are all different (GPU type or count): ``n`` node classes."""
+    gpus = ["A100-80GB", "V100-32GB", "T4", "RTX-4090", "L4", "A10G"]
+    nodes = [{"name": f"n{i}", "gpu": gpus[i % len(gpus)], "count": 2 if i < len(gpus) else 4} for i in range(n)]
+    return cluster_from_dict({"nodes": nodes, "network": {"bandwidth_GBps": 1.25}}, source="test")
+
+
+def test_many_node_classes_are_planned_by_a_beam_close_to_the_exhaustive_plan(monkeypatch):
+    """Per-class plans multiply (options + 1) per node class: 15 standalone nodes made 5^15 combinations
+    and dp (the default start of optuna and rl) never returned. Past MAX_COMBINATIONS a beam over the
+    classes keeps the best partial plans; on 6 classes it must come close to the exhaustive best."""
+    from autotune.search import planner as planner_mod
+
+    cluster, model = _standalone_nodes(6), load_model("gpt2-small", 64)
+    space = _space(cluster, model)
+    sim = Simulator(cluster, model)
+    monkeypatch.setattr(planner_mod, "MAX_MBS_CHOICES", 1)
+    monkeypatch.setattr(planner_mod, "OPTIONS_PER_CLASS", 2)  # 3^6 = 729 combinations exhaustively
+    exhaustive = Planner(space, sim)
+    best_exhaustive = exhaustive.plan(1)[0].estimate_s
+    monkeypatch.setattr(planner_mod, "MAX_COMBINATIONS", 50)
+    monkeypatch.setattr(planner_mod, "BEAM_WIDTH", 8)
+    beam = Planner(space, sim)
+    best_beam = beam.plan(1)[0].estimate_s
+    assert beam.composed < exhaustive.composed / 3
+    assert best_beam <= 1.02 * best_exhaustive
+
+
+@pytest.mark.timeout(600)  # before the beam this never returned
+def test_fifteen_node_classes_plan_with_a_bounded_number_of_compositions():
+    from autotune.search import planner as planner_mod
+
+    cluster, model = _standalone_nodes(15), load_model("gpt2-small", 64)
+    p = Planner(_space(cluster, model), Simulator(cluster, model))
+    cands = p.plan(8)
+    assert cands and all(c.config is not None for c in cands)
+    per_mbs = 15 * (planner_mod.BEAM_WIDTH + 1) * planner_mod.OPTIONS_PER_CLASS + 2 ** 15
+    assert p.composed <= planner_mod.MAX_MBS_CHOICES * per_mbs

@@ -68,6 +68,12 @@ PP_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 1
 OPTIONS_PER_CLASS = 4
 #: micro-batch sizes tried at most (powers of two first)
 MAX_MBS_CHOICES = 6
+#: per-class combinations scored exhaustively at most (OPTIONS_PER_CLASS + 1 choices per node class:
+#: 5 classes); past that, a beam search over the classes keeps the BEAM_WIDTH best partial plans
+MAX_COMBINATIONS = 3125
+BEAM_WIDTH = 64
+#: tp-degree combinations of the mixed family tried exhaustively at most (2 per class: 6 classes)
+MAX_MIXED_TP_CHOICES = 64
 _BISECT_STEPS = 60
 _BISECT_TOLERANCE = 1e-7  # relative, on the bottleneck / finish time
 
@@ -401,6 +407,8 @@ class Planner:
         for c in self.space.node_classes:
             opts = homogeneous.get(c.name, [])[:OPTIONS_PER_CLASS]
             options.append([(k, t) for _, k, t in opts] + [None])
+        if math.prod(len(o) for o in options) > MAX_COMBINATIONS:  # many node classes: 5^15 would never end
+            return self._per_class_beam(mbs, options)
         out = []
         for combo in itertools.product(*options):
             types = [(t, self._replicas(k, t)) for k, t in (c for c in combo if c is not None)]
@@ -410,6 +418,30 @@ class Planner:
             if est is not None:
                 out.append(_Draft(est, "per-class", mbs, types))
         return out
+
+    def _per_class_beam(self, mbs: int, options: list[list[tuple[int, Template] | None]]) -> list[_Draft]:
+        """``_per_class`` when the classes' options multiply past ``MAX_COMBINATIONS``: the classes are
+        added one at a time (most options first), each partial plan extended by every option of the next
+        class (or leaving it out), and only the ``BEAM_WIDTH`` best partial plans by composed time kept
+        (a partial plan is itself a plan: the classes not yet added sit out)."""
+        order = sorted(range(len(options)), key=lambda i: -len(options[i]))
+        beam: dict[tuple[tuple[int, int], ...], float] = {(): math.inf}  # (class, option) pairs -> estimate
+        drafts: list[_Draft] = []
+        for i in order:
+            grown = dict(beam)  # class i sits out
+            for chosen in beam:
+                for j, opt in enumerate(options[i]):
+                    if opt is None:
+                        continue
+                    combo = chosen + ((i, j),)
+                    types = [(t, self._replicas(k, t)) for k, t in (options[a][b] for a, b in sorted(combo))]
+                    est = self._score(types, mbs)
+                    if est is not None:
+                        grown[combo] = est
+                        drafts.append(_Draft(est, "per-class", mbs, types))
+            kept = heapq.nsmallest(BEAM_WIDTH, (c for c in grown if c), key=grown.__getitem__)
+            beam = {(): math.inf, **{c: grown[c] for c in kept}}
+        return drafts
 
     def _mixed(self, mbs: int, homogeneous: dict[str, list[tuple[float, int, Template]]]) -> list[_Draft]:
         # per class, the two tp degrees of its best homogeneous replicas; a class that cannot hold the
@@ -429,8 +461,15 @@ class Planner:
         classes = [c for c in self.space.node_classes if best_tp.get(c.name)]
         if len(classes) < 2:
             return []
+        choices = [best_tp[c.name] for c in classes]
+        if math.prod(len(t) for t in choices) > MAX_MIXED_TP_CHOICES:
+            # many classes: every class at its first degree, and each class alone at its second
+            first = tuple(t[0] for t in choices)
+            tp_sets = [first] + [first[:i] + (t[1],) + first[i + 1:] for i, t in enumerate(choices) if len(t) > 1]
+        else:
+            tp_sets = list(itertools.product(*choices))
         out = []
-        for tps in itertools.product(*(best_tp[c.name] for c in classes)):
+        for tps in tp_sets:
             ks = [next(i for i, kd in enumerate(self.kinds) if kd.node_class == c.name and kd.tp == tp)
                   for c, tp in zip(classes, tps)]
             counts = [len(self.kinds[k].groups) for k in ks]
