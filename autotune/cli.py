@@ -137,8 +137,8 @@ def search(
     profile: Optional[Path] = typer.Option(None, "--profile", help="Calibration profile for the simulator."),
     workers: int = typer.Option(1, "--workers", help="Optuna worker processes on one study."),
     policy: Optional[Path] = typer.Option(None, "--policy", help="RL policy file (default: the shipped one)."),
-    start: str = typer.Option("dp", "--start", help="Where optuna and rl start: dp (the planner's best plan, "
-                                                    "one evaluation) or heuristic (their own start plans)."),
+    start: str = typer.Option("dp", "--start", help="Where optuna and rl start: dp (the planner's best 3 "
+                                                    "plans, 3 evaluations) or heuristic (their own start plans)."),
     max_sync_every: int = typer.Option(1, "--max-sync-every", help="MoE models: the largest sync_every_steps "
                                        "the search may choose (SPES; 1 = replicas synchronise every step)."),
     run_timeout: float = typer.Option(300.0, "--run-timeout", help="--backend real: wall-clock limit of one "

@@ -27,7 +27,7 @@ speed-proportional plans of ``SearchSpace.heuristic_params`` (evaluated in order
 then lets the policy pick each next plan greedily (argmax over the unmasked moves). When the
 neighbourhood of the best plan is used up or the walk stalls, it restarts from a random valid plan.
 When the search already holds a better plan than those starts (``autotune.tune`` evaluates the
-structured planner's best plan first by default), the walk starts from that plan instead.
+structured planner's best plans first by default), the walk starts from the best of them instead.
 ``fine_tune=True`` instead keeps learning (PPO updates, sampled actions) on the evaluations of this
 search until the budget is spent. Every evaluation goes through the ``BudgetedEvaluator`` the caller
 passes in (simulator or real profiled runs), so the budget rule is the one every method shares.
