@@ -32,6 +32,11 @@ Plan families it enumerates (every micro-batch size of the space):
 - ``mixed``: identical replicas that each take stages from every class (a heterogeneous pipeline,
   classes in order of speed, reversed, or of memory), layers split by the partition above.
 
+Both families multiply their choices per node class; a cluster of many different standalone nodes
+(15 classes: 5^15 per-class combinations) would never finish, so past ``MAX_COMBINATIONS`` the
+per-class family is a beam search over the classes (the ``BEAM_WIDTH`` best partial plans kept), and
+past ``MAX_MIXED_TP_CHOICES`` the mixed family varies one class's tp degree at a time.
+
 When no plan fits the devices this way (a model too big for pipeline and tensor parallelism alone),
 the planner composes again with every stage's optimizer offloaded, then with everything offloaded
 (``offload`` of the space's offload dimension, memory from the simulator's offload terms with no
