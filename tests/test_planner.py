@@ -149,3 +149,23 @@ def test_fifteen_node_classes_plan_with_a_bounded_number_of_compositions():
     assert cands and all(c.config is not None for c in cands)
     per_mbs = 15 * (planner_mod.BEAM_WIDTH + 1) * planner_mod.OPTIONS_PER_CLASS + 2 ** 15
     assert p.composed <= planner_mod.MAX_MBS_CHOICES * per_mbs
+
+
+def test_sharded_data_parallel_plans_are_offered_where_zero_beats_pipelines():
+    """On one node of 8 L4 (24 GB) a 7B model fits as data-parallel replicas only with ZeRO and offload,
+    which the pipeline families never compose while a pipeline fits; the sharded family offers them,
+    timed by the simulator, and each one is valid and fits."""
+    cluster = cluster_from_dict({"nodes": [{"name": "l4", "gpu": "L4", "count": 8}],
+                                 "network": {"bandwidth_GBps": 6.25}}, source="test")
+    model = load_model("llama2-7b", 32)
+    space, sim = _space(cluster, model), Simulator(cluster, model)
+    planner = Planner(space, sim)
+    sharded = planner.sharded_data_parallel()
+    assert sharded and all(c.family == "sharded-dp" for c in sharded)
+    for c in sharded:
+        assert c.config.zero > 0 and all(len(p.stages) == 1 for p in c.config.pipelines)
+        m = sim.evaluate(c.config)
+        assert m.ok and c.estimate_s == pytest.approx(m.iteration_time_s)
+    ranked = planner.plan(64)
+    assert {c.config for c in sharded} <= {c.config for c in ranked}
+    assert [c.estimate_s for c in ranked] == sorted(c.estimate_s for c in ranked)

@@ -32,7 +32,11 @@ Plan families it enumerates (every micro-batch size of the space):
 - ``mixed``: identical replicas that each take stages from every class (a heterogeneous pipeline,
   classes in order of speed, reversed, or of memory), layers split by the partition above.
 
-Both families multiply their choices per node class; a cluster of many different standalone nodes
+- ``sharded-dp`` (``Planner.sharded_data_parallel``): DeepSpeed-style ZeRO data parallelism, every
+  tensor-parallel group one replica of the whole model, with the zero stage and offload that fit; these
+  few plans are timed by the simulator itself (a one-stage replica has no pipeline to compose).
+
+The first two families multiply their choices per node class; a cluster of many different standalone nodes
 (15 classes: 5^15 per-class combinations) would never finish, so past ``MAX_COMBINATIONS`` the
 per-class family is a beam search over the classes (the ``BEAM_WIDTH`` best partial plans kept), and
 past ``MAX_MIXED_TP_CHOICES`` the mixed family varies one class's tp degree at a time.
@@ -511,14 +515,73 @@ class Planner:
 
     def plan(self, limit: int = 64) -> list[Candidate]:
         """Distinct valid plans, best composed time first (at most ``limit``); when none fits, the
-        same with the optimizer offloaded, then with everything offloaded (module docstring)."""
+        same with the optimizer offloaded, then with everything offloaded (module docstring); the
+        sharded data-parallel plans (``sharded_data_parallel``) ranked among them."""
         offloads = [o for o in ("none", "optimizer", "all") if o in self.space._dims["offload"].choices]
+        out: list[Candidate] = []
         for offload in offloads:
             self.offload = offload
             out = self._plan(limit)
             if out:
-                return out
-        return []
+                break
+        self.offload = "none"
+        sharded = [c for c in self.sharded_data_parallel() if c.config not in {o.config for o in out}]
+        return sorted(out + sharded, key=lambda c: c.estimate_s)[:limit]
+
+    def sharded_data_parallel(self) -> list[Candidate]:
+        """Family ``sharded-dp`` (DeepSpeed's ZeRO data parallelism): every tensor-parallel group of the
+        cluster one replica of the whole model, micro-batches in proportion to the group's speed, the
+        state sharded (ZeRO 1-3) and offloaded as little as lets it fit. The other families compose ZeRO
+        only with offload and offload only when nothing fits without it, so this plan was outside them
+        (a homogeneous L4 cluster's best plan for Llama-2-7B). At the smallest micro-batch size, per tp
+        degree where its most frugal plan fits: every zero stage and offload choice that the memory
+        model says fits (without recomputation, else with it), timed by the simulator (one stage per
+        replica: no pipeline to compose); the fastest is the degree's candidate (neither less offload
+        nor less sharding is always faster: on 32 L4 with Llama-2-7B, ZeRO-2 with everything offloaded
+        beats ZeRO-1 with everything offloaded and ZeRO-3 with the optimizer offloaded)."""
+        dims = self.space._dims
+        zeros = [z for z in (1, 2, 3) if z in dims["zero"].choices]
+        offloads = [o for o in ("none", "optimizer", "all") if o in dims["offload"].choices]
+        recomputes = [r for r in (False, True) if r in dims["recompute"].choices or r is False]
+        if not zeros:
+            return []
+        out = []
+        for mbs in sorted(dims["mbs"].choices)[:1]:
+            total = self.model.global_batch_size // mbs
+            for tp in (1, 2, 4, 8):
+                groups = []
+                for kind in self.kinds:
+                    allowed = [k.tp for k in self.kinds if k.node_class == kind.node_class and k.tp <= tp]
+                    if allowed and kind.tp == max(allowed):
+                        groups += [(g, kind.speed_tflops) for g in kind.groups]
+                if len(groups) < 2 or len(groups) > total or (tp > 1 and all(len(g) < tp for g, _ in groups)):
+                    continue
+                shares = _proportional([v for _, v in groups], total)
+                if self._fitting(mbs, groups, shares, zeros[-1], offloads[-1], recomputes[-1:]) is None:
+                    continue  # not even the most frugal of them fits
+                best = None
+                for zero in zeros:
+                    for offload in offloads:
+                        config = self._fitting(mbs, groups, shares, zero, offload, recomputes)
+                        m = self.sim.evaluate(config) if config is not None else None
+                        if m is not None and m.ok and (best is None or m.iteration_time_s < best.estimate_s):
+                            best = Candidate(config, m.iteration_time_s, "sharded-dp")
+                if best is not None:
+                    out.append(best)
+        return out
+
+    def _fitting(self, mbs, groups, shares, zero, offload, recomputes) -> ParallelConfig | None:
+        """The plan without recomputation if the memory model says it fits, else with it, else None."""
+        for recompute in recomputes:
+            pipes = tuple(PipelineConfig(n, (StageConfig(g, self.model.num_layers, recompute, offload),))
+                          for (g, _), n in zip(groups, shares))
+            config = ParallelConfig(mbs, pipes, "1f1b", zero=zero)
+            if self.space.check(config) is not None:
+                continue
+            m = self.sim.memory_estimate(config)
+            if m is not None and m.ok:
+                return config
+        return None
 
     def _plan(self, limit: int) -> list[Candidate]:
         t0 = time.perf_counter()
@@ -540,6 +603,21 @@ class Planner:
         log.info("dp: %d plans composed in %.2f s; best estimate %.3f s", len(drafts), time.perf_counter() - t0,
                  out[0].estimate_s if out else float("nan"))
         return out
+
+
+def _proportional(weights: Sequence[float], total: int) -> list[int]:
+    """``total`` split in proportion to ``weights``, every part at least 1 (largest remainders)."""
+    raw = [total * w / sum(weights) for w in weights]
+    parts = [max(1, int(x)) for x in raw]
+    order = sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True)
+    i = 0
+    while sum(parts) < total:
+        parts[order[i % len(order)]] += 1
+        i += 1
+    while sum(parts) > total:
+        j = max(range(len(parts)), key=lambda k: parts[k])
+        parts[j] -= 1
+    return parts
 
 
 @dataclass(slots=True)
