@@ -22,6 +22,8 @@ from autotune.policy.pretrained import default_policy_path, load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = Path(__file__).with_name("data") / "policy_reference.json"
+#: the first shipped policy (layout v1), converted from a Stable-Baselines3 zip; shipped until session 4
+V1_POLICY = Path(__file__).with_name("data") / "policy_v1.safetensors"
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 
 
@@ -46,8 +48,10 @@ def _sb3_zip(path: Path, marker: Path) -> Path:
     return path
 
 
-def test_shipped_policy_makes_the_moves_of_the_original():
-    """tests/data/policy_reference.json was recorded from the original zip (experiments/convert_policy.py)."""
+def test_converted_v1_policy_makes_the_moves_of_the_original():
+    """tests/data/policy_reference.json was recorded from the original zip (experiments/convert_policy.py);
+    the converted file (tests/data/policy_v1.safetensors) must make the same moves. It also keeps a policy
+    of the older layout (a prefix of today's, walked with its own moves) in the tests."""
     import torch
 
     from autotune.loading import load_cluster, load_model
@@ -59,7 +63,7 @@ def test_shipped_policy_makes_the_moves_of_the_original():
     from autotune.simulator import Simulator
 
     ref = json.loads(REFERENCE.read_text())
-    policy = load_policy()
+    policy = load_policy(V1_POLICY)
     asked = 0
     for walk in ref["walks"]:
         for q in walk["asked"]:
@@ -164,11 +168,12 @@ def _header_file(path: Path, header: dict, data: bytes = b"") -> Path:
     ("offsets", "data_offsets must be"),
     ("dtype", "dtype must be one of"),
     ("arch", "net_arch must list 1 to 8 layer widths"),
-    ("obs", "trained for 7 observations"),
+    ("obs", "trained for 7 observations"),  # a v1 file: no layout named, the weights disagree
+    ("layout-size", "layout 'full' has 261 observations and 150 moves; the file says 7 and 150"),
     ("missing", "lacks 'action_net.bias'"),
 ])
 def test_malformed_policy_files_are_one_clear_line(tmp_path, case, message):
-    tensors, meta = policy_file.read(default_policy_path())
+    tensors, meta = policy_file.read(V1_POLICY if case == "obs" else default_policy_path())
     good_meta = {"__metadata__": {policy_file.METADATA_KEY: json.dumps(meta)}}
     path = tmp_path / f"{case}.safetensors"
     if case == "garbage":
@@ -181,7 +186,7 @@ def test_malformed_policy_files_are_one_clear_line(tmp_path, case, message):
         _header_file(path, {**good_meta, "w": {"dtype": "O", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
     elif case == "arch":
         policy_file.write(path, tensors, {**meta, "net_arch": [10**9]})
-    elif case == "obs":
+    elif case in ("obs", "layout-size"):
         policy_file.write(path, tensors, {**meta, "obs_dim": 7})
     else:
         policy_file.write(path, {k: v for k, v in tensors.items() if k != "action_net.bias"}, meta)

@@ -130,8 +130,7 @@ def test_shipped_policy_loads_and_fits_the_env(policy):
     assert default_policy_path().exists()
     space, sim = _fixed_scenario()
     env = SearchEnv(space, BudgetedEvaluator(sim, space, 10))
-    # the shipped policy predates the zero / offload moves and features, which were appended: its
-    # layout is the env's first one, a prefix of today's (issue 16 retrains it on the full layout)
+    # the shipped policy is of the full layout (issue 16); older layouts are prefixes of it
     from envs.parallel_config import LAYOUTS
 
     assert (policy.observation_space.shape[0], policy.action_space.n) in LAYOUTS.values()
