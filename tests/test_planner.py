@@ -152,9 +152,9 @@ def test_fifteen_node_classes_plan_with_a_bounded_number_of_compositions():
 
 
 def test_sharded_data_parallel_plans_are_offered_where_zero_beats_pipelines():
-    """On one node of 8 L4 (24 GB) a 7B model fits as data-parallel replicas only with ZeRO and offload,
-    which the pipeline families never compose while a pipeline fits; the sharded family offers them,
-    timed by the simulator, and each one is valid and fits."""
+    """On one node of 8 L4 (24 GB) a 7B model fits as data-parallel replicas only with its state sharded
+    (ZeRO) or offloaded, which the pipeline families never compose while a pipeline fits; the sharded
+    family offers such plans, timed by the simulator, each valid and fitting, ranked among the rest."""
     cluster = cluster_from_dict({"nodes": [{"name": "l4", "gpu": "L4", "count": 8}],
                                  "network": {"bandwidth_GBps": 6.25}}, source="test")
     model = load_model("llama2-7b", 32)
