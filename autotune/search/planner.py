@@ -66,7 +66,7 @@ from typing import Sequence
 
 import numpy as np
 
-from autotune.search.space import SearchSpace, valid_tp
+from autotune.search.space import SearchSpace, apportion, valid_tp
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 
 log = logging.getLogger(__name__)
@@ -542,9 +542,6 @@ class Planner:
         dims = self.space._dims
         zeros = [z for z in (1, 2, 3) if z in dims["zero"].choices]
         offloads = [o for o in ("none", "optimizer", "all") if o in dims["offload"].choices]
-        # without recomputation only: with it, Llama-2-70B fits as 1,024 replicas, and timing those plans
-        # took 8 CPU s of the planner for plans 1.8x slower than its pipelines
-        recomputes = [False]
         if not zeros:
             return []
         out = []
@@ -558,13 +555,13 @@ class Planner:
                         groups += [(g, kind.speed_tflops) for g in kind.groups]
                 if len(groups) < 2 or len(groups) > total or (tp > 1 and all(len(g) < tp for g, _ in groups)):
                     continue
-                shares = _proportional([v for _, v in groups], total)
-                if self._fitting(mbs, groups, shares, zeros[-1], offloads[-1], recomputes[-1:]) is None:
+                shares = apportion(total, [v for _, v in groups])
+                if self._fitting(mbs, groups, shares, zeros[-1], offloads[-1]) is None:
                     continue  # not even the most frugal of them fits
                 best = None
                 for zero in zeros:
                     for offload in offloads:
-                        config = self._fitting(mbs, groups, shares, zero, offload, recomputes)
+                        config = self._fitting(mbs, groups, shares, zero, offload)
                         m = self.sim.evaluate(config) if config is not None else None
                         if m is not None and m.ok and (best is None or m.iteration_time_s < best.estimate_s):
                             best = Candidate(config, m.iteration_time_s, "sharded-dp")
@@ -572,18 +569,17 @@ class Planner:
                     out.append(best)
         return out
 
-    def _fitting(self, mbs, groups, shares, zero, offload, recomputes) -> ParallelConfig | None:
-        """The plan with the first of ``recomputes`` the memory model says fits, else None."""
-        for recompute in recomputes:
-            pipes = tuple(PipelineConfig(n, (StageConfig(g, self.model.num_layers, recompute, offload),))
-                          for (g, _), n in zip(groups, shares))
-            config = ParallelConfig(mbs, pipes, "1f1b", zero=zero)
-            if self.space.check(config) is not None:
-                continue
-            m = self.sim.memory_estimate(config)
-            if m is not None and m.ok:
-                return config
-        return None
+    def _fitting(self, mbs, groups, shares, zero, offload) -> ParallelConfig | None:
+        """The sharded plan (no recomputation: with it, Llama-2-70B fits as 1,024 replicas, and timing
+        those plans took 8 CPU s of the planner for plans 1.8x slower than its pipelines) when it is
+        valid and the memory model says it fits, else None."""
+        pipes = tuple(PipelineConfig(n, (StageConfig(g, self.model.num_layers, False, offload),))
+                      for (g, _), n in zip(groups, shares))
+        config = ParallelConfig(mbs, pipes, "1f1b", zero=zero)
+        if self.space.check(config) is not None:
+            return None
+        m = self.sim.memory_estimate(config)
+        return config if m is not None and m.ok else None
 
     def _plan(self, limit: int) -> list[Candidate]:
         t0 = time.perf_counter()
@@ -605,21 +601,6 @@ class Planner:
         log.info("dp: %d plans composed in %.2f s; best estimate %.3f s", len(drafts), time.perf_counter() - t0,
                  out[0].estimate_s if out else float("nan"))
         return out
-
-
-def _proportional(weights: Sequence[float], total: int) -> list[int]:
-    """``total`` split in proportion to ``weights``, every part at least 1 (largest remainders)."""
-    raw = [total * w / sum(weights) for w in weights]
-    parts = [max(1, int(x)) for x in raw]
-    order = sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True)
-    i = 0
-    while sum(parts) < total:
-        parts[order[i % len(order)]] += 1
-        i += 1
-    while sum(parts) > total:
-        j = max(range(len(parts)), key=lambda k: parts[k])
-        parts[j] -= 1
-    return parts
 
 
 @dataclass(slots=True)
