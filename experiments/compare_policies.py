@@ -13,23 +13,11 @@ scenario budget 20 / budget 50 and evaluations to 98%, and the issue-16 targets 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 
-BUDGETS = (5, 10, 20, 50, 100)
-TARGET = 0.98
-
-
-def load(files: str) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    for f in files.split(","):
-        for name, r in json.loads(Path(f).read_text())["results"].items():
-            r["at"] = {m: {int(b): v for b, v in per.items()} for m, per in r["at"].items()}
-            out[name] = r
-    return out
+from heldout_eval import BUDGETS, TARGET, read_results as load  # experiments/heldout_eval.py writes the files
 
 
 def main(argv: list[str] | None = None) -> int:

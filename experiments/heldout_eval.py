@@ -57,6 +57,17 @@ PER_BUDGET_METHODS = ("dp", "random", "uniform")
 DEFAULT_METHODS = "dp,rl,rl-heuristic,optuna,optuna-heuristic,random,uniform"
 
 
+def read_results(files: str) -> dict[str, dict]:
+    """Per scenario, the results of comma-separated ``--json`` files of earlier runs (a later file's
+    scenario replaces an earlier one's), with the per-budget tables keyed by int budget."""
+    out: dict[str, dict] = {}
+    for f in files.split(","):
+        for name, r in json.loads(Path(f).read_text())["results"].items():
+            r["at"] = {m: {int(b): v for b, v in per.items()} for m, per in r["at"].items()}
+            out[name] = r
+    return out
+
+
 def run(s, sim, method: str, budget: int, seed: int, policy) -> tuple[list[float], list[int]]:
     """(best-so-far after each evaluation, padded to ``budget``; plans screened out before each
     evaluation) of one ``autotune.tune`` run."""
@@ -115,15 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     B = max(BUDGETS)
     methods = tuple(args.methods.split(","))
     results: dict[str, dict] = {}
-    earlier_refs = {n: float(r["reference"]) for f in (args.reference_from.split(",") if args.reference_from else [])
-                    for n, r in json.loads(Path(f).read_text())["results"].items()}
+    earlier_refs = ({n: float(r["reference"]) for n, r in read_results(args.reference_from).items()}
+                    if args.reference_from else {})
     t_all = time.time()
     if args.load:  # the tables of earlier runs, in the scenarios' order
-        loaded: dict[str, dict] = {}
-        for f in args.load.split(","):
-            for name, r in json.loads(Path(f).read_text())["results"].items():
-                r["at"] = {m: {int(b): v for b, v in per.items()} for m, per in r["at"].items()}
-                loaded[name] = r
+        loaded = read_results(args.load)
         results = {s.name: loaded[s.name] for s in scenarios if s.name in loaded}
         scenarios = []
     for s in scenarios:
