@@ -525,7 +525,8 @@ class Planner:
             if out:
                 break
         self.offload = "none"
-        sharded = [c for c in self.sharded_data_parallel() if c.config not in {o.config for o in out}]
+        composed = {c.config for c in out}
+        sharded = [c for c in self.sharded_data_parallel() if c.config not in composed]
         return sorted(out + sharded, key=lambda c: c.estimate_s)[:limit]
 
     def sharded_data_parallel(self) -> list[Candidate]:
