@@ -15,7 +15,7 @@ from autotune.catalog import CLUSTER_PRESETS, GPU_CATALOG, MODEL_PRESETS
 from autotune.documents import read_document
 from autotune.errors import SpecError, shown
 from autotune.specs import (MAX_DEVICES, ClusterSpec, DeviceSpec, HostSpec, LinkSpec, ModelSpec, NodeSpec,
-                            ParallelConfig, _positive, default_host, limit_of)
+                            ParallelConfig, positive, default_host, limit_of)
 
 PathLike = str | Path
 MAX_NAME_CHARS = 128
@@ -163,11 +163,11 @@ def cluster_from_dict(data: Mapping[str, Any], source: str, default_name: str = 
         if slowdown != 1.0 and device.name != "cpu":
             raise SpecError(source, f"{f}.slowdown", "is CPU emulation only: allowed on gpu 'cpu' nodes")
         repeat = raw.get("repeat", 1)
-        _positive(source, f"{f}.repeat", repeat, integer=True)
+        positive(source, f"{f}.repeat", repeat, integer=True)
         node_name = _name(source, f"{f}.name", raw["name"])
         names = [node_name] if repeat == 1 else [f"{node_name}-{k}" for k in range(repeat)]
         count = raw["count"]
-        _positive(source, f"{f}.count", count, integer=True)
+        positive(source, f"{f}.count", count, integer=True)
         devices += count * repeat
         if devices > MAX_DEVICES:
             raise SpecError(source, f, f"the cluster has more than {MAX_DEVICES:,} devices (the documented limit) "
@@ -233,7 +233,7 @@ def load_model(ref: PathLike | ModelSpec, global_batch_size: int | None = None) 
     if global_batch_size is not None:
         if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
             raise SpecError("--global-batch-size", "", f"must be a positive integer, got {shown(global_batch_size)}")
-        _positive("--global-batch-size", "", global_batch_size, integer=True, maximum=limit_of("global_batch_size"))
+        positive("--global-batch-size", "", global_batch_size, integer=True, maximum=limit_of("global_batch_size"))
         model = model.with_global_batch_size(global_batch_size)
     return model
 

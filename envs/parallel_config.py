@@ -660,7 +660,7 @@ def sync_params(params: Params, config: ParallelConfig) -> None:
 
 
 def observed(config: ParallelConfig | None) -> ParallelConfig | None:
-    """The plan the observation describes. A roundpipe plan (``autotune.roundpipe_plan``) is shown as a
+    """The plan the observation describes. A roundpipe plan (``autotune.specs.roundpipe``) is shown as a
     pipeline of its forward stages on its pool's GPUs in turn (the fused stage's blocks with the last),
     recompute on (its backward recomputes), so every feature stays defined; its schedule features are 0."""
     if config is None or not config.is_roundpipe:

@@ -1,7 +1,7 @@
 """Pipelines whose stages have several data-parallel ranks (Zorse), run on plain torch.distributed.
 
 ``torch.distributed.pipelining`` wires each stage to one previous and one next rank, so a plan with a stage of
-several ranks (``ranks`` in the plan, ``autotune.stage_ranks``) runs here instead, every pipeline of it:
+several ranks (``ranks`` in the plan, ``autotune.specs.mixed_stage``) runs here instead, every pipeline of it:
 
 - each rank runs its micro-batches in the order ``stage_ranks.rank_orders`` gives it (the simulator's
   orders: the stage's 1F1B or GPipe order restricted to the micro-batches ``microbatch_owners`` assigns to
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from autotune.errors import SpecError
 from autotune.specs import ModelSpec, ParallelConfig
-from autotune.stage_ranks import BACKWARD, FORWARD, microbatch_owners, rank_orders
+from autotune.specs.mixed_stage import BACKWARD, FORWARD, microbatch_owners, rank_orders
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

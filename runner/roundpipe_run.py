@@ -19,7 +19,7 @@ global batch, loss = mean next-token cross entropy over the whole global batch, 
 one asynchronous host optimizer ``step`` (AdamW, the runner's settings, on the fp32 host copy), RoundPipe's
 default: the next step runs on weights one step old. ``memory_limit_GiB`` is not passed to the library:
 it only shapes RoundPipe's *automatic* partition, and an explicit plan is checked against it by autotune
-(``autotune.roundpipe_plan``, the simulator) before it gets here.
+(``autotune.specs.roundpipe``, the simulator) before it gets here.
 
 What the runner cannot run is said before anything is launched (``preflight``, one ``SpecError`` line):
 no CUDA on this machine, the ``roundpipe`` extra not installed (``pip install -e '.[roundpipe]'``), a pool
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
-from autotune.roundpipe_plan import RoundPipeStages
+from autotune.specs.roundpipe import RoundPipeStages
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
 
 log = logging.getLogger(__name__)

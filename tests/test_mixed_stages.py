@@ -8,7 +8,7 @@ from autotune import SpecError
 from autotune.loading import cluster_from_dict, model_from_dict
 from autotune.simulator import Simulator
 from autotune.specs import ParallelConfig
-from autotune.stage_ranks import microbatch_owners, rank_orders, stage_warmups
+from autotune.specs.mixed_stage import microbatch_owners, rank_orders, stage_warmups
 
 MODEL = dict(name="m", num_layers=8, hidden_size=1024, num_heads=16, ffn_hidden_size=4096, vocab_size=32000,
              seq_len=1024, global_batch_size=8)

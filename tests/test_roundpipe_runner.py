@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autotune import SpecError, load_cluster, load_config, load_model
-from autotune.roundpipe_plan import RoundPipeStages
+from autotune.specs.roundpipe import RoundPipeStages
 from runner.roundpipe_run import (EXTRA_HINT, RoundPipeLaunch, check_execute_ranges, execute_ranges, preflight,
                                   refuse_checkpoints)
 

@@ -8,7 +8,7 @@ import pytest
 
 from autotune import load_cluster, load_config, load_model
 from autotune.loading import cluster_from_dict
-from autotune.roundpipe_plan import RoundPipeStages
+from autotune.specs.roundpipe import RoundPipeStages
 from autotune.simulator import Simulator
 from autotune.simulator import roundpipe as rps
 from autotune.simulator.memory import GiB

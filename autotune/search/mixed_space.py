@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from autotune.specs import ClusterSpec, ModelSpec, StageConfig
-from autotune.stage_ranks import RankConfig
+from autotune.specs.mixed_stage import RankConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from autotune.search.space import SearchSpace, TPGroup

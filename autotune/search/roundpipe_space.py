@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from autotune.errors import SpecError
-from autotune.roundpipe_plan import RECOMPUTE_GRAINS, ROUNDPIPE, RoundPipeStages
+from autotune.specs.roundpipe import RECOMPUTE_GRAINS, ROUNDPIPE, RoundPipeStages
 from autotune.specs import ParallelConfig, PipelineConfig
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -1,15 +1,15 @@
-"""Pipelines whose stages have several data-parallel ranks (Zorse; plan rules in ``autotune.stage_ranks``).
+"""Pipelines whose stages have several data-parallel ranks (Zorse; plan rules in ``autotune.specs.mixed_stage``).
 
 A pipeline is simulated as a set of *units*, one per (stage, rank), in stage order and rank order within a
 stage; a stage given by ``devices`` is one unit. ``compile_pipeline`` lists every unit's operations in a
 dependency-respecting order for ``schedule.run_program``, with the same program format as
 ``schedule.compile_schedule``:
 
-- unit ``u`` runs forward / backward of its micro-batches in the order ``stage_ranks.rank_orders`` gives
+- unit ``u`` runs forward / backward of its micro-batches in the order ``mixed_stage.rank_orders`` gives
   (the runner runs the same orders), so each rank has its own queue: a stage of ranks A (5 micro-batches)
   and B (3) is busy ``max(5 t_A, 3 t_B)``, not ``8 max(t_A, t_B)``;
 - the forward of micro-batch ``j`` on stage ``s`` waits for its forward on stage ``s - 1`` on whichever rank
-  owns ``j`` there (``stage_ranks.microbatch_owners``: round-robin by share), plus the transfer between that
+  owns ``j`` there (``mixed_stage.microbatch_owners``: round-robin by share), plus the transfer between that
   pair of ranks; the backward likewise from stage ``s + 1``.
 
 Slots (``run_program``'s ``durs`` and ``comms``): transfer ``0`` none, then one slot per (kind, receiving
@@ -29,7 +29,7 @@ from functools import lru_cache
 
 from autotune.simulator.schedule import BACKWARD, FORWARD, CompiledSchedule, ScheduleDeadlock, compile_schedule
 from autotune.specs import PipelineConfig, StageConfig
-from autotune.stage_ranks import microbatch_owners, rank_orders, shares_of
+from autotune.specs.mixed_stage import microbatch_owners, rank_orders
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,4 +184,4 @@ def shares_key(pipe: PipelineConfig) -> tuple[tuple[int, ...], ...] | None:
     """``compile_pipeline``'s ``shares`` for a pipeline: None when no stage has several ranks."""
     if not any(st.mixed for st in pipe.stages):
         return None
-    return tuple(shares_of(st, pipe.num_microbatches) for st in pipe.stages)
+    return tuple(st.shares(pipe.num_microbatches) for st in pipe.stages)

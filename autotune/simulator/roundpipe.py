@@ -2,7 +2,7 @@
 
 What is simulated is what the ``roundpipe`` library (0.1.x: ``RoundPipe.forward_backward``, ``device.py``,
 ``transfer.py``, ``scheduler.py``) does with an execute plan; the plan's fields are in
-``autotune.roundpipe_plan``.
+``autotune.specs.roundpipe``.
 
 **Stages.** One pass (``forward_backward`` call) hands out, in order, the forward stages (layer order),
 the fused stage (the last ``fused_layers`` blocks with the final norm, LM head and loss: forward, then
@@ -63,7 +63,7 @@ import numpy as np
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from autotune.roundpipe_plan import RoundPipeStages
+from autotune.specs.roundpipe import RoundPipeStages
 from autotune.simulator.communication import ring_allreduce_s
 from autotune.simulator.memory import GiB, layer_activation_bytes, usable_memory_GiB
 from autotune.simulator.zero import HOST_ADAM_PARAMS_PER_S

@@ -1,5 +1,8 @@
 """Mixed data-parallel stages (Zorse): a stage's ``ranks``, their micro-batch shares, parsing, validation.
 
+The plan part of a feature: it takes the stage's values (its ranks, its pipeline's micro-batch count), never
+the whole plan; ``autotune.specs.plan`` composes it.
+
 Zorse (Guo et al. 2025, arXiv 2507.10392), Metis and Sailor let one pipeline stage be a data-parallel
 group of several GPUs, possibly of different types, each taking its own share of the pipeline's
 micro-batches. A stage of a plan may give ``ranks`` in place of ``devices``::
@@ -42,12 +45,10 @@ stage in lockstep; mixed stages there are not modelled): both refused with a mes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from autotune.errors import SpecError, shown
-
-if TYPE_CHECKING:  # pragma: no cover
-    from autotune.specs import ParallelConfig, StageConfig
+from autotune.specs.limits import positive
 
 RANK_FIELDS = ("devices", "num_microbatches")
 #: at most this many ranks in one stage (one per device: specs.MAX_DEVICES)
@@ -142,14 +143,14 @@ def rank_orders(schedule: str, shares: Sequence[Sequence[int]]) -> list[list[lis
     return out
 
 
-def shares_of(stage: "StageConfig", num_microbatches: int) -> tuple[int, ...]:
-    """The stage's micro-batch share per rank (one rank holding all of them for a ``devices`` stage)."""
-    return tuple(r.num_microbatches for r in stage.ranks) if stage.ranks else (num_microbatches,)
+def shares_of(ranks: Sequence[RankConfig], num_microbatches: int) -> tuple[int, ...]:
+    """A stage's micro-batch share per rank (one rank holding all of them for a ``devices`` stage: no ranks)."""
+    return tuple(r.num_microbatches for r in ranks) if ranks else (num_microbatches,)
 
 
-def ranks_of(stage: "StageConfig", num_microbatches: int) -> tuple[RankConfig, ...]:
+def ranks_of(ranks: tuple[RankConfig, ...], devices: tuple[str, ...], num_microbatches: int) -> tuple[RankConfig, ...]:
     """The backward-compatible view: a stage's ranks, or its ``devices`` as one rank with every micro-batch."""
-    return stage.ranks if stage.ranks else (RankConfig(stage.devices, num_microbatches),)
+    return ranks if ranks else (RankConfig(devices, num_microbatches),)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -157,7 +158,7 @@ def ranks_of(stage: "StageConfig", num_microbatches: int) -> tuple[RankConfig, .
 
 
 def ranks_from_dict(raw: Any, source: str, field: str) -> tuple[RankConfig, ...]:
-    """A stage's ``ranks`` list -> rank configs (shapes only: values are checked by ``check_shape``)."""
+    """A stage's ``ranks`` list -> rank configs (shapes only: values are checked by ``check_ranks``)."""
     if not isinstance(raw, list) or not raw:
         raise SpecError(source, field, f"must be a non-empty list of ranks ({{\"devices\": [...], "
                                        f"\"num_microbatches\": n}}), got {shown(raw)}")
@@ -189,46 +190,37 @@ def ranks_to_dict(ranks: tuple[RankConfig, ...]) -> list[dict[str, Any]]:
 # Validation
 
 
-def check_shape(config: "ParallelConfig", where: str = "config") -> None:
-    """The rules of ``ranks`` that need neither the cluster nor the model (``ParallelConfig.__post_init__``):
-    every rank lists devices and a share >= 1, the shares sum to the pipeline's ``num_microbatches``, and
-    mixed stages are not combined with MoE expert parallelism or SPES."""
-    from autotune.specs import _positive
+def check_ranks(ranks: Sequence[RankConfig], num_microbatches: int, where: str, field: str) -> None:
+    """A stage's ``ranks`` (``field``) without the cluster or the model: every rank lists devices and a share
+    >= 1, and the shares sum to the pipeline's ``num_microbatches``."""
+    for k, rank in enumerate(ranks):
+        if not rank.devices:
+            raise SpecError(where, f"{field}[{k}].devices", "must list at least one device")
+        positive(where, f"{field}[{k}].num_microbatches", rank.num_microbatches, integer=True)
+    total = sum(r.num_microbatches for r in ranks)
+    if total != num_microbatches:
+        raise SpecError(where, field, f"shares {' + '.join(str(r.num_microbatches) for r in ranks)} = {total} "
+                                      f"micro-batches, the pipeline has num_microbatches={num_microbatches}")
 
-    mixed = None
-    for p, pipe in enumerate(config.pipelines):
-        for s, stage in enumerate(pipe.stages):
-            if not stage.ranks:
-                continue
-            f = f"pipelines[{p}].stages[{s}].ranks"
-            for k, rank in enumerate(stage.ranks):
-                if not rank.devices:
-                    raise SpecError(where, f"{f}[{k}].devices", "must list at least one device")
-                _positive(where, f"{f}[{k}].num_microbatches", rank.num_microbatches, integer=True)
-            total = sum(r.num_microbatches for r in stage.ranks)
-            if total != pipe.num_microbatches:
-                raise SpecError(where, f,
-                                f"shares {' + '.join(str(r.num_microbatches) for r in stage.ranks)} = {total} "
-                                f"micro-batches, the pipeline has num_microbatches={pipe.num_microbatches}")
-            if len(stage.ranks) > 1 and mixed is None:
-                mixed = f
-    if mixed is None:
-        return
-    if config.schedule == "interleaved-1f1b":
+
+def check_combination(mixed: str, schedule: str, expert_parallel: int, spes_field: str | None, where: str) -> None:
+    """A plan with a stage of several ranks (``mixed``: that stage's field) is not combined with
+    interleaved-1f1b, MoE expert parallelism or SPES (``spes_field``: the SPES field the plan sets, if any)."""
+    if schedule == "interleaved-1f1b":
         raise SpecError(where, "schedule", f"interleaved-1f1b with a stage of several ranks ({mixed}) is not "
                                            "supported: use 1f1b or gpipe")
-    if config.expert_parallel != 1:
-        raise SpecError(where, "expert_parallel", f"{config.expert_parallel} with a stage of several ranks ({mixed}): "
+    if expert_parallel != 1:
+        raise SpecError(where, "expert_parallel", f"{expert_parallel} with a stage of several ranks ({mixed}): "
                                                   "expert parallelism over mixed stages is not modelled; use "
                                                   "expert_parallel 1 or one rank per stage")
-    if config.sync_every_steps != 1 or any(p.trains_experts is not None for p in config.pipelines):
-        raise SpecError(where, "sync_every_steps" if config.sync_every_steps != 1 else "trains_experts",
+    if spes_field is not None:
+        raise SpecError(where, spes_field,
                         f"SPES (expert subsets / periodic sync) with a stage of several ranks ({mixed}) is not "
                         "modelled; use one rank per stage")
 
 
-def summary(stage: "StageConfig") -> str:
+def summary(ranks: Sequence[RankConfig], devices: Sequence[str]) -> str:
     """``describe``'s text for a stage's devices: ``v100:0 m30 + t4:0 m18`` for ranks, else the devices."""
-    if not stage.ranks:
-        return ",".join(stage.devices)
-    return " + ".join(f"{','.join(r.devices)} m{r.num_microbatches}" for r in stage.ranks)
+    if not ranks:
+        return ",".join(devices)
+    return " + ".join(f"{','.join(r.devices)} m{r.num_microbatches}" for r in ranks)

@@ -1,5 +1,8 @@
 """RoundPipe plans (``"schedule": "roundpipe"``): their fields, parsing, validation and summary, in one place.
 
+The plan part of a feature: it takes a pipeline's pool and partitions (and the plan's values it rules
+on), never the whole plan; ``autotune.specs.plan`` composes it.
+
 RoundPipe (Luo et al. 2026, arXiv 2604.27085; PyPI ``roundpipe``) keeps every model state in host memory
 and treats a node's GPUs as a pool of stateless workers: the model is cut into *stages* (contiguous runs
 of layers), and the stages are handed to the pool's GPUs round-robin, each GPU running one stage for all
@@ -46,14 +49,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from autotune.errors import SpecError, shown
+from autotune.specs.cluster import ClusterSpec
+from autotune.specs.limits import ROUNDPIPE
+from autotune.specs.model import ModelSpec
 
-if TYPE_CHECKING:  # pragma: no cover
-    from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
-
-ROUNDPIPE = "roundpipe"
+__all__ = ["ROUNDPIPE", "RECOMPUTE_GRAINS", "RoundPipeStages", "DEFAULT_MEMORY_FRACTION"]
 RECOMPUTE_GRAINS = ("stage", "layer")
 #: RoundPipe's default ``model_memory_limit``: 60% of the smallest GPU's memory (``ModelExecutePlan.auto``)
 DEFAULT_MEMORY_FRACTION = 0.6
@@ -201,119 +204,105 @@ def pipeline_to_dict(num_microbatches: int, rp: RoundPipeStages) -> dict[str, An
 # Validation
 
 
-def check_shape(config: "ParallelConfig", where: str = "config") -> None:
-    """The rules that need neither the cluster nor the model (``ParallelConfig.__post_init__``)."""
-    roundpipe = config.schedule == ROUNDPIPE
-    for p, pipe in enumerate(config.pipelines):
-        f = f"pipelines[{p}]"
-        rp = pipe.roundpipe
-        if not roundpipe:
-            if rp is not None:
-                raise SpecError(where, f"{f}.forward_layers", f"a device pool and forward/backward partitions "
-                                                              f"need schedule 'roundpipe', not {config.schedule!r}")
-            continue
-        if rp is None or pipe.stages:
-            raise SpecError(where, f"{f}.stages", "schedule 'roundpipe' takes devices, forward_layers, "
-                                                  "fused_layers and backward_layers in place of stages")
-        if not rp.devices:
-            raise SpecError(where, f"{f}.devices", "must list at least one device (the pool)")
-        if len(set(rp.devices)) != len(rp.devices):
-            dup = next(d for d in rp.devices if rp.devices.count(d) > 1)
-            raise SpecError(where, f"{f}.devices", f"device {shown(dup)} is listed twice in the pool")
-        for name, counts in (("forward_layers", rp.forward_layers), ("backward_layers", rp.backward_layers)):
-            if not counts:
-                raise SpecError(where, f"{f}.{name}", "must list at least one stage (the first runs the embedding)")
-            for s, n in enumerate(counts):
-                if isinstance(n, bool) or not isinstance(n, int) or n < (0 if s == 0 else 1):
-                    rule = ">= 0 (0: the embedding alone)" if s == 0 else ">= 1"
-                    raise SpecError(where, f"{f}.{name}[{s}]", f"must be an integer {rule}, got {shown(n)}")
-        if isinstance(rp.fused_layers, bool) or not isinstance(rp.fused_layers, int) or rp.fused_layers < 0:
-            raise SpecError(where, f"{f}.fused_layers", f"must be an integer >= 0 (0: the LM head alone), "
-                                                        f"got {shown(rp.fused_layers)}")
-        if rp.recompute_grain not in RECOMPUTE_GRAINS:
-            raise SpecError(where, f"{f}.recompute_grain", f"must be one of {', '.join(RECOMPUTE_GRAINS)}, "
-                                                           f"got {shown(rp.recompute_grain)}")
-        lim = rp.memory_limit_GiB
-        if isinstance(lim, bool) or not isinstance(lim, (int, float)) or not math.isfinite(lim) or lim < 0:
-            raise SpecError(where, f"{f}.memory_limit_GiB", f"must be a number >= 0 (0: 60% of the smallest "
-                                                            f"pool GPU), got {shown(lim)}")
-        acc = rp.accumulation_steps
-        if isinstance(acc, bool) or not isinstance(acc, int) or not 1 <= acc <= MAX_ACCUMULATION_STEPS:
-            raise SpecError(where, f"{f}.accumulation_steps", f"must be an integer from 1 to "
-                                                              f"{MAX_ACCUMULATION_STEPS:,}, got {shown(acc)}")
-        if isinstance(pipe.num_microbatches, int) and pipe.num_microbatches % acc:
-            raise SpecError(where, f"{f}.num_microbatches",
-                            f"{pipe.num_microbatches} micro-batches do not split into accumulation_steps={acc} "
-                            f"equal passes")
-    if roundpipe:
-        if config.zero:
-            raise SpecError(where, "zero", f"does not apply to schedule 'roundpipe' (its state lives in host "
-                                           f"memory already), got zero={config.zero}")
-        if config.expert_parallel != 1:
-            raise SpecError(where, "expert_parallel", f"does not apply to schedule 'roundpipe' (each GPU runs whole "
-                                                      f"stages, their experts included), got {config.expert_parallel}")
-        if config.sync_every_steps != 1:
-            raise SpecError(where, "sync_every_steps", f"does not apply to schedule 'roundpipe' (its replicas "
-                                                       f"synchronise every step), got {config.sync_every_steps}")
-        for p, pipe in enumerate(config.pipelines):
-            if pipe.trains_experts is not None:
-                raise SpecError(where, f"pipelines[{p}].trains_experts", "does not apply to schedule 'roundpipe' "
-                                                                          "(every replica trains every expert)")
+def check_pool(rp: RoundPipeStages | None, has_stages: bool, num_microbatches: Any, where: str, field: str) -> None:
+    """One pipeline (``field``) of a roundpipe plan, without the cluster or the model: a pool and partitions
+    in place of stages, each field in its range."""
+    f = field
+    if rp is None or has_stages:
+        raise SpecError(where, f"{f}.stages", "schedule 'roundpipe' takes devices, forward_layers, "
+                                              "fused_layers and backward_layers in place of stages")
+    if not rp.devices:
+        raise SpecError(where, f"{f}.devices", "must list at least one device (the pool)")
+    if len(set(rp.devices)) != len(rp.devices):
+        dup = next(d for d in rp.devices if rp.devices.count(d) > 1)
+        raise SpecError(where, f"{f}.devices", f"device {shown(dup)} is listed twice in the pool")
+    for name, counts in (("forward_layers", rp.forward_layers), ("backward_layers", rp.backward_layers)):
+        if not counts:
+            raise SpecError(where, f"{f}.{name}", "must list at least one stage (the first runs the embedding)")
+        for s, n in enumerate(counts):
+            if isinstance(n, bool) or not isinstance(n, int) or n < (0 if s == 0 else 1):
+                rule = ">= 0 (0: the embedding alone)" if s == 0 else ">= 1"
+                raise SpecError(where, f"{f}.{name}[{s}]", f"must be an integer {rule}, got {shown(n)}")
+    if isinstance(rp.fused_layers, bool) or not isinstance(rp.fused_layers, int) or rp.fused_layers < 0:
+        raise SpecError(where, f"{f}.fused_layers", f"must be an integer >= 0 (0: the LM head alone), "
+                                                    f"got {shown(rp.fused_layers)}")
+    if rp.recompute_grain not in RECOMPUTE_GRAINS:
+        raise SpecError(where, f"{f}.recompute_grain", f"must be one of {', '.join(RECOMPUTE_GRAINS)}, "
+                                                       f"got {shown(rp.recompute_grain)}")
+    lim = rp.memory_limit_GiB
+    if isinstance(lim, bool) or not isinstance(lim, (int, float)) or not math.isfinite(lim) or lim < 0:
+        raise SpecError(where, f"{f}.memory_limit_GiB", f"must be a number >= 0 (0: 60% of the smallest "
+                                                        f"pool GPU), got {shown(lim)}")
+    acc = rp.accumulation_steps
+    if isinstance(acc, bool) or not isinstance(acc, int) or not 1 <= acc <= MAX_ACCUMULATION_STEPS:
+        raise SpecError(where, f"{f}.accumulation_steps", f"must be an integer from 1 to "
+                                                          f"{MAX_ACCUMULATION_STEPS:,}, got {shown(acc)}")
+    if isinstance(num_microbatches, int) and num_microbatches % acc:
+        raise SpecError(where, f"{f}.num_microbatches",
+                        f"{num_microbatches} micro-batches do not split into accumulation_steps={acc} "
+                        f"equal passes")
 
 
-def validate(config: "ParallelConfig", cluster: "ClusterSpec", model: "ModelSpec", source: str = "config") -> None:
-    """The rules that need the cluster and the model; raise SpecError naming the broken one."""
+def check_plan(zero: int, expert_parallel: int, sync_every_steps: int,
+               trains_experts: Sequence[tuple[int, ...] | None], where: str) -> None:
+    """The plan-wide settings a roundpipe plan cannot take (``trains_experts``: each pipeline's)."""
+    if zero:
+        raise SpecError(where, "zero", f"does not apply to schedule 'roundpipe' (its state lives in host "
+                                       f"memory already), got zero={zero}")
+    if expert_parallel != 1:
+        raise SpecError(where, "expert_parallel", f"does not apply to schedule 'roundpipe' (each GPU runs whole "
+                                                  f"stages, their experts included), got {expert_parallel}")
+    if sync_every_steps != 1:
+        raise SpecError(where, "sync_every_steps", f"does not apply to schedule 'roundpipe' (its replicas "
+                                                   f"synchronise every step), got {sync_every_steps}")
+    for p, te in enumerate(trains_experts):
+        if te is not None:
+            raise SpecError(where, f"pipelines[{p}].trains_experts", "does not apply to schedule 'roundpipe' "
+                                                                      "(every replica trains every expert)")
+
+
+def validate_pool(rp: RoundPipeStages, num_microbatches: int, cluster: ClusterSpec, model: ModelSpec,
+                  source: str, field: str, seen: dict[str, str]) -> None:
+    """One pipeline's pool and partitions against the cluster and the model (``seen``: device -> the pipeline
+    field whose pool holds it, filled as the pools are checked); raise SpecError naming the broken rule."""
+    f = field
     known = set(cluster.device_ids())
-    seen: dict[str, int] = {}
     L = model.num_layers
-    for p, pipe in enumerate(config.pipelines):
-        f = f"pipelines[{p}]"
-        rp = pipe.roundpipe
-        assert rp is not None
-        for d in rp.devices:
-            if d not in known:
-                raise SpecError(source, f"{f}.devices",
-                                f"unknown device id {shown(d)} (cluster {cluster.name!r} has "
-                                f"{', '.join(n.name + ':0..' + str(n.count - 1) for n in cluster.nodes)})")
-            if d in seen:
-                raise SpecError(source, f"{f}.devices", f"device {shown(d)} is already in pipelines[{seen[d]}]'s pool")
-            seen[d] = p
-        nodes = sorted({cluster.node_of(d).name for d in rp.devices})
-        if len(nodes) > 1:
-            raise SpecError(source, f"{f}.devices", f"a roundpipe pool is one node's GPUs (one RoundPipe process "
-                                                    f"per node), this one spans nodes {', '.join(nodes)}: give "
-                                                    f"each node its own pipeline")
-        for name, counts in (("forward_layers", rp.forward_layers), ("backward_layers", rp.backward_layers)):
-            total = sum(counts) + rp.fused_layers
-            if total != L:
-                raise SpecError(source, f"{f}.{name}",
-                                f"{_sum_text(counts)} + fused_layers {rp.fused_layers} = {total} blocks, "
-                                f"model {model.name!r} has num_layers={L}")
-        smallest = min(cluster.device(d).memory_GiB for d in rp.devices)
-        if rp.memory_limit_GiB > smallest:
-            raise SpecError(source, f"{f}.memory_limit_GiB",
-                            f"{rp.memory_limit_GiB:g} GiB exceeds the smallest pool GPU's {smallest:g} GiB")
-        if pipe.num_microbatches // rp.accumulation_steps < 1:
-            raise SpecError(source, f"{f}.num_microbatches", "must be >= accumulation_steps")
-    if config.global_batch_size != model.global_batch_size:
-        parts = " + ".join(f"{p.num_microbatches}" for p in config.pipelines)
-        raise SpecError(source, "num_microbatches",
-                        f"({parts}) x micro_batch_size {config.micro_batch_size} = {config.global_batch_size} "
-                        f"sequences, global_batch_size is {model.global_batch_size}")
+    for d in rp.devices:
+        if d not in known:
+            raise SpecError(source, f"{f}.devices",
+                            f"unknown device id {shown(d)} (cluster {cluster.name!r} has "
+                            f"{', '.join(n.name + ':0..' + str(n.count - 1) for n in cluster.nodes)})")
+        if d in seen:
+            raise SpecError(source, f"{f}.devices", f"device {shown(d)} is already in {seen[d]}'s pool")
+        seen[d] = f
+    nodes = sorted({cluster.node_of(d).name for d in rp.devices})
+    if len(nodes) > 1:
+        raise SpecError(source, f"{f}.devices", f"a roundpipe pool is one node's GPUs (one RoundPipe process "
+                                                f"per node), this one spans nodes {', '.join(nodes)}: give "
+                                                f"each node its own pipeline")
+    for name, counts in (("forward_layers", rp.forward_layers), ("backward_layers", rp.backward_layers)):
+        total = sum(counts) + rp.fused_layers
+        if total != L:
+            raise SpecError(source, f"{f}.{name}",
+                            f"{_sum_text(counts)} + fused_layers {rp.fused_layers} = {total} blocks, "
+                            f"model {model.name!r} has num_layers={L}")
+    smallest = min(cluster.device(d).memory_GiB for d in rp.devices)
+    if rp.memory_limit_GiB > smallest:
+        raise SpecError(source, f"{f}.memory_limit_GiB",
+                        f"{rp.memory_limit_GiB:g} GiB exceeds the smallest pool GPU's {smallest:g} GiB")
+    if num_microbatches // rp.accumulation_steps < 1:
+        raise SpecError(source, f"{f}.num_microbatches", "must be >= accumulation_steps")
 
 
-def notes(config: "ParallelConfig") -> list[str]:
-    """Valid settings that waste something (``describe`` shows them)."""
+def notes(rp: RoundPipeStages, num_microbatches: int, field: str) -> list[str]:
+    """Valid settings of one pipeline's pool that waste something (``describe`` shows them)."""
     out = []
-    for p, pipe in enumerate(config.pipelines):
-        rp = pipe.roundpipe
-        if rp is None:
-            continue
-        per_pass = pipe.num_microbatches // max(1, rp.accumulation_steps)
-        if rp.num_stages < len(rp.devices):
-            out.append(f"pipelines[{p}]: {rp.num_stages} stages per pass for a pool of {len(rp.devices)} GPUs: "
-                       f"{len(rp.devices) - rp.num_stages} stay idle")
-        if per_pass < len(rp.devices):
-            out.append(f"pipelines[{p}]: {per_pass} micro-batches per pass fill at most {per_pass} of the "
-                       f"{len(rp.devices)} GPUs at once")
+    per_pass = num_microbatches // max(1, rp.accumulation_steps)
+    if rp.num_stages < len(rp.devices):
+        out.append(f"{field}: {rp.num_stages} stages per pass for a pool of {len(rp.devices)} GPUs: "
+                   f"{len(rp.devices) - rp.num_stages} stay idle")
+    if per_pass < len(rp.devices):
+        out.append(f"{field}: {per_pass} micro-batches per pass fill at most {per_pass} of the "
+                   f"{len(rp.devices)} GPUs at once")
     return out
