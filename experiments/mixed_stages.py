@@ -100,7 +100,7 @@ def breakdown(sim, config) -> str:
     m = sim.evaluate_detailed(config)
     if not m.ok:
         return f"    {m.status}: {m.error}"
-    cluster = sim.effective_cluster
+    cluster = sim.costs.effective_cluster
     per: dict[str, dict[str, float]] = {}
     count: dict[str, set] = {}
     for e in m.timeline:
@@ -115,7 +115,7 @@ def breakdown(sim, config) -> str:
         busy = {k: v / n for k, v in kinds.items()}
         idle = m.iteration_time_s - sum(busy.values())
         peak = max(m.peak_memory_GiB.get(d, 0.0) for d in count[gpu])
-        usable = sim.stage_estimate((sorted(count[gpu])[0],), 1, False, False, False, 1, 1).usable_GiB
+        usable = sim.costs.stage_estimate((sorted(count[gpu])[0],), 1, False, False, False, 1, 1).usable_GiB
         lines.append(f"    {gpu:10s} x{n}: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(busy.items()))
                      + f", idle {idle:.3f} s; peak {peak:.1f} of {usable:.1f} GiB")
     return "\n".join(lines)

@@ -238,8 +238,8 @@ def fit_backward(data: dict, fit_model: str) -> None:
         try:
             sim = simmod.Simulator(cluster_from(cluster_dict(data, run)), m)
             devices = tuple(f"{NODE}:{i}" for i in range(e["tp"]))
-            node = sim._node[devices[0]]
-            fwd = sim._layer_costs(sim._rate_key[devices[0]], e["tp"], e["micro_batch_size"], node.intra_node,
+            node = sim.costs.node[devices[0]]
+            fwd = sim.costs.layer_costs(sim.costs.rate_key[devices[0]], e["tp"], e["micro_batch_size"], node.intra_node,
                                    False, 1, sim._group_kind(devices))[0]
         finally:
             simmod.host_cost, simmod.backward_ratio = saved

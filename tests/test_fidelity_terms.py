@@ -91,7 +91,7 @@ def test_inline_gpu_peaks_per_precision() -> None:
 @pytest.fixture
 def no_host_cost(monkeypatch):
     """Device times only: the host's fixed cost per pass (tested below) would hide them on small layers."""
-    import autotune.simulator.simulator as sim_module
+    import autotune.simulator.cost_model as sim_module
     from autotune.simulator.overheads import NO_HOST_COST
 
     monkeypatch.setattr(sim_module, "host_cost", lambda gpu, tp: NO_HOST_COST)
@@ -175,22 +175,22 @@ def test_selective_recompute_time_is_the_attention_core(no_host_cost) -> None:
 def test_a_measured_backward_ratio_replaces_the_pass_counts_in_its_regime(no_host_cost, monkeypatch) -> None:
     """GH200 in fp32 with unfused attention: a block's backward is the measured ratio times its forward
     (autotune/simulator/backward.py); every other regime keeps the pass counts."""
-    import autotune.simulator.simulator as sim_module
+    import autotune.simulator.cost_model as sim_module
     from autotune.simulator.backward import BACKWARD_RATIOS
 
     gh200 = cluster_from_dict({"name": "t", "nodes": [{"name": "n", "count": 1, "gpu": "GH200",
                                                        "intra_node": {"bandwidth_GBps": FAST}}],
                                "network": {"bandwidth_GBps": FAST}}, "t")
     fp32 = _model(precision="fp32", attention="standard")
-    lf, lb, lbr, *_ = Simulator(gh200, fp32).unit_costs("n:0", 2)
+    lf, lb, lbr, *_ = Simulator(gh200, fp32).costs.unit_costs("n:0", 2)
     assert lb == pytest.approx(BACKWARD_RATIOS[("GH200", "fp32", "standard")].ratio * lf)
     assert lbr == pytest.approx(lb + lf)  # full recomputation: the forward again, then this backward
-    others = [Simulator(gh200, _model(precision=p, attention=a)).unit_costs("n:0", 2)
+    others = [Simulator(gh200, _model(precision=p, attention=a)).costs.unit_costs("n:0", 2)
               for p, a in (("bf16", "standard"), ("fp32", "flash"))]
     monkeypatch.setattr(sim_module, "backward_ratio", lambda *key: None)
-    assert [Simulator(gh200, _model(precision=p, attention=a)).unit_costs("n:0", 2)
+    assert [Simulator(gh200, _model(precision=p, attention=a)).costs.unit_costs("n:0", 2)
             for p, a in (("bf16", "standard"), ("fp32", "flash"))] == others
-    counted = Simulator(gh200, fp32).unit_costs("n:0", 2)
+    counted = Simulator(gh200, fp32).costs.unit_costs("n:0", 2)
     assert counted[0] == pytest.approx(lf) and 1.0 < counted[1] / lf < 2.0 < lb / lf
 
 
@@ -247,7 +247,7 @@ def test_runner_selective_recompute_and_standard_attention_train_the_same_model(
 def test_a_fixed_host_cost_per_layer_adds_layers_times_microbatches_times_cost(monkeypatch) -> None:
     """Device time ~0 (a GPU of 1e9 TFLOP/s with unlimited memory bandwidth): every layer pass waits for
     the host, so the fixed cost adds exactly L x m x (forward + backward cost)."""
-    import autotune.simulator.simulator as sim_module
+    import autotune.simulator.cost_model as sim_module
     from autotune.simulator.overheads import NO_HOST_COST, HostCost
 
     cost = HostCost(1.5e-3, 1.7e-3, 0.0, 0.0, 0.0, 0.0)

@@ -74,7 +74,7 @@ def test_zorse_shares_are_inverse_to_the_cost_models_per_layer_latency():
     space = SearchSpace(cluster, load_model("gpt2-xl"))
     assert space.group_speed(["f:0"]) == space.group_speed(["m:0"])  # the peak rule would split 6 + 6
     sim = Simulator(cluster, space.model)
-    lat = [sum((e.forward_s, e.backward_s)) for e in (sim.stage_estimate((d,), 1, False, False, False, 1, 1)
+    lat = [sum((e.forward_s, e.backward_s)) for e in (sim.costs.stage_estimate((d,), 1, False, False, False, 1, 1)
                                                      for d in ("f:0", "m:0"))]
     assert lat[1] > 2 * lat[0]
     expected = mixed_space.shares(12, [1 / lat[0], 1 / lat[1]])

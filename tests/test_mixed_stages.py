@@ -147,12 +147,12 @@ def test_two_stage_pipeline_with_a_5_3_mixed_stage_by_hand():
     cluster, model = _cluster(), model_from_dict(MODEL, "m")
     sim = Simulator(cluster, model)
     cfg = ParallelConfig.from_dict(_plan([ZORSE_STAGE0, LAST]))
-    A = sim.stage_estimate(("fast:0",), 6, False, True, False, 1, 2, dp=2)
-    B = sim.stage_estimate(("slow:0",), 6, False, True, False, 1, 2, dp=2)
-    C = sim.stage_estimate(("fast:1",), 2, False, False, True, 1, 1)
+    A = sim.costs.stage_estimate(("fast:0",), 6, False, True, False, 1, 2, dp=2)
+    B = sim.costs.stage_estimate(("slow:0",), 6, False, True, False, 1, 2, dp=2)
+    C = sim.costs.stage_estimate(("fast:1",), 2, False, False, True, 1, 1)
     assert B.forward_s > A.forward_s  # the slow card is slower
-    a = sim.p2p_time_s(("fast:0",), ("fast:1",), 1)  # intra-node
-    n = sim.p2p_time_s(("slow:0",), ("fast:1",), 1)  # over the network
+    a = sim.costs.p2p_time_s(("fast:0",), ("fast:1",), 1)  # intra-node
+    n = sim.costs.p2p_time_s(("slow:0",), ("fast:1",), 1)  # over the network
     assert n > a > 0
     fA, bA = A.forward_s + a, A.backward_s  # stage 0's backwards send nothing (first stage)
     fB, bB = B.forward_s + n, B.backward_s
@@ -191,7 +191,7 @@ def test_two_stage_pipeline_with_a_5_3_mixed_stage_by_hand():
     A_B7 = max(A_B5, C_B7) + bA
     # stage 0's two ranks hold the same layers: they all-reduce its gradients (embedding + 6 blocks), then step
     params0 = 6 * model.params_per_layer + model.embedding_params
-    sync = sim.allreduce_time_s((("fast:0",), ("slow:0",)), params0)
+    sync = sim.costs.allreduce_time_s((("fast:0",), ("slow:0",)), params0)
     start = max(A_B7, B_B6)
     expected = max(start + sync + A.optimizer_s, start + sync + B.optimizer_s, C_B7 + C.optimizer_s)
     m = sim.evaluate_detailed(cfg)
@@ -205,7 +205,7 @@ def test_two_stage_pipeline_with_a_5_3_mixed_stage_by_hand():
     assert m.stage_busy_s[0] == pytest.approx(max(5 * (A.forward_s + A.backward_s),
                                                   3 * (B.forward_s + B.backward_s)), rel=1e-12)
     # memory per rank: each holds the activations of its own in-flight micro-batches (A 3: F0 F2 F3; B 2: F1 F4)
-    A3 = sim.stage_estimate(("fast:0",), 6, False, True, False, 1, 3, dp=2)
+    A3 = sim.costs.stage_estimate(("fast:0",), 6, False, True, False, 1, 3, dp=2)
     assert m.peak_memory_GiB["fast:0"] == pytest.approx(A3.memory_GiB)
     assert m.peak_memory_GiB["slow:0"] == pytest.approx(B.memory_GiB)
     assert A3.memory_GiB > A.memory_GiB
@@ -218,8 +218,8 @@ def test_mixed_stage_slot_time_is_set_by_its_queues_not_its_slowest_gpu():
     sim = Simulator(cluster, model)
     mixed = sim.evaluate(ParallelConfig.from_dict(_plan([ZORSE_STAGE0, LAST])))
     slow_alone = sim.evaluate(ParallelConfig.from_dict(_plan([{"layers": 6, "devices": ["slow:0"]}, LAST])))
-    A = sim.stage_estimate(("fast:0",), 6, False, True, False, 1, 2, dp=2)
-    B = sim.stage_estimate(("slow:0",), 6, False, True, False, 1, 2, dp=2)
+    A = sim.costs.stage_estimate(("fast:0",), 6, False, True, False, 1, 2, dp=2)
+    B = sim.costs.stage_estimate(("slow:0",), 6, False, True, False, 1, 2, dp=2)
     assert mixed.stage_busy_s[0] == pytest.approx(max(5 * (A.forward_s + A.backward_s), 3 * (B.forward_s + B.backward_s)))
     assert mixed.stage_busy_s[0] < 0.6 * 8 * (B.forward_s + B.backward_s)
     assert mixed.iteration_time_s < slow_alone.iteration_time_s
@@ -237,8 +237,8 @@ def test_hand_off_between_stages_of_different_width_goes_to_each_micro_batch_own
     assert m.ok, m.error
     ev = {(e.device, e.op): e for e in m.timeline}
     assert ("fast:1", "F0") in ev and ("slow:0", "F1") in ev and ("fast:1", "F1") not in ev
-    intra = sim.p2p_time_s(("fast:0",), ("fast:1",), 1)
-    net = sim.p2p_time_s(("fast:0",), ("slow:0",), 1)
+    intra = sim.costs.p2p_time_s(("fast:0",), ("fast:1",), 1)
+    net = sim.costs.p2p_time_s(("fast:0",), ("slow:0",), 1)
     assert net > intra > 0
     # on GPUs a send blocks its sender (NCCL): stage 0's forward of micro-batch j lasts its compute plus the
     # send to j's owner, and the owner starts when it ends
@@ -269,9 +269,9 @@ def test_gradient_sync_among_all_ranks_holding_the_layers_inside_stages_and_acro
     first = 6 * model.params_per_layer + model.embedding_params
     last = 2 * model.params_per_layer + model.embedding_params + model.hidden_size
     three = (("fast:0",), ("slow:0",), ("fast:2",))
-    assert groups[frozenset({"fast:0", "slow:0", "fast:2"})] == pytest.approx(sim.allreduce_time_s(three, first))
+    assert groups[frozenset({"fast:0", "slow:0", "fast:2"})] == pytest.approx(sim.costs.allreduce_time_s(three, first))
     assert groups[frozenset({"fast:1", "fast:2"})] == pytest.approx(
-        sim.allreduce_time_s((("fast:1",), ("fast:2",)), last))
+        sim.costs.allreduce_time_s((("fast:1",), ("fast:2",)), last))
 
 
 def test_zero_shards_training_state_across_a_mixed_stage():
@@ -288,9 +288,9 @@ def test_zero_shards_training_state_across_a_mixed_stage():
     sharded = sim.evaluate(ParallelConfig.from_dict(_plan([mixed, last], zero=2)))
     alone = sim.evaluate(ParallelConfig.from_dict(_plan([{"layers": 12, "devices": ["slow:0"]}, last], zero=2)))
     assert plain.oom and not sharded.oom and alone.oom, (plain.error, sharded.error, alone.error)
-    est = sim.stage_estimate(("slow:0",), 12, False, True, False, 1, 2, dp=2, zero=2)
+    est = sim.costs.stage_estimate(("slow:0",), 12, False, True, False, 1, 2, dp=2, zero=2)
     assert sharded.peak_memory_GiB["slow:0"] == pytest.approx(est.memory_GiB)
-    assert est.memory_GiB < sim.stage_estimate(("slow:0",), 12, False, True, False, 1, 2).memory_GiB - 5
+    assert est.memory_GiB < sim.costs.stage_estimate(("slow:0",), 12, False, True, False, 1, 2).memory_GiB - 5
 
 
 def test_one_rank_stage_written_as_ranks_simulates_like_devices():
@@ -320,7 +320,7 @@ def test_cpu_hand_offs_do_not_block_the_sender_and_take_the_owner_pairs_link():
     ev = {(e.device, e.op): e for e in m.timeline}
     owners = [0, 1, 0, 0, 1, 0]  # microbatch_owners((4, 2))
     assert [("c:0", f"F{j}") in ev for j in range(6)] == [bool(k) for k in owners]
-    hop = sim.p2p_time_s(("a:0",), ("b:0",), 1)
+    hop = sim.costs.p2p_time_s(("a:0",), ("b:0",), 1)
     assert ev[("b:0", "F0")].start_s == pytest.approx(ev[("a:0", "F0")].end_s + hop, rel=1e-12)
     assert ev[("c:0", "F1")].start_s == pytest.approx(ev[("a:0", "F1")].end_s + hop, rel=1e-12)
     # the slow rank's forward takes twice the fast one's (slowdown 2)

@@ -58,13 +58,13 @@ def test_partition_gives_a_faster_stage_more_layers():
     assert t.layers[0] > 2 * t.layers[1]  # the A100 is ~2.5x the V100 (312 vs 125 TFLOP/s)
     # the split is the min-max one: moving one layer either way does not lower the slowest stage
     # (a GPU stage's time includes its blocking send: the activation forward, its gradient back)
-    send = sim.p2p_time_s(("a:0",), ("v:0",), 1)
+    send = sim.costs.p2p_time_s(("a:0",), ("v:0",), 1)
 
     def slowest(layers):
-        return max(sim.stage_estimate(("a:0",), layers[0], False, True, False, 1, 2).forward_s
-                   + sim.stage_estimate(("a:0",), layers[0], False, True, False, 1, 2).backward_s + send,
-                   sim.stage_estimate(("v:0",), layers[1], False, False, True, 1, 1).forward_s
-                   + sim.stage_estimate(("v:0",), layers[1], False, False, True, 1, 1).backward_s + send)
+        return max(sim.costs.stage_estimate(("a:0",), layers[0], False, True, False, 1, 2).forward_s
+                   + sim.costs.stage_estimate(("a:0",), layers[0], False, True, False, 1, 2).backward_s + send,
+                   sim.costs.stage_estimate(("v:0",), layers[1], False, False, True, 1, 1).forward_s
+                   + sim.costs.stage_estimate(("v:0",), layers[1], False, False, True, 1, 1).backward_s + send)
     best = slowest(t.layers)
     assert best == pytest.approx(t.bottleneck_s)
     for shift in (-1, 1):

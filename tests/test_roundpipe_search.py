@@ -43,7 +43,7 @@ def test_the_start_plan_is_what_roundpipe_picks_with_its_defaults(box):
     pipe = cfg.pipelines[0]
     # RoundPipe's default: at least pool + 1 = 9 micro-batches per pass; the largest micro-batch that gives them
     assert (cfg.micro_batch_size, pipe.num_microbatches, pipe.roundpipe.accumulation_steps) == (4, 16, 1)
-    auto = auto_stages(sim, space.cluster.device_ids(), 4, 1.1, 13.41)
+    auto = auto_stages(sim.costs, space.cluster.device_ids(), 4, 1.1, 13.41)
     assert (pipe.roundpipe.forward_layers, pipe.roundpipe.fused_layers, pipe.roundpipe.backward_layers) == \
         (auto.forward_layers, auto.fused_layers, auto.backward_layers)
     assert sim.evaluate(cfg).ok

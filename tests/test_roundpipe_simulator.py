@@ -83,18 +83,18 @@ def test_a_heavy_lm_head_does_not_pin_one_gpu():
     cluster = load_cluster(EXAMPLES / "8x4090.yaml")
     model = ModelSpec("big-vocab", 32, 4096, 32, 11008, 250_000, 2048, 64, mlp="swiglu")
     sim = Simulator(cluster, model)
-    rp = rps.auto_stages(sim, cluster.device_ids(), 1)
-    res = run_dispatch(rps.pass_stages(sim, rp, 1, "box:0"), cluster.device_ids(), 64, 1, 25.0, 10.0)
+    rp = rps.auto_stages(sim.costs, cluster.device_ids(), 1)
+    res = run_dispatch(rps.pass_stages(sim.costs, rp, 1, "box:0"), cluster.device_ids(), 64, 1, 25.0, 10.0)
     busy = list(res.busy_s.values())
     assert max(busy) / (sum(busy) / len(busy)) < 1.01
-    fb = next(st for st in rps.pass_stages(sim, rp, 1, "box:0") if st.label == "FB")
-    lf = sim.unit_costs("box:0", 1)[0]
+    fb = next(st for st in rps.pass_stages(sim.costs, rp, 1, "box:0") if st.label == "FB")
+    lf = sim.costs.unit_costs("box:0", 1)[0]
     assert fb.compute_s > 4 * lf  # the head stage is heavy ...
     # ... and yet the GPUs stay busy (measured: 12.5% idle, from stages of unequal length, not the head)
     assert 1 - (sum(busy) / len(busy)) / res.period_s < 0.15
     # bound to GPUs (1F1B, 4 blocks per GPU), the GPU with the head does the most work every iteration
     def work(last):
-        est = sim.stage_estimate(("box:7",), 4, True, False, last, 1, 1)
+        est = sim.costs.stage_estimate(("box:7",), 4, True, False, last, 1, 1)
         return est.forward_s + est.backward_s
     assert work(True) > 1.3 * work(False)
 
@@ -145,7 +145,7 @@ def test_a_plan_over_the_memory_limit_or_the_gpu_is_refused_with_the_numbers():
     wide = RoundPipeStages(pool, (20,), (20,), 20, "stage", memory_limit_GiB=22.0)
     m = sim.evaluate(ParallelConfig(1, (PipelineConfig(64, (), None, wide),), "roundpipe"))
     assert m.status == "invalid"  # 20 blocks of 13B in one stage: 12 GiB of weights alone
-    fine = rps.auto_stages(sim, pool, 32)
+    fine = rps.auto_stages(sim.costs, pool, 32)
     m = sim.evaluate(ParallelConfig(32, (PipelineConfig(2, (), None, fine),), "roundpipe"))
     assert m.status == "oom" and "out of memory" in m.error  # 32 x 4096 tokens of one block's activations
 
@@ -174,7 +174,7 @@ def test_auto_plans_simulate_with_balanced_stages_and_a_small_bubble():
     cluster = load_cluster(EXAMPLES / "8x4090.yaml")
     model = load_model("llama2-13b", 64)
     sim = Simulator(cluster, model)
-    rp = rps.auto_stages(sim, cluster.device_ids(), 1)
+    rp = rps.auto_stages(sim.costs, cluster.device_ids(), 1)
     cfg = ParallelConfig(1, (PipelineConfig(64, (), None, rp),), "roundpipe")
     m = sim.evaluate(cfg)
     assert m.ok and m.bubble_fraction < 0.05

@@ -30,7 +30,8 @@ def _plain_cost_terms(monkeypatch):
     hand; the datasheet terms on top of them (the host's fixed cost per pass, NCCL-like collectives, the
     device's memory view) are checked on their own in tests/test_fidelity_terms.py, so they are set to
     nothing here."""
-    import autotune.simulator.simulator as sim_module
+    import autotune.simulator.cost_model as sim_module
+    import autotune.simulator.simulator as iteration_module
     from autotune.simulator import collectives
     from autotune.simulator.device_memory import NO_DEVICE_MEMORY
     from autotune.simulator.overheads import NO_HOST_COST
@@ -38,6 +39,8 @@ def _plain_cost_terms(monkeypatch):
     monkeypatch.setattr(sim_module, "host_cost", lambda gpu, tp: NO_HOST_COST)
     monkeypatch.setattr(sim_module, "device_memory", lambda gpu: NO_DEVICE_MEMORY)
     monkeypatch.setattr(sim_module, "collective_s",
+                        lambda op, n, k, bw, lat, kind: collectives.collective_s(op, n, k, bw, lat, "host"))
+    monkeypatch.setattr(iteration_module, "collective_s",
                         lambda op, n, k, bw, lat, kind: collectives.collective_s(op, n, k, bw, lat, "host"))
     monkeypatch.setattr(sim_module, "send_s", lambda n, bw, lat, kind: collectives.send_s(n, bw, lat, "host"))
     monkeypatch.setattr(Simulator, "_blocking_sends", staticmethod(lambda comp, durs, comms: (durs, comms)))

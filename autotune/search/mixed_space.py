@@ -91,18 +91,18 @@ def shares(total: int, speeds: Sequence[float]) -> list[int] | None:
 
 def layer_latency_s(space: "SearchSpace", devices: Sequence[str], mbs: int) -> float:
     """Seconds of one transformer block's forward plus backward for one micro-batch of ``mbs`` on the rank
-    (TP group) ``devices``: the simulator's cost model (``Simulator.stage_estimate`` of a one-block stage;
+    (TP group) ``devices``: the simulator's cost model (``CostModel.stage_estimate`` of a one-block stage;
     datasheet rates, the cluster's slowdown, the TP group's all-reduces). Cached per space."""
     cache = space.__dict__.setdefault("_rank_latency", {})
     key = (tuple(devices), mbs)
     hit = cache.get(key)
     if hit is None:
-        sim = space.__dict__.get("_cost_model")
-        if sim is None:
-            from autotune.simulator import Simulator
+        costs = space.__dict__.get("_cost_model")
+        if costs is None:
+            from autotune.simulator.cost_model import CostModel
 
-            sim = space.__dict__["_cost_model"] = Simulator(space.cluster, space.model)
-        est = sim.stage_estimate(tuple(devices), 1, False, False, False, mbs, 1)
+            costs = space.__dict__["_cost_model"] = CostModel(space.cluster, space.model)
+        est = costs.stage_estimate(tuple(devices), 1, False, False, False, mbs, 1)
         hit = cache[key] = est.forward_s + est.backward_s
     return hit
 

@@ -8,7 +8,7 @@ split over unequal replicas.
 
 How it scores a plan, without running the simulator on whole plans:
 
-1. Per stage: ``Simulator.stage_estimate`` gives forward + backward time per micro-batch and peak
+1. Per stage: ``CostModel.stage_estimate`` gives forward + backward time per micro-batch and peak
    memory for a group holding ``l`` layers with ``q`` micro-batches in flight. Both are linear in
    ``l`` (time) and bilinear in ``l, q`` (memory) for ``l >= 1``, so four queries per
    (group kind, micro-batch size, recompute, first, last) give exact coefficients.
@@ -22,7 +22,7 @@ How it scores a plan, without running the simulator on whole plans:
 3. Per plan (a set of replicas): the micro-batches split so that the replicas finish together
    (bisection on the finish time ``T``: a replica with ``(c, S)`` finishes ``m = (T - S) / c + 1``
    micro-batches by ``T``), plus the data-parallel gradient all-reduce of the largest stage
-   (``Simulator.allreduce_time_s``, the simulator's ring model) and the optimizer step.
+   (``CostModel.allreduce_time_s``, the simulator's ring model) and the optimizer step.
 
 Plan families it enumerates (every micro-batch size of the space):
 
@@ -125,6 +125,7 @@ class Planner:
     def __init__(self, space: SearchSpace, simulator) -> None:
         self.space = space
         self.sim = simulator
+        self.costs = simulator.costs  # the pieces the planner composes (autotune.simulator.cost_model)
         self.model = space.model
         self.kinds: list[GroupKind] = []
         for c in space.node_classes:
@@ -151,7 +152,7 @@ class Planner:
         hit = self._coef.get(key)
         if hit is None:
             devices = self.kinds[k].groups[0]
-            e = {(l, q): self.sim.stage_estimate(devices, l, recompute, first, last, mbs, q, offload=self.offload)
+            e = {(l, q): self.costs.stage_estimate(devices, l, recompute, first, last, mbs, q, offload=self.offload)
                  for l in (1, 2) for q in (1, 2)}
             t1 = e[1, 1].forward_s + e[1, 1].backward_s
             dt = e[2, 1].forward_s + e[2, 1].backward_s - t1
@@ -174,7 +175,7 @@ class Planner:
         key = (src[0], dst[0], mbs)
         hit = self._p2p.get(key)
         if hit is None:
-            hit = self._p2p[key] = self.sim.p2p_time_s(src, dst, mbs)
+            hit = self._p2p[key] = self.costs.p2p_time_s(src, dst, mbs)
         return hit
 
     # -- one pipeline -------------------------------------------------------------------------------
@@ -195,7 +196,7 @@ class Planner:
             rows[rc] = np.array(cols, dtype=float).T  # 9 x p
         blocking = self._blocking_sends(kinds)
         if blocking and p > 1:
-            # a GPU stage's sends block it (the simulator's ``_blocking_sends``): each forward carries its
+            # a GPU stage's sends block it (the simulator's ``Simulator._blocking_sends``): each forward carries its
             # send to the next stage, each backward its send to the previous one
             sends = np.array([(self._transfer_s(kinds, i, i + 1, mbs) if i < p - 1 else 0.0)
                               + (self._transfer_s(kinds, i, i - 1, mbs) if i > 0 else 0.0)
@@ -360,7 +361,7 @@ class Planner:
             key = (devs, params, ring)
             t = self._ring.get(key)
             if t is None:
-                t = self._ring[key] = self.sim.allreduce_time_s(devs, params, ranks=ring)
+                t = self._ring[key] = self.costs.allreduce_time_s(devs, params, ranks=ring)
             for r, s in enumerate(owners):
                 per_stage[(r, s)] = per_stage.get((r, s), 0.0) + t
         return max(per_stage.values(), default=0.0)

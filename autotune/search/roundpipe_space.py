@@ -147,7 +147,7 @@ def decode(space: "SearchSpace", params: Mapping[str, Any]) -> "Decoded":
     cache = space._roundpipe_cache
     part = cache.get(key)
     if part is None:
-        part = auto_stages(sim, first.device_ids(), mbs, float(params["rp.balance"]), limit)
+        part = auto_stages(sim.costs, first.device_ids(), mbs, float(params["rp.balance"]), limit)
         cache[key] = part
     pipes = tuple(PipelineConfig(per_node, (), None, RoundPipeStages(
         node_of[n].device_ids(), part.forward_layers, part.backward_layers, part.fused_layers,

@@ -2,7 +2,7 @@
 
 Without one, the simulator derives a block's backward from pass counts: twice the forward's matmul
 FLOPs (input and weight gradients), twice its memory-bound traffic, five passes over stored attention
-scores for the forward's four, the same two tensor-parallel all-reduces (``Simulator._layer_costs``).
+scores for the forward's four, the same two tensor-parallel all-reduces (``CostModel.layer_costs``).
 That gives a backward of 1.4-1.5x the forward for the fp32, unfused-attention blocks of Sailor's
 GH200 runs, where Sailor measured 2.4x (OPT-350M, tensor-parallel 4: 1.70 / 3.32 ms forward / backward at
 micro-batch 4, 2.70 / 6.47 ms at 8; Megatron-DeepSpeed). The cause is not pinned down (fp32 dgrad /

@@ -18,7 +18,7 @@ dispatch and combine forward, their gradients backward (Lepikhin et al. 2020, GS
 recomputation runs the forward's two again). Each device sends its ``c * T * k`` token copies of
 ``e h`` bytes (``e``: the model precision's element size, 2 for bf16) and keeps the ``1 / g`` addressed to itself: ``(g - 1) / g * c T k 2h`` bytes
 out. A stage's ``tp`` ranks all send (tokens are replicated on them), so the stage moves ``tp`` times
-that over the group's links at the data-parallel ring's bandwidth (``Simulator._dp_bandwidth``: ``tp``
+that over the group's links at the data-parallel ring's bandwidth (``CostModel.dp_bandwidth``: ``tp``
 times the intra-node link inside one node, capped by the nodes' network when the group leaves the
 node), with ``g - 1`` latencies. The replicas of a group run in lockstep: every stage runs at the
 pace of the slowest of the group's corresponding stages.
@@ -316,7 +316,7 @@ def run_collectives(collectives: list[Collective], cursor: dict[tuple[int, int],
     """Advance ``cursor`` ((pipeline, stage) -> time) through ``collectives``: each starts when its last
     participant is free and ends for all when the slowest finishes its wire bytes. Wire bytes are a
     stage's (its ``tp`` devices carry them together); ``bandwidth(parts)`` gives the participating
-    stages' (GB/s, latency us), as ``Simulator._dp_bandwidth``. ``nodes(participant)``: its nodes; the
+    stages' (GB/s, latency us), as ``CostModel.dp_bandwidth``. ``nodes(participant)``: its nodes; the
     collectives that leave a node share its network link one after another (several replicas of one node
     exchanging with other nodes at once). Returns (participants, start, end) per op."""
     spans = []

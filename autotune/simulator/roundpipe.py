@@ -1,4 +1,4 @@
-"""RoundPipe's dispatch schedule, simulated: ``simulate(sim, config) -> Measurement`` for ``"schedule": "roundpipe"``.
+"""RoundPipe's dispatch schedule, simulated: ``simulate(costs, config) -> Measurement`` for ``"schedule": "roundpipe"``.
 
 What is simulated is what the ``roundpipe`` library (0.1.x: ``RoundPipe.forward_backward``, ``device.py``,
 ``transfer.py``, ``scheduler.py``) does with an execute plan; the plan's fields are in
@@ -9,7 +9,7 @@ the fused stage (the last ``fused_layers`` blocks with the final norm, LM head a
 backward, per micro-batch) and the backward stages from the last layers down. Each stage goes to the
 *next GPU of the pool in turn* (one global round-robin cursor that carries on across passes and
 iterations, as ``device.get_next_device``), and that GPU runs the stage for all of the pass's micro-batches,
-in order, after the stages it was handed before. Per micro-batch a stage costs (``Simulator.unit_costs``,
+in order, after the stages it was handed before. Per micro-batch a stage costs (``CostModel.unit_costs``,
 no tensor parallelism): a forward stage its blocks' forwards (and the embedding's); the fused stage its
 blocks' forwards and backwards and the head's; a backward stage its blocks' recomputation and backward
 (and the embedding's), at either recompute grain (the compute is the same).
@@ -61,16 +61,14 @@ import math
 
 import numpy as np
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
-from autotune.specs.roundpipe import RoundPipeStages
 from autotune.simulator.communication import ring_allreduce_s
+from autotune.simulator.cost_model import CostModel
 from autotune.simulator.memory import GiB, layer_activation_bytes, usable_memory_GiB
 from autotune.simulator.zero import HOST_ADAM_PARAMS_PER_S
 from autotune.specs import Measurement, ParallelConfig, TimelineEvent
-
-if TYPE_CHECKING:  # pragma: no cover
-    from autotune.simulator.simulator import Simulator
+from autotune.specs.roundpipe import RoundPipeStages
 
 #: host memory per parameter besides the model's own weights and their pinned gradient buffer (each
 #: ``ModelSpec.bytes_per_element``: 2 in 16-bit training): the optimizer's fp32 master weights (4), fp32
@@ -184,11 +182,11 @@ def _blocks(run: tuple[int, int]) -> int:
     return b - max(a, 1) + 1 if b >= 1 else 0
 
 
-def unit_profile(sim: "Simulator", device: str, mbs: int) -> tuple[list[float], list[float], list[float], list[float]]:
+def unit_profile(costs: CostModel, device: str, mbs: int) -> tuple[list[float], list[float], list[float], list[float]]:
     """(forward s, recompute + backward s, parameter bytes, parameter + gradient bytes) of the ``L + 2``
     units on ``device`` for one micro-batch: what RoundPipe's timer and sizes give ``auto``."""
-    model = sim.model
-    lf, lb, lbr, ef, eb, hf, hb = sim.unit_costs(device, mbs)
+    model = costs.model
+    lf, lb, lbr, ef, eb, hf, hb = costs.unit_costs(device, mbs)
     L = model.num_layers
     w = model.bytes_per_element
     emb = model.embedding_params * w
@@ -218,11 +216,11 @@ class StageWork:
     saved_bytes: float  # stage inputs kept in host memory for the backward (forward stages)
 
 
-def pass_stages(sim: "Simulator", rp: RoundPipeStages, mbs: int, device: str) -> list[StageWork]:
+def pass_stages(costs: CostModel, rp: RoundPipeStages, mbs: int, device: str) -> list[StageWork]:
     """The stages of one pass in the order they are handed out: forward, fused, backward (last first)."""
-    model = sim.model
+    model = costs.model
     L, s, h = model.num_layers, model.seq_len, model.hidden_size
-    lf, lb, lbr, ef, eb, hf, hb = sim.unit_costs(device, mbs)
+    lf, lb, lbr, ef, eb, hf, hb = costs.unit_costs(device, mbs)
     w = model.bytes_per_element  # weights, gradients and activations in the model's precision
     act = w * mbs * s * h
     ids = TOKEN_BYTES * mbs * s
@@ -503,11 +501,11 @@ def run_dispatch(stages: Sequence[StageWork], devices: Sequence[str], m_pass: in
 # Measurement of a plan
 
 
-def simulate(sim: "Simulator", config: ParallelConfig, timeline: bool = False, memory_only: bool = False) -> Measurement:
+def simulate(costs: CostModel, config: ParallelConfig, timeline: bool = False, memory_only: bool = False) -> Measurement:
     """One roundpipe plan's steady-state iteration, memory per GPU and host memory per node; ``memory_only``
     (``Simulator.memory_estimate``): the memory and the stage-size rule only, nothing scheduled."""
-    model = sim.model
-    cluster = sim.effective_cluster
+    model = costs.model
+    cluster = costs.effective_cluster
     mbs = config.micro_batch_size
     peak: dict[str, float] = {}
     host: dict[str, float] = {}
@@ -517,8 +515,8 @@ def simulate(sim: "Simulator", config: ParallelConfig, timeline: bool = False, m
         rp = pipe.roundpipe
         assert rp is not None
         node = cluster.node_of(rp.devices[0])
-        slowest = max(rp.devices, key=lambda d: sum(sim.unit_costs(d, mbs)))
-        stages = pass_stages(sim, rp, mbs, slowest)
+        slowest = max(rp.devices, key=lambda d: sum(costs.unit_costs(d, mbs)))
+        stages = pass_stages(costs, rp, mbs, slowest)
         limit = rp.memory_limit_for(min(cluster.device(d).memory_GiB for d in rp.devices))
         for st in stages:
             state = (st.param_bytes + st.grad_bytes) / GiB
@@ -575,7 +573,7 @@ def simulate(sim: "Simulator", config: ParallelConfig, timeline: bool = False, m
     n_dev = sum(len(res.busy_s) for res in results)
     bubble = max(0.0, 1.0 - busy_total / (n_dev * iteration)) if iteration > 0 else 0.0
     peak_flops = sum(cluster.device(d).peak_tflops / cluster.node_of(d).slowdown for d in peak) * 1e12
-    mfu = sim.flops_per_token * tokens / (iteration * peak_flops) if iteration > 0 else 0.0
+    mfu = costs.flops_per_token * tokens / (iteration * peak_flops) if iteration > 0 else 0.0
     slowest_res = max(results, key=lambda res: res.period_s)
     events = tuple(sorted((e for res in results for e in res.events), key=lambda e: (e.start_s, e.device)))
     return Measurement(tokens_per_s=tokens / iteration, iteration_time_s=iteration, oom=False, peak_memory_GiB=peak,
@@ -602,15 +600,15 @@ def _gpu_peaks(stages: Sequence[StageWork], devices: Sequence[str]) -> dict[str,
     return out
 
 
-def auto_stages(sim: "Simulator", devices: Sequence[str], mbs: int, upper_threshold: float = 1.1,
+def auto_stages(costs: CostModel, devices: Sequence[str], mbs: int, upper_threshold: float = 1.1,
                 memory_limit_GiB: float = 0.0, recompute_grain: str = "stage",
                 accumulation_steps: int = 1) -> RoundPipeStages:
     """The pool's pipeline as RoundPipe's ``ModelExecutePlan.auto`` would cut it for this model: unit times
     on the pool's slowest GPU (the simulator's, where RoundPipe measures them in a first iteration),
     ``min_stages`` = the pool size, the memory limit (0: RoundPipe's 60% default) in GiB."""
-    slowest = max(devices, key=lambda d: sum(sim.unit_costs(d, mbs)))
-    fwd, bwd, fb, bb = unit_profile(sim, slowest, mbs)
-    smallest = min(sim.effective_cluster.device(d).memory_GiB for d in devices)
+    slowest = max(devices, key=lambda d: sum(costs.unit_costs(d, mbs)))
+    fwd, bwd, fb, bb = unit_profile(costs, slowest, mbs)
+    smallest = min(costs.effective_cluster.device(d).memory_GiB for d in devices)
     probe = RoundPipeStages(tuple(devices), (1,), (1,), memory_limit_GiB=memory_limit_GiB)
     limit = probe.memory_limit_for(smallest)
     part = auto_partition(fwd, bwd, fb, bb, len(devices), upper_threshold, limit * GiB)
