@@ -240,7 +240,7 @@ def fit_backward(data: dict, fit_model: str) -> None:
             devices = tuple(f"{NODE}:{i}" for i in range(e["tp"]))
             node = sim.costs.node[devices[0]]
             fwd = sim.costs.layer_costs(sim.costs.rate_key[devices[0]], e["tp"], e["micro_batch_size"], node.intra_node,
-                                   False, 1, sim._group_kind(devices))[0]
+                                   False, 1, sim.costs.group_kind(devices))[0]
         finally:
             simmod.host_cost, simmod.backward_ratio = saved
         host = host_cost(run["gpu"], e["tp"]).layer_backward_s
