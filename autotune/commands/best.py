@@ -6,7 +6,7 @@ import json
 
 
 def run(experiment: str | None, tracking_uri: str | None) -> int:
-    from autotune.commands.search import quiet_libraries
+    from autotune.search.tracking import quiet_libraries
     from autotune.commands.status import loading
 
     from autotune import prechecks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def run(experiment: str | None, tracking_uri: str | None, csv: bool) -> int:
-    from autotune.commands.search import quiet_libraries
+    from autotune.search.tracking import quiet_libraries
     from autotune.commands.status import loading
 
     quiet_libraries()

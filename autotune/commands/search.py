@@ -17,6 +17,7 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autotune import prechecks
+    from autotune.search.tracking import quiet_libraries
 
     if output is not None:
         prechecks.writable_file(output, "--output")  # before the search, not after it
@@ -82,16 +83,6 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
                       "method")
         return 1
     return 0
-
-
-def quiet_libraries() -> None:
-    """MLflow and alembic announce database creation at INFO; the progress bar says enough."""
-    import logging
-    import os
-
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow is first imported
-    for name in ("mlflow", "alembic", "optuna"):
-        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _print_result(out, result) -> None:

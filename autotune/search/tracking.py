@@ -44,6 +44,15 @@ from autotune.specs import Measurement, ParallelConfig
 
 log = logging.getLogger(__name__)
 
+
+def quiet_libraries() -> None:
+    """MLflow and alembic announce database creation at INFO; the progress bar says enough. Call it
+    before MLflow is first imported (this module imports it only inside its functions)."""
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow is first imported
+    for name in ("mlflow", "alembic", "optuna"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 ROLE_TAG = "autotune.role"
 CONFIG_TAG = "autotune.config"

@@ -38,7 +38,7 @@ def _serve(tracking_uri: str | None, experiment: str, description: str, calls, r
 
     die_with_parent(parent=parent_pid)  # a killed search takes its writer along (what it queued is in the study)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle; it then calls finish
-    from autotune.commands.search import quiet_libraries
+    from autotune.search.tracking import quiet_libraries
 
     quiet_libraries()
     from autotune.search.tracking import SearchTracker
