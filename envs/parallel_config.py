@@ -71,9 +71,9 @@ import numpy as np
 from gymnasium import spaces
 
 from autotune.evaluator import CachedEvaluator, Evaluator
-from autotune.search import mixed_space, roundpipe_space
-from autotune.search.budget import BudgetedEvaluator, BudgetExhausted
-from autotune.search.space import INTERLEAVED_CHUNKS, Params, SearchSpace, apportion
+from autotune.planning import mixed_space, roundpipe_space
+from autotune.planning.budget import BudgetedEvaluator, BudgetExhausted
+from autotune.planning.space import INTERLEAVED_CHUNKS, Params, SearchSpace, apportion
 from autotune.specs import SCHEDULES, Measurement, ParallelConfig, PipelineConfig, StageConfig
 
 MAX_STAGES = 16
@@ -136,10 +136,10 @@ MOE_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("expert_parall
 ZERO_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("zero", "offload") for step in (+1, -1))
 V1_OBSERVATIONS = (MAX_STAGES * len(STAGE_FEATURES) + MAX_REPLICAS * len(REPLICA_FEATURES)
                    + MAX_CLASSES * len(CLASS_FEATURES) + len(GLOBAL_FEATURES))
-#: moves appended last when the space has mixed-stage dimensions (Zorse: ``autotune.search.mixed_space``)
+#: moves appended last when the space has mixed-stage dimensions (Zorse: ``autotune.planning.mixed_space``)
 MIXED_ACTIONS: tuple[tuple, ...] = (tuple(("dim", d, step) for d in mixed_space.DIMENSIONS for step in (+1, -1))
                                     + tuple(("share", k, step) for k in range(MAX_STAGES) for step in (+1, -1)))
-#: sequence parallelism and RoundPipe's dimensions (``autotune.search.roundpipe_space``: the switch, pool,
+#: sequence parallelism and RoundPipe's dimensions (``autotune.planning.roundpipe_space``: the switch, pool,
 #: balance, memory limit, recompute grain, passes), one step each way (re-decode)
 EXTRA_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("seq_parallel",) + roundpipe_space.DIMENSION_NAMES
                                          for step in (+1, -1))
@@ -387,7 +387,7 @@ class ParallelConfigEnv(gym.Env):
         if kind == "dim":
             return self._redecode(act[1], step=act[2])
         if kind == "share":
-            moved = mixed_space.shift_share(self.space, cfg, act[1], act[2])
+            moved = mixed_space.shift_share(self.space.context, cfg, act[1], act[2])
             return None if moved is None else (moved, self.params)
         if kind == "tp":
             if act[1] >= len(self._classes):
@@ -420,7 +420,7 @@ class ParallelConfigEnv(gym.Env):
         return replace(cfg, pipelines=tuple(pipes)), self.params
 
     def _replica_speeds(self, cfg: ParallelConfig) -> list[float]:
-        return [self.space.replica_speed([mixed_space.stage_speed(self.space, s) for s in p.stages],
+        return [self.space.replica_speed([mixed_space.stage_speed(self.space.context, s) for s in p.stages],
                                          [s.layers for s in p.stages]) for p in cfg.pipelines]
 
     def _move_batch(self, r: int, direction: int) -> tuple[ParallelConfig, Params] | None:
@@ -534,8 +534,8 @@ class ParallelConfigEnv(gym.Env):
             loads = [c / s for c, s in zip(counts, speeds)]
             focus = int(np.argmax(loads))
             pipe = cfg.pipelines[focus]
-            g_speeds = [mixed_space.stage_speed(space, s) for s in pipe.stages]
-            max_speed = max(mixed_space.stage_speed(space, s) for p in cfg.pipelines for s in p.stages)
+            g_speeds = [mixed_space.stage_speed(space.context, s) for s in pipe.stages]
+            max_speed = max(mixed_space.stage_speed(space.context, s) for p in cfg.pipelines for s in p.stages)
             busy = list(m.stage_busy_s) if m is not None and len(m.stage_busy_s) == len(pipe.stages) else []
             if not busy or sum(busy) <= 0:
                 busy = [(s.layers + (space.head_extra if i == len(pipe.stages) - 1 else 0)) / g
@@ -613,7 +613,7 @@ class ParallelConfigEnv(gym.Env):
 
     def _memory_model(self) -> Any:
         if self._memory_sim is None:
-            from autotune.search.memory_first import search_simulator
+            from autotune.planning.memory_first import search_simulator
 
             self._memory_sim = search_simulator(self.space, self.evaluator)
         return self._memory_sim
@@ -697,7 +697,7 @@ def predicted_headroom(space: SearchSpace, config: ParallelConfig, simulator: An
         m = None
     if m is None:
         return out
-    usable = getattr(simulator, "_usable", {})
+    usable = simulator.costs.usable
     used = {d: gib / usable[d] for d, gib in m.peak_memory_GiB.items() if usable.get(d, 0) > 0}
     node_class = {n: k for k, c in enumerate(space.node_classes[:MAX_CLASSES]) for n in c.node_names}
     for d, use in used.items():

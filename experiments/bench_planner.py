@@ -15,8 +15,8 @@ import argparse
 import time
 
 from autotune.loading import cluster_from_dict, load_model
-from autotune.search.planner import Planner
-from autotune.search.space import SearchSpace
+from autotune.planning.planner import Planner
+from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
 
 TYPES = (("h100", "H100-80GB", 450), ("a100", "A100-40GB", 300), ("l4", "L4", 32), ("a10g", "A10G", 32))
@@ -39,8 +39,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    print(f"| GPUs | model | planning CPU time (s) | wall (s) | plans composed | best composed (s) | "
-          f"simulated (s) | plan |")
+    print("| GPUs | model | planning CPU time (s) | wall (s) | plans composed | best composed (s) | "
+          "simulated (s) | plan |")
     print("|---|---|---|---|---|---|---|---|")
     for n in args.sizes:
         c = cluster(n)

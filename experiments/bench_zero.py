@@ -23,7 +23,7 @@ from pathlib import Path
 
 from autotune.loading import cluster_from_dict, load_cluster, load_model, model_from_dict
 from autotune.search.api import tune
-from autotune.search.space import SearchSpace
+from autotune.planning.space import SearchSpace
 
 METHODS = ("rl", "optuna", "random", "uniform", "exhaustive", "dp")
 BOX = "examples/8x4090.yaml"

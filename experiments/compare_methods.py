@@ -19,7 +19,7 @@ import time
 
 from autotune.loading import cluster_from_dict, load_cluster, load_model
 from autotune.search.api import tune
-from autotune.search.space import EXHAUSTIVE_LIMIT, SearchSpace
+from autotune.planning.space import EXHAUSTIVE_LIMIT, SearchSpace
 from autotune.simulator import Simulator
 
 

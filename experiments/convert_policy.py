@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.loading import load_cluster, load_model  # noqa: E402
 from autotune.policy import policy_file  # noqa: E402
-from autotune.search.budget import BudgetedEvaluator  # noqa: E402
+from autotune.planning.budget import BudgetedEvaluator  # noqa: E402
 from autotune.policy.pretrained import run_pretrained  # noqa: E402
 from autotune.policy.scenarios import heldout_scenarios  # noqa: E402
-from autotune.search.space import SearchSpace  # noqa: E402
+from autotune.planning.space import SearchSpace  # noqa: E402
 from autotune.search.tracking import config_key  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
 

@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autotune.policy.pretrained import default_policy_path  # noqa: E402
 from autotune.policy.scenarios import draw_scenario, heldout_scenarios, validation_rng  # noqa: E402
 from autotune.search.api import tune  # noqa: E402
-from autotune.search.budget import PRUNED, SCREENED_PER_BUDGET  # noqa: E402
-from autotune.search.space import SearchSpace  # noqa: E402
+from autotune.planning.budget import PRUNED, SCREENED_PER_BUDGET  # noqa: E402
+from autotune.planning.space import SearchSpace  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
 
 BUDGETS = (5, 10, 20, 50, 100)

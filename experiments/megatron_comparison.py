@@ -91,7 +91,7 @@ KORTHIKANTI = [
 def korthikanti() -> list[float]:
     """Simulated vs published MFU with selective recomputation and sequence parallelism on every stage;
     MFU = 72 B s l h^2 (1 + s/6h + V/12lh) / (iteration time x GPUs x 312 TFLOP/s), their definition."""
-    print(f"\nKorthikanti et al. 2022: selective recomputation + sequence parallelism, tp 8, 1F1B")
+    print("\nKorthikanti et al. 2022: selective recomputation + sequence parallelism, tp 8, 1F1B")
     print(f"{'params':>8} {'PP':>3} {'GPUs':>5} {'batch':>5} {'mbs':>3} | {'MFU pub':>7} {'MFU sim':>7} {'error':>7} | "
           f"{'sim s':>6} {'GiB/dev':>7}")
     errors = []

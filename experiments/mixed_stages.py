@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from autotune.loading import cluster_from_dict, load_cluster, load_model
-from autotune.search.space import SearchSpace
+from autotune.planning.space import SearchSpace
 
 NO_MIXED = {"stage_ranks": [1]}
 #: the search among plans with mixed stages only (stages of 2, 4, 8 ranks or the bandwidth cut; no RoundPipe)

@@ -127,8 +127,8 @@ def main() -> None:
                 tps, text = found[(method, rp)]
                 print(f"  {method:8s} {'roundpipe' if rp else 'other    '} {tps:10,.0f} tokens/s  {text}")
         print(f"  1F1B+offload (hand) {hand:10,.0f} tokens/s  {hand_text}")
-    print(f"\n| model | params | best roundpipe (method) | best other (method) | 1F1B+offload | roundpipe / other "
-          f"| roundpipe / 1F1B+offload | published RoundPipe | sim / published |")
+    print("\n| model | params | best roundpipe (method) | best other (method) | 1F1B+offload | roundpipe / other "
+          "| roundpipe / 1F1B+offload | published RoundPipe | sim / published |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, model, found, (rp, rp_m), (other, other_m), hand, _, _ in rows:
         pub = PUBLISHED.get(name)

@@ -8,7 +8,7 @@ then:
    its first loss against the single-process reference (``runner.reference``; same weights and data), and
    ``train`` for 6 steps (the loss must fall);
 2. ``gpt2-xl`` (1.5B, bf16, global batch 16 x 1024 tokens) under the plan RoundPipe itself would pick for
-   this pool (``roundpipe_space.start_params``): measured tokens/s and peak memory per GPU beside the
+   this pool (``SearchSpace.roundpipe_start``): measured tokens/s and peak memory per GPU beside the
    simulator's prediction for the same plan on the same cluster file.
 
     .venv/bin/python experiments/roundpipe_gpu_check.py [--out DIR] [--skip-large]
@@ -103,15 +103,14 @@ def tiny_checks(directory: Path) -> dict:
 
 def large_check(directory: Path) -> dict:
     from autotune.loading import load_cluster, load_model
-    from autotune.search import roundpipe_space
-    from autotune.search.space import SearchSpace
+    from autotune.planning.space import SearchSpace
     from autotune.simulator import Simulator
     from runner import profiled_run
 
     cluster = load_cluster(local_cluster(Path(directory)))
     model = load_model("gpt2-xl", 16)
     space = SearchSpace(cluster, model)
-    params = roundpipe_space.start_params(space)
+    params = space.roundpipe_start()
     if params is None:
         return {"error": "no roundpipe plan applies on this cluster"}
     plan = space.decode(params).config

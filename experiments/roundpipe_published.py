@@ -6,7 +6,7 @@ or batch of these runs, so we simulate each at several sequence lengths (``--seq
 sequence) with ``--global-batch`` sequences, and say which fits. MFU columns: model FLOPs per token
 (``runner.model.flops_per_token``: 6 N plus attention, recomputation not counted) times tokens/s over the
 GPUs' datasheet 16-bit tensor peak with fp32 accumulation (RTX-4090: 165.2 TFLOPS). Simulated plan: the one RoundPipe itself
-picks (``roundpipe_space.start_params``: its automatic partition, 60% memory limit, stage grain, the
+picks (``SearchSpace.roundpipe_start``: its automatic partition, 60% memory limit, stage grain, the
 largest micro-batch that leaves GPUs + 1 micro-batches, or the largest that fits) on a node of k
 RTX-4090s shaped like ``examples/8x4090.yaml`` but with 1 TiB of host memory (``HOST_GiB``). Model shapes: ``experiments/roundpipe_bench.py``. Nothing fitted, no profile.
 
@@ -23,8 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from autotune.loading import cluster_from_dict  # noqa: E402
-from autotune.search import roundpipe_space  # noqa: E402
-from autotune.search.space import SearchSpace  # noqa: E402
+from autotune.planning.space import SearchSpace  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
 from roundpipe_bench import model_spec  # noqa: E402
 
@@ -69,7 +68,7 @@ def roundpipe_default(cluster, model):
     """RoundPipe's own plan (``start_params``), at the largest micro-batch size that fits when RoundPipe's
     default (GPUs + 1 micro-batches) does not: the published runs fit, so their batch must have."""
     space = SearchSpace(cluster, model)
-    params = roundpipe_space.start_params(space)
+    params = space.roundpipe_start()
     if params is None:
         return None, None
     sim = Simulator(cluster, model)

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 from autotune.loading import cluster_from_dict, model_from_dict  # noqa: E402
 from autotune.profile import CalibrationProfile, DeviceProfile, EdgeTiming, LayerTiming  # noqa: E402
 from autotune.search.api import tune  # noqa: E402
-from autotune.search.budget import BudgetedEvaluator  # noqa: E402
-from autotune.search.space import SearchSpace, apportion  # noqa: E402
+from autotune.planning.budget import BudgetedEvaluator  # noqa: E402
+from autotune.planning.space import SearchSpace, apportion  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig  # noqa: E402
 

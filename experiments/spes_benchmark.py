@@ -31,7 +31,7 @@ from autotune import load_model
 from autotune.loading import cluster_from_dict, load_config
 from autotune.search.api import tune
 from autotune.search.agents.simple import EXHAUSTIVE_LIMIT
-from autotune.search.space import SearchSpace
+from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator, moe
 
 MODEL = load_model("spes-2b")

@@ -32,10 +32,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.policy import policy_file  # noqa: E402
-from autotune.search.budget import BudgetedEvaluator  # noqa: E402
+from autotune.planning.budget import BudgetedEvaluator  # noqa: E402
 from autotune.policy.pretrained import ScenarioEnv, run_pretrained  # noqa: E402
 from autotune.policy.scenarios import Scenario, draw_scenario, validation_rng  # noqa: E402
-from autotune.search.space import SearchSpace  # noqa: E402
+from autotune.planning.space import SearchSpace  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
 
 log = logging.getLogger("train_policy")

@@ -34,18 +34,12 @@ from autotune.specs import ModelSpec
 from runner.data import TokenSource
 from runner.layout import EMBED_KEY, HEAD_KEY, Layout, RankPlan
 from runner.model import StageChunk, lm_loss
+from runner.optim import local_tensor, make_optimizer
 
 log = logging.getLogger(__name__)
 
 # AdamW settings, the same on every rank and in the single-process reference (GPT-3 paper, table 2.1
 # style betas; lr sized for the tiny models this runs on CPU).
-ADAMW = dict(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-
-
-def make_optimizer(params) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, **ADAMW, foreach=False)
-
-
 class RankModel(nn.Module):
     """All weights of one rank under their global names: ``embed``, ``blocks.<i>``, ``norm``, ``head``.
 
@@ -203,13 +197,6 @@ def apply_tensor_parallel(chunks: list[StageChunk], group: dist.ProcessGroup, de
             chunk.sequence_mesh = mesh
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The storage this rank holds: a DTensor's local shard (itself, not a copy), else the tensor."""
-    from torch.distributed.tensor import DTensor
-
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
 class Engine:
     """Everything one rank needs to train its part of the plan."""
 
@@ -247,7 +234,7 @@ class Engine:
         if model.is_moe or self.plan_config_spes(layout):
             from runner.moe import setup_experts
 
-            self.expert_sync = setup_experts(self, layout, rank, model)
+            self.expert_sync = setup_experts(self.chunks, self.module.params_of, layout, rank)
         self.grad_groups: list[tuple[dist.ProcessGroup | None, list[nn.Parameter]]] = []
         self.zero = None
         if layout.sharded:  # ZeRO sharding / CPU offload: runner.zero keeps the optimizer and the gradients
@@ -269,7 +256,7 @@ class Engine:
         if layout.mixed:  # stages of several ranks: every pipeline runs runner.mixed's orders and hand-offs
             from runner.mixed import MixedPipeline
 
-            self.mixed = MixedPipeline(self, schedule)
+            self.mixed = MixedPipeline(layout, self.plan, self.chunks[0], model, device, schedule)
             self.stages = [self.mixed.clock]
             return
         static = {}
@@ -325,7 +312,7 @@ class Engine:
             for p in params:
                 if p.grad is None:  # a weight the schedule did not touch still takes part in the sum
                     p.grad = torch.zeros_like(p)
-            grads = [_local(p.grad) for p in params]
+            grads = [local_tensor(p.grad) for p in params]
             if group is None:  # the only holder (a single pipeline): w is 1
                 if w != 1.0:
                     for g in grads:

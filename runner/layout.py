@@ -198,9 +198,7 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     """
     config.validate(cluster, model)
     if config.has_mixed_stages:
-        from runner.mixed import check_plan
-
-        check_plan(config, model)
+        check_mixed_plan(config, model)
     v = config.virtual_stages
     ep = config.expert_parallel
     ranks: list[RankPlan] = []
@@ -263,7 +261,61 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
         if model.is_moe:
             raise SpecError("runner", "zero", "ZeRO sharding and offload of MoE models are not implemented in the "
                                               "runner (the simulator models them)")
-        from runner.zero import check_layout
-
-        check_layout(layout)
+        check_sharded_layout(layout)
     return layout
+
+
+# --------------------------------------------------------------------------------------------------
+# Plan shapes the runner does not run (one clear error before launch)
+
+
+def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
+    """Plan shapes with mixed stages the runner does not run (the specs already refuse interleaving, MoE
+    expert parallelism and SPES with them)."""
+    if config.zero >= 3:
+        raise SpecError("runner", "zero", f"zero {config.zero} with stages of several ranks is simulated and searched "
+                                          "but not run by the runner (its per-use all-gathers would pair a fast "
+                                          "rank's calls with a slow rank's and hold both to one pace): use zero 1 "
+                                          "or 2 to run this plan")
+    for p, pipe in enumerate(config.pipelines):
+        for s, stage in enumerate(pipe.stages):
+            for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
+                if rank.tp > 1:
+                    where = f"pipelines[{p}].stages[{s}]." + (f"ranks[{k}].devices" if stage.ranks else "devices")
+                    raise SpecError("runner", where, "tensor parallelism in a plan with stages of several ranks is "
+                                                     "simulated and searched but not run by the runner: give each "
+                                                     "rank one device")
+            if stage.offload != "none":
+                raise SpecError("runner", f"pipelines[{p}].stages[{s}].offload",
+                                "offload in a plan with stages of several ranks is not run by the runner")
+
+
+def check_sharded_layout(layout: Layout) -> None:
+    """Plan shapes the sharded runner cannot run (one clear error before launch)."""
+    streaming = {r.rank for r in layout.ranks if r.offload == "all"}
+    if layout.zero >= 3 and len({r.pipeline for r in layout.ranks}) > 1:
+        streaming |= {r.rank for r in layout.ranks}
+    for r in layout.ranks:
+        if r.rank in streaming and r.tp_degree > 1:
+            what = "offload 'all'" if r.offload == "all" else "zero 3"
+            raise SpecError("runner", f"pipelines[{r.pipeline}].stages[{r.stage}]",
+                            f"{what} with tensor parallelism (degree {r.tp_degree}) is not supported by the runner "
+                            "(streamed parameters are flat-buffer views; DTensor shards are not)")
+    if layout.zero >= 2 and len({r.pipeline for r in layout.ranks}) > 1 and not layout.mixed:
+        # per-micro-batch collectives (reduce-scatters, zero-3 all-gathers) are blocking calls on one
+        # group per layer: the replicas must issue them in the same order
+        splits: dict[int, list] = {}
+        counts: dict[int, int] = {}
+        for r in layout.ranks:
+            splits.setdefault(r.pipeline, []).append((r.stage, tuple(c.layers for c in r.chunks)))
+            counts[r.pipeline] = r.num_microbatches
+        if len({tuple(sorted(set(v))) for v in splits.values()}) > 1:
+            raise SpecError("runner", "zero", f"zero {layout.zero} needs every replica to split the layers the same "
+                                              "way (its per-micro-batch collectives must line up across the "
+                                              "replicas' schedules); use zero 1 with uneven layer splits")
+        stages = max(len(set(v)) for v in splits.values())
+        if stages > 1 and len(set(counts.values())) > 1:
+            raise SpecError("runner", "zero", f"zero {layout.zero} with pipelines of {stages} stages needs the same "
+                                              f"num_microbatches in every replica (got {sorted(counts.values())}): "
+                                              "their schedules would order the per-micro-batch collectives "
+                                              "differently; single-stage replicas may differ, or use zero 1")

@@ -24,7 +24,7 @@ several ranks (``ranks`` in the plan, ``autotune.specs.mixed_stage``) runs here 
   the hand-offs). The shards are summed in issue order, so runs are deterministic and resume bit-exact.
 
 ``slowdown`` is emulated as in ``runner.engine.TimedStage`` (sleep ``slowdown - 1`` times each measured
-forward / backward). Not run here (refused before launch, ``check_plan``): ZeRO-3, CPU offload and tensor
+forward / backward). Not run here (refused before launch, ``runner.layout.check_mixed_plan``): ZeRO-3, CPU offload and tensor
 parallelism inside plans with mixed stages (all three simulated and searched).
 """
 
@@ -33,35 +33,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from autotune.errors import SpecError
-from autotune.specs import ModelSpec, ParallelConfig
+from autotune.specs import ModelSpec
 from autotune.specs.mixed_stage import BACKWARD, FORWARD, microbatch_owners, rank_orders
+from runner.layout import Layout, RankPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
-    from runner.engine import Engine
-
-
-def check_plan(config: ParallelConfig, model: ModelSpec) -> None:
-    """Plan shapes with mixed stages the runner does not run (the specs already refuse interleaving, MoE
-    expert parallelism and SPES with them)."""
-    if config.zero >= 3:
-        raise SpecError("runner", "zero", f"zero {config.zero} with stages of several ranks is simulated and searched "
-                                          "but not run by the runner (its per-use all-gathers would pair a fast "
-                                          "rank's calls with a slow rank's and hold both to one pace): use zero 1 "
-                                          "or 2 to run this plan")
-    for p, pipe in enumerate(config.pipelines):
-        for s, stage in enumerate(pipe.stages):
-            for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
-                if rank.tp > 1:
-                    where = f"pipelines[{p}].stages[{s}]." + (f"ranks[{k}].devices" if stage.ranks else "devices")
-                    raise SpecError("runner", where, "tensor parallelism in a plan with stages of several ranks is "
-                                                     "simulated and searched but not run by the runner: give each "
-                                                     "rank one device")
-            if stage.offload != "none":
-                raise SpecError("runner", f"pipelines[{p}].stages[{s}].offload",
-                                "offload in a plan with stages of several ranks is not run by the runner")
 
 
 class MixedClock:
@@ -101,10 +78,10 @@ class MixedClock:
 class MixedPipeline:
     """One rank's part of a pipeline with mixed stages: its order of forwards and backwards, its partners."""
 
-    def __init__(self, engine: "Engine", schedule: str) -> None:
-        layout, plan = engine.layout, engine.plan
-        self.engine = engine
-        self.chunk = engine.chunks[0]
+    def __init__(self, layout: Layout, plan: RankPlan, chunk: torch.nn.Module, model: ModelSpec,
+                 device: torch.device, schedule: str) -> None:
+        self.device = device
+        self.chunk = chunk
         mine = [r for r in layout.ranks if r.pipeline == plan.pipeline]
         num_stages = 1 + max(r.stage for r in mine)
         # rank id of (stage, stage_rank), and the shares of every stage of this pipeline
@@ -116,8 +93,8 @@ class MixedPipeline:
         self.owners = [microbatch_owners(k) for k in shares]
         self.order = rank_orders(schedule, shares)[plan.stage][plan.stage_rank]
         self.stage, self.num_stages = plan.stage, num_stages
-        self.clock = MixedClock(plan.slowdown, engine.device.type == "cuda")
-        spec = engine.model_spec
+        self.clock = MixedClock(plan.slowdown, device.type == "cuda")
+        spec = model
         self.mbs = plan.batch_size // plan.num_microbatches
         self.shape = (self.mbs, spec.seq_len, spec.hidden_size)
         self.scale = self.mbs / spec.global_batch_size  # each micro-batch's part of the global mean loss
@@ -135,7 +112,7 @@ class MixedPipeline:
         from runner.model import lm_loss
 
         s, first, last = self.stage, self.stage == 0, self.stage == self.num_stages - 1
-        device, mbs = self.engine.device, self.mbs
+        device, mbs = self.device, self.mbs
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
         losses: list[torch.Tensor] = []

@@ -161,23 +161,24 @@ def expert_seed(layer_seed: int, expert: int) -> int:
     return layer_seed * 131 + 7 + expert
 
 
-def setup_experts(engine, layout, rank: int, model: ModelSpec) -> "ExpertSync":
-    """An MoE / SPES plan on ``engine``: expert-parallel groups on its MoE blocks, untrained experts frozen
+def setup_experts(chunks, params_of, layout, rank: int) -> "ExpertSync":
+    """An MoE / SPES plan on one rank's ``chunks`` (``params_of(key)``: the rank's parameters of a layer key,
+    ``RankModel.params_of``): expert-parallel groups on its MoE blocks, untrained experts frozen
     (no gradient, not in the optimizer), and the exchange that replaces the plain gradient all-reduce.
     Every rank creates every process group, in the same order."""
     plan = layout.ranks[rank]
     for ranks in layout.expert_parallel_groups():
         group = dist.new_group(list(ranks))
         if rank in ranks:
-            for chunk in engine.chunks:
+            for chunk in chunks:
                 for block in chunk.blocks.values():
                     if isinstance(block.mlp, MoEMLP):
                         block.mlp.set_expert_parallel(group, len(ranks))
     for key in plan.holds():
         if not plan.trains(key):
-            for p in engine.module.params_of(key):
+            for p in params_of(key):
                 p.requires_grad_(False)
-    return ExpertSync(layout, rank, engine.module.params_of, layout.sync_every_steps)
+    return ExpertSync(layout, rank, params_of, layout.sync_every_steps)
 
 
 # --------------------------------------------------------------------------------------------------

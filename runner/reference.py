@@ -6,7 +6,7 @@ from __future__ import annotations
 from autotune.loading import load_model
 from autotune.specs import ModelSpec
 from runner.data import TokenSource
-from runner.engine import make_optimizer
+from runner.optim import make_optimizer
 from runner.model import build_full_model, lm_loss
 
 

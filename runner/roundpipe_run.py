@@ -194,7 +194,7 @@ class RoundPipeTrainer:
         import torch
         from torch import nn
 
-        from runner.engine import make_optimizer
+        from runner.optim import make_optimizer
         from runner.model import StageChunk
 
         self.model_spec, self.config, self.tokens = model, config, tokens
@@ -328,7 +328,7 @@ def _profile(job: dict, cluster: ClusterSpec, model: ModelSpec, config: Parallel
 
 
 def _train(job: dict, config: ParallelConfig, model: ModelSpec, trainer) -> None:
-    from runner.train import _MlflowLogger
+    from runner.metrics import MlflowLogger
 
     stop = {"requested": False}
 
@@ -338,7 +338,7 @@ def _train(job: dict, config: ParallelConfig, model: ModelSpec, trainer) -> None
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
     metrics = open(job["metrics_out"], "a") if job.get("metrics_out") else None
-    tracker = _MlflowLogger(job, config, model) if job.get("tracking_uri") else None
+    tracker = MlflowLogger(job, config, model) if job.get("tracking_uri") else None
     tokens_per_step = model.global_batch_size * model.seq_len
     done = 0
     try:

@@ -31,6 +31,7 @@ from typing import Callable
 from autotune.errors import SpecError
 from autotune.loading import load_cluster, load_config, load_model
 from autotune.specs import ModelSpec, ParallelConfig
+from runner.metrics import MlflowLogger
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank
     signal.signal(signal.SIGINT, on_stop)  # torchrun passes on the signal it got
     metrics = open(job["metrics_out"], "a") if rank == 0 and job.get("metrics_out") else None
     progress = open(job["progress_out"], "a") if rank == 0 and job.get("progress_out") else None
-    tracker = _MlflowLogger(job, config, model) if rank == 0 and job.get("tracking_uri") else None
+    tracker = MlflowLogger(job, config, model) if rank == 0 and job.get("tracking_uri") else None
     fault(rank)
     tokens_per_step = model.global_batch_size * model.seq_len
     done = start
@@ -105,27 +106,6 @@ def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank
                 f.close()
         if tracker:
             tracker.close()
-
-
-class _MlflowLogger:
-    """Rank 0's MLflow run for a training job (mlflow imported only when a tracking URI is given)."""
-
-    def __init__(self, job: dict, config: ParallelConfig, model: ModelSpec) -> None:
-        import mlflow
-
-        self.mlflow = mlflow
-        mlflow.set_tracking_uri(job["tracking_uri"])
-        mlflow.set_experiment(job.get("experiment") or "autotune-train")
-        mlflow.start_run(run_name=f"train {model.name} {config.describe()}"[:250])
-        mlflow.log_params({"model": model.name, "config": config.to_json(indent=None)[:6000],
-                           "steps": job["steps"], "seed": job.get("seed", 0),
-                           "data": job.get("data") or "synthetic"})
-
-    def log(self, record: dict) -> None:
-        self.mlflow.log_metrics({"loss": record["loss"], "tokens_per_s": record["tokens_per_s"]}, step=record["step"])
-
-    def close(self) -> None:
-        self.mlflow.end_run()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -251,8 +231,7 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
     per-step log lines to it. The outcome sums the run up (steps, mean tokens/s, final loss, wall time).
     """
     from runner.data import TokenSource
-    from runner.jobs import make_job, preflight
-    from runner.launch import worker_env
+    from runner.jobs import preflight
 
     cluster = load_cluster(cluster)
     model = load_model(model, global_batch_size)

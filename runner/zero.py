@@ -29,7 +29,7 @@ uneven layer splits across replicas, zero 2 / 3 would need each rank's per-layer
 up across different pipeline schedules, and so would uneven micro-batch counts in pipelines of several
 stages (their 1F1B schedules interleave forwards and backwards differently): those calls are blocking,
 one group per unit, so every replica must issue them in the same order. The runner refuses those
-shapes (``check_layout``; zero 1 runs there, its collectives only at step boundaries; plans with mixed
+shapes (``runner.layout.check_sharded_layout``; zero 1 runs there, its collectives only at step boundaries; plans with mixed
 stages issue zero 2's reduce-scatters asynchronously instead, ``runner.mixed``), and tensor
 parallelism with zero 3 or ``all`` (the flat-buffer views do not apply to DTensor shards). Single-stage
 replicas may differ in micro-batches: the padding calls replay a micro-batch's order (forward
@@ -54,42 +54,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autotune.errors import SpecError
 from autotune.simulator.zero import gradients_resident
 from runner.layout import EMBED_KEY, HEAD_KEY, Layout
+from runner.optim import ADAMW, local_tensor
 
 log = logging.getLogger(__name__)
-
-
-def check_layout(layout: Layout) -> None:
-    """Plan shapes the sharded runner cannot run (one clear error before launch)."""
-    streaming = {r.rank for r in layout.ranks if r.offload == "all"}
-    if layout.zero >= 3 and len({r.pipeline for r in layout.ranks}) > 1:
-        streaming |= {r.rank for r in layout.ranks}
-    for r in layout.ranks:
-        if r.rank in streaming and r.tp_degree > 1:
-            what = "offload 'all'" if r.offload == "all" else "zero 3"
-            raise SpecError("runner", f"pipelines[{r.pipeline}].stages[{r.stage}]",
-                            f"{what} with tensor parallelism (degree {r.tp_degree}) is not supported by the runner "
-                            "(streamed parameters are flat-buffer views; DTensor shards are not)")
-    if layout.zero >= 2 and len({r.pipeline for r in layout.ranks}) > 1 and not layout.mixed:
-        # per-micro-batch collectives (reduce-scatters, zero-3 all-gathers) are blocking calls on one
-        # group per layer: the replicas must issue them in the same order
-        splits: dict[int, list] = {}
-        counts: dict[int, int] = {}
-        for r in layout.ranks:
-            splits.setdefault(r.pipeline, []).append((r.stage, tuple(c.layers for c in r.chunks)))
-            counts[r.pipeline] = r.num_microbatches
-        if len({tuple(sorted(set(v))) for v in splits.values()}) > 1:
-            raise SpecError("runner", "zero", f"zero {layout.zero} needs every replica to split the layers the same "
-                                              "way (its per-micro-batch collectives must line up across the "
-                                              "replicas' schedules); use zero 1 with uneven layer splits")
-        stages = max(len(set(v)) for v in splits.values())
-        if stages > 1 and len(set(counts.values())) > 1:
-            raise SpecError("runner", "zero", f"zero {layout.zero} with pipelines of {stages} stages needs the same "
-                                              f"num_microbatches in every replica (got {sorted(counts.values())}): "
-                                              "their schedules would order the per-micro-batch collectives "
-                                              "differently; single-stage replicas may differ, or use zero 1")
 
 
 def _pinned(numel: int, cuda: bool) -> torch.Tensor:
@@ -102,8 +71,6 @@ class Unit:
     def __init__(self, key: str, params: list[nn.Parameter], modules: list[nn.Module], holders: tuple[int, ...],
                  rank: int, zero: int, offload: str, device: torch.device, ag_group, rs_group,
                  max_microbatches: int, own_microbatches: int, asynchronous: bool = False) -> None:
-        from runner.engine import _local
-
         self.key, self.params, self.modules = key, params, modules
         self.device, self.offload = device, offload
         self.cuda = device.type == "cuda"
@@ -115,7 +82,7 @@ class Unit:
         self.streamed = offload == "all" or (zero >= 3 and n > 1)
         self.resident = gradients_resident(zero, offload, n)
         self.scatter_per_mb = not self.resident and zero >= 2 and n > 1
-        local = [_local(p) for p in params]
+        local = [local_tensor(p) for p in params]
         self.shapes = [t.shape for t in local]
         self.sizes = [t.numel() for t in local]
         self.numel = sum(self.sizes)
@@ -240,13 +207,11 @@ class Unit:
             self._free()
 
     def _flat_grads(self, scale: float) -> torch.Tensor:
-        from runner.engine import _local
-
         flat = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
         offset = 0
         for p, size in zip(self.params, self.sizes):
             if p.grad is not None:
-                flat[offset:offset + size].copy_(_local(p.grad).reshape(-1))
+                flat[offset:offset + size].copy_(local_tensor(p.grad).reshape(-1))
             offset += size
         return flat.mul_(scale)
 
@@ -333,8 +298,6 @@ class Unit:
 
     def write_back(self) -> None:
         """After the optimizer step: the updated master shard back into the weights."""
-        from runner.engine import _local
-
         with torch.no_grad():
             self.master.grad = None
             if self.weight_shard is not None:  # zero 3: the device's weight shard
@@ -357,7 +320,7 @@ class Unit:
                 full.copy_(shard)
             offset = 0
             for p, size in zip(self.params, self.sizes):
-                _local(p).copy_(full[offset:offset + size].view_as(_local(p)))
+                local_tensor(p).copy_(full[offset:offset + size].view_as(local_tensor(p)))
                 offset += size
 
 
@@ -367,8 +330,6 @@ class ShardedState:
     Every rank constructs it (process groups are created by all ranks in one order)."""
 
     def __init__(self, layout: Layout, rank: int, module, device: torch.device) -> None:
-        from runner.engine import ADAMW
-
         self.layout = layout
         self.plan = layout.ranks[rank]
         self.units: list[Unit] = []
@@ -409,7 +370,7 @@ class ShardedState:
         write the weights back."""
         pads = max((u.pads for u in self.units), default=0)
         with torch.no_grad():
-            for i in range(pads):  # replay a micro-batch's collective order (check_layout: single stage)
+            for i in range(pads):  # replay a micro-batch's collective order (check_sharded_layout: single stage)
                 for u in self.units:  # forward: first unit to last
                     if i < u.pads and u.gathers:
                         u.pad_gather()

@@ -43,7 +43,7 @@ def sweep(scenarios=SWEEP_SCENARIOS, plans: int = SWEEP_PLANS) -> list[dict[str,
     import numpy as np
 
     from autotune.loading import load_cluster, load_model
-    from autotune.search.space import SearchSpace
+    from autotune.planning.space import SearchSpace
     from autotune.simulator import Simulator
 
     out = []

@@ -8,8 +8,8 @@ from autotune import load_cluster, load_model
 from autotune.search.agents import run_exhaustive, run_random, run_uniform
 from autotune.search.agents.rl import make_model, run_rl
 from autotune.search.agents.tpe import open_study, run_optuna
-from autotune.search.budget import BudgetedEvaluator, BudgetExhausted
-from autotune.search.space import SearchSpace
+from autotune.planning.budget import BudgetedEvaluator, BudgetExhausted
+from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
 from autotune.specs import ParallelConfig
 

@@ -9,8 +9,8 @@ from gymnasium.utils.env_checker import check_env
 
 import envs
 from autotune import load_cluster, load_model
-from autotune.search.budget import BudgetedEvaluator
-from autotune.search.space import SearchSpace
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
 from autotune.specs import Measurement, ParallelConfig
 from envs.parallel_config import ACTIONS, FAIL_PENALTY, INVALID_PENALTY, ParallelConfigEnv

@@ -9,9 +9,9 @@ import pytest
 
 from autotune.loading import cluster_from_dict, load_model
 from autotune.search.api import tune
-from autotune.search.budget import PRUNED, BudgetedEvaluator
-from autotune.search.memory_first import frugal_candidates, frugal_params, memory_repairs
-from autotune.search.space import SearchSpace
+from autotune.planning.budget import PRUNED, BudgetedEvaluator
+from autotune.planning.memory_first import frugal_candidates, frugal_params, memory_repairs
+from autotune.planning.space import SearchSpace
 from autotune.search.tracking import config_key
 from autotune.simulator import Simulator
 

@@ -10,7 +10,6 @@ two ranks of the 5/3 stage equal weight changes the step-2 loss by ~1e-3 relativ
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.loading import cluster_from_dict, load_cluster, load_model
-from autotune.search import mixed_space
-from autotune.search.space import SearchSpace
+from autotune.planning import mixed_space
+from autotune.planning.space import SearchSpace
 from autotune.simulator.simulator import Simulator
 from envs.parallel_config import MIXED_ACTIONS, ParallelConfigEnv, actions_for
 
@@ -46,7 +46,7 @@ def test_mixed_type_stages_take_zorse_shares_by_speed(space):
             assert [r.devices[0].split(":")[0] for r in st.ranks] == ["a100", "v100"]
             a100, v100 = (r.num_microbatches for r in st.ranks)
             # Zorse's rule: shares inversely proportional to the cost model's per-layer latency
-            lat_a, lat_v = (mixed_space.layer_latency_s(space, r.devices, cfg.micro_batch_size) for r in st.ranks)
+            lat_a, lat_v = (mixed_space.layer_latency_s(space.context, r.devices, cfg.micro_batch_size) for r in st.ranks)
             assert a100 + v100 == pipe.num_microbatches
             assert abs(a100 / pipe.num_microbatches - lat_v / (lat_a + lat_v)) <= 1 / pipe.num_microbatches
     # grouped: stages of one type where the counts allow
@@ -63,10 +63,9 @@ def test_zorse_shares_are_inverse_to_the_cost_models_per_layer_latency():
                                                     {"name": "s", "gpu": "cpu", "count": 2, "slowdown": 2}],
                              "network": {"bandwidth_GBps": 10}}, "t")
     space = SearchSpace(cpu, load_model("tiny"))
-    assert mixed_space.layer_latency_s(space, ["s:0"], 1) == pytest.approx(2 * mixed_space.layer_latency_s(
-        space, ["f:0"], 1))
-    assert mixed_space.zorse_shares(space, [["f:0"], ["s:0"]], 12, 1) == [8, 4]
-    assert mixed_space.zorse_shares(space, [["f:0"], ["s:0"], ["s:1"]], 12, 1) == [6, 3, 3]
+    assert mixed_space.layer_latency_s(space.context, ["s:0"], 1) == pytest.approx(2 * mixed_space.layer_latency_s(space.context, ["f:0"], 1))
+    assert mixed_space.zorse_shares(space.context, [["f:0"], ["s:0"]], 12, 1) == [8, 4]
+    assert mixed_space.zorse_shares(space.context, [["f:0"], ["s:0"], ["s:1"]], 12, 1) == [6, 3, 3]
     gpu = lambda name, bw: dict(name=name, peak_tflops=100, memory_GiB=40, memory_bandwidth_GBps=bw)  # noqa: E731
     cluster = cluster_from_dict({"name": "t", "nodes": [{"name": "f", "count": 2, "gpu": gpu("F", 2000)},
                                                         {"name": "m", "count": 2, "gpu": gpu("M", 100)}],
@@ -78,14 +77,13 @@ def test_zorse_shares_are_inverse_to_the_cost_models_per_layer_latency():
                                                      for d in ("f:0", "m:0"))]
     assert lat[1] > 2 * lat[0]
     expected = mixed_space.shares(12, [1 / lat[0], 1 / lat[1]])
-    assert mixed_space.zorse_shares(space, [["f:0"], ["m:0"]], 12, 1) == expected and expected[1] < 6
+    assert mixed_space.zorse_shares(space.context, [["f:0"], ["m:0"]], 12, 1) == expected and expected[1] < 6
     # the decoder's mixed stages take these shares
     d = space.decode(dict(space.heuristic_params()[0], stage_ranks=2, assign="mixed", pp=1, mbs=1))
     assert d.ok, d.reason
     pipe = d.config.pipelines[0]
     assert [r.devices[0][0] for r in pipe.stages[0].ranks] == ["f", "m"]
-    assert [r.num_microbatches for r in pipe.stages[0].ranks] == mixed_space.zorse_shares(
-        space, [r.devices for r in pipe.stages[0].ranks], pipe.num_microbatches, 1)
+    assert [r.num_microbatches for r in pipe.stages[0].ranks] == mixed_space.zorse_shares(space.context, [r.devices for r in pipe.stages[0].ranks], pipe.num_microbatches, 1)
 
 
 def test_zero_is_kept_for_one_replica_whose_stages_have_several_ranks(space):

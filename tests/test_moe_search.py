@@ -8,9 +8,8 @@ import pytest
 
 from autotune import SpecError, load_cluster, load_model
 from autotune.loading import cluster_from_dict
-from autotune.search import moe_space
-from autotune.search.budget import BudgetedEvaluator
-from autotune.search.space import SearchSpace
+from autotune.planning import moe_space
+from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
 from envs.parallel_config import ACTIONS, FULL_ACTIONS, MOE_ACTIONS, ZERO_ACTIONS, ParallelConfigEnv, actions_for
 

@@ -9,9 +9,9 @@ from autotune import load_cluster, load_model
 from autotune.loading import cluster_from_dict
 from autotune.search.agents import run_exhaustive
 from autotune.search.agents.dp import run_dp
-from autotune.search.budget import BudgetedEvaluator
-from autotune.search.planner import Planner, plan_candidates
-from autotune.search.space import SearchSpace
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.planner import Planner, plan_candidates
+from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
 
 
@@ -122,7 +122,7 @@ def test_many_node_classes_are_planned_by_a_beam_close_to_the_exhaustive_plan(mo
     """Per-class plans multiply (options + 1) per node class: 15 standalone nodes made 5^15 combinations
     and dp (the default start of optuna and rl) never returned. Past MAX_COMBINATIONS a beam over the
     classes keeps the best partial plans; on 6 classes it must come close to the exhaustive best."""
-    from autotune.search import planner as planner_mod
+    from autotune.planning import planner as planner_mod
 
     cluster, model = _standalone_nodes(6), load_model("gpt2-small", 64)
     space = _space(cluster, model)
@@ -141,7 +141,7 @@ def test_many_node_classes_are_planned_by_a_beam_close_to_the_exhaustive_plan(mo
 
 @pytest.mark.timeout(600)  # before the beam this never returned
 def test_fifteen_node_classes_plan_with_a_bounded_number_of_compositions():
-    from autotune.search import planner as planner_mod
+    from autotune.planning import planner as planner_mod
 
     cluster, model = _standalone_nodes(15), load_model("gpt2-small", 64)
     p = Planner(_space(cluster, model), Simulator(cluster, model))

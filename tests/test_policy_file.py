@@ -55,10 +55,10 @@ def test_converted_v1_policy_makes_the_moves_of_the_original():
     import torch
 
     from autotune.loading import load_cluster, load_model
-    from autotune.search.budget import BudgetedEvaluator
+    from autotune.planning.budget import BudgetedEvaluator
     from autotune.policy.pretrained import run_pretrained
     from autotune.policy.scenarios import heldout_scenarios
-    from autotune.search.space import SearchSpace
+    from autotune.planning.space import SearchSpace
     from autotune.search.tracking import config_key
     from autotune.simulator import Simulator
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from autotune.loading import load_cluster, load_model
-from autotune.search.budget import BudgetedEvaluator
+from autotune.planning.budget import BudgetedEvaluator
 from autotune.policy.pretrained import (SearchEnv, default_policy_path, load_policy, run_pretrained,
                                         start_candidates)
 from autotune.policy.scenarios import (GPU_TYPES, HELDOUT_MIXES, MAX_GPUS, MIN_GPUS, draw_cluster, draw_scenario,
                                        heldout_scenarios, training_rng)
-from autotune.search.space import SearchSpace
+from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
 
 

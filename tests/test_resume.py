@@ -71,8 +71,8 @@ def test_random_replays_its_draws_after_a_resume():
     search evaluates the plans an uninterrupted one would have."""
     from autotune.loading import load_cluster, load_model
     from autotune.search.agents.simple import run_random
-    from autotune.search.budget import BudgetedEvaluator
-    from autotune.search.space import SearchSpace
+    from autotune.planning.budget import BudgetedEvaluator
+    from autotune.planning.space import SearchSpace
     from autotune.simulator import Simulator
 
     cluster, model = load_cluster("mixed-a100-v100"), load_model("gpt2-xl")

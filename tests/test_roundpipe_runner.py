@@ -63,11 +63,10 @@ def test_example_plan_is_roundpipes_own_choice_and_maps_to_a_valid_execute_plan(
     fwd, bwd = execute_ranges(example.pipelines[0].roundpipe, model.num_layers)
     check_execute_ranges(fwd, bwd, model.num_layers)
     assert len(fwd) + len(bwd) == example.pipelines[0].roundpipe.num_stages
-    from autotune.search import roundpipe_space
-    from autotune.search.space import SearchSpace
+    from autotune.planning.space import SearchSpace
 
     space = SearchSpace(cluster, model)
-    assert space.decode(roundpipe_space.start_params(space)).config == example  # the plan RoundPipe would pick
+    assert space.decode(space.roundpipe_start()).config == example  # the plan RoundPipe would pick
 
 
 def test_cpu_machine_refuses_before_launch_naming_cuda_and_the_extra(box, example):
@@ -135,8 +134,8 @@ def test_real_backend_answers_roundpipe_plans_invalid_on_this_machine(box, examp
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the plan may run")
-    from autotune.search.budget import BudgetedEvaluator
-    from autotune.search.space import SearchSpace
+    from autotune.planning.budget import BudgetedEvaluator
+    from autotune.planning.space import SearchSpace
     from runner import RealEvaluator, profiled_run
 
     cluster, model = box

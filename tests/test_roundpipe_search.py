@@ -1,4 +1,4 @@
-"""RoundPipe plans in the shared search space (autotune.search.roundpipe_space): dimensions where they
+"""RoundPipe plans in the shared search space (autotune.planning.roundpipe_space): dimensions where they
 apply, RoundPipe's own start plan evaluated first by every method, the env on a roundpipe plan."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from autotune import load_cluster, load_model
-from autotune.search import roundpipe_space as rs
-from autotune.search.budget import BudgetedEvaluator
-from autotune.search.space import SearchSpace
+from autotune.planning import roundpipe_space as rs
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
 from autotune.simulator.roundpipe import auto_stages
 
@@ -31,12 +31,12 @@ def test_roundpipe_dimensions_exist_only_where_a_node_has_gpus():
     assert dims["roundpipe"] == (False, True)
     assert set(dims["rp.pool"]) == {"H100-80GB", "H100-80GBx2", "A100-40GB", "A100-40GBx2"}  # one node, or each
     off = SearchSpace(load_cluster("mixed-h100-a100-32"), load_model("llama2-7b"), restrict={"roundpipe": [False]})
-    assert rs.start_params(off) is None
+    assert off.roundpipe_start() is None
 
 
 def test_the_start_plan_is_what_roundpipe_picks_with_its_defaults(box):
     space, sim = box
-    params = rs.start_params(space)
+    params = space.roundpipe_start()
     assert params["roundpipe"] is True and (params["rp.balance"], params["rp.memory"], params["rp.grain"]) == \
         (1.1, 0.6, "stage")
     cfg = space.decode(params).config
@@ -67,7 +67,7 @@ def test_every_method_evaluates_roundpipes_own_plan_first(box, method):
     from autotune.search.api import tune
 
     space, _ = box
-    start = space.decode(rs.start_params(space)).config
+    start = space.decode(space.roundpipe_start()).config
     seen = []
     result = tune(space.cluster, space.model, method=method, budget=3, track=False, storage="memory",
                   on_evaluation=lambda ev: seen.append(ev.config))
@@ -99,7 +99,7 @@ def test_the_env_stays_defined_on_a_roundpipe_plan(box):
     ev = BudgetedEvaluator(sim, space, 20)
     env = SearchEnv(space, ev, max_steps=10)
     env.reset(seed=0)
-    params = rs.start_params(space)
+    params = space.roundpipe_start()
     cfg = space.decode(params).config
     env.place(params, cfg, ev.evaluate(cfg, params))
     assert env.observation_space.contains(env._observation())
@@ -122,7 +122,7 @@ def test_a_search_restricted_to_one_kind_of_plan_stays_in_it(box, method):
     assert not pipeline.is_roundpipe and "restricted to roundpipe plans" in only.check(pipeline)
     assert all(p["roundpipe"] is True for p in only.heuristic_params())  # inside the restricted choices
     never = SearchSpace(space.cluster, space.model, restrict={"roundpipe": [False]})
-    rp = space.decode(rs.start_params(space)).config
+    rp = space.decode(space.roundpipe_start()).config
     assert "outside this search" in never.check(rp) and space.check(rp) is None
     for allowed in (True, False):
         seen = []

@@ -166,8 +166,8 @@ def test_summarize_readings_into_a_measurement():
 
 def test_real_evaluator_check_names_plans_the_runner_cannot_run_without_launching():
     """The search asks ``check`` before spending a real run: unsupported shapes are answered at once."""
-    from autotune.search.budget import BudgetedEvaluator
-    from autotune.search.space import SearchSpace
+    from autotune.planning.budget import BudgetedEvaluator
+    from autotune.planning.space import SearchSpace
     from runner import RealEvaluator
 
     real = RealEvaluator("cpu-4", "tiny")

@@ -12,9 +12,9 @@ from autotune.calibration.online import Corrections, apply_corrections, default_
 from autotune.loading import load_cluster, load_model
 from autotune.profile import CalibrationProfile
 from autotune.search.agents import run_random
-from autotune.search.budget import PRUNED, BudgetedEvaluator
+from autotune.planning.budget import PRUNED, BudgetedEvaluator
 from autotune.search.screen import CalibrationScreen
-from autotune.search.space import SearchSpace
+from autotune.planning.space import SearchSpace
 from autotune.search.tracking import config_key
 from autotune.simulator import Simulator
 from autotune.specs import Measurement

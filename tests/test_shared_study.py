@@ -16,8 +16,8 @@ import pytest
 from autotune import load_cluster, load_model
 from autotune.search import workers
 from autotune.search.agents.tpe import SharedStudy, evaluated_trials, run_optuna
-from autotune.search.budget import BudgetedEvaluator
-from autotune.search.space import SearchSpace
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.space import SearchSpace
 from autotune.search.tracking import config_key
 from autotune.simulator import Simulator
 

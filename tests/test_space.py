@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from autotune import SpecError, load_cluster, load_model
-from autotune.search.space import SearchSpace, apportion, head_extra_layers
+from autotune.planning.space import SearchSpace, apportion, head_extra_layers
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 
 

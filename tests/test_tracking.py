@@ -88,7 +88,7 @@ def test_an_out_of_memory_plan_is_a_finished_child_that_says_so(store, tmp_path)
     """Out of memory is an answer, not a failure. The simulator's searches answer most such plans
     from the memory model without a child run (``memory_screened``); a real run that runs out of
     memory is logged as a child: FINISHED, tagged ``status=oom``, metric ``ok`` 0."""
-    from autotune.search.budget import Evaluation
+    from autotune.planning.budget import Evaluation
     from autotune.search.tracking import SearchTracker
     from autotune.specs import Measurement
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from autotune import load_cluster, load_model
-from autotune.search.budget import BudgetedEvaluator
-from autotune.search.space import SearchSpace
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
 from envs.parallel_config import ACTIONS, LAYOUTS, ZERO_ACTIONS, ParallelConfigEnv, observation_features
 

@@ -147,9 +147,9 @@ def cuda_edges(model: ModelSpec, micro_batch_size: int, repeats: int = 10) -> Ed
 
 
 def cuda_optimizer(num_params: int = 16_000_000, repeats: int = 10) -> float:
-    """The runner's AdamW step (``runner.engine.make_optimizer``) per parameter, on 8 tensors."""
+    """The runner's AdamW step (``runner.optim.make_optimizer``) per parameter, on 8 tensors."""
     torch = _torch()
-    from runner.engine import make_optimizer
+    from runner.optim import make_optimizer
 
     chunk = max(1, num_params // 8)
     params = [torch.nn.Parameter(torch.randn(chunk, device="cuda")) for _ in range(8)]

@@ -32,7 +32,7 @@ import logging
 import math
 from dataclasses import dataclass, field, replace
 
-from autotune.profile import CalibrationProfile, DeviceProfile, EdgeTiming, LayerTiming, NodeLinks
+from autotune.profile import CalibrationProfile, DeviceProfile, NodeLinks
 from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, ParallelConfig
 
 log = logging.getLogger(__name__)

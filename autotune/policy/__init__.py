@@ -5,6 +5,6 @@
   (``autotune/data/policy.*``, no pickle) and ``run_pretrained``, the walk ``--method rl`` runs.
 
 Training itself is ``experiments/train_policy.py``. Everything here sits on top of what every method
-shares (``autotune.search.space``, ``autotune.search.budget``, ``autotune.evaluator``) and of the env
+shares (``autotune.planning.space``, ``autotune.planning.budget``, ``autotune.evaluator``) and of the env
 (``envs``); the shared parts import nothing from here.
 """

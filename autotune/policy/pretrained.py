@@ -44,11 +44,11 @@ import gymnasium as gym
 import numpy as np
 
 from autotune.evaluator import CachedEvaluator, Evaluator
-from autotune.search.budget import BudgetedEvaluator
+from autotune.planning.budget import BudgetedEvaluator
 from autotune.policy.scenarios import Scenario, draw_scenario, training_rng
-from autotune.search.space import Params, SearchSpace
+from autotune.planning.space import Params, SearchSpace
 from autotune.specs import Measurement, ParallelConfig
-from envs.parallel_config import (ACTIONS, FULL_ACTIONS, GLOBAL_FEATURES, ZERO_ACTIONS, ParallelConfigEnv,
+from envs.parallel_config import (ACTIONS, FULL_ACTIONS, ZERO_ACTIONS, ParallelConfigEnv,
                                   actions_for, observation_features, sync_params)
 
 log = logging.getLogger(__name__)
@@ -194,9 +194,9 @@ def start_candidates(space: SearchSpace, limit: int = 8) -> list[Params]:
 
 
 def with_frugal_start(space: SearchSpace, starts: list[Params], evaluator=None) -> list[Params]:
-    """``starts`` and, last, the space's most memory-frugal plan (``autotune.search.memory_first``) when
+    """``starts`` and, last, the space's most memory-frugal plan (``autotune.planning.memory_first``) when
     it is not among them: the walk reaches it when no earlier start fits (memory first)."""
-    from autotune.search.memory_first import frugal_start
+    from autotune.planning.memory_first import frugal_start
 
     frugal = frugal_start(space, evaluator)
     if frugal is None:

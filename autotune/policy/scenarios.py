@@ -206,7 +206,7 @@ def state_fits(cluster: ClusterSpec, model: ModelSpec) -> bool:
 
 def feasible(cluster: ClusterSpec, model: ModelSpec, max_uniform: int = 40) -> bool:
     """True when some plan runs on the simulator: a speed-proportional start or a uniform plan."""
-    from autotune.search.space import SearchSpace
+    from autotune.planning.space import SearchSpace
     from autotune.simulator import Simulator
 
     space = SearchSpace(cluster, model)

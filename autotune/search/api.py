@@ -28,8 +28,8 @@ from autotune.errors import SpecError
 from autotune.evaluator import BACKENDS, Evaluator, make_evaluator  # noqa: F401  (make_evaluator: re-exported)
 from autotune.loading import load_cluster, load_model
 from autotune.search.agents import METHODS, run_exhaustive, run_random, run_uniform
-from autotune.search.budget import PRUNED, BudgetedEvaluator, Evaluation
-from autotune.search.space import SearchSpace
+from autotune.planning.budget import PRUNED, BudgetedEvaluator, Evaluation
+from autotune.planning.space import SearchSpace
 from autotune.search.summary import SearchSummary
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
 
@@ -166,7 +166,7 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     the MLflow parent run with the same resume key); ``fresh=True`` starts a new one instead (a new
     study generation ``<name>__fresh<k>``, a new parent run; the earlier ones stay where they are).
     ``start="dp"`` (default) makes ``optuna`` and ``rl`` evaluate the structured planner's best 3 plans
-    first (``autotune.search.planner``; 3 evaluations of the budget), so they start from them: TPE
+    first (``autotune.planning.planner``; 3 evaluations of the budget), so they start from them: TPE
     sees them as trials, and the rl walk starts from the best when it beats rl's own start plans;
     ``start="heuristic"`` leaves them to their own speed-proportional starts.
 
@@ -479,7 +479,7 @@ def _dp_start(space: SearchSpace, budgeted: BudgetedEvaluator, plans: int = DP_S
     returns their (config, measurement). ``evaluate(config, params)`` replaces
     ``budgeted.evaluate`` (an Optuna study records the plan under its budget rule; None: another
     search on the study has it)."""
-    from autotune.search.planner import plan_candidates
+    from autotune.planning.planner import plan_candidates
 
     evaluate = evaluate or budgeted.evaluate
     out = []
@@ -501,12 +501,10 @@ def _run_agent(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, see
 
 
 def _roundpipe_start(space: SearchSpace, budgeted: BudgetedEvaluator, study=None, worker: str = "") -> None:
-    """Evaluate the plan RoundPipe itself would pick (``roundpipe_space.start_params``), where RoundPipe
+    """Evaluate the plan RoundPipe itself would pick (``SearchSpace.roundpipe_start``), where RoundPipe
     applies: every method starts from it (free on a resume: already evaluated). An Optuna study records
     it as a trial with its parameters, so TPE models it."""
-    from autotune.search import roundpipe_space
-
-    params = roundpipe_space.start_params(space)
+    params = space.roundpipe_start()
     if params is None:
         return
     config = space.decode(params).config

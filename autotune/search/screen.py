@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from autotune.search.budget import PRUNED, Evaluation
+from autotune.planning.budget import PRUNED, Evaluation
 from autotune.specs import Measurement, ParallelConfig
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.search.budget import BudgetedEvaluator, Evaluation
+from autotune.planning.budget import BudgetedEvaluator, Evaluation
 from autotune.specs import Measurement
 
 TOP = 5

@@ -39,7 +39,7 @@ from typing import Any, Mapping
 
 from autotune.errors import SpecError
 from autotune.search import workers
-from autotune.search.budget import PRUNED, Evaluation
+from autotune.planning.budget import PRUNED, Evaluation
 from autotune.specs import Measurement, ParallelConfig
 
 log = logging.getLogger(__name__)

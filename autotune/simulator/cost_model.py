@@ -124,7 +124,7 @@ class CostModel:
                 use = max(use, gib / spec.host.memory_GiB)
         return use
 
-    # Cost queries for planners (``autotune.search.planner``): the same numbers ``evaluate`` composes
+    # Cost queries for planners (``autotune.planning.planner``): the same numbers ``evaluate`` composes
 
     def stage_estimate(self, devices: tuple[str, ...], layers: int, recompute: bool | str, first: bool, last: bool,
                        mbs: int, in_flight: int, dp: int = 1, zero: int = 0, offload: str = "none",

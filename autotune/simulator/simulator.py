@@ -115,7 +115,7 @@ class Simulator:
             return Measurement.failure("invalid", f"config: schedule: {e}")
 
     # ---------------------------------------------------------------------------------------------
-    # The memory model alone (memory-first search: ``autotune.search.budget``)
+    # The memory model alone (memory-first search: ``autotune.planning.budget``)
 
     def memory_estimate(self, config: ParallelConfig) -> Measurement | None:
         """The memory model's answer for ``config`` without simulating its schedule: a ``Measurement``

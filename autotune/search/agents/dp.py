@@ -1,4 +1,4 @@
-"""The ``dp`` agent: the structured planner's plans (``autotune.search.planner``), best composed time
+"""The ``dp`` agent: the structured planner's plans (``autotune.planning.planner``), best composed time
 first, each evaluated by the search's evaluator (the full simulator, or a real run) until the budget is
 spent. Deterministic: ``seed`` is unused."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from autotune.search.budget import BudgetedEvaluator
-from autotune.search.planner import plan_candidates
-from autotune.search.space import SearchSpace
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.planner import plan_candidates
+from autotune.planning.space import SearchSpace
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def run_dp(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0) -> N
                                          "dp_estimate_s": round(cand.estimate_s, 6)})
     if not evaluator.exhausted and not any(ev.measurement.ok for ev in evaluator.history):
         # memory first: nothing the planner composed runs; the space's most memory-frugal plan
-        from autotune.search.memory_first import frugal_start
+        from autotune.planning.memory_first import frugal_start
 
         frugal = frugal_start(space, evaluator)
         decoded = space.decode(frugal) if frugal is not None else None

@@ -18,8 +18,8 @@ import time
 import uuid
 from typing import Any
 
-from autotune.search.budget import BudgetedEvaluator
-from autotune.search.space import SearchSpace
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.space import SearchSpace
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 
 
-from autotune.search.budget import BudgetedEvaluator
-from autotune.search.space import SearchSpace
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.space import SearchSpace
 
 log = logging.getLogger(__name__)
 

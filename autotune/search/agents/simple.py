@@ -6,8 +6,8 @@ import logging
 
 import numpy as np
 
-from autotune.search.budget import BudgetedEvaluator
-from autotune.search.space import EXHAUSTIVE_LIMIT, SearchSpace
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.space import EXHAUSTIVE_LIMIT, SearchSpace
 
 log = logging.getLogger(__name__)
 
@@ -16,12 +16,12 @@ def run_random(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
     """Uniform samples of the encoding; invalid and repeated plans are redrawn and plans the memory
     model screens out are free (they cost nothing). Memory first: while no evaluated plan runs, the
     last evaluation the search can still make (the budget's last, or the last before the screened-out
-    cap) goes to the space's most memory-frugal plan (``autotune.search.memory_first``), so random
+    cap) goes to the space's most memory-frugal plan (``autotune.planning.memory_first``), so random
     search returns a plan that fits wherever that plan does.
 
     A resumed search replays the same draws: a plan its killed run evaluated (``evaluator.preloaded``)
     is answered from the record, free, and is not a miss, so the search goes on exactly where it stopped."""
-    from autotune.search.memory_first import fallback_due, frugal_start
+    from autotune.planning.memory_first import fallback_due, frugal_start
 
     rng = np.random.default_rng(seed)
     fallback_done = False

@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autotune.search import workers
-from autotune.search.budget import PRUNED, BudgetedEvaluator
-from autotune.search.space import SearchSpace
+from autotune.planning.budget import PRUNED, BudgetedEvaluator
+from autotune.planning.space import SearchSpace
 from autotune.specs import Measurement, ParallelConfig
 
 log = logging.getLogger(__name__)
@@ -553,8 +553,8 @@ def sync_from_evaluator(study: SharedStudy, space: SearchSpace, evaluator: Budge
 
 def warm_start_params(space: SearchSpace, evaluator=None) -> list:
     """The trials TPE starts with: the speed-proportional starts, then the most memory-frugal plan of
-    the space (``autotune.search.memory_first``), each once."""
-    from autotune.search.memory_first import frugal_start
+    the space (``autotune.planning.memory_first``), each once."""
+    from autotune.planning.memory_first import frugal_start
 
     out = list(space.heuristic_params())
     frugal = frugal_start(space, evaluator)
@@ -586,7 +586,7 @@ def _repair(space: SearchSpace, evaluator: BudgetedEvaluator, shared: SharedStud
     evaluated (claimed like any plan) and told to TPE as a trial of its own parameters, so TPE learns
     the infeasible proposal (its constraint) and a feasible plan next to it, and a memory-tight space
     costs about one ask per evaluation instead of tens. True when a repair was evaluated."""
-    from autotune.search.memory_first import memory_repairs
+    from autotune.planning.memory_first import memory_repairs
 
     for fixed in memory_repairs(space, params):
         decoded = space.decode(fixed)

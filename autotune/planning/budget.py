@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from autotune.evaluator import CachedEvaluator, Evaluator
-from autotune.search.space import SearchSpace
+from autotune.planning.space import SearchSpace
 from autotune.specs import Measurement, ParallelConfig
 
 log = logging.getLogger(__name__)

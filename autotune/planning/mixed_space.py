@@ -36,13 +36,11 @@ plans of the space before. ``restrict={"stage_ranks": [1]}`` is the space withou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from autotune.planning.vocabulary import SpaceContext, TPGroup, apportion, group_speed
 from autotune.specs import ClusterSpec, ModelSpec, StageConfig
 from autotune.specs.mixed_stage import RankConfig
-
-if TYPE_CHECKING:  # pragma: no cover
-    from autotune.search.space import SearchSpace, TPGroup
 
 WIDTHS = (1, 2, 4, 8)
 BANDWIDTH = "bandwidth"
@@ -57,14 +55,14 @@ class RankGroup:
     """A stage of several TP groups (its ranks), seen by the decoder like one TP group: the devices of
     every rank, the ranks' summed speed, the smallest device memory among them."""
 
-    ranks: tuple["TPGroup", ...]
+    ranks: tuple[TPGroup, ...]
     devices: tuple[str, ...]
     node_class: str
     speed_tflops: float
     memory_GiB: float
 
 
-def merge(ranks: Sequence["TPGroup"]) -> "TPGroup | RankGroup":
+def merge(ranks: Sequence[TPGroup]) -> "TPGroup | RankGroup":
     """One TP group as it is; several as a ``RankGroup``."""
     if len(ranks) == 1:
         return ranks[0]
@@ -84,42 +82,36 @@ def shares(total: int, speeds: Sequence[float]) -> list[int] | None:
     """``total`` micro-batches split in proportion to the ranks' ``speeds`` (largest remainder), at least one
     each; None when there are fewer micro-batches than ranks. Zorse's rule with speeds ``1 / latency``
     (``zorse_shares``)."""
-    from autotune.search.space import apportion
-
     return apportion(total, list(speeds), minimum=1)
 
 
-def layer_latency_s(space: "SearchSpace", devices: Sequence[str], mbs: int) -> float:
+def layer_latency_s(ctx: SpaceContext, devices: Sequence[str], mbs: int) -> float:
     """Seconds of one transformer block's forward plus backward for one micro-batch of ``mbs`` on the rank
     (TP group) ``devices``: the simulator's cost model (``CostModel.stage_estimate`` of a one-block stage;
-    datasheet rates, the cluster's slowdown, the TP group's all-reduces). Cached per space."""
-    cache = space.__dict__.setdefault("_rank_latency", {})
+    datasheet rates, the cluster's slowdown, the TP group's all-reduces). Cached per space
+    (``SpaceContext.cache``)."""
+    cache = ctx.cache("rank_latency")
     key = (tuple(devices), mbs)
     hit = cache.get(key)
     if hit is None:
-        costs = space.__dict__.get("_cost_model")
-        if costs is None:
-            from autotune.simulator.cost_model import CostModel
-
-            costs = space.__dict__["_cost_model"] = CostModel(space.cluster, space.model)
-        est = costs.stage_estimate(tuple(devices), 1, False, False, False, mbs, 1)
+        est = ctx.costs.stage_estimate(tuple(devices), 1, False, False, False, mbs, 1)
         hit = cache[key] = est.forward_s + est.backward_s
     return hit
 
 
-def zorse_shares(space: "SearchSpace", ranks: Sequence[Sequence[str]], total: int, mbs: int) -> list[int] | None:
+def zorse_shares(ctx: SpaceContext, ranks: Sequence[Sequence[str]], total: int, mbs: int) -> list[int] | None:
     """Zorse's rule: ``total`` micro-batches over the ranks (each a TP group's devices) inversely
     proportional to their per-layer latency (``layer_latency_s``), at least one each."""
-    return shares(total, [1.0 / max(layer_latency_s(space, r, mbs), 1e-30) for r in ranks])
+    return shares(total, [1.0 / max(layer_latency_s(ctx, r, mbs), 1e-30) for r in ranks])
 
 
-def effective_tflops(space: "SearchSpace", devices: Sequence[str], mbs: int) -> float:
+def effective_tflops(ctx: SpaceContext, devices: Sequence[str], mbs: int) -> float:
     """A rank's compute rate as the cost model sees it: one block's training flops (``6 x params x tokens``)
     over its per-layer latency (``layer_latency_s``), TFLOP/s. Plans with mixed stages split layers over
     stages and micro-batches over replicas by these rates (Zorse: layers proportional to the stage's
     compute), so a stage's rate is its ranks' sum in the same units as its shares."""
-    m = space.model
-    return 6.0 * m.params_per_layer * mbs * m.seq_len / max(layer_latency_s(space, devices, mbs), 1e-30) / 1e12
+    m = ctx.model
+    return 6.0 * m.params_per_layer * mbs * m.seq_len / max(layer_latency_s(ctx, devices, mbs), 1e-30) / 1e12
 
 
 def has_peers(pipes: Sequence[Sequence[Any]]) -> bool:
@@ -132,16 +124,16 @@ def wanted(params: Mapping[str, Any]) -> bool:
     return params.get("stage_ranks", 1) != 1
 
 
-def build_pipes(space: "SearchSpace", groups: list["TPGroup"], pp: int,
+def build_pipes(ctx: SpaceContext, groups: list[TPGroup], pp: int,
                 params: Mapping[str, Any]) -> tuple[list[list[Any]], int] | str:
     """Pipelines (lists of stages, each a TP group or a ``RankGroup``) and their count, or the reason
     there are none. ``groups``: the used TP groups, fastest first."""
     from dataclasses import replace
 
     mbs = int(params.get("mbs", 1))  # stage and replica speeds from the cost model (effective_tflops)
-    groups = [replace(g, speed_tflops=effective_tflops(space, g.devices, mbs)) for g in groups]
+    groups = [replace(g, speed_tflops=effective_tflops(ctx, g.devices, mbs)) for g in groups]
     if params.get("stage_ranks", 1) == BANDWIDTH:
-        stages = bandwidth_stages(space, groups, pp)
+        stages = bandwidth_stages(ctx, groups, pp)
         if isinstance(stages, str):
             return stages
         return [[merge(s) for s in stages]], 1
@@ -159,7 +151,7 @@ def build_pipes(space: "SearchSpace", groups: list["TPGroup"], pp: int,
     return [merged[p * pp:(p + 1) * pp] for p in range(dp)], dp
 
 
-def bandwidth_stages(space: "SearchSpace", groups: list["TPGroup"], pp: int) -> list[list["TPGroup"]] | str:
+def bandwidth_stages(ctx: SpaceContext, groups: list[TPGroup], pp: int) -> list[list[TPGroup]] | str:
     """Zorse's stage grouping: cut the bandwidth graph of the TP groups into ``pp`` parts.
 
     Agglomerative min-k-cut: every TP group starts as its own part; the two parts joined by the fastest
@@ -171,7 +163,7 @@ def bandwidth_stages(space: "SearchSpace", groups: list["TPGroup"], pp: int) -> 
     """
     if len(groups) < pp:
         return f"pp={pp} needs {pp} TP groups, the used devices form {len(groups)}"
-    cluster = space.cluster
+    cluster = ctx.cluster
     n = len(groups)
     node = [cluster.node_of(g.devices[0]).name for g in groups]
     if n > MAX_CUT_VERTICES and len(set(node)) >= pp:  # large clusters: whole nodes are the vertices
@@ -202,14 +194,14 @@ def bandwidth_stages(space: "SearchSpace", groups: list["TPGroup"], pp: int) -> 
     return [[groups[i] for i in m] for m in parts]
 
 
-def stage_config(space: "SearchSpace", group: Any, layers: int, recompute: bool | str, offload: str,
+def stage_config(ctx: SpaceContext, group: Any, layers: int, recompute: bool | str, offload: str,
                  num_microbatches: int, mbs: int, sequence_parallel: bool = False) -> StageConfig | str:
     """The plan's stage for a decoded TP group or ``RankGroup`` (ranks with Zorse's shares at micro-batch
     size ``mbs``), or why not; ``sequence_parallel`` where the stage (some rank of it) is tensor-parallel."""
     if not isinstance(group, RankGroup):
         return StageConfig(group.devices, layers, recompute, offload,
                            sequence_parallel=sequence_parallel and len(group.devices) > 1)
-    split = zorse_shares(space, [g.devices for g in group.ranks], num_microbatches, mbs)
+    split = zorse_shares(ctx, [g.devices for g in group.ranks], num_microbatches, mbs)
     if split is None:
         return (f"{num_microbatches} micro-batches cannot feed a stage of {len(group.ranks)} ranks "
                 "(each rank takes at least one)")
@@ -218,11 +210,11 @@ def stage_config(space: "SearchSpace", group: Any, layers: int, recompute: bool 
                        any(len(g.devices) > 1 for g in group.ranks), ranks=ranks)
 
 
-def stage_speed(space: "SearchSpace", stage: StageConfig) -> float:
+def stage_speed(ctx: SpaceContext, stage: StageConfig) -> float:
     """Nominal speed of a plan's stage: the sum over its ranks of tp x peak / slowdown."""
     if not stage.ranks:
-        return space.group_speed(stage.devices)
-    return sum(space.group_speed(r.devices) for r in stage.ranks)
+        return group_speed(ctx.cluster, stage.devices)
+    return sum(group_speed(ctx.cluster, r.devices) for r in stage.ranks)
 
 
 def params_of(config) -> dict[str, Any]:
@@ -236,7 +228,7 @@ def params_of(config) -> dict[str, Any]:
 # The env's share moves
 
 
-def shift_share(space: "SearchSpace", config, stage: int, direction: int):
+def shift_share(ctx: SpaceContext, config, stage: int, direction: int):
     """Move one micro-batch between two ranks of stage ``stage`` of every pipeline where it has several:
     ``+1`` from the rank with the most work (share x per-layer latency, ``layer_latency_s``) to the one with
     the least (towards Zorse's rule), ``-1`` the other way (away from it, e.g. to unload a rank short of
@@ -250,7 +242,7 @@ def shift_share(space: "SearchSpace", config, stage: int, direction: int):
             pipes.append(pipe)
             continue
         st = pipe.stages[stage]
-        load = [r.num_microbatches * layer_latency_s(space, r.devices, config.micro_batch_size) for r in st.ranks]
+        load = [r.num_microbatches * layer_latency_s(ctx, r.devices, config.micro_batch_size) for r in st.ranks]
         hi = max(range(len(load)), key=lambda k: (load[k], -k))
         lo = min(range(len(load)), key=lambda k: (load[k], k))
         src, dst = (hi, lo) if direction > 0 else (lo, hi)
@@ -271,8 +263,6 @@ def rescale_shares(pipe, num_microbatches: int):
     remainder, at least one each); None when a stage has more ranks than micro-batches."""
     from dataclasses import replace
 
-    from autotune.search.space import apportion
-
     stages = []
     for st in pipe.stages:
         if not st.ranks:
@@ -289,13 +279,13 @@ def rescale_shares(pipe, num_microbatches: int):
 # Start plans
 
 
-def start_params(space: "SearchSpace", candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def start_params(ctx: SpaceContext, candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Zorse's start plans, after the speed-proportional ones (``SearchSpace.heuristic_params``): the first
     of those with the stages cut from the bandwidth graph (``stage_ranks: bandwidth``), then with mixed-type
     stages of two ranks (``stage_ranks: 2``, ``assign: mixed``); both with Zorse's micro-batch shares, then
     both again with ZeRO-2 (Zorse's sharding inside a stage) where the space has it.
     The other candidates get ``stage_ranks: 1``. None without the dimension."""
-    dim = space._dims.get("stage_ranks")
+    dim = ctx.dims.get("stage_ranks")
     if dim is None:
         return []
     for params in candidates:
@@ -308,8 +298,8 @@ def start_params(space: "SearchSpace", candidates: list[dict[str, Any]]) -> list
         out.append(dict(base, stage_ranks=BANDWIDTH))
     widths = [w for w in dim.choices if w != BANDWIDTH and w > 1]
     if widths:
-        assign = "mixed" if "mixed" in space._dims["assign"].choices else base["assign"]
+        assign = "mixed" if "mixed" in ctx.dims["assign"].choices else base["assign"]
         out.append(dict(base, stage_ranks=widths[0], assign=assign))
-    if 2 in space._dims["zero"].choices:  # Zorse shards each stage's state ZeRO-2 style among its ranks
+    if 2 in ctx.dims["zero"].choices:  # Zorse shards each stage's state ZeRO-2 style among its ranks
         out += [dict(p, zero=2) for p in out]
     return out

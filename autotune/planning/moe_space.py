@@ -23,7 +23,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from autotune.errors import SpecError
 from autotune.specs import ClusterSpec, ModelSpec

@@ -27,10 +27,10 @@ Every method searches instead over a small set of *dimensions*, each a finite li
 ``zero``           ZeRO / FSDP stage 0-3 across the data-parallel peers (0 when the plan has one replica and
                    one rank per stage: sharding among no peers is the same plan).
 ``offload``        ``none``, ``optimizer`` or ``all``: every stage's CPU offload (host memory).
-``expert_parallel``, ``trains_experts``, ``sync_every``: MoE models only (``autotune.search.moe_space``):
+``expert_parallel``, ``trains_experts``, ``sync_every``: MoE models only (``autotune.planning.moe_space``):
                    expert parallelism, SPES's expert subsets per replica group, and the sync period up
                    to ``max_sync_every``. A dense model's space has none of them.
-``stage_ranks``    several node classes only (``autotune.search.mixed_space``): Zorse's stages of 1, 2, 4
+``stage_ranks``    several node classes only (``autotune.planning.mixed_space``): Zorse's stages of 1, 2, 4
                    or 8 data-parallel ranks (mixed GPU types, micro-batch shares by per-layer latency), or
                    ``bandwidth``: GPUs grouped into stages by cutting the cluster's bandwidth graph.
 
@@ -45,115 +45,20 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from autotune.errors import SpecError
-from autotune.search import mixed_space, moe_space, roundpipe_space
+from autotune.planning.vocabulary import (ASSIGNMENTS, DEFAULTED_DIMENSIONS, EXHAUSTIVE_LIMIT, INTERLEAVED_CHUNKS,
+                                          ORDERS, SPLIT_EXPONENTS, Decoded, Dimension, NodeClass,
+                                          Params, SpaceContext, TPGroup, apportion, group_speed, head_extra_layers,
+                                          node_classes, powers_of_two_upto, valid_tp)
+from autotune.planning import mixed_space, moe_space, roundpipe_space
 from autotune.specs import (OFFLOAD_MODES, ZERO_STAGES, ClusterSpec, ModelSpec, ParallelConfig, PipelineConfig,
                             SCHEDULES, StageConfig)
 
 log = logging.getLogger(__name__)
-
-#: exhaustive enumeration refuses spaces with more raw combinations than this
-EXHAUSTIVE_LIMIT = 100_000
-#: the interleaved schedule always uses this many model chunks per stage
-INTERLEAVED_CHUNKS = 2
-ASSIGNMENTS = ("grouped", "mixed")
-ORDERS = ("fast-first", "slow-first")
-RECOMPUTE_MODES = ("none", "all", "low-memory", "selective")
-SPLIT_EXPONENTS = (0.0, 0.5, 1.0)
-#: dimensions added after the first layout; a params dict without them (an older Optuna study, a
-#: stored start) decodes with these defaults
-DEFAULTED_DIMENSIONS = {"zero": 0, "offload": "none"}
-
-Params = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Dimension:
-    """One decision with a finite list of choices; ``ordinal`` when the choices are ordered numbers."""
-
-    name: str
-    choices: tuple
-    ordinal: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class NodeClass:
-    """Identical nodes (same device type, device count and intra-node link)."""
-
-    name: str
-    node_names: tuple[str, ...]
-    count: int  # devices per node
-    peak_tflops: float
-    memory_GiB: float
-    intra_bandwidth_GBps: float
-
-
-@dataclass(frozen=True, slots=True)
-class TPGroup:
-    """Devices of one node that together form one stage (its tensor-parallel group)."""
-
-    devices: tuple[str, ...]
-    node_class: str
-    speed_tflops: float  # tp x peak: the nominal compute of the group
-    memory_GiB: float  # per device
-
-
-@dataclass(frozen=True, slots=True)
-class Decoded:
-    """A decoded plan, or why it cannot exist."""
-
-    config: ParallelConfig | None
-    reason: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.config is not None
-
-
-def apportion(total: int, weights: Sequence[float], minimum: int = 1, quantum: int = 1) -> list[int] | None:
-    """Split ``total`` into integers proportional to ``weights`` (largest remainder), each at least
-    ``minimum`` and a multiple of ``quantum``; None when impossible."""
-    n = len(weights)
-    if total % quantum or n * minimum > total or minimum % quantum:
-        return None
-    units = total // quantum
-    min_units = minimum // quantum
-    w = np.asarray(weights, dtype=float)
-    w = np.where(np.isfinite(w) & (w > 0), w, 0.0)
-    if w.sum() <= 0:
-        w = np.ones(n)
-    free = units - n * min_units
-    raw = w / w.sum() * free
-    base = np.floor(raw).astype(int)
-    rest = free - int(base.sum())
-    order = np.argsort(-(raw - base), kind="stable")
-    base[order[:rest]] += 1
-    return [int((b + min_units) * quantum) for b in base]
-
-
-def _powers_of_two_upto(n: int) -> list[int]:
-    return [1 << k for k in range(int(math.log2(n)) + 1)] if n >= 1 else []
-
-
-def valid_tp(model: ModelSpec, tp: int) -> bool:
-    return (model.num_heads % tp == 0 and (model.num_kv_heads % tp == 0 or tp % model.num_kv_heads == 0)
-            and model.ffn_hidden_size % tp == 0)
-
-
-def head_extra_layers(model: ModelSpec) -> float:
-    """LM-head work in units of one transformer block's work, per token (forward flops).
-
-    Block: 2 x params (matmuls) + 4 x seq x hidden (attention scores and values, causal average
-    ignored), as in Megatron-LM's flops formula (Narayanan et al. 2021, appendix); head: 2 x h x V.
-    """
-    block = 2 * model.params_per_layer + 4 * model.seq_len * model.hidden_size
-    return 2 * model.hidden_size * model.vocab_size / block
-
 
 class SearchSpace:
     """Plans for one cluster and model. ``restrict`` narrows any dimension's choices by name."""
@@ -164,13 +69,13 @@ class SearchSpace:
         self.model = model
         self.max_sync_every = max_sync_every
         self.restrict = {k: list(v) for k, v in (restrict or {}).items()}
-        self.node_classes = self._node_classes(cluster)
+        self.node_classes = node_classes(cluster)
         self._class_of_node = {n: c.name for c in self.node_classes for n in c.node_names}
         self.head_extra = head_extra_layers(model)
         self.max_peak_tflops = max(n.device.peak_tflops for n in cluster.nodes)
         dims = []
         for c in self.node_classes:
-            tps = [t for t in _powers_of_two_upto(c.count) if valid_tp(model, t)]
+            tps = [t for t in powers_of_two_upto(c.count) if valid_tp(model, t)]
             dims.append(Dimension(f"tp.{c.name}", tuple(tps), ordinal=True))
         if len(self.node_classes) > 1:
             for c in self.node_classes:
@@ -201,13 +106,13 @@ class SearchSpace:
             dims.append(Dimension("seq_parallel", (False, True)))
         dims.append(Dimension("zero", ZERO_STAGES, ordinal=True))
         dims.append(Dimension("offload", OFFLOAD_MODES, ordinal=True))  # ordered by host-memory use
-        # mixture of experts: expert parallelism, SPES expert subsets and sync period (autotune.search.moe_space)
+        # mixture of experts: expert parallelism, SPES expert subsets and sync period (autotune.planning.moe_space)
         dims += [Dimension(name, choices, ordinal) for name, choices, ordinal in
                  moe_space.dimensions(cluster, model, max_sync_every)]
-        # Zorse's mixed data-parallel stages and bandwidth grouping (autotune.search.mixed_space)
+        # Zorse's mixed data-parallel stages and bandwidth grouping (autotune.planning.mixed_space)
         dims += [Dimension(name, choices, ordinal) for name, choices, ordinal in
                  mixed_space.dimensions(cluster, model, len(self.node_classes) > 1)]
-        dims += roundpipe_space.dimensions(self)  # RoundPipe's plans, where a node qualifies
+        dims += roundpipe_space.dimensions(self.node_classes, cluster)  # RoundPipe's plans, where a node qualifies
         if restrict:
             by_name = {d.name: d for d in dims}
             for name, allowed in restrict.items():
@@ -223,32 +128,10 @@ class SearchSpace:
         dims = roundpipe_space.drop_if_off(dims)  # restricted to pipeline plans: no roundpipe dimensions at all
         self.dimensions: tuple[Dimension, ...] = tuple(dims)
         self._dims = {d.name: d for d in dims}
+        #: what the feature families are given (``vocabulary.SpaceContext``): values, not this space
+        self.context = SpaceContext(cluster, model, self.node_classes, self._dims, self.restrict)
 
     # -- structure ---------------------------------------------------------------------------------
-    @staticmethod
-    def _node_classes(cluster: ClusterSpec) -> tuple[NodeClass, ...]:
-        groups: dict[tuple, list[str]] = {}
-        first = {}
-        for node in cluster.nodes:
-            key = (node.device.name, node.device.peak_tflops, node.device.memory_GiB, node.count,
-                   node.intra_node.bandwidth_GBps, node.slowdown)
-            groups.setdefault(key, []).append(node.name)
-            first.setdefault(key, node)
-        classes = []
-        used_names: set[str] = set()
-        for key, names in groups.items():
-            node = first[key]
-            base = node.name if len(names) == 1 else node.device.name
-            base = base.replace(".", "_").replace(":", "_")
-            name, k = base, 1
-            while name in used_names:
-                k += 1
-                name = f"{base}-{k}"
-            used_names.add(name)
-            classes.append(NodeClass(name, tuple(names), node.count, node.device.peak_tflops / node.slowdown,
-                                     node.device.memory_GiB, node.intra_node.bandwidth_GBps))
-        return tuple(classes)
-
     def node_class(self, name: str) -> NodeClass:
         return next(c for c in self.node_classes if c.name == name)
 
@@ -268,8 +151,7 @@ class SearchSpace:
         return groups
 
     def group_speed(self, devices: Sequence[str]) -> float:
-        node = self.cluster.node_of(devices[0])
-        return len(devices) * node.device.peak_tflops / node.slowdown
+        return group_speed(self.cluster, devices)
 
     #: dimensions that matter for both kinds of plan (pipeline plans and roundpipe plans)
     SHARED_DIMENSIONS = ("mbs",)
@@ -303,7 +185,9 @@ class SearchSpace:
         if missing:
             return Decoded(None, f"missing choice for {', '.join(missing)}")
         if params.get(roundpipe_space.SWITCH):
-            return roundpipe_space.decode(self, params)
+            decoded = roundpipe_space.decode(self.context, params)
+            reason = self.check(decoded.config) if decoded.config is not None else None
+            return decoded if reason is None else Decoded(None, reason)
         model = self.model
         tp_by_class = {c.name: int(params[f"tp.{c.name}"]) for c in self.node_classes}
         used = {c.name: bool(params.get(f"use.{c.name}", True)) for c in self.node_classes}
@@ -316,7 +200,7 @@ class SearchSpace:
         if len(groups) < pp:
             return Decoded(None, f"pp={pp} needs {pp} TP groups, the used devices form {len(groups)}")
         if mixed_space.wanted(params):  # stages of several ranks (Zorse): they replace the TP groups below
-            built = mixed_space.build_pipes(self, groups, pp, params)
+            built = mixed_space.build_pipes(self.context, groups, pp, params)
             if isinstance(built, str):
                 return Decoded(None, built)
             pipes, dp = built
@@ -377,7 +261,7 @@ class SearchSpace:
         pipelines = []
         for pipe, split, m, experts in zip(pipes, layer_splits, mbs_split, trains):
             stages = tuple(
-                mixed_space.stage_config(self, g, n, "selective" if mode == "selective" else
+                mixed_space.stage_config(self.context, g, n, "selective" if mode == "selective" else
                                          mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem),
                                          offload, m, mbs, sp)
                 for g, n in zip(pipe, split))
@@ -436,7 +320,7 @@ class SearchSpace:
             config.validate(self.cluster, self.model)
         except SpecError as e:
             return f"{e.field}: {e.rule}" if e.field else e.rule
-        outside = roundpipe_space.restriction(self, config)  # restrict={"roundpipe": [True]} or [False]
+        outside = roundpipe_space.restriction(self.restrict, config)  # restrict={"roundpipe": [True]} or [False]
         if outside is not None:
             return outside
         for p, pipe in enumerate(config.pipelines):
@@ -534,7 +418,7 @@ class SearchSpace:
                               recompute=pick("recompute", "none"))
                 if "seq_parallel" in self._dims:  # off, as the plans these starts were tuned with; the
                     params["seq_parallel"] = pick("seq_parallel", False)  # methods that search dims turn it on
-                params.update(roundpipe_space.off_params(self))  # pipeline plans (RoundPipe starts apart)
+                params.update(roundpipe_space.off_params(self._dims))  # pipeline plans (RoundPipe starts apart)
                 if "expert_parallel" in self._dims:  # MoE: plain data parallelism first, then SPES, then EP
                     params.update(expert_parallel=pick("expert_parallel", 1), trains_experts=pick("trains_experts", "all"),
                                   sync_every=pick("sync_every", 1))
@@ -552,7 +436,7 @@ class SearchSpace:
         for params in candidates:
             params.setdefault("zero", pick("zero", 0))
             params.setdefault("offload", pick("offload", "none"))
-        candidates += mixed_space.start_params(self, candidates)
+        candidates += mixed_space.start_params(self.context, candidates)
         # tight: even the deepest pipeline at the smallest TP degree leaves no room (the first start's rule)
         tight = not any(self.rough_weight_memory_GiB(min(self._dims[f"tp.{c.name}"].choices[0]
                                                          for c in self.node_classes), p) < 0.5 * min_mem
@@ -624,6 +508,12 @@ class SearchSpace:
         out.append(self.memory_first_params())
         return out
 
+    def roundpipe_start(self) -> Params | None:
+        """The plan RoundPipe itself would pick here (``roundpipe_space.start_params``), where RoundPipe
+        applies and the plan decodes; else None."""
+        params = roundpipe_space.start_params(self.context)
+        return params if params is not None and self.decode(params).ok else None
+
     def uniform_plans(self) -> list[ParallelConfig]:
         """The heterogeneity-blind baseline grid (SPEC.md ``--method uniform``).
 
@@ -635,7 +525,7 @@ class SearchSpace:
         mode are grid dimensions too, the same on every stage, as a DeepSpeed user sets them.
         """
         model, cluster = self.model, self.cluster
-        tps = [t for t in _powers_of_two_upto(max(n.count for n in cluster.nodes)) if valid_tp(model, t)]
+        tps = [t for t in powers_of_two_upto(max(n.count for n in cluster.nodes)) if valid_tp(model, t)]
         mbs_choices = self._dims["mbs"].choices
         recompute = [{"none": False, "all": True, "selective": "selective"}[r] for r in self._dims["recompute"].choices
                      if r in ("none", "all", "selective")]

@@ -26,7 +26,7 @@ import itertools
 import logging
 from typing import Any
 
-from autotune.search.space import Params, SearchSpace
+from autotune.planning.space import Params, SearchSpace
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,9 @@ def frugal_candidates(space: SearchSpace) -> list[Params]:
     for name in ("zero", "offload", "seq_parallel"):  # memory-saving dimensions, ordered least to most saving
         if name in dims:
             base[name] = dims[name].choices[-1]
-    from autotune.search import roundpipe_space
+    from autotune.planning import roundpipe_space
 
-    base.update(roundpipe_space.off_params(space))  # pipeline plans: an enqueued trial must not draw the switch
+    base.update(roundpipe_space.off_params(space._dims))  # pipeline plans: an enqueued trial must not draw the switch
     out = []
     splits = sorted(set(dims["layer_split"].choices) & {0.0, 1.0}) or list(dims["layer_split"].choices[:1])
     for pp, assign, order, split in itertools.product(reversed(dims["pp"].choices), dims["assign"].choices,
@@ -85,7 +85,7 @@ def frugal_params(space: SearchSpace, simulator) -> Params | None:
 def search_simulator(space: SearchSpace, evaluator=None):
     """The memory model a search judges plans with: the simulator behind ``evaluator`` (its profile,
     or the corrected one of ``--backend real``), else the datasheet simulator of the space."""
-    from autotune.search.planner import simulator_of
+    from autotune.planning.planner import simulator_of
 
     sim = simulator_of(evaluator)
     if sim is None:

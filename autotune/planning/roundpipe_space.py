@@ -24,14 +24,13 @@ pass of at least pool + 1 micro-batches): every search method evaluates it first
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from autotune.errors import SpecError
+from autotune.planning.vocabulary import Decoded, Dimension, NodeClass, SpaceContext
+from autotune.simulator.roundpipe import auto_stages
+from autotune.specs import ClusterSpec, ParallelConfig, PipelineConfig
 from autotune.specs.roundpipe import RECOMPUTE_GRAINS, ROUNDPIPE, RoundPipeStages
-from autotune.specs import ParallelConfig, PipelineConfig
-
-if TYPE_CHECKING:  # pragma: no cover
-    from autotune.search.space import Decoded, Dimension, SearchSpace
 
 SWITCH = "roundpipe"
 BALANCES = (1.0, 1.1, 1.25, 1.5, 2.0)
@@ -43,12 +42,12 @@ DEFAULT_MEMORY_FRACTION = 0.6
 DIMENSION_NAMES = (SWITCH, "rp.pool", "rp.balance", "rp.memory", "rp.grain", "rp.passes")
 
 
-def pool_choices(space: "SearchSpace") -> dict[str, tuple[str, ...]]:
+def pool_choices(node_classes: Sequence[NodeClass], cluster: ClusterSpec) -> dict[str, tuple[str, ...]]:
     """Pool name -> the node names it uses, for node classes of GPUs with a host link, fastest first."""
     out: dict[str, tuple[str, ...]] = {}
-    classes = sorted(space.node_classes, key=lambda c: -c.peak_tflops * c.count)
+    classes = sorted(node_classes, key=lambda c: -c.peak_tflops * c.count)
     for c in classes:
-        device = space.cluster.nodes[[n.name for n in space.cluster.nodes].index(c.node_names[0])].device
+        device = cluster.nodes[[n.name for n in cluster.nodes].index(c.node_names[0])].device
         if device.pcie_gen == 0:
             continue
         out[c.name] = c.node_names[:1]
@@ -57,11 +56,9 @@ def pool_choices(space: "SearchSpace") -> dict[str, tuple[str, ...]]:
     return out
 
 
-def dimensions(space: "SearchSpace") -> list["Dimension"]:
-    """The roundpipe dimensions of ``space`` (none where no node qualifies)."""
-    from autotune.search.space import Dimension
-
-    pools = pool_choices(space)
+def dimensions(node_classes: Sequence[NodeClass], cluster: ClusterSpec) -> list[Dimension]:
+    """The roundpipe dimensions of a space of these node classes (none where no node qualifies)."""
+    pools = pool_choices(node_classes, cluster)
     if not pools:
         return []
     return [Dimension(SWITCH, (False, True)),
@@ -72,7 +69,7 @@ def dimensions(space: "SearchSpace") -> list["Dimension"]:
             Dimension("rp.passes", PASSES, ordinal=True)]
 
 
-def drop_if_off(dims: list["Dimension"]) -> list["Dimension"]:
+def drop_if_off(dims: list[Dimension]) -> list[Dimension]:
     """``dims`` without the roundpipe dimensions when a restriction left the switch only ``False``: the
     space is then exactly the pipeline plans' (sampling draws what it drew before roundpipe existed)."""
     switch = next((d for d in dims if d.name == SWITCH), None)
@@ -81,10 +78,9 @@ def drop_if_off(dims: list["Dimension"]) -> list["Dimension"]:
     return [d for d in dims if d.name not in DIMENSION_NAMES]
 
 
-def off_params(space: "SearchSpace") -> dict[str, Any]:
+def off_params(dims: Mapping[str, Dimension]) -> dict[str, Any]:
     """The roundpipe dimensions' choices of a pipeline plan: the switch off, the rest at their first
-    choice (they do not matter); empty where the space has no roundpipe dimensions."""
-    dims = space._dims
+    choice (they do not matter); empty where the space (its dimensions ``dims``) has no roundpipe dimensions."""
     if SWITCH not in dims:
         return {}
     # a search restricted to roundpipe plans keeps the switch on: params stay inside the dimensions' choices
@@ -92,11 +88,11 @@ def off_params(space: "SearchSpace") -> dict[str, Any]:
     return {name: (off if name == SWITCH else dims[name].choices[0]) for name in DIMENSION_NAMES}
 
 
-def restriction(space: "SearchSpace", config: ParallelConfig) -> str | None:
+def restriction(restrict: Mapping[str, Sequence[Any]], config: ParallelConfig) -> str | None:
     """Why ``config`` is outside a search restricted by ``restrict={"roundpipe": [...]}`` (``SearchSpace.check``):
     a roundpipe plan in a search of pipeline plans, or a pipeline plan (the dp start, an env edit) in a
     search of roundpipe plans; None otherwise."""
-    allowed = space.restrict.get(SWITCH)
+    allowed = restrict.get(SWITCH)
     if allowed is None:
         return None
     if config.is_roundpipe and True not in allowed:
@@ -106,29 +102,16 @@ def restriction(space: "SearchSpace", config: ParallelConfig) -> str | None:
     return None
 
 
-def _simulator(space: "SearchSpace"):
-    """The datasheet simulator the partitions are cut with (RoundPipe measures; the space estimates)."""
-    sim = getattr(space, "_roundpipe_sim", None)
-    if sim is None:
-        from autotune.simulator import Simulator
-
-        sim = Simulator(space.cluster, space.model)
-        space._roundpipe_sim = sim
-        space._roundpipe_cache = {}
-    return sim
-
-
-def decode(space: "SearchSpace", params: Mapping[str, Any]) -> "Decoded":
-    """A roundpipe point of the space -> its plan, or the reason there is none."""
-    from autotune.search.space import Decoded
-    from autotune.simulator.roundpipe import auto_stages
-
-    pools = pool_choices(space)
+def decode(ctx: SpaceContext, params: Mapping[str, Any]) -> Decoded:
+    """A roundpipe point of the space -> its plan (to be checked by ``SearchSpace.check``), or the reason
+    there is none. The partition is cut with the datasheet cost model (RoundPipe measures; the space
+    estimates)."""
+    pools = pool_choices(ctx.node_classes, ctx.cluster)
     pool = params["rp.pool"]
     if pool not in pools:
         return Decoded(None, f"rp.pool {pool!r} is not a node class of GPUs here")
     mbs, passes = int(params["mbs"]), int(params["rp.passes"])
-    gbs = space.model.global_batch_size
+    gbs = ctx.model.global_batch_size
     nodes = pools[pool]
     if gbs % mbs:
         return Decoded(None, f"mbs={mbs} does not divide global_batch_size={gbs}")
@@ -138,51 +121,49 @@ def decode(space: "SearchSpace", params: Mapping[str, Any]) -> "Decoded":
     per_node = total // len(nodes)
     if per_node % passes:
         return Decoded(None, f"{per_node} micro-batches per pool do not split into rp.passes={passes} passes")
-    sim = _simulator(space)
-    node_of = {n.name: n for n in space.cluster.nodes}
+    node_of = {n.name: n for n in ctx.cluster.nodes}
     first = node_of[nodes[0]]
     smallest = first.device.memory_GiB
     limit = round(float(params["rp.memory"]) * smallest, 2)
     key = (pool, mbs, float(params["rp.balance"]), limit)
-    cache = space._roundpipe_cache
+    cache = ctx.cache("roundpipe_partitions")
     part = cache.get(key)
     if part is None:
-        part = auto_stages(sim.costs, first.device_ids(), mbs, float(params["rp.balance"]), limit)
+        part = auto_stages(ctx.costs, first.device_ids(), mbs, float(params["rp.balance"]), limit)
         cache[key] = part
     pipes = tuple(PipelineConfig(per_node, (), None, RoundPipeStages(
         node_of[n].device_ids(), part.forward_layers, part.backward_layers, part.fused_layers,
         str(params["rp.grain"]), limit, passes)) for n in nodes)
     try:
-        config = ParallelConfig(mbs, pipes, ROUNDPIPE)
+        return Decoded(ParallelConfig(mbs, pipes, ROUNDPIPE))
     except SpecError as e:
         return Decoded(None, str(e))
-    reason = space.check(config)
-    return Decoded(config, "") if reason is None else Decoded(None, reason)
 
 
-def start_params(space: "SearchSpace") -> dict[str, Any] | None:
+def start_params(ctx: SpaceContext) -> dict[str, Any] | None:
     """The point RoundPipe's defaults give (see the module docstring); None where RoundPipe does not apply.
-    The pipeline dimensions take their first choices (they do not matter for a roundpipe plan)."""
-    pools = pool_choices(space)
-    if not pools or SWITCH not in space._dims or True not in space._dims[SWITCH].choices:
+    The pipeline dimensions take their first choices (they do not matter for a roundpipe plan). The
+    caller decodes it (``SearchSpace.roundpipe_start``)."""
+    pools = pool_choices(ctx.node_classes, ctx.cluster)
+    dims = ctx.dims
+    if not pools or SWITCH not in dims or True not in dims[SWITCH].choices:
         return None  # no roundpipe plans here, or the search is restricted to pipeline plans
-    dims = space._dims
 
     def pick(name: str, want: Any) -> Any:
         choices = dims[name].choices
         return want if want in choices else choices[0]
 
     pool = pick("rp.pool", next(iter(pools)))
-    node = next(n for n in space.cluster.nodes if n.name == pools[pool][0])
-    gbs = space.model.global_batch_size
+    node = next(n for n in ctx.cluster.nodes if n.name == pools[pool][0])
+    gbs = ctx.model.global_batch_size
     mbs_choices = dims["mbs"].choices
     enough = [m for m in mbs_choices if gbs // m >= node.count + 1]  # RoundPipe's default: GPUs + 1
     mbs = max(enough) if enough else min(mbs_choices)
-    params = {d.name: d.choices[0] for d in space.dimensions}
+    params = {d.name: d.choices[0] for d in dims.values()}
     params.update({SWITCH: True, "rp.pool": pool, "rp.balance": pick("rp.balance", DEFAULT_BALANCE),
                    "rp.memory": pick("rp.memory", DEFAULT_MEMORY_FRACTION), "rp.grain": pick("rp.grain", "stage"),
                    "rp.passes": pick("rp.passes", 1), "mbs": mbs})
-    return params if space.decode(params).ok else None
+    return params
 
 
 def params_of(config: ParallelConfig) -> dict[str, Any]:

@@ -66,7 +66,7 @@ from typing import Sequence
 
 import numpy as np
 
-from autotune.search.space import SearchSpace, apportion, valid_tp
+from autotune.planning.space import SearchSpace, apportion, valid_tp
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 
 log = logging.getLogger(__name__)
