@@ -154,7 +154,7 @@ def tracking_uri(uri: str | None, option: str = "--tracking-uri") -> None:
 
 
 def optuna_storage(storage: str | None, option: str = "--storage") -> None:
-    """An Optuna storage autotune can open (``autotune.search.agents.tpe.open_storage``)."""
+    """An Optuna storage autotune can open (``autotune.search.agents.optuna_storage.open_storage``)."""
     if storage is None or storage == "memory":
         return
     if not isinstance(storage, str) or not storage.strip():

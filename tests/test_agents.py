@@ -7,7 +7,8 @@ import pytest
 from autotune import load_cluster, load_model
 from autotune.search.agents import run_exhaustive, run_random, run_uniform
 from autotune.search.agents.rl import make_model, run_rl
-from autotune.search.agents.tpe import open_study, run_optuna
+from autotune.search.agents.shared_study import open_study
+from autotune.search.agents.tpe import run_optuna
 from autotune.planning.budget import BudgetedEvaluator, BudgetExhausted
 from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator

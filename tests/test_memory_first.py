@@ -134,14 +134,14 @@ def test_the_issues_cloud_cluster_gets_a_plan_that_fits_at_budget_10(method):
 
 
 def test_optuna_learns_the_memory_constraint_and_keeps_one_budget():
-    from autotune.search.agents import tpe
+    from autotune.search.agents import shared_study, tpe
 
     cluster, model = _tight()
     space, sim = SearchSpace(cluster, model, restrict=PIPELINES), Simulator(cluster, model)
     b = BudgetedEvaluator(sim, space, 8)
-    shared = tpe.open_study(space, "tight", "memory", 0)
+    shared = shared_study.open_study(space, "tight", "memory", 0)
     tpe.run_optuna(space, b, 0, study=shared)
-    assert b.used == len(tpe.evaluated_trials(shared)) == 8 and b.best.measurement.ok
+    assert b.used == len(shared_study.evaluated_trials(shared)) == 8 and b.best.measurement.ok
     assert b.memory_screened > 0
     # TPE's copy holds the screened-out proposals as infeasible trials, the evaluated ones as feasible
     trials = [t for t in shared.local.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
@@ -150,7 +150,7 @@ def test_optuna_learns_the_memory_constraint_and_keeps_one_budget():
     assert infeasible and all(t.value == 0.0 for t in infeasible)
     assert feasible and all(t.constraints["memory"] <= 0 for t in feasible)
     # the storage never saw a screened-out plan: its evaluated trials are the budget's plans
-    assert {t.user_attrs["config_key"] for t in tpe.evaluated_trials(shared)} == \
+    assert {t.user_attrs["config_key"] for t in shared_study.evaluated_trials(shared)} == \
         {config_key(ev.config) for ev in b.history}
 
 

@@ -78,16 +78,16 @@ def test_every_method_evaluates_roundpipes_own_plan_first(box, method):
 
 
 def test_optuna_models_the_start_plan_and_still_warm_starts(box, tmp_path):
-    from autotune.search.agents import tpe
+    from autotune.search.agents import shared_study
     from autotune.search.api import tune
 
     space = SearchSpace(box[0].cluster, load_model("gpt2-xl", 64))  # its pipeline plans fit: not screened out
     journal = str(tmp_path / "s.journal")
     tune(space.cluster, space.model, method="optuna", budget=4, track=False, storage=journal, start="heuristic",
          study_name="rp")
-    study = tpe.open_study(space, "rp", journal, 0)
+    study = shared_study.open_study(space, "rp", journal, 0)
     trials = [t for t in study.trials() if t.user_attrs.get("evaluated")]
-    first = next(t for t in trials if t.user_attrs.get("source") == tpe.ROUNDPIPE_START)
+    first = next(t for t in trials if t.user_attrs.get("source") == shared_study.ROUNDPIPE_START)
     assert first.params["roundpipe"] is True  # a trial with its parameters: TPE learns from it
     heuristic = space.heuristic_params()[0]
     assert any(t.params == heuristic for t in trials)  # the speed-proportional warm start ran too

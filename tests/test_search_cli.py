@@ -91,7 +91,7 @@ def test_killed_optuna_search_resumes_to_exactly_budget(tmp_path, writer):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), AUTOTUNE_MLFLOW_WRITER=writer)
     proc = subprocess.Popen([*AUTOTUNE, *args], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    from autotune.search.agents.tpe import open_storage
+    from autotune.search.agents.optuna_storage import open_storage
 
     study_name = "mixed-a100-v100__gpt2-xl__optuna__seed3"
     journal = str(tmp_path / "optuna.journal")  # the default storage, in the working directory
@@ -151,7 +151,7 @@ def test_two_workers_share_one_study_and_one_budget(tmp_path):
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from autotune.search.agents.tpe import open_storage
+    from autotune.search.agents.optuna_storage import open_storage
     from autotune.search.api import tune
 
     budget = 16
@@ -220,7 +220,8 @@ def test_ctrl_c_says_how_to_resume_and_fresh_starts_over(tmp_path):
     KILLED; the same command then resumes to exactly --budget; --fresh starts a new study."""
     import optuna
 
-    from autotune.search.agents.tpe import evaluated_trials, open_storage
+    from autotune.search.agents.optuna_storage import open_storage
+    from autotune.search.agents.shared_study import evaluated_trials
 
     args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "optuna", "--budget", "70",
             "--seed", "4"]

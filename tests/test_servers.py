@@ -29,7 +29,7 @@ def test_two_searches_share_one_study_on_a_postgresql_server(tmp_path):
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from autotune.search.agents.tpe import open_storage
+    from autotune.search.agents.optuna_storage import open_storage
 
     budget = 24
     with postgres_server() as url:

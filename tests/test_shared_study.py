@@ -1,4 +1,4 @@
-"""One Optuna study shared by several searches (``tpe.SharedStudy``): claims, the budget rule across
+"""One Optuna study shared by several searches (``shared_study.SharedStudy``): claims, the budget rule across
 workers, abandoned claims, the MLflow parent-run election; then two real ``autotune search``
 processes started together on one study and a fresh MLflow store."""
 
@@ -15,7 +15,8 @@ import pytest
 
 from autotune import load_cluster, load_model
 from autotune.search import workers
-from autotune.search.agents.tpe import SharedStudy, evaluated_trials, run_optuna
+from autotune.search.agents.shared_study import SharedStudy, evaluated_trials
+from autotune.search.agents.tpe import run_optuna
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.space import SearchSpace
 from autotune.search.tracking import config_key
@@ -135,7 +136,7 @@ def test_two_search_processes_started_together_on_a_fresh_store_share_the_study(
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
         assert "Traceback" not in err
-    from autotune.search.agents.tpe import open_storage
+    from autotune.search.agents.optuna_storage import open_storage
 
     study = optuna.load_study(study_name="mixed-a100-v100__gpt2-xl__optuna__seed0",
                               storage=open_storage(str(tmp_path / "optuna.journal")))
@@ -158,7 +159,7 @@ def test_default_study_names_keep_different_searches_apart(tmp_path):
     import optuna
 
     from autotune import tune
-    from autotune.search.agents.tpe import open_storage
+    from autotune.search.agents.optuna_storage import open_storage
     from autotune.search.api import study_variant
 
     assert study_variant("sim", None, "dp", None, None) == ""
@@ -185,24 +186,24 @@ def test_the_journal_is_read_back_at_once_and_synced_to_disk_at_most_once_a_seco
     once more at exit (``sync``)."""
     import optuna
 
-    from autotune.search.agents import tpe
+    from autotune.search.agents import optuna_storage
 
     synced = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
-    monkeypatch.setattr(tpe, "JOURNAL_FSYNC_EVERY_S", 3600.0)
-    storage = tpe.open_storage(journal)
+    monkeypatch.setattr(optuna_storage, "JOURNAL_FSYNC_EVERY_S", 3600.0)
+    storage = optuna_storage.open_storage(journal)
     sid = storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "s")
     tid = storage.create_new_trial(sid)
     for i in range(20):
         storage.set_trial_user_attr(tid, "n", i)
     assert synced == []  # none of the 21 writes waited for the disk
-    other = tpe.open_storage(journal)  # a second reader: sees every write
+    other = optuna_storage.open_storage(journal)  # a second reader: sees every write
     assert other.get_trial(other.get_trial_id_from_study_id_trial_number(other.get_study_id_from_name("s"), 0)
                            ).user_attrs["n"] == 19
     storage._backend.sync()
     assert len(synced) == 1
-    monkeypatch.setattr(tpe, "JOURNAL_FSYNC_EVERY_S", 0.0)  # due at once: every write syncs
+    monkeypatch.setattr(optuna_storage, "JOURNAL_FSYNC_EVERY_S", 0.0)  # due at once: every write syncs
     storage.set_trial_user_attr(tid, "n", 20)
     assert len(synced) == 2
 

@@ -243,13 +243,13 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
             tracker = tracking.SearchTracker(tracking_uri, exp_name, description=description)
     study = None
     if method == "optuna":
-        from autotune.search.agents import tpe
+        from autotune.search.agents import optuna_storage, shared_study
 
         sync = f"__sync{max_sync_every}" if max_sync_every > 1 and model_spec.is_moe else ""  # its own space
         name = study_name or f"{exp_name}__optuna__seed{seed}{sync}{study_variant(backend, restrict, start, profile, global_batch_size)}"
-        storage = storage or tpe.default_storage()
+        storage = storage or optuna_storage.default_storage()
         say(f"opening the Optuna study {name} in {storage}")
-        study = tpe.open_study(space, name, storage, seed, fresh=fresh)
+        study = shared_study.open_study(space, name, storage, seed, fresh=fresh)
 
     tags = {"autotune.method": method, "autotune.backend": backend, "autotune.cluster": cluster_spec.name,
             "autotune.model": model_spec.name}
@@ -293,16 +293,16 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
             for rec in tracker.recorded():
                 budgeted.preload(rec.config, rec.measurement, rec.params)
     if study is not None:
-        from autotune.search.agents import tpe
+        from autotune.search.agents import shared_study
         from autotune.search.workers import abandoned
 
-        added = tpe.sync_from_evaluator(study, space, budgeted)
+        added = shared_study.sync_from_evaluator(study, space, budgeted)
         if added:
             log.info("optuna: recovered %d evaluated plans from MLflow into the study", added)
         # plans the study holds that this MLflow record lacks (a kill between the study and MLflow
         # writes, or a new store): log those whose worker is gone; live workers log their own
         now = time.time()
-        for t in tpe.evaluated_trials(study):
+        for t in shared_study.evaluated_trials(study):
             if "config" not in t.user_attrs:
                 continue
             config = ParallelConfig.from_dict(t.user_attrs["config"], source=f"trial {t.number}")
@@ -511,7 +511,7 @@ def _roundpipe_start(space: SearchSpace, budgeted: BudgetedEvaluator, study=None
     if config is None or (config not in budgeted and budgeted.exhausted):
         return
     if study is not None:
-        from autotune.search.agents.tpe import ROUNDPIPE_START
+        from autotune.search.agents.shared_study import ROUNDPIPE_START
 
         study.evaluate_outside(budgeted, config, params, worker, source=ROUNDPIPE_START, encoded=True)
     else:

@@ -38,7 +38,8 @@ def worker_main(cluster, model, backend: str, profile: str | None, storage: str,
     import torch
 
     from autotune.search import workers
-    from autotune.search.agents.tpe import open_study, run_optuna
+    from autotune.search.agents.shared_study import open_study
+    from autotune.search.agents.tpe import run_optuna
     from autotune.evaluator import make_evaluator
 
     torch.set_num_threads(1)
