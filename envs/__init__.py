@@ -3,7 +3,8 @@ reward = throughput gain (see ``envs.parallel_config``)."""
 
 from gymnasium.envs.registration import register, registry
 
-from envs.parallel_config import ACTIONS, ParallelConfigEnv, observation_features
+from envs.layout import ACTIONS, observation_features
+from envs.parallel_config import ParallelConfigEnv
 
 ENV_ID = "autotune/ParallelConfig-v0"
 

@@ -74,103 +74,11 @@ from autotune.evaluator import CachedEvaluator, Evaluator
 from autotune.planning import mixed_space, roundpipe_space
 from autotune.planning.budget import BudgetedEvaluator, BudgetExhausted
 from autotune.planning.space import INTERLEAVED_CHUNKS, Params, SearchSpace, apportion
-from autotune.specs import SCHEDULES, Measurement, ParallelConfig, PipelineConfig, StageConfig
-
-MAX_STAGES = 16
-MAX_REPLICAS = 8
-MAX_CLASSES = 4
-FAIL_PENALTY = -0.5
-INVALID_PENALTY = -0.1
-STRUCT_DIMS = ("pp", "assign", "order", "layer_split", "batch_split", "recompute")
-
-STAGE_FEATURES = ("present", "layers_share", "time_share", "time_vs_bottleneck", "memory_used", "relative_speed",
-                  "tp_log2", "recompute", "link_to_next_log_bw", "device_memory")
-REPLICA_FEATURES = ("present", "microbatch_share", "relative_speed", "load_vs_max", "stages")
-CLASS_FEATURES = ("present", "used", "tp_log2", "relative_speed", "device_memory")
-GLOBAL_FEATURES = ("mbs_index", "sched_1f1b", "sched_gpipe", "sched_interleaved", "pp", "dp_log2", "idle_fraction",
-                   "bubble_fraction", "mfu", "last_failed", "gain_vs_start", "gain_vs_best", "steps_left",
-                   "max_memory_used", "layer_split", "batch_split", "assign_mixed", "order_slow_first",
-                   "recompute_none", "recompute_all", "head_extra", "interleaved_ok")
-#: appended after the first layout (ZeRO sharding and CPU offload)
-ZERO_FEATURES = ("zero", "offload_optimizer", "offload_all", "host_memory_used")
-#: appended after the zero layout (issue 16, layout "full"): the memory model's predicted headroom of the
-#: current plan (``Simulator.memory_estimate``: no schedule simulation, so it is defined for a plan whatever
-#: the backend measured), per node-class slot the fullest used device's predicted peak (the device view:
-#: allocator peak, pool, CUDA context) over its capacity, then the fullest device of the plan and the
-#: fullest host (offloaded state over host memory); each min(use, 1.5) / 1.5, so 2/3 is "exactly full"
-HEADROOM_FEATURES = tuple(f"class{c}.predicted_memory" for c in range(MAX_CLASSES)) + (
-    "predicted_memory_worst", "predicted_host_worst")
-#: and the rest of the space the plan sits in (layout "full"): a roundpipe plan, sequence parallelism,
-#: mixed-stage width (``stage_ranks`` index), MoE choices (expert parallel index, expert subsets, sync
-#: period index; 0 for a dense model), an MoE model, the cluster's slowest inter-node link (log10 of its
-#: bandwidth in GB/s over 3, log10 of its latency in us over 5; 0 on one node)
-SPACE_FEATURES = ("roundpipe", "seq_parallel", "stage_ranks", "expert_parallel", "trains_experts_partition",
-                  "sync_every", "moe_model", "network_log_bw", "network_log_latency")
-
-
-def _build_actions() -> list[tuple]:
-    acts: list[tuple] = [("noop",)]
-    for k in range(MAX_STAGES - 1):
-        acts += [("layer", k, +1), ("layer", k, -1)]
-    acts += [("recompute", k) for k in range(MAX_STAGES)]
-    for r in range(MAX_REPLICAS):
-        acts += [("batch", r, -1), ("batch", r, +1)]
-    acts += [("mbs", +1), ("mbs", -1)]
-    acts += [("schedule", s) for s in SCHEDULES]
-    for d in STRUCT_DIMS:
-        acts += [("dim", d, +1), ("dim", d, -1)]
-    for c in range(MAX_CLASSES):
-        acts += [("tp", c, +1), ("tp", c, -1), ("use", c)]
-    return acts
-
-
-ACTIONS: tuple[tuple, ...] = tuple(_build_actions())
-#: moves appended after ``ACTIONS`` when the space is an MoE model's (its MoE dimensions, one step each way);
-#: a dense model's env has exactly ``ACTIONS``, the list the shipped policy was trained on
-MOE_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("expert_parallel", "trains_experts", "sync_every")
-                                       for step in (+1, -1))
-
-
-#: moves appended after ``ACTIONS`` when the space has the ZeRO / offload dimensions (every space built
-#: by ``SearchSpace``), before any MoE moves
-ZERO_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("zero", "offload") for step in (+1, -1))
-V1_OBSERVATIONS = (MAX_STAGES * len(STAGE_FEATURES) + MAX_REPLICAS * len(REPLICA_FEATURES)
-                   + MAX_CLASSES * len(CLASS_FEATURES) + len(GLOBAL_FEATURES))
-#: moves appended last when the space has mixed-stage dimensions (Zorse: ``autotune.planning.mixed_space``)
-MIXED_ACTIONS: tuple[tuple, ...] = (tuple(("dim", d, step) for d in mixed_space.DIMENSIONS for step in (+1, -1))
-                                    + tuple(("share", k, step) for k in range(MAX_STAGES) for step in (+1, -1)))
-#: sequence parallelism and RoundPipe's dimensions (``autotune.planning.roundpipe_space``: the switch, pool,
-#: balance, memory limit, recompute grain, passes), one step each way (re-decode)
-EXTRA_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("seq_parallel",) + roundpipe_space.DIMENSION_NAMES
-                                         for step in (+1, -1))
-#: the fixed move list of layout "full" (issue 16), the same on every cluster and model: a move whose
-#: dimension the space lacks is masked. Every older layout's list is a prefix of it.
-FULL_ACTIONS: tuple[tuple, ...] = ACTIONS + ZERO_ACTIONS + EXTRA_ACTIONS + MOE_ACTIONS + MIXED_ACTIONS
-FULL_OBSERVATIONS = V1_OBSERVATIONS + len(ZERO_FEATURES) + len(HEADROOM_FEATURES) + len(SPACE_FEATURES)
-#: (observations, moves) of each layout a policy may have been trained on, oldest first; each is a prefix
-#: of the next (a policy reads the first features and chooses among the first moves it knows)
-LAYOUTS = {"v1": (V1_OBSERVATIONS, len(ACTIONS)),
-           "zero": (V1_OBSERVATIONS + len(ZERO_FEATURES), len(ACTIONS) + len(ZERO_ACTIONS)),
-           "full": (FULL_OBSERVATIONS, len(FULL_ACTIONS))}
-
-
-def actions_for(space: SearchSpace, mixed: bool = False) -> tuple[tuple, ...]:
-    """The env's move list for ``space``: ``ACTIONS``, plus ``ZERO_ACTIONS`` and ``MOE_ACTIONS`` for the
-    dimensions it has, plus with ``mixed`` ``MIXED_ACTIONS`` when it has mixed-stage dimensions and the
-    ``EXTRA_ACTIONS`` (sequence parallelism, RoundPipe) of the dimensions it has (off by default: the
-    older policy layouts were trained on the list without them; the from-scratch RL search turns them
-    on). A policy of layout "full" uses ``FULL_ACTIONS`` instead, the same list on every space."""
-    names = {d.name for d in space.dimensions}
-    extra = tuple(a for a in EXTRA_ACTIONS if a[1] in names) if mixed else ()
-    mixed = MIXED_ACTIONS if mixed and "stage_ranks" in names else ()
-    return (ACTIONS + tuple(a for a in ZERO_ACTIONS if a[1] in names)
-            + tuple(a for a in MOE_ACTIONS if a[1] in names) + mixed + extra)
-
-
-def action_name(a: int, actions: tuple[tuple, ...] = ACTIONS) -> str:
-    act = actions[a]
-    return " ".join(str(x) for x in act)
-
+from autotune.specs import SCHEDULES, Measurement, ParallelConfig
+from envs.layout import (CLASS_FEATURES, FAIL_PENALTY, FULL_ACTIONS, FULL_OBSERVATIONS, GLOBAL_FEATURES, HEADROOM_FEATURES,
+                         INVALID_PENALTY, MAX_CLASSES, MAX_REPLICAS, MAX_STAGES, REPLICA_FEATURES,
+                         STAGE_FEATURES, ZERO_FEATURES)
+from envs.observation import observed, predicted_headroom, space_features
 
 class ParallelConfigEnv(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -619,31 +527,7 @@ class ParallelConfigEnv(gym.Env):
         return self._memory_sim
 
     def _space_features(self) -> np.ndarray:
-        """``SPACE_FEATURES``: the plan's place in the rest of the space, and the cluster's network."""
-        cfg, space, dims = self.config, self.space, self._dims
-        f = np.zeros(len(SPACE_FEATURES), dtype=np.float32)
-        if cfg is None:
-            return f
-
-        def idx(name: str) -> float:
-            d = dims.get(name)
-            v = self.params.get(name)
-            return d.choices.index(v) / max(len(d.choices) - 1, 1) if d is not None and v in d.choices else 0.0
-
-        seq = any(getattr(s, "sequence_parallel", False) for p in cfg.pipelines for s in p.stages) \
-            or bool(self.params.get("seq_parallel", False))
-        f[0] = float(cfg.is_roundpipe)
-        f[1] = float(seq)
-        f[2] = idx("stage_ranks")
-        f[3] = idx("expert_parallel")
-        f[4] = float(self.params.get("trains_experts") == "partition")
-        f[5] = idx("sync_every")
-        f[6] = float(space.model.num_experts > 0)
-        if len(space.cluster.nodes) > 1:
-            net = min((n.network for n in space.cluster.nodes), key=lambda link: link.bandwidth_GBps)
-            f[7] = math.log10(max(net.bandwidth_GBps, 0.01)) / 3.0
-            f[8] = math.log10(max(max(n.network.latency_us for n in space.cluster.nodes), 1.0)) / 5.0
-        return f
+        return space_features(self.space, self.config, self.params, self._dims)
 
     def _info(self, **extra: Any) -> dict[str, Any]:
         info = {"tokens_per_s": self.score, "best_tokens_per_s": self.best_score, "evaluations": self.evaluations,
@@ -657,61 +541,3 @@ def sync_params(params: Params, config: ParallelConfig) -> None:
     params["mbs"] = config.micro_batch_size
     if config.schedule in SCHEDULES:
         params["schedule"] = config.schedule
-
-
-def observed(config: ParallelConfig | None) -> ParallelConfig | None:
-    """The plan the observation describes. A roundpipe plan (``autotune.specs.roundpipe``) is shown as a
-    pipeline of its forward stages on its pool's GPUs in turn (the fused stage's blocks with the last),
-    recompute on (its backward recomputes), so every feature stays defined; its schedule features are 0."""
-    if config is None or not config.is_roundpipe:
-        return config
-    pipes = []
-    for p in config.pipelines:
-        rp = p.roundpipe
-        layers = list(rp.forward_layers)
-        layers[-1] += rp.fused_layers
-        pipes.append(PipelineConfig(p.num_microbatches, tuple(
-            StageConfig((rp.devices[k % len(rp.devices)],), n, True) for k, n in enumerate(layers))))
-    return _view(config, tuple(pipes))
-
-
-def _view(config: ParallelConfig, pipes: tuple[PipelineConfig, ...]) -> ParallelConfig:
-    """``config`` with ``pipes`` in place of its pipelines, keeping its schedule name (not validated:
-    a view for the observation only)."""
-    view = object.__new__(ParallelConfig)
-    for name in ParallelConfig.__dataclass_fields__:
-        object.__setattr__(view, name, getattr(config, name))
-    object.__setattr__(view, "pipelines", pipes)
-    return view
-
-
-def predicted_headroom(space: SearchSpace, config: ParallelConfig, simulator: Any) -> np.ndarray:
-    """``HEADROOM_FEATURES`` of ``config``: by ``simulator``'s memory model (``memory_estimate``,
-    ``memory_use``), per node-class slot (``space.node_classes[:MAX_CLASSES]``) the fullest used
-    device's peak over its capacity, then the fullest device and the fullest host; each
-    min(use, 1.5) / 1.5. Zeros when the model has no answer (an invalid plan)."""
-    out = np.zeros(len(HEADROOM_FEATURES), dtype=np.float32)
-    try:
-        m = simulator.memory_estimate(config)
-    except Exception:  # the observation never raises
-        m = None
-    if m is None:
-        return out
-    usable = simulator.costs.usable
-    used = {d: gib / usable[d] for d, gib in m.peak_memory_GiB.items() if usable.get(d, 0) > 0}
-    node_class = {n: k for k, c in enumerate(space.node_classes[:MAX_CLASSES]) for n in c.node_names}
-    for d, use in used.items():
-        k = node_class.get(space.cluster.node_of(d).name)
-        if k is not None:
-            out[k] = max(out[k], min(use, 1.5) / 1.5)
-    out[MAX_CLASSES] = min(max(used.values(), default=0.0), 1.5) / 1.5
-    host = simulator.memory_use(replace(m, peak_memory_GiB={})) if m.host_memory_GiB else 0.0
-    out[MAX_CLASSES + 1] = min(host, 1.5) / 1.5
-    return out
-
-
-def observation_features() -> list[str]:
-    names = [f"stage{i}.{f}" for i in range(MAX_STAGES) for f in STAGE_FEATURES]
-    names += [f"replica{r}.{f}" for r in range(MAX_REPLICAS) for f in REPLICA_FEATURES]
-    names += [f"class{c}.{f}" for c in range(MAX_CLASSES) for f in CLASS_FEATURES]
-    return names + list(GLOBAL_FEATURES) + list(ZERO_FEATURES) + list(HEADROOM_FEATURES) + list(SPACE_FEATURES)

@@ -13,7 +13,8 @@ from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
 from autotune.specs import Measurement, ParallelConfig
-from envs.parallel_config import ACTIONS, FAIL_PENALTY, INVALID_PENALTY, ParallelConfigEnv
+from envs.layout import ACTIONS, FAIL_PENALTY, INVALID_PENALTY
+from envs.parallel_config import ParallelConfigEnv
 
 SCENARIOS = [("cpu-hetero", "tiny"), ("mixed-a100-v100", "gpt2-xl"), ("mixed-h100-a100-32", "llama2-7b")]
 

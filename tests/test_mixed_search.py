@@ -8,7 +8,8 @@ from autotune.loading import cluster_from_dict, load_cluster, load_model
 from autotune.planning import mixed_space
 from autotune.planning.space import SearchSpace
 from autotune.simulator.simulator import Simulator
-from envs.parallel_config import MIXED_ACTIONS, ParallelConfigEnv, actions_for
+from envs.layout import MIXED_ACTIONS, actions_for
+from envs.parallel_config import ParallelConfigEnv
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ from autotune.loading import cluster_from_dict
 from autotune.planning import moe_space
 from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
-from envs.parallel_config import ACTIONS, FULL_ACTIONS, MOE_ACTIONS, ZERO_ACTIONS, ParallelConfigEnv, actions_for
+from envs.layout import ACTIONS, FULL_ACTIONS, MOE_ACTIONS, ZERO_ACTIONS, actions_for
+from envs.parallel_config import ParallelConfigEnv
 
 MOE_DIMS = {"expert_parallel", "trains_experts", "sync_every"}
 

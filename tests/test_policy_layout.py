@@ -12,9 +12,8 @@ from autotune.loading import cluster_from_dict, load_model
 from autotune.policy import policy_file
 from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
-from envs.parallel_config import (ACTIONS, EXTRA_ACTIONS, FULL_ACTIONS, HEADROOM_FEATURES, LAYOUTS, MAX_CLASSES,
-                                  MIXED_ACTIONS, MOE_ACTIONS, SPACE_FEATURES, ZERO_ACTIONS, ParallelConfigEnv,
-                                  observation_features)
+from envs.layout import ACTIONS, EXTRA_ACTIONS, FULL_ACTIONS, HEADROOM_FEATURES, LAYOUTS, MAX_CLASSES, MIXED_ACTIONS, MOE_ACTIONS, SPACE_FEATURES, ZERO_ACTIONS, observation_features
+from envs.parallel_config import ParallelConfigEnv
 
 
 def _two_class_box():

@@ -131,7 +131,7 @@ def test_shipped_policy_loads_and_fits_the_env(policy):
     space, sim = _fixed_scenario()
     env = SearchEnv(space, BudgetedEvaluator(sim, space, 10))
     # the shipped policy is of the full layout (issue 16); older layouts are prefixes of it
-    from envs.parallel_config import LAYOUTS
+    from envs.layout import LAYOUTS
 
     assert (policy.observation_space.shape[0], policy.action_space.n) in LAYOUTS.values()
     assert policy.observation_space.shape[0] <= env.observation_space.shape[0]

@@ -11,7 +11,8 @@ from autotune import load_cluster, load_model
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
-from envs.parallel_config import ACTIONS, LAYOUTS, ZERO_ACTIONS, ParallelConfigEnv, observation_features
+from envs.layout import ACTIONS, LAYOUTS, ZERO_ACTIONS, observation_features
+from envs.parallel_config import ParallelConfigEnv
 
 BOX = Path(__file__).resolve().parent.parent / "examples" / "8x4090.yaml"
 

@@ -138,7 +138,7 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
         raise _refuse(path, f"net_arch must list 1 to {MAX_LAYERS} layer widths of 1 to {MAX_WIDTH}")
     if meta.get("activation") not in ACTIVATIONS:
         raise _refuse(path, f"activation must be one of {', '.join(ACTIVATIONS)}")
-    from envs.parallel_config import LAYOUTS
+    from envs.layout import LAYOUTS
 
     # today's layout, or an older one it extends (a prefix: the policy sees the features and moves it knows)
     if meta["version"] >= 2:
@@ -204,7 +204,7 @@ def describe(model, **extra: Any) -> dict[str, Any]:
              "gamma": float(model.gamma), "gae_lambda": float(model.gae_lambda), "ent_coef": float(model.ent_coef),
              "vf_coef": float(model.vf_coef), "max_grad_norm": float(model.max_grad_norm),
              "clip_range": float(clip(1.0)) if callable(clip) else float(clip), "n_epochs": int(model.n_epochs)}
-    from envs.parallel_config import LAYOUTS
+    from envs.layout import LAYOUTS
 
     sizes = (int(model.observation_space.shape[0]), int(model.action_space.n))
     layout = next((name for name, dims in LAYOUTS.items() if dims == sizes), None)

@@ -2,7 +2,7 @@
 
 A search with few evaluations is a walk over plans that should improve at every step. The policy is
 trained to choose that walk's next step, on the moves of ``autotune/ParallelConfig-v0``
-(``envs.parallel_config.ACTIONS``, the same list on every cluster) and its fixed-size, normalised,
+(``envs.layout.ACTIONS``, the same list on every cluster) and its fixed-size, normalised,
 cluster-size independent observation. ``SearchEnv`` gives the walk best-first semantics, the same
 in training and in use:
 
@@ -48,8 +48,8 @@ from autotune.planning.budget import BudgetedEvaluator
 from autotune.policy.scenarios import Scenario, draw_scenario, training_rng
 from autotune.planning.space import Params, SearchSpace
 from autotune.specs import Measurement, ParallelConfig
-from envs.parallel_config import (ACTIONS, FULL_ACTIONS, ZERO_ACTIONS, ParallelConfigEnv,
-                                  actions_for, observation_features, sync_params)
+from envs.layout import ACTIONS, FULL_ACTIONS, ZERO_ACTIONS, actions_for, observation_features
+from envs.parallel_config import ParallelConfigEnv, sync_params
 
 log = logging.getLogger(__name__)
 
@@ -442,7 +442,7 @@ def load_policy(path: str | Path | None = None):
 
 def policy_layout(policy) -> tuple[int, int]:
     """(observations, moves) the policy was trained on: today's layout or an older prefix of it
-    (``envs.parallel_config.LAYOUTS``)."""
+    (``envs.layout.LAYOUTS``)."""
     return int(policy.observation_space.shape[0]), int(policy.action_space.n)
 
 

@@ -46,7 +46,8 @@ def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None 
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
 
-    from envs.parallel_config import ParallelConfigEnv, actions_for
+    from envs.layout import actions_for
+    from envs.parallel_config import ParallelConfigEnv
 
     torch.set_num_threads(1)
     if budget is not None and budget != evaluator.budget:
