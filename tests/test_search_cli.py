@@ -85,7 +85,7 @@ def test_killed_optuna_search_resumes_to_exactly_budget(tmp_path, writer):
     import optuna
     from mlflow.tracking import MlflowClient
 
-    budget = 40
+    budget = 80  # far more than a poll interval's worth of evaluations: the kill lands mid-search
     args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "optuna", "--budget",
             str(budget), "--seed", "3"]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), AUTOTUNE_MLFLOW_WRITER=writer)
@@ -99,7 +99,7 @@ def test_killed_optuna_search_resumes_to_exactly_budget(tmp_path, writer):
     try:
         deadline = time.time() + 300  # generous: imports and the MLflow store on a loaded machine
         while time.time() < deadline and done < 5:
-            time.sleep(0.3)
+            time.sleep(0.05)
             try:
                 study = optuna.load_study(study_name=study_name, storage=open_storage(journal))
                 done = sum(bool(t.user_attrs.get("evaluated")) for t in study.trials)

@@ -181,6 +181,76 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     (``calibration_corrections.json``) and the corrected profile (``calibrated_profile.json``).
     ``on_evaluation`` also sees screened-out plans (their status is ``"pruned"``).
     """
+    _check_arguments(method, backend, start, workers, seed, run_timeout_s, track, tracking_uri, storage, policy)
+    cluster_spec = load_cluster(cluster)
+    model_spec = load_model(model, global_batch_size)
+    if max_sync_every > 1 and not model_spec.is_moe:
+        log.warning("--max-sync-every %d has no effect: model %r is dense (it applies to MoE models)",
+                    max_sync_every, model_spec.name)
+    req = SearchRequest(cluster_spec, model_spec, method, budget, backend, seed, global_batch_size, tracking_uri,
+                        experiment or f"{cluster_spec.name}__{model_spec.name}", storage, profile, workers, policy,
+                        study_name, dict(restrict or {}), start, max_sync_every, run_timeout_s, fresh)
+    space = SearchSpace(cluster_spec, model_spec, restrict=restrict, max_sync_every=max_sync_every)
+    inner, screen = _evaluator(req, evaluator)
+    say = on_status or (lambda text: None)
+    tracker = _open_tracker(req, background_record, say) if track else None
+    study = _open_study(req, space, say) if method == "optuna" else None
+    budgeted = _open_record(req, space, inner, screen, tracker, study)
+    if on_evaluation is not None:
+        budgeted.watchers.append(on_evaluation)
+    if on_start is not None:
+        best_before = budgeted.best.score if budgeted.best is not None else 0.0
+        on_start(tracker.parent_id if tracker else "", budgeted.used, best_before)
+    summary = _search(req, space, budgeted, tracker, study, screen, say)
+    return _result(req, budgeted, tracker, summary)
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """One search, as asked for (``tune``'s arguments, the files loaded): what its pieces share."""
+
+    cluster: ClusterSpec
+    model: ModelSpec
+    method: str
+    budget: int
+    backend: str
+    seed: int
+    global_batch_size: int | None
+    tracking_uri: str | None
+    experiment: str
+    storage: str | None
+    profile: str | Path | None
+    workers: int
+    policy: str | Path | None
+    study_name: str | None
+    restrict: Mapping[str, Any]
+    start: str
+    max_sync_every: int
+    run_timeout_s: float
+    fresh: bool
+
+    def resume_key(self) -> str:
+        """The key a re-run of the same search (any method but optuna) finds its MLflow parent by."""
+        from autotune.search import tracking
+
+        return tracking.resume_key(self.method, self.seed, self.backend, self.cluster, self.model,
+                                   sorted(self.restrict.items()), self.start, str(self.policy), str(self.profile),
+                                   self.max_sync_every)
+
+    def run_params(self, space: SearchSpace) -> dict[str, Any]:
+        """The parent run's MLflow parameters."""
+        out = {"cluster": self.cluster.name, "model": self.model.name, "method": self.method, "budget": self.budget,
+               "seed": self.seed, "backend": self.backend, "global_batch_size": self.model.global_batch_size,
+               "num_devices": self.cluster.num_devices, "space_size": space.size, "workers": self.workers,
+               "start": self.start if self.method in ("optuna", "rl") else ""}
+        if self.model.is_moe:
+            out["max_sync_every"] = self.max_sync_every
+        return out
+
+
+def _check_arguments(method: str, backend: str, start: str, workers: int, seed: int, run_timeout_s: float,
+                     track: bool, tracking_uri: str | None, storage: str | None, policy: str | Path | None) -> None:
+    """Every argument that can be checked before any work, each refused with one line naming it."""
     if method not in METHODS:
         raise SpecError("search", "method", f"must be one of {' | '.join(METHODS)}, got {method!r}")
     if backend not in BACKENDS:
@@ -206,84 +276,81 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
         from autotune.policy.pretrained import default_policy_path
 
         policy_file.read(policy if policy is not None else default_policy_path())
-    cluster_spec = load_cluster(cluster)
-    model_spec = load_model(model, global_batch_size)
-    space = SearchSpace(cluster_spec, model_spec, restrict=restrict, max_sync_every=max_sync_every)
-    if max_sync_every > 1 and not model_spec.is_moe:
-        log.warning("--max-sync-every %d has no effect: model %r is dense (it applies to MoE models)",
-                    max_sync_every, model_spec.name)
-    inner = evaluator if evaluator is not None else make_evaluator(cluster_spec, model_spec, backend, profile,
-                                                                   run_timeout_s=run_timeout_s)
-    screen = None
-    if backend == "real" and workers == 1:
+
+
+def _evaluator(req: SearchRequest, evaluator: Evaluator | None):
+    """(the evaluator the budget wraps, the calibration screen of a one-process real search or None)."""
+    inner = evaluator if evaluator is not None else make_evaluator(req.cluster, req.model, req.backend, req.profile,
+                                                                   run_timeout_s=req.run_timeout_s)
+    if req.backend == "real" and req.workers == 1:
         from autotune.search.screen import CalibrationScreen
         from autotune.simulator import Simulator
 
-        screen = CalibrationScreen(inner, Simulator(cluster_spec, model_spec, profile=_load_profile(profile)))
-        inner = screen
-    elif backend == "real":
-        log.info("search: --workers %d runs real plans in separate processes; no online calibration", workers)
-    exp_name = experiment or f"{cluster_spec.name}__{model_spec.name}"
+        screen = CalibrationScreen(inner, Simulator(req.cluster, req.model, profile=_load_profile(req.profile)))
+        return screen, screen
+    if req.backend == "real":
+        log.info("search: --workers %d runs real plans in separate processes; no online calibration", req.workers)
+    return inner, None
 
-    say = on_status or (lambda text: None)
+
+def _open_tracker(req: SearchRequest, background_record: bool | None, say: Callable[[str], None]):
+    """The MLflow record: written from a second process for long simulator searches (``writer``)."""
     from autotune.search import tracking
 
-    tracker = None
-    if track:
-        say(f"opening the MLflow store {tracking_uri or tracking.DEFAULT_TRACKING_URI}")
-        description = experiment_description(cluster_spec, model_spec)
-        if background_record is None and os.environ.get("AUTOTUNE_MLFLOW_WRITER") in ("process", "inline"):
-            background_record = os.environ["AUTOTUNE_MLFLOW_WRITER"] == "process"
-        if background_record if background_record is not None else (backend == "sim" and budget >= BACKGROUND_MIN_BUDGET):
-            from autotune.search.writer import BackgroundTracker, wait_with
+    say(f"opening the MLflow store {req.tracking_uri or tracking.DEFAULT_TRACKING_URI}")
+    description = experiment_description(req.cluster, req.model)
+    if background_record is None and os.environ.get("AUTOTUNE_MLFLOW_WRITER") in ("process", "inline"):
+        background_record = os.environ["AUTOTUNE_MLFLOW_WRITER"] == "process"
+    if background_record if background_record is not None else (req.backend == "sim"
+                                                                 and req.budget >= BACKGROUND_MIN_BUDGET):
+        from autotune.search.writer import BackgroundTracker, wait_with
 
-            tracker = BackgroundTracker(tracking_uri, exp_name, description=description)
-            wait_with(tracker, say)
-        else:
-            tracker = tracking.SearchTracker(tracking_uri, exp_name, description=description)
-    study = None
-    if method == "optuna":
-        from autotune.search.agents import optuna_storage, shared_study
+        tracker = BackgroundTracker(req.tracking_uri, req.experiment, description=description)
+        wait_with(tracker, say)
+        return tracker
+    return tracking.SearchTracker(req.tracking_uri, req.experiment, description=description)
 
-        sync = f"__sync{max_sync_every}" if max_sync_every > 1 and model_spec.is_moe else ""  # its own space
-        name = study_name or f"{exp_name}__optuna__seed{seed}{sync}{study_variant(backend, restrict, start, profile, global_batch_size)}"
-        storage = storage or optuna_storage.default_storage()
-        say(f"opening the Optuna study {name} in {storage}")
-        study = shared_study.open_study(space, name, storage, seed, fresh=fresh)
 
-    tags = {"autotune.method": method, "autotune.backend": backend, "autotune.cluster": cluster_spec.name,
-            "autotune.model": model_spec.name}
-    resume_id = None
-    if method != "optuna" and tracker is not None:
-        # every other method resumes from its MLflow parent: a re-run of the same search (same key)
-        # reopens it, counts what it holds, and evaluates only the rest of the budget
-        key = tracking.resume_key(method, seed, backend, cluster_spec, model_spec, sorted((restrict or {}).items()),
-                                  start, str(policy), str(profile), max_sync_every)
-        tags[tracking.RESUME_TAG] = key
-        resume_id = None if fresh else tracker.find_parent(key)
+def _open_study(req: SearchRequest, space: SearchSpace, say: Callable[[str], None]):
+    """The Optuna study of an optuna search (shared by every search of the same name)."""
+    from autotune.search.agents import optuna_storage, shared_study
+
+    sync = f"__sync{req.max_sync_every}" if req.max_sync_every > 1 and req.model.is_moe else ""  # its own space
+    name = req.study_name or (f"{req.experiment}__optuna__seed{req.seed}{sync}"
+                              f"{study_variant(req.backend, req.restrict, req.start, req.profile, req.global_batch_size)}")
+    storage = req.storage or optuna_storage.default_storage()
+    say(f"opening the Optuna study {name} in {storage}")
+    return shared_study.open_study(space, name, storage, req.seed, fresh=req.fresh)
+
+
+def _open_record(req: SearchRequest, space: SearchSpace, inner: Evaluator, screen, tracker, study) -> BudgetedEvaluator:
+    """The budget, with what the MLflow parent (or the study) already holds of this search preloaded."""
+    from autotune.search import tracking
 
     listeners: list[Callable[[Evaluation], None]] = []
     if tracker is not None:
         listeners.append(lambda ev: tracker.log_evaluation(ev, space.params_of(ev.config)))
         if screen is not None:
             listeners.append(lambda ev: _log_prediction_error(tracker, screen, ev))
-    budgeted = BudgetedEvaluator(inner, space, budget, listeners, screen=screen.screen if screen else None)
-
+    budgeted = BudgetedEvaluator(inner, space, req.budget, listeners, screen=screen.screen if screen else None)
     if tracker is not None:
-        run_params = {"cluster": cluster_spec.name, "model": model_spec.name, "method": method, "budget": budget,
-                      "seed": seed, "backend": backend, "global_batch_size": model_spec.global_batch_size,
-                      "num_devices": cluster_spec.num_devices, "space_size": space.size,
-                      "workers": workers, "start": start if method in ("optuna", "rl") else ""}
-        if model_spec.is_moe:
-            run_params["max_sync_every"] = max_sync_every
+        tags = {"autotune.method": req.method, "autotune.backend": req.backend, "autotune.cluster": req.cluster.name,
+                "autotune.model": req.model.name}
+        resume_id = None
+        if req.method != "optuna":
+            # every other method resumes from its MLflow parent: a re-run of the same search (same key)
+            # reopens it, counts what it holds, and evaluates only the rest of the budget
+            key = req.resume_key()
+            tags[tracking.RESUME_TAG] = key
+            resume_id = None if req.fresh else tracker.find_parent(key)
         if study is not None:
             tags["autotune.study"] = study.study_name
             resume_id = study.parent_run(tracker.run_exists)
-        run_name = search_run_name(method, budget, seed, backend)
+        run_name = search_run_name(req.method, req.budget, req.seed, req.backend)
         if resume_id:
-            tracker.start(run_name, run_params, tags, resume_run_id=resume_id)
+            tracker.start(run_name, req.run_params(space), tags, resume_run_id=resume_id)
         else:
-            candidate = tracker.start(run_name, run_params, tags)
+            candidate = tracker.start(run_name, req.run_params(space), tags)
             if study is not None:  # several searches on one study share the first one's parent run
                 winner = study.elect(candidate, tracker.run_exists)
                 if winner != candidate:
@@ -293,89 +360,108 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
             for rec in tracker.recorded():
                 budgeted.preload(rec.config, rec.measurement, rec.params)
     if study is not None:
-        from autotune.search.agents import shared_study
-        from autotune.search.workers import abandoned
+        _recover_study(study, space, budgeted)
+    return budgeted
 
-        added = shared_study.sync_from_evaluator(study, space, budgeted)
-        if added:
-            log.info("optuna: recovered %d evaluated plans from MLflow into the study", added)
-        # plans the study holds that this MLflow record lacks (a kill between the study and MLflow
-        # writes, or a new store): log those whose worker is gone; live workers log their own
-        now = time.time()
-        for t in shared_study.evaluated_trials(study):
-            if "config" not in t.user_attrs:
-                continue
-            config = ParallelConfig.from_dict(t.user_attrs["config"], source=f"trial {t.number}")
-            if config in budgeted:
-                continue
-            raw = t.user_attrs.get("measurement") or {"tokens_per_s": t.value or 0.0,
-                                                      "status": t.user_attrs.get("status", "ok")}
-            if abandoned(t.user_attrs.get("worker"), t.user_attrs.get("heartbeat"), now):
-                budgeted.record(config, Measurement.from_dict(raw), t.params)
-            else:
-                budgeted.preload(config, Measurement.from_dict(raw), t.params)
-    if on_evaluation is not None:
-        budgeted.watchers.append(on_evaluation)
-    if on_start is not None:
-        best_before = budgeted.best.score if budgeted.best is not None else 0.0
-        on_start(tracker.parent_id if tracker else "", budgeted.used, best_before)
 
+def _recover_study(study, space: SearchSpace, budgeted: BudgetedEvaluator) -> None:
+    """Join the study and the MLflow record: plans MLflow holds that the study lacks go into the study;
+    plans the study holds that this record lacks are logged where their worker is gone (live workers log
+    their own), else preloaded."""
+    from autotune.search.agents import shared_study
+    from autotune.search.workers import abandoned
+
+    added = shared_study.sync_from_evaluator(study, space, budgeted)
+    if added:
+        log.info("optuna: recovered %d evaluated plans from MLflow into the study", added)
+    now = time.time()
+    for t in shared_study.evaluated_trials(study):
+        if "config" not in t.user_attrs:
+            continue
+        config = ParallelConfig.from_dict(t.user_attrs["config"], source=f"trial {t.number}")
+        if config in budgeted:
+            continue
+        raw = t.user_attrs.get("measurement") or {"tokens_per_s": t.value or 0.0,
+                                                  "status": t.user_attrs.get("status", "ok")}
+        if abandoned(t.user_attrs.get("worker"), t.user_attrs.get("heartbeat"), now):
+            budgeted.record(config, Measurement.from_dict(raw), t.params)
+        else:
+            budgeted.preload(config, Measurement.from_dict(raw), t.params)
+
+
+def _search(req: SearchRequest, space: SearchSpace, budgeted: BudgetedEvaluator, tracker, study, screen,
+            say: Callable[[str], None]) -> SearchSummary:
+    """Run the agent; whatever happens, summarise and finish the MLflow record."""
     preloaded = budgeted.used
     began = time.monotonic()
-    summary = None
     status = "FAILED"
     try:
-        _run_agent(method, space, budgeted, seed, study=study, storage=storage, workers=workers, policy=policy,
-                   tracking_uri=tracking_uri, experiment=exp_name, run_id=tracker.parent_id if tracker else None,
-                   cluster=cluster_spec, model=model_spec, backend=backend, profile=profile,
-                   study_name=study.study_name if study is not None else None, start=start,
-                   run_timeout_s=run_timeout_s)
+        _run_agent(req.method, space, budgeted, req.seed, study=study, storage=req.storage, workers=req.workers,
+                   policy=req.policy, tracking_uri=req.tracking_uri, experiment=req.experiment,
+                   run_id=tracker.parent_id if tracker else None, cluster=req.cluster, model=req.model,
+                   backend=req.backend, profile=req.profile,
+                   study_name=study.study_name if study is not None else None, start=req.start,
+                   run_timeout_s=req.run_timeout_s)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
         raise
     finally:
-        best = _best_with_timeline(budgeted)
-        wall = time.monotonic() - began
-        uniform = None
-        if status == "FINISHED" and budgeted.best is not None:
-            if method == "uniform":
-                uniform = (budgeted.best.score, budgeted.used, len(space.uniform_plans()))
-            elif backend == "sim":
-                from autotune.search.summary import uniform_baseline
-
-                say("the uniform baseline under the same budget (for the speedup)")
-                uniform = uniform_baseline(budgeted, seed)
-        from autotune.search.summary import summarize
-
-        summary = summarize(budgeted, wall, preloaded, uniform)
+        summary = _summarize(req, space, budgeted, status, time.monotonic() - began, preloaded, say)
         if screen is not None:
             log.info("search: %d real runs, %d plans screened out by the corrected simulator", budgeted.used,
                      len(budgeted.screened))
             if tracker is not None:
                 _log_calibration(tracker, screen, budgeted)
         if tracker is not None:
-            try:
-                tracker.log_parent_metrics({"memory_screened": float(budgeted.memory_screened)}, step=0)
-            except Exception as e:  # the count is a summary; never lose the search's result for it
-                log.warning("could not log memory_screened to MLflow: %s", e)
-            say("writing the best plan and the pictures to MLflow")
-            tracker.finish(best, budgeted.best_curve(), [ev.score for ev in budgeted.history],
-                           title=f"{method} on {cluster_spec.name} / {model_spec.name}", status=status,
-                           summary=summary.metrics(),
-                           statuses=[tracking.status_of(ev.measurement) for ev in budgeted.history])
+            _finish_record(req, tracker, budgeted, summary, status, say)
+    return summary
+
+
+def _summarize(req: SearchRequest, space: SearchSpace, budgeted: BudgetedEvaluator, status: str, wall: float,
+               preloaded: int, say: Callable[[str], None]) -> SearchSummary:
+    from autotune.search.summary import summarize
+
+    uniform = None
+    if status == "FINISHED" and budgeted.best is not None:
+        if req.method == "uniform":
+            uniform = (budgeted.best.score, budgeted.used, len(space.uniform_plans()))
+        elif req.backend == "sim":
+            from autotune.search.summary import uniform_baseline
+
+            say("the uniform baseline under the same budget (for the speedup)")
+            uniform = uniform_baseline(budgeted, req.seed)
+    return summarize(budgeted, wall, preloaded, uniform)
+
+
+def _finish_record(req: SearchRequest, tracker, budgeted: BudgetedEvaluator, summary: SearchSummary, status: str,
+                   say: Callable[[str], None]) -> None:
+    from autotune.search import tracking
+
+    try:
+        tracker.log_parent_metrics({"memory_screened": float(budgeted.memory_screened)}, step=0)
+    except Exception as e:  # the count is a summary; never lose the search's result for it
+        log.warning("could not log memory_screened to MLflow: %s", e)
+    say("writing the best plan and the pictures to MLflow")
+    tracker.finish(_best_with_timeline(budgeted), budgeted.best_curve(), [ev.score for ev in budgeted.history],
+                   title=f"{req.method} on {req.cluster.name} / {req.model.name}", status=status,
+                   summary=summary.metrics(), statuses=[tracking.status_of(ev.measurement) for ev in budgeted.history])
+
+
+def _result(req: SearchRequest, budgeted: BudgetedEvaluator, tracker, summary: SearchSummary) -> TuneResult:
     best = _best_with_timeline(budgeted)
+    where = f"{req.cluster.name} / {req.model.name}"
     if best is None:
         if budgeted.memory_screened:
             raise SpecError("search", "memory", f"no plan fits: the memory model says all {len(budgeted.screened)} "
-                                                f"plans {method} tried on {cluster_spec.name} / {model_spec.name} "
-                                                f"run out of memory (the most memory-frugal plan of the space "
-                                                f"included); try a smaller model, micro-batch or more devices")
-        raise SpecError("search", "space", f"no plan was evaluated: the space of {cluster_spec.name} / "
-                                           f"{model_spec.name} has no valid plan the method could reach")
+                                                f"plans {req.method} tried on {where} run out of memory (the most "
+                                                f"memory-frugal plan of the space included); try a smaller model, "
+                                                f"micro-batch or more devices")
+        raise SpecError("search", "space", f"no plan was evaluated: the space of {where} has no valid plan the "
+                                           f"method could reach")
     return TuneResult(best_config=best.config, best_measurement=best.measurement, evaluations=budgeted.used,
-                      method=method, cluster=cluster_spec.name, model=model_spec.name, budget=budget, seed=seed,
-                      backend=backend, experiment=exp_name if tracker else "",
+                      method=req.method, cluster=req.cluster.name, model=req.model.name, budget=req.budget,
+                      seed=req.seed, backend=req.backend, experiment=req.experiment if tracker else "",
                       run_id=tracker.parent_id or "" if tracker else "",
                       tracking_uri=tracker.tracking_uri if tracker else "", best_curve=tuple(budgeted.best_curve()),
                       screened=len(budgeted.screened), memory_screened=budgeted.memory_screened, summary=summary,
