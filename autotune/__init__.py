@@ -21,9 +21,23 @@ from autotune.specs import (
 )
 
 __all__ = [
-    "SpecError", "load_cluster", "load_config", "load_model", "ClusterSpec", "DeviceSpec", "LinkSpec",
-    "Measurement", "ModelSpec", "NodeSpec", "ParallelConfig", "PipelineConfig", "StageConfig",
-    "tune", "best_config", "simulate", "TuneResult",
+    "SpecError",
+    "load_cluster",
+    "load_config",
+    "load_model",
+    "ClusterSpec",
+    "DeviceSpec",
+    "LinkSpec",
+    "Measurement",
+    "ModelSpec",
+    "NodeSpec",
+    "ParallelConfig",
+    "PipelineConfig",
+    "StageConfig",
+    "tune",
+    "best_config",
+    "simulate",
+    "TuneResult",
 ]
 
 _LAZY = {

@@ -14,12 +14,14 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Find and run the fastest training plan for an LLM on a mixed GPU cluster.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Find and run the fastest training plan for an LLM on a mixed GPU cluster.",
+)
 
 
 def _flags_take_no_value() -> None:
@@ -45,8 +47,9 @@ _flags_take_no_value()
 ClusterOpt = typer.Option(..., "--cluster", help="Cluster YAML path or preset name.")
 ModelOpt = typer.Option(..., "--model", help="Model YAML path or preset name.")
 GbsOpt = typer.Option(None, "--global-batch-size", help="Override the model's global batch size (sequences).")
-ExperimentOpt = typer.Option(None, "--experiment", help="MLflow experiment (default: the one of the most recent "
-                             "search).")  # compare, best
+ExperimentOpt = typer.Option(
+    None, "--experiment", help="MLflow experiment (default: the one of the most recent search)."
+)  # compare, best
 StoreOpt = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow.db).")  # compare, best
 
 
@@ -62,8 +65,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """Find and run the fastest training plan for an LLM on a mixed GPU cluster."""
 
 
@@ -82,13 +88,20 @@ def simulate(
     cluster: str = ClusterOpt,
     model: str = ModelOpt,
     config: Path = typer.Option(..., "--config", help="Parallel config JSON."),
-    global_batch_size: Optional[int] = GbsOpt,
-    profile: Optional[Path] = typer.Option(None, "--profile", help="Calibration profile from `autotune profile`."),
+    global_batch_size: int | None = GbsOpt,
+    profile: Path | None = typer.Option(None, "--profile", help="Calibration profile from `autotune profile`."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
     """Predict iteration time, throughput and memory of a plan with the simulator."""
-    _run("simulate", cluster=cluster, model=model, config=config, global_batch_size=global_batch_size,
-         profile=profile, json_out=json_out)
+    _run(
+        "simulate",
+        cluster=cluster,
+        model=model,
+        config=config,
+        global_batch_size=global_batch_size,
+        profile=profile,
+        json_out=json_out,
+    )
 
 
 @app.command()
@@ -96,21 +109,30 @@ def measure(
     cluster: str = ClusterOpt,
     model: str = ModelOpt,
     config: Path = typer.Option(..., "--config", help="Parallel config JSON."),
-    global_batch_size: Optional[int] = GbsOpt,
+    global_batch_size: int | None = GbsOpt,
     steps: int = typer.Option(3, "--steps", help="Timed steps (after warm-up)."),
     warmup: int = typer.Option(1, "--warmup", help="Warm-up steps, not timed."),
     timeout: float = typer.Option(300.0, "--timeout", help="Wall-clock limit for the whole run, seconds."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
     """Run a short profiled training run of a plan through the runner and report what it measured."""
-    _run("measure", cluster=cluster, model=model, config=config, global_batch_size=global_batch_size,
-         steps=steps, warmup=warmup, timeout=timeout, json_out=json_out)
+    _run(
+        "measure",
+        cluster=cluster,
+        model=model,
+        config=config,
+        global_batch_size=global_batch_size,
+        steps=steps,
+        warmup=warmup,
+        timeout=timeout,
+        json_out=json_out,
+    )
 
 
 @app.command()
 def profile(
     cluster: str = ClusterOpt,
-    model: Optional[str] = typer.Option(None, "--model", help="Model whose shapes to profile."),
+    model: str | None = typer.Option(None, "--model", help="Model whose shapes to profile."),
     output: Path = typer.Option(Path("profile.json"), "--output", help="Where to write the profile."),
     quick: bool = typer.Option(False, "--quick", help="Fewer repetitions and micro-batch sizes (smoke runs, tests)."),
 ) -> None:
@@ -124,43 +146,86 @@ def search(
     model: str = ModelOpt,
     method: str = typer.Option("optuna", "--method", help="rl | optuna | random | uniform | exhaustive | dp"),
     budget: int = typer.Option(100, "--budget", help="Number of evaluated plans."),
-    global_batch_size: Optional[int] = GbsOpt,
+    global_batch_size: int | None = GbsOpt,
     backend: str = typer.Option("sim", "--backend", help="sim (simulator) or real (profiled runs)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the method's random choices (0 to 2**32-1); another seed "
-                             "is another search."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Write the best config JSON here (the plan file "
-                                          "measure and train take, plus its measurement)."),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow.db)."),
-    experiment: Optional[str] = typer.Option(None, "--experiment", help="MLflow experiment (default: cluster+model)."),
-    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage: optuna.journal (the default, a journal file in the working directory), "
-                                    "sqlite:///FILE or postgresql://USER@HOST/DB (several machines)."),
-    profile: Optional[Path] = typer.Option(None, "--profile", help="Calibration profile for the simulator."),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed of the method's random choices (0 to 2**32-1); another seed is another search."
+    ),
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        help="Write the best config JSON here (the plan file measure and train take, plus its measurement).",
+    ),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow store (default sqlite:///mlflow.db)."),
+    experiment: str | None = typer.Option(None, "--experiment", help="MLflow experiment (default: cluster+model)."),
+    storage: str | None = typer.Option(
+        None,
+        "--storage",
+        help="Optuna storage: optuna.journal (the default, a journal file in the working directory), "
+        "sqlite:///FILE or postgresql://USER@HOST/DB (several machines).",
+    ),
+    profile: Path | None = typer.Option(None, "--profile", help="Calibration profile for the simulator."),
     workers: int = typer.Option(1, "--workers", help="Optuna worker processes on one study."),
-    policy: Optional[Path] = typer.Option(None, "--policy", help="RL policy file (default: the shipped one)."),
-    start: str = typer.Option("dp", "--start", help="Where optuna and rl start: dp (the planner's best 3 "
-                                                    "plans, 3 evaluations) or heuristic (their own start plans)."),
-    max_sync_every: int = typer.Option(1, "--max-sync-every", help="MoE models: the largest sync_every_steps "
-                                       "the search may choose (SPES; 1 = replicas synchronise every step)."),
-    run_timeout: float = typer.Option(300.0, "--run-timeout", help="--backend real: wall-clock limit of one "
-                                      "profiled run, seconds (a plan that takes longer counts as status timeout)."),
-    fresh: bool = typer.Option(False, "--fresh", help="Start this search over instead of resuming it (the earlier "
-                               "one stays in the MLflow store and the Optuna storage)."),
+    policy: Path | None = typer.Option(None, "--policy", help="RL policy file (default: the shipped one)."),
+    start: str = typer.Option(
+        "dp",
+        "--start",
+        help="Where optuna and rl start: dp (the planner's best 3 "
+        "plans, 3 evaluations) or heuristic (their own start plans).",
+    ),
+    max_sync_every: int = typer.Option(
+        1,
+        "--max-sync-every",
+        help="MoE models: the largest sync_every_steps "
+        "the search may choose (SPES; 1 = replicas synchronise every step).",
+    ),
+    run_timeout: float = typer.Option(
+        300.0,
+        "--run-timeout",
+        help="--backend real: wall-clock limit of one "
+        "profiled run, seconds (a plan that takes longer counts as status timeout).",
+    ),
+    fresh: bool = typer.Option(
+        False,
+        "--fresh",
+        help="Start this search over instead of resuming it (the earlier "
+        "one stays in the MLflow store and the Optuna storage).",
+    ),
 ) -> None:
     """Search for the fastest plan that fits; log every evaluation to MLflow.
 
     Re-running the same command resumes an interrupted search (or continues a finished one to a
     larger --budget); --fresh starts over."""
-    _run("search", cluster=cluster, model=model, method=method, budget=budget, global_batch_size=global_batch_size,
-         backend=backend, seed=seed, output=output, tracking_uri=tracking_uri, experiment=experiment,
-         storage=storage, profile=profile, workers=workers, policy=policy, start=start,
-         max_sync_every=max_sync_every, run_timeout=run_timeout, fresh=fresh)
+    _run(
+        "search",
+        cluster=cluster,
+        model=model,
+        method=method,
+        budget=budget,
+        global_batch_size=global_batch_size,
+        backend=backend,
+        seed=seed,
+        output=output,
+        tracking_uri=tracking_uri,
+        experiment=experiment,
+        storage=storage,
+        profile=profile,
+        workers=workers,
+        policy=policy,
+        start=start,
+        max_sync_every=max_sync_every,
+        run_timeout=run_timeout,
+        fresh=fresh,
+    )
 
 
 @app.command()
 def compare(
-    experiment: Optional[str] = ExperimentOpt,
-    tracking_uri: Optional[str] = StoreOpt,
-    csv: bool = typer.Option(False, "--csv", help="Print CSV (one header line, one line per search) instead of a table."),
+    experiment: str | None = ExperimentOpt,
+    tracking_uri: str | None = StoreOpt,
+    csv: bool = typer.Option(
+        False, "--csv", help="Print CSV (one header line, one line per search) instead of a table."
+    ),
 ) -> None:
     """One row per search in an experiment: method, budget, seed, backend, best tokens/s, found at, wall time."""
     _run("compare", experiment=experiment, tracking_uri=tracking_uri, csv=csv)
@@ -168,8 +233,8 @@ def compare(
 
 @app.command()
 def best(
-    experiment: Optional[str] = ExperimentOpt,
-    tracking_uri: Optional[str] = StoreOpt,
+    experiment: str | None = ExperimentOpt,
+    tracking_uri: str | None = StoreOpt,
 ) -> None:
     """Print the best config JSON recorded in MLflow."""
     _run("best", experiment=experiment, tracking_uri=tracking_uri)
@@ -181,32 +246,53 @@ def train(
     cluster: str = ClusterOpt,
     model: str = ModelOpt,
     config: Path = typer.Option(..., "--config", help="Parallel config JSON (e.g. from search --output)."),
-    global_batch_size: Optional[int] = GbsOpt,
-    steps: int = typer.Option(10, "--steps", help="Train until this optimizer step (a resumed run counts the "
-                              "steps before its checkpoint)."),
-    checkpoint_dir: Optional[Path] = typer.Option(None, "--checkpoint-dir", help="Directory for checkpoints "
-                                                  "(torch.distributed.checkpoint; one train at a time)."),
-    checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Checkpoint every K steps (0: only at the end)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint in --checkpoint-dir "
-                                "(the one 'latest' names, else the newest complete one)."),
-    metrics_out: Optional[Path] = typer.Option(None, "--metrics-out", help="Append one JSON line per step."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Text file (byte-level tokens); default synthetic."),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Also log steps to MLflow."),
+    global_batch_size: int | None = GbsOpt,
+    steps: int = typer.Option(
+        10, "--steps", help="Train until this optimizer step (a resumed run counts the steps before its checkpoint)."
+    ),
+    checkpoint_dir: Path | None = typer.Option(
+        None, "--checkpoint-dir", help="Directory for checkpoints (torch.distributed.checkpoint; one train at a time)."
+    ),
+    checkpoint_every: int = typer.Option(
+        0, "--checkpoint-every", help="Checkpoint every K steps (0: only at the end)."
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue from the checkpoint in --checkpoint-dir (the one 'latest' names, else the newest complete one).",
+    ),
+    metrics_out: Path | None = typer.Option(None, "--metrics-out", help="Append one JSON line per step."),
+    data: Path | None = typer.Option(None, "--data", help="Text file (byte-level tokens); default synthetic."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="Also log steps to MLflow."),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic data."),
 ) -> None:
     """Train the model with a plan on torch.distributed (torchrun); extra args go to torchrun.
 
     Several machines: run the same command on each with torchrun's flags, e.g. --nnodes 2
     --node-rank 0 --nproc-per-node 4 --master-addr HOST --master-port 29500 (README)."""
-    _run("train", cluster=cluster, model=model, config=config, global_batch_size=global_batch_size, steps=steps,
-         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume, metrics_out=metrics_out,
-         data=data, tracking_uri=tracking_uri, seed=seed, torchrun_args=list(ctx.args))
+    _run(
+        "train",
+        cluster=cluster,
+        model=model,
+        config=config,
+        global_batch_size=global_batch_size,
+        steps=steps,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        metrics_out=metrics_out,
+        data=data,
+        tracking_uri=tracking_uri,
+        seed=seed,
+        torchrun_args=list(ctx.args),
+    )
 
 
 @app.command()
 def ui(
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store to show (default "
-                                               "sqlite:///mlflow.db)."),
+    tracking_uri: str | None = typer.Option(
+        None, "--tracking-uri", help="MLflow store to show (default sqlite:///mlflow.db)."
+    ),
     port: int = typer.Option(5000, "--port", help="Port of the UI on 127.0.0.1."),
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 for the local store."""
@@ -281,8 +367,7 @@ def main() -> None:
             sys.exit(code)
         if os.environ.get("AUTOTUNE_DEBUG"):
             raise
-        typer.echo(f"error: {_one_line(f'{type(e).__name__}: {e}')} (AUTOTUNE_DEBUG=1 shows the traceback)",
-                   err=True)
+        typer.echo(f"error: {_one_line(f'{type(e).__name__}: {e}')} (AUTOTUNE_DEBUG=1 shows the traceback)", err=True)
         sys.exit(1)
 
 

@@ -39,8 +39,10 @@ class _BoundedLoader(yaml.SafeLoader):
             self.aliases += 1
             if self.aliases > MAX_ALIASES:
                 mark = self.peek_event().start_mark
-                raise yaml.YAMLError(f"more than {MAX_ALIASES} aliases (*name) at line {mark.line + 1}; "
-                                     "a file that expands itself is refused")
+                raise yaml.YAMLError(
+                    f"more than {MAX_ALIASES} aliases (*name) at line {mark.line + 1}; "
+                    "a file that expands itself is refused"
+                )
         return super().compose_node(parent, index)
 
 
@@ -48,9 +50,12 @@ def _decode(source: str, blob: bytes) -> str:
     try:
         return blob.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = blob[:e.start].count(b"\n") + 1
-        raise SpecError(source, "", f"is not UTF-8 text: byte 0x{blob[e.start]:02x} at line {line} "
-                                    f"(offset {e.start}); is it a binary file?") from None
+        line = blob[: e.start].count(b"\n") + 1
+        raise SpecError(
+            source,
+            "",
+            f"is not UTF-8 text: byte 0x{blob[e.start]:02x} at line {line} (offset {e.start}); is it a binary file?",
+        ) from None
 
 
 def read_document(path: str | Path, fmt: str | None = None) -> Any:

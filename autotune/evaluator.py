@@ -66,8 +66,13 @@ BACKENDS = ("sim", "real")
 DEFAULT_RUN_TIMEOUT_S = 300.0
 
 
-def make_evaluator(cluster: ClusterSpec, model: ModelSpec, backend: str = "sim", profile=None,
-                   run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S) -> Evaluator:
+def make_evaluator(
+    cluster: ClusterSpec,
+    model: ModelSpec,
+    backend: str = "sim",
+    profile=None,
+    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S,
+) -> Evaluator:
     """The evaluator of ``backend``: ``sim`` the simulator (with ``profile``, a path or a
     ``CalibrationProfile``), ``real`` one short profiled run per plan through the runner, each ended
     after ``run_timeout_s`` seconds (status ``timeout``)."""

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 PARENT_ENV = "AUTOTUNE_PARENT_PID"
 PR_SET_PDEATHSIG = 1
@@ -61,6 +61,7 @@ def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> Non
     if os.getppid() != parent:  # the parent died before the kernel could be told to watch it
         os._exit(128 + int(sig))
     if not armed:
+
         def watch() -> None:
             while os.getppid() == parent:
                 time.sleep(1.0)

@@ -8,14 +8,26 @@ twice; editing a file invalidates its entry.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from autotune.catalog import CLUSTER_PRESETS, GPU_CATALOG, MODEL_PRESETS
 from autotune.documents import read_document
 from autotune.errors import SpecError, shown
-from autotune.specs import (MAX_DEVICES, ClusterSpec, DeviceSpec, HostSpec, LinkSpec, ModelSpec, NodeSpec,
-                            ParallelConfig, positive, default_host, limit_of)
+from autotune.specs import (
+    MAX_DEVICES,
+    ClusterSpec,
+    DeviceSpec,
+    HostSpec,
+    LinkSpec,
+    ModelSpec,
+    NodeSpec,
+    ParallelConfig,
+    default_host,
+    limit_of,
+    positive,
+)
 
 PathLike = str | Path
 MAX_NAME_CHARS = 128
@@ -92,13 +104,31 @@ def _link(source: str, field: str, raw: Any) -> LinkSpec:
 def _device(source: str, field: str, raw: Any) -> DeviceSpec:
     if isinstance(raw, str):
         if raw not in GPU_CATALOG:
-            raise SpecError(source, field, f"unknown GPU {shown(raw)}; the catalog has {', '.join(GPU_CATALOG)} "
-                                           "(or give {name, peak_tflops, memory_GiB, memory_bandwidth_GBps})")
+            raise SpecError(
+                source,
+                field,
+                f"unknown GPU {shown(raw)}; the catalog has {', '.join(GPU_CATALOG)} "
+                "(or give {name, peak_tflops, memory_GiB, memory_bandwidth_GBps})",
+            )
         return GPU_CATALOG[raw]
     if not isinstance(raw, Mapping):
         raise SpecError(source, field, "must be a catalog name or a mapping")
-    _only(source, field, raw, {"name", "peak_tflops", "memory_GiB", "memory_bandwidth_GBps", "source", "pcie_gen",
-                               "pcie_lanes", "peak_tflops_tf32", "peak_tflops_fp32"})
+    _only(
+        source,
+        field,
+        raw,
+        {
+            "name",
+            "peak_tflops",
+            "memory_GiB",
+            "memory_bandwidth_GBps",
+            "source",
+            "pcie_gen",
+            "pcie_lanes",
+            "peak_tflops_tf32",
+            "peak_tflops_fp32",
+        },
+    )
     base = GPU_CATALOG.get(str(raw.get("name")))
     values = {}
     for key in ("peak_tflops", "memory_GiB", "memory_bandwidth_GBps"):
@@ -117,9 +147,11 @@ def _device(source: str, field: str, raw: Any) -> DeviceSpec:
     if "name" not in raw:
         raise SpecError(source, f"{field}.name", "is required")
     try:
-        return DeviceSpec(_name(source, f"{field}.name", raw["name"]),
-                          source=_name(source, f"{field}.source", raw.get("source", "cluster file"), limit=500),
-                          **values)
+        return DeviceSpec(
+            _name(source, f"{field}.name", raw["name"]),
+            source=_name(source, f"{field}.source", raw.get("source", "cluster file"), limit=500),
+            **values,
+        )
     except SpecError as e:
         raise SpecError(source, f"{field}.{e.field}", e.rule) from None
 
@@ -170,8 +202,12 @@ def cluster_from_dict(data: Mapping[str, Any], source: str, default_name: str = 
         positive(source, f"{f}.count", count, integer=True)
         devices += count * repeat
         if devices > MAX_DEVICES:
-            raise SpecError(source, f, f"the cluster has more than {MAX_DEVICES:,} devices (the documented limit) "
-                                       f"with this node's {count} x {repeat}")
+            raise SpecError(
+                source,
+                f,
+                f"the cluster has more than {MAX_DEVICES:,} devices (the documented limit) "
+                f"with this node's {count} x {repeat}",
+            )
         host = None
         if "host" in raw:
             host = _host(source, f"{f}.host", raw["host"], device, count)
@@ -192,15 +228,29 @@ def load_cluster(ref: PathLike | ClusterSpec) -> ClusterSpec:
         return ref
     if not _is_path(ref):
         if str(ref) not in CLUSTER_PRESETS:
-            raise SpecError("--cluster", "", f"no file or preset named {shown(str(ref))}; presets: "
-                                             f"{', '.join(CLUSTER_PRESETS)}")
+            raise SpecError(
+                "--cluster", "", f"no file or preset named {shown(str(ref))}; presets: {', '.join(CLUSTER_PRESETS)}"
+            )
         return cluster_from_dict({"name": str(ref), **CLUSTER_PRESETS[str(ref)]}, f"preset {shown(ref)}")
     path = Path(ref)
     return _cached("cluster", path, lambda: cluster_from_dict(_read_mapping(path), str(path), default_name=path.stem))
 
 
-_MODEL_FIELDS = {"name", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "mlp",
-                 "vocab_size", "seq_len", "global_batch_size", "precision", "attention", "dropout"}
+_MODEL_FIELDS = {
+    "name",
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "ffn_hidden_size",
+    "mlp",
+    "vocab_size",
+    "seq_len",
+    "global_batch_size",
+    "precision",
+    "attention",
+    "dropout",
+}
 _MODEL_OPTIONAL = {"name", "num_kv_heads", "mlp", "precision", "attention", "dropout"}
 # optional mixture-of-experts fields (SPEC.md "Extensions")
 _MOE_MODEL_FIELDS = {"num_experts", "experts_per_token", "expert_ffn_hidden_size", "moe_layer_every"}
@@ -225,7 +275,9 @@ def load_model(ref: PathLike | ModelSpec, global_batch_size: int | None = None) 
         model = ref
     elif not _is_path(ref):
         if str(ref) not in MODEL_PRESETS:
-            raise SpecError("--model", "", f"no file or preset named {shown(str(ref))}; presets: {', '.join(MODEL_PRESETS)}")
+            raise SpecError(
+                "--model", "", f"no file or preset named {shown(str(ref))}; presets: {', '.join(MODEL_PRESETS)}"
+            )
         model = model_from_dict({"name": str(ref), **MODEL_PRESETS[str(ref)]}, f"preset {shown(ref)}")
     else:
         path = Path(ref)

@@ -85,7 +85,7 @@ def _sqlite_file(uri: str, option: str) -> None:
         return
     if not uri.startswith("sqlite:///"):
         raise SpecError(option, "", f"{shown(uri)}: an SQLite URL is sqlite:///relative.db or sqlite:////absolute.db")
-    rest = uri[len("sqlite:///"):].split("?", 1)[0]
+    rest = uri[len("sqlite:///") :].split("?", 1)[0]
     if rest in ("", ":memory:") or rest.startswith("file::memory:"):
         return
     path = Path(rest)
@@ -98,8 +98,12 @@ def _sqlite_file(uri: str, option: str) -> None:
         except OSError as e:
             raise SpecError(option, "", f"cannot read {shown(str(path))}: {e.strerror}") from None
         if head and head != _SQLITE_MAGIC:
-            raise SpecError(option, "", f"{shown(str(path))} is not an SQLite database (it starts with "
-                                        f"{shown(head[:8])}); give a new file name or a database")
+            raise SpecError(
+                option,
+                "",
+                f"{shown(str(path))} is not an SQLite database (it starts with "
+                f"{shown(head[:8])}); give a new file name or a database",
+            )
         return
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
@@ -122,8 +126,9 @@ def _reachable(uri: str, option: str, what: str) -> None:
             pass
     except OSError as e:
         reason = e.strerror or type(e).__name__
-        raise SpecError(option, "", f"no {what} answers at {host}:{port_} ({reason}); start it or give another "
-                                    f"URI") from None
+        raise SpecError(
+            option, "", f"no {what} answers at {host}:{port_} ({reason}); start it or give another URI"
+        ) from None
 
 
 def tracking_uri(uri: str | None, option: str = "--tracking-uri") -> None:
@@ -137,12 +142,20 @@ def tracking_uri(uri: str | None, option: str = "--tracking-uri") -> None:
     if scheme == "" or (len(scheme) == 1 and os.name == "nt"):  # a local directory (MLflow's file store)
         path = Path(uri)
         if path.exists() and not path.is_dir():
-            raise SpecError(option, "", f"{shown(uri)} is a file; a path means a directory store (or give "
-                                        f"sqlite:///{uri} for an SQLite database)")
+            raise SpecError(
+                option,
+                "",
+                f"{shown(uri)} is a file; a path means a directory store (or give "
+                f"sqlite:///{uri} for an SQLite database)",
+            )
         return
     if scheme not in TRACKING_SCHEMES:
-        raise SpecError(option, "", f"unsupported scheme {shown(scheme)} in {shown(uri)}; use sqlite:///FILE.db, "
-                                    "postgresql://..., mysql://..., http(s)://HOST:PORT or a directory")
+        raise SpecError(
+            option,
+            "",
+            f"unsupported scheme {shown(scheme)} in {shown(uri)}; use sqlite:///FILE.db, "
+            "postgresql://..., mysql://..., http(s)://HOST:PORT or a directory",
+        )
     if scheme == "sqlite":
         _sqlite_file(uri, option)
     elif scheme == "file":
@@ -160,15 +173,18 @@ def optuna_storage(storage: str | None, option: str = "--storage") -> None:
     if not isinstance(storage, str) or not storage.strip():
         raise SpecError(option, "", f"must be a storage URL such as sqlite:///optuna.db, got {shown(storage)}")
     if storage.startswith("journal:") or storage.endswith(".journal"):
-        path = Path(storage.removeprefix("journal:").removeprefix("///") if storage.startswith("journal:")
-                    else storage)
+        path = Path(storage.removeprefix("journal:").removeprefix("///") if storage.startswith("journal:") else storage)
         if path.is_dir():
             raise SpecError(option, "", f"{shown(str(path))} is a directory, not a journal file")
         return
     scheme = urlparse(storage).scheme.split("+", 1)[0].lower()
     if scheme not in STORAGE_SCHEMES:
-        raise SpecError(option, "", f"unsupported storage {shown(storage)}; use sqlite:///FILE.db, "
-                                    "postgresql://..., mysql://..., FILE.journal or memory")
+        raise SpecError(
+            option,
+            "",
+            f"unsupported storage {shown(storage)}; use sqlite:///FILE.db, "
+            "postgresql://..., mysql://..., FILE.journal or memory",
+        )
     if scheme == "sqlite":
         _sqlite_file(storage, option)
     else:

@@ -102,9 +102,10 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from autotune.errors import SpecError, shown
 from autotune.specs import ATTENTION_KINDS, MLP_KINDS, PRECISIONS, LinkSpec, ModelSpec
@@ -148,22 +149,52 @@ class LayerTiming:
     attention: str | None = None  # the attention kind it was measured with; None: matches any
 
     def key(self) -> tuple:
-        return (self.hidden_size, self.num_heads, self.num_kv_heads, self.ffn_hidden_size, self.mlp,
-                self.seq_len, self.micro_batch_size, self.tp, self.recompute)
+        return (
+            self.hidden_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.ffn_hidden_size,
+            self.mlp,
+            self.seq_len,
+            self.micro_batch_size,
+            self.tp,
+            self.recompute,
+        )
 
     def matches(self, model: ModelSpec) -> bool:
         """Whether the entry's precision / attention (when it names them) are the model's."""
-        return ((self.precision is None or self.precision == model.precision)
-                and (self.attention is None or self.attention == model.attention))
+        return (self.precision is None or self.precision == model.precision) and (
+            self.attention is None or self.attention == model.attention
+        )
 
     @staticmethod
     def key_for(model: ModelSpec, micro_batch_size: int, tp: int, recompute: bool | str = False) -> tuple:
-        return (model.hidden_size, model.num_heads, model.num_kv_heads, model.ffn_hidden_size, model.mlp,
-                model.seq_len, micro_batch_size, tp, recompute)
+        return (
+            model.hidden_size,
+            model.num_heads,
+            model.num_kv_heads,
+            model.ffn_hidden_size,
+            model.mlp,
+            model.seq_len,
+            micro_batch_size,
+            tp,
+            recompute,
+        )
 
 
-_LAYER_FIELDS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "mlp", "seq_len",
-                 "micro_batch_size", "tp", "recompute", "forward_s", "backward_s")
+_LAYER_FIELDS = (
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "ffn_hidden_size",
+    "mlp",
+    "seq_len",
+    "micro_batch_size",
+    "tp",
+    "recompute",
+    "forward_s",
+    "backward_s",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,11 +220,24 @@ class EdgeTiming:
 
 
 #: a device's measured curves: field -> what each ``[x, y]`` pair is (``contention``'s y must be > 0)
-_CURVES = {"contention": "[processes, stretch]", "pipeline_overhead": "[ranks, seconds]",
-           "data_parallel_overhead": "[ranks, seconds]", "tensor_parallel_overhead": "[tp, seconds]"}
+_CURVES = {
+    "contention": "[processes, stretch]",
+    "pipeline_overhead": "[ranks, seconds]",
+    "data_parallel_overhead": "[ranks, seconds]",
+    "tensor_parallel_overhead": "[tp, seconds]",
+}
 
-_EDGE_FIELDS = ("hidden_size", "vocab_size", "seq_len", "micro_batch_size", "tp", "embedding_forward_s",
-                "embedding_backward_s", "head_forward_s", "head_backward_s")
+_EDGE_FIELDS = (
+    "hidden_size",
+    "vocab_size",
+    "seq_len",
+    "micro_batch_size",
+    "tp",
+    "embedding_forward_s",
+    "embedding_backward_s",
+    "head_forward_s",
+    "head_backward_s",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +264,11 @@ class DeviceProfile:
 
     def __post_init__(self) -> None:
         if not self.matmul and not self.layers:
-            raise SpecError(f"profile device {shown(self.name)}", "matmul_tflops",
-                            "must list at least one [n, tflops] (or give the device's measured layers)")
+            raise SpecError(
+                f"profile device {shown(self.name)}",
+                "matmul_tflops",
+                "must list at least one [n, tflops] (or give the device's measured layers)",
+            )
         object.__setattr__(self, "matmul", tuple(sorted((float(n), float(t)) for n, t in self.matmul)))
 
     def matmul_tflops(self, n: float) -> float:
@@ -239,8 +286,9 @@ class DeviceProfile:
         w = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
         return t0 + w * (t1 - t0)
 
-    def layer_timing(self, model: ModelSpec, micro_batch_size: int, tp: int,
-                     recompute: bool = False) -> LayerTiming | None:
+    def layer_timing(
+        self, model: ModelSpec, micro_batch_size: int, tp: int, recompute: bool = False
+    ) -> LayerTiming | None:
         key = LayerTiming.key_for(model, micro_batch_size, tp, recompute)
         for layer in self.layers:
             if layer.key() == key and layer.matches(model):
@@ -340,22 +388,33 @@ class CalibrationProfile:
             devices[d.name] = entry
         links: dict[str, Any] = {}
         for nl in self.links:
-            links[nl.node] = {kind: {"bandwidth_GBps": spec.bandwidth_GBps, "latency_us": spec.latency_us}
-                              for kind, spec in (("intra_node", nl.intra_node), ("network", nl.network))
-                              if spec is not None}
-        return {"format_version": FORMAT_VERSION, "created": self.created, "cluster": self.cluster,
-                "versions": dict(self.versions), "devices": devices, "links": links,
-                "step_overhead_s": self.step_overhead_s, "notes": self.notes}
+            links[nl.node] = {
+                kind: {"bandwidth_GBps": spec.bandwidth_GBps, "latency_us": spec.latency_us}
+                for kind, spec in (("intra_node", nl.intra_node), ("network", nl.network))
+                if spec is not None
+            }
+        return {
+            "format_version": FORMAT_VERSION,
+            "created": self.created,
+            "cluster": self.cluster,
+            "versions": dict(self.versions),
+            "devices": devices,
+            "links": links,
+            "step_overhead_s": self.step_overhead_s,
+            "notes": self.notes,
+        }
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "profile") -> "CalibrationProfile":
+    def from_dict(cls, data: Any, source: str = "profile") -> CalibrationProfile:
         if not isinstance(data, Mapping):
             raise SpecError(source, "", f"must be a JSON object, got {type(data).__name__}")
-        extra = sorted(set(data) - {"format_version", "created", "cluster", "versions", "devices", "links",
-                                    "step_overhead_s", "notes"})
+        extra = sorted(
+            set(data)
+            - {"format_version", "created", "cluster", "versions", "devices", "links", "step_overhead_s", "notes"}
+        )
         if extra:
             raise SpecError(source, extra[0], "unknown field")
         version = data.get("format_version", FORMAT_VERSION)
@@ -385,13 +444,18 @@ class CalibrationProfile:
         if not isinstance(versions, Mapping):
             raise SpecError(source, "versions", "must map package names to version strings")
         overhead = _number(source, "step_overhead_s", data.get("step_overhead_s", 0.0), positive=False)
-        return cls(devices=devices, links=tuple(links), created=str(data.get("created", "")),
-                   cluster=str(data.get("cluster", "")),
-                   versions=tuple((str(k), str(v)) for k, v in versions.items()),
-                   step_overhead_s=overhead, notes=str(data.get("notes", "")))
+        return cls(
+            devices=devices,
+            links=tuple(links),
+            created=str(data.get("created", "")),
+            cluster=str(data.get("cluster", "")),
+            versions=tuple((str(k), str(v)) for k, v in versions.items()),
+            step_overhead_s=overhead,
+            notes=str(data.get("notes", "")),
+        )
 
     @classmethod
-    def load(cls, path: str | Path) -> "CalibrationProfile":
+    def load(cls, path: str | Path) -> CalibrationProfile:
         from autotune.documents import read_document
 
         return cls.from_dict(read_document(path, fmt="json"), str(path))
@@ -409,16 +473,29 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     f = f"devices.{name}"
     if not isinstance(raw, Mapping):
         raise SpecError(source, f, "must be a mapping with matmul_tflops")
-    allowed = {"matmul_tflops", "memory_bandwidth_GBps", "layers", "edges", "optimizer_s_per_param",
-               "microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param",
-               "activation_memory_factor", "source", *_CURVES}
+    allowed = {
+        "matmul_tflops",
+        "memory_bandwidth_GBps",
+        "layers",
+        "edges",
+        "optimizer_s_per_param",
+        "microbatch_overhead_s",
+        "memory_baseline_GiB",
+        "state_bytes_per_param",
+        "activation_memory_factor",
+        "source",
+        *_CURVES,
+    }
     extra = sorted(set(raw) - allowed)
     if extra:
         raise SpecError(source, f"{f}.{extra[0]}", f"unknown field (expected one of {', '.join(sorted(allowed))})")
     points_raw = raw.get("matmul_tflops", [])
     if not isinstance(points_raw, list) or not (points_raw or raw.get("layers")):
-        raise SpecError(source, f"{f}.matmul_tflops", "is required (unless the device has measured layers): "
-                                                      "a non-empty list of [n, tflops] pairs")
+        raise SpecError(
+            source,
+            f"{f}.matmul_tflops",
+            "is required (unless the device has measured layers): a non-empty list of [n, tflops] pairs",
+        )
     points = _pairs(source, f"{f}.matmul_tflops", points_raw, "[n, tflops]")
     if len({n for n, _ in points}) != len(points):
         raise SpecError(source, f"{f}.matmul_tflops", "lists the same size twice")
@@ -426,17 +503,23 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     if bw is not None:
         bw = _number(source, f"{f}.memory_bandwidth_GBps", bw)
     layers = []
-    for lf, lr in _records(source, f"{f}.layers", raw.get("layers", []),
-                           required=[k for k in _LAYER_FIELDS if k not in ("num_kv_heads", "recompute")],
-                           allowed={*_LAYER_FIELDS, "activation_bytes", "precision", "attention"}):
+    for lf, lr in _records(
+        source,
+        f"{f}.layers",
+        raw.get("layers", []),
+        required=[k for k in _LAYER_FIELDS if k not in ("num_kv_heads", "recompute")],
+        allowed={*_LAYER_FIELDS, "activation_bytes", "precision", "attention"},
+    ):
         if lr["mlp"] not in MLP_KINDS:
             raise SpecError(source, f"{lf}.mlp", f"must be one of {', '.join(MLP_KINDS)}, got {shown(lr['mlp'])}")
-        ints = {k: _integer(source, f"{lf}.{k}", lr[k]) for k in
-                ("hidden_size", "num_heads", "ffn_hidden_size", "seq_len", "micro_batch_size", "tp")}
+        ints = {
+            k: _integer(source, f"{lf}.{k}", lr[k])
+            for k in ("hidden_size", "num_heads", "ffn_hidden_size", "seq_len", "micro_batch_size", "tp")
+        }
         kv = _integer(source, f"{lf}.num_kv_heads", lr.get("num_kv_heads", lr["num_heads"]))
         recompute = lr.get("recompute", False)
         if not (isinstance(recompute, bool) or recompute == "selective"):
-            raise SpecError(source, f"{lf}.recompute", f"must be true, false or \"selective\", got {shown(recompute)}")
+            raise SpecError(source, f"{lf}.recompute", f'must be true, false or "selective", got {shown(recompute)}')
         act = lr.get("activation_bytes")
         if act is not None:
             act = _number(source, f"{lf}.activation_bytes", act, positive=False)
@@ -444,15 +527,26 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         for key, allowed_values in (("precision", PRECISIONS), ("attention", ATTENTION_KINDS)):
             if lr.get(key) is not None:
                 if lr[key] not in allowed_values:
-                    raise SpecError(source, f"{lf}.{key}",
-                                    f"must be one of {', '.join(allowed_values)}, got {lr[key]!r}")
+                    raise SpecError(
+                        source, f"{lf}.{key}", f"must be one of {', '.join(allowed_values)}, got {lr[key]!r}"
+                    )
                 kinds[key] = lr[key]
-        layers.append(LayerTiming(num_kv_heads=kv, mlp=lr["mlp"], recompute=recompute, activation_bytes=act, **kinds,
-                                  forward_s=_number(source, f"{lf}.forward_s", lr["forward_s"]),
-                                  backward_s=_number(source, f"{lf}.backward_s", lr["backward_s"]), **ints))
+        layers.append(
+            LayerTiming(
+                num_kv_heads=kv,
+                mlp=lr["mlp"],
+                recompute=recompute,
+                activation_bytes=act,
+                **kinds,
+                forward_s=_number(source, f"{lf}.forward_s", lr["forward_s"]),
+                backward_s=_number(source, f"{lf}.backward_s", lr["backward_s"]),
+                **ints,
+            )
+        )
     edges = []
-    for ef, er in _records(source, f"{f}.edges", raw.get("edges", []), required=_EDGE_FIELDS,
-                           allowed=set(_EDGE_FIELDS)):
+    for ef, er in _records(
+        source, f"{f}.edges", raw.get("edges", []), required=_EDGE_FIELDS, allowed=set(_EDGE_FIELDS)
+    ):
         ints = {k: _integer(source, f"{ef}.{k}", er[k]) for k in _EDGE_FIELDS[:5]}
         times = {k: _number(source, f"{ef}.{k}", er[k], positive=False) for k in _EDGE_FIELDS[5:]}
         edges.append(EdgeTiming(**ints, **times))
@@ -463,8 +557,10 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     for key in ("microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param", "activation_memory_factor"):
         if raw.get(key) is not None:
             extras[key] = _number(source, f"{f}.{key}", raw[key], positive=False)
-    curves = {key: _pairs(source, f"{f}.{key}", raw.get(key, []), what, positive=key == "contention")
-              for key, what in _CURVES.items()}
+    curves = {
+        key: _pairs(source, f"{f}.{key}", raw.get(key, []), what, positive=key == "contention")
+        for key, what in _CURVES.items()
+    }
     dev_source = raw.get("source", "")
     if not isinstance(dev_source, str):
         raise SpecError(source, f"{f}.source", f"must be a string, got {dev_source!r}")
@@ -519,6 +615,7 @@ def _pairs(source: str, field: str, raw: Any, what: str, positive: bool = True) 
     for i, pt in enumerate(raw):
         if not isinstance(pt, list) or len(pt) != 2:
             raise SpecError(source, f"{field}[{i}]", f"must be a pair {what}, got {shown(pt)}")
-        out.append((_number(source, f"{field}[{i}][0]", pt[0]),
-                    _number(source, f"{field}[{i}][1]", pt[1], positive=positive)))
+        out.append(
+            (_number(source, f"{field}[{i}][0]", pt[0]), _number(source, f"{field}[{i}][1]", pt[1], positive=positive))
+        )
     return tuple(out)

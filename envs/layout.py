@@ -18,14 +18,44 @@ FAIL_PENALTY = -0.5
 INVALID_PENALTY = -0.1
 STRUCT_DIMS = ("pp", "assign", "order", "layer_split", "batch_split", "recompute")
 
-STAGE_FEATURES = ("present", "layers_share", "time_share", "time_vs_bottleneck", "memory_used", "relative_speed",
-                  "tp_log2", "recompute", "link_to_next_log_bw", "device_memory")
+STAGE_FEATURES = (
+    "present",
+    "layers_share",
+    "time_share",
+    "time_vs_bottleneck",
+    "memory_used",
+    "relative_speed",
+    "tp_log2",
+    "recompute",
+    "link_to_next_log_bw",
+    "device_memory",
+)
 REPLICA_FEATURES = ("present", "microbatch_share", "relative_speed", "load_vs_max", "stages")
 CLASS_FEATURES = ("present", "used", "tp_log2", "relative_speed", "device_memory")
-GLOBAL_FEATURES = ("mbs_index", "sched_1f1b", "sched_gpipe", "sched_interleaved", "pp", "dp_log2", "idle_fraction",
-                   "bubble_fraction", "mfu", "last_failed", "gain_vs_start", "gain_vs_best", "steps_left",
-                   "max_memory_used", "layer_split", "batch_split", "assign_mixed", "order_slow_first",
-                   "recompute_none", "recompute_all", "head_extra", "interleaved_ok")
+GLOBAL_FEATURES = (
+    "mbs_index",
+    "sched_1f1b",
+    "sched_gpipe",
+    "sched_interleaved",
+    "pp",
+    "dp_log2",
+    "idle_fraction",
+    "bubble_fraction",
+    "mfu",
+    "last_failed",
+    "gain_vs_start",
+    "gain_vs_best",
+    "steps_left",
+    "max_memory_used",
+    "layer_split",
+    "batch_split",
+    "assign_mixed",
+    "order_slow_first",
+    "recompute_none",
+    "recompute_all",
+    "head_extra",
+    "interleaved_ok",
+)
 #: appended after the first layout (ZeRO sharding and CPU offload)
 ZERO_FEATURES = ("zero", "offload_optimizer", "offload_all", "host_memory_used")
 #: appended after the zero layout (issue 16, layout "full"): the memory model's predicted headroom of the
@@ -34,13 +64,24 @@ ZERO_FEATURES = ("zero", "offload_optimizer", "offload_all", "host_memory_used")
 #: allocator peak, pool, CUDA context) over its capacity, then the fullest device of the plan and the
 #: fullest host (offloaded state over host memory); each min(use, 1.5) / 1.5, so 2/3 is "exactly full"
 HEADROOM_FEATURES = tuple(f"class{c}.predicted_memory" for c in range(MAX_CLASSES)) + (
-    "predicted_memory_worst", "predicted_host_worst")
+    "predicted_memory_worst",
+    "predicted_host_worst",
+)
 #: and the rest of the space the plan sits in (layout "full"): a roundpipe plan, sequence parallelism,
 #: mixed-stage width (``stage_ranks`` index), MoE choices (expert parallel index, expert subsets, sync
 #: period index; 0 for a dense model), an MoE model, the cluster's slowest inter-node link (log10 of its
 #: bandwidth in GB/s over 3, log10 of its latency in us over 5; 0 on one node)
-SPACE_FEATURES = ("roundpipe", "seq_parallel", "stage_ranks", "expert_parallel", "trains_experts_partition",
-                  "sync_every", "moe_model", "network_log_bw", "network_log_latency")
+SPACE_FEATURES = (
+    "roundpipe",
+    "seq_parallel",
+    "stage_ranks",
+    "expert_parallel",
+    "trains_experts_partition",
+    "sync_every",
+    "moe_model",
+    "network_log_bw",
+    "network_log_latency",
+)
 
 
 def _build_actions() -> list[tuple]:
@@ -62,31 +103,40 @@ def _build_actions() -> list[tuple]:
 ACTIONS: tuple[tuple, ...] = tuple(_build_actions())
 #: moves appended after ``ACTIONS`` when the space is an MoE model's (its MoE dimensions, one step each way);
 #: a dense model's env has exactly ``ACTIONS``, the list the shipped policy was trained on
-MOE_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("expert_parallel", "trains_experts", "sync_every")
-                                       for step in (+1, -1))
+MOE_ACTIONS: tuple[tuple, ...] = tuple(
+    ("dim", d, step) for d in ("expert_parallel", "trains_experts", "sync_every") for step in (+1, -1)
+)
 
 
 #: moves appended after ``ACTIONS`` when the space has the ZeRO / offload dimensions (every space built
 #: by ``SearchSpace``), before any MoE moves
 ZERO_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("zero", "offload") for step in (+1, -1))
-V1_OBSERVATIONS = (MAX_STAGES * len(STAGE_FEATURES) + MAX_REPLICAS * len(REPLICA_FEATURES)
-                   + MAX_CLASSES * len(CLASS_FEATURES) + len(GLOBAL_FEATURES))
+V1_OBSERVATIONS = (
+    MAX_STAGES * len(STAGE_FEATURES)
+    + MAX_REPLICAS * len(REPLICA_FEATURES)
+    + MAX_CLASSES * len(CLASS_FEATURES)
+    + len(GLOBAL_FEATURES)
+)
 #: moves appended last when the space has mixed-stage dimensions (Zorse: ``autotune.planning.mixed_space``)
-MIXED_ACTIONS: tuple[tuple, ...] = (tuple(("dim", d, step) for d in mixed_space.DIMENSIONS for step in (+1, -1))
-                                    + tuple(("share", k, step) for k in range(MAX_STAGES) for step in (+1, -1)))
+MIXED_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in mixed_space.DIMENSIONS for step in (+1, -1)) + tuple(
+    ("share", k, step) for k in range(MAX_STAGES) for step in (+1, -1)
+)
 #: sequence parallelism and RoundPipe's dimensions (``autotune.planning.roundpipe_space``: the switch, pool,
 #: balance, memory limit, recompute grain, passes), one step each way (re-decode)
-EXTRA_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in ("seq_parallel",) + roundpipe_space.DIMENSION_NAMES
-                                         for step in (+1, -1))
+EXTRA_ACTIONS: tuple[tuple, ...] = tuple(
+    ("dim", d, step) for d in ("seq_parallel",) + roundpipe_space.DIMENSION_NAMES for step in (+1, -1)
+)
 #: the fixed move list of layout "full" (issue 16), the same on every cluster and model: a move whose
 #: dimension the space lacks is masked. Every older layout's list is a prefix of it.
 FULL_ACTIONS: tuple[tuple, ...] = ACTIONS + ZERO_ACTIONS + EXTRA_ACTIONS + MOE_ACTIONS + MIXED_ACTIONS
 FULL_OBSERVATIONS = V1_OBSERVATIONS + len(ZERO_FEATURES) + len(HEADROOM_FEATURES) + len(SPACE_FEATURES)
 #: (observations, moves) of each layout a policy may have been trained on, oldest first; each is a prefix
 #: of the next (a policy reads the first features and chooses among the first moves it knows)
-LAYOUTS = {"v1": (V1_OBSERVATIONS, len(ACTIONS)),
-           "zero": (V1_OBSERVATIONS + len(ZERO_FEATURES), len(ACTIONS) + len(ZERO_ACTIONS)),
-           "full": (FULL_OBSERVATIONS, len(FULL_ACTIONS))}
+LAYOUTS = {
+    "v1": (V1_OBSERVATIONS, len(ACTIONS)),
+    "zero": (V1_OBSERVATIONS + len(ZERO_FEATURES), len(ACTIONS) + len(ZERO_ACTIONS)),
+    "full": (FULL_OBSERVATIONS, len(FULL_ACTIONS)),
+}
 
 
 def actions_for(space: SearchSpace, mixed: bool = False) -> tuple[tuple, ...]:
@@ -98,8 +148,13 @@ def actions_for(space: SearchSpace, mixed: bool = False) -> tuple[tuple, ...]:
     names = {d.name for d in space.dimensions}
     extra = tuple(a for a in EXTRA_ACTIONS if a[1] in names) if mixed else ()
     mixed = MIXED_ACTIONS if mixed and "stage_ranks" in names else ()
-    return (ACTIONS + tuple(a for a in ZERO_ACTIONS if a[1] in names)
-            + tuple(a for a in MOE_ACTIONS if a[1] in names) + mixed + extra)
+    return (
+        ACTIONS
+        + tuple(a for a in ZERO_ACTIONS if a[1] in names)
+        + tuple(a for a in MOE_ACTIONS if a[1] in names)
+        + mixed
+        + extra
+    )
 
 
 def action_name(a: int, actions: tuple[tuple, ...] = ACTIONS) -> str:

@@ -5,8 +5,9 @@ memory model's predicted headroom (``predicted_headroom``) and the plan's place 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from autotune.planning.space import SearchSpace
 from autotune.planning.vocabulary import Dimension
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 from envs.layout import HEADROOM_FEATURES, MAX_CLASSES, SPACE_FEATURES
+
 
 def observed(config: ParallelConfig | None) -> ParallelConfig | None:
     """The plan the observation describes. A roundpipe plan (``autotune.specs.roundpipe``) is shown as a
@@ -26,8 +28,12 @@ def observed(config: ParallelConfig | None) -> ParallelConfig | None:
         rp = p.roundpipe
         layers = list(rp.forward_layers)
         layers[-1] += rp.fused_layers
-        pipes.append(PipelineConfig(p.num_microbatches, tuple(
-            StageConfig((rp.devices[k % len(rp.devices)],), n, True) for k, n in enumerate(layers))))
+        pipes.append(
+            PipelineConfig(
+                p.num_microbatches,
+                tuple(StageConfig((rp.devices[k % len(rp.devices)],), n, True) for k, n in enumerate(layers)),
+            )
+        )
     return _view(config, tuple(pipes))
 
 
@@ -66,8 +72,9 @@ def predicted_headroom(space: SearchSpace, config: ParallelConfig, simulator: An
     return out
 
 
-def space_features(space: SearchSpace, config: ParallelConfig | None, params: Mapping[str, Any],
-                   dims: Mapping[str, Dimension]) -> np.ndarray:
+def space_features(
+    space: SearchSpace, config: ParallelConfig | None, params: Mapping[str, Any], dims: Mapping[str, Dimension]
+) -> np.ndarray:
     """``SPACE_FEATURES``: the plan's place in the rest of the space, and the cluster's network."""
     f = np.zeros(len(SPACE_FEATURES), dtype=np.float32)
     if config is None:
@@ -78,8 +85,9 @@ def space_features(space: SearchSpace, config: ParallelConfig | None, params: Ma
         v = params.get(name)
         return d.choices.index(v) / max(len(d.choices) - 1, 1) if d is not None and v in d.choices else 0.0
 
-    seq = any(getattr(s, "sequence_parallel", False) for p in config.pipelines for s in p.stages) \
-        or bool(params.get("seq_parallel", False))
+    seq = any(getattr(s, "sequence_parallel", False) for p in config.pipelines for s in p.stages) or bool(
+        params.get("seq_parallel", False)
+    )
     f[0] = float(config.is_roundpipe)
     f[1] = float(seq)
     f[2] = idx("stage_ranks")

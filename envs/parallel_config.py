@@ -75,18 +75,41 @@ from autotune.planning import mixed_space, roundpipe_space
 from autotune.planning.budget import BudgetedEvaluator, BudgetExhausted
 from autotune.planning.space import INTERLEAVED_CHUNKS, Params, SearchSpace, apportion
 from autotune.specs import SCHEDULES, Measurement, ParallelConfig
-from envs.layout import (CLASS_FEATURES, FAIL_PENALTY, FULL_ACTIONS, FULL_OBSERVATIONS, GLOBAL_FEATURES, HEADROOM_FEATURES,
-                         INVALID_PENALTY, MAX_CLASSES, MAX_REPLICAS, MAX_STAGES, REPLICA_FEATURES,
-                         STAGE_FEATURES, ZERO_FEATURES)
+from envs.layout import (
+    CLASS_FEATURES,
+    FAIL_PENALTY,
+    FULL_ACTIONS,
+    FULL_OBSERVATIONS,
+    GLOBAL_FEATURES,
+    HEADROOM_FEATURES,
+    INVALID_PENALTY,
+    MAX_CLASSES,
+    MAX_REPLICAS,
+    MAX_STAGES,
+    REPLICA_FEATURES,
+    STAGE_FEATURES,
+    ZERO_FEATURES,
+)
 from envs.observation import observed, predicted_headroom, space_features
+
 
 class ParallelConfigEnv(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
-    def __init__(self, space: SearchSpace | None = None, evaluator: Evaluator | None = None, *,
-                 cluster: Any = None, model: Any = None, backend: str = "sim", max_steps: int = 32,
-                 random_start: bool = False, start_from_best: bool = False, render_mode: str | None = None,
-                 actions: tuple[tuple, ...] | None = None) -> None:
+    def __init__(
+        self,
+        space: SearchSpace | None = None,
+        evaluator: Evaluator | None = None,
+        *,
+        cluster: Any = None,
+        model: Any = None,
+        backend: str = "sim",
+        max_steps: int = 32,
+        random_start: bool = False,
+        start_from_best: bool = False,
+        render_mode: str | None = None,
+        actions: tuple[tuple, ...] | None = None,
+    ) -> None:
         super().__init__()
         if space is None:
             from autotune.loading import load_cluster, load_model
@@ -101,7 +124,9 @@ class ParallelConfigEnv(gym.Env):
             from autotune.evaluator import make_evaluator
 
             evaluator = make_evaluator(space.cluster, space.model, backend)
-        self.evaluator: CachedEvaluator = evaluator if isinstance(evaluator, CachedEvaluator) else CachedEvaluator(evaluator)
+        self.evaluator: CachedEvaluator = (
+            evaluator if isinstance(evaluator, CachedEvaluator) else CachedEvaluator(evaluator)
+        )
         self.max_steps = max_steps
         self.random_start = random_start
         self.start_from_best = start_from_best
@@ -132,8 +157,11 @@ class ParallelConfigEnv(gym.Env):
         return self.evaluator.used if isinstance(self.evaluator, BudgetedEvaluator) else self.evaluator.misses
 
     def _out_of_budget(self, config: ParallelConfig) -> bool:
-        return (isinstance(self.evaluator, BudgetedEvaluator) and self.evaluator.exhausted
-                and self.evaluator.would_cost(config))
+        return (
+            isinstance(self.evaluator, BudgetedEvaluator)
+            and self.evaluator.exhausted
+            and self.evaluator.would_cost(config)
+        )
 
     def _evaluate(self, config: ParallelConfig, params: Params) -> Measurement:
         try:
@@ -170,8 +198,13 @@ class ParallelConfigEnv(gym.Env):
         first_valid = None
         budget_hit = False
         best = self.evaluator.best if isinstance(self.evaluator, BudgetedEvaluator) else None
-        if self.start_from_best and "params" not in options and best is not None and best.score > 0 \
-                and set(best.params) >= set(self._dims):
+        if (
+            self.start_from_best
+            and "params" not in options
+            and best is not None
+            and best.score > 0
+            and set(best.params) >= set(self._dims)
+        ):
             starts = []  # continue from the best plan this search has found (cached: free)
             chosen = (dict(best.params), best.config, best.measurement)
         for p in starts:
@@ -283,8 +316,15 @@ class ParallelConfigEnv(gym.Env):
             k = act[1]
             if not any(len(p.stages) > k for p in cfg.pipelines):
                 return None
-            pipes = tuple(replace(p, stages=tuple(replace(s, recompute=not s.recompute) if i == k else s
-                                                  for i, s in enumerate(p.stages))) for p in cfg.pipelines)
+            pipes = tuple(
+                replace(
+                    p,
+                    stages=tuple(
+                        replace(s, recompute=not s.recompute) if i == k else s for i, s in enumerate(p.stages)
+                    ),
+                )
+                for p in cfg.pipelines
+            )
             return replace(cfg, pipelines=pipes), self.params
         if kind == "batch":
             return self._move_batch(act[1], act[2])
@@ -328,8 +368,12 @@ class ParallelConfigEnv(gym.Env):
         return replace(cfg, pipelines=tuple(pipes)), self.params
 
     def _replica_speeds(self, cfg: ParallelConfig) -> list[float]:
-        return [self.space.replica_speed([mixed_space.stage_speed(self.space.context, s) for s in p.stages],
-                                         [s.layers for s in p.stages]) for p in cfg.pipelines]
+        return [
+            self.space.replica_speed(
+                [mixed_space.stage_speed(self.space.context, s) for s in p.stages], [s.layers for s in p.stages]
+            )
+            for p in cfg.pipelines
+        ]
 
     def _move_batch(self, r: int, direction: int) -> tuple[ParallelConfig, Params] | None:
         cfg = self.config
@@ -379,8 +423,7 @@ class ParallelConfigEnv(gym.Env):
         if schedule == cfg.schedule or schedule not in self._dims["schedule"].choices:
             return None
         if schedule != "interleaved-1f1b":
-            return (replace(cfg, schedule=schedule, virtual_stages=1),
-                    dict(self.params, schedule=schedule))
+            return (replace(cfg, schedule=schedule, virtual_stages=1), dict(self.params, schedule=schedule))
         q = INTERLEAVED_CHUNKS
         pipes = []
         for p in cfg.pipelines:
@@ -399,8 +442,9 @@ class ParallelConfigEnv(gym.Env):
             if counts is None:
                 return None
             pipes = [replace(p, num_microbatches=c) for c, p in zip(counts, pipes)]
-        return replace(cfg, pipelines=tuple(pipes), schedule=schedule, virtual_stages=q), \
-            dict(self.params, schedule=schedule)
+        return replace(cfg, pipelines=tuple(pipes), schedule=schedule, virtual_stages=q), dict(
+            self.params, schedule=schedule
+        )
 
     def _redecode(self, name: str, step: int = 0, value: Any = None) -> tuple[ParallelConfig, Params] | None:
         dim = self._dims.get(name)
@@ -446,8 +490,10 @@ class ParallelConfigEnv(gym.Env):
             max_speed = max(mixed_space.stage_speed(space.context, s) for p in cfg.pipelines for s in p.stages)
             busy = list(m.stage_busy_s) if m is not None and len(m.stage_busy_s) == len(pipe.stages) else []
             if not busy or sum(busy) <= 0:
-                busy = [(s.layers + (space.head_extra if i == len(pipe.stages) - 1 else 0)) / g
-                        for i, (s, g) in enumerate(zip(pipe.stages, g_speeds))]
+                busy = [
+                    (s.layers + (space.head_extra if i == len(pipe.stages) - 1 else 0)) / g
+                    for i, (s, g) in enumerate(zip(pipe.stages, g_speeds))
+                ]
             total_busy, max_busy = sum(busy), max(busy)
             peak = dict(m.peak_memory_GiB) if m is not None else {}
             for i, s in enumerate(pipe.stages[:MAX_STAGES]):
@@ -458,52 +504,98 @@ class ParallelConfigEnv(gym.Env):
                     link = math.log10(max(bw, 0.01)) / 3.0
                 else:
                     link = 0.0
-                stage_f[i] = (1.0, s.layers / L, busy[i] / total_busy, busy[i] / max_busy, min(used, 1.5) / 1.5,
-                              g_speeds[i] / max_speed, math.log2(s.tp) / 3.0, float(s.recompute), link,
-                              min(dev.memory_GiB / 160.0, 1.0))
+                stage_f[i] = (
+                    1.0,
+                    s.layers / L,
+                    busy[i] / total_busy,
+                    busy[i] / max_busy,
+                    min(used, 1.5) / 1.5,
+                    g_speeds[i] / max_speed,
+                    math.log2(s.tp) / 3.0,
+                    float(s.recompute),
+                    link,
+                    min(dev.memory_GiB / 160.0, 1.0),
+                )
             total_mb, max_load = sum(counts), max(loads)
             max_rs = max(speeds)
             for r, p in enumerate(cfg.pipelines[:MAX_REPLICAS]):
-                rep_f[r] = (1.0, counts[r] / total_mb, speeds[r] / max_rs, loads[r] / max_load,
-                            min(len(p.stages) / MAX_STAGES, 1.0))
+                rep_f[r] = (
+                    1.0,
+                    counts[r] / total_mb,
+                    speeds[r] / max_rs,
+                    loads[r] / max_load,
+                    min(len(p.stages) / MAX_STAGES, 1.0),
+                )
             max_peak = max(c.peak_tflops for c in self._classes)
             for c, nc in enumerate(self._classes):
-                cls_f[c] = (1.0, float(self.params.get(f"use.{nc.name}", True)),
-                            math.log2(int(self.params.get(f"tp.{nc.name}", 1))) / 3.0, nc.peak_tflops / max_peak,
-                            min(nc.memory_GiB / 160.0, 1.0))
+                cls_f[c] = (
+                    1.0,
+                    float(self.params.get(f"use.{nc.name}", True)),
+                    math.log2(int(self.params.get(f"tp.{nc.name}", 1))) / 3.0,
+                    nc.peak_tflops / max_peak,
+                    min(nc.memory_GiB / 160.0, 1.0),
+                )
             mbs_choices = self._dims["mbs"].choices
             mbs_i = mbs_choices.index(cfg.micro_batch_size) if cfg.micro_batch_size in mbs_choices else 0
             used_devs = len(cfg.devices)
             gain_start = math.log(self.score / self.start_score) if self.score > 0 and self.start_score > 0 else 0.0
             gain_best = math.log(self.score / self.best_score) if self.score > 0 and self.best_score > 0 else -1.0
-            max_used = max((v / space.cluster.device(d).memory_GiB for d, v in peak.items()
-                            if d in set(cfg.devices)), default=0.0)
+            max_used = max(
+                (v / space.cluster.device(d).memory_GiB for d, v in peak.items() if d in set(cfg.devices)), default=0.0
+            )
             dims = self._dims
 
             def idx(name: str) -> float:
                 ch = dims[name].choices
                 return ch.index(self.params[name]) / max(len(ch) - 1, 1) if self.params.get(name) in ch else 0.0
 
-            glob[:] = (mbs_i / max(len(mbs_choices) - 1, 1),
-                       float(cfg.schedule == "1f1b"), float(cfg.schedule == "gpipe"),
-                       float(cfg.schedule == "interleaved-1f1b"),
-                       min(len(pipe.stages) / MAX_STAGES, 1.0), min(math.log2(len(cfg.pipelines)) / 7.0, 1.0),
-                       1.0 - used_devs / space.cluster.num_devices,
-                       m.bubble_fraction if m is not None else 0.0, min(m.mfu, 1.0) if m is not None else 0.0,
-                       float(self._last_failed), float(np.clip(gain_start / 2.0, -1, 1)),
-                       float(np.clip(gain_best, -1, 0)), 1.0 - self.steps / self.max_steps,
-                       min(max_used, 1.5) / 1.5, idx("layer_split"), idx("batch_split"),
-                       float(self.params.get("assign") == "mixed"), float(self.params.get("order") == "slow-first"),
-                       float(self.params.get("recompute") == "none"), float(self.params.get("recompute") == "all"),
-                       min(space.head_extra / L, 1.0), float(L % INTERLEAVED_CHUNKS == 0))
+            glob[:] = (
+                mbs_i / max(len(mbs_choices) - 1, 1),
+                float(cfg.schedule == "1f1b"),
+                float(cfg.schedule == "gpipe"),
+                float(cfg.schedule == "interleaved-1f1b"),
+                min(len(pipe.stages) / MAX_STAGES, 1.0),
+                min(math.log2(len(cfg.pipelines)) / 7.0, 1.0),
+                1.0 - used_devs / space.cluster.num_devices,
+                m.bubble_fraction if m is not None else 0.0,
+                min(m.mfu, 1.0) if m is not None else 0.0,
+                float(self._last_failed),
+                float(np.clip(gain_start / 2.0, -1, 1)),
+                float(np.clip(gain_best, -1, 0)),
+                1.0 - self.steps / self.max_steps,
+                min(max_used, 1.5) / 1.5,
+                idx("layer_split"),
+                idx("batch_split"),
+                float(self.params.get("assign") == "mixed"),
+                float(self.params.get("order") == "slow-first"),
+                float(self.params.get("recompute") == "none"),
+                float(self.params.get("recompute") == "all"),
+                min(space.head_extra / L, 1.0),
+                float(L % INTERLEAVED_CHUNKS == 0),
+            )
             stages = [s for p in cfg.pipelines for s in p.stages]
             host = dict(m.host_memory_GiB) if m is not None else {}
-            host_used = max((gib / n.host.memory_GiB for n in space.cluster.nodes for k, gib in host.items()
-                             if k == n.name), default=0.0)
-            zero_f[:] = (cfg.zero / 3.0, sum(s.offload == "optimizer" for s in stages) / len(stages),
-                         sum(s.offload == "all" for s in stages) / len(stages), min(host_used, 1.5) / 1.5)
-        obs = np.concatenate([stage_f.ravel(), rep_f.ravel(), cls_f.ravel(), glob, zero_f,
-                              self._headroom_features(), self._space_features()])
+            host_used = max(
+                (gib / n.host.memory_GiB for n in space.cluster.nodes for k, gib in host.items() if k == n.name),
+                default=0.0,
+            )
+            zero_f[:] = (
+                cfg.zero / 3.0,
+                sum(s.offload == "optimizer" for s in stages) / len(stages),
+                sum(s.offload == "all" for s in stages) / len(stages),
+                min(host_used, 1.5) / 1.5,
+            )
+        obs = np.concatenate(
+            [
+                stage_f.ravel(),
+                rep_f.ravel(),
+                cls_f.ravel(),
+                glob,
+                zero_f,
+                self._headroom_features(),
+                self._space_features(),
+            ]
+        )
         return np.clip(np.nan_to_num(obs, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0).astype(np.float32)
 
     def _headroom_features(self) -> np.ndarray:
@@ -530,8 +622,12 @@ class ParallelConfigEnv(gym.Env):
         return space_features(self.space, self.config, self.params, self._dims)
 
     def _info(self, **extra: Any) -> dict[str, Any]:
-        info = {"tokens_per_s": self.score, "best_tokens_per_s": self.best_score, "evaluations": self.evaluations,
-                "config": self.config}
+        info = {
+            "tokens_per_s": self.score,
+            "best_tokens_per_s": self.best_score,
+            "evaluations": self.evaluations,
+            "config": self.config,
+        }
         info.update(extra)
         return info
 

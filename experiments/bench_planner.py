@@ -24,10 +24,15 @@ TYPES = (("h100", "H100-80GB", 450), ("a100", "A100-40GB", 300), ("l4", "L4", 32
 
 def cluster(n_gpus: int):
     per_type_nodes = n_gpus // (8 * len(TYPES))
-    nodes = [dict(name=name, gpu=gpu, count=8, repeat=per_type_nodes,
-                  intra_node=dict(bandwidth_GBps=bw, latency_us=2)) for name, gpu, bw in TYPES]
-    return cluster_from_dict(dict(nodes=nodes, network=dict(bandwidth_GBps=50, latency_us=5)),
-                             source="bench_planner", default_name=f"four-types-{n_gpus}")
+    nodes = [
+        dict(name=name, gpu=gpu, count=8, repeat=per_type_nodes, intra_node=dict(bandwidth_GBps=bw, latency_us=2))
+        for name, gpu, bw in TYPES
+    ]
+    return cluster_from_dict(
+        dict(nodes=nodes, network=dict(bandwidth_GBps=50, latency_us=5)),
+        source="bench_planner",
+        default_name=f"four-types-{n_gpus}",
+    )
 
 
 def main() -> None:
@@ -39,8 +44,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    print("| GPUs | model | planning CPU time (s) | wall (s) | plans composed | best composed (s) | "
-          "simulated (s) | plan |")
+    print(
+        "| GPUs | model | planning CPU time (s) | wall (s) | plans composed | best composed (s) | "
+        "simulated (s) | plan |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for n in args.sizes:
         c = cluster(n)
@@ -54,9 +61,11 @@ def main() -> None:
         best = cands[0]
         meas = sim.evaluate(best.config)
         used = len(best.config.devices)
-        print(f"| {n} | {m.name} (gbs {m.global_batch_size}) | {cpu:.2f} | {dt:.2f} | {planner.composed:,} | "
-              f"{best.estimate_s:.3f} | {meas.iteration_time_s:.3f} ({meas.status}) | {best.family}, "
-              f"{len(best.config.pipelines)} replicas, {used} GPUs used, mbs {best.config.micro_batch_size} |")
+        print(
+            f"| {n} | {m.name} (gbs {m.global_batch_size}) | {cpu:.2f} | {dt:.2f} | {planner.composed:,} | "
+            f"{best.estimate_s:.3f} | {meas.iteration_time_s:.3f} ({meas.status}) | {best.family}, "
+            f"{len(best.config.pipelines)} replicas, {used} GPUs used, mbs {best.config.micro_batch_size} |"
+        )
 
 
 if __name__ == "__main__":

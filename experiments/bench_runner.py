@@ -30,9 +30,21 @@ from runner.train import train
 def plan(model: str, mbs: int) -> ParallelConfig:
     spec = load_model(model)
     half = spec.num_layers // 2
-    return ParallelConfig.from_dict({"micro_batch_size": mbs, "schedule": "1f1b", "pipelines": [
-        {"num_microbatches": spec.global_batch_size // mbs, "stages": [
-            {"devices": ["cpu:0"], "layers": half}, {"devices": ["cpu:1"], "layers": spec.num_layers - half}]}]})
+    return ParallelConfig.from_dict(
+        {
+            "micro_batch_size": mbs,
+            "schedule": "1f1b",
+            "pipelines": [
+                {
+                    "num_microbatches": spec.global_batch_size // mbs,
+                    "stages": [
+                        {"devices": ["cpu:0"], "layers": half},
+                        {"devices": ["cpu:1"], "layers": spec.num_layers - half},
+                    ],
+                }
+            ],
+        }
+    )
 
 
 def runner_times(model: str, mbs: int, steps: int, warmup: int) -> list[float]:
@@ -48,13 +60,27 @@ def runner_times(model: str, mbs: int, steps: int, warmup: int) -> list[float]:
 
 
 def minimal_times(model: str, mbs: int, steps: int, warmup: int) -> list[float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(Path(__file__).with_name("minimal_pipeline.py")), "--model", model, "--steps", str(steps),
-           "--warmup", str(warmup), "--micro-batch-size", str(mbs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(Path(__file__).with_name("minimal_pipeline.py")),
+        "--model",
+        model,
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+        "--micro-batch-size",
+        str(mbs),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(), cwd=REPO_ROOT, timeout=900)
     if res.returncode != 0:
         raise SystemExit(f"minimal script failed:\n{res.stderr[-2000:]}")
-    line = [l for l in res.stdout.splitlines() if l.startswith("{")][-1]
+    line = [s for s in res.stdout.splitlines() if s.startswith("{")][-1]
     return json.loads(line)["step_times_s"]
 
 
@@ -72,14 +98,20 @@ def main() -> None:
         mt = minimal_times(args.model, args.micro_batch_size, args.steps, args.warmup)
         runner += rt
         minimal += mt
-        print(f"round {r + 1}: median step runner {statistics.median(rt):.4f} s, minimal {statistics.median(mt):.4f} s",
-              flush=True)
-    print(f"model {args.model}, 2 stages on cpu-2, micro-batch {args.micro_batch_size}, 1f1b; "
-          f"{args.rounds} rounds x {args.steps} timed steps after {args.warmup} warm-up")
+        print(
+            f"round {r + 1}: median step runner {statistics.median(rt):.4f} s, minimal {statistics.median(mt):.4f} s",
+            flush=True,
+        )
+    print(
+        f"model {args.model}, 2 stages on cpu-2, micro-batch {args.micro_batch_size}, 1f1b; "
+        f"{args.rounds} rounds x {args.steps} timed steps after {args.warmup} warm-up"
+    )
     for name, f in (("median", statistics.median), ("min", min)):
         a, b = f(runner), f(minimal)
-        print(f"{name:6s} step time: runner {a:.4f} s, minimal {b:.4f} s, ratio runner/minimal = {a / b:.3f} "
-              f"({'within' if a / b <= 1.05 else 'OUTSIDE'} the 5% target)")
+        print(
+            f"{name:6s} step time: runner {a:.4f} s, minimal {b:.4f} s, ratio runner/minimal = {a / b:.3f} "
+            f"({'within' if a / b <= 1.05 else 'OUTSIDE'} the 5% target)"
+        )
 
 
 if __name__ == "__main__":

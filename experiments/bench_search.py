@@ -47,13 +47,24 @@ def timed_search(budget: int, cold_cache: bool) -> dict:
         env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="120")
         if cold_cache:
             env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
-        cmd = [str(Path(sys.executable).with_name("autotune")), "search", "--cluster", "mixed-a100-v100", "--model",
-               "gpt2-xl", "--method", "optuna", "--budget", str(budget)]
+        cmd = [
+            str(Path(sys.executable).with_name("autotune")),
+            "search",
+            "--cluster",
+            "mixed-a100-v100",
+            "--model",
+            "gpt2-xl",
+            "--method",
+            "optuna",
+            "--budget",
+            str(budget),
+        ]
         master, slave = pty.openpty()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=slave, close_fds=True)
+        proc = subprocess.Popen(
+            cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, close_fds=True
+        )
         os.close(slave)
         first = None
         while True:
@@ -116,13 +127,18 @@ def main() -> None:
     for i in range(args.runs):
         r = timed_search(args.budget, args.cold_cache)
         rows.append(r)
-        print(f"search --budget {args.budget} run {i + 1}: wall {r['wall_s']:.1f} s, cpu {r['cpu_s']:.1f} s, "
-              f"first output after {r['first_output_s']:.2f} s   [{r['best']}]", flush=True)
+        print(
+            f"search --budget {args.budget} run {i + 1}: wall {r['wall_s']:.1f} s, cpu {r['cpu_s']:.1f} s, "
+            f"first output after {r['first_output_s']:.2f} s   [{r['best']}]",
+            flush=True,
+        )
     walls = sorted(r["wall_s"] for r in rows)
     print(f"search wall time: median {walls[len(walls) // 2]:.1f} s, min {walls[0]:.1f} s (target < 20 s)")
     lib, sim = simulate_rate()
-    print(f"autotune.simulate(path, path, path): {lib:,.0f} calls/s (target >= 3,000); "
-          f"Simulator.evaluate reused: {sim:,.0f} calls/s")
+    print(
+        f"autotune.simulate(path, path, path): {lib:,.0f} calls/s (target >= 3,000); "
+        f"Simulator.evaluate reused: {sim:,.0f} calls/s"
+    )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

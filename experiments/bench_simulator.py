@@ -34,7 +34,7 @@ def random_config(rng: random.Random, cluster, num_layers: int, schedule: str) -
     groups = []
     for node in cluster.nodes:
         ids = list(node.device_ids())
-        groups += [tuple(ids[i:i + tp]) for i in range(0, len(ids), tp)]
+        groups += [tuple(ids[i : i + tp]) for i in range(0, len(ids), tp)]
     rng.shuffle(groups)
     pipelines = []
     for r in range(dp):
@@ -59,14 +59,19 @@ def main() -> None:
     cluster = load_cluster("mixed-h100-a100-32")
     model = load_model("llama2-7b", global_batch_size=GLOBAL_BATCH)
     rng = random.Random(args.seed)
-    configs = list({random_config(rng, cluster, model.num_layers, rng.choice(SCHEDULES)): None
-                    for _ in range(args.configs)})
-    print(f"{len(configs)} distinct plans: {cluster.name} ({cluster.num_devices} GPUs), {model.name}, "
-          f"{STAGES} stages, {MICROBATCHES} micro-batches per replica")
+    configs = list(
+        {random_config(rng, cluster, model.num_layers, rng.choice(SCHEDULES)): None for _ in range(args.configs)}
+    )
+    print(
+        f"{len(configs)} distinct plans: {cluster.name} ({cluster.num_devices} GPUs), {model.name}, "
+        f"{STAGES} stages, {MICROBATCHES} micro-batches per replica"
+    )
 
     rate, ok = bench(Simulator(cluster, model), configs)
-    print(f"search usage (one Simulator, caches on):      {rate:8.0f} configs/s  ({ok} fit, "
-          f"{len(configs) - ok} out of memory)")
+    print(
+        f"search usage (one Simulator, caches on):      {rate:8.0f} configs/s  ({ok} fit, "
+        f"{len(configs) - ok} out of memory)"
+    )
 
     size = simulator_module._PIPELINE_CACHE_SIZE
     simulator_module._PIPELINE_CACHE_SIZE = -1  # clear on every insert: each pipeline simulated op by op

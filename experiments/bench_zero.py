@@ -22,18 +22,32 @@ import time
 from pathlib import Path
 
 from autotune.loading import cluster_from_dict, load_cluster, load_model, model_from_dict
-from autotune.search.api import tune
 from autotune.planning.space import SearchSpace
+from autotune.search.api import tune
 
 METHODS = ("rl", "optuna", "random", "uniform", "exhaustive", "dp")
 BOX = "examples/8x4090.yaml"
-QWEN_32B = dict(name="qwen-32b-like", num_layers=64, hidden_size=5120, num_heads=40, num_kv_heads=8,
-                ffn_hidden_size=27648, mlp="swiglu", vocab_size=152064, seq_len=4096, global_batch_size=512)
-CLOUD_MIX = dict(name="cloud-t4-l4-a10g", nodes=[
-    dict(name="t4", gpu="T4", count=4, intra_node=dict(bandwidth_GBps=12, latency_us=10)),
-    dict(name="l4", gpu="L4", count=4, intra_node=dict(bandwidth_GBps=25, latency_us=10)),
-    dict(name="a10g", gpu="A10G", count=4, intra_node=dict(bandwidth_GBps=25, latency_us=10))],
-    network=dict(bandwidth_GBps=3.1, latency_us=50))
+QWEN_32B = dict(
+    name="qwen-32b-like",
+    num_layers=64,
+    hidden_size=5120,
+    num_heads=40,
+    num_kv_heads=8,
+    ffn_hidden_size=27648,
+    mlp="swiglu",
+    vocab_size=152064,
+    seq_len=4096,
+    global_batch_size=512,
+)
+CLOUD_MIX = dict(
+    name="cloud-t4-l4-a10g",
+    nodes=[
+        dict(name="t4", gpu="T4", count=4, intra_node=dict(bandwidth_GBps=12, latency_us=10)),
+        dict(name="l4", gpu="L4", count=4, intra_node=dict(bandwidth_GBps=25, latency_us=10)),
+        dict(name="a10g", gpu="A10G", count=4, intra_node=dict(bandwidth_GBps=25, latency_us=10)),
+    ],
+    network=dict(bandwidth_GBps=3.1, latency_us=50),
+)
 SCENARIOS = {
     "8x4090-13b": (BOX, "llama2-13b"),
     "8x4090-32b": (BOX, "qwen-32b"),
@@ -54,24 +68,26 @@ def uses(space: SearchSpace, config) -> str:
     if "zero" not in p:  # a RoundPipe plan (issue 11): its own parameters
         return " ".join(f"{k}={v}" for k, v in p.items() if k not in ("devices_used", "devices_idle"))[:90]
     rc = "R" if p["recompute_stages"] else "-"
-    return (f"tp{p['tp']} pp{p['pp']} dp{p['dp']} zero{p['zero']} off={p['offload']} mbs{p['mbs']} "
-            f"{p['schedule']} rc{rc}")
+    return (
+        f"tp{p['tp']} pp{p['pp']} dp{p['dp']} zero{p['zero']} off={p['offload']} mbs{p['mbs']} {p['schedule']} rc{rc}"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--scenario", action="append", choices=list(SCENARIOS),
-                    help="default: 8x4090-13b and 8x4090-32b")
+    ap.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="default: 8x4090-13b and 8x4090-32b")
     ap.add_argument("--methods", default=",".join(METHODS))
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     for name in args.scenario or ["8x4090-13b", "8x4090-32b"]:
         cluster, model = _cluster(SCENARIOS[name][0]), _model(SCENARIOS[name][1])
         space = SearchSpace(cluster, model)
-        print(f"\n{name}: {model.name} ({model.num_params / 1e9:.1f}B) on {cluster.name} "
-              f"({cluster.num_devices} GPUs), budget {args.budget}, seed {args.seed}")
+        print(
+            f"\n{name}: {model.name} ({model.num_params / 1e9:.1f}B) on {cluster.name} "
+            f"({cluster.num_devices} GPUs), budget {args.budget}, seed {args.seed}"
+        )
         print(f"{'method':10s} {'fits':4s} {'tokens/s':>9s} {'MFU':>6s} {'first fit':>9s} {'wall s':>6s}  plan")
         for method in args.methods.split(","):
             t0 = time.monotonic()
@@ -86,18 +102,30 @@ def main() -> None:
 
             try:
                 with tempfile.TemporaryDirectory() as tmp:  # a fresh Optuna study: never resume an old one
-                    result = tune(cluster, model, method=method, budget=args.budget, seed=args.seed, track=False,
-                                  on_evaluation=seen, storage=str(Path(tmp) / "optuna.journal"))
+                    result = tune(
+                        cluster,
+                        model,
+                        method=method,
+                        budget=args.budget,
+                        seed=args.seed,
+                        track=False,
+                        on_evaluation=seen,
+                        storage=str(Path(tmp) / "optuna.journal"),
+                    )
             except Exception as e:  # a method that refuses (e.g. exhaustive over a huge space) is reported
-                print(f"{method:10s} {'-':4s} {'-':>9s} {'-':>6s} {'-':>9s} {time.monotonic() - t0:6.1f}  "
-                      f"{type(e).__name__}: {str(e)[:90]}")
+                print(
+                    f"{method:10s} {'-':4s} {'-':>9s} {'-':>6s} {'-':>9s} {time.monotonic() - t0:6.1f}  "
+                    f"{type(e).__name__}: {str(e)[:90]}"
+                )
                 continue
             m = result.best_measurement
             ok = m is not None and m.ok
             plan = uses(space, result.best_config) if ok else (m.error[:90] if m is not None else "nothing evaluated")
-            print(f"{method:10s} {'yes' if ok else 'NO':4s} {m.tokens_per_s if ok else 0:9,.0f} "
-                  f"{m.mfu if ok else 0:6.1%} {str(first_fit['at'] or '-'):>9s} {time.monotonic() - t0:6.1f}  {plan}",
-                  flush=True)
+            print(
+                f"{method:10s} {'yes' if ok else 'NO':4s} {m.tokens_per_s if ok else 0:9,.0f} "
+                f"{m.mfu if ok else 0:6.1%} {str(first_fit['at'] or '-'):>9s} {time.monotonic() - t0:6.1f}  {plan}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ import statistics
 import time
 
 from autotune.loading import cluster_from_dict, load_cluster, load_model
-from autotune.search.api import tune
 from autotune.planning.space import EXHAUSTIVE_LIMIT, SearchSpace
+from autotune.search.api import tune
 from autotune.simulator import Simulator
 
 
@@ -29,13 +29,23 @@ def _node(name, gpu, count, bw, repeat=1):
 
 # Scenarios: 8 to 64 GPUs, 2 to 4 GPU types, fast (50 GB/s) to slow (0.125 GB/s = 1 Gbit/s) networks.
 CUSTOM_CLUSTERS = {
-    "zoo-3types-24": dict(nodes=[_node("a100", "A100-80GB", 8, 300), _node("v100", "V100-32GB", 8, 16),
-                                 _node("t4", "T4", 8, 16)], network=dict(bandwidth_GBps=12.5, latency_us=10)),
-    "wan-2types-16": dict(nodes=[_node("a100", "A100-80GB", 8, 300), _node("rtx", "RTX-3090", 4, 16, repeat=2)],
-                          network=dict(bandwidth_GBps=0.125, latency_us=2000)),
-    "four-types-64": dict(nodes=[_node("h100", "H100-80GB", 8, 450, repeat=2), _node("a100", "A100-40GB", 8, 300, repeat=2),
-                                 _node("l4", "L4", 8, 32, repeat=2), _node("a10g", "A10G", 8, 32, repeat=2)],
-                          network=dict(bandwidth_GBps=50, latency_us=5)),
+    "zoo-3types-24": dict(
+        nodes=[_node("a100", "A100-80GB", 8, 300), _node("v100", "V100-32GB", 8, 16), _node("t4", "T4", 8, 16)],
+        network=dict(bandwidth_GBps=12.5, latency_us=10),
+    ),
+    "wan-2types-16": dict(
+        nodes=[_node("a100", "A100-80GB", 8, 300), _node("rtx", "RTX-3090", 4, 16, repeat=2)],
+        network=dict(bandwidth_GBps=0.125, latency_us=2000),
+    ),
+    "four-types-64": dict(
+        nodes=[
+            _node("h100", "H100-80GB", 8, 450, repeat=2),
+            _node("a100", "A100-40GB", 8, 300, repeat=2),
+            _node("l4", "L4", 8, 32, repeat=2),
+            _node("a10g", "A10G", 8, 32, repeat=2),
+        ],
+        network=dict(bandwidth_GBps=50, latency_us=5),
+    ),
 }
 SCENARIOS = [
     ("mixed-a100-v100", "gpt2-xl"),  # 8 GPUs, 2 types, 100 Gbit/s
@@ -69,7 +79,7 @@ def main() -> None:
     methods = args.methods.split(",")
     rows = []
     t_all = time.time()
-    for cname, mname in SCENARIOS[:args.scenarios]:
+    for cname, mname in SCENARIOS[: args.scenarios]:
         cluster, model = cluster_of(cname), load_model(mname)
         space = SearchSpace(cluster, model)
         sim = Simulator(cluster, model)
@@ -88,20 +98,33 @@ def main() -> None:
             for seed in seeds:
                 t0 = time.time()
                 try:
-                    r = tune(cluster, model, method=method, budget=budget, seed=seed,
-                             evaluator=Simulator(cluster, model), storage="memory",
-                             track=args.tracking_uri is not None, tracking_uri=args.tracking_uri,
-                             study_name=f"{cname}-{mname}-{seed}")
+                    r = tune(
+                        cluster,
+                        model,
+                        method=method,
+                        budget=budget,
+                        seed=seed,
+                        evaluator=Simulator(cluster, model),
+                        storage="memory",
+                        track=args.tracking_uri is not None,
+                        tracking_uri=args.tracking_uri,
+                        study_name=f"{cname}-{mname}-{seed}",
+                    )
                     found.setdefault(method, []).append(r.best_measurement.score())
                 except Exception as e:  # exhaustive refuses large spaces: say so in the table
-                    notes[method] = (f"refused: {space.size:,} combinations > {EXHAUSTIVE_LIMIT:,}"
-                                     if "exceed the limit" in str(e) else f"error: {e}"[:80])
+                    notes[method] = (
+                        f"refused: {space.size:,} combinations > {EXHAUSTIVE_LIMIT:,}"
+                        if "exceed the limit" in str(e)
+                        else f"error: {e}"[:80]
+                    )
                     break
                 secs[method] = secs.get(method, 0.0) + time.time() - t0
         best_any = max([uniform_best] + [max(v) for v in found.values()])
-        print(f"\n{cname} ({cluster.num_devices} GPUs, {len({n.device.name for n in cluster.nodes})} types) / {mname}: "
-              f"space {space.size:,} combinations, uniform grid {len(uniform_grid)} plans, best uniform "
-              f"{uniform_best:,.0f} tokens/s, best found {best_any:,.0f} tokens/s")
+        print(
+            f"\n{cname} ({cluster.num_devices} GPUs, {len({n.device.name for n in cluster.nodes})} types) / {mname}: "
+            f"space {space.size:,} combinations, uniform grid {len(uniform_grid)} plans, best uniform "
+            f"{uniform_best:,.0f} tokens/s, best found {best_any:,.0f} tokens/s"
+        )
         for method in methods:
             if method in notes:
                 print(f"  {method:<10} {notes[method]}")
@@ -111,15 +134,27 @@ def main() -> None:
             rel_best = med / best_any if best_any else 0.0
             rel_uniform = med / uniform_best if uniform_best else float("inf")
             extra = f", all {notes_budget[method]} plans of the space" if method in notes_budget else ""
-            print(f"  {method:<10} median {med:>12,.0f} tokens/s  vs best {rel_best:6.3f}  vs uniform "
-                  f"{rel_uniform:6.2f}x  (seeds {len(found[method])}, {secs[method]:.1f} s{extra})")
-            rows.append((cname, mname, method, rel_best, rel_uniform,
-                         f" ({notes_budget[method]} evals)" if method in notes_budget else ""))
-    print(f"\nmarkdown (budget {args.budget}, median over {args.seeds} seeds for rl/optuna/random; total "
-          f"{time.time() - t_all:.0f} s)\n")
+            print(
+                f"  {method:<10} median {med:>12,.0f} tokens/s  vs best {rel_best:6.3f}  vs uniform "
+                f"{rel_uniform:6.2f}x  (seeds {len(found[method])}, {secs[method]:.1f} s{extra})"
+            )
+            rows.append(
+                (
+                    cname,
+                    mname,
+                    method,
+                    rel_best,
+                    rel_uniform,
+                    f" ({notes_budget[method]} evals)" if method in notes_budget else "",
+                )
+            )
+    print(
+        f"\nmarkdown (budget {args.budget}, median over {args.seeds} seeds for rl/optuna/random; total "
+        f"{time.time() - t_all:.0f} s)\n"
+    )
     print("| scenario | " + " | ".join(methods) + " |")
     print("|---|" + "---|" * len(methods))
-    for cname, mname in SCENARIOS[:args.scenarios]:
+    for cname, mname in SCENARIOS[: args.scenarios]:
         cells = []
         for method in methods:
             row = next(r for r in rows if r[0] == cname and r[1] == mname and r[2] == method)

@@ -16,8 +16,8 @@ import argparse
 import math
 
 import numpy as np
-
-from heldout_eval import BUDGETS, TARGET, read_results as load  # experiments/heldout_eval.py writes the files
+from heldout_eval import BUDGETS, TARGET  # experiments/heldout_eval.py writes the files
+from heldout_eval import read_results as load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     old, new = load(args.old), load(args.new)
     names = [n for n in old if n in new]
-    methods = [m for m in args.methods.split(",") if all(m in old[n]["curves"] and m in new[n]["curves"] for n in names)]
+    methods = [
+        m for m in args.methods.split(",") if all(m in old[n]["curves"] and m in new[n]["curves"] for n in names)
+    ]
     best = {n: max(old[n]["best_known"], new[n]["best_known"]) for n in names}
 
     def curves(side: dict, n: str, m: str) -> list[list[float]]:
@@ -40,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def need(side, n, m):
         goal = TARGET * best[n]
-        return float(np.median([next((i + 1 for i, v in enumerate(c) if v >= goal), math.inf)
-                                for c in curves(side, n, m)]))
+        return float(
+            np.median([next((i + 1 for i, v in enumerate(c) if v >= goal), math.inf) for c in curves(side, n, m)])
+        )
 
     fmt = lambda x: ">100" if math.isinf(x) else f"{x:g}"  # noqa: E731
     seeds = {m: min(len(curves(old, n, m)) for n in names) for m in methods}
@@ -69,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         r20 = float(np.median([rel(side, n, "rl", 20) for n in names]))
         r50 = [rel(side, n, "rl", 50) for n in names]
         e = float(np.median([need(side, n, "rl") for n in names]))
-        print(f"targets, {label} policy: rl median at B=20 {r20:.3f} (>= 0.97), rl min at B=50 {min(r50):.3f} "
-              f"(>= 0.90: {sum(v >= 0.90 for v in r50)} of {len(r50)}), rl evals to 98% median {fmt(e)} (<= 13)")
+        print(
+            f"targets, {label} policy: rl median at B=20 {r20:.3f} (>= 0.97), rl min at B=50 {min(r50):.3f} "
+            f"(>= 0.90: {sum(v >= 0.90 for v in r50)} of {len(r50)}), rl evals to 98% median {fmt(e)} (<= 13)"
+        )
     return 0
 
 

@@ -25,11 +25,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.loading import load_cluster, load_model  # noqa: E402
-from autotune.policy import policy_file  # noqa: E402
 from autotune.planning.budget import BudgetedEvaluator  # noqa: E402
+from autotune.planning.space import SearchSpace  # noqa: E402
+from autotune.policy import policy_file  # noqa: E402
 from autotune.policy.pretrained import run_pretrained  # noqa: E402
 from autotune.policy.scenarios import heldout_scenarios  # noqa: E402
-from autotune.planning.space import SearchSpace  # noqa: E402
 from autotune.search.tracking import config_key  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
 
@@ -51,9 +51,14 @@ class Recorder:
         with torch.no_grad():
             dist = self.policy.get_distribution(self.policy.obs_to_tensor(obs)[0], action_masks=action_masks)
             probs = dist.distribution.probs[0].numpy()
-        self.asked.append({"obs": [float(f"{x:.9g}") for x in np.asarray(obs, dtype=np.float32)],
-                           "mask": [int(i) for i in np.flatnonzero(action_masks)], "action": int(action),
-                           "probs": [float(f"{p:.6g}") for p in probs]})
+        self.asked.append(
+            {
+                "obs": [float(f"{x:.9g}") for x in np.asarray(obs, dtype=np.float32)],
+                "mask": [int(i) for i in np.flatnonzero(action_masks)],
+                "action": int(action),
+                "probs": [float(f"{p:.6g}") for p in probs],
+            }
+        )
         return action, state
 
 
@@ -71,8 +76,14 @@ def record(policy) -> dict:
             rec = Recorder(policy)
             ev = BudgetedEvaluator(sim, space, BUDGET)
             run_pretrained(space, ev, seed, policy=rec)
-            walks.append({"scenario": name, "seed": seed, "asked": rec.asked,
-                          "plans": [config_key(e.config) for e in ev.history]})
+            walks.append(
+                {
+                    "scenario": name,
+                    "seed": seed,
+                    "asked": rec.asked,
+                    "plans": [config_key(e.config) for e in ev.history],
+                }
+            )
     return {"budget": BUDGET, "walks": walks}
 
 
@@ -89,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     model = MaskablePPO.load(args.source, device="cpu")
     policy_file.save(model, args.output, num_timesteps=int(model.num_timesteps))
-    print(f"wrote {args.output} ({Path(args.output).stat().st_size / 1024:.0f} KiB, from "
-          f"{Path(args.source).stat().st_size / 1024:.0f} KiB)")
+    print(
+        f"wrote {args.output} ({Path(args.output).stat().st_size / 1024:.0f} KiB, from "
+        f"{Path(args.source).stat().st_size / 1024:.0f} KiB)"
+    )
     if args.reference:
         ref = record(model.policy)
         Path(args.reference).write_text(json.dumps(ref, separators=(",", ":")) + "\n")

@@ -33,8 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=20)
     ap.add_argument("--seed", type=int, default=7, help="validation seed stream (train_policy.py uses 0)")
     ap.add_argument("--skip", type=int, default=0, help="draw but do not run the first N scenarios")
-    ap.add_argument("--kinds", default="classic,tight,internet,moe",
-                    help=f"scenario kinds in turn (of {', '.join(SCENARIO_KINDS)}; large costs minutes each)")
+    ap.add_argument(
+        "--kinds",
+        default="classic,tight,internet,moe",
+        help=f"scenario kinds in turn (of {', '.join(SCENARIO_KINDS)}; large costs minutes each)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -52,8 +55,15 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t1 = time.time()
         try:
-            result = tune(s.cluster, s.model, method="dp", budget=args.budget, track=False, storage="memory",
-                          evaluator=Simulator(s.cluster, s.model))
+            result = tune(
+                s.cluster,
+                s.model,
+                method="dp",
+                budget=args.budget,
+                track=False,
+                storage="memory",
+                evaluator=Simulator(s.cluster, s.model),
+            )
             curve = list(result.best_curve)
         except Exception as e:  # no plan at all: nothing to rank
             print(f"{s.name} ({kinds[i % len(kinds)]}): no plan ({str(e)[:80]})")
@@ -64,16 +74,24 @@ def main(argv: list[str] | None = None) -> int:
         at = [curve[min(k, len(curve)) - 1] / best for k in ks]
         to98 = next((j + 1 for j, x in enumerate(curve) if x >= 0.98 * best), None)
         rows.append((s.name, kinds[i % len(kinds)], at, to98))
-        print(f"{s.name:6s} {kinds[i % len(kinds)]:9s} " + " ".join(f"{x:5.3f}" for x in at) + f"   98% at {to98}"
-              f"   ({s.cluster.num_devices} GPUs, {time.time() - t1:.0f} s)", flush=True)
+        print(
+            f"{s.name:6s} {kinds[i % len(kinds)]:9s} " + " ".join(f"{x:5.3f}" for x in at) + f"   98% at {to98}"
+            f"   ({s.cluster.num_devices} GPUs, {time.time() - t1:.0f} s)",
+            flush=True,
+        )
     print(f"\n{len(rows)} validation scenarios with a plan, dp at budget {args.budget}, {time.time() - t0:.0f} s")
     print("k (dp plans evaluated)       " + " ".join(f"{k:>5d}" for k in ks))
-    print("median best@k / best@budget  " + " ".join(f"{statistics.median(r[2][j] for r in rows):5.3f}"
-                                                     for j in range(len(ks))))
-    print("mean                         " + " ".join(f"{statistics.mean(r[2][j] for r in rows):5.3f}"
-                                                     for j in range(len(ks))))
-    print("scenarios at >= 98% by k     " + " ".join(f"{sum(r[2][j] >= 0.98 for r in rows):5d}"
-                                                     for j in range(len(ks))))
+    print(
+        "median best@k / best@budget  "
+        + " ".join(f"{statistics.median(r[2][j] for r in rows):5.3f}" for j in range(len(ks)))
+    )
+    print(
+        "mean                         "
+        + " ".join(f"{statistics.mean(r[2][j] for r in rows):5.3f}" for j in range(len(ks)))
+    )
+    print(
+        "scenarios at >= 98% by k     " + " ".join(f"{sum(r[2][j] >= 0.98 for r in rows):5d}" for j in range(len(ks)))
+    )
     return 0
 
 

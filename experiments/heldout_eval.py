@@ -43,11 +43,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from autotune.planning.budget import PRUNED, SCREENED_PER_BUDGET  # noqa: E402
+from autotune.planning.space import SearchSpace  # noqa: E402
 from autotune.policy.pretrained import default_policy_path  # noqa: E402
 from autotune.policy.scenarios import draw_scenario, heldout_scenarios, validation_rng  # noqa: E402
 from autotune.search.api import tune  # noqa: E402
-from autotune.planning.budget import PRUNED, SCREENED_PER_BUDGET  # noqa: E402
-from autotune.planning.space import SearchSpace  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
 
 BUDGETS = (5, 10, 20, 50, 100)
@@ -75,9 +75,19 @@ def run(s, sim, method: str, budget: int, seed: int, policy) -> tuple[list[float
     events: list[bool] = []  # True: an evaluation that spent budget; False: screened out
     result = None
     try:
-        result = tune(s.cluster, s.model, method=base, budget=budget, seed=seed, track=False, storage="memory",
-                      evaluator=sim, start=start or "dp", policy=policy if base == "rl" else None,
-                      on_evaluation=lambda ev: events.append(ev.measurement.status != PRUNED))
+        result = tune(
+            s.cluster,
+            s.model,
+            method=base,
+            budget=budget,
+            seed=seed,
+            track=False,
+            storage="memory",
+            evaluator=sim,
+            start=start or "dp",
+            policy=policy if base == "rl" else None,
+            on_evaluation=lambda ev: events.append(ev.measurement.status != PRUNED),
+        )
         curve = list(result.best_curve)
     except Exception as e:  # a method that finds no plan at all (the api raises): a zero curve
         logging.warning("%s on %s (budget %d, seed %d): %s", method, s.name, budget, seed, e)
@@ -99,16 +109,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference-budget", type=int, default=400)
     ap.add_argument("--only", default=None, help="comma-separated scenario names")
     ap.add_argument("--json", default=None, help="write all curves to this file")
-    ap.add_argument("--validation", type=int, default=0,
-                    help="use this many validation scenarios (training distribution, validation seeds) instead "
-                         "of the held-out set: for developing the policy without touching the held-out set")
+    ap.add_argument(
+        "--validation",
+        type=int,
+        default=0,
+        help="use this many validation scenarios (training distribution, validation seeds) instead "
+        "of the held-out set: for developing the policy without touching the held-out set",
+    )
     ap.add_argument("--methods", default=DEFAULT_METHODS)
-    ap.add_argument("--reference-from", default=None,
-                    help="comma-separated --json files of earlier runs (same --reference-budget): take each scenario's reference "
-                         "Optuna result from it instead of re-running it (e.g. to compare two policies)")
-    ap.add_argument("--load", default=None,
-                    help="comma-separated --json files of earlier runs (for example shards run with --only and the "
-                         "same --seeds): print their tables together instead of running")
+    ap.add_argument(
+        "--reference-from",
+        default=None,
+        help="comma-separated --json files of earlier runs (same --reference-budget): take each scenario's reference "
+        "Optuna result from it instead of re-running it (e.g. to compare two policies)",
+    )
+    ap.add_argument(
+        "--load",
+        default=None,
+        help="comma-separated --json files of earlier runs (for example shards run with --only and the "
+        "same --seeds): print their tables together instead of running",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     import torch
@@ -126,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     B = max(BUDGETS)
     methods = tuple(args.methods.split(","))
     results: dict[str, dict] = {}
-    earlier_refs = ({n: float(r["reference"]) for n, r in read_results(args.reference_from).items()}
-                    if args.reference_from else {})
+    earlier_refs = (
+        {n: float(r["reference"]) for n, r in read_results(args.reference_from).items()} if args.reference_from else {}
+    )
     t_all = time.time()
     if args.load:  # the tables of earlier runs, in the scenarios' order
         loaded = read_results(args.load)
@@ -160,12 +181,27 @@ def main(argv: list[str] | None = None) -> int:
             ref = run(s, sim, "optuna", args.reference_budget, 1000, policy_path)[0][-1]
         grid = space.uniform_plans()
         best_uniform = max((sim.evaluate(p).score() for p in grid), default=0.0)
-        best_known = max([ref, best_uniform] + [c[-1] for cs in curves.values() for c in cs]
-                         + [v for per in at.values() for vals in per.values() for v in vals])
-        results[s.name] = dict(curves=curves, screened=screened, at=at, reference=ref, best_uniform=best_uniform,
-                               best_known=best_known, mixed=s.mixed, describe=s.describe(), timing=timing)
-        print(f"{s.describe()}\n  best-known {best_known:,.0f} tokens/s (reference optuna {ref / best_known:.3f}), "
-              f"best uniform {best_uniform / best_known:.3f} of it, {time.time() - t0:.0f} s", flush=True)
+        best_known = max(
+            [ref, best_uniform]
+            + [c[-1] for cs in curves.values() for c in cs]
+            + [v for per in at.values() for vals in per.values() for v in vals]
+        )
+        results[s.name] = dict(
+            curves=curves,
+            screened=screened,
+            at=at,
+            reference=ref,
+            best_uniform=best_uniform,
+            best_known=best_known,
+            mixed=s.mixed,
+            describe=s.describe(),
+            timing=timing,
+        )
+        print(
+            f"{s.describe()}\n  best-known {best_known:,.0f} tokens/s (reference optuna {ref / best_known:.3f}), "
+            f"best uniform {best_uniform / best_known:.3f} of it, {time.time() - t0:.0f} s",
+            flush=True,
+        )
         if args.json:  # after every scenario, so a run stopped early keeps what it finished (--load reads it)
             Path(args.json).write_text(json.dumps({"summary": {}, "results": results}, default=float))
 
@@ -216,36 +252,49 @@ def main(argv: list[str] | None = None) -> int:
         r = results[n]
         reachable = r["best_uniform"] > 0 or ("dp" in r["at"] and r["at"]["dp"][20][0] > 0)
         fails = [m for m in methods if not fits(n, m, 20)]
-        flagged = [m for m in r["screened"] if any(len(sc) >= 20 and sc[19] > SCREENED_PER_BUDGET * 20
-                                                     for sc in r["screened"][m])]
+        flagged = [
+            m
+            for m in r["screened"]
+            if any(len(sc) >= 20 and sc[19] > SCREENED_PER_BUDGET * 20 for sc in r["screened"][m])
+        ]
         ok = not reachable or not fails
         ok_all &= ok
-        print(f"  {n:20s} fit reachable: {'yes' if reachable else 'no '}  no plan at B=20: "
-              f"{', '.join(fails) or 'none'}{'  (prefix past the B=20 cap: ' + ', '.join(flagged) + ')' if flagged else ''}")
+        print(
+            f"  {n:20s} fit reachable: {'yes' if reachable else 'no '}  no plan at B=20: "
+            f"{', '.join(fails) or 'none'}{'  (prefix past the B=20 cap: ' + ', '.join(flagged) + ')' if flagged else ''}"
+        )
     print(f"  -> {'every method fits wherever a fit is reachable' if ok_all else 'MISSED (see above)'}")
     mixed = [n for n in names if results[n]["mixed"] and results[n]["best_uniform"] > 0]
     if mixed:
         speedups = [results[n]["best_known"] / results[n]["best_uniform"] for n in mixed]
-        print(f"\nbest plan / best uniform plan, median over {len(mixed)} mixed-GPU scenarios where uniform fits: "
-              f"{float(np.median(speedups)):.2f}x (min {min(speedups):.2f}x, max {max(speedups):.2f}x)")
+        print(
+            f"\nbest plan / best uniform plan, median over {len(mixed)} mixed-GPU scenarios where uniform fits: "
+            f"{float(np.median(speedups)):.2f}x (min {min(speedups):.2f}x, max {max(speedups):.2f}x)"
+        )
     if "rl" in methods:
         rl20 = [rel(n, "rl", 20) for n in names]
         rl50 = [rel(n, "rl", 50) for n in names]
         need = float(np.median([evals_to_target(n, "rl") for n in names]))
-        print(f"targets: rl median at B=20 {np.median(rl20):.3f} (>= 0.97: {'met' if np.median(rl20) >= 0.97 else 'MISSED'}); "
-              f"rl min over scenarios at B=50 {min(rl50):.3f} (>= 0.90: {'met' if min(rl50) >= 0.90 else 'MISSED'}, "
-              f"{sum(v >= 0.90 for v in rl50)} of {len(rl50)}); rl evals to 98% median {fmt(need)} "
-              f"(<= 13: {'met' if need <= 13 else 'MISSED'})")
-    secs = {m: sum(results[n]['timing'][m] for n in names) / max(len(names) * args.seeds, 1) for m in methods}
-    print("wall time per scenario and seed (s, mean; per-budget methods: all budgets): "
-          + ", ".join(f"{m} {v:.1f}" for m, v in secs.items()))
+        print(
+            f"targets: rl median at B=20 {np.median(rl20):.3f} (>= 0.97: {'met' if np.median(rl20) >= 0.97 else 'MISSED'}); "
+            f"rl min over scenarios at B=50 {min(rl50):.3f} (>= 0.90: {'met' if min(rl50) >= 0.90 else 'MISSED'}, "
+            f"{sum(v >= 0.90 for v in rl50)} of {len(rl50)}); rl evals to 98% median {fmt(need)} "
+            f"(<= 13: {'met' if need <= 13 else 'MISSED'})"
+        )
+    secs = {m: sum(results[n]["timing"][m] for n in names) / max(len(names) * args.seeds, 1) for m in methods}
+    print(
+        "wall time per scenario and seed (s, mean; per-budget methods: all budgets): "
+        + ", ".join(f"{m} {v:.1f}" for m, v in secs.items())
+    )
     meta_path = policy_path.with_suffix(".json")
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         secs_t = meta.get("total_train_time_s", meta.get("train_time_s", 0))
         steps = meta.get("total_timesteps", meta.get("timesteps", "?"))
-        print(f"policy: {policy_path.name}, pretraining cost {secs_t / 60:.1f} min on {meta.get('cpu', '?')}, "
-              f"{steps} env steps")
+        print(
+            f"policy: {policy_path.name}, pretraining cost {secs_t / 60:.1f} min on {meta.get('cpu', '?')}, "
+            f"{steps} env steps"
+        )
     print(f"total {time.time() - t_all:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "results": results}, default=float))

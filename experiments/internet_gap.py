@@ -27,8 +27,10 @@ from autotune.simulator import Simulator  # noqa: E402
 
 def show(label: str, config, sim: Simulator) -> None:
     m = sim.evaluate_detailed(config)
-    print(f"{label}: {m.tokens_per_s:,.0f} tokens/s, iteration {m.iteration_time_s:.2f} s, bubble "
-          f"{m.bubble_fraction:.2f}, status {m.status}")
+    print(
+        f"{label}: {m.tokens_per_s:,.0f} tokens/s, iteration {m.iteration_time_s:.2f} s, bubble "
+        f"{m.bubble_fraction:.2f}, status {m.status}"
+    )
     print(f"    {config.describe()}")
     # the busiest device's time by kind of op (forward, backward, gradient all-reduce, sends, optimizer)
     if m.timeline:
@@ -47,8 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=50)
     ap.add_argument("--policy", action="append", default=[])
     ap.add_argument("--scenario", default="internet-4node")
-    ap.add_argument("--pipeline-only-budget", type=int, default=0,
-                    help="also search the space without RoundPipe plans (dp, and optuna at this budget)")
+    ap.add_argument(
+        "--pipeline-only-budget",
+        type=int,
+        default=0,
+        help="also search the space without RoundPipe plans (dp, and optuna at this budget)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     import torch
@@ -59,21 +65,61 @@ def main(argv: list[str] | None = None) -> int:
     print(s.describe())
     dp = tune(s.cluster, s.model, method="dp", budget=args.budget, seed=0, track=False, storage="memory", evaluator=sim)
     show(f"dp (budget {args.budget})", dp.best_config, sim)
-    ref = tune(s.cluster, s.model, method="optuna", budget=args.reference_budget, seed=1000, track=False,
-               storage="memory", evaluator=sim, start="dp")
+    ref = tune(
+        s.cluster,
+        s.model,
+        method="optuna",
+        budget=args.reference_budget,
+        seed=1000,
+        track=False,
+        storage="memory",
+        evaluator=sim,
+        start="dp",
+    )
     found_at = next(i + 1 for i, v in enumerate(ref.best_curve) if v >= ref.best_curve[-1])
-    show(f"optuna reference (budget {args.reference_budget}, best found at evaluation {found_at})", ref.best_config, sim)
+    show(
+        f"optuna reference (budget {args.reference_budget}, best found at evaluation {found_at})", ref.best_config, sim
+    )
     if args.pipeline_only_budget:
         off = {"roundpipe": [False]}
-        dp2 = tune(s.cluster, s.model, method="dp", budget=args.budget, seed=0, track=False, storage="memory",
-                   evaluator=sim, restrict=off)
+        dp2 = tune(
+            s.cluster,
+            s.model,
+            method="dp",
+            budget=args.budget,
+            seed=0,
+            track=False,
+            storage="memory",
+            evaluator=sim,
+            restrict=off,
+        )
         show(f"pipeline plans only: dp (budget {args.budget})", dp2.best_config, sim)
-        op2 = tune(s.cluster, s.model, method="optuna", budget=args.pipeline_only_budget, seed=1000, track=False,
-                   storage="memory", evaluator=sim, start="dp", restrict=off)
+        op2 = tune(
+            s.cluster,
+            s.model,
+            method="optuna",
+            budget=args.pipeline_only_budget,
+            seed=1000,
+            track=False,
+            storage="memory",
+            evaluator=sim,
+            start="dp",
+            restrict=off,
+        )
         show(f"pipeline plans only: optuna (budget {args.pipeline_only_budget})", op2.best_config, sim)
     for policy in args.policy or [None]:
-        r = tune(s.cluster, s.model, method="rl", budget=args.budget, seed=0, track=False, storage="memory",
-                 evaluator=sim, start="dp", policy=policy)
+        r = tune(
+            s.cluster,
+            s.model,
+            method="rl",
+            budget=args.budget,
+            seed=0,
+            track=False,
+            storage="memory",
+            evaluator=sim,
+            start="dp",
+            policy=policy,
+        )
         show(f"rl {policy or 'shipped'} (budget {args.budget})", r.best_config, sim)
     return 0
 

@@ -23,12 +23,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from autotune.loading import cluster_from_dict, load_model  # noqa: E402
 from autotune.search.api import tune  # noqa: E402
 
-CLOUD = dict(nodes=[dict(name="t4", gpu="T4", count=4, intra_node=dict(bandwidth_GBps=12, latency_us=5)),
-                    dict(name="l4", gpu="L4", count=4, intra_node=dict(bandwidth_GBps=16, latency_us=5)),
-                    dict(name="a10g", gpu="A10G", count=4, repeat=2, intra_node=dict(bandwidth_GBps=16, latency_us=5))],
-             network=dict(bandwidth_GBps=3.125, latency_us=20))
-RUNS = (("optuna", "heuristic"), ("rl", "heuristic"), ("random", "heuristic"), ("optuna", "dp"), ("rl", "dp"),
-        ("uniform", "heuristic"), ("dp", "dp"))
+CLOUD = dict(
+    nodes=[
+        dict(name="t4", gpu="T4", count=4, intra_node=dict(bandwidth_GBps=12, latency_us=5)),
+        dict(name="l4", gpu="L4", count=4, intra_node=dict(bandwidth_GBps=16, latency_us=5)),
+        dict(name="a10g", gpu="A10G", count=4, repeat=2, intra_node=dict(bandwidth_GBps=16, latency_us=5)),
+    ],
+    network=dict(bandwidth_GBps=3.125, latency_us=20),
+)
+RUNS = (
+    ("optuna", "heuristic"),
+    ("rl", "heuristic"),
+    ("random", "heuristic"),
+    ("optuna", "dp"),
+    ("rl", "dp"),
+    ("uniform", "heuristic"),
+    ("dp", "dp"),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         for budget in args.budgets:
             t = time.process_time()
             try:
-                r = tune(cluster, model, method=method, budget=budget, track=False, storage="memory", start=start, seed=0)
+                r = tune(
+                    cluster, model, method=method, budget=budget, track=False, storage="memory", start=start, seed=0
+                )
                 m = r.best_measurement
                 row = f"{m.status} | {m.tokens_per_s:,.0f} | {r.evaluations} | {r.memory_screened}"
             except Exception as e:  # no plan at all: the line says why

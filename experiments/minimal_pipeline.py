@@ -48,7 +48,7 @@ def main() -> None:
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     times = []
     dist.barrier()
-    for i in range(args.warmup + args.steps):
+    for _i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         opt.zero_grad()
         if rank == 0:
@@ -59,7 +59,7 @@ def main() -> None:
         dist.barrier()
         times.append(time.perf_counter() - t0)
     if rank == 0:
-        print(json.dumps({"step_times_s": times[args.warmup:]}), flush=True)
+        print(json.dumps({"step_times_s": times[args.warmup :]}), flush=True)
     dist.destroy_process_group()
 
 

@@ -36,8 +36,10 @@ def main(trials: int) -> None:
     finally:
         child.kill()
         child.wait()
-    print(f"{leaks} of {trials} KeyboardInterrupts raised in a Popen.poll() loop left its _waitpid_lock held "
-          f"(Python {sys.version.split()[0]})")
+    print(
+        f"{leaks} of {trials} KeyboardInterrupts raised in a Popen.poll() loop left its _waitpid_lock held "
+        f"(Python {sys.version.split()[0]})"
+    )
 
 
 if __name__ == "__main__":

@@ -47,13 +47,22 @@ def chromium() -> str | None:
     return None
 
 
-def screenshot(browser: str, url: str, path: Path, width: int = 1600, height: int = 1000,
-               wait_ms: int = 25000) -> None:
+def screenshot(browser: str, url: str, path: Path, width: int = 1600, height: int = 1000, wait_ms: int = 25000) -> None:
     """One page, rendered by headless Chromium after ``wait_ms`` of virtual time (the UI loads its runs)."""
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
-        cmd = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-               "--hide-scrollbars", f"--user-data-dir={profile}", f"--window-size={width},{height}",
-               f"--virtual-time-budget={wait_ms}", f"--screenshot={path}", url]
+        cmd = [
+            browser,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--window-size={width},{height}",
+            f"--virtual-time-budget={wait_ms}",
+            f"--screenshot={path}",
+            url,
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         if r.returncode != 0 or not path.exists():
             raise SystemExit(f"chromium failed on {url}: {r.stderr[-1500:]}")
@@ -75,11 +84,21 @@ def main() -> None:
         results = {}
         for method in ("optuna", "uniform", "random"):
             t0 = time.monotonic()
-            results[method] = tune(CLUSTER, MODEL, method=method, budget=args.budget, seed=0, tracking_uri=uri,
-                                   storage=f"{tmp}/optuna.journal")
+            results[method] = tune(
+                CLUSTER,
+                MODEL,
+                method=method,
+                budget=args.budget,
+                seed=0,
+                tracking_uri=uri,
+                storage=f"{tmp}/optuna.journal",
+            )
             r = results[method]
-            print(f"{method}: best {r.best_measurement.tokens_per_s:,.0f} tokens/s in {r.evaluations} evaluations "
-                  f"({time.monotonic() - t0:.1f} s)", flush=True)
+            print(
+                f"{method}: best {r.best_measurement.tokens_per_s:,.0f} tokens/s in {r.evaluations} evaluations "
+                f"({time.monotonic() - t0:.1f} s)",
+                flush=True,
+            )
         client = MlflowClient(uri)
         best = results["optuna"]
         for name in ("search_progress.png", "best_timeline.png"):
@@ -92,9 +111,13 @@ def main() -> None:
             print("no chromium on PATH (Debian: apt-get install chromium): MLflow screenshots skipped")
             return
         port = free_port()
-        ui = subprocess.Popen([str(Path(sys.executable).with_name("autotune")), "ui", "--tracking-uri", uri,
-                               "--port", str(port)], env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        ui = subprocess.Popen(
+            [str(Path(sys.executable).with_name("autotune")), "ui", "--tracking-uri", uri, "--port", str(port)],
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.time() + 240
@@ -114,8 +137,8 @@ def main() -> None:
                 "mlflow_experiment.png": f"{base}/#/experiments/{exp}?{MLFLOW_UI_TRAINING_VIEW}",
                 "mlflow_parent_run.png": best.run_url.replace("http://127.0.0.1:5000", base),
                 "mlflow_compare.png": f"{base}/#/compare-runs?runs={urllib.parse.quote(runs)}"
-                                      f"&experiments={urllib.parse.quote(json.dumps([exp]))}"
-                                      f"&{MLFLOW_UI_TRAINING_VIEW}",
+                f"&experiments={urllib.parse.quote(json.dumps([exp]))}"
+                f"&{MLFLOW_UI_TRAINING_VIEW}",
             }
             for name, url in pages.items():
                 t0 = time.monotonic()

@@ -36,15 +36,36 @@ CLUSTER = ROOT / "examples" / "8x4090.yaml"
 
 MODELS = {
     # Qwen/Qwen3-1.7B config.json: hidden 2048, 28 layers, 16 heads, 8 kv heads, intermediate 6144, vocab 151936
-    "qwen3-1.7b": dict(num_layers=28, hidden_size=2048, num_heads=16, num_kv_heads=8, ffn_hidden_size=6144,
-                       mlp="swiglu", vocab_size=151936),
+    "qwen3-1.7b": dict(
+        num_layers=28,
+        hidden_size=2048,
+        num_heads=16,
+        num_kv_heads=8,
+        ffn_hidden_size=6144,
+        mlp="swiglu",
+        vocab_size=151936,
+    ),
     # meta-llama/Llama-3.1-8B config.json (= the llama3-8b preset's shape)
-    "llama3.1-8b": dict(num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
-                        mlp="swiglu", vocab_size=128256),
+    "llama3.1-8b": dict(
+        num_layers=32,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        ffn_hidden_size=14336,
+        mlp="swiglu",
+        vocab_size=128256,
+    ),
     "llama2-13b": None,  # the preset
     # Qwen/Qwen3-32B config.json: hidden 5120, 64 layers, 64 heads, 8 kv heads, intermediate 25600, vocab 151936
-    "qwen3-32b": dict(num_layers=64, hidden_size=5120, num_heads=64, num_kv_heads=8, ffn_hidden_size=25600,
-                      mlp="swiglu", vocab_size=151936),
+    "qwen3-32b": dict(
+        num_layers=64,
+        hidden_size=5120,
+        num_heads=64,
+        num_kv_heads=8,
+        ffn_hidden_size=25600,
+        mlp="swiglu",
+        vocab_size=151936,
+    ),
 }
 #: PyPI roundpipe 0.1.1 README, "Training Throughput (tokens/s)", row "4090 · RoundPipe" (8 GPUs)
 PUBLISHED = {"qwen3-1.7b": 65_417, "llama3.1-8b": 24_275, "qwen3-32b": 5_516}
@@ -54,10 +75,26 @@ def model_spec(name: str, seq_len: int, gbs: int):
     shape = MODELS[name]
     if shape is None:
         spec = load_model(name, gbs)
-        return model_from_dict({**{k: getattr(spec, k) for k in ("num_layers", "hidden_size", "num_heads",
-                                                                 "num_kv_heads", "ffn_hidden_size", "mlp",
-                                                                 "vocab_size")},
-                                "seq_len": seq_len, "global_batch_size": gbs, "name": name}, name)
+        return model_from_dict(
+            {
+                **{
+                    k: getattr(spec, k)
+                    for k in (
+                        "num_layers",
+                        "hidden_size",
+                        "num_heads",
+                        "num_kv_heads",
+                        "ffn_hidden_size",
+                        "mlp",
+                        "vocab_size",
+                    )
+                },
+                "seq_len": seq_len,
+                "global_batch_size": gbs,
+                "name": name,
+            },
+            name,
+        )
     return model_from_dict({**shape, "seq_len": seq_len, "global_batch_size": gbs, "name": name}, name)
 
 
@@ -71,10 +108,21 @@ def offload_baselines(cluster, model) -> tuple[float, str]:
         if model.global_batch_size % mbs:
             continue
         for offload in ("optimizer", "all"):
-            cfg = ParallelConfig.from_dict({"micro_batch_size": mbs, "schedule": "1f1b", "pipelines": [{
-                "num_microbatches": model.global_batch_size // mbs,
-                "stages": [{"devices": [f"box:{s}"], "layers": layers[s], "recompute": True, "offload": offload}
-                           for s in range(n)]}]})
+            cfg = ParallelConfig.from_dict(
+                {
+                    "micro_batch_size": mbs,
+                    "schedule": "1f1b",
+                    "pipelines": [
+                        {
+                            "num_microbatches": model.global_batch_size // mbs,
+                            "stages": [
+                                {"devices": [f"box:{s}"], "layers": layers[s], "recompute": True, "offload": offload}
+                                for s in range(n)
+                            ],
+                        }
+                    ],
+                }
+            )
             m = sim.evaluate(cfg)
             if m.ok and m.tokens_per_s > best:
                 best, text = m.tokens_per_s, f"mbs={mbs} offload={offload}"
@@ -89,8 +137,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--host-gib", type=float, default=0.0,
-                        help="host memory of the node instead of examples/8x4090.yaml's 512 GiB")
+    parser.add_argument(
+        "--host-gib", type=float, default=0.0, help="host memory of the node instead of examples/8x4090.yaml's 512 GiB"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     cluster = load_cluster(CLUSTER)
@@ -98,8 +147,9 @@ def main() -> None:
         import dataclasses
 
         node = cluster.nodes[0]
-        cluster = dataclasses.replace(cluster, nodes=(dataclasses.replace(
-            node, host=dataclasses.replace(node.host, memory_GiB=args.host_gib)),))
+        cluster = dataclasses.replace(
+            cluster, nodes=(dataclasses.replace(node, host=dataclasses.replace(node.host, memory_GiB=args.host_gib)),)
+        )
     methods = [m for m in args.methods.split(",") if m]
     rows = []
     for name in args.models.split(","):
@@ -109,8 +159,16 @@ def main() -> None:
         for method in methods:
             for rp in (True, False):
                 try:
-                    res = tune(cluster, model, method, budget=args.budget, seed=args.seed, track=False, storage="memory",
-                               restrict={"roundpipe": [rp]})
+                    res = tune(
+                        cluster,
+                        model,
+                        method,
+                        budget=args.budget,
+                        seed=args.seed,
+                        track=False,
+                        storage="memory",
+                        restrict={"roundpipe": [rp]},
+                    )
                     m = res.best_measurement
                     found[(method, rp)] = (m.tokens_per_s if m.ok else 0.0, res.best_config.describe())
                 except Exception as e:  # a method that finds nothing valid still leaves the others' rows
@@ -120,22 +178,28 @@ def main() -> None:
         best_rp = max((found[(me, True)][0], me) for me in methods)
         best_other = max((found[(me, False)][0], me) for me in methods)
         rows.append((name, model, found, best_rp, best_other, hand, hand_text, wall))
-        print(f"\n== {name}: {model.num_params / 1e9:.2f}B parameters, {args.global_batch} x {args.seq_len} tokens "
-              f"({wall:.0f} s)")
+        print(
+            f"\n== {name}: {model.num_params / 1e9:.2f}B parameters, {args.global_batch} x {args.seq_len} tokens "
+            f"({wall:.0f} s)"
+        )
         for method in methods:
             for rp in (True, False):
                 tps, text = found[(method, rp)]
                 print(f"  {method:8s} {'roundpipe' if rp else 'other    '} {tps:10,.0f} tokens/s  {text}")
         print(f"  1F1B+offload (hand) {hand:10,.0f} tokens/s  {hand_text}")
-    print("\n| model | params | best roundpipe (method) | best other (method) | 1F1B+offload | roundpipe / other "
-          "| roundpipe / 1F1B+offload | published RoundPipe | sim / published |")
+    print(
+        "\n| model | params | best roundpipe (method) | best other (method) | 1F1B+offload | roundpipe / other "
+        "| roundpipe / 1F1B+offload | published RoundPipe | sim / published |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, model, found, (rp, rp_m), (other, other_m), hand, _, _ in rows:
+    for name, model, _found, (rp, rp_m), (other, other_m), hand, _, _ in rows:
         pub = PUBLISHED.get(name)
         ratio = lambda a, b: f"{a / b:.2f}x" if b > 0 else "-"
-        print(f"| {name} | {model.num_params / 1e9:.1f}B | {rp:,.0f} ({rp_m}) | {other:,.0f} ({other_m}) | {hand:,.0f} "
-              f"| {ratio(rp, other)} | {ratio(rp, hand)} | {f'{pub:,}' if pub else '-'} "
-              f"| {f'{rp / pub:.2f}' if pub else '-'} |")
+        print(
+            f"| {name} | {model.num_params / 1e9:.1f}B | {rp:,.0f} ({rp_m}) | {other:,.0f} ({other_m}) | {hand:,.0f} "
+            f"| {ratio(rp, other)} | {ratio(rp, hand)} | {f'{pub:,}' if pub else '-'} "
+            f"| {f'{rp / pub:.2f}' if pub else '-'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-TINY = {"name": "tiny-fp32", "num_layers": 4, "hidden_size": 64, "num_heads": 4, "ffn_hidden_size": 256,
-        "mlp": "gelu", "vocab_size": 256, "seq_len": 64, "global_batch_size": 8, "precision": "fp32"}
+TINY = {
+    "name": "tiny-fp32",
+    "num_layers": 4,
+    "hidden_size": 64,
+    "num_heads": 4,
+    "ffn_hidden_size": 256,
+    "mlp": "gelu",
+    "vocab_size": 256,
+    "seq_len": 64,
+    "global_batch_size": 8,
+    "precision": "fp32",
+}
 
 
 def _host_memory_GiB() -> float:
@@ -56,21 +66,46 @@ def local_cluster(directory: Path) -> Path:
         gpu = match
     else:
         props = torch.cuda.get_device_properties(0)
-        gpu = {"name": key or "gpu", "peak_tflops": 100.0, "memory_GiB": props.total_memory / 2**30,
-               "memory_bandwidth_GBps": 1000.0, "source": f"{name}: memory from the device, peaks assumed"}
-    text = {"name": "local", "nodes": [{"name": "gpu", "gpu": gpu, "count": n,
-                                        "intra_node": {"bandwidth_GBps": 25, "latency_us": 10},
-                                        "host": {"memory_GiB": round(0.9 * _host_memory_GiB(), 1)}}],
-            "network": {"bandwidth_GBps": 12.5, "latency_us": 10}}
+        gpu = {
+            "name": key or "gpu",
+            "peak_tflops": 100.0,
+            "memory_GiB": props.total_memory / 2**30,
+            "memory_bandwidth_GBps": 1000.0,
+            "source": f"{name}: memory from the device, peaks assumed",
+        }
+    text = {
+        "name": "local",
+        "nodes": [
+            {
+                "name": "gpu",
+                "gpu": gpu,
+                "count": n,
+                "intra_node": {"bandwidth_GBps": 25, "latency_us": 10},
+                "host": {"memory_GiB": round(0.9 * _host_memory_GiB(), 1)},
+            }
+        ],
+        "network": {"bandwidth_GBps": 12.5, "latency_us": 10},
+    }
     path = directory / "local-cluster.json"
     path.write_text(json.dumps(text, indent=1))
     return path
 
 
 def tiny_plan(n_gpus: int) -> dict:
-    return {"micro_batch_size": 1, "schedule": "roundpipe", "pipelines": [
-        {"num_microbatches": 8, "devices": [f"gpu:{i}" for i in range(n_gpus)], "forward_layers": [1, 2],
-         "fused_layers": 1, "backward_layers": [1, 2], "recompute_grain": "stage"}]}
+    return {
+        "micro_batch_size": 1,
+        "schedule": "roundpipe",
+        "pipelines": [
+            {
+                "num_microbatches": 8,
+                "devices": [f"gpu:{i}" for i in range(n_gpus)],
+                "forward_layers": [1, 2],
+                "fused_layers": 1,
+                "backward_layers": [1, 2],
+                "recompute_grain": "stage",
+            }
+        ],
+    }
 
 
 def tiny_checks(directory: Path) -> dict:
@@ -93,12 +128,25 @@ def tiny_checks(directory: Path) -> dict:
     plan_file = directory / "tiny-roundpipe.json"
     plan_file.write_text(json.dumps(tiny_plan(torch.cuda.device_count())))
     metrics = directory / "train.jsonl"
-    outcome = train(str(directory / "local-cluster.json"), str(model_file), plan_file, steps=6, metrics_out=metrics,
-                    quiet=True, timeout_s=240)
+    outcome = train(
+        str(directory / "local-cluster.json"),
+        str(model_file),
+        plan_file,
+        steps=6,
+        metrics_out=metrics,
+        quiet=True,
+        timeout_s=240,
+    )
     losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    return {"measure": m.to_dict(), "measure_wall_s": measure_s, "train_returncode": outcome.returncode,
-            "train_error": outcome.error, "train_losses": losses, "first_loss": losses[0] if losses else None,
-            "reference_first_loss": reference_losses(model, 1)[0]}
+    return {
+        "measure": m.to_dict(),
+        "measure_wall_s": measure_s,
+        "train_returncode": outcome.returncode,
+        "train_error": outcome.error,
+        "train_losses": losses,
+        "first_loss": losses[0] if losses else None,
+        "reference_first_loss": reference_losses(model, 1)[0],
+    }
 
 
 def large_check(directory: Path) -> dict:
@@ -117,8 +165,12 @@ def large_check(directory: Path) -> dict:
     predicted = Simulator(cluster, model).evaluate(plan)
     t0 = time.perf_counter()
     measured = profiled_run(cluster, model, plan, steps=3, warmup=2, timeout_s=420)
-    out = {"plan": plan.describe(), "measured": measured.to_dict(), "predicted": predicted.to_dict(),
-           "wall_s": time.perf_counter() - t0}
+    out = {
+        "plan": plan.describe(),
+        "measured": measured.to_dict(),
+        "predicted": predicted.to_dict(),
+        "wall_s": time.perf_counter() - t0,
+    }
     if measured.ok and predicted.ok:
         out["tokens_per_s_error"] = predicted.tokens_per_s / measured.tokens_per_s - 1
     return out
@@ -141,14 +193,21 @@ def main() -> int:
         return 2
     out_dir = args.out or Path(tempfile.mkdtemp(prefix="roundpipe-gpu-check-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"gpus": [torch.cuda.get_device_name(k) for k in range(torch.cuda.device_count())],
-              "torch": torch.__version__, "tiny": tiny_checks(out_dir)}
+    result = {
+        "gpus": [torch.cuda.get_device_name(k) for k in range(torch.cuda.device_count())],
+        "torch": torch.__version__,
+        "tiny": tiny_checks(out_dir),
+    }
     if not args.skip_large:
         result["gpt2-xl"] = large_check(out_dir)
     tiny = result["tiny"]
-    ok = (tiny["measure"]["status"] == "ok" and tiny["train_returncode"] == 0 and len(tiny["train_losses"]) == 6
-          and tiny["train_losses"][-1] < tiny["train_losses"][0]
-          and abs(tiny["first_loss"] - tiny["reference_first_loss"]) < 2e-2 * tiny["reference_first_loss"])
+    ok = (
+        tiny["measure"]["status"] == "ok"
+        and tiny["train_returncode"] == 0
+        and len(tiny["train_losses"]) == 6
+        and tiny["train_losses"][-1] < tiny["train_losses"][0]
+        and abs(tiny["first_loss"] - tiny["reference_first_loss"]) < 2e-2 * tiny["reference_first_loss"]
+    )
     result["ok"] = ok
     text = json.dumps(result, indent=1)
     (out_dir / "roundpipe_gpu_check.json").write_text(text)

@@ -22,15 +22,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from roundpipe_bench import model_spec  # noqa: E402
+
 from autotune.loading import cluster_from_dict  # noqa: E402
 from autotune.planning.space import SearchSpace  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
-from roundpipe_bench import model_spec  # noqa: E402
 
 #: PyPI roundpipe 0.1.1 README, "Multi-GPU Scaling (8× RTX 4090)", tokens/s by GPU count
-SCALING = {"qwen3-1.7b": {1: 8_881, 2: 17_026, 4: 33_178, 8: 65_417},
-           "llama3.1-8b": {1: 3_142, 2: 6_259, 4: 12_278, 8: 24_275},
-           "qwen3-32b": {1: 740, 2: 1_476, 4: 2_897, 8: 5_516}}
+SCALING = {
+    "qwen3-1.7b": {1: 8_881, 2: 17_026, 4: 33_178, 8: 65_417},
+    "llama3.1-8b": {1: 3_142, 2: 6_259, 4: 12_278, 8: 24_275},
+    "qwen3-32b": {1: 740, 2: 1_476, 4: 2_897, 8: 5_516},
+}
 
 
 #: host memory of the simulated server: RoundPipe keeps ~20 bytes per parameter in DRAM (16-bit weights and
@@ -48,20 +51,39 @@ def gpu(fp16_accumulate: bool):
     from autotune.catalog import GPU_CATALOG
 
     d = GPU_CATALOG["RTX-4090"]
-    return {"name": "RTX-4090-fp16acc", "peak_tflops": 2 * d.peak_tflops, "memory_GiB": d.memory_GiB,
-            "memory_bandwidth_GBps": d.memory_bandwidth_GBps, "peak_tflops_tf32": d.peak_tflops_tf32,
-            "peak_tflops_fp32": d.peak_tflops_fp32, "pcie_gen": d.pcie_gen, "pcie_lanes": d.pcie_lanes,
-            "source": "RTX-4090 catalog entry at 2x its tensor peak (fp16 accumulation)"}
+    return {
+        "name": "RTX-4090-fp16acc",
+        "peak_tflops": 2 * d.peak_tflops,
+        "memory_GiB": d.memory_GiB,
+        "memory_bandwidth_GBps": d.memory_bandwidth_GBps,
+        "peak_tflops_tf32": d.peak_tflops_tf32,
+        "peak_tflops_fp32": d.peak_tflops_fp32,
+        "pcie_gen": d.pcie_gen,
+        "pcie_lanes": d.pcie_lanes,
+        "source": "RTX-4090 catalog entry at 2x its tensor peak (fp16 accumulation)",
+    }
 
 
 FP16_ACC = False
 
 
 def node(count: int):
-    return cluster_from_dict({"name": f"{count}x4090", "nodes": [{
-        "name": "box", "gpu": gpu(FP16_ACC), "count": count, "intra_node": {"bandwidth_GBps": 25, "latency_us": 10},
-        "host": {"memory_GiB": HOST_GiB, "link": {"bandwidth_GBps": 25, "latency_us": 10}}}],
-        "network": {"bandwidth_GBps": 12.5, "latency_us": 10}}, f"{count}x4090")
+    return cluster_from_dict(
+        {
+            "name": f"{count}x4090",
+            "nodes": [
+                {
+                    "name": "box",
+                    "gpu": gpu(FP16_ACC),
+                    "count": count,
+                    "intra_node": {"bandwidth_GBps": 25, "latency_us": 10},
+                    "host": {"memory_GiB": HOST_GiB, "link": {"bandwidth_GBps": 25, "latency_us": 10}},
+                }
+            ],
+            "network": {"bandwidth_GBps": 12.5, "latency_us": 10},
+        },
+        f"{count}x4090",
+    )
 
 
 def roundpipe_default(cluster, model):
@@ -87,18 +109,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-lens", default="2048,4096,8192")
     parser.add_argument("--global-batch", type=int, default=64)
-    parser.add_argument("--fp16-accumulate", action="store_true",
-                        help="simulate the RTX-4090 at its fp16-accumulate tensor rate (see gpu())")
+    parser.add_argument(
+        "--fp16-accumulate",
+        action="store_true",
+        help="simulate the RTX-4090 at its fp16-accumulate tensor rate (see gpu())",
+    )
     args = parser.parse_args()
     global FP16_ACC
     FP16_ACC = args.fp16_accumulate
     seq_lens = [int(s) for s in args.seq_lens.split(",")]
+    from autotune.catalog import GPU_CATALOG
     from runner.model import flops_per_token
 
-    from autotune.catalog import GPU_CATALOG
-
     peak = GPU_CATALOG["RTX-4090"].matmul_peak_tflops("bf16") * 1e12  # MFU at the datasheet rate
-    print("| model | seq | GPUs | published tokens/s | published MFU | simulated | simulated MFU | sim / published | plan |")
+    print(
+        "| model | seq | GPUs | published tokens/s | published MFU | simulated | simulated MFU | sim / published | plan |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     errors: dict[int, list[float]] = {s: [] for s in seq_lens}
     for name, published in SCALING.items():
@@ -113,11 +139,15 @@ def main() -> None:
                     errors[seq].append(abs(tps / pub - 1))
                 plan = "none fits" if config is None else (config.describe() if m.ok else f"{m.status}: {m.error}")
                 mfu = lambda t: f"{t * flops_per_token(model) / (k * peak):.0%}"  # 6N + attention, no recompute
-                print(f"| {name} | {seq} | {k} | {pub:,} | {mfu(pub)} | {tps:,.0f} | {mfu(tps)} | {tps / pub:.2f} "
-                      f"| {plan[:90]} |")
+                print(
+                    f"| {name} | {seq} | {k} | {pub:,} | {mfu(pub)} | {tps:,.0f} | {mfu(tps)} | {tps / pub:.2f} "
+                    f"| {plan[:90]} |"
+                )
             if sims.get(1):
-                print(f"| {name} | {seq} | 8 vs 1 | {published[8] / published[1]:.2f}x | | {sims[8] / sims[1]:.2f}x | | "
-                      f"| |")
+                print(
+                    f"| {name} | {seq} | 8 vs 1 | {published[8] / published[1]:.2f}x | | {sims[8] / sims[1]:.2f}x | | "
+                    f"| |"
+                )
     for seq, errs in errors.items():
         if errs:
             print(f"seq {seq}: mean |sim / published - 1| = {sum(errs) / len(errs):.1%} over {len(errs)} points")

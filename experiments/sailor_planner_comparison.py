@@ -31,19 +31,31 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.loading import cluster_from_dict, model_from_dict  # noqa: E402
-from autotune.profile import CalibrationProfile, DeviceProfile, EdgeTiming, LayerTiming  # noqa: E402
-from autotune.search.api import tune  # noqa: E402
 from autotune.planning.budget import BudgetedEvaluator  # noqa: E402
 from autotune.planning.space import SearchSpace, apportion  # noqa: E402
+from autotune.profile import CalibrationProfile, DeviceProfile, EdgeTiming, LayerTiming  # noqa: E402
+from autotune.search.api import tune  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig  # noqa: E402
 
 DATA = ROOT / "experiments" / "data" / "sailor_a100_v100.json"
 GPN = 4  # GPUs per node (Sailor's basic_cluster_config.json)
 MBS = (1, 2, 4, 8)  # micro-batch sizes in Sailor's profile
-MODEL = {"name": "OPT-350", "num_layers": 24, "hidden_size": 1024, "num_heads": 16, "num_kv_heads": 16,
-         "ffn_hidden_size": 4096, "mlp": "gelu", "vocab_size": 50272, "seq_len": 2048, "global_batch_size": 1024,
-         "precision": "fp32", "attention": "standard", "dropout": 0.0}
+MODEL = {
+    "name": "OPT-350",
+    "num_layers": 24,
+    "hidden_size": 1024,
+    "num_heads": 16,
+    "num_kv_heads": 16,
+    "ffn_hidden_size": 4096,
+    "mlp": "gelu",
+    "vocab_size": 50272,
+    "seq_len": 2048,
+    "global_batch_size": 1024,
+    "precision": "fp32",
+    "attention": "standard",
+    "dropout": 0.0,
+}
 NAMES = {"A100-40GB": "a100", "V100-16GB": "v100"}
 
 
@@ -52,11 +64,21 @@ def cluster(data: dict, a100: int, v100: int):
     for gpu, n in (("A100-40GB", a100), ("V100-16GB", v100)):
         g = data["gpus"][gpu]
         if n:
-            nodes.append({"name": NAMES[gpu], "gpu": g.get("inline", g.get("catalog")), "count": GPN,
-                          "repeat": n // GPN, "intra_node": {"bandwidth_GBps": g["intra_node_GBps"], "latency_us": 2},
-                          "network": {"bandwidth_GBps": g["network_GBps"], "latency_us": 20}})
-    return cluster_from_dict({"nodes": nodes, "network": {"bandwidth_GBps": 6.0, "latency_us": 20}},
-                             source="sailor_a100_v100", default_name=f"sailor-{a100}a100-{v100}v100")
+            nodes.append(
+                {
+                    "name": NAMES[gpu],
+                    "gpu": g.get("inline", g.get("catalog")),
+                    "count": GPN,
+                    "repeat": n // GPN,
+                    "intra_node": {"bandwidth_GBps": g["intra_node_GBps"], "latency_us": 2},
+                    "network": {"bandwidth_GBps": g["network_GBps"], "latency_us": 20},
+                }
+            )
+    return cluster_from_dict(
+        {"nodes": nodes, "network": {"bandwidth_GBps": 6.0, "latency_us": 20}},
+        source="sailor_a100_v100",
+        default_name=f"sailor-{a100}a100-{v100}v100",
+    )
 
 
 def profile(data: dict, model) -> CalibrationProfile:
@@ -67,18 +89,53 @@ def profile(data: dict, model) -> CalibrationProfile:
         by_gpu.setdefault(e["gpu"], []).append(e)
     devices = []
     for gpu, entries in by_gpu.items():
-        layers = tuple(LayerTiming(model.hidden_size, model.num_heads, model.num_kv_heads, model.ffn_hidden_size,
-                                   model.mlp, model.seq_len, e["micro_batch_size"], e["tp"], e["layer_forward_s"],
-                                   e["layer_backward_s"], precision=model.precision, attention=model.attention)
-                       for e in entries)
-        edges = tuple(EdgeTiming(model.hidden_size, model.vocab_size, model.seq_len, e["micro_batch_size"], e["tp"],
-                                 e["embedding_forward_s"], e["embedding_backward_s"], e["head_forward_s"],
-                                 e["head_backward_s"]) for e in entries)
+        layers = tuple(
+            LayerTiming(
+                model.hidden_size,
+                model.num_heads,
+                model.num_kv_heads,
+                model.ffn_hidden_size,
+                model.mlp,
+                model.seq_len,
+                e["micro_batch_size"],
+                e["tp"],
+                e["layer_forward_s"],
+                e["layer_backward_s"],
+                precision=model.precision,
+                attention=model.attention,
+            )
+            for e in entries
+        )
+        edges = tuple(
+            EdgeTiming(
+                model.hidden_size,
+                model.vocab_size,
+                model.seq_len,
+                e["micro_batch_size"],
+                e["tp"],
+                e["embedding_forward_s"],
+                e["embedding_backward_s"],
+                e["head_forward_s"],
+                e["head_backward_s"],
+            )
+            for e in entries
+        )
         per_param = statistics.mean(e["optimizer_step_s"] / (model.params_per_layer / e["tp"]) for e in entries)
-        devices.append(DeviceProfile(gpu, (), layers=layers, edges=edges, optimizer_s_per_param=per_param,
-                                     source=data["sailor_layer_profiles"]["source"]))
-    return CalibrationProfile(tuple(devices), cluster="sailor-a100-v100",
-                              notes="Sailor's profiles_tmp.json per-layer times (experiments/sailor_planner_comparison.py)")
+        devices.append(
+            DeviceProfile(
+                gpu,
+                (),
+                layers=layers,
+                edges=edges,
+                optimizer_s_per_param=per_param,
+                source=data["sailor_layer_profiles"]["source"],
+            )
+        )
+    return CalibrationProfile(
+        tuple(devices),
+        cluster="sailor-a100-v100",
+        notes="Sailor's profiles_tmp.json per-layer times (experiments/sailor_planner_comparison.py)",
+    )
 
 
 def sailor_plan(plan: dict, cl, model) -> ParallelConfig:
@@ -88,7 +145,7 @@ def sailor_plan(plan: dict, cl, model) -> ParallelConfig:
         nodes = [n for n in cl.nodes if n.device.name == rep["gpu"]]
         ids = [d for n in nodes for d in n.device_ids()]
         tp = rep["tp"]
-        groups += [tuple(ids[i * tp:(i + 1) * tp]) for i in range(rep["count"])]
+        groups += [tuple(ids[i * tp : (i + 1) * tp]) for i in range(rep["count"])]
     mbs = plan["micro_batch_size"]
     shares = apportion(model.global_batch_size // mbs, [1.0] * len(groups))
     pipes = tuple(PipelineConfig(m, (StageConfig(g, model.num_layers, False),)) for g, m in zip(groups, shares))
@@ -107,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     model = model_from_dict(MODEL, "sailor_planner_comparison")
     prof = profile(data, model)
     rows = []
-    print(f"{'GPUs':>5s} {'A100+V100':>10s} | {'dp':>9s} {'optuna':>9s} {'best':>9s} {'uniform':>9s} {'Sailor':>9s} "
-          f"{'ratio':>6s} | best plan (tokens/s; {args.budget} optuna evaluations)")
+    print(
+        f"{'GPUs':>5s} {'A100+V100':>10s} | {'dp':>9s} {'optuna':>9s} {'best':>9s} {'uniform':>9s} {'Sailor':>9s} "
+        f"{'ratio':>6s} | best plan (tokens/s; {args.budget} optuna evaluations)"
+    )
     for size in data["sizes"]:
         a, v = size["a100"], size["v100"]
         if args.sizes and a + v not in args.sizes:
@@ -119,8 +178,17 @@ def main(argv: list[str] | None = None) -> int:
         restrict = {"mbs": list(MBS)}
         space = SearchSpace(cl, model, restrict=restrict)
         dp = tune(cl, model, method="dp", budget=args.dp_budget, track=False, evaluator=sim, restrict=restrict)
-        opt = tune(cl, model, method="optuna", budget=args.budget, track=False, storage="memory", evaluator=sim,
-                   restrict=restrict, seed=0)
+        opt = tune(
+            cl,
+            model,
+            method="optuna",
+            budget=args.budget,
+            track=False,
+            storage="memory",
+            evaluator=sim,
+            restrict=restrict,
+            seed=0,
+        )
         best = max((dp, opt), key=lambda r: r.best_measurement.score())
         ub = BudgetedEvaluator(sim, space, 10**6)
         uniform = max((ub.evaluate(p).score() for p in space.uniform_plans()), default=0.0)
@@ -129,14 +197,26 @@ def main(argv: list[str] | None = None) -> int:
         if plan is not None:
             m = sim.evaluate(sailor_plan(plan, cl, model))
             sailor = m.score()
-        row = {"gpus": a + v, "a100": a, "v100": v, "dp": dp.best_measurement.score(),
-               "optuna": opt.best_measurement.score(), "best": best.best_measurement.score(), "uniform": uniform,
-               "sailor": sailor, "best_plan": best.best_config.describe(), "seconds": round(time.time() - t0, 1)}
+        row = {
+            "gpus": a + v,
+            "a100": a,
+            "v100": v,
+            "dp": dp.best_measurement.score(),
+            "optuna": opt.best_measurement.score(),
+            "best": best.best_measurement.score(),
+            "uniform": uniform,
+            "sailor": sailor,
+            "best_plan": best.best_config.describe(),
+            "seconds": round(time.time() - t0, 1),
+        }
         rows.append(row)
         fmt = lambda x: "-" if x is None else f"{x / 1000:8.1f}k"  # noqa: E731
         ratio = f"{row['best'] / sailor:6.3f}" if sailor else "     -"
-        print(f"{a + v:5d} {f'{a}+{v}':>10s} | {fmt(row['dp'])} {fmt(row['optuna'])} {fmt(row['best'])} "
-              f"{fmt(uniform)} {fmt(sailor)} {ratio} | {row['best_plan'][:90]}  ({row['seconds']:.0f} s)", flush=True)
+        print(
+            f"{a + v:5d} {f'{a}+{v}':>10s} | {fmt(row['dp'])} {fmt(row['optuna'])} {fmt(row['best'])} "
+            f"{fmt(uniform)} {fmt(sailor)} {ratio} | {row['best_plan'][:90]}  ({row['seconds']:.0f} s)",
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -41,9 +41,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autotune.loading import model_from_dict  # noqa: E402
 from autotune.profile import CalibrationProfile, DeviceProfile, EdgeTiming, LayerTiming  # noqa: E402
 from autotune.simulator import simulate  # noqa: E402
-from autotune.loading import model_from_dict  # noqa: E402
 from autotune.specs import ModelSpec  # noqa: E402
 
 DATA = ROOT / "experiments" / "data" / "sailor_gh200_runs.json"
@@ -54,34 +54,56 @@ def cluster_dict(data: dict, run: dict) -> dict:
     """The run's nodes as a cluster file: ``nodes`` x 4 GH200, the data file's measured links."""
     c = data["clusters"][run.get("cluster", "clariden-gh200")]
     intra, net = c["intra_node"], c["network_per_node"]
-    node = {"name": NODE, "gpu": run["gpu"], "count": c["gpus_per_node"],
-            "intra_node": {"bandwidth_GBps": intra["bandwidth_GBps"], "latency_us": intra["latency_us"]}}
+    node = {
+        "name": NODE,
+        "gpu": run["gpu"],
+        "count": c["gpus_per_node"],
+        "intra_node": {"bandwidth_GBps": intra["bandwidth_GBps"], "latency_us": intra["latency_us"]},
+    }
     if run["nodes"] > 1:
         node["repeat"] = run["nodes"]
-    return {"name": f"clariden-{run['nodes']}", "nodes": [node],
-            "network": {"bandwidth_GBps": net["bandwidth_GBps"], "latency_us": net["latency_us"]}}
+    return {
+        "name": f"clariden-{run['nodes']}",
+        "nodes": [node],
+        "network": {"bandwidth_GBps": net["bandwidth_GBps"], "latency_us": net["latency_us"]},
+    }
 
 
 def model_dict(section_model: dict, run: dict) -> dict:
     keys = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "mlp", "vocab_size", "seq_len")
-    return {"name": section_model["name"], **{k: section_model[k] for k in keys},
-            "global_batch_size": run["global_batch_size"], "precision": "fp32", "attention": "standard",
-            "dropout": 0.0}
+    return {
+        "name": section_model["name"],
+        **{k: section_model[k] for k in keys},
+        "global_batch_size": run["global_batch_size"],
+        "precision": "fp32",
+        "attention": "standard",
+        "dropout": 0.0,
+    }
 
 
 def config_dict(run: dict, gpus_per_node: int) -> dict:
     """Replica r, stage s on node r * pp + s (the data file's placement); a stage is one node (tp 4)."""
+
     def devices(node_index: int) -> list[str]:
         name = NODE if run["nodes"] == 1 else f"{NODE}-{node_index}"
         return [f"{name}:{i}" for i in range(run["tp"])]
 
     assert run["tp"] == gpus_per_node
     pp = run["pp"]
-    return {"micro_batch_size": run["micro_batch_size"], "schedule": "1f1b", "pipelines": [
-        {"num_microbatches": run["num_microbatches_per_replica"],
-         "stages": [{"devices": devices(r * pp + s), "layers": n, "recompute": False}
-                    for s, n in enumerate(run["layers_per_stage"])]}
-        for r in range(run["dp"])]}
+    return {
+        "micro_batch_size": run["micro_batch_size"],
+        "schedule": "1f1b",
+        "pipelines": [
+            {
+                "num_microbatches": run["num_microbatches_per_replica"],
+                "stages": [
+                    {"devices": devices(r * pp + s), "layers": n, "recompute": False}
+                    for s, n in enumerate(run["layers_per_stage"])
+                ],
+            }
+            for r in range(run["dp"])
+        ],
+    }
 
 
 def sailor_profile(data: dict, models: dict[str, ModelSpec]) -> CalibrationProfile:
@@ -93,17 +115,47 @@ def sailor_profile(data: dict, models: dict[str, ModelSpec]) -> CalibrationProfi
     for e in data["sailor_layer_profiles"]["entries"]:
         m = models[e["model"]]
         b, t = e["micro_batch_size"], e["tp"]
-        layers.append(LayerTiming(m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_hidden_size, m.mlp, m.seq_len,
-                                  b, t, forward_s=e["layer_forward_s"], backward_s=e["layer_backward_s"],
-                                  precision=m.precision, attention=m.attention))
-        edges.append(EdgeTiming(m.hidden_size, m.vocab_size, m.seq_len, b, t, e["embedding_forward_s"],
-                                e["embedding_backward_s"], e["head_forward_s"], e["head_backward_s"]))
+        layers.append(
+            LayerTiming(
+                m.hidden_size,
+                m.num_heads,
+                m.num_kv_heads,
+                m.ffn_hidden_size,
+                m.mlp,
+                m.seq_len,
+                b,
+                t,
+                forward_s=e["layer_forward_s"],
+                backward_s=e["layer_backward_s"],
+                precision=m.precision,
+                attention=m.attention,
+            )
+        )
+        edges.append(
+            EdgeTiming(
+                m.hidden_size,
+                m.vocab_size,
+                m.seq_len,
+                b,
+                t,
+                e["embedding_forward_s"],
+                e["embedding_backward_s"],
+                e["head_forward_s"],
+                e["head_backward_s"],
+            )
+        )
         per_param.append(e["optimizer_step_s"] / (m.params_per_layer / t))
-    dev = DeviceProfile("GH200", (), layers=tuple(layers), edges=tuple(edges),
-                        optimizer_s_per_param=statistics.mean(per_param),
-                        source=data["sailor_layer_profiles"]["source"])
-    return CalibrationProfile((dev,), cluster="clariden-gh200",
-                              notes="Sailor's published per-layer times (experiments/sailor_validation.py)")
+    dev = DeviceProfile(
+        "GH200",
+        (),
+        layers=tuple(layers),
+        edges=tuple(edges),
+        optimizer_s_per_param=statistics.mean(per_param),
+        source=data["sailor_layer_profiles"]["source"],
+    )
+    return CalibrationProfile(
+        (dev,), cluster="clariden-gh200", notes="Sailor's published per-layer times (experiments/sailor_validation.py)"
+    )
 
 
 def runs(data: dict):
@@ -121,8 +173,19 @@ def cli_check(cluster: dict, model: dict, config: dict, profile: CalibrationProf
         for key, obj in (("cluster", cluster), ("model", model), ("config", config)):
             paths[key] = Path(tmp, f"{key}.json")
             paths[key].write_text(json.dumps(obj))
-        cmd = [sys.executable, "-m", "autotune.cli", "simulate", "--cluster", str(paths["cluster"]), "--model",
-               str(paths["model"]), "--config", str(paths["config"]), "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "simulate",
+            "--cluster",
+            str(paths["cluster"]),
+            "--model",
+            str(paths["model"]),
+            "--config",
+            str(paths["config"]),
+            "--json",
+        ]
         if profile is not None:
             paths["profile"] = Path(tmp, "profile.json")
             profile.save(paths["profile"])
@@ -135,14 +198,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--cli", action="store_true", help="also run `autotune simulate` for each run and check it agrees")
-    ap.add_argument("--fit-memory", action="store_true",
-                    help="print the least-squares fit of GH200's device-memory constants (context GiB, allocator "
-                         "fraction) on the OPT-350M runs: measured nvidia-smi = context + (1 + fraction) x the "
-                         "simulator's allocator view (autotune/simulator/device_memory.py holds the result)")
-    ap.add_argument("--fit-backward", action="store_true",
-                    help="print the least-squares fit of GH200's backward / forward ratio on Sailor's OPT-350M block "
-                         "times: measured backward = max(host backward, ratio x the simulator's forward device time) "
-                         "(autotune/simulator/backward.py holds the result)")
+    ap.add_argument(
+        "--fit-memory",
+        action="store_true",
+        help="print the least-squares fit of GH200's device-memory constants (context GiB, allocator "
+        "fraction) on the OPT-350M runs: measured nvidia-smi = context + (1 + fraction) x the "
+        "simulator's allocator view (autotune/simulator/device_memory.py holds the result)",
+    )
+    ap.add_argument(
+        "--fit-backward",
+        action="store_true",
+        help="print the least-squares fit of GH200's backward / forward ratio on Sailor's OPT-350M block "
+        "times: measured backward = max(host backward, ratio x the simulator's forward device time) "
+        "(autotune/simulator/backward.py holds the result)",
+    )
     args = ap.parse_args()
     data = json.loads(args.data.read_text())
     if args.fit_backward:
@@ -159,10 +228,14 @@ def main() -> None:
         cluster = cluster_dict(data, run)
         mdict = model_dict(model, run)
         cfg = config_dict(run, data["clusters"][run.get("cluster", "clariden-gh200")]["gpus_per_node"])
-        row = {"id": run["id"], "section": section, "meas_t": run["measured"]["iteration_time_s"],
-               "meas_m": run["measured"]["peak_memory_GiB"],
-               "sailor_t": run["sailor_predicted"]["iteration_time_s"],
-               "sailor_m": run["sailor_predicted"]["peak_memory_GiB"]}
+        row = {
+            "id": run["id"],
+            "section": section,
+            "meas_t": run["measured"]["iteration_time_s"],
+            "meas_m": run["measured"]["peak_memory_GiB"],
+            "sailor_t": run["sailor_predicted"]["iteration_time_s"],
+            "sailor_m": run["sailor_predicted"]["peak_memory_GiB"],
+        }
         for variant, prof in (("sim", None), ("prof", profile)):
             m = simulate(cluster_from(cluster), model_from_dict(mdict, "data"), cfg, profile=prof)
             row[f"{variant}_t"] = m.iteration_time_s
@@ -180,14 +253,18 @@ def main() -> None:
     def err(pred: float, meas: float) -> float:
         return (pred - meas) / meas
 
-    print(f"{'run':20s} {'meas s':>8s} {'pred s':>8s} {'err':>7s} {'+prof s':>8s} {'err':>7s} {'Sailor':>7s} | "
-          f"{'meas GiB':>8s} {'pred':>6s} {'err':>7s} {'Sailor':>7s}")
+    print(
+        f"{'run':20s} {'meas s':>8s} {'pred s':>8s} {'err':>7s} {'+prof s':>8s} {'err':>7s} {'Sailor':>7s} | "
+        f"{'meas GiB':>8s} {'pred':>6s} {'err':>7s} {'Sailor':>7s}"
+    )
     for r in rows:
-        print(f"{r['id']:20s} {r['meas_t']:8.3f} {r['sim_t']:8.3f} {100 * err(r['sim_t'], r['meas_t']):+6.1f}% "
-              f"{r['prof_t']:8.3f} {100 * err(r['prof_t'], r['meas_t']):+6.1f}% "
-              f"{100 * err(r['sailor_t'], r['meas_t']):+6.1f}% | {r['meas_m']:8.2f} {r['sim_m']:6.2f} "
-              f"{100 * err(r['sim_m'], r['meas_m']):+6.1f}% {100 * err(r['sailor_m'], r['meas_m']):+6.1f}%"
-              f"{'  (oom predicted)' if r['sim_oom'] else ''}")
+        print(
+            f"{r['id']:20s} {r['meas_t']:8.3f} {r['sim_t']:8.3f} {100 * err(r['sim_t'], r['meas_t']):+6.1f}% "
+            f"{r['prof_t']:8.3f} {100 * err(r['prof_t'], r['meas_t']):+6.1f}% "
+            f"{100 * err(r['sailor_t'], r['meas_t']):+6.1f}% | {r['meas_m']:8.2f} {r['sim_m']:6.2f} "
+            f"{100 * err(r['sim_m'], r['meas_m']):+6.1f}% {100 * err(r['sailor_m'], r['meas_m']):+6.1f}%"
+            f"{'  (oom predicted)' if r['sim_oom'] else ''}"
+        )
 
     def summary(subset: list[dict], label: str) -> dict:
         out = {}
@@ -195,15 +272,20 @@ def main() -> None:
             meas = "meas_t" if key.endswith("_t") else "meas_m"
             e = [err(r[key], r[meas]) for r in subset]
             out[key] = (statistics.mean(abs(x) for x in e), statistics.mean(e), max(abs(x) for x in e))
-        print(f"{label:34s} time: no profile {100 * out['sim_t'][0]:5.1f}% mean (signed {100 * out['sim_t'][1]:+5.1f}%, "
-              f"max {100 * out['sim_t'][2]:5.1f}%), Sailor's layer times {100 * out['prof_t'][0]:5.1f}%, "
-              f"Sailor {100 * out['sailor_t'][0]:5.1f}% | memory {100 * out['sim_m'][0]:5.1f}% "
-              f"(signed {100 * out['sim_m'][1]:+5.1f}%), Sailor {100 * out['sailor_m'][0]:5.1f}%")
+        print(
+            f"{label:34s} time: no profile {100 * out['sim_t'][0]:5.1f}% mean (signed {100 * out['sim_t'][1]:+5.1f}%, "
+            f"max {100 * out['sim_t'][2]:5.1f}%), Sailor's layer times {100 * out['prof_t'][0]:5.1f}%, "
+            f"Sailor {100 * out['sailor_t'][0]:5.1f}% | memory {100 * out['sim_m'][0]:5.1f}% "
+            f"(signed {100 * out['sim_m'][1]:+5.1f}%), Sailor {100 * out['sailor_m'][0]:5.1f}%"
+        )
         return out
 
     print()
     for section in dict.fromkeys(r["section"] for r in rows):
-        summary([r for r in rows if r["section"] == section], f"{section} ({sum(r['section'] == section for r in rows)} runs)")
+        summary(
+            [r for r in rows if r["section"] == section],
+            f"{section} ({sum(r['section'] == section for r in rows)} runs)",
+        )
     s = summary(rows, f"all ({len(rows)} runs)")
     print()
     checks = [
@@ -239,8 +321,15 @@ def fit_backward(data: dict, fit_model: str) -> None:
             sim = simmod.Simulator(cluster_from(cluster_dict(data, run)), m)
             devices = tuple(f"{NODE}:{i}" for i in range(e["tp"]))
             node = sim.costs.node[devices[0]]
-            fwd = sim.costs.layer_costs(sim.costs.rate_key[devices[0]], e["tp"], e["micro_batch_size"], node.intra_node,
-                                   False, 1, sim.costs.group_kind(devices))[0]
+            fwd = sim.costs.layer_costs(
+                sim.costs.rate_key[devices[0]],
+                e["tp"],
+                e["micro_batch_size"],
+                node.intra_node,
+                False,
+                1,
+                sim.costs.group_kind(devices),
+            )[0]
         finally:
             simmod.host_cost, simmod.backward_ratio = saved
         host = host_cost(run["gpu"], e["tp"]).layer_backward_s
@@ -252,9 +341,11 @@ def fit_backward(data: dict, fit_model: str) -> None:
     print(f"fit on {len(fit)} {fit_model} block backward times: ratio {ratio:.2f}")
     for name, mbs, f, h, b in points:
         pred = max(h, ratio * f)
-        print(f"  {name:12s} mbs {mbs}: forward device {1e3 * f:.2f} ms, host backward {1e3 * h:.2f} ms -> backward "
-              f"{1e3 * pred:.2f} ms, measured {1e3 * b:.2f} ms ({100 * (pred - b) / b:+.1f}%)"
-              f"{'' if name == fit_model else '  (held out)'}")
+        print(
+            f"  {name:12s} mbs {mbs}: forward device {1e3 * f:.2f} ms, host backward {1e3 * h:.2f} ms -> backward "
+            f"{1e3 * pred:.2f} ms, measured {1e3 * b:.2f} ms ({100 * (pred - b) / b:+.1f}%)"
+            f"{'' if name == fit_model else '  (held out)'}"
+        )
 
 
 def fit_memory(rows: list[dict]) -> None:
@@ -266,8 +357,10 @@ def fit_memory(rows: list[dict]) -> None:
     fraction = max(0.0, slope - 1.0)
     if fraction == 0.0:  # the pool fraction cannot be negative: refit the constant alone
         context = float(np.mean(y - x))
-    print(f"fit on {len(rows)} runs: nvidia-smi = {context:.2f} GiB + (1 + {fraction:.3f}) x allocated "
-          f"(unclamped slope {slope:.3f}); residuals {', '.join(f'{v:+.2f}' for v in y - context - (1 + fraction) * x)}")
+    print(
+        f"fit on {len(rows)} runs: nvidia-smi = {context:.2f} GiB + (1 + {fraction:.3f}) x allocated "
+        f"(unclamped slope {slope:.3f}); residuals {', '.join(f'{v:+.2f}' for v in y - context - (1 + fraction) * x)}"
+    )
 
 
 def cluster_from(raw: dict):

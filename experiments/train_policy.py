@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,11 +31,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.policy import policy_file  # noqa: E402
 from autotune.planning.budget import BudgetedEvaluator  # noqa: E402
+from autotune.planning.space import SearchSpace  # noqa: E402
+from autotune.policy import policy_file  # noqa: E402
 from autotune.policy.pretrained import ScenarioEnv, run_pretrained  # noqa: E402
 from autotune.policy.scenarios import Scenario, draw_scenario, validation_rng  # noqa: E402
-from autotune.planning.space import SearchSpace  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
 
 log = logging.getLogger("train_policy")
@@ -48,8 +48,11 @@ VALIDATION_KINDS = ("classic", "tight", "internet", "moe")
 def _cpu_seconds() -> float:
     import resource
 
-    return sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-               for f in ("ru_utime", "ru_stime"))
+    return sum(
+        getattr(resource.getrusage(w), f)
+        for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        for f in ("ru_utime", "ru_stime")
+    )
 
 
 def validation_set(n: int, seed: int = 0) -> list[tuple[Scenario, float]]:
@@ -126,8 +129,12 @@ def main(argv: list[str] | None = None) -> int:
             import torch as _t
 
             _t.set_num_threads(1)
-            return ScenarioEnv(seed=args.seed * 1000 + i, episode_evaluations=args.episode_evaluations,
-                               random_start_prob=args.random_start_prob)
+            return ScenarioEnv(
+                seed=args.seed * 1000 + i,
+                episode_evaluations=args.episode_evaluations,
+                random_start_prob=args.random_start_prob,
+            )
+
         return thunk
 
     vec_cls = SubprocVecEnv if args.subproc else DummyVecEnv
@@ -135,13 +142,34 @@ def main(argv: list[str] | None = None) -> int:
     net = [int(x) for x in args.net.split(",")]
     if args.init:
         # weights from the file (autotune.policy.policy_file, no pickle); the optimizer starts fresh
-        model = policy_file.load_model(args.init, venv, args.seed, widen_layout=True, learning_rate=args.lr,
-                                       ent_coef=args.ent_coef, gamma=args.gamma, n_steps=args.n_steps, batch_size=256)
+        model = policy_file.load_model(
+            args.init,
+            venv,
+            args.seed,
+            widen_layout=True,
+            learning_rate=args.lr,
+            ent_coef=args.ent_coef,
+            gamma=args.gamma,
+            n_steps=args.n_steps,
+            batch_size=256,
+        )
     else:
-        model = MaskablePPO("MlpPolicy", venv, n_steps=args.n_steps, batch_size=256, n_epochs=4,
-                            learning_rate=args.lr, gamma=args.gamma, gae_lambda=0.9, ent_coef=args.ent_coef,
-                            clip_range=0.2, seed=args.seed, device="cpu", verbose=0,
-                            policy_kwargs={"net_arch": net})
+        model = MaskablePPO(
+            "MlpPolicy",
+            venv,
+            n_steps=args.n_steps,
+            batch_size=256,
+            n_epochs=4,
+            learning_rate=args.lr,
+            gamma=args.gamma,
+            gae_lambda=0.9,
+            ent_coef=args.ent_coef,
+            clip_range=0.2,
+            seed=args.seed,
+            device="cpu",
+            verbose=0,
+            policy_kwargs={"net_arch": net},
+        )
         policy_file.without_log_folder(model)
     log.info("building %d validation scenarios", args.validation_scenarios)
     val = validation_set(args.validation_scenarios)
@@ -169,8 +197,12 @@ def main(argv: list[str] | None = None) -> int:
                 score = metrics["val_best_at_13"] + 0.5 * metrics["val_best_at_5"]
                 mlflow.log_metrics(metrics, step=self.num_timesteps)
                 self.curve.append((self.num_timesteps, time.time() - t0, metrics))
-                log.info("step %d (%.0f s): %s", self.num_timesteps, time.time() - t0,
-                         " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+                log.info(
+                    "step %d (%.0f s): %s",
+                    self.num_timesteps,
+                    time.time() - t0,
+                    " ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
+                )
                 policy_file.save(self.model, last_path, num_timesteps=int(self.num_timesteps))
                 if score > self.best_val:
                     self.best_val = score
@@ -189,10 +221,14 @@ def main(argv: list[str] | None = None) -> int:
 
             def _on_rollout_end(self) -> None:
                 rewards = self.model.rollout_buffer.rewards
-                mlflow.log_metrics({"rollout_reward_per_step": float(np.mean(rewards)),
-                                    "episodes": self.episodes,
-                                    "steps_per_s": self.num_timesteps / max(time.time() - t0, 1e-9)},
-                                   step=self.num_timesteps)
+                mlflow.log_metrics(
+                    {
+                        "rollout_reward_per_step": float(np.mean(rewards)),
+                        "episodes": self.episodes,
+                        "steps_per_s": self.num_timesteps / max(time.time() - t0, 1e-9),
+                    },
+                    step=self.num_timesteps,
+                )
 
         track = Track()
         model.learn(total_timesteps=args.timesteps, callback=track)
@@ -201,20 +237,36 @@ def main(argv: list[str] | None = None) -> int:
         cpu_s = _cpu_seconds() - cpu0
         load1 = os.getloadavg()
         size = out_path.stat().st_size
-        mlflow.log_metrics({"train_time_s": train_s, "timesteps": model.num_timesteps,
-                            "policy_bytes": size, "best_validation_score": track.best_val})
+        mlflow.log_metrics(
+            {
+                "train_time_s": train_s,
+                "timesteps": model.num_timesteps,
+                "policy_bytes": size,
+                "best_validation_score": track.best_val,
+            }
+        )
         mlflow.log_artifact(str(out_path))
-        meta = {"train_time_s": round(train_s, 1), "timesteps": int(model.num_timesteps), "episodes": track.episodes,
-                "command": "python experiments/train_policy.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                "cpu": f"{os.cpu_count()} shared CPU cores, torch 1 thread", "mlflow_run_id": run.info.run_id,
-                "validation": [{"step": st, "seconds": round(sec, 1), **m} for st, sec, m in track.curve],
-                "best_validation_score": track.best_val, "cpu_s": round(cpu_s, 1), "nice": os.nice(0),
-                "loadavg_start": [round(x, 2) for x in load0], "loadavg_end": [round(x, 2) for x in load1],
-                "init": args.init}
+        meta = {
+            "train_time_s": round(train_s, 1),
+            "timesteps": int(model.num_timesteps),
+            "episodes": track.episodes,
+            "command": "python experiments/train_policy.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "cpu": f"{os.cpu_count()} shared CPU cores, torch 1 thread",
+            "mlflow_run_id": run.info.run_id,
+            "validation": [{"step": st, "seconds": round(sec, 1), **m} for st, sec, m in track.curve],
+            "best_validation_score": track.best_val,
+            "cpu_s": round(cpu_s, 1),
+            "nice": os.nice(0),
+            "loadavg_start": [round(x, 2) for x in load0],
+            "loadavg_end": [round(x, 2) for x in load1],
+            "init": args.init,
+        }
         out_path.with_suffix(".json").write_text(json.dumps(meta, indent=2))
-        print(f"trained {model.num_timesteps} env steps ({track.episodes} episodes) in {train_s:.0f} s wall, "
-              f"{cpu_s:.0f} CPU s (nice {os.nice(0)}, load average {load0[0]:.1f} at the start, {load1[0]:.1f} at "
-              f"the end); mlflow run {run.info.run_id} in {args.tracking_uri}")
+        print(
+            f"trained {model.num_timesteps} env steps ({track.episodes} episodes) in {train_s:.0f} s wall, "
+            f"{cpu_s:.0f} CPU s (nice {os.nice(0)}, load average {load0[0]:.1f} at the start, {load1[0]:.1f} at "
+            f"the end); mlflow run {run.info.run_id} in {args.tracking_uri}"
+        )
         print("validation (mean best@B / reference over the validation scenarios):")
         for steps, secs, metrics in track.curve:
             print(f"  step {steps:>8d}  {secs:6.0f} s  " + "  ".join(f"{k}={v:.4f}" for k, v in metrics.items()))

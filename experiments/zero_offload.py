@@ -45,20 +45,41 @@ ZERO_TABLE_1 = {
 }
 SIZES = (7.5e9, 128e9, 1e12)
 
-DGX2_V100 = {"name": "dgx2-1xV100", "nodes": [{
-    "name": "dgx2", "gpu": "V100-32GB", "count": 1, "intra_node": {"bandwidth_GBps": 150, "latency_us": 5},
-    "host": {"memory_GiB": 1397}}],  # DGX-2: 1.5 TB DRAM; host link: the V100's PCIe 3.0 x16 (catalog)
-    "network": {"bandwidth_GBps": 12.5}}
+DGX2_V100 = {
+    "name": "dgx2-1xV100",
+    "nodes": [
+        {
+            "name": "dgx2",
+            "gpu": "V100-32GB",
+            "count": 1,
+            "intra_node": {"bandwidth_GBps": 150, "latency_us": 5},
+            "host": {"memory_GiB": 1397},
+        }
+    ],  # DGX-2: 1.5 TB DRAM; host link: the V100's PCIe 3.0 x16 (catalog)
+    "network": {"bandwidth_GBps": 12.5},
+}
 
 
 def gpt2(layers: int, hidden: int, heads: int, batch: int, name: str) -> dict:
-    return dict(name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, ffn_hidden_size=4 * hidden,
-                mlp="gelu", vocab_size=50257, seq_len=1024, global_batch_size=batch)
+    return dict(
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        ffn_hidden_size=4 * hidden,
+        mlp="gelu",
+        vocab_size=50257,
+        seq_len=1024,
+        global_batch_size=batch,
+    )
 
 
 def single_gpu_plan(layers: int, mbs: int, micro_batches: int, offload: str) -> ParallelConfig:
-    return ParallelConfig(mbs, (PipelineConfig(micro_batches, (StageConfig(("dgx2:0",), layers, True, offload),)),),
-                          zero=2 if offload != "none" else 0)
+    return ParallelConfig(
+        mbs,
+        (PipelineConfig(micro_batches, (StageConfig(("dgx2:0",), layers, True, offload),)),),
+        zero=2 if offload != "none" else 0,
+    )
 
 
 def relative(published: float, simulated: float) -> str:
@@ -77,7 +98,7 @@ def zero_memory() -> None:
                 # the paper prints 3-4 significant digits, rounding some values and truncating others
                 # (4187.5 -> 4187, 513.5 -> 513): a match is either at the printed digits
                 decimals = len(repr(float(pub)).split(".")[1].rstrip("0"))
-                unit = 10.0 ** -decimals
+                unit = 10.0**-decimals
                 ok = abs(sim - pub) <= unit / 2 + 1e-9 or 0 <= sim - pub < unit
                 matched += ok
                 total += 1
@@ -85,8 +106,10 @@ def zero_memory() -> None:
                 cells.append(f"{sim:8.4g}/{pub:<6g}{'' if ok else ' !'}")
             label = f"{psi / 1e9:g}B" if psi < 1e12 else "1T"
             print(f"{dp:5d} {label:>6s} | " + " ".join(f"{c:>16s}" for c in cells))
-    print(f"{matched} of {total} cells equal the printed value at its printed digits (rounded or truncated); "
-          f"largest relative difference {worst:.2%} (0.1172 printed as 0.12)")
+    print(
+        f"{matched} of {total} cells equal the printed value at its printed digits (rounded or truncated); "
+        f"largest relative difference {worst:.2%} (0.1172 printed as 0.12)"
+    )
     fig1 = [round(model_state_bytes(7.5e9, 64, z) / 1e9, 1) for z in range(4)]
     print(f"Fig. 1 (7.5B, N_d = 64): simulated {fig1} GB, published [120, 31.4, 16.6, 1.9] GB\n")
 
@@ -99,20 +122,28 @@ def zero_offload() -> None:
     print(f"  10B GPT-2 (50 x 4096, {model.num_params / 1e9:.2f}B parameters), micro-batch 10, offload optimizer:")
     if m.ok:
         tflops = megatron_flops_per_iteration(model, recompute=True) / m.iteration_time_s / 1e12
-        print(f"    {tflops:.1f} TFLOP/s simulated, 40 published ({relative(40, tflops)}); "
-              f"device {m.peak_memory_GiB['dgx2:0']:.1f} GiB, host {m.host_memory_GiB['dgx2']:.0f} GiB, "
-              f"iteration {m.iteration_time_s:.1f} s")
+        print(
+            f"    {tflops:.1f} TFLOP/s simulated, 40 published ({relative(40, tflops)}); "
+            f"device {m.peak_memory_GiB['dgx2:0']:.1f} GiB, host {m.host_memory_GiB['dgx2']:.0f} GiB, "
+            f"iteration {m.iteration_time_s:.1f} s"
+        )
     else:
         print(f"    does not run in the simulator: {m.error}")
     for mbs in (8, 4, 2):  # the largest micro-batch that fits in the simulator, batch 512
-        m = Simulator(cluster, model.with_global_batch_size(512)).evaluate(single_gpu_plan(50, mbs, 512 // mbs,
-                                                                                            "optimizer"))
+        m = Simulator(cluster, model.with_global_batch_size(512)).evaluate(
+            single_gpu_plan(50, mbs, 512 // mbs, "optimizer")
+        )
         if m.ok:
-            tflops = megatron_flops_per_iteration(model.with_global_batch_size(512), recompute=True) \
-                / m.iteration_time_s / 1e12
-            print(f"    largest micro-batch that fits simulated: {mbs}: {tflops:.1f} TFLOP/s "
-                  f"({relative(40, tflops)} from the published 40 at micro-batch 10); device "
-                  f"{m.peak_memory_GiB['dgx2:0']:.1f} GiB, host {m.host_memory_GiB['dgx2']:.0f} GiB")
+            tflops = (
+                megatron_flops_per_iteration(model.with_global_batch_size(512), recompute=True)
+                / m.iteration_time_s
+                / 1e12
+            )
+            print(
+                f"    largest micro-batch that fits simulated: {mbs}: {tflops:.1f} TFLOP/s "
+                f"({relative(40, tflops)} from the published 40 at micro-batch 10); device "
+                f"{m.peak_memory_GiB['dgx2:0']:.1f} GiB, host {m.host_memory_GiB['dgx2']:.0f} GiB"
+            )
             break
     # the baseline of the same sentence: PyTorch alone, 1.4B parameters (shape not published: 26 x 2048
     # here, 1.41B in blocks and embedding, 1.51B with the untied LM head), the largest micro-batch that
@@ -122,12 +153,16 @@ def zero_offload() -> None:
         mm = Simulator(cluster, small).evaluate(single_gpu_plan(26, mbs, 512 // mbs, "none"))
         if mm.ok:
             tf_small = megatron_flops_per_iteration(small, recompute=True) / mm.iteration_time_s / 1e12
-            print(f"  PyTorch alone, {small.num_params / 1e9:.2f}B (26 x 2048), micro-batch {mbs}, no offload: "
-                  f"{tf_small:.1f} TFLOP/s simulated, 30 published ({relative(30, tf_small)})")
+            print(
+                f"  PyTorch alone, {small.num_params / 1e9:.2f}B (26 x 2048), micro-batch {mbs}, no offload: "
+                f"{tf_small:.1f} TFLOP/s simulated, 30 published ({relative(30, tf_small)})"
+            )
             if m.ok:
-                print(f"  offload's own share: simulated / published is {tflops / 40:.2f} for ZeRO-Offload 10B and "
-                      f"{tf_small / 30:.2f} for PyTorch 1.4B (the simulator's V100 matmul rate, not offload, "
-                      f"makes most of the gap)")
+                print(
+                    f"  offload's own share: simulated / published is {tflops / 40:.2f} for ZeRO-Offload 10B and "
+                    f"{tf_small / 30:.2f} for PyTorch 1.4B (the simulator's V100 matmul rate, not offload, "
+                    f"makes most of the gap)"
+                )
             break
     base = Simulator(cluster, model).evaluate(single_gpu_plan(50, 10, 51, "none"))
     print(f"    the same plan without offload: {base.status} ({base.error or 'fits'})")
@@ -143,8 +178,10 @@ def zero_offload() -> None:
             print(f"  largest model, offload {offload}: none fits")
             continue
         layers, params = largest
-        print(f"  largest model that fits, offload {offload:9s}: {params / 1e9:5.2f}B ({layers} x {hidden}) simulated, "
-              f"{published:g}B published ({relative(published, params / 1e9)})")
+        print(
+            f"  largest model that fits, offload {offload:9s}: {params / 1e9:5.2f}B ({layers} x {hidden}) simulated, "
+            f"{published:g}B published ({relative(published, params / 1e9)})"
+        )
 
 
 def main() -> None:

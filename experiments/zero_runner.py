@@ -36,46 +36,144 @@ from runner.reference import reference_losses, trained_difference
 from runner.train import train
 
 GiB = 2**30
-STATE_MODEL = dict(name="state-heavy", num_layers=8, hidden_size=512, num_heads=8, ffn_hidden_size=2048, mlp="gelu",
-                   vocab_size=256, seq_len=32, global_batch_size=4)
+STATE_MODEL = dict(
+    name="state-heavy",
+    num_layers=8,
+    hidden_size=512,
+    num_heads=8,
+    ffn_hidden_size=2048,
+    mlp="gelu",
+    vocab_size=256,
+    seq_len=32,
+    global_batch_size=4,
+)
 SHARDED = StateBytes(4.0, 4.0, 12.0)  # the CPU runner's sharded / offloaded engine (fp32, separate master)
 PLAIN = StateBytes(4.0, 4.0, 8.0)  # the unsharded engine
 
 
 def st(device, layers, recompute=False, offload="none"):
-    return {"devices": [device] if isinstance(device, str) else device, "layers": layers, "recompute": recompute,
-            "offload": offload}
+    return {
+        "devices": [device] if isinstance(device, str) else device,
+        "layers": layers,
+        "recompute": recompute,
+        "offload": offload,
+    }
 
 
 EQUIVALENCE = [  # (name, cluster, config) on tiny
-    ("zero 1, 2 x 2 stages, layers 3+1 / 1+3, 5+3 mb, one replica offload optimizer", "cpu-4", {
-        "micro_batch_size": 1, "zero": 1, "pipelines": [
-            {"num_microbatches": 5, "stages": [st("cpu:0", 3, offload="optimizer"), st("cpu:1", 1, True, "optimizer")]},
-            {"num_microbatches": 3, "stages": [st("cpu:2", 1), st("cpu:3", 3)]}]}),
-    ("zero 2, 2 single-stage replicas, 5+3 mb", "cpu-2", {"micro_batch_size": 1, "zero": 2, "pipelines": [
-        {"num_microbatches": 5, "stages": [st("cpu:0", 4)]}, {"num_microbatches": 3, "stages": [st("cpu:1", 4, True)]}]}),
-    ("zero 3, 2 single-stage replicas, 5+3 mb", "cpu-2", {"micro_batch_size": 1, "zero": 3, "pipelines": [
-        {"num_microbatches": 5, "stages": [st("cpu:0", 4)]}, {"num_microbatches": 3, "stages": [st("cpu:1", 4, True)]}]}),
-    ("zero 3 + offload all / recompute, 5+3 mb", "cpu-2", {"micro_batch_size": 1, "zero": 3, "pipelines": [
-        {"num_microbatches": 5, "stages": [st("cpu:0", 4, offload="all")]},
-        {"num_microbatches": 3, "stages": [st("cpu:1", 4, True)]}]}),
-    ("zero 2 + offload optimizer, 2 x 2 stages 1+3, 4+4 mb", "cpu-4", {"micro_batch_size": 1, "zero": 2, "pipelines": [
-        {"num_microbatches": 4, "stages": [st("cpu:0", 1, offload="optimizer"), st("cpu:1", 3, True, "optimizer")]},
-        {"num_microbatches": 4, "stages": [st("cpu:2", 1, offload="optimizer"), st("cpu:3", 3, offload="optimizer")]}]}),
-    ("zero 3 + offload all, 2 x 2 stages 1+3, 4+4 mb", "cpu-4", {"micro_batch_size": 1, "zero": 3, "pipelines": [
-        {"num_microbatches": 4, "stages": [st("cpu:0", 1, offload="all"), st("cpu:1", 3, True, "all")]},
-        {"num_microbatches": 4, "stages": [st("cpu:2", 1, offload="all"), st("cpu:3", 3, offload="all")]}]}),
-    ("offload optimizer, one process (no peers)", "cpu-2", {"micro_batch_size": 2, "pipelines": [
-        {"num_microbatches": 4, "stages": [st("cpu:0", 4, offload="optimizer")]}]}),
-    ("zero 1 + offload all, 2 single-stage replicas, 6+2 mb", "cpu-2", {"micro_batch_size": 1, "zero": 1, "pipelines": [
-        {"num_microbatches": 6, "stages": [st("cpu:0", 4, offload="all")]},
-        {"num_microbatches": 2, "stages": [st("cpu:1", 4, offload="all")]}]}),
+    (
+        "zero 1, 2 x 2 stages, layers 3+1 / 1+3, 5+3 mb, one replica offload optimizer",
+        "cpu-4",
+        {
+            "micro_batch_size": 1,
+            "zero": 1,
+            "pipelines": [
+                {
+                    "num_microbatches": 5,
+                    "stages": [st("cpu:0", 3, offload="optimizer"), st("cpu:1", 1, True, "optimizer")],
+                },
+                {"num_microbatches": 3, "stages": [st("cpu:2", 1), st("cpu:3", 3)]},
+            ],
+        },
+    ),
+    (
+        "zero 2, 2 single-stage replicas, 5+3 mb",
+        "cpu-2",
+        {
+            "micro_batch_size": 1,
+            "zero": 2,
+            "pipelines": [
+                {"num_microbatches": 5, "stages": [st("cpu:0", 4)]},
+                {"num_microbatches": 3, "stages": [st("cpu:1", 4, True)]},
+            ],
+        },
+    ),
+    (
+        "zero 3, 2 single-stage replicas, 5+3 mb",
+        "cpu-2",
+        {
+            "micro_batch_size": 1,
+            "zero": 3,
+            "pipelines": [
+                {"num_microbatches": 5, "stages": [st("cpu:0", 4)]},
+                {"num_microbatches": 3, "stages": [st("cpu:1", 4, True)]},
+            ],
+        },
+    ),
+    (
+        "zero 3 + offload all / recompute, 5+3 mb",
+        "cpu-2",
+        {
+            "micro_batch_size": 1,
+            "zero": 3,
+            "pipelines": [
+                {"num_microbatches": 5, "stages": [st("cpu:0", 4, offload="all")]},
+                {"num_microbatches": 3, "stages": [st("cpu:1", 4, True)]},
+            ],
+        },
+    ),
+    (
+        "zero 2 + offload optimizer, 2 x 2 stages 1+3, 4+4 mb",
+        "cpu-4",
+        {
+            "micro_batch_size": 1,
+            "zero": 2,
+            "pipelines": [
+                {
+                    "num_microbatches": 4,
+                    "stages": [st("cpu:0", 1, offload="optimizer"), st("cpu:1", 3, True, "optimizer")],
+                },
+                {
+                    "num_microbatches": 4,
+                    "stages": [st("cpu:2", 1, offload="optimizer"), st("cpu:3", 3, offload="optimizer")],
+                },
+            ],
+        },
+    ),
+    (
+        "zero 3 + offload all, 2 x 2 stages 1+3, 4+4 mb",
+        "cpu-4",
+        {
+            "micro_batch_size": 1,
+            "zero": 3,
+            "pipelines": [
+                {"num_microbatches": 4, "stages": [st("cpu:0", 1, offload="all"), st("cpu:1", 3, True, "all")]},
+                {"num_microbatches": 4, "stages": [st("cpu:2", 1, offload="all"), st("cpu:3", 3, offload="all")]},
+            ],
+        },
+    ),
+    (
+        "offload optimizer, one process (no peers)",
+        "cpu-2",
+        {
+            "micro_batch_size": 2,
+            "pipelines": [{"num_microbatches": 4, "stages": [st("cpu:0", 4, offload="optimizer")]}],
+        },
+    ),
+    (
+        "zero 1 + offload all, 2 single-stage replicas, 6+2 mb",
+        "cpu-2",
+        {
+            "micro_batch_size": 1,
+            "zero": 1,
+            "pipelines": [
+                {"num_microbatches": 6, "stages": [st("cpu:0", 4, offload="all")]},
+                {"num_microbatches": 2, "stages": [st("cpu:1", 4, offload="all")]},
+            ],
+        },
+    ),
 ]
 
 RESUME = [EQUIVALENCE[0], EQUIVALENCE[3], EQUIVALENCE[5]]  # zero 1 uneven, zero 3 + all uneven, zero 3 + all pipelines
 
-MEMORY = [("zero 0", 0, "none"), ("zero 1", 1, "none"), ("zero 2", 2, "none"), ("zero 3", 3, "none"),
-          ("zero 2 + offload optimizer", 2, "optimizer"), ("zero 3 + offload all", 3, "all")]
+MEMORY = [
+    ("zero 0", 0, "none"),
+    ("zero 1", 1, "none"),
+    ("zero 2", 2, "none"),
+    ("zero 3", 3, "none"),
+    ("zero 2 + offload optimizer", 2, "optimizer"),
+    ("zero 3 + offload all", 3, "all"),
+]
 
 
 def equivalence(steps: int) -> None:
@@ -98,18 +196,38 @@ def resume(steps: int) -> None:
     for name, cluster, config in RESUME:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
-            runs = [train(cluster, "tiny", config, steps=steps, metrics_out=tmp / "whole.jsonl", quiet=True,
-                          timeout_s=600),
-                    train(cluster, "tiny", config, steps=half, checkpoint_dir=tmp / "ckpt",
-                          metrics_out=tmp / "parts.jsonl", quiet=True, timeout_s=600),
-                    train(cluster, "tiny", config, steps=steps, checkpoint_dir=tmp / "ckpt", resume=True,
-                          metrics_out=tmp / "parts.jsonl", quiet=True, timeout_s=600)]
+            runs = [
+                train(cluster, "tiny", config, steps=steps, metrics_out=tmp / "whole.jsonl", quiet=True, timeout_s=600),
+                train(
+                    cluster,
+                    "tiny",
+                    config,
+                    steps=half,
+                    checkpoint_dir=tmp / "ckpt",
+                    metrics_out=tmp / "parts.jsonl",
+                    quiet=True,
+                    timeout_s=600,
+                ),
+                train(
+                    cluster,
+                    "tiny",
+                    config,
+                    steps=steps,
+                    checkpoint_dir=tmp / "ckpt",
+                    resume=True,
+                    metrics_out=tmp / "parts.jsonl",
+                    quiet=True,
+                    timeout_s=600,
+                ),
+            ]
             failed = [r.error for r in runs if r.returncode != 0]
             if failed:
                 print(f"{name:78s} FAILED: {failed[0]}")
                 continue
-            whole, parts = ([json.loads(line)["loss"] for line in (tmp / f).read_text().splitlines()]
-                            for f in ("whole.jsonl", "parts.jsonl"))
+            whole, parts = (
+                [json.loads(line)["loss"] for line in (tmp / f).read_text().splitlines()]
+                for f in ("whole.jsonl", "parts.jsonl")
+            )
             shards = sum(1 for _ in (tmp / "ckpt" / f"step-{half:08d}").glob("*.distcp"))
         same = "bit for bit" if parts == whole else f"NO (max diff {max(abs(a - b) for a, b in zip(parts, whole)):.2e})"
         print(f"{name:78s} {same:>18s}  ({len(parts)} steps, resumed at {half}, {shards} shard files)", flush=True)
@@ -131,13 +249,22 @@ def memory() -> None:
     cluster = load_cluster("cpu-2")
     ev = RealEvaluator(cluster, model, steps=2, warmup=1, timeout_s=600)
     print(f"{model.name}: {model.num_params / 1e6:.1f}M parameters, 2 single-stage replicas on cpu-2")
-    print(f"{'plan':28s} {'measured GiB':>12s} {'- zero 0':>9s} {'predicted - zero 0':>19s} {'host measured':>13s} "
-          f"{'host predicted':>14s}")
+    print(
+        f"{'plan':28s} {'measured GiB':>12s} {'- zero 0':>9s} {'predicted - zero 0':>19s} {'host measured':>13s} "
+        f"{'host predicted':>14s}"
+    )
     base_measured = base_predicted = None
     for name, zero, offload in MEMORY:
-        config = ParallelConfig.from_dict({"micro_batch_size": 1, "zero": zero, "pipelines": [
-            {"num_microbatches": 2, "stages": [st("cpu:0", model.num_layers, offload=offload)]},
-            {"num_microbatches": 2, "stages": [st("cpu:1", model.num_layers, offload=offload)]}]})
+        config = ParallelConfig.from_dict(
+            {
+                "micro_batch_size": 1,
+                "zero": zero,
+                "pipelines": [
+                    {"num_microbatches": 2, "stages": [st("cpu:0", model.num_layers, offload=offload)]},
+                    {"num_microbatches": 2, "stages": [st("cpu:1", model.num_layers, offload=offload)]},
+                ],
+            }
+        )
         m = ev.evaluate(config)
         if m.status != "ok":
             print(f"{name:28s} {m.status}: {m.error}")
@@ -147,8 +274,11 @@ def memory() -> None:
         if base_measured is None:
             base_measured, base_predicted = measured, device
         host_measured = sum(m.host_memory_GiB.values()) / 2 if m.host_memory_GiB else 0.0
-        print(f"{name:28s} {measured:12.3f} {measured - base_measured:+9.3f} {device - base_predicted:+19.3f} "
-              f"{host_measured:13.3f} {host:14.3f}", flush=True)
+        print(
+            f"{name:28s} {measured:12.3f} {measured - base_measured:+9.3f} {device - base_predicted:+19.3f} "
+            f"{host_measured:13.3f} {host:14.3f}",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -48,8 +48,7 @@ def step_of(path: Path) -> int:
 
 
 def _complete(path: Path) -> bool:
-    return path.is_dir() and (path / METADATA).is_file() and path.name.startswith("step-") \
-        and path.name[5:].isdigit()
+    return path.is_dir() and (path / METADATA).is_file() and path.name.startswith("step-") and path.name[5:].isdigit()
 
 
 def latest(directory: str | Path) -> Path | None:
@@ -72,17 +71,29 @@ def resume_point(directory: str | Path) -> Path:
     if marker.is_file():
         named = marker.read_text(errors="replace").strip()[:80]
         if complete:
-            log.warning("checkpoint: %s names %r, which is missing or incomplete; resuming from %s, the newest "
-                        "complete checkpoint", marker, named, complete[-1].name)
+            log.warning(
+                "checkpoint: %s names %r, which is missing or incomplete; resuming from %s, the newest "
+                "complete checkpoint",
+                marker,
+                named,
+                complete[-1].name,
+            )
             return complete[-1]
-        raise SpecError("--resume", "", f"{marker} names {named!r}, which is missing or incomplete, and "
-                                        f"{directory} holds no other complete checkpoint")
+        raise SpecError(
+            "--resume",
+            "",
+            f"{marker} names {named!r}, which is missing or incomplete, and "
+            f"{directory} holds no other complete checkpoint",
+        )
     if complete:
-        log.warning("checkpoint: %s has no %r marker; resuming from %s, the newest complete checkpoint",
-                    directory, LATEST, complete[-1].name)
+        log.warning(
+            "checkpoint: %s has no %r marker; resuming from %s, the newest complete checkpoint",
+            directory,
+            LATEST,
+            complete[-1].name,
+        )
         return complete[-1]
-    raise SpecError("--resume", "", f"no checkpoint in {directory} to resume from (drop --resume to start "
-                                    "from step 0)")
+    raise SpecError("--resume", "", f"no checkpoint in {directory} to resume from (drop --resume to start from step 0)")
 
 
 def lock(directory: str | Path):
@@ -99,9 +110,13 @@ def lock(directory: str | Path):
         holder = f.read().strip()[:40]
         f.close()
         if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            raise SpecError("--checkpoint-dir", "", f"{directory} is in use by another training run "
-                                                    f"(pid {holder or '?'}); wait for it to end or use "
-                                                    "another directory") from None
+            raise SpecError(
+                "--checkpoint-dir",
+                "",
+                f"{directory} is in use by another training run "
+                f"(pid {holder or '?'}); wait for it to end or use "
+                "another directory",
+            ) from None
         raise
     f.seek(0)
     f.truncate()
@@ -136,7 +151,9 @@ class _MetadataUnpickler(pickle.Unpickler):
         import torch
 
         if module == "torch.distributed.checkpoint.metadata" or (module, name) == (
-                "torch.distributed.checkpoint.filesystem", "_StorageInfo"):
+            "torch.distributed.checkpoint.filesystem",
+            "_StorageInfo",
+        ):
             import importlib
 
             obj = getattr(importlib.import_module(module), name, None)
@@ -190,8 +207,10 @@ def save(directory: str | Path, engine, step: int) -> Path:
     else:
         model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
         # Only the optimizer's per-weight state travels: its hyperparameters are the same constants in every run.
-        dcp.save({"model": _wrap(engine, model_sd), "optim": _wrap(engine, optim_sd["state"]), "step": step},
-                 checkpoint_id=str(path))
+        dcp.save(
+            {"model": _wrap(engine, model_sd), "optim": _wrap(engine, optim_sd["state"]), "step": step},
+            checkpoint_id=str(path),
+        )
     torch.save({"torch": torch.get_rng_state()}, path / f"rng-rank{engine.rank}.pt")
     dist.barrier()
     if engine.rank == 0:
@@ -230,9 +249,12 @@ def load(path: Path, engine) -> int:
     model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)
     state = {"model": _wrap(engine, model_sd), "optim": _wrap(engine, optim_sd["state"]), "step": 0}
     _dcp_load(state, path)
-    set_state_dict(engine.module, engine.optimizer, model_state_dict=_unwrap(engine, state["model"]),
-                   optim_state_dict={"state": _unwrap(engine, state["optim"]),
-                                     "param_groups": optim_sd["param_groups"]})
+    set_state_dict(
+        engine.module,
+        engine.optimizer,
+        model_state_dict=_unwrap(engine, state["model"]),
+        optim_state_dict={"state": _unwrap(engine, state["optim"]), "param_groups": optim_sd["param_groups"]},
+    )
     _load_rng(path, engine)
     log.info("resumed from %s (step %d)", path, state["step"])
     return int(state["step"])

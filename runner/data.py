@@ -30,16 +30,19 @@ class TokenSource:
         if text_path is not None:
             path = Path(text_path)
             if model.vocab_size < BYTE_VOCAB:
-                raise SpecError(str(path), "vocab_size",
-                                f"byte-level text needs vocab_size >= {BYTE_VOCAB}, model {model.name!r} has "
-                                f"{model.vocab_size}")
+                raise SpecError(
+                    str(path),
+                    "vocab_size",
+                    f"byte-level text needs vocab_size >= {BYTE_VOCAB}, model {model.name!r} has {model.vocab_size}",
+                )
             try:
                 raw = path.read_bytes()
             except OSError as e:
                 raise SpecError(str(path), "", f"cannot read data file: {e.strerror}") from None
             if len(raw) < model.seq_len + 2:
-                raise SpecError(str(path), "", f"has {len(raw)} bytes, needs at least seq_len + 2 = "
-                                               f"{model.seq_len + 2}")
+                raise SpecError(
+                    str(path), "", f"has {len(raw)} bytes, needs at least seq_len + 2 = {model.seq_len + 2}"
+                )
             self.text = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
 
     def _generator(self, step: int) -> torch.Generator:
@@ -50,7 +53,7 @@ class TokenSource:
         gen = self._generator(step)
         if self.text is not None:
             starts = torch.randint(0, len(self.text) - t + 1, (b,), generator=gen)
-            return torch.stack([self.text[s:s + t] for s in starts.tolist()])
+            return torch.stack([self.text[s : s + t] for s in starts.tolist()])
         vocab = self.model.vocab_size
         start = torch.randint(0, vocab, (b, 1), generator=gen)
         stride = torch.randint(1, _MAX_STRIDE + 1, (b, 1), generator=gen)
@@ -58,5 +61,5 @@ class TokenSource:
 
     def pipeline_batch(self, step: int, offset: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, targets)`` of the ``size`` sequences starting at ``offset`` of step ``step``."""
-        rows = self.global_batch(step)[offset:offset + size]
+        rows = self.global_batch(step)[offset : offset + size]
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()

@@ -38,6 +38,7 @@ from runner.optim import local_tensor, make_optimizer
 
 log = logging.getLogger(__name__)
 
+
 # AdamW settings, the same on every rank and in the single-process reference (GPT-3 paper, table 2.1
 # style betas; lr sized for the tiny models this runs on CPU).
 class RankModel(nn.Module):
@@ -72,8 +73,11 @@ class RankModel(nn.Module):
             if expert:
                 mods = [block.mlp.experts[expert]]
             elif hasattr(block.mlp, "experts"):
-                return [p for n, p in sorted(block.named_parameters(), key=lambda kv: kv[0])
-                        if not n.startswith("mlp.experts.")]
+                return [
+                    p
+                    for n, p in sorted(block.named_parameters(), key=lambda kv: kv[0])
+                    if not n.startswith("mlp.experts.")
+                ]
             else:
                 mods = [block]
         return [p for m in mods for _, p in sorted(m.named_parameters(), key=lambda kv: kv[0])]
@@ -93,7 +97,7 @@ class TimedStage(PipelineStage):
         self.forward_s = 0.0
         self.backward_s = 0.0
         self.emulated_s = 0.0  # of forward_s + backward_s, the sleeps that emulate ``slowdown``
-        self.recorder: "EventRecorder | None" = None
+        self.recorder: EventRecorder | None = None
 
     def _clock(self) -> float:
         if self.cuda:
@@ -153,13 +157,17 @@ def check_supported(plan: RankPlan, model: ModelSpec) -> None:
     """Plan shapes the runner cannot run, beyond ``ParallelConfig.validate`` and ``build_layout``."""
     tp = plan.tp_degree
     if tp > 1 and model.num_kv_heads % tp:
-        raise SpecError("runner", f"pipelines[{plan.pipeline}].stages[{plan.stage}].devices",
-                        f"tensor-parallel degree {tp} must divide num_kv_heads={model.num_kv_heads} in the runner "
-                        "(replicating key/value heads across tensor-parallel ranks is not implemented)")
+        raise SpecError(
+            "runner",
+            f"pipelines[{plan.pipeline}].stages[{plan.stage}].devices",
+            f"tensor-parallel degree {tp} must divide num_kv_heads={model.num_kv_heads} in the runner "
+            "(replicating key/value heads across tensor-parallel ranks is not implemented)",
+        )
 
 
-def apply_tensor_parallel(chunks: list[StageChunk], group: dist.ProcessGroup, device: torch.device,
-                          sequence_parallel: bool = False) -> None:
+def apply_tensor_parallel(
+    chunks: list[StageChunk], group: dist.ProcessGroup, device: torch.device, sequence_parallel: bool = False
+) -> None:
     """Megatron-style TP on every block (``parallelize_module``): Q/K/V and the MLP's up/gate projections
     column-parallel, the attention output and MLP down projections row-parallel. Each TP rank keeps
     whole heads (``Attention`` infers the local head count). Embedding, norms and the LM head stay
@@ -174,22 +182,37 @@ def apply_tensor_parallel(chunks: list[StageChunk], group: dist.ProcessGroup, de
     the final norm and head (``StageChunk.sequence_mesh``)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     mesh = DeviceMesh.from_group(group, device.type)
     for chunk in chunks:
         for block in chunk.blocks.values():
-            plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
-                    "attn.v_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel()}
+            plan = {
+                "attn.q_proj": ColwiseParallel(),
+                "attn.k_proj": ColwiseParallel(),
+                "attn.v_proj": ColwiseParallel(),
+                "mlp.up_proj": ColwiseParallel(),
+            }
             if block.mlp.swiglu:
                 plan["mlp.gate_proj"] = ColwiseParallel()
             if sequence_parallel:
                 gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-                plan.update({"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(), "attn": gather,
-                             "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                             "attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-                             "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
+                plan.update(
+                    {
+                        "attn_norm": SequenceParallel(),
+                        "mlp_norm": SequenceParallel(),
+                        "attn": gather,
+                        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                        "attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+                        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+                    }
+                )
             else:
                 plan.update({"attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()})
             parallelize_module(block, mesh, plan)
@@ -200,8 +223,17 @@ def apply_tensor_parallel(chunks: list[StageChunk], group: dist.ProcessGroup, de
 class Engine:
     """Everything one rank needs to train its part of the plan."""
 
-    def __init__(self, layout: Layout, model: ModelSpec, rank: int, device: torch.device, *, schedule: str,
-                 seed: int, tokens: TokenSource) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        model: ModelSpec,
+        rank: int,
+        device: torch.device,
+        *,
+        schedule: str,
+        seed: int,
+        tokens: TokenSource,
+    ) -> None:
         self.layout = layout
         self.plan = layout.ranks[rank]
         self.rank = rank
@@ -211,16 +243,25 @@ class Engine:
         check_supported(self.plan, model)
 
         # 1. this rank's chunks, deterministic weights per layer index
-        self.chunks = [StageChunk(model, c.layers, first=c.first, last=c.last, seed=seed,
-                                  recompute=self.plan.recompute, experts=self.plan.held_experts).to(device)
-                       for c in self.plan.chunks]
+        self.chunks = [
+            StageChunk(
+                model,
+                c.layers,
+                first=c.first,
+                last=c.last,
+                seed=seed,
+                recompute=self.plan.recompute,
+                experts=self.plan.held_experts,
+            ).to(device)
+            for c in self.plan.chunks
+        ]
         if device.type == "cuda" and model.precision == "bf16":
             for chunk in self.chunks:
                 chunk.autocast_dtype = torch.bfloat16
 
         # 2. process groups: every rank creates every group, in the same order
         self.pp_group = None
-        for ranks in (layout.pipeline_groups() if not layout.mixed else ()):  # runner.mixed sends on the world
+        for ranks in layout.pipeline_groups() if not layout.mixed else ():  # runner.mixed sends on the world
             group = dist.new_group(list(ranks))
             if rank in ranks:
                 self.pp_group = group
@@ -244,7 +285,7 @@ class Engine:
             self.optimizer = self.zero.optimizer
         else:
             self.optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad])
-            for ranks, keys in (layout.grad_groups().items() if self.expert_sync is None else ()):
+            for ranks, keys in layout.grad_groups().items() if self.expert_sync is None else ():
                 group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
                 if rank in ranks:
                     params = [p for key in sorted(keys) for p in self.module.params_of(key)]
@@ -264,8 +305,18 @@ class Engine:
         for chunk, c in zip(self.chunks, self.plan.chunks):
             if self.zero is not None:  # no metadata-inference pass: it would run the units' hooks
                 static = self._static_metadata(c)
-            self.stages.append(TimedStage(chunk, c.stage_index, c.num_stages, device, group=self.pp_group,
-                                          slowdown=self.plan.slowdown, cuda=cuda, **static))
+            self.stages.append(
+                TimedStage(
+                    chunk,
+                    c.stage_index,
+                    c.num_stages,
+                    device,
+                    group=self.pp_group,
+                    slowdown=self.plan.slowdown,
+                    cuda=cuda,
+                    **static,
+                )
+            )
         n = self.plan.num_microbatches
         try:
             if schedule == "interleaved-1f1b":
@@ -323,7 +374,7 @@ class Engine:
             offset = 0
             for g in grads:  # g is p.grad's own storage (a DTensor's local shard under TP)
                 n = g.numel()
-                g.copy_(flat[offset:offset + n].view_as(g))
+                g.copy_(flat[offset : offset + n].view_as(g))
                 offset += n
 
     def record_next_step(self) -> EventRecorder:
@@ -350,8 +401,12 @@ class Engine:
             losses = self.mixed.step(x if self.plan.first else None, y if self.plan.last else None)
         else:
             args = (x,) if self.plan.first else ()
-            self.schedule.step(*args, target=y if self.plan.last else None, losses=losses if self.plan.last else None,
-                               return_outputs=False)
+            self.schedule.step(
+                *args,
+                target=y if self.plan.last else None,
+                losses=losses if self.plan.last else None,
+                return_outputs=False,
+            )
         t_sync = time.perf_counter()
         if self.zero is not None:  # gradient sync, sharded step and write-back in one (runner.zero)
             self.zero.finish_step()
@@ -371,9 +426,9 @@ class Engine:
         # contributes its share of the mean.
         contrib = 0.0
         if self.plan.last and self.plan.tp_index == 0 and losses and self.mixed is not None:
-            contrib = float(torch.stack([l.detach().float() for l in losses]).sum()) * self.mixed.scale
+            contrib = float(torch.stack([loss.detach().float() for loss in losses]).sum()) * self.mixed.scale
         elif self.plan.last and self.plan.tp_index == 0 and losses:
-            contrib = float(torch.stack([l.detach().float() for l in losses]).mean()) * self.plan.grad_weight
+            contrib = float(torch.stack([loss.detach().float() for loss in losses]).mean()) * self.plan.grad_weight
         t = torch.tensor([contrib, 1.0 if stop_requested else 0.0], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return StepResult(loss=float(t[0]), stop=bool(t[1] > 0), time_s=time.perf_counter() - t0)

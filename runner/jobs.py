@@ -21,10 +21,17 @@ def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
     for n in cluster.nodes:
         node: dict[str, Any] = {
             "name": n.name,
-            "gpu": {"name": n.device.name, "peak_tflops": n.device.peak_tflops, "memory_GiB": n.device.memory_GiB,
-                    "memory_bandwidth_GBps": n.device.memory_bandwidth_GBps, "source": n.device.source,
-                    "pcie_gen": n.device.pcie_gen, "pcie_lanes": n.device.pcie_lanes,
-                    "peak_tflops_tf32": n.device.peak_tflops_tf32, "peak_tflops_fp32": n.device.peak_tflops_fp32},
+            "gpu": {
+                "name": n.device.name,
+                "peak_tflops": n.device.peak_tflops,
+                "memory_GiB": n.device.memory_GiB,
+                "memory_bandwidth_GBps": n.device.memory_bandwidth_GBps,
+                "source": n.device.source,
+                "pcie_gen": n.device.pcie_gen,
+                "pcie_lanes": n.device.pcie_lanes,
+                "peak_tflops_tf32": n.device.peak_tflops_tf32,
+                "peak_tflops_fp32": n.device.peak_tflops_fp32,
+            },
             "count": n.count,
             "intra_node": {"bandwidth_GBps": n.intra_node.bandwidth_GBps, "latency_us": n.intra_node.latency_us},
             "network": {"bandwidth_GBps": n.network.bandwidth_GBps, "latency_us": n.network.latency_us},
@@ -32,16 +39,23 @@ def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
         if n.slowdown != 1.0:
             node["slowdown"] = n.slowdown
         if n.host is not None:
-            node["host"] = {"memory_GiB": n.host.memory_GiB, "bandwidth_GBps": n.host.bandwidth_GBps,
-                            "link": {"bandwidth_GBps": n.host.link.bandwidth_GBps,
-                                     "latency_us": n.host.link.latency_us}}
+            node["host"] = {
+                "memory_GiB": n.host.memory_GiB,
+                "bandwidth_GBps": n.host.bandwidth_GBps,
+                "link": {"bandwidth_GBps": n.host.link.bandwidth_GBps, "latency_us": n.host.link.latency_us},
+            }
         nodes.append(node)
     return {"name": cluster.name, "nodes": nodes}
 
 
 def make_job(mode: str, cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, **options: Any) -> dict:
-    return {"mode": mode, "cluster": cluster_to_dict(cluster), "model": asdict(model), "config": config.to_dict(),
-            **options}
+    return {
+        "mode": mode,
+        "cluster": cluster_to_dict(cluster),
+        "model": asdict(model),
+        "config": config.to_dict(),
+        **options,
+    }
 
 
 def read_job(job: dict) -> tuple[ClusterSpec, ModelSpec, ParallelConfig]:
@@ -56,11 +70,18 @@ def uses_cuda(cluster: ClusterSpec, config: ParallelConfig, cuda_available: bool
     kinds = {cluster.device(d).name for d in config.devices}
     gpus = sorted(k for k in kinds if k != "cpu")
     if gpus and "cpu" in kinds:
-        raise SpecError("runner", "devices", f"plan mixes cpu and GPU devices ({', '.join(gpus)}); the runner "
-                                             "runs one kind per plan")
+        raise SpecError(
+            "runner",
+            "devices",
+            f"plan mixes cpu and GPU devices ({', '.join(gpus)}); the runner runs one kind per plan",
+        )
     if gpus and not cuda_available:
-        raise SpecError("runner", "cluster", f"cluster {cluster.name!r} has GPU devices ({', '.join(gpus)}) but this "
-                                             "machine has no CUDA; use a cpu cluster (cpu-2, cpu-4, cpu-hetero)")
+        raise SpecError(
+            "runner",
+            "cluster",
+            f"cluster {cluster.name!r} has GPU devices ({', '.join(gpus)}) but this "
+            "machine has no CUDA; use a cpu cluster (cpu-2, cpu-4, cpu-hetero)",
+        )
     return bool(gpus)
 
 
@@ -75,13 +96,19 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, sc
     for p, pipe in enumerate(config.pipelines):
         modes = {st.sequence_parallel and st.tp > 1 for st in pipe.stages}
         if len(modes) > 1:
-            raise SpecError("runner", f"pipelines[{p}].stages",
-                            "sequence_parallel must be the same on every stage of a pipeline in the runner "
-                            "(a stage's output is split along the sequence with it, whole without)")
+            raise SpecError(
+                "runner",
+                f"pipelines[{p}].stages",
+                "sequence_parallel must be the same on every stage of a pipeline in the runner "
+                "(a stage's output is split along the sequence with it, whole without)",
+            )
         for s, stage in enumerate(pipe.stages):
             if stage.sequence_parallel and stage.tp > 1 and model.seq_len % stage.tp:
-                raise SpecError("runner", f"pipelines[{p}].stages[{s}].sequence_parallel",
-                                f"needs seq_len={model.seq_len} divisible by the tensor-parallel degree {stage.tp}")
+                raise SpecError(
+                    "runner",
+                    f"pipelines[{p}].stages[{s}].sequence_parallel",
+                    f"needs seq_len={model.seq_len} divisible by the tensor-parallel degree {stage.tp}",
+                )
     for plan in layout.ranks:
         if plan.tp_degree > 1 and model.num_kv_heads % plan.tp_degree:
             from runner.engine import check_supported  # torch import only when needed
@@ -91,21 +118,30 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, sc
         for p, pipe in enumerate(config.pipelines):
             # torch.distributed.pipelining.Schedule1F1B refuses fewer micro-batches than stages
             if pipe.num_microbatches < len(pipe.stages):
-                raise SpecError("runner", f"pipelines[{p}].num_microbatches",
-                                f"1f1b in torch.distributed.pipelining needs at least as many micro-batches as "
-                                f"stages: {pipe.num_microbatches} < {len(pipe.stages)}")
+                raise SpecError(
+                    "runner",
+                    f"pipelines[{p}].num_microbatches",
+                    f"1f1b in torch.distributed.pipelining needs at least as many micro-batches as "
+                    f"stages: {pipe.num_microbatches} < {len(pipe.stages)}",
+                )
     if config.schedule == "interleaved-1f1b":
         for p, pipe in enumerate(config.pipelines):
             # torch.distributed.pipelining.ScheduleInterleaved1F1B: micro-batches run in rounds of
             # (pipeline size) and must fill whole rounds
             rounds = max(1, pipe.num_microbatches // len(pipe.stages))
             if pipe.num_microbatches % rounds:
-                raise SpecError("runner", f"pipelines[{p}].num_microbatches",
-                                f"interleaved-1f1b in torch.distributed.pipelining needs num_microbatches to be a "
-                                f"multiple of num_microbatches // stages = {rounds}, got {pipe.num_microbatches}")
+                raise SpecError(
+                    "runner",
+                    f"pipelines[{p}].num_microbatches",
+                    f"interleaved-1f1b in torch.distributed.pipelining needs num_microbatches to be a "
+                    f"multiple of num_microbatches // stages = {rounds}, got {pipe.num_microbatches}",
+                )
     import torch
 
     if uses_cuda(cluster, config, torch.cuda.is_available()) and model.precision == "fp16":
-        raise SpecError("runner", "precision", "fp16 training needs loss scaling, which the runner does not "
-                                               "implement; use bf16 (or fp32) on CUDA")
+        raise SpecError(
+            "runner",
+            "precision",
+            "fp16 training needs loss scaling, which the runner does not implement; use bf16 (or fp32) on CUDA",
+        )
     return layout

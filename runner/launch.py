@@ -136,14 +136,19 @@ def run_dir(prefix: str):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = False,
-              extra_env: dict[str, str] | None = None) -> RunOutcome:
+def run_ranks(
+    job: dict, world_size: int, timeout_s: float, keep_dir: bool = False, extra_env: dict[str, str] | None = None
+) -> RunOutcome:
     """Run ``world_size`` ranks of ``job``; end them all by ``timeout_s``; collect rank 0's result.
     ``extra_env``: more environment for every rank (a roundpipe plan's ``CUDA_VISIBLE_DEVICES``)."""
     run_dir = make_run_dir("autotune-run-")
     keep = keep_dir or bool(os.environ.get("AUTOTUNE_KEEP_RUN_DIR"))
-    job = {**job, "out_dir": str(run_dir), "init_method": f"file://{run_dir}/rendezvous",
-           "pg_timeout_s": max(30.0, timeout_s)}
+    job = {
+        **job,
+        "out_dir": str(run_dir),
+        "init_method": f"file://{run_dir}/rendezvous",
+        "pg_timeout_s": max(30.0, timeout_s),
+    }
     job_path = run_dir / "job.json"
     job_path.write_text(json.dumps(job))
     procs: list[subprocess.Popen] = []
@@ -159,13 +164,22 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
     with stop_signals_end(lambda: _kill_group_now(running["pgid"])) as stopped:
         try:
             for rank in range(world_size):
-                env = worker_env({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                                  **(extra_env or {})})
+                env = worker_env(
+                    {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), **(extra_env or {})}
+                )
                 out = open(run_dir / f"rank{rank}.log", "wb")
                 logs.append(out)
                 group = {"process_group": 0 if rank == 0 else pgid}  # one new group for all ranks
-                procs.append(subprocess.Popen([sys.executable, "-m", "runner.worker", str(job_path)], env=env,
-                                              stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), **group))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "runner.worker", str(job_path)],
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        cwd=str(REPO_ROOT),
+                        **group,
+                    )
+                )
                 if rank == 0:
                     pgid = running["pgid"] = procs[0].pid
                 if stopped:
@@ -195,8 +209,12 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
     wall = time.monotonic() - t0
     outcome = _collect(run_dir, status, world_size, timeout_s, wall, procs)
     if stopped:
-        outcome = RunOutcome("failed", f"stopped by {signal.Signals(stopped[0]).name}; killed the ranks",
-                             errors=outcome.errors, wall_s=wall)
+        outcome = RunOutcome(
+            "failed",
+            f"stopped by {signal.Signals(stopped[0]).name}; killed the ranks",
+            errors=outcome.errors,
+            wall_s=wall,
+        )
     if keep:
         (run_dir / _OWNER).unlink(missing_ok=True)  # kept on purpose: not for the sweep
         log.info("run directory kept: %s", run_dir)
@@ -205,8 +223,9 @@ def run_ranks(job: dict, world_size: int, timeout_s: float, keep_dir: bool = Fal
     return outcome
 
 
-def _collect(run_dir: Path, status: str, world: int, timeout_s: float, wall: float,
-             procs: list[subprocess.Popen]) -> RunOutcome:
+def _collect(
+    run_dir: Path, status: str, world: int, timeout_s: float, wall: float, procs: list[subprocess.Popen]
+) -> RunOutcome:
     errors = []
     for r in range(world):
         path = run_dir / f"error-rank{r}.json"
@@ -223,8 +242,10 @@ def _collect(run_dir: Path, status: str, world: int, timeout_s: float, wall: flo
         return RunOutcome("ok", result=result, wall_s=wall)
     if status == "timeout":
         stuck = [str(r) for r, p in enumerate(procs) if p.returncode not in (0,)]
-        msg = (f"no result after {timeout_s:g} s wall clock; killed {len(stuck)} rank process(es) "
-               f"(ranks {', '.join(stuck)})")
+        msg = (
+            f"no result after {timeout_s:g} s wall clock; killed {len(stuck)} rank process(es) "
+            f"(ranks {', '.join(stuck)})"
+        )
         if errors:
             msg += f"; rank {errors[0]['rank']} had failed: {errors[0]['type']}: {errors[0]['message']}"
         return RunOutcome("timeout", msg, errors=errors, wall_s=wall)
@@ -254,12 +275,21 @@ def _cuda_device_count() -> int:
 def _is_peer_loss(error: dict) -> bool:
     text = error.get("message", "").lower()
     return error.get("type") == "DistBackendError" or any(
-        k in text for k in ("connection closed by peer", "connection reset", "remote worker crashing", "broken pipe"))
+        k in text for k in ("connection closed by peer", "connection reset", "remote worker crashing", "broken pipe")
+    )
 
 
-def profiled_run(cluster: str | ClusterSpec, model: str | ModelSpec, config: str | Path | ParallelConfig | dict, *,
-                 steps: int = 3, warmup: int = 1, timeout_s: float = 300.0, seed: int = 0,
-                 global_batch_size: int | None = None) -> Measurement:
+def profiled_run(
+    cluster: str | ClusterSpec,
+    model: str | ModelSpec,
+    config: str | Path | ParallelConfig | dict,
+    *,
+    steps: int = 3,
+    warmup: int = 1,
+    timeout_s: float = 300.0,
+    seed: int = 0,
+    global_batch_size: int | None = None,
+) -> Measurement:
     """Train ``steps`` timed steps (after ``warmup``) of ``config`` on real ranks; return what was measured.
 
     Never raises for a bad plan: an invalid or unsupported plan gives status ``invalid`` / ``failed``,
@@ -283,8 +313,10 @@ def profiled_run(cluster: str | ClusterSpec, model: str | ModelSpec, config: str
         return Measurement.from_dict(outcome.result["measurement"])
     gpus = _cuda_device_count() if any(cluster.device(d).name != "cpu" for d in config.devices) else 0
     if gpus and gpus < layout.world_size:
-        return Measurement.failure("failed", f"runner: the plan needs {layout.world_size} GPUs on this machine "
-                                             f"(one rank per device), it has {gpus}")
+        return Measurement.failure(
+            "failed",
+            f"runner: the plan needs {layout.world_size} GPUs on this machine (one rank per device), it has {gpus}",
+        )
     job = make_job("profile", cluster, model, config, steps=steps, warmup=warmup, seed=seed)
     outcome = run_ranks(job, layout.world_size, timeout_s)
     if outcome.status != "ok":
@@ -295,8 +327,16 @@ def profiled_run(cluster: str | ClusterSpec, model: str | ModelSpec, config: str
 class RealEvaluator:
     """The evaluator interface (``autotune.evaluator.Evaluator``) backed by short profiled runs."""
 
-    def __init__(self, cluster: str | ClusterSpec, model: str | ModelSpec, *, steps: int = 2, warmup: int = 1,
-                 timeout_s: float = 300.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        cluster: str | ClusterSpec,
+        model: str | ModelSpec,
+        *,
+        steps: int = 2,
+        warmup: int = 1,
+        timeout_s: float = 300.0,
+        seed: int = 0,
+    ) -> None:
         self.cluster = load_cluster(cluster)
         self.model = load_model(model)
         self.steps, self.warmup, self.timeout_s, self.seed = steps, warmup, timeout_s, seed
@@ -312,8 +352,15 @@ class RealEvaluator:
 
     def evaluate(self, config: ParallelConfig) -> Measurement:
         try:
-            return profiled_run(self.cluster, self.model, config, steps=self.steps, warmup=self.warmup,
-                                timeout_s=self.timeout_s, seed=self.seed)
+            return profiled_run(
+                self.cluster,
+                self.model,
+                config,
+                steps=self.steps,
+                warmup=self.warmup,
+                timeout_s=self.timeout_s,
+                seed=self.seed,
+            )
         except Exception as e:  # the interface never raises for a plan
             log.exception("profiled run crashed")
             return Measurement.failure("failed", f"{type(e).__name__}: {e}")

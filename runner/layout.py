@@ -111,7 +111,8 @@ class Layout:
     def sharded(self) -> bool:
         """Whether the ranks keep ZeRO-sharded or offloaded training state (``runner.zero``)."""
         return (self.zero > 0 and (len({r.pipeline for r in self.ranks}) > 1 or self.mixed)) or any(
-            r.offload != "none" for r in self.ranks)
+            r.offload != "none" for r in self.ranks
+        )
 
     @property
     def world_size(self) -> int:
@@ -151,8 +152,9 @@ class Layout:
                 groups.setdefault((r.expert_group, r.stage, r.tp_index), []).append((r.expert_position, r.rank))
         return tuple(tuple(rank for _, rank in sorted(v)) for _, v in sorted(groups.items()))
 
-    def exchange_groups(self, local: bool = False) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...],
-                                                                 dict[int, tuple[float, float]]]]:
+    def exchange_groups(
+        self, local: bool = False
+    ) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...], dict[int, tuple[float, float]]]]:
         """The exchange of an MoE / SPES plan (``runner.moe.ExpertSync``): (holders, trainers, keys, weight per
         trainer) for every set of weight keys held and trained by the same ranks. ``local``: only among the
         ranks of one expert-parallel group (a SPES plan's per-step exchange). A holder's gradient covers
@@ -171,8 +173,10 @@ class Layout:
             expert = ".expert" in key
             covered = sum(r.batch_size * (r.expert_parallel if expert else 1) for r in trainers)
             # (gradient weight, weight in a parameter average) per trainer
-            w = {r.rank: (r.batch_size / covered, r.batch_size * (r.expert_parallel if expert else 1) / covered)
-                 for r in trainers}
+            w = {
+                r.rank: (r.batch_size / covered, r.batch_size * (r.expert_parallel if expert else 1) / covered)
+                for r in trainers
+            }
             ident = (tuple(r.rank for r in plans), tuple(r.rank for r in trainers), tuple(sorted(w.items())))
             merged.setdefault(ident, []).append(key)
             weights[ident] = w
@@ -186,9 +190,16 @@ class Layout:
             for key in r.holds():
                 holders.setdefault((key, r.tp_index), []).append(r.rank)
         order = {EMBED_KEY: -1, HEAD_KEY: 1 << 30}
-        return tuple((k, t, tuple(sorted(v))) for (k, t), v in sorted(
-            holders.items(), key=lambda kv: (order.get(kv[0][0], int(kv[0][0].removeprefix("layer")) if
-                                                   kv[0][0].startswith("layer") else 0), kv[0][1])))
+        return tuple(
+            (k, t, tuple(sorted(v)))
+            for (k, t), v in sorted(
+                holders.items(),
+                key=lambda kv: (
+                    order.get(kv[0][0], int(kv[0][0].removeprefix("layer")) if kv[0][0].startswith("layer") else 0),
+                    kv[0][1],
+                ),
+            )
+        )
 
 
 def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig) -> Layout:
@@ -207,9 +218,12 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     for p, pipe in enumerate(config.pipelines):
         degrees = {r.tp for s in pipe.stages for r in s.ranks_of(pipe.num_microbatches)}
         if len(degrees) > 1:
-            raise SpecError("runner", f"pipelines[{p}].stages",
-                            f"stages of one pipeline with different tensor-parallel degrees {sorted(degrees)} "
-                            "are not supported by the runner (activations would need resharding between stages)")
+            raise SpecError(
+                "runner",
+                f"pipelines[{p}].stages",
+                f"stages of one pipeline with different tensor-parallel degrees {sorted(degrees)} "
+                "are not supported by the runner (activations would need resharding between stages)",
+            )
         num_virtual = len(pipe.stages) * v
         chunk_layers: dict[tuple[int, int], tuple[int, ...]] = {}
         next_layer = 0
@@ -224,43 +238,84 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
             for layer in (i for ch in chunks for i in ch.layers):
                 seen = tp_of_layer.setdefault(layer, (stage.tp, p))
                 if seen[0] != stage.tp:
-                    raise SpecError("runner", f"pipelines[{p}].stages[{s}].devices",
-                                    f"layer {layer} has tensor-parallel degree {stage.tp} here but {seen[0]} in "
-                                    f"pipeline {seen[1]}; replicas must shard a layer the same way to average "
-                                    "its gradients")
+                    raise SpecError(
+                        "runner",
+                        f"pipelines[{p}].stages[{s}].devices",
+                        f"layer {layer} has tensor-parallel degree {stage.tp} here but {seen[0]} in "
+                        f"pipeline {seen[1]}; replicas must shard a layer the same way to average "
+                        "its gradients",
+                    )
             moe_layers = tuple(i for ch in chunks for i in ch.layers if model.is_moe_layer(i))
             per = model.num_experts // ep if model.is_moe else 0
             held = tuple(range((p % ep) * per, (p % ep + 1) * per)) if model.is_moe else None
             for k, stage_rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
                 for j, device in enumerate(stage_rank.devices):
-                    ranks.append(RankPlan(
-                        rank=len(ranks), device_id=device, pipeline=p, stage=s, tp_index=j, tp_degree=stage_rank.tp,
-                        chunks=chunks, recompute=stage.recompute, slowdown=cluster.node_of(device).slowdown,
-                        num_microbatches=pipe.num_microbatches, batch_offset=offset, batch_size=batch,
-                        grad_weight=batch / model.global_batch_size, moe_layers=moe_layers, held_experts=held,
-                        trains_experts=pipe.trains_experts, expert_group=p // ep, expert_position=p % ep,
-                        expert_parallel=ep, sequence_parallel=stage.sequence_parallel and stage_rank.tp > 1,
-                        stage_rank=k, share=stage_rank.num_microbatches, offload=stage.offload))
+                    ranks.append(
+                        RankPlan(
+                            rank=len(ranks),
+                            device_id=device,
+                            pipeline=p,
+                            stage=s,
+                            tp_index=j,
+                            tp_degree=stage_rank.tp,
+                            chunks=chunks,
+                            recompute=stage.recompute,
+                            slowdown=cluster.node_of(device).slowdown,
+                            num_microbatches=pipe.num_microbatches,
+                            batch_offset=offset,
+                            batch_size=batch,
+                            grad_weight=batch / model.global_batch_size,
+                            moe_layers=moe_layers,
+                            held_experts=held,
+                            trains_experts=pipe.trains_experts,
+                            expert_group=p // ep,
+                            expert_position=p % ep,
+                            expert_parallel=ep,
+                            sequence_parallel=stage.sequence_parallel and stage_rank.tp > 1,
+                            stage_rank=k,
+                            share=stage_rank.num_microbatches,
+                            offload=stage.offload,
+                        )
+                    )
         offset += batch
     if getattr(config, "zero", 0) and (model.is_moe or config.spes):
-        raise SpecError("runner", "zero", f"ZeRO sharding of MoE or SPES plans is not implemented in the runner "
-                                          f"(zero={config.zero}); the simulator models it")
+        raise SpecError(
+            "runner",
+            "zero",
+            f"ZeRO sharding of MoE or SPES plans is not implemented in the runner "
+            f"(zero={config.zero}); the simulator models it",
+        )
     if model.is_moe and any(r.tp_degree > 1 for r in ranks):
-        raise SpecError("runner", "pipelines", "tensor parallelism inside MoE blocks is not implemented in the runner "
-                                               "(the simulator models it): use one device per stage and "
-                                               "expert_parallel to split the experts")
+        raise SpecError(
+            "runner",
+            "pipelines",
+            "tensor parallelism inside MoE blocks is not implemented in the runner "
+            "(the simulator models it): use one device per stage and "
+            "expert_parallel to split the experts",
+        )
     for key in (EMBED_KEY, HEAD_KEY):
         degrees = {(r.tp_degree) for r in ranks if key in r.holds()}
         if len(degrees) > 1:
-            raise SpecError("runner", "pipelines",
-                            f"the {key} sits on stages of different tensor-parallel degrees {sorted(degrees)}; "
-                            "replicas must shard it the same way")
-    layout = Layout(tuple(ranks), config.sync_every_steps, config.has_mixed_stages, config.zero,
-                    sum(p.num_microbatches for p in config.pipelines))
+            raise SpecError(
+                "runner",
+                "pipelines",
+                f"the {key} sits on stages of different tensor-parallel degrees {sorted(degrees)}; "
+                "replicas must shard it the same way",
+            )
+    layout = Layout(
+        tuple(ranks),
+        config.sync_every_steps,
+        config.has_mixed_stages,
+        config.zero,
+        sum(p.num_microbatches for p in config.pipelines),
+    )
     if layout.sharded:
         if model.is_moe:
-            raise SpecError("runner", "zero", "ZeRO sharding and offload of MoE models are not implemented in the "
-                                              "runner (the simulator models them)")
+            raise SpecError(
+                "runner",
+                "zero",
+                "ZeRO sharding and offload of MoE models are not implemented in the runner (the simulator models them)",
+            )
         check_sharded_layout(layout)
     return layout
 
@@ -273,21 +328,32 @@ def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
     """Plan shapes with mixed stages the runner does not run (the specs already refuse interleaving, MoE
     expert parallelism and SPES with them)."""
     if config.zero >= 3:
-        raise SpecError("runner", "zero", f"zero {config.zero} with stages of several ranks is simulated and searched "
-                                          "but not run by the runner (its per-use all-gathers would pair a fast "
-                                          "rank's calls with a slow rank's and hold both to one pace): use zero 1 "
-                                          "or 2 to run this plan")
+        raise SpecError(
+            "runner",
+            "zero",
+            f"zero {config.zero} with stages of several ranks is simulated and searched "
+            "but not run by the runner (its per-use all-gathers would pair a fast "
+            "rank's calls with a slow rank's and hold both to one pace): use zero 1 "
+            "or 2 to run this plan",
+        )
     for p, pipe in enumerate(config.pipelines):
         for s, stage in enumerate(pipe.stages):
             for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
                 if rank.tp > 1:
                     where = f"pipelines[{p}].stages[{s}]." + (f"ranks[{k}].devices" if stage.ranks else "devices")
-                    raise SpecError("runner", where, "tensor parallelism in a plan with stages of several ranks is "
-                                                     "simulated and searched but not run by the runner: give each "
-                                                     "rank one device")
+                    raise SpecError(
+                        "runner",
+                        where,
+                        "tensor parallelism in a plan with stages of several ranks is "
+                        "simulated and searched but not run by the runner: give each "
+                        "rank one device",
+                    )
             if stage.offload != "none":
-                raise SpecError("runner", f"pipelines[{p}].stages[{s}].offload",
-                                "offload in a plan with stages of several ranks is not run by the runner")
+                raise SpecError(
+                    "runner",
+                    f"pipelines[{p}].stages[{s}].offload",
+                    "offload in a plan with stages of several ranks is not run by the runner",
+                )
 
 
 def check_sharded_layout(layout: Layout) -> None:
@@ -298,9 +364,12 @@ def check_sharded_layout(layout: Layout) -> None:
     for r in layout.ranks:
         if r.rank in streaming and r.tp_degree > 1:
             what = "offload 'all'" if r.offload == "all" else "zero 3"
-            raise SpecError("runner", f"pipelines[{r.pipeline}].stages[{r.stage}]",
-                            f"{what} with tensor parallelism (degree {r.tp_degree}) is not supported by the runner "
-                            "(streamed parameters are flat-buffer views; DTensor shards are not)")
+            raise SpecError(
+                "runner",
+                f"pipelines[{r.pipeline}].stages[{r.stage}]",
+                f"{what} with tensor parallelism (degree {r.tp_degree}) is not supported by the runner "
+                "(streamed parameters are flat-buffer views; DTensor shards are not)",
+            )
     if layout.zero >= 2 and len({r.pipeline for r in layout.ranks}) > 1 and not layout.mixed:
         # per-micro-batch collectives (reduce-scatters, zero-3 all-gathers) are blocking calls on one
         # group per layer: the replicas must issue them in the same order
@@ -310,12 +379,20 @@ def check_sharded_layout(layout: Layout) -> None:
             splits.setdefault(r.pipeline, []).append((r.stage, tuple(c.layers for c in r.chunks)))
             counts[r.pipeline] = r.num_microbatches
         if len({tuple(sorted(set(v))) for v in splits.values()}) > 1:
-            raise SpecError("runner", "zero", f"zero {layout.zero} needs every replica to split the layers the same "
-                                              "way (its per-micro-batch collectives must line up across the "
-                                              "replicas' schedules); use zero 1 with uneven layer splits")
+            raise SpecError(
+                "runner",
+                "zero",
+                f"zero {layout.zero} needs every replica to split the layers the same "
+                "way (its per-micro-batch collectives must line up across the "
+                "replicas' schedules); use zero 1 with uneven layer splits",
+            )
         stages = max(len(set(v)) for v in splits.values())
         if stages > 1 and len(set(counts.values())) > 1:
-            raise SpecError("runner", "zero", f"zero {layout.zero} with pipelines of {stages} stages needs the same "
-                                              f"num_microbatches in every replica (got {sorted(counts.values())}): "
-                                              "their schedules would order the per-micro-batch collectives "
-                                              "differently; single-stage replicas may differ, or use zero 1")
+            raise SpecError(
+                "runner",
+                "zero",
+                f"zero {layout.zero} with pipelines of {stages} stages needs the same "
+                f"num_microbatches in every replica (got {sorted(counts.values())}): "
+                "their schedules would order the per-micro-batch collectives "
+                "differently; single-stage replicas may differ, or use zero 1",
+            )

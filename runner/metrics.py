@@ -15,9 +15,15 @@ class MlflowLogger:
         mlflow.set_tracking_uri(job["tracking_uri"])
         mlflow.set_experiment(job.get("experiment") or "autotune-train")
         mlflow.start_run(run_name=f"train {model.name} {config.describe()}"[:250])
-        mlflow.log_params({"model": model.name, "config": config.to_json(indent=None)[:6000],
-                           "steps": job["steps"], "seed": job.get("seed", 0),
-                           "data": job.get("data") or "synthetic"})
+        mlflow.log_params(
+            {
+                "model": model.name,
+                "config": config.to_json(indent=None)[:6000],
+                "steps": job["steps"],
+                "seed": job.get("seed", 0),
+                "data": job.get("data") or "synthetic",
+            }
+        )
 
     def log(self, record: dict) -> None:
         self.mlflow.log_metrics({"loss": record["loss"], "tokens_per_s": record["tokens_per_s"]}, step=record["step"])

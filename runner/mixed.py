@@ -78,8 +78,15 @@ class MixedClock:
 class MixedPipeline:
     """One rank's part of a pipeline with mixed stages: its order of forwards and backwards, its partners."""
 
-    def __init__(self, layout: Layout, plan: RankPlan, chunk: torch.nn.Module, model: ModelSpec,
-                 device: torch.device, schedule: str) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        plan: RankPlan,
+        chunk: torch.nn.Module,
+        model: ModelSpec,
+        device: torch.device,
+        schedule: str,
+    ) -> None:
         self.device = device
         self.chunk = chunk
         mine = [r for r in layout.ranks if r.pipeline == plan.pipeline]
@@ -102,7 +109,7 @@ class MixedPipeline:
     def _partner(self, stage: int, j: int) -> int:
         return self.peer[(stage, self.owners[stage][j])]
 
-    def step(self, x: "torch.Tensor | None", y: "torch.Tensor | None") -> list["torch.Tensor"]:
+    def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> list[torch.Tensor]:
         """Run this rank's forwards and backwards of one step; the last stage returns its micro-batches'
         (unscaled) mean losses. Gradients accumulate in the chunk's parameters (sum over micro-batches,
         each already weighted by ``mbs / B``)."""
@@ -121,7 +128,7 @@ class MixedPipeline:
             t0 = self.clock.now()
             if kind == FORWARD:
                 if first:
-                    inp = x[j * mbs:(j + 1) * mbs]
+                    inp = x[j * mbs : (j + 1) * mbs]
                 else:
                     inp = torch.empty(self.shape, dtype=torch.float32, device=device)
                     dist.recv(inp, src=self._partner(s - 1, j), tag=2 * j)
@@ -130,7 +137,7 @@ class MixedPipeline:
                 t0 = self.clock.now()  # the receive's wait is not compute
                 out = self.chunk(inp)
                 if last:
-                    loss = lm_loss(out, y[j * mbs:(j + 1) * mbs])
+                    loss = lm_loss(out, y[j * mbs : (j + 1) * mbs])
                     losses.append(loss.detach())
                     outputs[j] = loss * self.scale
                 else:

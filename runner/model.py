@@ -27,7 +27,7 @@ plan: gradient sync groups and checkpoints key on it.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +54,9 @@ def _norm(spec: ModelSpec) -> nn.Module:
     return RMSNorm(spec.hidden_size) if spec.mlp == "swiglu" else nn.LayerNorm(spec.hidden_size, bias=False)
 
 
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, standard: bool, dropout: float,
-                   training: bool) -> torch.Tensor:
+def attention_core(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, standard: bool, dropout: float, training: bool
+) -> torch.Tensor:
     """Causal attention of ``(batch, heads, seq, head_dim)`` tensors: fused SDPA, or the written-out
     ``softmax(Q K^T / sqrt(d)) V`` whose scores autograd keeps (``standard``)."""
     p = dropout if training else 0.0
@@ -168,8 +169,17 @@ class StageChunk(nn.Module):
     elsewhere. Output: logits ``(batch, seq, vocab)`` on the last chunk, hidden states elsewhere.
     """
 
-    def __init__(self, spec: ModelSpec, layers: Iterable[int], *, first: bool, last: bool, seed: int,
-                 recompute: bool | str = False, experts: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        layers: Iterable[int],
+        *,
+        first: bool,
+        last: bool,
+        seed: int,
+        recompute: bool | str = False,
+        experts: tuple[int, ...] | None = None,
+    ) -> None:
         super().__init__()
         self.layer_ids = tuple(layers)
         self.recompute = recompute is True  # whole blocks; "selective" is set on each block's attention

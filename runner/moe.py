@@ -125,7 +125,7 @@ class MoEMLP(nn.Module):
         outs, start = [], 0
         for e, n in enumerate(counts):
             if n:
-                outs.append(self.experts[str(e)](rows[start:start + n]))
+                outs.append(self.experts[str(e)](rows[start : start + n]))
             start += n
         return torch.cat(outs) if outs else rows[:0]
 
@@ -152,7 +152,7 @@ class MoEMLP(nn.Module):
         outs, start = [], 0
         for i, n in enumerate(counts):
             if n:
-                outs.append(self.experts[str(held[0] + i)](rows[start:start + n]))
+                outs.append(self.experts[str(held[0] + i)](rows[start : start + n]))
             start += n
         return torch.cat(outs) if outs else rows[:0] * 0.0
 
@@ -161,7 +161,7 @@ def expert_seed(layer_seed: int, expert: int) -> int:
     return layer_seed * 131 + 7 + expert
 
 
-def setup_experts(chunks, params_of, layout, rank: int) -> "ExpertSync":
+def setup_experts(chunks, params_of, layout, rank: int) -> ExpertSync:
     """An MoE / SPES plan on one rank's ``chunks`` (``params_of(key)``: the rank's parameters of a layer key,
     ``RankModel.params_of``): expert-parallel groups on its MoE blocks, untrained experts frozen
     (no gradient, not in the optimizer), and the exchange that replaces the plain gradient all-reduce.
@@ -285,5 +285,5 @@ def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
     offset = 0
     for t in tensors:
         n = t.numel()
-        t.copy_(flat[offset:offset + n].view_as(t))
+        t.copy_(flat[offset : offset + n].view_as(t))
         offset += n

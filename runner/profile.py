@@ -38,8 +38,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -55,12 +55,28 @@ log = logging.getLogger(__name__)
 GiB = 2**30
 
 
-def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig,
-                 rank: int, device: torch.device, baseline_rss: int, peak_rss: Callable[[], int],
-                 fault: Callable[[int], None]) -> None:
+def profile_rank(
+    job: dict,
+    layout: Layout,
+    cluster: ClusterSpec,
+    model: ModelSpec,
+    config: ParallelConfig,
+    rank: int,
+    device: torch.device,
+    baseline_rss: int,
+    peak_rss: Callable[[], int],
+    fault: Callable[[int], None],
+) -> None:
     steps, warmup = int(job["steps"]), int(job["warmup"])
-    engine = Engine(layout, model, rank, device, schedule=config.schedule,
-                    seed=int(job.get("seed", 0)), tokens=TokenSource(model, int(job.get("seed", 0))))
+    engine = Engine(
+        layout,
+        model,
+        rank,
+        device,
+        schedule=config.schedule,
+        seed=int(job.get("seed", 0)),
+        tokens=TokenSource(model, int(job.get("seed", 0))),
+    )
     fault(rank)
     spes = engine.expert_sync is not None and layout.sync_every_steps > 1
     if spes:  # SPES: time the local steps, then one synchronisation on its own
@@ -96,19 +112,32 @@ def profile_rank(job: dict, layout: Layout, cluster: ClusterSpec, model: ModelSp
     else:  # host-held (offloaded) state lives in the same process memory on CPU: count it apart
         peak_GiB = allocated_GiB = max(0, peak_rss() - baseline_rss - host_bytes) / GiB
     plan = layout.ranks[rank]
-    reading = {"rank": rank, "device": plan.device_id, "pipeline": plan.pipeline, "stage": plan.stage,
-               "forward_s": (fwd - fwd0) / steps, "backward_s": (bwd - bwd0) / steps,
-               "emulated_s": (engine.emulated() - emulated0) / steps,
-               "iteration_time_s": elapsed / steps, "peak_memory_GiB": peak_GiB, "allocated_memory_GiB": allocated_GiB,
-               "timeline": recorder.events, "sync_time_s": sync_s, "host_GiB": host_bytes / GiB,
-               "node": cluster.node_of(plan.device_id).name}
+    reading = {
+        "rank": rank,
+        "device": plan.device_id,
+        "pipeline": plan.pipeline,
+        "stage": plan.stage,
+        "forward_s": (fwd - fwd0) / steps,
+        "backward_s": (bwd - bwd0) / steps,
+        "emulated_s": (engine.emulated() - emulated0) / steps,
+        "iteration_time_s": elapsed / steps,
+        "peak_memory_GiB": peak_GiB,
+        "allocated_memory_GiB": allocated_GiB,
+        "timeline": recorder.events,
+        "sync_time_s": sync_s,
+        "host_GiB": host_bytes / GiB,
+        "node": cluster.node_of(plan.device_id).name,
+    }
     readings: list[dict] = [None] * layout.world_size  # type: ignore[list-item]
     dist.all_gather_object(readings, reading)
     if rank == 0:
         m = summarize(readings, cluster, model, config)
         log.info("measured %.1f tokens/s, %.3f s/iteration", m.tokens_per_s, m.iteration_time_s)
-        out = {"measurement": m.to_dict(timeline=True), "losses": losses,
-               "readings": [{k: v for k, v in r.items() if k != "timeline"} for r in readings]}
+        out = {
+            "measurement": m.to_dict(timeline=True),
+            "losses": losses,
+            "readings": [{k: v for k, v in r.items() if k != "timeline"} for r in readings],
+        }
         Path(job["out_dir"], "result.json").write_text(json.dumps(out))
 
 
@@ -130,8 +159,13 @@ def summarize(readings: list[dict], cluster: ClusterSpec, model: ModelSpec, conf
     slowest = max(range(len(config.pipelines)), key=estimate)
     busy_of_slowest = tuple(stage_busy[(slowest, s)] for s in range(len(config.pipelines[slowest].stages)))
     bubble = 1.0 - sum((r["forward_s"] + r["backward_s"]) / iteration for r in readings) / len(readings)
-    peak_flops = sum(cluster.device(d).matmul_peak_tflops(effective_precision(cluster.device(d), model.precision))
-                     for d in config.devices) * 1e12
+    peak_flops = (
+        sum(
+            cluster.device(d).matmul_peak_tflops(effective_precision(cluster.device(d), model.precision))
+            for d in config.devices
+        )
+        * 1e12
+    )
     mfu = tokens_per_s * flops_per_token(model) / peak_flops
     memory = {r["device"]: r["peak_memory_GiB"] for r in readings}
     allocated = {r["device"]: r.get("allocated_memory_GiB", r["peak_memory_GiB"]) for r in readings}
@@ -141,8 +175,9 @@ def summarize(readings: list[dict], cluster: ClusterSpec, model: ModelSpec, conf
     for r in readings:
         if r.get("host_GiB"):
             host[r["node"]] = host.get(r["node"], 0.0) + r["host_GiB"]
-    host_over = [(n, gib) for n, gib in host.items() if gib > next(x.host.memory_GiB for x in cluster.nodes
-                                                                     if x.name == n)]
+    host_over = [
+        (n, gib) for n, gib in host.items() if gib > next(x.host.memory_GiB for x in cluster.nodes if x.name == n)
+    ]
     if over:
         d, gib, cap = over[0]
         status, error = "oom", f"device {d} used {gib:.2f} GiB, more than its {cap:.2f} GiB"
@@ -150,9 +185,24 @@ def summarize(readings: list[dict], cluster: ClusterSpec, model: ModelSpec, conf
         n, gib = host_over[0]
         status, error = "oom", f"host memory of node {n!r} out of memory: offloaded state used {gib:.2f} GiB"
         over = host_over
-    timeline = tuple(sorted((TimelineEvent(r["device"], op, start, end) for r in readings
-                             for op, start, end in r.get("timeline", ())), key=lambda e: (e.start_s, e.device)))
-    return Measurement(tokens_per_s=tokens_per_s, iteration_time_s=iteration, oom=bool(over), peak_memory_GiB=memory,
-                       mfu=mfu, bubble_fraction=max(0.0, bubble), stage_busy_s=busy_of_slowest, timeline=timeline,
-                       status=status, error=error, allocated_memory_GiB=allocated, sync_time_s=sync,
-                       host_memory_GiB=host)
+    timeline = tuple(
+        sorted(
+            (TimelineEvent(r["device"], op, start, end) for r in readings for op, start, end in r.get("timeline", ())),
+            key=lambda e: (e.start_s, e.device),
+        )
+    )
+    return Measurement(
+        tokens_per_s=tokens_per_s,
+        iteration_time_s=iteration,
+        oom=bool(over),
+        peak_memory_GiB=memory,
+        mfu=mfu,
+        bubble_fraction=max(0.0, bubble),
+        stage_busy_s=busy_of_slowest,
+        timeline=timeline,
+        status=status,
+        error=error,
+        allocated_memory_GiB=allocated,
+        sync_time_s=sync,
+        host_memory_GiB=host,
+    )

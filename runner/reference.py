@@ -6,8 +6,8 @@ from __future__ import annotations
 from autotune.loading import load_model
 from autotune.specs import ModelSpec
 from runner.data import TokenSource
-from runner.optim import make_optimizer
 from runner.model import build_full_model, lm_loss
+from runner.optim import make_optimizer
 
 
 def reference_losses(model: str | ModelSpec, steps: int, seed: int = 0) -> list[float]:
@@ -27,8 +27,9 @@ def reference_losses(model: str | ModelSpec, steps: int, seed: int = 0) -> list[
     return out
 
 
-def trained_difference(cluster, model: str | ModelSpec, config, steps: int, reference: list[float],
-                       **train_kw) -> tuple[float | None, float, str]:
+def trained_difference(
+    cluster, model: str | ModelSpec, config, steps: int, reference: list[float], **train_kw
+) -> tuple[float | None, float, str]:
     """Train ``config`` for ``steps`` steps through the runner (``runner.train.train``) and compare its
     losses with ``reference`` (``reference_losses``): (the largest relative difference, or None when
     the run failed; wall seconds; the run's error)."""

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
-from autotune.specs.roundpipe import RoundPipeStages
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
+from autotune.specs.roundpipe import RoundPipeStages
 
 log = logging.getLogger(__name__)
 GiB = 2**30
@@ -123,22 +123,36 @@ class RoundPipeLaunch:
         return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))}
 
 
-def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, *, cuda_available: bool | None = None,
-              gpu_count: int | None = None, library: bool | None = None) -> RoundPipeLaunch:
+def preflight(
+    cluster: ClusterSpec,
+    model: ModelSpec,
+    config: ParallelConfig,
+    *,
+    cuda_available: bool | None = None,
+    gpu_count: int | None = None,
+    library: bool | None = None,
+) -> RoundPipeLaunch:
     """Everything checked before a roundpipe plan is launched; ``SpecError("runner", ...)`` naming what
     stops it (an invalid plan raises the plan's own ``SpecError`` first). ``cuda_available``, ``gpu_count``
     and ``library`` default to this machine's."""
     config.validate(cluster, model)
     if len(config.pipelines) > 1:
-        raise SpecError("runner", "pipelines", f"the runner runs one roundpipe pool (one node), this plan has "
-                                               f"{len(config.pipelines)} data-parallel pools: replicas across "
-                                               f"nodes are simulated only")
+        raise SpecError(
+            "runner",
+            "pipelines",
+            f"the runner runs one roundpipe pool (one node), this plan has "
+            f"{len(config.pipelines)} data-parallel pools: replicas across "
+            f"nodes are simulated only",
+        )
     rp = config.pipelines[0].roundpipe
     assert rp is not None
     kinds = sorted({cluster.device(d).name for d in rp.devices})
     if "cpu" in kinds:
-        raise SpecError("runner", "pipelines[0].devices", "a roundpipe plan runs through the roundpipe library on "
-                                                          "CUDA GPUs; this pool has cpu devices")
+        raise SpecError(
+            "runner",
+            "pipelines[0].devices",
+            "a roundpipe plan runs through the roundpipe library on CUDA GPUs; this pool has cpu devices",
+        )
     if cuda_available is None:
         import torch
 
@@ -147,19 +161,29 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, *,
         library = library_installed()
     if not cuda_available:
         extra = "" if library else f", and the roundpipe extra ({EXTRA_HINT})"
-        raise SpecError("runner", "schedule", f"roundpipe plans run through the roundpipe library on CUDA GPUs: "
-                                              f"this machine has no CUDA; run it on a machine with NVIDIA GPUs{extra}")
+        raise SpecError(
+            "runner",
+            "schedule",
+            f"roundpipe plans run through the roundpipe library on CUDA GPUs: "
+            f"this machine has no CUDA; run it on a machine with NVIDIA GPUs{extra}",
+        )
     if not library:
         raise SpecError("runner", "schedule", f"roundpipe plans need the roundpipe library: {EXTRA_HINT}")
     if model.precision == "fp16":
-        raise SpecError("runner", "precision", "fp16 training needs loss scaling, which the runner does not "
-                                               "implement; use bf16 (or fp32) on CUDA")
+        raise SpecError(
+            "runner",
+            "precision",
+            "fp16 training needs loss scaling, which the runner does not implement; use bf16 (or fp32) on CUDA",
+        )
     indices = []
     for d in rp.devices:
         idx = d.rpartition(":")[2]
         if not idx.isdigit():
-            raise SpecError("runner", "pipelines[0].devices", f"device {d!r}: the runner maps a device <node>:<k> "
-                                                              f"to cuda:k, {idx!r} is not an index")
+            raise SpecError(
+                "runner",
+                "pipelines[0].devices",
+                f"device {d!r}: the runner maps a device <node>:<k> to cuda:k, {idx!r} is not an index",
+            )
         indices.append(int(idx))
     if gpu_count is None:
         import torch
@@ -167,8 +191,11 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, *,
         gpu_count = torch.cuda.device_count()
     missing = [d for d, i in zip(rp.devices, indices) if i >= gpu_count]
     if missing:
-        raise SpecError("runner", "pipelines[0].devices", f"the pool needs {', '.join(missing)} (cuda:"
-                                                          f"{max(indices)}), this machine has {gpu_count} GPU(s)")
+        raise SpecError(
+            "runner",
+            "pipelines[0].devices",
+            f"the pool needs {', '.join(missing)} (cuda:{max(indices)}), this machine has {gpu_count} GPU(s)",
+        )
     fwd, bwd = execute_ranges(rp, model.num_layers)
     check_execute_ranges(fwd, bwd, model.num_layers)  # the plan's own validation makes this hold
     return RoundPipeLaunch(pool=rp.devices, gpu_indices=tuple(indices))
@@ -178,8 +205,11 @@ def refuse_checkpoints(checkpoint_dir: Any, resume: bool) -> None:
     """``autotune train`` of a roundpipe plan: checkpoints are not implemented, said before launching."""
     if checkpoint_dir is not None or resume:
         flag = "--resume" if resume else "--checkpoint-dir"
-        raise SpecError(flag, "", "checkpoints of roundpipe plans are not implemented yet; train without "
-                                  "--checkpoint-dir / --resume")
+        raise SpecError(
+            flag,
+            "",
+            "checkpoints of roundpipe plans are not implemented yet; train without --checkpoint-dir / --resume",
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -194,8 +224,8 @@ class RoundPipeTrainer:
         import torch
         from torch import nn
 
-        from runner.optim import make_optimizer
         from runner.model import StageChunk
+        from runner.optim import make_optimizer
 
         self.model_spec, self.config, self.tokens = model, config, tokens
         pipe = config.pipelines[0]
@@ -214,11 +244,12 @@ class RoundPipeTrainer:
         self.passes = self.rp_plan.accumulation_steps
         self.per_pass = pipe.num_microbatches // self.passes
         self.total_microbatches = pipe.num_microbatches
-        self.run_config = roundpipe.RoundPipeRunConfig(num_microbatch=self.per_pass,
-                                                       recompute_grain=self.rp_plan.recompute_grain,
-                                                       execute_plan=plan)
-        self.model = roundpipe.RoundPipe(sequential, optim_dtype=torch.float32, name="autotune",
-                                         model_run_config=self.run_config)
+        self.run_config = roundpipe.RoundPipeRunConfig(
+            num_microbatch=self.per_pass, recompute_grain=self.rp_plan.recompute_grain, execute_plan=plan
+        )
+        self.model = roundpipe.RoundPipe(
+            sequential, optim_dtype=torch.float32, name="autotune", model_run_config=self.run_config
+        )
         self.optimizer = make_optimizer(list(self.model.optim_parameters()))
         self.rows_per_pass = self.per_pass * config.micro_batch_size
 
@@ -237,8 +268,9 @@ class RoundPipeTrainer:
         total = 0.0
         for a in range(self.passes):
             rows = slice(a * self.rows_per_pass, (a + 1) * self.rows_per_pass)
-            loss = self.model.forward_backward(input_args=(inputs[rows],), label=targets[rows], loss_fn=self._loss,
-                                               run_config=self.run_config)
+            loss = self.model.forward_backward(
+                input_args=(inputs[rows],), label=targets[rows], loss_fn=self._loss, run_config=self.run_config
+            )
             total += float(loss)
         self.model.step(self._step_fn)  # asynchronous host optimizer (RoundPipe's default)
         return total
@@ -313,16 +345,25 @@ def _profile(job: dict, cluster: ClusterSpec, model: ModelSpec, config: Parallel
         free, total = torch.cuda.mem_get_info(k)
         peak[device] = max(allocated[device], (total - free) / GiB)
     tokens_per_s = model.global_batch_size * model.seq_len / iteration
-    peak_flops = sum(cluster.device(d).matmul_peak_tflops(effective_precision(cluster.device(d), model.precision))
-                     for d in pool) * 1e12
+    peak_flops = (
+        sum(cluster.device(d).matmul_peak_tflops(effective_precision(cluster.device(d), model.precision)) for d in pool)
+        * 1e12
+    )
     busy = trainer.stage_busy_s()
     bubble = max(0.0, 1.0 - sum(busy) / (len(pool) * iteration)) if busy else 0.0
     over = [(d, g, cluster.device(d).memory_GiB) for d, g in peak.items() if g > cluster.device(d).memory_GiB]
-    m = Measurement(tokens_per_s=tokens_per_s, iteration_time_s=iteration, oom=bool(over), peak_memory_GiB=peak,
-                    mfu=tokens_per_s * flops_per_token(model) / peak_flops, bubble_fraction=bubble, stage_busy_s=busy,
-                    status="oom" if over else "ok",
-                    error=f"device {over[0][0]} used {over[0][1]:.2f} GiB, more than its {over[0][2]:.2f} GiB"
-                    if over else "", allocated_memory_GiB=allocated)
+    m = Measurement(
+        tokens_per_s=tokens_per_s,
+        iteration_time_s=iteration,
+        oom=bool(over),
+        peak_memory_GiB=peak,
+        mfu=tokens_per_s * flops_per_token(model) / peak_flops,
+        bubble_fraction=bubble,
+        stage_busy_s=busy,
+        status="oom" if over else "ok",
+        error=f"device {over[0][0]} used {over[0][1]:.2f} GiB, more than its {over[0][2]:.2f} GiB" if over else "",
+        allocated_memory_GiB=allocated,
+    )
     log.info("measured %.1f tokens/s, %.3f s/iteration", m.tokens_per_s, m.iteration_time_s)
     Path(job["out_dir"], "result.json").write_text(json.dumps({"measurement": m.to_dict(), "losses": losses}))
 

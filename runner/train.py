@@ -18,15 +18,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
-import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from autotune.errors import SpecError
 from autotune.loading import load_cluster, load_config, load_model
@@ -35,16 +35,26 @@ from runner.metrics import MlflowLogger
 
 log = logging.getLogger(__name__)
 
-_MULTI_NODE_FLAGS = ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-addr", "--master_addr",
-                     "--rdzv-backend", "--rdzv_backend", "--node-rank", "--node_rank")
+_MULTI_NODE_FLAGS = (
+    "--nnodes",
+    "--rdzv-endpoint",
+    "--rdzv_endpoint",
+    "--master-addr",
+    "--master_addr",
+    "--rdzv-backend",
+    "--rdzv_backend",
+    "--node-rank",
+    "--node_rank",
+)
 
 
 # --------------------------------------------------------------------------------------------------
 # Each rank
 
 
-def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank: int, device,
-               fault: Callable[[int], None]) -> None:
+def train_rank(
+    job: dict, layout, model: ModelSpec, config: ParallelConfig, rank: int, device, fault: Callable[[int], None]
+) -> None:
     import torch  # noqa: F401  (worker side only)
 
     from runner import checkpoint
@@ -53,8 +63,7 @@ def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank
 
     seed = int(job.get("seed", 0))
     tokens = TokenSource(model, seed, job.get("data"))
-    engine = Engine(layout, model, rank, device, schedule=config.schedule,
-                    seed=seed, tokens=tokens)
+    engine = Engine(layout, model, rank, device, schedule=config.schedule, seed=seed, tokens=tokens)
     ckpt_dir = job.get("checkpoint_dir")
     every = int(job.get("checkpoint_every") or 0)
     start = 0
@@ -98,8 +107,9 @@ def train_rank(job: dict, layout, model: ModelSpec, config: ParallelConfig, rank
         if ckpt_dir and saved_at != done:
             checkpoint.save(ckpt_dir, engine, done)
         if rank == 0:
-            Path(job["out_dir"], "result.json").write_text(json.dumps({"steps_done": done,
-                                                                       "stopped": stop["requested"]}))
+            Path(job["out_dir"], "result.json").write_text(
+                json.dumps({"steps_done": done, "stopped": stop["requested"]})
+            )
     finally:
         for f in (metrics, progress):
             if f:
@@ -210,19 +220,37 @@ def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str]) 
         cmd.append("--standalone")
     if not flags & {"--nproc-per-node", "--nproc_per_node"}:
         if flags & set(_MULTI_NODE_FLAGS):
-            raise SpecError("torchrun", "--nproc-per-node", f"is required with multi-node flags (the config has "
-                                                            f"{world_size} devices in all; give each node's count)")
+            raise SpecError(
+                "torchrun",
+                "--nproc-per-node",
+                f"is required with multi-node flags (the config has "
+                f"{world_size} devices in all; give each node's count)",
+            )
         cmd += ["--nproc-per-node", str(world_size)]
     if not flags & {"--log-dir", "--log_dir"}:  # else torchrun leaves a /tmp/torchelastic_* folder per run
         cmd += ["--log-dir", str(job_path.parent / "torchrun")]
     return cmd + args + ["-m", "runner.worker", str(job_path)]
 
 
-def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
-          resume: bool = False, metrics_out: str | Path | None = None, data: str | Path | None = None,
-          tracking_uri: str | None = None, seed: int = 0, torchrun_args: list[str] | None = None,
-          global_batch_size: int | None = None, timeout_s: float | None = None,
-          quiet: bool = False, on_step: Callable[[dict], None] | None = None) -> TrainOutcome:
+def train(
+    cluster,
+    model,
+    config,
+    *,
+    steps: int,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    metrics_out: str | Path | None = None,
+    data: str | Path | None = None,
+    tracking_uri: str | None = None,
+    seed: int = 0,
+    torchrun_args: list[str] | None = None,
+    global_batch_size: int | None = None,
+    timeout_s: float | None = None,
+    quiet: bool = False,
+    on_step: Callable[[dict], None] | None = None,
+) -> TrainOutcome:
     """Train ``model`` under ``config`` for ``steps`` optimizer steps on torchrun-launched ranks.
 
     Bad input raises SpecError before anything is launched. ``timeout_s`` (tests) kills the whole
@@ -268,11 +296,25 @@ def train(cluster, model, config, *, steps: int, checkpoint_dir: str | Path | No
             _drop_rows_after(Path(metrics_out), checkpoint.step_of(resume_from))  # they are trained again
         run_dir = make_run_dir("autotune-train-")
         try:
-            return _launch(run_dir, cluster, model, config, layout, steps=steps, seed=seed,
-                           checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                           resume_from=resume_from, metrics_out=metrics_out, data=data,
-                           tracking_uri=tracking_uri, torchrun_args=torchrun_args, timeout_s=timeout_s, quiet=quiet,
-                           on_step=on_step)
+            return _launch(
+                run_dir,
+                cluster,
+                model,
+                config,
+                layout,
+                steps=steps,
+                seed=seed,
+                checkpoint_dir=checkpoint_dir,
+                checkpoint_every=checkpoint_every,
+                resume_from=resume_from,
+                metrics_out=metrics_out,
+                data=data,
+                tracking_uri=tracking_uri,
+                torchrun_args=torchrun_args,
+                timeout_s=timeout_s,
+                quiet=quiet,
+                on_step=on_step,
+            )
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
     finally:
@@ -316,18 +358,45 @@ def _ranks_of(pid: int) -> list[int]:
     return children
 
 
-def _launch(run_dir: Path, cluster, model, config, layout, *, steps, seed, checkpoint_dir, checkpoint_every,
-            resume_from, metrics_out, data, tracking_uri, torchrun_args, timeout_s, quiet,
-            on_step=None) -> TrainOutcome:
+def _launch(
+    run_dir: Path,
+    cluster,
+    model,
+    config,
+    layout,
+    *,
+    steps,
+    seed,
+    checkpoint_dir,
+    checkpoint_every,
+    resume_from,
+    metrics_out,
+    data,
+    tracking_uri,
+    torchrun_args,
+    timeout_s,
+    quiet,
+    on_step=None,
+) -> TrainOutcome:
     from runner.jobs import make_job
     from runner.launch import worker_env
 
-    job = make_job("train", cluster, model, config, steps=steps, seed=seed, out_dir=str(run_dir),
-                   checkpoint_dir=str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
-                   checkpoint_every=checkpoint_every, resume_from=str(resume_from) if resume_from else None,
-                   metrics_out=str(Path(metrics_out).resolve()) if metrics_out else None,
-                   data=str(Path(data).resolve()) if data else None, tracking_uri=tracking_uri,
-                   pg_timeout_s=1800)
+    job = make_job(
+        "train",
+        cluster,
+        model,
+        config,
+        steps=steps,
+        seed=seed,
+        out_dir=str(run_dir),
+        checkpoint_dir=str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
+        checkpoint_every=checkpoint_every,
+        resume_from=str(resume_from) if resume_from else None,
+        metrics_out=str(Path(metrics_out).resolve()) if metrics_out else None,
+        data=str(Path(data).resolve()) if data else None,
+        tracking_uri=tracking_uri,
+        pg_timeout_s=1800,
+    )
     job["progress_out"] = str(run_dir / "progress.jsonl")  # rank 0's steps, for on_step and the summary
     job["log_steps"] = on_step is None
     job_path = run_dir / "job.json"

@@ -79,8 +79,9 @@ def main(argv: list[str]) -> int:
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     out_dir = Path(job["out_dir"])
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"[rank{rank}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING, format=f"[rank{rank}] %(levelname)s %(name)s: %(message)s"
+    )
     try:
         run(job, rank, world, local_rank)
         return 0
@@ -91,8 +92,14 @@ def main(argv: list[str]) -> int:
         while root.__cause__ is not None:  # pipelining wraps stage errors; report the original
             root = root.__cause__
         lines = [line.strip() for line in str(root).splitlines() if line.strip()]
-        err = {"rank": rank, "type": type(root).__name__, "message": lines[0] if lines else "",
-               "oom": _is_oom(root), "time": time.time(), "traceback": traceback.format_exc()}
+        err = {
+            "rank": rank,
+            "type": type(root).__name__,
+            "message": lines[0] if lines else "",
+            "oom": _is_oom(root),
+            "time": time.time(),
+            "traceback": traceback.format_exc(),
+        }
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"error-rank{rank}.json").write_text(json.dumps(err))
         log.error("rank %d failed: %s: %s", rank, err["type"], err["message"])
@@ -117,8 +124,11 @@ def run(job: dict, rank: int, world: int, local_rank: int) -> None:
         return
     layout = build_layout(cluster, model, config)
     if world != layout.world_size:
-        raise SpecError("runner", "world size", f"launched {world} ranks but the config has {layout.world_size} "
-                                                "devices (one rank per device)")
+        raise SpecError(
+            "runner",
+            "world size",
+            f"launched {world} ranks but the config has {layout.world_size} devices (one rank per device)",
+        )
     cuda = uses_cuda(cluster, config, torch.cuda.is_available())
     if cuda:
         torch.cuda.set_device(local_rank)
@@ -132,14 +142,21 @@ def run(job: dict, rank: int, world: int, local_rank: int) -> None:
     timeout = timedelta(seconds=float(job.get("pg_timeout_s", 600)))
     init_method = job.get("init_method") if "MASTER_ADDR" not in os.environ else "env://"
     baseline_rss = _rss_bytes()
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world,
-                            timeout=timeout, device_id=device if cuda else None)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+        device_id=device if cuda else None,
+    )
     try:
         if job["mode"] == "profile":
             from runner.profile import profile_rank
 
-            profile_rank(job, layout, cluster, model, config, rank, device, baseline_rss, _peak_rss_bytes,
-                         fault=_inject_fault)
+            profile_rank(
+                job, layout, cluster, model, config, rank, device, baseline_rss, _peak_rss_bytes, fault=_inject_fault
+            )
         elif job["mode"] == "train":
             from runner.train import train_rank
 

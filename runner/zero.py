@@ -68,9 +68,22 @@ def _pinned(numel: int, cuda: bool) -> torch.Tensor:
 class Unit:
     """One weight key's sharded state on this rank."""
 
-    def __init__(self, key: str, params: list[nn.Parameter], modules: list[nn.Module], holders: tuple[int, ...],
-                 rank: int, zero: int, offload: str, device: torch.device, ag_group, rs_group,
-                 max_microbatches: int, own_microbatches: int, asynchronous: bool = False) -> None:
+    def __init__(
+        self,
+        key: str,
+        params: list[nn.Parameter],
+        modules: list[nn.Module],
+        holders: tuple[int, ...],
+        rank: int,
+        zero: int,
+        offload: str,
+        device: torch.device,
+        ag_group,
+        rs_group,
+        max_microbatches: int,
+        own_microbatches: int,
+        asynchronous: bool = False,
+    ) -> None:
         self.key, self.params, self.modules = key, params, modules
         self.device, self.offload = device, offload
         self.cuda = device.type == "cuda"
@@ -88,8 +101,10 @@ class Unit:
         self.numel = sum(self.sizes)
         self.shard = math.ceil(self.numel / self.n_shards)
         self.padded = self.shard * self.n_shards
-        self.lo, self.hi = self.index * self.shard if self.n_shards > 1 else 0, \
-            (self.index + 1) * self.shard if self.n_shards > 1 else self.padded
+        self.lo, self.hi = (
+            self.index * self.shard if self.n_shards > 1 else 0,
+            (self.index + 1) * self.shard if self.n_shards > 1 else self.padded,
+        )
         self.pads = max(0, max_microbatches - own_microbatches)
         # mixed stages (runner.mixed): per-micro-batch reduce-scatters issued without waiting, summed in order
         self.asynchronous = asynchronous
@@ -97,29 +112,34 @@ class Unit:
         host = offload != "none"
         with torch.no_grad():
             flat = torch.zeros(self.padded, dtype=torch.float32, device=device)
-            flat[:self.numel].copy_(torch.cat([t.detach().reshape(-1).float() for t in local]))
-            mine = flat[self.lo:self.hi]
+            flat[: self.numel].copy_(torch.cat([t.detach().reshape(-1).float() for t in local]))
+            mine = flat[self.lo : self.hi]
             # the optimizer's master shard, apart from the parameters (host memory with offload)
             self.master = nn.Parameter(_pinned(self.shard, self.cuda).copy_(mine) if host else mine.clone())
             # gradients accumulated between micro-batches: a shard (zero >= 2), else the whole buffer
             acc_numel = self.shard if self.scatter_per_mb else self.padded
-            self.acc = None if self.resident else (_pinned(acc_numel, self.cuda) if host else
-                                                   torch.zeros(acc_numel, device=device))
+            self.acc = (
+                None
+                if self.resident
+                else (_pinned(acc_numel, self.cuda) if host else torch.zeros(acc_numel, device=device))
+            )
             self.weight_shard = None  # zero 3 without 'all': this rank's slice of the weights, on the device
             self.host_weights = None  # offload 'all': the weights in host memory (a shard with zero 3)
             self.flat = None
             if self.streamed:
                 if offload == "all":
-                    self.host_weights = _pinned(self.shard if self.n_shards > 1 and zero >= 3 else self.padded,
-                                                self.cuda)
-                    self.host_weights.copy_(mine if self.host_weights.numel() == self.shard and self.n_shards > 1
-                                            else flat)
+                    self.host_weights = _pinned(
+                        self.shard if self.n_shards > 1 and zero >= 3 else self.padded, self.cuda
+                    )
+                    self.host_weights.copy_(
+                        mine if self.host_weights.numel() == self.shard and self.n_shards > 1 else flat
+                    )
                 else:
                     self.weight_shard = mine.clone()
                 self.flat = flat  # the parameters become views of this buffer, freed between uses
                 offset = 0
                 for p, size, shape in zip(params, self.sizes, self.shapes):
-                    p.data = flat[offset:offset + size].view(shape)
+                    p.data = flat[offset : offset + size].view(shape)
                     offset += size
                 self._free()
             del flat, mine
@@ -211,7 +231,7 @@ class Unit:
         offset = 0
         for p, size in zip(self.params, self.sizes):
             if p.grad is not None:
-                flat[offset:offset + size].copy_(local_tensor(p.grad).reshape(-1))
+                flat[offset : offset + size].copy_(local_tensor(p.grad).reshape(-1))
             offset += size
         return flat.mul_(scale)
 
@@ -289,7 +309,7 @@ class Unit:
             elif g.numel() == self.shard:
                 grad = g
             else:
-                grad = g[self.lo:self.hi]
+                grad = g[self.lo : self.hi]
             if self.offload != "none":
                 host = _pinned(self.shard, self.cuda)
                 self._down(grad, host)
@@ -309,7 +329,8 @@ class Unit:
                 else:
                     full = torch.empty(self.padded, device=self.device)
                     self._all_gather(full, self._up(self.master)) if self.n_shards > 1 else full.copy_(
-                        self._up(self.master))
+                        self._up(self.master)
+                    )
                     self._down(full, self.host_weights)
                 return
             full = torch.empty(self.padded, device=self.device)
@@ -320,7 +341,7 @@ class Unit:
                 full.copy_(shard)
             offset = 0
             for p, size in zip(self.params, self.sizes):
-                local_tensor(p).copy_(full[offset:offset + size].view_as(local_tensor(p)))
+                local_tensor(p).copy_(full[offset : offset + size].view_as(local_tensor(p)))
                 offset += size
 
 
@@ -337,8 +358,10 @@ class ShardedState:
         counts = {r.rank: r.share or r.num_microbatches for r in layout.ranks}
         # runner.mixed weighs each micro-batch's loss by its part of the global batch already
         self.grad_weight = 1.0 if layout.mixed else self.plan.grad_weight
-        for key, tp_index, holders in layout.key_holders():
-            groups = (dist.new_group(list(holders)), dist.new_group(list(holders))) if len(holders) > 1 else (None, None)
+        for key, _tp_index, holders in layout.key_holders():
+            groups = (
+                (dist.new_group(list(holders)), dist.new_group(list(holders))) if len(holders) > 1 else (None, None)
+            )
             if rank not in holders:
                 continue
             params = module.params_of(key)
@@ -348,8 +371,20 @@ class ShardedState:
                 modules = [module.norm, module.head]
             else:
                 modules = [module.blocks[key.removeprefix("layer")]]
-            unit = Unit(key, params, modules, holders, rank, layout.zero, self.plan.offload, device, *groups,
-                        max(counts[h] for h in holders), counts[rank], asynchronous=layout.mixed)
+            unit = Unit(
+                key,
+                params,
+                modules,
+                holders,
+                rank,
+                layout.zero,
+                self.plan.offload,
+                device,
+                *groups,
+                max(counts[h] for h in holders),
+                counts[rank],
+                asynchronous=layout.mixed,
+            )
             unit.factor = 1.0 if layout.mixed else 1.0 / layout.total_microbatches
             self.units.append(unit)
         self.optimizer = torch.optim.AdamW([u.master for u in self.units], **ADAMW, foreach=False)
@@ -409,8 +444,10 @@ class ShardedState:
         """Tensors of the right shapes for loading into (every unit, as a resumed rank needs them)."""
         out = {}
         for u in self.units:
-            name = f"{u.key}.tp{self.plan.tp_index}.shard{u.index if u.n_shards > 1 else 0}of" \
-                   f"{u.n_shards if u.n_shards > 1 else 1}"
+            name = (
+                f"{u.key}.tp{self.plan.tp_index}.shard{u.index if u.n_shards > 1 else 0}of"
+                f"{u.n_shards if u.n_shards > 1 else 1}"
+            )
             out[f"{name}.master"] = torch.empty_like(u.master.detach())
             if steps_done:
                 out[f"{name}.exp_avg"] = torch.empty_like(u.master.detach())
@@ -421,12 +458,15 @@ class ShardedState:
     def load_state_dict(self, state: dict) -> None:
         with torch.no_grad():
             for u in self.units:
-                name = f"{u.key}.tp{self.plan.tp_index}.shard{u.index if u.n_shards > 1 else 0}of" \
-                       f"{u.n_shards if u.n_shards > 1 else 1}"
+                name = (
+                    f"{u.key}.tp{self.plan.tp_index}.shard{u.index if u.n_shards > 1 else 0}of"
+                    f"{u.n_shards if u.n_shards > 1 else 1}"
+                )
                 u.master.copy_(state[f"{name}.master"])
                 if f"{name}.exp_avg" in state:
-                    self.optimizer.state[u.master] = {"step": state[f"{name}.step"].clone(),
-                                                      "exp_avg": state[f"{name}.exp_avg"].clone().to(u.master.device),
-                                                      "exp_avg_sq": state[f"{name}.exp_avg_sq"].clone().to(
-                                                          u.master.device)}
+                    self.optimizer.state[u.master] = {
+                        "step": state[f"{name}.step"].clone(),
+                        "exp_avg": state[f"{name}.exp_avg"].clone().to(u.master.device),
+                        "exp_avg_sq": state[f"{name}.exp_avg_sq"].clone().to(u.master.device),
+                    }
                 u.write_back()

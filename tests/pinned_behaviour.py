@@ -15,12 +15,18 @@ from pathlib import Path
 from typing import Any
 
 PINNED = Path(__file__).parent / "data" / "pinned_behaviour.json"
-SEARCH_SCENARIOS = (("mixed-a100-v100", "gpt2-xl"), ("mixed-h100-a100-32", "llama2-13b"),
-                    ("mixed-consumer-16", "mixtral-8x7b"))
+SEARCH_SCENARIOS = (
+    ("mixed-a100-v100", "gpt2-xl"),
+    ("mixed-h100-a100-32", "llama2-13b"),
+    ("mixed-consumer-16", "mixtral-8x7b"),
+)
 SEARCH_METHODS = (("dp", 6), ("random", 12), ("optuna", 12), ("rl", 12), ("uniform", 8))
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-SWEEP_SCENARIOS = SEARCH_SCENARIOS + ((str(EXAMPLES / "8x4090.yaml"), "llama2-13b"),
-                                      (str(EXAMPLES / "spes-16-internet.yaml"), "spes-2b"), ("cpu-hetero", "tiny"))
+SWEEP_SCENARIOS = SEARCH_SCENARIOS + (
+    (str(EXAMPLES / "8x4090.yaml"), "llama2-13b"),
+    (str(EXAMPLES / "spes-16-internet.yaml"), "spes-2b"),
+    ("cpu-hetero", "tiny"),
+)
 SEED = 3
 SWEEP_PLANS = 25
 
@@ -34,8 +40,16 @@ def searches(scenarios=SEARCH_SCENARIOS, methods=SEARCH_METHODS) -> list[dict[st
             for method, budget in methods:
                 storage = {"storage": f"sqlite:///{tmp}/{cluster}.db"} if method == "optuna" else {}
                 r = tune(cluster, model, method=method, budget=budget, seed=SEED, track=False, **storage)
-                out.append({"cluster": cluster, "model": model, "method": method, "budget": budget,
-                            "best_config": r.best_config.to_dict(), "best_curve": list(r.best_curve)})
+                out.append(
+                    {
+                        "cluster": cluster,
+                        "model": model,
+                        "method": method,
+                        "budget": budget,
+                        "best_config": r.best_config.to_dict(),
+                        "best_curve": list(r.best_curve),
+                    }
+                )
     return out
 
 
@@ -53,15 +67,25 @@ def sweep(scenarios=SWEEP_SCENARIOS, plans: int = SWEEP_PLANS) -> list[dict[str,
         rng = np.random.default_rng(7)
         for _ in range(plans):
             _, config = space.sample_valid(rng)
-            out.append({"cluster": Path(cluster).name, "model": model, "config": config.to_dict(),
-                        "measurement": sim.evaluate(config).to_dict()})
+            out.append(
+                {
+                    "cluster": Path(cluster).name,
+                    "model": model,
+                    "config": config.to_dict(),
+                    "measurement": sim.evaluate(config).to_dict(),
+                }
+            )
     return out
 
 
 def close(a: Any, b: Any, rel: float = 1e-9, where: str = "") -> list[str]:
     """Where two JSON values differ (floats within ``rel``)."""
     if isinstance(a, float) or isinstance(b, float):
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= rel * max(abs(a), abs(b), 1e-30):
+        if (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
+        ):
             return []
         return [f"{where}: {a!r} != {b!r}"]
     if isinstance(a, dict) and isinstance(b, dict):

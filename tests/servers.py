@@ -19,9 +19,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -89,26 +89,50 @@ def postgres_server() -> Iterator[str]:
         if user:
             shutil.chown(d, user)
             os.chmod(d, 0o700)
-    subprocess.run([initdb, "-D", str(data), "-A", "trust", "-U", "autotune", "--no-sync"], check=True,
-                   capture_output=True, user=user, timeout=120)
+    subprocess.run(
+        [initdb, "-D", str(data), "-A", "trust", "-U", "autotune", "--no-sync"],
+        check=True,
+        capture_output=True,
+        user=user,
+        timeout=120,
+    )
     port = free_port()
-    proc = subprocess.Popen([postgres, "-D", str(data), "-p", str(port), "-k", str(sock),
-                             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=50"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, user=user, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        [
+            postgres,
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-k",
+            str(sock),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "max_connections=50",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        user=user,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
     try:
         import psycopg
 
         deadline = time.time() + 60
         while True:
             try:
-                with psycopg.connect(f"host=127.0.0.1 port={port} user=autotune dbname=postgres",
-                                     autocommit=True) as conn:
+                with psycopg.connect(
+                    f"host=127.0.0.1 port={port} user=autotune dbname=postgres", autocommit=True
+                ) as conn:
                     conn.execute("CREATE DATABASE optuna")
                 break
             except psycopg.OperationalError:
                 if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"PostgreSQL did not start: {proc.stderr.read().decode()[-2000:]}")
+                    raise RuntimeError(f"PostgreSQL did not start: {proc.stderr.read().decode()[-2000:]}") from None
                 time.sleep(0.3)
         yield f"postgresql://autotune@127.0.0.1:{port}/optuna"
     finally:
@@ -123,12 +147,28 @@ def mlflow_server(root: Path, start_timeout_s: float = 180.0) -> Iterator[str]:
     port = free_port()
     exe = Path(sys.executable).with_name("mlflow")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "mlflow"]
-    cmd += ["server", "--backend-store-uri", f"sqlite:///{root}/server.db", "--host", "127.0.0.1",
-            "--port", str(port), "--workers", "1"]
+    cmd += [
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root}/server.db",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     log = open(root / "server.log", "w")
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=root,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + start_timeout_s  # 15-30 s on an idle 2-core machine

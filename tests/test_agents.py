@@ -5,18 +5,25 @@ from __future__ import annotations
 import pytest
 
 from autotune import load_cluster, load_model
+from autotune.planning.budget import BudgetedEvaluator, BudgetExhausted
+from autotune.planning.space import SearchSpace
 from autotune.search.agents import run_exhaustive, run_random, run_uniform
 from autotune.search.agents.rl import make_model, run_rl
 from autotune.search.agents.shared_study import open_study
 from autotune.search.agents.tpe import run_optuna
-from autotune.planning.budget import BudgetedEvaluator, BudgetExhausted
-from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
 from autotune.specs import ParallelConfig
 
 # A tiny heterogeneous space: 2 fast + 2 (emulated 2x) slow CPU ranks, the tiny model.
-TINY = dict(schedule=["1f1b"], recompute=["none"], mbs=[1, 2], layer_split=[0.0, 1.0], batch_split=[0.0, 1.0],
-            zero=[0], offload=["none"])  # the agents on a small space (ZeRO / offload: tests/test_zero_search.py)
+TINY = dict(
+    schedule=["1f1b"],
+    recompute=["none"],
+    mbs=[1, 2],
+    layer_split=[0.0, 1.0],
+    batch_split=[0.0, 1.0],
+    zero=[0],
+    offload=["none"],
+)  # the agents on a small space (ZeRO / offload: tests/test_zero_search.py)
 
 
 class CountingSimulator(Simulator):
@@ -67,8 +74,9 @@ def test_method_finds_the_exhaustive_optimum_on_a_tiny_space(tiny, method):
 def test_uniform_finds_the_optimum_on_a_homogeneous_cluster():
     cluster, model = load_cluster("cpu-4"), load_model("tiny")
     # without ZeRO / offload (their variants would take the grid past the budget of 100)
-    space = SearchSpace(cluster, model, restrict={"schedule": ["1f1b"], "recompute": ["none"], "zero": [0],
-                                                  "offload": ["none"]})
+    space = SearchSpace(
+        cluster, model, restrict={"schedule": ["1f1b"], "recompute": ["none"], "zero": [0], "offload": ["none"]}
+    )
     sim = Simulator(cluster, model)
     optimum = max(sim.evaluate(cfg).score() for _, cfg in space.enumerate())
     ev = fresh(space, 100)
@@ -101,8 +109,12 @@ def test_budget_counts_distinct_plans_and_repeats_are_free(tiny):
 def test_invalid_plans_cost_nothing(tiny):
     space, _, _ = tiny
     ev = fresh(space, 2)
-    bad = ParallelConfig.from_dict({"micro_batch_size": 1, "pipelines": [
-        {"num_microbatches": 8, "stages": [{"devices": ["fast:0"], "layers": 3}]}]})
+    bad = ParallelConfig.from_dict(
+        {
+            "micro_batch_size": 1,
+            "pipelines": [{"num_microbatches": 8, "stages": [{"devices": ["fast:0"], "layers": 3}]}],
+        }
+    )
     m = ev.evaluate(bad)
     assert m.status == "invalid" and "layers sum to 3" in m.error
     assert ev.used == 0 and ev.invalid == 1

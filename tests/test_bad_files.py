@@ -15,16 +15,31 @@ from autotune.documents import MAX_DEPTH, MAX_FILE_BYTES
 from autotune.specs import LIMITS, MAX_DEVICES
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = {"name": "m", "num_layers": 4, "hidden_size": 64, "num_heads": 4, "ffn_hidden_size": 256,
-         "vocab_size": 256, "seq_len": 64, "global_batch_size": 8}
-CLUSTER = {"name": "c", "nodes": [{"name": "cpu", "gpu": "cpu", "count": 2}],
-           "network": {"bandwidth_GBps": 1.0, "latency_us": 10}}
-PLAN = {"micro_batch_size": 1, "schedule": "1f1b",
-        "pipelines": [{"num_microbatches": 8, "stages": [{"devices": ["cpu:0"], "layers": 4}]}]}
+MODEL = {
+    "name": "m",
+    "num_layers": 4,
+    "hidden_size": 64,
+    "num_heads": 4,
+    "ffn_hidden_size": 256,
+    "vocab_size": 256,
+    "seq_len": 64,
+    "global_batch_size": 8,
+}
+CLUSTER = {
+    "name": "c",
+    "nodes": [{"name": "cpu", "gpu": "cpu", "count": 2}],
+    "network": {"bandwidth_GBps": 1.0, "latency_us": 10},
+}
+PLAN = {
+    "micro_batch_size": 1,
+    "schedule": "1f1b",
+    "pipelines": [{"num_microbatches": 8, "stages": [{"devices": ["cpu:0"], "layers": 4}]}],
+}
 
 
 def simulate(capsys, tmp_path, cluster=None, model=None, config=None, extra=()) -> tuple[int, str]:
     """``autotune simulate`` on the given documents (dicts are written as JSON, bytes as they are)."""
+
     def path(name, doc, default):
         p = tmp_path / name
         doc = default if doc is None else doc
@@ -32,8 +47,17 @@ def simulate(capsys, tmp_path, cluster=None, model=None, config=None, extra=()) 
         return str(p)
 
     argv = sys.argv
-    sys.argv = ["autotune", "simulate", "--cluster", path("cluster.json", cluster, CLUSTER),
-                "--model", path("model.json", model, MODEL), "--config", path("plan.json", config, PLAN), *extra]
+    sys.argv = [
+        "autotune",
+        "simulate",
+        "--cluster",
+        path("cluster.json", cluster, CLUSTER),
+        "--model",
+        path("model.json", model, MODEL),
+        "--config",
+        path("plan.json", config, PLAN),
+        *extra,
+    ]
     try:
         cli.main()
         code = 0
@@ -59,19 +83,27 @@ def test_the_plain_files_work(capsys, tmp_path):
 
 # -- bad files ------------------------------------------------------------------------------------------
 
-BOMB = "\n".join([f"l0: &l0 [{', '.join(['lol'] * 9)}]"]
-                 + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]) + "\nname: *l8\n"
+BOMB = (
+    "\n".join(
+        [f"l0: &l0 [{', '.join(['lol'] * 9)}]"]
+        + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    )
+    + "\nname: *l8\n"
+)
 
 
-@pytest.mark.parametrize("kind,content,message", [
-    ("latin-1 byte in a comment", b"# caf\xe9\nnum_layers: 4\n", "is not UTF-8 text: byte 0xe9 at line 1"),
-    ("binary", bytes(range(256)) * 8, "is not UTF-8 text"),
-    ("5000-deep YAML", ("a: " + "[" * 5000 + "]" * 5000 + "\n").encode(), "nested too deeply"),
-    ("40-deep YAML", ("a: " + "[" * 40 + "]" * 40 + "\n").encode(), f"nested deeper than the limit of {MAX_DEPTH}"),
-    ("mixed-type keys", b"name: m\n1: 2\nnum_layers: 4\n", "key 1 must be a string"),
-    ("huge integer", ("vocab_size: " + "9" * 400 + "\n").encode(), "vocab_size: integer 9999"),
-    ("alias bomb", BOMB.encode(), "holds more than 1,000,000 values"),
-])
+@pytest.mark.parametrize(
+    "kind,content,message",
+    [
+        ("latin-1 byte in a comment", b"# caf\xe9\nnum_layers: 4\n", "is not UTF-8 text: byte 0xe9 at line 1"),
+        ("binary", bytes(range(256)) * 8, "is not UTF-8 text"),
+        ("5000-deep YAML", ("a: " + "[" * 5000 + "]" * 5000 + "\n").encode(), "nested too deeply"),
+        ("40-deep YAML", ("a: " + "[" * 40 + "]" * 40 + "\n").encode(), f"nested deeper than the limit of {MAX_DEPTH}"),
+        ("mixed-type keys", b"name: m\n1: 2\nnum_layers: 4\n", "key 1 must be a string"),
+        ("huge integer", ("vocab_size: " + "9" * 400 + "\n").encode(), "vocab_size: integer 9999"),
+        ("alias bomb", BOMB.encode(), "holds more than 1,000,000 values"),
+    ],
+)
 def test_bad_yaml_model_files(capsys, tmp_path, kind, content, message):
     assert len(BOMB) < 600  # the campaign's bomb was 515 bytes
     path = tmp_path / "model.yaml"
@@ -92,8 +124,9 @@ def test_5000_deep_json_plan(capsys, tmp_path):
 
 
 def test_infinite_number_in_json(capsys, tmp_path):
-    code, err = simulate(capsys, tmp_path, model=json.dumps(MODEL).replace('"vocab_size": 256',
-                                                                          '"vocab_size": 1e400').encode())
+    code, err = simulate(
+        capsys, tmp_path, model=json.dumps(MODEL).replace('"vocab_size": 256', '"vocab_size": 1e400').encode()
+    )
     one_line(code, err, "model.json: vocab_size: must be a finite number, got inf")
 
 
@@ -127,24 +160,35 @@ def _set(doc: dict, path: str, value) -> dict:
 
 #: where each limited field sits in the three documents
 WHERE = {
-    "count": ("cluster", "nodes.0.count"), "repeat": ("cluster", "nodes.0.repeat"),
-    "latency_us": ("cluster", "network.latency_us"), "slowdown": ("cluster", "nodes.0.slowdown"),
-    "num_layers": ("model", "num_layers"), "hidden_size": ("model", "hidden_size"),
-    "num_heads": ("model", "num_heads"), "num_kv_heads": ("model", "num_kv_heads"),
-    "ffn_hidden_size": ("model", "ffn_hidden_size"), "vocab_size": ("model", "vocab_size"),
-    "seq_len": ("model", "seq_len"), "global_batch_size": ("model", "global_batch_size"),
-    "num_experts": ("model", "num_experts"), "experts_per_token": ("model", "experts_per_token"),
-    "expert_ffn_hidden_size": ("model", "expert_ffn_hidden_size"), "moe_layer_every": ("model", "moe_layer_every"),
-    "expert_parallel": ("config", "expert_parallel"), "sync_every_steps": ("config", "sync_every_steps"),
-    "micro_batch_size": ("config", "micro_batch_size"), "num_microbatches": ("config", "pipelines.0.num_microbatches"),
-    "virtual_stages": ("config", "virtual_stages"), "layers": ("config", "pipelines.0.stages.0.layers"),
+    "count": ("cluster", "nodes.0.count"),
+    "repeat": ("cluster", "nodes.0.repeat"),
+    "latency_us": ("cluster", "network.latency_us"),
+    "slowdown": ("cluster", "nodes.0.slowdown"),
+    "num_layers": ("model", "num_layers"),
+    "hidden_size": ("model", "hidden_size"),
+    "num_heads": ("model", "num_heads"),
+    "num_kv_heads": ("model", "num_kv_heads"),
+    "ffn_hidden_size": ("model", "ffn_hidden_size"),
+    "vocab_size": ("model", "vocab_size"),
+    "seq_len": ("model", "seq_len"),
+    "global_batch_size": ("model", "global_batch_size"),
+    "num_experts": ("model", "num_experts"),
+    "experts_per_token": ("model", "experts_per_token"),
+    "expert_ffn_hidden_size": ("model", "expert_ffn_hidden_size"),
+    "moe_layer_every": ("model", "moe_layer_every"),
+    "expert_parallel": ("config", "expert_parallel"),
+    "sync_every_steps": ("config", "sync_every_steps"),
+    "micro_batch_size": ("config", "micro_batch_size"),
+    "num_microbatches": ("config", "pipelines.0.num_microbatches"),
+    "virtual_stages": ("config", "virtual_stages"),
+    "layers": ("config", "pipelines.0.stages.0.layers"),
 }
 
 
 def test_every_limit_is_placed_here_and_documented():
     assert set(WHERE) == set(LIMITS)
     docs = (ROOT / "docs" / "formats.md").read_text()
-    section = docs[docs.index("## Limits"):]
+    section = docs[docs.index("## Limits") :]
     for name, limit in LIMITS.items():
         assert re.search(rf"`{name}`[^\n]*{int(limit):,}", section), name
     assert f"{MAX_DEVICES:,}" in section
@@ -172,13 +216,16 @@ def test_total_devices_and_global_batch_size_option(capsys, tmp_path):
 # -- echoed values ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind,path,value", [
-    ("cluster", "nodes.0.gpu", "x" * 100_000),
-    ("model", "num_layers", "7" * 100_000),
-    ("model", "mlp", ["a"] * 100_000),
-    ("config", "schedule", "y" * 100_000),
-    ("cluster", "nodes.0.name", "z" * 100_000),
-])
+@pytest.mark.parametrize(
+    "kind,path,value",
+    [
+        ("cluster", "nodes.0.gpu", "x" * 100_000),
+        ("model", "num_layers", "7" * 100_000),
+        ("model", "mlp", ["a"] * 100_000),
+        ("config", "schedule", "y" * 100_000),
+        ("cluster", "nodes.0.name", "z" * 100_000),
+    ],
+)
 def test_echoed_values_are_cut_short(capsys, tmp_path, kind, path, value):
     docs = {"cluster": CLUSTER, "model": MODEL, "config": PLAN}
     docs[kind] = _set(docs[kind], path, value)

@@ -31,9 +31,16 @@ network: {bandwidth_GBps: 5, latency_us: 20}
 
 
 def plan(mbs, *pipelines):
-    return load_config({"micro_batch_size": mbs, "schedule": "1f1b", "pipelines": [
-        {"num_microbatches": m, "stages": [{"devices": [d], "layers": n, "recompute": r} for d, n, r in stages]}
-        for m, stages in pipelines]})
+    return load_config(
+        {
+            "micro_batch_size": mbs,
+            "schedule": "1f1b",
+            "pipelines": [
+                {"num_microbatches": m, "stages": [{"devices": [d], "layers": n, "recompute": r} for d, n, r in stages]}
+                for m, stages in pipelines
+            ],
+        }
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -64,8 +71,12 @@ def test_layer_benchmark_times_and_activation_bytes():
 
 def test_matmul_curve_indexes_by_cube_root_and_averages_duplicates():
     # 128 x 32 x 64 has the same cube root (64) as 64^3: all three land on n = 64
-    pts = [bench.MatmulPoint(64, 64, 64, 1e-3), bench.MatmulPoint(64, 64, 64, 2e-3), bench.MatmulPoint(128, 32, 64, 1e-3),
-           bench.MatmulPoint(128, 128, 128, 1e-3)]
+    pts = [
+        bench.MatmulPoint(64, 64, 64, 1e-3),
+        bench.MatmulPoint(64, 64, 64, 2e-3),
+        bench.MatmulPoint(128, 32, 64, 1e-3),
+        bench.MatmulPoint(128, 128, 128, 1e-3),
+    ]
     curve = profiler.matmul_curve(pts)
     assert [n for n, _ in curve] == [64.0, 128.0]
     assert curve[0][1] == pytest.approx(sum(p.tflops for p in pts[:3]) / 3)
@@ -81,9 +92,13 @@ def test_profile_command_writes_a_profile_that_simulate_uses(tmp_path):
     cluster = tmp_path / "mixed.yaml"
     cluster.write_text(MIXED_CLUSTER)
     out = tmp_path / "profile.json"
-    run = subprocess.run(AUTOTUNE + ["profile", "--cluster", str(cluster), "--model", "tiny", "--output", str(out),
-                                     "--quick"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=900)  # a hang guard: 9 min wall (1.6 min CPU) at load 17 on 2 cores
+    run = subprocess.run(
+        AUTOTUNE + ["profile", "--cluster", str(cluster), "--model", "tiny", "--output", str(out), "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # a hang guard: 9 min wall (1.6 min CPU) at load 17 on 2 cores
     assert run.returncode == 0, run.stderr
     # the GPU type is reported and skipped, not fatal
     assert "A100-80GB: skipped: no CUDA device here" in " ".join(run.stderr.split())
@@ -101,12 +116,29 @@ def test_profile_command_writes_a_profile_that_simulate_uses(tmp_path):
     assert "A100-80GB" in prof.notes
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"micro_batch_size": 2, "pipelines": [
-        {"num_microbatches": 4, "stages": [{"devices": ["cpu:0"], "layers": 3}, {"devices": ["cpu:1"], "layers": 1}]}]}))
+    config.write_text(
+        json.dumps(
+            {
+                "micro_batch_size": 2,
+                "pipelines": [
+                    {
+                        "num_microbatches": 4,
+                        "stages": [{"devices": ["cpu:0"], "layers": 3}, {"devices": ["cpu:1"], "layers": 1}],
+                    }
+                ],
+            }
+        )
+    )
 
     def simulate(*extra):
-        r = subprocess.run(AUTOTUNE + ["simulate", "--cluster", str(cluster), "--model", "tiny", "--config", str(config),
-                                       "--json", *extra], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            AUTOTUNE
+            + ["simulate", "--cluster", str(cluster), "--model", "tiny", "--config", str(config), "--json", *extra],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
@@ -121,8 +153,13 @@ def test_profile_command_writes_a_profile_that_simulate_uses(tmp_path):
 
 def test_profile_command_fails_cleanly_when_nothing_can_be_profiled(tmp_path):
     out = tmp_path / "p.json"
-    r = subprocess.run(AUTOTUNE + ["profile", "--cluster", "mixed-a100-v100", "--output", str(out)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        AUTOTUNE + ["profile", "--cluster", "mixed-a100-v100", "--output", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1
     text = " ".join(r.stderr.split())
     assert "A100-80GB: skipped: no CUDA device here" in text and "V100-32GB: skipped" in text
@@ -143,10 +180,22 @@ def test_plan_skips_gpu_types_without_cuda():
 
 
 def _profile_with_layers(model, mbs_list, forward_s_per_seq=0.01):
-    layers = tuple(LayerTiming(model.hidden_size, model.num_heads, model.num_kv_heads, model.ffn_hidden_size, model.mlp,
-                               model.seq_len, b, 1, forward_s_per_seq * b, 2 * forward_s_per_seq * b,
-                               activation_bytes=1e6 * b)
-                   for b in mbs_list)
+    layers = tuple(
+        LayerTiming(
+            model.hidden_size,
+            model.num_heads,
+            model.num_kv_heads,
+            model.ffn_hidden_size,
+            model.mlp,
+            model.seq_len,
+            b,
+            1,
+            forward_s_per_seq * b,
+            2 * forward_s_per_seq * b,
+            activation_bytes=1e6 * b,
+        )
+        for b in mbs_list
+    )
     # a matmul curve consistent with those layer times: the FLOP model then agrees with the table
     flops = bench.LayerShape.of(model).layer_flops(1, 1)
     tflops = flops / forward_s_per_seq / 1e12
@@ -209,11 +258,15 @@ def test_simulator_adds_pipeline_overhead_to_every_slot_of_multi_stage_pipelines
     assert b.iteration_time_s - a.iteration_time_s == pytest.approx((m + 4 - 1) * extra, rel=0.05)
     assert b.stage_busy_s == a.stage_busy_s  # it is not compute
     one = plan(2, (4, [("cpu:0", 4, False)]))  # no pipeline, no hand-offs
-    assert Simulator(cluster, model, with_hops).evaluate(one).iteration_time_s == \
-        Simulator(cluster, model, base).evaluate(one).iteration_time_s
+    assert (
+        Simulator(cluster, model, with_hops).evaluate(one).iteration_time_s
+        == Simulator(cluster, model, base).evaluate(one).iteration_time_s
+    )
     replicas = plan(2, (2, [("cpu:0", 4, False)]), (2, [("cpu:1", 4, False)]))
-    assert Simulator(cluster, model, with_hops).evaluate(replicas).iteration_time_s == \
-        Simulator(cluster, model, base).evaluate(replicas).iteration_time_s
+    assert (
+        Simulator(cluster, model, with_hops).evaluate(replicas).iteration_time_s
+        == Simulator(cluster, model, base).evaluate(replicas).iteration_time_s
+    )
 
 
 def test_simulator_adds_data_parallel_overhead_once_per_step_to_plans_with_replicas():
@@ -227,8 +280,10 @@ def test_simulator_adds_data_parallel_overhead_once_per_step_to_plans_with_repli
         a, b = Simulator(cluster, model, base).evaluate(config), Simulator(cluster, model, with_dp).evaluate(config)
         assert b.iteration_time_s - a.iteration_time_s == pytest.approx(extra, rel=1e-6)
     one_pipeline = plan(1, (8, [("cpu:0", 2, False), ("cpu:1", 2, False)]))  # no replicas: no gradient all-reduce
-    assert Simulator(cluster, model, with_dp).evaluate(one_pipeline).iteration_time_s == \
-        Simulator(cluster, model, base).evaluate(one_pipeline).iteration_time_s
+    assert (
+        Simulator(cluster, model, with_dp).evaluate(one_pipeline).iteration_time_s
+        == Simulator(cluster, model, base).evaluate(one_pipeline).iteration_time_s
+    )
 
 
 def test_simulator_adds_tensor_parallel_overhead_per_layer_and_micro_batch():
@@ -237,14 +292,22 @@ def test_simulator_adds_tensor_parallel_overhead_per_layer_and_micro_batch():
     base = _profile_with_layers(model, (1, 2))
     with_tp = replace(base, devices=(replace(base.devices[0], tensor_parallel_overhead=((2.0, 0.004), (4.0, 0.02))),))
     m = 4
-    tp2 = load_config({"micro_batch_size": 2, "pipelines": [
-        {"num_microbatches": m, "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": model.num_layers}]}]})
+    tp2 = load_config(
+        {
+            "micro_batch_size": 2,
+            "pipelines": [
+                {"num_microbatches": m, "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": model.num_layers}]}
+            ],
+        }
+    )
     a, b = Simulator(cluster, model, base).evaluate(tp2), Simulator(cluster, model, with_tp).evaluate(tp2)
     # one stage: every micro-batch's forward and backward pass every layer once
     assert b.iteration_time_s - a.iteration_time_s == pytest.approx(m * model.num_layers * 0.004, rel=1e-6)
     one = plan(2, (4, [("cpu:0", 4, False)]))  # tp 1: untouched
-    assert Simulator(cluster, model, with_tp).evaluate(one).iteration_time_s == \
-        Simulator(cluster, model, base).evaluate(one).iteration_time_s
+    assert (
+        Simulator(cluster, model, with_tp).evaluate(one).iteration_time_s
+        == Simulator(cluster, model, base).evaluate(one).iteration_time_s
+    )
 
 
 def test_simulator_uses_contention_and_memory_terms():
@@ -262,8 +325,10 @@ def test_simulator_uses_contention_and_memory_terms():
     assert b.iteration_time_s == pytest.approx(work * 2 / 4, rel=0.02)
     assert b.peak_memory_GiB["cpu:0"] == pytest.approx(a.peak_memory_GiB["cpu:0"] + 0.5)
     one = plan(2, (4, [("cpu:0", 4, False)]))  # a single rank does not contend
-    assert Simulator(cluster, model, stretched).evaluate(one).stage_busy_s == \
-        Simulator(cluster, model, base).evaluate(one).stage_busy_s
+    assert (
+        Simulator(cluster, model, stretched).evaluate(one).stage_busy_s
+        == Simulator(cluster, model, base).evaluate(one).stage_busy_s
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -271,8 +336,10 @@ def test_simulator_uses_contention_and_memory_terms():
 
 
 def _err(sim, truth, configs):
-    return sum(abs(sim.evaluate(c).iteration_time_s - truth.evaluate(c).iteration_time_s)
-               / truth.evaluate(c).iteration_time_s for c in configs) / len(configs)
+    return sum(
+        abs(sim.evaluate(c).iteration_time_s - truth.evaluate(c).iteration_time_s) / truth.evaluate(c).iteration_time_s
+        for c in configs
+    ) / len(configs)
 
 
 def test_online_calibration_recovers_a_deliberately_wrong_profile():
@@ -281,17 +348,25 @@ def test_online_calibration_recovers_a_deliberately_wrong_profile():
     plans it was not fitted on."""
     cluster, model = load_cluster("cpu-4"), load_model("small")
     base = _profile_with_layers(model, (1, 2, 4))
-    true_profile = replace(base, devices=(replace(base.devices[0], contention=((1.0, 1.0), (2.0, 1.1), (4.0, 2.0)),
-                                                  memory_baseline_GiB=0.1),))
+    true_profile = replace(
+        base,
+        devices=(replace(base.devices[0], contention=((1.0, 1.0), (2.0, 1.1), (4.0, 2.0)), memory_baseline_GiB=0.1),),
+    )
     truth = Simulator(cluster, model, true_profile)
-    wrong = apply_corrections(true_profile, cluster, Corrections(compute=(("cpu", 0.6),), link=2.0,
-                                                                 contention=(("cpu", 0.3),),
-                                                                 memory_GiB=(("cpu", -0.05),)))
-    fit_on = [plan(2, (8, [("cpu:0", 8, False)])),
-              plan(2, (8, [("cpu:0", 2, False), ("cpu:1", 2, False), ("cpu:2", 2, False), ("cpu:3", 2, False)]))]
-    held_out = [plan(4, (4, [("cpu:0", 4, False), ("cpu:1", 4, True)])),
-                plan(2, (4, [("cpu:0", 4, False), ("cpu:1", 4, False)]), (4, [("cpu:2", 4, False), ("cpu:3", 4, False)])),
-                plan(1, (16, [("cpu:0", 5, False), ("cpu:1", 3, False)]))]
+    wrong = apply_corrections(
+        true_profile,
+        cluster,
+        Corrections(compute=(("cpu", 0.6),), link=2.0, contention=(("cpu", 0.3),), memory_GiB=(("cpu", -0.05),)),
+    )
+    fit_on = [
+        plan(2, (8, [("cpu:0", 8, False)])),
+        plan(2, (8, [("cpu:0", 2, False), ("cpu:1", 2, False), ("cpu:2", 2, False), ("cpu:3", 2, False)])),
+    ]
+    held_out = [
+        plan(4, (4, [("cpu:0", 4, False), ("cpu:1", 4, True)])),
+        plan(2, (4, [("cpu:0", 4, False), ("cpu:1", 4, False)]), (4, [("cpu:2", 4, False), ("cpu:3", 4, False)])),
+        plan(1, (16, [("cpu:0", 5, False), ("cpu:1", 3, False)])),
+    ]
     start = Simulator(cluster, model, wrong)
     cal = OnlineCalibrator(start)
     for c in fit_on:
@@ -305,7 +380,8 @@ def test_online_calibration_recovers_a_deliberately_wrong_profile():
     assert dict(corr.memory_GiB)["cpu"] == pytest.approx(0.05, abs=1e-6)
     c = held_out[1]
     assert cal.corrected_simulator().evaluate(c).peak_memory_GiB["cpu:0"] == pytest.approx(
-        truth.evaluate(c).peak_memory_GiB["cpu:0"], rel=1e-6)
+        truth.evaluate(c).peak_memory_GiB["cpu:0"], rel=1e-6
+    )
     # the corrected profile is an ordinary profile: it survives a save and load
     assert CalibrationProfile.from_dict(json.loads(json.dumps(cal.profile.to_dict()))) == cal.profile
 
@@ -319,13 +395,16 @@ def test_online_calibration_ignores_failed_runs_and_works_without_a_profile():
     assert cal.profile == default_profile(cluster)
     # the datasheet-equivalent profile predicts what the profile-less simulator predicts
     c = plan(2, (4, [("cpu:0", 4, False)]))
-    assert cal.corrected_simulator().evaluate(c).iteration_time_s == pytest.approx(sim.evaluate(c).iteration_time_s,
-                                                                                   rel=0.02)
+    assert cal.corrected_simulator().evaluate(c).iteration_time_s == pytest.approx(
+        sim.evaluate(c).iteration_time_s, rel=0.02
+    )
     cal.update(c, Measurement.failure("timeout", "no result"))
     assert not cal.observations
     slow = sim.evaluate(c)
-    cal.update(c, replace(slow, iteration_time_s=3 * slow.iteration_time_s,
-                          stage_busy_s=tuple(3 * b for b in slow.stage_busy_s)))
+    cal.update(
+        c,
+        replace(slow, iteration_time_s=3 * slow.iteration_time_s, stage_busy_s=tuple(3 * b for b in slow.stage_busy_s)),
+    )
     assert cal.corrected_simulator().evaluate(c).iteration_time_s == pytest.approx(3 * slow.iteration_time_s, rel=0.05)
 
 
@@ -360,25 +439,38 @@ def test_negative_memory_offset_still_gives_a_saveable_profile(tmp_path) -> None
 
 
 def _noisy(m, k):
-    return replace(m, iteration_time_s=m.iteration_time_s * k, stage_busy_s=tuple(b * k for b in m.stage_busy_s),
-                   peak_memory_GiB={d: g * (2 - k) for d, g in m.peak_memory_GiB.items()})
+    return replace(
+        m,
+        iteration_time_s=m.iteration_time_s * k,
+        stage_busy_s=tuple(b * k for b in m.stage_busy_s),
+        peak_memory_GiB={d: g * (2 - k) for d, g in m.peak_memory_GiB.items()},
+    )
 
 
-SIX_PLANS = [plan(2, (8, [("cpu:0", 8, False)])),
-             plan(2, (8, [("cpu:0", 2, False), ("cpu:1", 2, False), ("cpu:2", 2, False), ("cpu:3", 2, False)])),
-             plan(4, (4, [("cpu:0", 4, False), ("cpu:1", 4, True)])),
-             plan(2, (4, [("cpu:0", 4, False), ("cpu:1", 4, False)]), (4, [("cpu:2", 4, False), ("cpu:3", 4, False)])),
-             plan(1, (16, [("cpu:0", 5, False), ("cpu:1", 3, False)])),
-             plan(1, (16, [("cpu:0", 3, False), ("cpu:1", 3, False), ("cpu:2", 2, False)]))]
+SIX_PLANS = [
+    plan(2, (8, [("cpu:0", 8, False)])),
+    plan(2, (8, [("cpu:0", 2, False), ("cpu:1", 2, False), ("cpu:2", 2, False), ("cpu:3", 2, False)])),
+    plan(4, (4, [("cpu:0", 4, False), ("cpu:1", 4, True)])),
+    plan(2, (4, [("cpu:0", 4, False), ("cpu:1", 4, False)]), (4, [("cpu:2", 4, False), ("cpu:3", 4, False)])),
+    plan(1, (16, [("cpu:0", 5, False), ("cpu:1", 3, False)])),
+    plan(1, (16, [("cpu:0", 3, False), ("cpu:1", 3, False), ("cpu:2", 2, False)])),
+]
 
 
 def test_online_calibration_keeps_a_right_profile_when_runs_only_add_noise():
     """Runs scattered +-8-12% around a profile that is right: a fit would chase the noise; the held-out
     check must keep the profile as it is."""
     cluster, model = load_cluster("cpu-4"), load_model("small")
-    profile = replace(_profile_with_layers(model, (1, 2, 4)), devices=(
-        replace(_profile_with_layers(model, (1, 2, 4)).devices[0], contention=((1.0, 1.0), (2.0, 1.1), (4.0, 2.0)),
-                memory_baseline_GiB=0.1),))
+    profile = replace(
+        _profile_with_layers(model, (1, 2, 4)),
+        devices=(
+            replace(
+                _profile_with_layers(model, (1, 2, 4)).devices[0],
+                contention=((1.0, 1.0), (2.0, 1.1), (4.0, 2.0)),
+                memory_baseline_GiB=0.1,
+            ),
+        ),
+    )
     truth = Simulator(cluster, model, profile)
     cal = OnlineCalibrator(Simulator(cluster, model, profile))
     for c, k in zip(SIX_PLANS, (1.1, 1.1, 0.9, 0.9, 1.1, 0.9)):

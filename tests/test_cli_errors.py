@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from autotune import cli
 from test_specs import CLUSTER_RULES, CONFIG_RULES, MODEL_RULES, SPEC_CLUSTER, SPEC_CONFIG, _bad_config
 
-MODEL_OK = ("num_layers: 4\nhidden_size: 64\nnum_heads: 4\nffn_hidden_size: 256\nvocab_size: 256\nseq_len: 64\n"
-            "global_batch_size: 8\n")
+from autotune import cli
+
+MODEL_OK = (
+    "num_layers: 4\nhidden_size: 64\nnum_heads: 4\nffn_hidden_size: 256\nvocab_size: 256\nseq_len: 64\n"
+    "global_batch_size: 8\n"
+)
 
 
 def _simulate(capsys, *args: str) -> tuple[int, str, str]:
@@ -50,8 +52,17 @@ def files(tmp_path: Path) -> dict[str, Path]:
 def test_config_rules(capsys, files, changes: dict, message: str) -> None:
     bad = files["dir"] / "bad.json"
     bad.write_text(json.dumps(_bad_config(**changes)))
-    code, _, err = _simulate(capsys, "--cluster", str(files["cluster"]), "--model", "llama2-7b", "--config", str(bad),
-                             "--global-batch-size", "128")
+    code, _, err = _simulate(
+        capsys,
+        "--cluster",
+        str(files["cluster"]),
+        "--model",
+        "llama2-7b",
+        "--config",
+        str(bad),
+        "--global-batch-size",
+        "128",
+    )
     _assert_one_line(code, err, message)
     assert str(bad) in err
 
@@ -68,8 +79,9 @@ def test_cluster_rules(capsys, files, text: str, message: str) -> None:
 def test_model_rules(capsys, files, text: str, message: str) -> None:
     bad = files["dir"] / "bad-model.yaml"
     bad.write_text(text)
-    code, _, err = _simulate(capsys, "--cluster", str(files["cluster"]), "--model", str(bad), "--config",
-                             str(files["config"]))
+    code, _, err = _simulate(
+        capsys, "--cluster", str(files["cluster"]), "--model", str(bad), "--config", str(files["config"])
+    )
     _assert_one_line(code, err, message)
 
 
@@ -93,8 +105,12 @@ def test_files_presets_and_options(capsys, files, override: list[str], message: 
     (d / "broken.json").write_text('{"micro_batch_size": 2,')
     (d / "list.json").write_text("[1, 2]")
     (d / "model.yaml").write_text(MODEL_OK)
-    args = {"--cluster": str(files["cluster"]), "--model": "llama2-7b", "--config": str(files["config"]),
-            "--global-batch-size": "128"}
+    args = {
+        "--cluster": str(files["cluster"]),
+        "--model": "llama2-7b",
+        "--config": str(files["config"]),
+        "--global-batch-size": "128",
+    }
     args[override[0]] = override[1].format(dir=d)
     flat = [x for kv in args.items() for x in kv]
     code, _, err = _simulate(capsys, *flat)
@@ -103,9 +119,18 @@ def test_files_presets_and_options(capsys, files, override: list[str], message: 
 
 def test_spec_example_json(capsys) -> None:
     root = Path(__file__).resolve().parents[1]
-    code, out, err = _simulate(capsys, "--cluster", str(root / "examples/cluster.yaml"), "--model", "llama2-7b",
-                               "--config", str(root / "examples/llama2-7b-config.json"),
-                               "--global-batch-size", "128", "--json")
+    code, out, err = _simulate(
+        capsys,
+        "--cluster",
+        str(root / "examples/cluster.yaml"),
+        "--model",
+        "llama2-7b",
+        "--config",
+        str(root / "examples/llama2-7b-config.json"),
+        "--global-batch-size",
+        "128",
+        "--json",
+    )
     assert code == 0 and not err
     data = json.loads(out)
     assert {"tokens_per_s", "iteration_time_s", "oom", "peak_memory_GiB", "mfu", "bubble_fraction"} <= set(data)
@@ -115,8 +140,17 @@ def test_spec_example_json(capsys) -> None:
 
 def test_human_table(capsys) -> None:
     root = Path(__file__).resolve().parents[1]
-    code, out, _ = _simulate(capsys, "--cluster", str(root / "examples/cluster.yaml"), "--model", "llama2-7b",
-                             "--config", str(root / "examples/llama2-7b-config.json"), "--global-batch-size", "128")
+    code, out, _ = _simulate(
+        capsys,
+        "--cluster",
+        str(root / "examples/cluster.yaml"),
+        "--model",
+        "llama2-7b",
+        "--config",
+        str(root / "examples/llama2-7b-config.json"),
+        "--global-batch-size",
+        "128",
+    )
     assert code == 0
     # The SPEC example fits with fused attention (the default), which stores no attention scores.
     assert "out of memory" not in out and "a100:0" in out and "v100:3" in out
@@ -125,9 +159,25 @@ def test_human_table(capsys) -> None:
 def test_real_process_prints_one_line(files) -> None:
     bad = files["dir"] / "bad.json"
     bad.write_text(json.dumps(_bad_config(**{"pipelines.0.stages.0.layers": 19})))
-    proc = subprocess.run([sys.executable, "-m", "autotune.cli", "simulate", "--cluster", str(files["cluster"]),
-                           "--model", "llama2-7b", "--config", str(bad), "--global-batch-size", "128"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "simulate",
+            "--cluster",
+            str(files["cluster"]),
+            "--model",
+            "llama2-7b",
+            "--config",
+            str(bad),
+            "--global-batch-size",
+            "128",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "layers sum to 31" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""

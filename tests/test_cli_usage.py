@@ -22,14 +22,17 @@ USAGE = [
     (["search", "--cluster", "cpu-2", "--model", "tiny", "--bogus"], "No such option: --bogus"),
     (["serach"], "No such command 'serach'"),
     (["search", "--cluster", "cpu-2", "--model", "tiny", "--budget", "abc"], "Invalid value for '--budget'"),
-    (["measure", "--cluster", "cpu-2", "--model", "tiny", "--config", "c.json", "--timeout", "soon"],
-     "Invalid value for '--timeout'"),
+    (
+        ["measure", "--cluster", "cpu-2", "--model", "tiny", "--config", "c.json", "--timeout", "soon"],
+        "Invalid value for '--timeout'",
+    ),
     (["simulate", "--cluster"], "Option '--cluster' requires an argument"),
 ]
 
 
-@pytest.mark.parametrize("args,message", USAGE, ids=["missing", "unknown-option", "unknown-command", "not-int",
-                                                     "not-float", "no-value"])
+@pytest.mark.parametrize(
+    "args,message", USAGE, ids=["missing", "unknown-option", "unknown-command", "not-int", "not-float", "no-value"]
+)
 def test_usage_errors_are_one_line(tmp_path, args, message):
     r = run(*args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
@@ -53,8 +56,8 @@ def test_bare_autotune_prints_the_help(tmp_path):
 
 def test_an_unexpected_exception_is_one_line(capsys, monkeypatch):
     """A bug that escapes a command is one line (exit 1), with the way to see its traceback."""
-    from autotune import cli
     import autotune.commands.best as best
+    from autotune import cli
 
     monkeypatch.setattr(best, "run", lambda **kw: (_ for _ in ()).throw(RuntimeError("x" * 5000)))
     monkeypatch.setattr(sys, "argv", ["autotune", "best"])

@@ -10,9 +10,14 @@ from autotune.evaluator import CachedEvaluator, Evaluator
 from autotune.simulator import Simulator
 
 TINY_TWO_STAGES = {
-    "micro_batch_size": 2, "schedule": "1f1b",
-    "pipelines": [{"num_microbatches": 4, "stages": [
-        {"devices": ["cpu:0"], "layers": 3}, {"devices": ["cpu:1"], "layers": 1, "recompute": True}]}],
+    "micro_batch_size": 2,
+    "schedule": "1f1b",
+    "pipelines": [
+        {
+            "num_microbatches": 4,
+            "stages": [{"devices": ["cpu:0"], "layers": 3}, {"devices": ["cpu:1"], "layers": 1, "recompute": True}],
+        }
+    ],
 }
 
 
@@ -57,15 +62,26 @@ class TestEvaluatorContract:
         assert all(v >= 0 for v in m.peak_memory_GiB.values())
         assert len(m.stage_busy_s) == 2 and all(t > 0 for t in m.stage_busy_s)
         assert 0.0 <= m.bubble_fraction < 1.0
-        for key in ("tokens_per_s", "iteration_time_s", "oom", "peak_memory_GiB", "mfu", "bubble_fraction",
-                    "status", "error"):
+        for key in (
+            "tokens_per_s",
+            "iteration_time_s",
+            "oom",
+            "peak_memory_GiB",
+            "mfu",
+            "bubble_fraction",
+            "status",
+            "error",
+        ):
             assert key in m.to_dict()
 
-    @pytest.mark.parametrize("change,rule", [
-        (lambda d: d["pipelines"][0]["stages"][0].update(layers=2), "layers sum to 3"),
-        (lambda d: d["pipelines"][0]["stages"][1].update(devices=["cpu:7"]), "unknown device id 'cpu:7'"),
-        (lambda d: d["pipelines"][0].update(num_microbatches=3), "global_batch_size is 8"),
-    ])
+    @pytest.mark.parametrize(
+        "change,rule",
+        [
+            (lambda d: d["pipelines"][0]["stages"][0].update(layers=2), "layers sum to 3"),
+            (lambda d: d["pipelines"][0]["stages"][1].update(devices=["cpu:7"]), "unknown device id 'cpu:7'"),
+            (lambda d: d["pipelines"][0].update(num_microbatches=3), "global_batch_size is 8"),
+        ],
+    )
     def test_invalid_plan_is_a_measurement_not_an_exception(self, evaluator: Evaluator, change, rule) -> None:
         import copy
 

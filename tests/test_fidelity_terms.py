@@ -15,8 +15,20 @@ from autotune.simulator.memory import GiB, layer_activation_bytes, layer_input_b
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 
 # Korthikanti et al. 2022's setting: GPT shapes, 16-bit, scores stored, dropout on
-GPT = dict(name="gpt", num_layers=8, hidden_size=256, num_heads=8, ffn_hidden_size=1024, mlp="gelu",
-           vocab_size=512, seq_len=128, global_batch_size=16, precision="bf16", attention="standard", dropout=0.1)
+GPT = dict(
+    name="gpt",
+    num_layers=8,
+    hidden_size=256,
+    num_heads=8,
+    ffn_hidden_size=1024,
+    mlp="gelu",
+    vocab_size=512,
+    seq_len=128,
+    global_batch_size=16,
+    precision="bf16",
+    attention="standard",
+    dropout=0.1,
+)
 FAST = 1e15
 
 
@@ -25,13 +37,31 @@ def _model(**kw):
 
 
 def _cluster(count: int = 4, peak: float = 100.0, **gpu):
-    return cluster_from_dict({"name": "t", "nodes": [{"name": "n", "count": count, "gpu": {
-        "name": "X", "peak_tflops": peak, "memory_GiB": 1000.0, "memory_bandwidth_GBps": 1000.0, **gpu},
-        "intra_node": {"bandwidth_GBps": FAST, "latency_us": 0.0}}],
-        "network": {"bandwidth_GBps": FAST, "latency_us": 0.0}}, "t")
+    return cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [
+                {
+                    "name": "n",
+                    "count": count,
+                    "gpu": {
+                        "name": "X",
+                        "peak_tflops": peak,
+                        "memory_GiB": 1000.0,
+                        "memory_bandwidth_GBps": 1000.0,
+                        **gpu,
+                    },
+                    "intra_node": {"bandwidth_GBps": FAST, "latency_us": 0.0},
+                }
+            ],
+            "network": {"bandwidth_GBps": FAST, "latency_us": 0.0},
+        },
+        "t",
+    )
 
 
 # -- inputs ---------------------------------------------------------------------------------------
+
 
 def test_model_precision_attention_dropout_are_validated() -> None:
     m = _model()
@@ -46,9 +76,19 @@ def test_model_precision_attention_dropout_are_validated() -> None:
 
 
 def test_stage_recompute_modes_and_sequence_parallel_round_trip() -> None:
-    raw = {"micro_batch_size": 1, "schedule": "1f1b", "pipelines": [{"num_microbatches": 16, "stages": [
-        {"devices": ["n:0", "n:1"], "layers": 4, "recompute": "selective", "sequence_parallel": True},
-        {"devices": ["n:2", "n:3"], "layers": 4, "recompute": True}]}]}
+    raw = {
+        "micro_batch_size": 1,
+        "schedule": "1f1b",
+        "pipelines": [
+            {
+                "num_microbatches": 16,
+                "stages": [
+                    {"devices": ["n:0", "n:1"], "layers": 4, "recompute": "selective", "sequence_parallel": True},
+                    {"devices": ["n:2", "n:3"], "layers": 4, "recompute": True},
+                ],
+            }
+        ],
+    }
     cfg = ParallelConfig.from_dict(raw)
     s0, s1 = cfg.pipelines[0].stages
     assert s0.selective_recompute and not s0.full_recompute and s0.sequence_parallel
@@ -58,11 +98,23 @@ def test_stage_recompute_modes_and_sequence_parallel_round_trip() -> None:
     assert " S SP" in cfg.describe() and " R" in cfg.describe()
     for bad in ("full", 1, None):
         with pytest.raises(SpecError, match="recompute"):
-            ParallelConfig.from_dict({**raw, "pipelines": [{"num_microbatches": 16, "stages": [
-                {"devices": ["n:0"], "layers": 8, "recompute": bad}]}]})
+            ParallelConfig.from_dict(
+                {
+                    **raw,
+                    "pipelines": [
+                        {"num_microbatches": 16, "stages": [{"devices": ["n:0"], "layers": 8, "recompute": bad}]}
+                    ],
+                }
+            )
     with pytest.raises(SpecError, match="sequence_parallel"):
-        ParallelConfig.from_dict({**raw, "pipelines": [{"num_microbatches": 16, "stages": [
-            {"devices": ["n:0"], "layers": 8, "sequence_parallel": "yes"}]}]})
+        ParallelConfig.from_dict(
+            {
+                **raw,
+                "pipelines": [
+                    {"num_microbatches": 16, "stages": [{"devices": ["n:0"], "layers": 8, "sequence_parallel": "yes"}]}
+                ],
+            }
+        )
 
 
 def test_catalog_has_the_new_gpus_with_per_precision_peaks() -> None:
@@ -81,8 +133,18 @@ def test_inline_gpu_peaks_per_precision() -> None:
     assert (given.peak_tflops_tf32, given.peak_tflops_fp32) == (40.0, 10.0)
     derived = _cluster().nodes[0].device  # not in the catalog, not given: the datasheet ratios
     assert (derived.peak_tflops_tf32, derived.peak_tflops_fp32) == (50.0, 100.0 / 16)
-    named = cluster_from_dict({"name": "t", "nodes": [{"name": "a", "count": 1, "gpu": {
-        "name": "A100-80GB", "memory_GiB": 40}}], "network": {"bandwidth_GBps": 1}}, "t").nodes[0].device
+    named = (
+        cluster_from_dict(
+            {
+                "name": "t",
+                "nodes": [{"name": "a", "count": 1, "gpu": {"name": "A100-80GB", "memory_GiB": 40}}],
+                "network": {"bandwidth_GBps": 1},
+            },
+            "t",
+        )
+        .nodes[0]
+        .device
+    )
     assert named.peak_tflops_tf32 == 156.0 and named.memory_GiB == 40  # the rest from the catalog entry
     with pytest.raises(SpecError, match="peak_tflops_tf32"):
         _cluster(peak_tflops_tf32=-1.0)
@@ -108,6 +170,7 @@ def test_fp32_uses_the_tf32_peak_and_4_byte_elements(no_host_cost) -> None:
 
 # -- memory (Korthikanti et al. 2022, Table 2) ----------------------------------------------------
 
+
 def test_activation_memory_table_2_of_korthikanti() -> None:
     m = _model()
     s, b, h, a = m.seq_len, 2, m.hidden_size, m.num_heads
@@ -117,9 +180,11 @@ def test_activation_memory_table_2_of_korthikanti() -> None:
         assert layer_activation_bytes(m, b, t, selective=True) == pytest.approx(sbh * (10 + 24 / t))
         if t > 1:
             assert layer_activation_bytes(m, b, t, sequence_parallel=True) == pytest.approx(
-                sbh / t * (34 + 5 * a * s / h))
+                sbh / t * (34 + 5 * a * s / h)
+            )
             assert layer_activation_bytes(m, b, t, selective=True, sequence_parallel=True) == pytest.approx(
-                sbh * 34 / t)
+                sbh * 34 / t
+            )
         assert layer_input_bytes(m, b) == pytest.approx(2 * sbh)  # full recomputation keeps 2 s b h
 
 
@@ -131,7 +196,8 @@ def test_activation_memory_in_fp32_without_dropout() -> None:
     expected = s * b * (4 * 4 * h + 4 * (4 * h + 8 * h) / t) + 4 * a * s * s * b / t
     assert layer_activation_bytes(m, b, t) == pytest.approx(expected)
     assert layer_activation_bytes(_model(precision="fp32", dropout=0.0, attention="flash"), b, t) == pytest.approx(
-        expected - 4 * a * s * s * b / t)
+        expected - 4 * a * s * s * b / t
+    )
 
 
 def test_selective_recompute_and_sequence_parallel_memory_in_the_simulator() -> None:
@@ -153,9 +219,12 @@ def test_selective_recompute_and_sequence_parallel_memory_in_the_simulator() -> 
     assert none - sel == pytest.approx(L * keep_all - (L * keep_sel + keep_all - keep_sel))
     assert none - full == pytest.approx(L * keep_all - (L * 2 * s * b * h + keep_all))
     sp = peak("selective", sp=True)
-    assert sel - sp == pytest.approx(L * (keep_sel - layer_activation_bytes(m, b, t, True, True))
-                                     + keep_all - keep_sel - (layer_activation_bytes(m, b, t, sequence_parallel=True)
-                                                              - layer_activation_bytes(m, b, t, True, True)))
+    assert sel - sp == pytest.approx(
+        L * (keep_sel - layer_activation_bytes(m, b, t, True, True))
+        + keep_all
+        - keep_sel
+        - (layer_activation_bytes(m, b, t, sequence_parallel=True) - layer_activation_bytes(m, b, t, True, True))
+    )
     # on one device sequence parallelism changes nothing
     assert peak(False, True, ("n:0",)) == peak(False, False, ("n:0",))
     del V
@@ -178,23 +247,33 @@ def test_a_measured_backward_ratio_replaces_the_pass_counts_in_its_regime(no_hos
     import autotune.simulator.cost_model as sim_module
     from autotune.simulator.backward import BACKWARD_RATIOS
 
-    gh200 = cluster_from_dict({"name": "t", "nodes": [{"name": "n", "count": 1, "gpu": "GH200",
-                                                       "intra_node": {"bandwidth_GBps": FAST}}],
-                               "network": {"bandwidth_GBps": FAST}}, "t")
+    gh200 = cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [{"name": "n", "count": 1, "gpu": "GH200", "intra_node": {"bandwidth_GBps": FAST}}],
+            "network": {"bandwidth_GBps": FAST},
+        },
+        "t",
+    )
     fp32 = _model(precision="fp32", attention="standard")
     lf, lb, lbr, *_ = Simulator(gh200, fp32).costs.unit_costs("n:0", 2)
     assert lb == pytest.approx(BACKWARD_RATIOS[("GH200", "fp32", "standard")].ratio * lf)
     assert lbr == pytest.approx(lb + lf)  # full recomputation: the forward again, then this backward
-    others = [Simulator(gh200, _model(precision=p, attention=a)).costs.unit_costs("n:0", 2)
-              for p, a in (("bf16", "standard"), ("fp32", "flash"))]
+    others = [
+        Simulator(gh200, _model(precision=p, attention=a)).costs.unit_costs("n:0", 2)
+        for p, a in (("bf16", "standard"), ("fp32", "flash"))
+    ]
     monkeypatch.setattr(sim_module, "backward_ratio", lambda *key: None)
-    assert [Simulator(gh200, _model(precision=p, attention=a)).costs.unit_costs("n:0", 2)
-            for p, a in (("bf16", "standard"), ("fp32", "flash"))] == others
+    assert [
+        Simulator(gh200, _model(precision=p, attention=a)).costs.unit_costs("n:0", 2)
+        for p, a in (("bf16", "standard"), ("fp32", "flash"))
+    ] == others
     counted = Simulator(gh200, fp32).costs.unit_costs("n:0", 2)
     assert counted[0] == pytest.approx(lf) and 1.0 < counted[1] / lf < 2.0 < lb / lf
 
 
 # -- runner ---------------------------------------------------------------------------------------
+
 
 def test_runner_selective_recompute_and_standard_attention_train_the_same_model() -> None:
     import torch
@@ -202,16 +281,28 @@ def test_runner_selective_recompute_and_standard_attention_train_the_same_model(
     from runner.model import StageChunk, lm_loss
 
     torch.set_num_threads(1)
-    spec = model_from_dict({**GPT, "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256, "num_heads": 4,
-                            "seq_len": 64, "vocab_size": 128, "dropout": 0.0}, "gpt")
+    spec = model_from_dict(
+        {
+            **GPT,
+            "num_layers": 2,
+            "hidden_size": 64,
+            "ffn_hidden_size": 256,
+            "num_heads": 4,
+            "seq_len": 64,
+            "vocab_size": 128,
+            "dropout": 0.0,
+        },
+        "gpt",
+    )
     x = torch.randint(0, spec.vocab_size, (2, spec.seq_len))
     y = torch.randint(0, spec.vocab_size, (2, spec.seq_len))
 
     def grads(attention: str, recompute) -> tuple[float, torch.Tensor]:
         from dataclasses import replace
 
-        chunk = StageChunk(replace(spec, attention=attention), range(2), first=True, last=True, seed=0,
-                           recompute=recompute)
+        chunk = StageChunk(
+            replace(spec, attention=attention), range(2), first=True, last=True, seed=0, recompute=recompute
+        )
         loss = lm_loss(chunk(x), y)
         loss.backward()
         return loss.item(), torch.cat([p.grad.flatten() for p in chunk.parameters()])
@@ -220,13 +311,18 @@ def test_runner_selective_recompute_and_standard_attention_train_the_same_model(
     for attention in ("flash", "standard"):
         for recompute in (False, True, "selective"):
             loss, g = grads(attention, recompute)
-            assert loss == pytest.approx(ref_loss, rel=1e-6) and torch.allclose(g, ref, atol=1e-6), (attention, recompute)
+            assert loss == pytest.approx(ref_loss, rel=1e-6) and torch.allclose(g, ref, atol=1e-6), (
+                attention,
+                recompute,
+            )
 
     # selective keeps Q, K, V but not the scores: fewer saved bytes than none, more than full
     def saved(attention: str, recompute) -> int:
         from dataclasses import replace
 
-        chunk = StageChunk(replace(spec, attention=attention), [0], first=False, last=False, seed=0, recompute=recompute)
+        chunk = StageChunk(
+            replace(spec, attention=attention), [0], first=False, last=False, seed=0, recompute=recompute
+        )
         seen: dict[int, int] = {}
 
         def pack(t):
@@ -237,12 +333,13 @@ def test_runner_selective_recompute_and_standard_attention_train_the_same_model(
             chunk(torch.randn(2, spec.seq_len, spec.hidden_size))
         return sum(seen.values())
 
-    scores = spec.num_heads * spec.seq_len ** 2 * 2 * 4  # one fp32 softmax output per head and sequence
+    scores = spec.num_heads * spec.seq_len**2 * 2 * 4  # one fp32 softmax output per head and sequence
     assert saved("standard", False) - saved("standard", "selective") >= scores
     assert saved("standard", "selective") > saved("standard", True)
 
 
 # -- the datasheet cost model: fixed host cost, blocking sends, NCCL-like collectives, device memory --
+
 
 def test_a_fixed_host_cost_per_layer_adds_layers_times_microbatches_times_cost(monkeypatch) -> None:
     """Device time ~0 (a GPU of 1e9 TFLOP/s with unlimited memory bandwidth): every layer pass waits for
@@ -252,9 +349,20 @@ def test_a_fixed_host_cost_per_layer_adds_layers_times_microbatches_times_cost(m
 
     cost = HostCost(1.5e-3, 1.7e-3, 0.0, 0.0, 0.0, 0.0)
     model = _model(attention="flash", dropout=0.0)
-    cluster = cluster_from_dict({"name": "t", "nodes": [{"name": "n", "count": 1, "gpu": {
-        "name": "Z", "peak_tflops": 1e9, "memory_GiB": 1000.0, "memory_bandwidth_GBps": FAST}}],
-        "network": {"bandwidth_GBps": FAST}}, "t")
+    cluster = cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [
+                {
+                    "name": "n",
+                    "count": 1,
+                    "gpu": {"name": "Z", "peak_tflops": 1e9, "memory_GiB": 1000.0, "memory_bandwidth_GBps": FAST},
+                }
+            ],
+            "network": {"bandwidth_GBps": FAST},
+        },
+        "t",
+    )
     m, L = model.global_batch_size, model.num_layers
     cfg = ParallelConfig(1, (PipelineConfig(m, (StageConfig(("n:0",), L),)),))
     monkeypatch.setattr(sim_module, "host_cost", lambda gpu, tp: NO_HOST_COST)
@@ -264,9 +372,20 @@ def test_a_fixed_host_cost_per_layer_adds_layers_times_microbatches_times_cost(m
     with_cost = Simulator(cluster, model).evaluate(cfg).iteration_time_s
     assert with_cost - without == pytest.approx(L * m * (1.5e-3 + 1.7e-3), rel=1e-6)
     # a compute-bound layer hides the same cost entirely
-    slow = cluster_from_dict({"name": "t", "nodes": [{"name": "n", "count": 1, "gpu": {
-        "name": "Z", "peak_tflops": 0.001, "memory_GiB": 1000.0, "memory_bandwidth_GBps": 1.0}}],
-        "network": {"bandwidth_GBps": FAST}}, "t")
+    slow = cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [
+                {
+                    "name": "n",
+                    "count": 1,
+                    "gpu": {"name": "Z", "peak_tflops": 0.001, "memory_GiB": 1000.0, "memory_bandwidth_GBps": 1.0},
+                }
+            ],
+            "network": {"bandwidth_GBps": FAST},
+        },
+        "t",
+    )
     a = Simulator(slow, model).evaluate(cfg).iteration_time_s
     monkeypatch.setattr(sim_module, "host_cost", lambda gpu, tp: NO_HOST_COST)
     assert Simulator(slow, model).evaluate(cfg).iteration_time_s == a
@@ -287,21 +406,46 @@ def test_a_blocking_send_on_a_slow_link_lengthens_a_two_stage_1f1b_by_hand() -> 
     send blocks its sender for its transfer time c, stage 0's forwards take f + c and stage 1's backwards
     b + c, and the iteration is 3f + 3b + 3c (worked out op by op); a send that only delays its receiver
     would give 3f + 3b + 2c."""
-    from autotune.simulator import collectives
     from autotune.profile import CalibrationProfile, DeviceProfile, EdgeTiming, LayerTiming
+    from autotune.simulator import collectives
 
     model = _model(num_layers=2, attention="flash", dropout=0.0, global_batch_size=2)
     f, b = 4e-3, 9e-3
-    layer = LayerTiming(model.hidden_size, model.num_heads, model.num_kv_heads, model.ffn_hidden_size, model.mlp,
-                        model.seq_len, 1, 1, forward_s=f, backward_s=b)
+    layer = LayerTiming(
+        model.hidden_size,
+        model.num_heads,
+        model.num_kv_heads,
+        model.ffn_hidden_size,
+        model.mlp,
+        model.seq_len,
+        1,
+        1,
+        forward_s=f,
+        backward_s=b,
+    )
     edge = EdgeTiming(model.hidden_size, model.vocab_size, model.seq_len, 1, 1, 0.0, 0.0, 0.0, 0.0)
-    prof = CalibrationProfile((DeviceProfile("X", (), layers=(layer,), edges=(edge,), optimizer_s_per_param=0.0,
-                                             memory_bandwidth_GBps=FAST),))
-    cluster = cluster_from_dict({"name": "t", "nodes": [{"name": "a", "count": 1, "gpu": {
-        "name": "X", "peak_tflops": 100.0, "memory_GiB": 1000.0, "memory_bandwidth_GBps": 1000.0}},
-        {"name": "b", "count": 1, "gpu": {"name": "X", "peak_tflops": 100.0, "memory_GiB": 1000.0,
-                                          "memory_bandwidth_GBps": 1000.0}}],
-        "network": {"bandwidth_GBps": 1.0, "latency_us": 0.0}}, "t")
+    prof = CalibrationProfile(
+        (DeviceProfile("X", (), layers=(layer,), edges=(edge,), optimizer_s_per_param=0.0, memory_bandwidth_GBps=FAST),)
+    )
+    cluster = cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [
+                {
+                    "name": "a",
+                    "count": 1,
+                    "gpu": {"name": "X", "peak_tflops": 100.0, "memory_GiB": 1000.0, "memory_bandwidth_GBps": 1000.0},
+                },
+                {
+                    "name": "b",
+                    "count": 1,
+                    "gpu": {"name": "X", "peak_tflops": 100.0, "memory_GiB": 1000.0, "memory_bandwidth_GBps": 1000.0},
+                },
+            ],
+            "network": {"bandwidth_GBps": 1.0, "latency_us": 0.0},
+        },
+        "t",
+    )
     cfg = ParallelConfig(1, (PipelineConfig(2, (StageConfig(("a:0",), 1), StageConfig(("b:0",), 1))),))
     r = Simulator(cluster, model, prof).evaluate(cfg)
     nbytes = 2 * model.seq_len * model.hidden_size  # one bf16 activation of one sequence
@@ -324,7 +468,8 @@ def test_nccl_like_collectives_per_link_kind() -> None:
     assert nop2p - (8.4 + 6 * 5.7) * 1e-6 == pytest.approx(2 * (p2p - (8.4 + 6 * 5.7) * 1e-6))
     # a small message is latency-bound and takes the LL protocol: 6.6 us + 6 x 0.6 us on NVLink
     assert collective_s("allreduce", 1024, 4, 300.0, 0.0, "nvlink") == pytest.approx(
-        (6.6 + 6 * 0.6) * 1e-6 + 1.5 * 1024 / (300e9 * 0.8 * 0.5))
+        (6.6 + 6 * 0.6) * 1e-6 + 1.5 * 1024 / (300e9 * 0.8 * 0.5)
+    )
     assert collective_s("allreduce", n, 1, 300.0, 2.0, "nvlink") == 0.0
 
 
@@ -338,9 +483,25 @@ def test_device_memory_view_adds_context_and_pool_and_sets_oom() -> None:
     assert r.peak_memory_GiB["n:0"] == pytest.approx(alloc * 1.05 + 1.0)  # the default class: 1 GiB + 5%
     assert device_memory("X") is DEFAULT_DEVICE_MEMORY and device_memory("GH200").context_GiB == pytest.approx(3.92)
     # a device with exactly the allocated tensors' room is out of memory once the context is counted
-    tight = cluster_from_dict({"name": "t", "nodes": [{"name": "n", "count": 1, "gpu": {
-        "name": "X", "peak_tflops": 100.0, "memory_GiB": alloc * 1.01, "memory_bandwidth_GBps": 1000.0}}],
-        "network": {"bandwidth_GBps": FAST}}, "t")
+    tight = cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [
+                {
+                    "name": "n",
+                    "count": 1,
+                    "gpu": {
+                        "name": "X",
+                        "peak_tflops": 100.0,
+                        "memory_GiB": alloc * 1.01,
+                        "memory_bandwidth_GBps": 1000.0,
+                    },
+                }
+            ],
+            "network": {"bandwidth_GBps": FAST},
+        },
+        "t",
+    )
     r = Simulator(tight, model).evaluate(cfg)
     assert r.oom and "context" in r.error
 
@@ -374,6 +535,7 @@ def test_matmul_roofline_for_thin_attention_matmuls() -> None:
 
 # -- runner: sequence parallelism and selective recomputation ----------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_runner_sequence_parallel_and_selective_recompute_train_like_a_single_process(tmp_path) -> None:
@@ -387,9 +549,19 @@ def test_runner_sequence_parallel_and_selective_recompute_train_like_a_single_pr
     from runner.reference import reference_losses
     from runner.train import train
 
-    config = {"micro_batch_size": 1, "schedule": "1f1b", "pipelines": [{"num_microbatches": 8, "stages": [
-        {"devices": ["cpu:0", "cpu:1"], "layers": 2, "recompute": "selective", "sequence_parallel": True},
-        {"devices": ["cpu:2", "cpu:3"], "layers": 2, "recompute": True, "sequence_parallel": True}]}]}
+    config = {
+        "micro_batch_size": 1,
+        "schedule": "1f1b",
+        "pipelines": [
+            {
+                "num_microbatches": 8,
+                "stages": [
+                    {"devices": ["cpu:0", "cpu:1"], "layers": 2, "recompute": "selective", "sequence_parallel": True},
+                    {"devices": ["cpu:2", "cpu:3"], "layers": 2, "recompute": True, "sequence_parallel": True},
+                ],
+            }
+        ],
+    }
     steps = 6
     out = train("cpu-4", "tiny", config, steps=steps, metrics_out=tmp_path / "m.jsonl", quiet=True, timeout_s=300)
     assert out.returncode == 0, out.error
@@ -398,18 +570,36 @@ def test_runner_sequence_parallel_and_selective_recompute_train_like_a_single_pr
 
 
 def test_runner_preflight_names_sequence_parallel_it_cannot_run() -> None:
+    from autotune.loading import load_cluster
     from runner.jobs import preflight
 
-    from autotune.loading import load_cluster
-
     cluster = load_cluster("cpu-4")
-    model = {"name": "m", "num_layers": 4, "hidden_size": 64, "num_heads": 4, "ffn_hidden_size": 256, "vocab_size": 128, "seq_len": 32,
-             "global_batch_size": 4}
+    model = {
+        "name": "m",
+        "num_layers": 4,
+        "hidden_size": 64,
+        "num_heads": 4,
+        "ffn_hidden_size": 256,
+        "vocab_size": 128,
+        "seq_len": 32,
+        "global_batch_size": 4,
+    }
 
     def plan(sp0: bool, sp1: bool) -> ParallelConfig:
-        return ParallelConfig.from_dict({"micro_batch_size": 1, "pipelines": [{"num_microbatches": 4, "stages": [
-            {"devices": ["cpu:0", "cpu:1"], "layers": 2, "sequence_parallel": sp0},
-            {"devices": ["cpu:2", "cpu:3"], "layers": 2, "sequence_parallel": sp1}]}]})
+        return ParallelConfig.from_dict(
+            {
+                "micro_batch_size": 1,
+                "pipelines": [
+                    {
+                        "num_microbatches": 4,
+                        "stages": [
+                            {"devices": ["cpu:0", "cpu:1"], "layers": 2, "sequence_parallel": sp0},
+                            {"devices": ["cpu:2", "cpu:3"], "layers": 2, "sequence_parallel": sp1},
+                        ],
+                    }
+                ],
+            }
+        )
 
     with pytest.raises(SpecError, match=r"same on every stage"):
         preflight(cluster, model_from_dict(model, "test"), plan(True, False), schedule_check=False)
@@ -419,6 +609,7 @@ def test_runner_preflight_names_sequence_parallel_it_cannot_run() -> None:
 
 
 # -- make gpu-check ------------------------------------------------------------------------------
+
 
 def test_gpu_check_names_gpus_and_says_so_without_cuda() -> None:
     import subprocess
@@ -441,8 +632,9 @@ def test_gpu_check_names_gpus_and_says_so_without_cuda() -> None:
     assert gpu_check.catalog_name("Some Future GPU", 80) is None
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here: `make gpu-check` runs the real check (test_gpu_check_on_cuda)")
-    out = subprocess.run([sys.executable, str(root / "experiments" / "gpu_check.py")], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(root / "experiments" / "gpu_check.py")], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and "no CUDA device here" in out.stdout
 
 
@@ -458,8 +650,12 @@ def test_gpu_check_on_cuda(tmp_path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(root / "experiments" / "gpu_check.py"), "--out", str(tmp_path / "r.json")],
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, str(root / "experiments" / "gpu_check.py"), "--out", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert len(rows) == 5 and all(r["measured"].get("status") == "ok" for r in rows), rows

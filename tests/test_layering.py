@@ -52,7 +52,7 @@ def import_graph(mods: dict[str, Path] = MODULES) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(parts + ([base] if base else []))
                 targets = [base] + [f"{base}.{a.name}" for a in node.names]
             else:
@@ -120,8 +120,13 @@ def test_the_rule_sees_circles_held_open_by_function_level_and_type_checking_imp
 @pytest.mark.parametrize("lower", LOWER)
 def test_lower_layers_never_import_upper_ones(lower):
     graph = import_graph()
-    bad = sorted((m, t) for m, targets in graph.items() if m == lower or m.startswith(lower + ".")
-                 for t in targets if t.startswith(UPPER))
+    bad = sorted(
+        (m, t)
+        for m, targets in graph.items()
+        if m == lower or m.startswith(lower + ".")
+        for t in targets
+        if t.startswith(UPPER)
+    )
     assert bad == []
 
 
@@ -137,21 +142,32 @@ def test_no_module_over_650_lines_and_no_function_over_100():
     assert long_modules == {} and long_functions == []
 
 
-@pytest.mark.parametrize("module", ["envs.parallel_config", "autotune.planning.space", "autotune.planning.budget",
-                                    "autotune.evaluator", "autotune.simulator", "autotune.planning.planner"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "envs.parallel_config",
+        "autotune.planning.space",
+        "autotune.planning.budget",
+        "autotune.evaluator",
+        "autotune.simulator",
+        "autotune.planning.planner",
+    ],
+)
 def test_shared_layers_load_no_agent_api_or_policy_code(module):
-    code = (f"import sys, {module}\n"
-            f"bad = sorted(m for m in sys.modules if m.startswith({UPPER!r}))\n"
-            "print(','.join(bad))")
+    code = (
+        f"import sys, {module}\nbad = sorted(m for m in sys.modules if m.startswith({UPPER!r}))\nprint(','.join(bad))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"{module} pulls in {out.stdout.strip()}"
 
 
 def test_the_env_builds_its_own_evaluator_without_the_library_call():
-    code = ("import sys\nfrom envs.parallel_config import ParallelConfigEnv\n"
-            "env = ParallelConfigEnv(cluster='cpu-2', model='tiny')\nenv.reset(seed=0)\n"
-            f"print(','.join(sorted(m for m in sys.modules if m.startswith({UPPER!r}))))")
+    code = (
+        "import sys\nfrom envs.parallel_config import ParallelConfigEnv\n"
+        "env = ParallelConfigEnv(cluster='cpu-2', model='tiny')\nenv.reset(seed=0)\n"
+        f"print(','.join(sorted(m for m in sys.modules if m.startswith({UPPER!r}))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""

@@ -67,8 +67,9 @@ STRESS = textwrap.dedent("""
 
 
 def _stress(mode: str, trials: int) -> str:
-    r = subprocess.run([sys.executable, "-c", STRESS, mode, str(trials)], cwd=REPO, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", STRESS, mode, str(trials)], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     return r.stdout + r.stderr
 
 

@@ -8,18 +8,22 @@ import numpy as np
 import pytest
 
 from autotune.loading import cluster_from_dict, load_model
-from autotune.search.api import tune
 from autotune.planning.budget import PRUNED, BudgetedEvaluator
 from autotune.planning.memory_first import frugal_candidates, frugal_params, memory_repairs
 from autotune.planning.space import SearchSpace
+from autotune.search.api import tune
 from autotune.search.tracking import config_key
 from autotune.simulator import Simulator
 
 #: 4 T4 (16 GB) + 4 L4 (24 GB) training Llama-2-7B: only tensor parallel 4 in both nodes, two stages,
 #: fits (the weight state alone is 105 GiB of the 140 usable); the uniform grid has no plan that fits
-TIGHT = dict(nodes=[dict(name="t4", gpu="T4", count=4, intra_node=dict(bandwidth_GBps=12, latency_us=5)),
-                    dict(name="l4", gpu="L4", count=4, intra_node=dict(bandwidth_GBps=16, latency_us=5))],
-             network=dict(bandwidth_GBps=3.125, latency_us=20))
+TIGHT = dict(
+    nodes=[
+        dict(name="t4", gpu="T4", count=4, intra_node=dict(bandwidth_GBps=12, latency_us=5)),
+        dict(name="l4", gpu="L4", count=4, intra_node=dict(bandwidth_GBps=16, latency_us=5)),
+    ],
+    network=dict(bandwidth_GBps=3.125, latency_us=20),
+)
 
 
 def _tight():
@@ -52,8 +56,11 @@ def test_the_tight_cluster_is_tight():
     assert len(configs) > 100 and len(fits) <= len(configs) // 50  # (1 of 121 with seed 0)
     # the uniform grid fits nothing without sequence parallelism (with it, Megatron's tp 4 x pp 2 plan
     # with full recomputation fits: the checkpointed stage inputs are split 4 ways, issue 13)
-    assert not any(sim.evaluate(c).ok for c in space.uniform_plans()
-                   if not any(s.sequence_parallel for p in c.pipelines for s in p.stages))
+    assert not any(
+        sim.evaluate(c).ok
+        for c in space.uniform_plans()
+        if not any(s.sequence_parallel for p in c.pipelines for s in p.stages)
+    )
     blind = BudgetedEvaluator(sim, space, 10, memory_first=False)
     for c in [c for c in configs if c not in fits][:10]:
         blind.evaluate(c)
@@ -107,8 +114,17 @@ def test_every_method_returns_a_plan_that_fits_on_a_memory_tight_cluster(method,
         pytest.skip("random has no --start")
     cluster, model = _tight()
     paid = []
-    result = tune(cluster, model, method=method, budget=10, restrict=PIPELINES, track=False, storage="memory",
-                  start=start, on_evaluation=paid.append)
+    result = tune(
+        cluster,
+        model,
+        method=method,
+        budget=10,
+        restrict=PIPELINES,
+        track=False,
+        storage="memory",
+        start=start,
+        on_evaluation=paid.append,
+    )
     assert result.best_measurement.ok and result.best_measurement.tokens_per_s > 0
     assert result.evaluations <= 10 and result.memory_screened > 0
     # no evaluation of the budget went to a plan the memory model rejects
@@ -118,10 +134,14 @@ def test_every_method_returns_a_plan_that_fits_on_a_memory_tight_cluster(method,
 
 #: the issue's cluster: 4 T4 + 4 L4 + 8 A10G training Llama-3-8B (global batch 128), where optuna, rl
 #: and random at budget 60 used to end with "no evaluated plan runs (oom ...)"
-CLOUD = dict(nodes=[dict(name="t4", gpu="T4", count=4, intra_node=dict(bandwidth_GBps=12, latency_us=5)),
-                    dict(name="l4", gpu="L4", count=4, intra_node=dict(bandwidth_GBps=16, latency_us=5)),
-                    dict(name="a10g", gpu="A10G", count=4, repeat=2, intra_node=dict(bandwidth_GBps=16, latency_us=5))],
-             network=dict(bandwidth_GBps=3.125, latency_us=20))
+CLOUD = dict(
+    nodes=[
+        dict(name="t4", gpu="T4", count=4, intra_node=dict(bandwidth_GBps=12, latency_us=5)),
+        dict(name="l4", gpu="L4", count=4, intra_node=dict(bandwidth_GBps=16, latency_us=5)),
+        dict(name="a10g", gpu="A10G", count=4, repeat=2, intra_node=dict(bandwidth_GBps=16, latency_us=5)),
+    ],
+    network=dict(bandwidth_GBps=3.125, latency_us=20),
+)
 
 
 @pytest.mark.parametrize("method", ["optuna", "rl", "random"])
@@ -150,8 +170,9 @@ def test_optuna_learns_the_memory_constraint_and_keeps_one_budget():
     assert infeasible and all(t.value == 0.0 for t in infeasible)
     assert feasible and all(t.constraints["memory"] <= 0 for t in feasible)
     # the storage never saw a screened-out plan: its evaluated trials are the budget's plans
-    assert {t.user_attrs["config_key"] for t in shared_study.evaluated_trials(shared)} == \
-        {config_key(ev.config) for ev in b.history}
+    assert {t.user_attrs["config_key"] for t in shared_study.evaluated_trials(shared)} == {
+        config_key(ev.config) for ev in b.history
+    }
 
 
 def test_a_resumed_search_on_a_tight_cluster_reaches_exactly_its_budget(tmp_path):
@@ -161,12 +182,29 @@ def test_a_resumed_search_on_a_tight_cluster_reaches_exactly_its_budget(tmp_path
 
     cluster, model = _tight()
     uri, storage = f"sqlite:///{tmp_path}/mlflow.db", f"journal:{tmp_path}/optuna.journal"
-    first = tune(cluster, model, method="optuna", budget=4, restrict=PIPELINES, tracking_uri=uri, storage=storage,
-                 start="heuristic")
-    second = tune(cluster, model, method="optuna", budget=7, restrict=PIPELINES, tracking_uri=uri, storage=storage,
-                  start="heuristic")
+    first = tune(
+        cluster,
+        model,
+        method="optuna",
+        budget=4,
+        restrict=PIPELINES,
+        tracking_uri=uri,
+        storage=storage,
+        start="heuristic",
+    )
+    second = tune(
+        cluster,
+        model,
+        method="optuna",
+        budget=7,
+        restrict=PIPELINES,
+        tracking_uri=uri,
+        storage=storage,
+        start="heuristic",
+    )
     assert first.run_id == second.run_id and second.evaluations == 7 and second.best_measurement.ok
     client = MlflowClient(uri)
-    children = client.search_runs([client.get_run(second.run_id).info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{second.run_id}'")
+    children = client.search_runs(
+        [client.get_run(second.run_id).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{second.run_id}'"
+    )
     assert len(children) == 7 and all(c.data.tags["status"] != "oom" for c in children)

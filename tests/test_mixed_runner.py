@@ -25,8 +25,10 @@ RTOL = 1e-5
 
 def cluster_yaml(tmp: Path, fast: int, slow: int) -> Path:
     path = tmp / "cluster.yaml"
-    path.write_text(f"nodes: [{{name: fast, gpu: cpu, count: {fast}}}, "
-                    f"{{name: slow, gpu: cpu, count: {slow}, slowdown: 2}}]\nnetwork: {{bandwidth_GBps: 5}}\n")
+    path.write_text(
+        f"nodes: [{{name: fast, gpu: cpu, count: {fast}}}, "
+        f"{{name: slow, gpu: cpu, count: {slow}, slowdown: 2}}]\nnetwork: {{bandwidth_GBps: 5}}\n"
+    )
     return path
 
 
@@ -35,20 +37,48 @@ def rank(device: str, m: int) -> dict:
 
 
 # the plan: stage 0 = two ranks of different speed with shares 5/3, stage 1 = one rank
-PLAN_5_3 = {"micro_batch_size": 1, "schedule": "1f1b", "pipelines": [{"num_microbatches": 8, "stages": [
-    {"layers": 3, "ranks": [rank("fast:0", 5), rank("slow:0", 3)]},
-    {"devices": ["fast:1"], "layers": 1}]}]}
+PLAN_5_3 = {
+    "micro_batch_size": 1,
+    "schedule": "1f1b",
+    "pipelines": [
+        {
+            "num_microbatches": 8,
+            "stages": [
+                {"layers": 3, "ranks": [rank("fast:0", 5), rank("slow:0", 3)]},
+                {"devices": ["fast:1"], "layers": 1},
+            ],
+        }
+    ],
+}
 # one rank widening to a mixed stage of two (1 -> 2 hand-offs), plus a second replica of plain stages
-PLAN_REPLICA = {"micro_batch_size": 1, "schedule": "gpipe", "pipelines": [
-    {"num_microbatches": 5, "stages": [{"devices": ["fast:0"], "layers": 1},
-                                       {"layers": 3, "recompute": True, "ranks": [rank("fast:1", 3), rank("slow:0", 2)]}]},
-    {"num_microbatches": 3, "stages": [{"devices": ["slow:1"], "layers": 2}, {"devices": ["fast:2"], "layers": 2}]}]}
+PLAN_REPLICA = {
+    "micro_batch_size": 1,
+    "schedule": "gpipe",
+    "pipelines": [
+        {
+            "num_microbatches": 5,
+            "stages": [
+                {"devices": ["fast:0"], "layers": 1},
+                {"layers": 3, "recompute": True, "ranks": [rank("fast:1", 3), rank("slow:0", 2)]},
+            ],
+        },
+        {"num_microbatches": 3, "stages": [{"devices": ["slow:1"], "layers": 2}, {"devices": ["fast:2"], "layers": 2}]},
+    ],
+}
 
 
 def layout_of(config: dict, fast: int, slow: int):
-    cluster = cluster_from_dict({"name": "t", "nodes": [{"name": "fast", "gpu": "cpu", "count": fast},
-                                                        {"name": "slow", "gpu": "cpu", "count": slow, "slowdown": 2}],
-                                 "network": {"bandwidth_GBps": 5}}, "test")
+    cluster = cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [
+                {"name": "fast", "gpu": "cpu", "count": fast},
+                {"name": "slow", "gpu": "cpu", "count": slow, "slowdown": 2},
+            ],
+            "network": {"bandwidth_GBps": 5},
+        },
+        "test",
+    )
     return build_layout(cluster, load_model("tiny"), ParallelConfig.from_dict(config))
 
 
@@ -56,7 +86,10 @@ def test_layout_places_each_rank_of_a_mixed_stage_with_its_share():
     layout = layout_of(PLAN_5_3, 2, 1)
     assert layout.mixed
     assert [(r.device_id, r.stage, r.stage_rank, r.share) for r in layout.ranks] == [
-        ("fast:0", 0, 0, 5), ("slow:0", 0, 1, 3), ("fast:1", 1, 0, 8)]
+        ("fast:0", 0, 0, 5),
+        ("slow:0", 0, 1, 3),
+        ("fast:1", 1, 0, 8),
+    ]
     # the two ranks of stage 0 hold the same layers: one gradient group; no tensor-parallel groups
     groups = layout.grad_groups()
     assert groups[(0, 1)] == ("embed", "layer0", "layer1", "layer2")
@@ -71,15 +104,40 @@ def test_layout_places_each_rank_of_a_mixed_stage_with_its_share():
 
 
 def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_field():
-    with pytest.raises(SpecError, match=r"zero.*zero 3 with stages of several ranks.*not run by the runner.*"
-                                         r"use zero 1 or 2"):
+    with pytest.raises(
+        SpecError,
+        match=r"zero.*zero 3 with stages of several ranks.*not run by the runner.*"
+        r"use zero 1 or 2",
+    ):
         layout_of({**PLAN_REPLICA, "zero": 3}, 3, 2)
-    offload = {**PLAN_5_3, "pipelines": [{**PLAN_5_3["pipelines"][0], "stages": [
-        {**PLAN_5_3["pipelines"][0]["stages"][0], "offload": "optimizer"}, PLAN_5_3["pipelines"][0]["stages"][1]]}]}
+    offload = {
+        **PLAN_5_3,
+        "pipelines": [
+            {
+                **PLAN_5_3["pipelines"][0],
+                "stages": [
+                    {**PLAN_5_3["pipelines"][0]["stages"][0], "offload": "optimizer"},
+                    PLAN_5_3["pipelines"][0]["stages"][1],
+                ],
+            }
+        ],
+    }
     with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.offload.*not run by the runner"):
         layout_of(offload, 2, 1)
-    tp = {"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
-        {"layers": 4, "ranks": [{"devices": ["fast:0", "fast:1"], "num_microbatches": 3}, rank("slow:0", 1)]}]}]}
+    tp = {
+        "micro_batch_size": 2,
+        "pipelines": [
+            {
+                "num_microbatches": 4,
+                "stages": [
+                    {
+                        "layers": 4,
+                        "ranks": [{"devices": ["fast:0", "fast:1"], "num_microbatches": 3}, rank("slow:0", 1)],
+                    }
+                ],
+            }
+        ],
+    }
     with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.ranks\[0\]\.devices.*tensor parallelism"):
         layout_of(tp, 2, 1)
 

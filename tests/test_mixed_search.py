@@ -47,35 +47,56 @@ def test_mixed_type_stages_take_zorse_shares_by_speed(space):
             assert [r.devices[0].split(":")[0] for r in st.ranks] == ["a100", "v100"]
             a100, v100 = (r.num_microbatches for r in st.ranks)
             # Zorse's rule: shares inversely proportional to the cost model's per-layer latency
-            lat_a, lat_v = (mixed_space.layer_latency_s(space.context, r.devices, cfg.micro_batch_size) for r in st.ranks)
+            lat_a, lat_v = (
+                mixed_space.layer_latency_s(space.context, r.devices, cfg.micro_batch_size) for r in st.ranks
+            )
             assert a100 + v100 == pipe.num_microbatches
             assert abs(a100 / pipe.num_microbatches - lat_v / (lat_a + lat_v)) <= 1 / pipe.num_microbatches
     # grouped: stages of one type where the counts allow
     g = space.decode(base(space, stage_ranks=2, assign="grouped", pp=2)).config
-    assert {tuple(sorted({d.split(":")[0] for d in st.devices})) for p in g.pipelines for st in p.stages} == \
-        {("a100",), ("v100",)}
+    assert {tuple(sorted({d.split(":")[0] for d in st.devices})) for p in g.pipelines for st in p.stages} == {
+        ("a100",),
+        ("v100",),
+    }
 
 
 def test_zorse_shares_are_inverse_to_the_cost_models_per_layer_latency():
     """Hand cases: a rank emulated 2x slower takes a third (12 -> 8 + 4); a card of the same peak TFLOP/s but
     1/20 of the memory bandwidth is slower per layer (memory-bound), so it takes fewer micro-batches than
     the peak rule's half."""
-    cpu = cluster_from_dict({"name": "t", "nodes": [{"name": "f", "gpu": "cpu", "count": 2},
-                                                    {"name": "s", "gpu": "cpu", "count": 2, "slowdown": 2}],
-                             "network": {"bandwidth_GBps": 10}}, "t")
+    cpu = cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [{"name": "f", "gpu": "cpu", "count": 2}, {"name": "s", "gpu": "cpu", "count": 2, "slowdown": 2}],
+            "network": {"bandwidth_GBps": 10},
+        },
+        "t",
+    )
     space = SearchSpace(cpu, load_model("tiny"))
-    assert mixed_space.layer_latency_s(space.context, ["s:0"], 1) == pytest.approx(2 * mixed_space.layer_latency_s(space.context, ["f:0"], 1))
+    assert mixed_space.layer_latency_s(space.context, ["s:0"], 1) == pytest.approx(
+        2 * mixed_space.layer_latency_s(space.context, ["f:0"], 1)
+    )
     assert mixed_space.zorse_shares(space.context, [["f:0"], ["s:0"]], 12, 1) == [8, 4]
     assert mixed_space.zorse_shares(space.context, [["f:0"], ["s:0"], ["s:1"]], 12, 1) == [6, 3, 3]
     gpu = lambda name, bw: dict(name=name, peak_tflops=100, memory_GiB=40, memory_bandwidth_GBps=bw)  # noqa: E731
-    cluster = cluster_from_dict({"name": "t", "nodes": [{"name": "f", "count": 2, "gpu": gpu("F", 2000)},
-                                                        {"name": "m", "count": 2, "gpu": gpu("M", 100)}],
-                                 "network": {"bandwidth_GBps": 10}}, "t")
+    cluster = cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [
+                {"name": "f", "count": 2, "gpu": gpu("F", 2000)},
+                {"name": "m", "count": 2, "gpu": gpu("M", 100)},
+            ],
+            "network": {"bandwidth_GBps": 10},
+        },
+        "t",
+    )
     space = SearchSpace(cluster, load_model("gpt2-xl"))
     assert space.group_speed(["f:0"]) == space.group_speed(["m:0"])  # the peak rule would split 6 + 6
     sim = Simulator(cluster, space.model)
-    lat = [sum((e.forward_s, e.backward_s)) for e in (sim.costs.stage_estimate((d,), 1, False, False, False, 1, 1)
-                                                     for d in ("f:0", "m:0"))]
+    lat = [
+        sum((e.forward_s, e.backward_s))
+        for e in (sim.costs.stage_estimate((d,), 1, False, False, False, 1, 1) for d in ("f:0", "m:0"))
+    ]
     assert lat[1] > 2 * lat[0]
     expected = mixed_space.shares(12, [1 / lat[0], 1 / lat[1]])
     assert mixed_space.zorse_shares(space.context, [["f:0"], ["m:0"]], 12, 1) == expected and expected[1] < 6
@@ -84,7 +105,9 @@ def test_zorse_shares_are_inverse_to_the_cost_models_per_layer_latency():
     assert d.ok, d.reason
     pipe = d.config.pipelines[0]
     assert [r.devices[0][0] for r in pipe.stages[0].ranks] == ["f", "m"]
-    assert [r.num_microbatches for r in pipe.stages[0].ranks] == mixed_space.zorse_shares(space.context, [r.devices for r in pipe.stages[0].ranks], pipe.num_microbatches, 1)
+    assert [r.num_microbatches for r in pipe.stages[0].ranks] == mixed_space.zorse_shares(
+        space.context, [r.devices for r in pipe.stages[0].ranks], pipe.num_microbatches, 1
+    )
 
 
 def test_zero_is_kept_for_one_replica_whose_stages_have_several_ranks(space):
@@ -110,17 +133,26 @@ def test_too_wide_or_too_few_micro_batches_is_a_reason(space):
 
 
 def test_bandwidth_grouping_cuts_the_slow_links_between_stages():
-    cluster = cluster_from_dict({"name": "t", "nodes": [
-        {"name": "a", "gpu": "A100-80GB", "count": 2, "intra_node": {"bandwidth_GBps": 300, "latency_us": 2}},
-        {"name": "v", "gpu": "V100-32GB", "count": 4, "intra_node": {"bandwidth_GBps": 16, "latency_us": 5}}],
-        "network": {"bandwidth_GBps": 12.5, "latency_us": 10}}, "test")
+    cluster = cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [
+                {"name": "a", "gpu": "A100-80GB", "count": 2, "intra_node": {"bandwidth_GBps": 300, "latency_us": 2}},
+                {"name": "v", "gpu": "V100-32GB", "count": 4, "intra_node": {"bandwidth_GBps": 16, "latency_us": 5}},
+            ],
+            "network": {"bandwidth_GBps": 12.5, "latency_us": 10},
+        },
+        "test",
+    )
     space = SearchSpace(cluster, load_model("gpt2-xl"))
     d = space.decode(dict(space.heuristic_params()[0], stage_ranks="bandwidth", pp=2, order="slow-first"))
     assert d.ok, d.reason
     (pipe,) = d.config.pipelines
     # stages of different width and type: 4 V100s in stage 0, 2 A100s in stage 1; only the network between
     assert [[r.devices for r in st.ranks] for st in pipe.stages] == [
-        [("v:0",), ("v:1",), ("v:2",), ("v:3",)], [("a:0",), ("a:1",)]]
+        [("v:0",), ("v:1",), ("v:2",), ("v:3",)],
+        [("a:0",), ("a:1",)],
+    ]
     s0, s1 = pipe.stages
     assert s0.layers < s1.layers  # 4 x 125 < 2 x 312 TFLOP/s
     # three stages from two nodes: the V100 node splits into two balanced parts
@@ -140,8 +172,9 @@ def test_starts_include_bandwidth_and_mixed_type_stages(space):
 
 
 def test_env_share_moves_shift_micro_batches_between_a_stages_ranks(space):
-    env = ParallelConfigEnv(space, Simulator(space.cluster, space.model), max_steps=8,
-                            actions=actions_for(space, mixed=True))
+    env = ParallelConfigEnv(
+        space, Simulator(space.cluster, space.model), max_steps=8, actions=actions_for(space, mixed=True)
+    )
     assert not set(MIXED_ACTIONS) & set(actions_for(space))  # off by default (policy files' move lists)
     env.reset(seed=0)
     env.params = base(space, stage_ranks=2, assign="mixed", pp=2)

@@ -10,28 +10,46 @@ from autotune.simulator import Simulator
 from autotune.specs import ParallelConfig
 from autotune.specs.mixed_stage import microbatch_owners, rank_orders, stage_warmups
 
-MODEL = dict(name="m", num_layers=8, hidden_size=1024, num_heads=16, ffn_hidden_size=4096, vocab_size=32000,
-             seq_len=1024, global_batch_size=8)
+MODEL = dict(
+    name="m",
+    num_layers=8,
+    hidden_size=1024,
+    num_heads=16,
+    ffn_hidden_size=4096,
+    vocab_size=32000,
+    seq_len=1024,
+    global_batch_size=8,
+)
 
 
 def _cluster():
     gpu = lambda name, tflops, gib: dict(name=name, peak_tflops=tflops, memory_GiB=gib, memory_bandwidth_GBps=1000)  # noqa: E731
-    return cluster_from_dict({"name": "t", "nodes": [
-        dict(name="fast", count=3, gpu=gpu("F", 100, 80), intra_node=dict(bandwidth_GBps=100, latency_us=5)),
-        dict(name="slow", count=2, gpu=gpu("S", 60, 16), intra_node=dict(bandwidth_GBps=100, latency_us=5))],
-        "network": {"bandwidth_GBps": 10, "latency_us": 20}}, "t")
+    return cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [
+                dict(name="fast", count=3, gpu=gpu("F", 100, 80), intra_node=dict(bandwidth_GBps=100, latency_us=5)),
+                dict(name="slow", count=2, gpu=gpu("S", 60, 16), intra_node=dict(bandwidth_GBps=100, latency_us=5)),
+            ],
+            "network": {"bandwidth_GBps": 10, "latency_us": 20},
+        },
+        "t",
+    )
 
 
 def _plan(stages, m=8, **top):
     return {"micro_batch_size": 1, **top, "pipelines": [{"num_microbatches": m, "stages": stages}]}
 
 
-ZORSE_STAGE0 = {"layers": 6, "ranks": [{"devices": ["fast:0"], "num_microbatches": 5},
-                                       {"devices": ["slow:0"], "num_microbatches": 3}]}
+ZORSE_STAGE0 = {
+    "layers": 6,
+    "ranks": [{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["slow:0"], "num_microbatches": 3}],
+}
 LAST = {"layers": 2, "devices": ["fast:1"]}
 
 
 # -- plan rules ----------------------------------------------------------------------------------------
+
 
 def test_round_trip_describe_and_backward_compatible_view():
     cfg = ParallelConfig.from_dict(_plan([ZORSE_STAGE0, LAST]))
@@ -47,31 +65,76 @@ def test_round_trip_describe_and_backward_compatible_view():
     cfg.validate(_cluster(), model_from_dict(MODEL, "m"))
 
 
-@pytest.mark.parametrize("stage0,top,message", [
-    ({"layers": 6, "devices": ["fast:0"], "ranks": ZORSE_STAGE0["ranks"]}, {},
-     "pipelines[0].stages[0].ranks: give devices (one rank) or ranks, not both"),
-    ({"layers": 6, "ranks": []}, {}, "pipelines[0].stages[0].ranks: must be a non-empty list of ranks"),
-    ({"layers": 6, "ranks": ["fast:0"]}, {}, "pipelines[0].stages[0].ranks[0]: must be an object"),
-    ({"layers": 6, "ranks": [{"devices": ["fast:0"], "num_microbatches": 8, "tp": 1}]}, {},
-     "pipelines[0].stages[0].ranks[0].tp: unknown field"),
-    ({"layers": 6, "ranks": [{"num_microbatches": 8}]}, {},
-     "pipelines[0].stages[0].ranks[0].devices: is required and must be a list of device ids"),
-    ({"layers": 6, "ranks": [{"devices": ["fast:0"]}]}, {},
-     "pipelines[0].stages[0].ranks[0].num_microbatches: is required"),
-    ({"layers": 6, "ranks": [{"devices": [], "num_microbatches": 8}]}, {},
-     "pipelines[0].stages[0].ranks[0].devices: must list at least one device"),
-    ({"layers": 6, "ranks": [{"devices": ["fast:0"], "num_microbatches": 8},
-                             {"devices": ["slow:0"], "num_microbatches": 0}]}, {},
-     "pipelines[0].stages[0].ranks[1].num_microbatches: must be > 0, got 0"),
-    ({"layers": 6, "ranks": [{"devices": ["fast:0"], "num_microbatches": 5},
-                             {"devices": ["slow:0"], "num_microbatches": 4}]}, {},
-     "pipelines[0].stages[0].ranks: shares 5 + 4 = 9 micro-batches, the pipeline has num_microbatches=8"),
-    ({"layers": 6, "ranks": [{"devices": ["fast:0"], "num_microbatches": 2.5},
-                             {"devices": ["slow:0"], "num_microbatches": 5.5}]}, {},
-     "pipelines[0].stages[0].ranks[0].num_microbatches: must be an integer"),
-    (ZORSE_STAGE0, {"schedule": "interleaved-1f1b", "virtual_stages": 2},
-     "schedule: interleaved-1f1b with a stage of several ranks (pipelines[0].stages[0].ranks) is not supported"),
-])
+@pytest.mark.parametrize(
+    "stage0,top,message",
+    [
+        (
+            {"layers": 6, "devices": ["fast:0"], "ranks": ZORSE_STAGE0["ranks"]},
+            {},
+            "pipelines[0].stages[0].ranks: give devices (one rank) or ranks, not both",
+        ),
+        ({"layers": 6, "ranks": []}, {}, "pipelines[0].stages[0].ranks: must be a non-empty list of ranks"),
+        ({"layers": 6, "ranks": ["fast:0"]}, {}, "pipelines[0].stages[0].ranks[0]: must be an object"),
+        (
+            {"layers": 6, "ranks": [{"devices": ["fast:0"], "num_microbatches": 8, "tp": 1}]},
+            {},
+            "pipelines[0].stages[0].ranks[0].tp: unknown field",
+        ),
+        (
+            {"layers": 6, "ranks": [{"num_microbatches": 8}]},
+            {},
+            "pipelines[0].stages[0].ranks[0].devices: is required and must be a list of device ids",
+        ),
+        (
+            {"layers": 6, "ranks": [{"devices": ["fast:0"]}]},
+            {},
+            "pipelines[0].stages[0].ranks[0].num_microbatches: is required",
+        ),
+        (
+            {"layers": 6, "ranks": [{"devices": [], "num_microbatches": 8}]},
+            {},
+            "pipelines[0].stages[0].ranks[0].devices: must list at least one device",
+        ),
+        (
+            {
+                "layers": 6,
+                "ranks": [
+                    {"devices": ["fast:0"], "num_microbatches": 8},
+                    {"devices": ["slow:0"], "num_microbatches": 0},
+                ],
+            },
+            {},
+            "pipelines[0].stages[0].ranks[1].num_microbatches: must be > 0, got 0",
+        ),
+        (
+            {
+                "layers": 6,
+                "ranks": [
+                    {"devices": ["fast:0"], "num_microbatches": 5},
+                    {"devices": ["slow:0"], "num_microbatches": 4},
+                ],
+            },
+            {},
+            "pipelines[0].stages[0].ranks: shares 5 + 4 = 9 micro-batches, the pipeline has num_microbatches=8",
+        ),
+        (
+            {
+                "layers": 6,
+                "ranks": [
+                    {"devices": ["fast:0"], "num_microbatches": 2.5},
+                    {"devices": ["slow:0"], "num_microbatches": 5.5},
+                ],
+            },
+            {},
+            "pipelines[0].stages[0].ranks[0].num_microbatches: must be an integer",
+        ),
+        (
+            ZORSE_STAGE0,
+            {"schedule": "interleaved-1f1b", "virtual_stages": 2},
+            "schedule: interleaved-1f1b with a stage of several ranks (pipelines[0].stages[0].ranks) is not supported",
+        ),
+    ],
+)
 def test_shape_rules_name_field_and_numbers(stage0, top, message):
     with pytest.raises(SpecError) as e:
         ParallelConfig.from_dict(_plan([stage0, LAST], **top))
@@ -81,32 +144,57 @@ def test_shape_rules_name_field_and_numbers(stage0, top, message):
 MOE = dict(MODEL, num_experts=4)
 
 
-@pytest.mark.parametrize("top,message", [
-    ({"expert_parallel": 2}, "expert_parallel: 2 with a stage of several ranks (pipelines[0].stages[0].ranks): "
-                             "expert parallelism over mixed stages is not modelled"),
-    ({"sync_every_steps": 2}, "sync_every_steps: SPES (expert subsets / periodic sync) with a stage of several "
-                              "ranks (pipelines[0].stages[0].ranks) is not modelled"),
-])
+@pytest.mark.parametrize(
+    "top,message",
+    [
+        (
+            {"expert_parallel": 2},
+            "expert_parallel: 2 with a stage of several ranks (pipelines[0].stages[0].ranks): "
+            "expert parallelism over mixed stages is not modelled",
+        ),
+        (
+            {"sync_every_steps": 2},
+            "sync_every_steps: SPES (expert subsets / periodic sync) with a stage of several "
+            "ranks (pipelines[0].stages[0].ranks) is not modelled",
+        ),
+    ],
+)
 def test_moe_exchanges_over_mixed_stages_are_refused(top, message):
     with pytest.raises(SpecError) as e:
         ParallelConfig.from_dict(_plan([ZORSE_STAGE0, LAST], **top))
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("ranks,model,message", [
-    ([{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["fast:1"], "num_microbatches": 3}], MODEL,
-     "pipelines[0].stages[1].devices: device 'fast:1' is used more than once"),
-    ([{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["fast:0"], "num_microbatches": 3}], MODEL,
-     "pipelines[0].stages[0].ranks: device 'fast:0' is used more than once"),
-    ([{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["gone:0"], "num_microbatches": 3}], MODEL,
-     "pipelines[0].stages[0].ranks: unknown device id 'gone:0'"),
-    ([{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["slow:0", "slow:1"], "num_microbatches": 3}],
-     dict(MODEL, num_heads=1, hidden_size=1024),
-     "pipelines[0].stages[0].ranks[1].devices: tensor-parallel degree 2 must divide num_heads=1"),
-    ([{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["slow:0", "slow:1"], "num_microbatches": 3}],
-     dict(MODEL, ffn_hidden_size=4095),
-     "pipelines[0].stages[0].ranks[1].devices: tensor-parallel degree 2 must divide ffn_hidden_size=4095"),
-])
+@pytest.mark.parametrize(
+    "ranks,model,message",
+    [
+        (
+            [{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["fast:1"], "num_microbatches": 3}],
+            MODEL,
+            "pipelines[0].stages[1].devices: device 'fast:1' is used more than once",
+        ),
+        (
+            [{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["fast:0"], "num_microbatches": 3}],
+            MODEL,
+            "pipelines[0].stages[0].ranks: device 'fast:0' is used more than once",
+        ),
+        (
+            [{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["gone:0"], "num_microbatches": 3}],
+            MODEL,
+            "pipelines[0].stages[0].ranks: unknown device id 'gone:0'",
+        ),
+        (
+            [{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["slow:0", "slow:1"], "num_microbatches": 3}],
+            dict(MODEL, num_heads=1, hidden_size=1024),
+            "pipelines[0].stages[0].ranks[1].devices: tensor-parallel degree 2 must divide num_heads=1",
+        ),
+        (
+            [{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["slow:0", "slow:1"], "num_microbatches": 3}],
+            dict(MODEL, ffn_hidden_size=4095),
+            "pipelines[0].stages[0].ranks[1].devices: tensor-parallel degree 2 must divide ffn_hidden_size=4095",
+        ),
+    ],
+)
 def test_cluster_and_model_rules_name_field_and_numbers(ranks, model, message):
     cfg = ParallelConfig.from_dict(_plan([{"layers": 6, "ranks": ranks}, LAST]))
     with pytest.raises(SpecError) as e:
@@ -136,6 +224,7 @@ def test_round_robin_by_share_and_rank_orders():
 
 
 # -- simulator, by hand ------------------------------------------------------------------------------------
+
 
 def test_two_stage_pipeline_with_a_5_3_mixed_stage_by_hand():
     """Stage 0: ranks A = fast:0 (5 micro-batches) and B = slow:0 (3), stage 1: C = fast:1 (8). Each operation
@@ -202,8 +291,9 @@ def test_two_stage_pipeline_with_a_5_3_mixed_stage_by_hand():
     assert ends[("fast:0", "B7")] == pytest.approx(A_B7, rel=1e-12)
     assert ends[("fast:1", "B4")] == pytest.approx(C_B4, rel=1e-12)
     # each rank's busy time is its own share at its own speed; the stage shows its busiest rank
-    assert m.stage_busy_s[0] == pytest.approx(max(5 * (A.forward_s + A.backward_s),
-                                                  3 * (B.forward_s + B.backward_s)), rel=1e-12)
+    assert m.stage_busy_s[0] == pytest.approx(
+        max(5 * (A.forward_s + A.backward_s), 3 * (B.forward_s + B.backward_s)), rel=1e-12
+    )
     # memory per rank: each holds the activations of its own in-flight micro-batches (A 3: F0 F2 F3; B 2: F1 F4)
     A3 = sim.costs.stage_estimate(("fast:0",), 6, False, True, False, 1, 3, dp=2)
     assert m.peak_memory_GiB["fast:0"] == pytest.approx(A3.memory_GiB)
@@ -220,7 +310,9 @@ def test_mixed_stage_slot_time_is_set_by_its_queues_not_its_slowest_gpu():
     slow_alone = sim.evaluate(ParallelConfig.from_dict(_plan([{"layers": 6, "devices": ["slow:0"]}, LAST])))
     A = sim.costs.stage_estimate(("fast:0",), 6, False, True, False, 1, 2, dp=2)
     B = sim.costs.stage_estimate(("slow:0",), 6, False, True, False, 1, 2, dp=2)
-    assert mixed.stage_busy_s[0] == pytest.approx(max(5 * (A.forward_s + A.backward_s), 3 * (B.forward_s + B.backward_s)))
+    assert mixed.stage_busy_s[0] == pytest.approx(
+        max(5 * (A.forward_s + A.backward_s), 3 * (B.forward_s + B.backward_s))
+    )
     assert mixed.stage_busy_s[0] < 0.6 * 8 * (B.forward_s + B.backward_s)
     assert mixed.iteration_time_s < slow_alone.iteration_time_s
 
@@ -230,9 +322,20 @@ def test_hand_off_between_stages_of_different_width_goes_to_each_micro_batch_own
     activation goes over the network to slow:0, micro-batch 0's within the node to fast:1."""
     cluster, model = _cluster(), model_from_dict(MODEL, "m")
     sim = Simulator(cluster, model)
-    cfg = ParallelConfig.from_dict(_plan([{"layers": 6, "devices": ["fast:0"]},
-                                          {"layers": 2, "ranks": [{"devices": ["fast:1"], "num_microbatches": 4},
-                                                                  {"devices": ["slow:0"], "num_microbatches": 4}]}]))
+    cfg = ParallelConfig.from_dict(
+        _plan(
+            [
+                {"layers": 6, "devices": ["fast:0"]},
+                {
+                    "layers": 2,
+                    "ranks": [
+                        {"devices": ["fast:1"], "num_microbatches": 4},
+                        {"devices": ["slow:0"], "num_microbatches": 4},
+                    ],
+                },
+            ]
+        )
+    )
     m = sim.evaluate_detailed(cfg)
     assert m.ok, m.error
     ev = {(e.device, e.op): e for e in m.timeline}
@@ -256,9 +359,15 @@ def test_gradient_sync_among_all_ranks_holding_the_layers_inside_stages_and_acro
     The first 6 layers have three holders (one all-reduce among 3), the last 2 two (fast:1 and fast:2)."""
     cluster, model = _cluster(), model_from_dict(dict(MODEL, global_batch_size=12), "m")
     sim = Simulator(cluster, model)
-    cfg = ParallelConfig.from_dict({"micro_batch_size": 1, "pipelines": [
-        {"num_microbatches": 8, "stages": [ZORSE_STAGE0, LAST]},
-        {"num_microbatches": 4, "stages": [{"layers": 8, "devices": ["fast:2"]}]}]})
+    cfg = ParallelConfig.from_dict(
+        {
+            "micro_batch_size": 1,
+            "pipelines": [
+                {"num_microbatches": 8, "stages": [ZORSE_STAGE0, LAST]},
+                {"num_microbatches": 4, "stages": [{"layers": 8, "devices": ["fast:2"]}]},
+            ],
+        }
+    )
     m = sim.evaluate_detailed(cfg)
     assert m.ok, m.error
     spans = {}
@@ -271,18 +380,22 @@ def test_gradient_sync_among_all_ranks_holding_the_layers_inside_stages_and_acro
     three = (("fast:0",), ("slow:0",), ("fast:2",))
     assert groups[frozenset({"fast:0", "slow:0", "fast:2"})] == pytest.approx(sim.costs.allreduce_time_s(three, first))
     assert groups[frozenset({"fast:1", "fast:2"})] == pytest.approx(
-        sim.costs.allreduce_time_s((("fast:1",), ("fast:2",)), last))
+        sim.costs.allreduce_time_s((("fast:1",), ("fast:2",)), last)
+    )
 
 
 def test_zero_shards_training_state_across_a_mixed_stage():
     """With ZeRO-2 the two ranks of stage 0 are data-parallel peers: each holds half of the gradients and
     optimizer state, so the 16 GiB card fits a stage it cannot hold alone."""
     cluster = _cluster()
-    model = model_from_dict(dict(MODEL, num_layers=16, hidden_size=2560, num_heads=20, ffn_hidden_size=10240,
-                                 global_batch_size=8), "m")
+    model = model_from_dict(
+        dict(MODEL, num_layers=16, hidden_size=2560, num_heads=20, ffn_hidden_size=10240, global_batch_size=8), "m"
+    )
     sim = Simulator(cluster, model)
-    mixed = {"layers": 12, "ranks": [{"devices": ["fast:0"], "num_microbatches": 5},
-                                     {"devices": ["slow:0"], "num_microbatches": 3}]}
+    mixed = {
+        "layers": 12,
+        "ranks": [{"devices": ["fast:0"], "num_microbatches": 5}, {"devices": ["slow:0"], "num_microbatches": 3}],
+    }
     last = {"layers": 4, "devices": ["fast:1"]}
     plain = sim.evaluate(ParallelConfig.from_dict(_plan([mixed, last])))
     sharded = sim.evaluate(ParallelConfig.from_dict(_plan([mixed, last], zero=2)))
@@ -296,7 +409,11 @@ def test_zero_shards_training_state_across_a_mixed_stage():
 def test_one_rank_stage_written_as_ranks_simulates_like_devices():
     cluster, model = _cluster(), model_from_dict(MODEL, "m")
     sim = Simulator(cluster, model)
-    ranks = sim.evaluate(ParallelConfig.from_dict(_plan([{"layers": 6, "ranks": [{"devices": ["fast:0"], "num_microbatches": 8}]}, LAST])))
+    ranks = sim.evaluate(
+        ParallelConfig.from_dict(
+            _plan([{"layers": 6, "ranks": [{"devices": ["fast:0"], "num_microbatches": 8}]}, LAST])
+        )
+    )
     devices = sim.evaluate(ParallelConfig.from_dict(_plan([{"layers": 6, "devices": ["fast:0"]}, LAST])))
     assert ranks.iteration_time_s == devices.iteration_time_s and ranks.peak_memory_GiB == devices.peak_memory_GiB
 
@@ -304,17 +421,45 @@ def test_one_rank_stage_written_as_ranks_simulates_like_devices():
 def test_cpu_hand_offs_do_not_block_the_sender_and_take_the_owner_pairs_link():
     """On CPU ranks (gloo) a transfer delays only its receiver: micro-batch j starts on its owner in stage 1
     when stage 0's forward of j ended plus the transfer between that pair."""
-    cluster = cluster_from_dict({"name": "c", "nodes": [
-        dict(name="a", gpu="cpu", count=1, intra_node=dict(bandwidth_GBps=5, latency_us=20)),
-        dict(name="b", gpu="cpu", count=1, intra_node=dict(bandwidth_GBps=5, latency_us=20)),
-        dict(name="c", gpu="cpu", count=1, slowdown=2.0, intra_node=dict(bandwidth_GBps=5, latency_us=20))],
-        "network": {"bandwidth_GBps": 1, "latency_us": 50}}, "c")
-    model = model_from_dict(dict(MODEL, hidden_size=256, num_heads=4, ffn_hidden_size=1024, vocab_size=512,
-                                 seq_len=128, global_batch_size=6), "m")
+    cluster = cluster_from_dict(
+        {
+            "name": "c",
+            "nodes": [
+                dict(name="a", gpu="cpu", count=1, intra_node=dict(bandwidth_GBps=5, latency_us=20)),
+                dict(name="b", gpu="cpu", count=1, intra_node=dict(bandwidth_GBps=5, latency_us=20)),
+                dict(name="c", gpu="cpu", count=1, slowdown=2.0, intra_node=dict(bandwidth_GBps=5, latency_us=20)),
+            ],
+            "network": {"bandwidth_GBps": 1, "latency_us": 50},
+        },
+        "c",
+    )
+    model = model_from_dict(
+        dict(
+            MODEL, hidden_size=256, num_heads=4, ffn_hidden_size=1024, vocab_size=512, seq_len=128, global_batch_size=6
+        ),
+        "m",
+    )
     sim = Simulator(cluster, model)
-    cfg = ParallelConfig.from_dict({"micro_batch_size": 1, "pipelines": [{"num_microbatches": 6, "stages": [
-        {"layers": 4, "devices": ["a:0"]},
-        {"layers": 4, "ranks": [{"devices": ["b:0"], "num_microbatches": 4}, {"devices": ["c:0"], "num_microbatches": 2}]}]}]})
+    cfg = ParallelConfig.from_dict(
+        {
+            "micro_batch_size": 1,
+            "pipelines": [
+                {
+                    "num_microbatches": 6,
+                    "stages": [
+                        {"layers": 4, "devices": ["a:0"]},
+                        {
+                            "layers": 4,
+                            "ranks": [
+                                {"devices": ["b:0"], "num_microbatches": 4},
+                                {"devices": ["c:0"], "num_microbatches": 2},
+                            ],
+                        },
+                    ],
+                }
+            ],
+        }
+    )
     m = sim.evaluate_detailed(cfg)
     assert m.ok, m.error
     ev = {(e.device, e.op): e for e in m.timeline}

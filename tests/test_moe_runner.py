@@ -31,17 +31,36 @@ def _stage(device: str, layers: int, recompute: bool = False) -> dict:
 
 
 PLANS = {
-    "dp": {"micro_batch_size": 1, "pipelines": [
-        {"num_microbatches": 2, "stages": [_stage(f"cpu:{p}", 4)]} for p in range(4)]},
-    "ep2-pp2": {"micro_batch_size": 1, "expert_parallel": 2, "pipelines": [
-        {"num_microbatches": 4, "stages": [_stage(f"cpu:{2 * p}", 1), _stage(f"cpu:{2 * p + 1}", 3, True)]}
-        for p in range(2)]},
-    "ep4": {"micro_batch_size": 1, "expert_parallel": 4, "pipelines": [
-        {"num_microbatches": 2, "stages": [_stage(f"cpu:{p}", 4)]} for p in range(4)]},
-    "spes-sync1": {"micro_batch_size": 1, "pipelines": [
-        {"num_microbatches": 2, "trains_experts": [0, 1, 2, 3], "stages": [_stage(f"cpu:{p}", 4)]} for p in range(4)]},
-    "spes-sync4": {"micro_batch_size": 1, "sync_every_steps": 4, "pipelines": [
-        {"num_microbatches": 2, "trains_experts": [p], "stages": [_stage(f"cpu:{p}", 4)]} for p in range(4)]},
+    "dp": {
+        "micro_batch_size": 1,
+        "pipelines": [{"num_microbatches": 2, "stages": [_stage(f"cpu:{p}", 4)]} for p in range(4)],
+    },
+    "ep2-pp2": {
+        "micro_batch_size": 1,
+        "expert_parallel": 2,
+        "pipelines": [
+            {"num_microbatches": 4, "stages": [_stage(f"cpu:{2 * p}", 1), _stage(f"cpu:{2 * p + 1}", 3, True)]}
+            for p in range(2)
+        ],
+    },
+    "ep4": {
+        "micro_batch_size": 1,
+        "expert_parallel": 4,
+        "pipelines": [{"num_microbatches": 2, "stages": [_stage(f"cpu:{p}", 4)]} for p in range(4)],
+    },
+    "spes-sync1": {
+        "micro_batch_size": 1,
+        "pipelines": [
+            {"num_microbatches": 2, "trains_experts": [0, 1, 2, 3], "stages": [_stage(f"cpu:{p}", 4)]} for p in range(4)
+        ],
+    },
+    "spes-sync4": {
+        "micro_batch_size": 1,
+        "sync_every_steps": 4,
+        "pipelines": [
+            {"num_microbatches": 2, "trains_experts": [p], "stages": [_stage(f"cpu:{p}", 4)]} for p in range(4)
+        ],
+    },
 }
 SPES_STEPS = 8
 
@@ -55,8 +74,9 @@ def _engine(name: str, rank: int):
     model = load_model(MODEL)
     config = load_config(PLANS[name])
     layout = build_layout(load_cluster("cpu-4"), model, config)
-    return Engine(layout, model, rank, torch.device("cpu"), schedule=config.schedule, seed=0,
-                  tokens=TokenSource(model, 0))
+    return Engine(
+        layout, model, rank, torch.device("cpu"), schedule=config.schedule, seed=0, tokens=TokenSource(model, 0)
+    )
 
 
 def _snapshot(engine) -> dict[str, torch.Tensor]:
@@ -91,8 +111,11 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     checkpoint.save(ckpt, engine, 3)
     engine = _engine("spes-sync4", rank)
     start = checkpoint.load(checkpoint.latest(ckpt), engine)
-    results["resumed"] = {"start": start, "losses": [engine.step(i).loss for i in range(start, SPES_STEPS)],
-                          "final": _snapshot(engine)}
+    results["resumed"] = {
+        "start": start,
+        "losses": [engine.step(i).loss for i in range(start, SPES_STEPS)],
+        "final": _snapshot(engine),
+    }
     torch.save(results, Path(out) / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -167,9 +190,21 @@ def test_measure_times_local_steps_and_one_sync() -> None:
     from autotune import load_config
     from runner.launch import RealEvaluator
 
-    config = load_config({"micro_batch_size": 1, "expert_parallel": 2, "sync_every_steps": 5, "pipelines": [
-        {"num_microbatches": 2, "trains_experts": [0, 1] if p < 2 else [2, 3], "stages": [_stage(f"cpu:{p}", 4)]}
-        for p in range(4)]})
+    config = load_config(
+        {
+            "micro_batch_size": 1,
+            "expert_parallel": 2,
+            "sync_every_steps": 5,
+            "pipelines": [
+                {
+                    "num_microbatches": 2,
+                    "trains_experts": [0, 1] if p < 2 else [2, 3],
+                    "stages": [_stage(f"cpu:{p}", 4)],
+                }
+                for p in range(4)
+            ],
+        }
+    )
     m = RealEvaluator("cpu-4", MODEL, steps=2, warmup=1, timeout_s=240).evaluate(config)
     assert m.status == "ok", m.error
     assert m.sync_time_s > 0 and m.iteration_time_s > m.sync_time_s / 5

@@ -63,8 +63,14 @@ def test_holder_keys_and_exchange_weights() -> None:
     holders, trainers, _, w = groups["layer0.expert0"]
     assert holders == (0, 2) and w[0] == (2 / 8, 4 / 8)
     # SPES: group 0 trains experts 0-1, group 1 experts 2-3
-    spes = _layout({"micro_batch_size": 1, "expert_parallel": 2, "sync_every_steps": 4,
-                    "pipelines": _pipes(4, trains=[[0, 1], [0, 1], [2, 3], [2, 3]])})
+    spes = _layout(
+        {
+            "micro_batch_size": 1,
+            "expert_parallel": 2,
+            "sync_every_steps": 4,
+            "pipelines": _pipes(4, trains=[[0, 1], [0, 1], [2, 3], [2, 3]]),
+        }
+    )
     groups = {g[2][0]: g for g in spes.exchange_groups()}
     holders, trainers, _, w = groups["layer0.expert2"]
     assert holders == (1, 3) and trainers == (3,) and w == {3: (2 / 4, 1.0)}
@@ -74,8 +80,10 @@ def test_holder_keys_and_exchange_weights() -> None:
 
 
 def test_runner_refuses_what_it_does_not_implement() -> None:
-    tp = {"micro_batch_size": 1, "pipelines": [{"num_microbatches": 8, "stages": [
-        {"devices": ["cpu:0", "cpu:1"], "layers": 4}]}]}
+    tp = {
+        "micro_batch_size": 1,
+        "pipelines": [{"num_microbatches": 8, "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": 4}]}],
+    }
     with pytest.raises(SpecError, match="tensor parallelism inside MoE blocks is not implemented in the runner"):
         _layout(tp)
     with pytest.raises(SpecError, match="ZeRO sharding of MoE or SPES plans is not implemented in the runner"):
@@ -85,8 +93,22 @@ def test_runner_refuses_what_it_does_not_implement() -> None:
 def test_profiled_spes_run_amortises_its_timed_sync() -> None:
     from runner.profile import summarize
 
-    config = load_config({"micro_batch_size": 1, "sync_every_steps": 4, "pipelines": _pipes(2, trains=[[0, 1], [2, 3]])})
-    readings = [dict(rank=r, device=f"cpu:{r}", pipeline=r, stage=0, forward_s=0.01, backward_s=0.02,
-                     iteration_time_s=0.1, peak_memory_GiB=0.1, sync_time_s=0.2 + 0.1 * r) for r in range(2)]
+    config = load_config(
+        {"micro_batch_size": 1, "sync_every_steps": 4, "pipelines": _pipes(2, trains=[[0, 1], [2, 3]])}
+    )
+    readings = [
+        dict(
+            rank=r,
+            device=f"cpu:{r}",
+            pipeline=r,
+            stage=0,
+            forward_s=0.01,
+            backward_s=0.02,
+            iteration_time_s=0.1,
+            peak_memory_GiB=0.1,
+            sync_time_s=0.2 + 0.1 * r,
+        )
+        for r in range(2)
+    ]
     m = summarize(readings, load_cluster("cpu-4"), MODEL, config)
     assert m.sync_time_s == pytest.approx(0.3) and m.iteration_time_s == pytest.approx(0.1 + 0.3 / 4)

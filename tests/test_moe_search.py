@@ -57,8 +57,9 @@ def test_decode_expert_parallel_groups_are_identical_and_subsets_follow_batch_sh
     cluster = internet(8, slow=4)
     space = SearchSpace(cluster, MODEL, max_sync_every=10)
     base = space.heuristic_params()[0]
-    params = dict(base, pp=1, assign="grouped", batch_split=1.0, expert_parallel=2, trains_experts="partition",
-                  sync_every=10)
+    params = dict(
+        base, pp=1, assign="grouped", batch_split=1.0, expert_parallel=2, trains_experts="partition", sync_every=10
+    )
     d = space.decode(params)
     assert d.ok, d.reason
     cfg = d.config
@@ -67,8 +68,9 @@ def test_decode_expert_parallel_groups_are_identical_and_subsets_follow_batch_sh
         pipes = [cfg.pipelines[r] for r in group]
         assert len({p.num_microbatches for p in pipes}) == 1 and len({p.trains_experts for p in pipes}) == 1
     # A100 groups (faster, more micro-batches) train more experts; together they cover all 16 once
-    shares = [(cfg.pipelines[g[0]].num_microbatches, len(cfg.pipelines[g[0]].trains_experts))
-              for g in cfg.expert_groups()]
+    shares = [
+        (cfg.pipelines[g[0]].num_microbatches, len(cfg.pipelines[g[0]].trains_experts)) for g in cfg.expert_groups()
+    ]
     assert shares[0][0] > shares[-1][0] and shares[0][1] > shares[-1][1]
     covered = sorted(e for g in cfg.expert_groups() for e in cfg.pipelines[g[0]].trains_experts)
     assert covered == list(range(16))
@@ -91,10 +93,9 @@ def test_env_has_moe_moves_and_fine_edits_keep_moe_fields() -> None:
     cluster = internet(8)
     space = SearchSpace(cluster, MODEL, max_sync_every=10)
     env = ParallelConfigEnv(space, Simulator(cluster, MODEL), max_steps=40)
-    assert env.actions[:len(ACTIONS) + len(ZERO_ACTIONS)] == ACTIONS + ZERO_ACTIONS  # the fixed list of layout "full"
+    assert env.actions[: len(ACTIONS) + len(ZERO_ACTIONS)] == ACTIONS + ZERO_ACTIONS  # the fixed list of layout "full"
     assert set(MOE_ACTIONS) <= set(env.actions)
-    env.reset(seed=0, options={"params": dict(space.heuristic_params()[0], trains_experts="partition",
-                                              sync_every=10)})
+    env.reset(seed=0, options={"params": dict(space.heuristic_params()[0], trains_experts="partition", sync_every=10)})
     assert env.config.sync_every_steps == 10
     rng = np.random.default_rng(0)
     for _ in range(30):
@@ -105,13 +106,15 @@ def test_env_has_moe_moves_and_fine_edits_keep_moe_fields() -> None:
         env.step(a)
         assert env.space.check(env.config) is None
         # (a roundpipe plan's moves re-decode: leaving it by a schedule move is a structure move)
-        if env.actions[a][0] in ("layer", "batch", "mbs", "recompute", "schedule") and env.config != before \
-                and not before.is_roundpipe:
+        if (
+            env.actions[a][0] in ("layer", "batch", "mbs", "recompute", "schedule")
+            and env.config != before
+            and not before.is_roundpipe
+        ):
             assert env.config.sync_every_steps == before.sync_every_steps  # fine edits keep the MoE fields
             assert [p.trains_experts for p in env.config.pipelines] == [p.trains_experts for p in before.pipelines]
     moved = env.actions.index(("dim", "sync_every", -1))
-    env.reset(seed=0, options={"params": dict(space.heuristic_params()[0], trains_experts="partition",
-                                              sync_every=10)})
+    env.reset(seed=0, options={"params": dict(space.heuristic_params()[0], trains_experts="partition", sync_every=10)})
     assert env.action_masks()[moved]
     env.step(moved)
     assert env.config.sync_every_steps == 5
@@ -123,8 +126,17 @@ def test_every_method_searches_the_moe_space(method: str) -> None:
 
     cluster = internet(8)
     # pipeline plans only: one node's RoundPipe (no network at all) is a different answer to the slow link
-    result = tune(cluster, MODEL, method=method, budget=12, track=False, max_sync_every=10, start="heuristic",
-                  storage="memory" if method == "optuna" else None, restrict={"roundpipe": [False]})
+    result = tune(
+        cluster,
+        MODEL,
+        method=method,
+        budget=12,
+        track=False,
+        max_sync_every=10,
+        start="heuristic",
+        storage="memory" if method == "optuna" else None,
+        restrict={"roundpipe": [False]},
+    )
     assert result.best_measurement.ok
     if method != "uniform":  # the Megatron-style baseline synchronises every step
         # on a 1 Gbit/s internet, training locally for 10 steps between syncs wins

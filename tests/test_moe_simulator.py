@@ -15,15 +15,22 @@ TINY = load_model("tiny-moe")  # h 64, 4 blocks, 4 experts of width 128 (gelu), 
 
 def standalone(n: int = 4, network_GBps: float = 1.0, latency_us: float = 0.0, gpu: str = "A100-80GB"):
     """``n`` single-GPU nodes joined by one network (the SPES setting)."""
-    return cluster_from_dict({"nodes": [{"name": "n", "gpu": gpu, "count": 1, "repeat": n}],
-                              "network": {"bandwidth_GBps": network_GBps, "latency_us": latency_us}}, "test")
+    return cluster_from_dict(
+        {
+            "nodes": [{"name": "n", "gpu": gpu, "count": 1, "repeat": n}],
+            "network": {"bandwidth_GBps": network_GBps, "latency_us": latency_us},
+        },
+        "test",
+    )
 
 
 def plan(n: int = 4, ep: int = 1, sync: int = 1, trains=None, mbs: int = 1, zero: int = 0):
     pipes = []
     for p in range(n):
-        pipe = {"num_microbatches": TINY.global_batch_size // (n * mbs),
-                "stages": [{"devices": [f"n-{p}:0"], "layers": TINY.num_layers}]}
+        pipe = {
+            "num_microbatches": TINY.global_batch_size // (n * mbs),
+            "stages": [{"devices": [f"n-{p}:0"], "layers": TINY.num_layers}],
+        }
         if trains is not None:
             pipe["trains_experts"] = trains[p]
         pipes.append(pipe)
@@ -74,7 +81,7 @@ def test_expert_memory_counts_every_expert_held() -> None:
     # ZeRO-1 with expert parallelism 2: dense optimizer state over 4 peers, each expert's over 2
     z1 = sim.evaluate(plan(ep=2, zero=1)).allocated_memory_GiB["n-0:0"]
     dense = SHARED  # every replica holds the whole shared part
-    expected = (dense * (4 + 12 / 4) + 2 * EXPERT * (4 + 12 / 2))
+    expected = dense * (4 + 12 / 4) + 2 * EXPERT * (4 + 12 / 2)
     assert (ep2 - z1) * GiB == pytest.approx(dense * 16 + 2 * EXPERT * 16 - expected, rel=1e-9)
 
 
@@ -109,14 +116,28 @@ def test_spes_sync_time_amortised_over_sync_every_steps() -> None:
 
 
 def test_expert_parallel_group_runs_at_its_slowest_replica() -> None:
-    cluster = cluster_from_dict({"nodes": [{"name": "fast", "gpu": "A100-80GB", "count": 1},
-                                           {"name": "slow", "gpu": "V100-32GB", "count": 1}],
-                                 "network": {"bandwidth_GBps": 100.0}}, "mixed")
+    cluster = cluster_from_dict(
+        {
+            "nodes": [
+                {"name": "fast", "gpu": "A100-80GB", "count": 1},
+                {"name": "slow", "gpu": "V100-32GB", "count": 1},
+            ],
+            "network": {"bandwidth_GBps": 100.0},
+        },
+        "mixed",
+    )
     sim = Simulator(cluster, TINY)
     stage = {"layers": 4}
-    cfg = load_config({"micro_batch_size": 1, "expert_parallel": 2, "pipelines": [
-        {"num_microbatches": 4, "stages": [dict(stage, devices=["fast:0"])]},
-        {"num_microbatches": 4, "stages": [dict(stage, devices=["slow:0"])]}]})
+    cfg = load_config(
+        {
+            "micro_batch_size": 1,
+            "expert_parallel": 2,
+            "pipelines": [
+                {"num_microbatches": 4, "stages": [dict(stage, devices=["fast:0"])]},
+                {"num_microbatches": 4, "stages": [dict(stage, devices=["slow:0"])]},
+            ],
+        }
+    )
     m = sim.evaluate_detailed(cfg)
     forward = {e.device: e.end_s - e.start_s for e in m.timeline if e.op == "F0"}
     assert forward["fast:0"] == pytest.approx(forward["slow:0"])
@@ -130,8 +151,12 @@ def test_mixtral_simulates_and_moe_flops_set_mfu() -> None:
     # 4 replicas (one per node), 8-stage pipelines; expert parallelism 2 pairs the two H100 and the two A100 nodes
     pipes = []
     for node in ("h100-0", "h100-1", "a100-0", "a100-1"):
-        pipes.append({"num_microbatches": 16, "stages": [{"devices": [f"{node}:{i}"], "layers": 4, "recompute": True}
-                                                          for i in range(8)]})
+        pipes.append(
+            {
+                "num_microbatches": 16,
+                "stages": [{"devices": [f"{node}:{i}"], "layers": 4, "recompute": True} for i in range(8)],
+            }
+        )
     cfg = load_config({"micro_batch_size": 1, "expert_parallel": 2, "pipelines": pipes})
     m = Simulator(cluster, model).evaluate(cfg)
     assert m.status == "oom" or m.ok, m.error
@@ -144,13 +169,31 @@ def test_replicas_of_one_node_share_its_network_link_in_a_sync() -> None:
     """Two nodes of two GPUs, expert parallelism 2 inside each: the sync has one ring per position
     (position 0 of both groups, position 1 of both), both leaving the nodes through their one link, so
     they run one after the other: twice one ring's time."""
-    cluster = cluster_from_dict({"nodes": [{"name": "box", "gpu": "A100-80GB", "count": 2, "repeat": 2,
-                                            "intra_node": {"bandwidth_GBps": 300}}],
-                                 "network": {"bandwidth_GBps": 0.5}}, "pair")
+    cluster = cluster_from_dict(
+        {
+            "nodes": [
+                {"name": "box", "gpu": "A100-80GB", "count": 2, "repeat": 2, "intra_node": {"bandwidth_GBps": 300}}
+            ],
+            "network": {"bandwidth_GBps": 0.5},
+        },
+        "pair",
+    )
     devices = cluster.device_ids()
-    cfg = load_config({"micro_batch_size": 1, "expert_parallel": 2, "sync_every_steps": 4, "pipelines": [
-        {"num_microbatches": 2, "trains_experts": [0, 2] if p < 2 else [1, 3],
-         "stages": [{"devices": [d], "layers": 4}]} for p, d in enumerate(devices)]})
+    cfg = load_config(
+        {
+            "micro_batch_size": 1,
+            "expert_parallel": 2,
+            "sync_every_steps": 4,
+            "pipelines": [
+                {
+                    "num_microbatches": 2,
+                    "trains_experts": [0, 2] if p < 2 else [1, 3],
+                    "stages": [{"devices": [d], "layers": 4}],
+                }
+                for p, d in enumerate(devices)
+            ],
+        }
+    )
     m = Simulator(cluster, TINY).evaluate(cfg)
     assert m.ok, m.error
     # each ring: half the shared part all-reduced between 2 (1x), and the one of its 2 held experts the
@@ -166,8 +209,10 @@ def test_zero_in_spes_mode_shards_only_over_the_replicas_that_step_together() ->
     sim = Simulator(standalone(4), TINY)
     trains = ([0], [1], [2], [3])
     for zero in (1, 2, 3):
-        assert sim.evaluate(plan(sync=4, trains=trains, zero=zero)).peak_memory_GiB == \
-            sim.evaluate(plan(sync=4, trains=trains)).peak_memory_GiB
+        assert (
+            sim.evaluate(plan(sync=4, trains=trains, zero=zero)).peak_memory_GiB
+            == sim.evaluate(plan(sync=4, trains=trains)).peak_memory_GiB
+        )
     synchronous = sim.evaluate(plan(trains=trains, zero=1)).peak_memory_GiB["n-0:0"]
     assert synchronous < sim.evaluate(plan(trains=trains)).peak_memory_GiB["n-0:0"]  # 4 peers every step
     groups = ([0, 1], [0, 1], [2, 3], [2, 3])

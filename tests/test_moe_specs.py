@@ -30,7 +30,8 @@ def test_mixtral_matches_published_total_and_active_parameters() -> None:
     assert m.active_params / 1e9 == pytest.approx(12.9, rel=0.002)
     # FLOPs per token see the routed experts only: 6 x (active non-embedding weights) + attention
     assert model_flops_per_token(m) == pytest.approx(
-        6 * (m.active_params - m.embedding_params) + 12 * m.num_layers * m.hidden_size * m.seq_len)
+        6 * (m.active_params - m.embedding_params) + 12 * m.num_layers * m.hidden_size * m.seq_len
+    )
     assert model_flops_per_token(m) < 0.3 * 6 * m.num_params
 
 
@@ -96,8 +97,7 @@ def test_moe_model_rules(extra: str, message: str, tmp_path: Path) -> None:
 def _plan(ep: int = 1, sync: int = 1, trains=("all",) * 4, mbs=(2, 2, 2, 2), layers=((4,),) * 4) -> dict:
     pipes = []
     for p in range(4):
-        pipe = {"num_microbatches": mbs[p],
-                "stages": [{"devices": [f"cpu:{p}"], "layers": n} for n in layers[p]]}
+        pipe = {"num_microbatches": mbs[p], "stages": [{"devices": [f"cpu:{p}"], "layers": n} for n in layers[p]]}
         if trains[p] != "all":
             pipe["trains_experts"] = trains[p]
         pipes.append(pipe)
@@ -137,7 +137,7 @@ PLAN_RULES = [
     (dict(trains=([0, 4], "all", "all", "all")), "pipelines[0].trains_experts: expert index 4 out of range"),
     (dict(trains=([0, 0], "all", "all", "all")), "pipelines[0].trains_experts: lists an expert twice"),
     (dict(trains=("x", "all", "all", "all")), 'pipelines[0].trains_experts: must be "all" or a list'),
-    (dict(trains=([-1], "all", "all", "all")), "pipelines[0].trains_experts: must be \"all\" or a list of expert"),
+    (dict(trains=([-1], "all", "all", "all")), 'pipelines[0].trains_experts: must be "all" or a list of expert'),
     (dict(sync=0), "sync_every_steps: must be > 0"),
     (dict(ep=0), "expert_parallel: must be > 0"),
     (dict(ep=4, sync=2), "sync_every_steps: 2 needs at least two replicas (expert-parallel groups)"),
@@ -155,10 +155,16 @@ def test_moe_plan_rules(changes: dict, message: str | None) -> None:
 
 
 def test_expert_parallel_must_divide_the_replicas() -> None:
-    plan = {"micro_batch_size": 1, "expert_parallel": 4, "pipelines": [
-        {"num_microbatches": 4, "stages": [{"devices": [f"cpu:{p}"], "layers": 4}]} for p in range(2)]}
-    with pytest.raises(SpecError, match=r"expert_parallel: 4 must divide the number of data-parallel replicas "
-                                        r"\(pipelines\), 2"):
+    plan = {
+        "micro_batch_size": 1,
+        "expert_parallel": 4,
+        "pipelines": [{"num_microbatches": 4, "stages": [{"devices": [f"cpu:{p}"], "layers": 4}]} for p in range(2)],
+    }
+    with pytest.raises(
+        SpecError,
+        match=r"expert_parallel: 4 must divide the number of data-parallel replicas "
+        r"\(pipelines\), 2",
+    ):
         _validate(plan)
 
 
@@ -168,5 +174,9 @@ def test_moe_plan_fields_need_an_moe_model() -> None:
     with pytest.raises(SpecError, match="pipelines\\[0\\].trains_experts: needs a mixture-of-experts model"):
         _validate(_plan(trains=([0], "all", "all", "all")), model="tiny")
     with pytest.raises(SpecError, match="pipelines\\[0\\].bogus: unknown field"):
-        load_config({"micro_batch_size": 1, "pipelines": [{"num_microbatches": 8, "bogus": 1, "stages": [
-            {"devices": ["cpu:0"], "layers": 4}]}]})
+        load_config(
+            {
+                "micro_batch_size": 1,
+                "pipelines": [{"num_microbatches": 8, "bogus": 1, "stages": [{"devices": ["cpu:0"], "layers": 4}]}],
+            }
+        )

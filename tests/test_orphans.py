@@ -18,8 +18,13 @@ import pytest
 from proc_scan import kill_test_processes, processes_with
 
 REPO = Path(__file__).resolve().parents[1]
-PLAN = {"micro_batch_size": 2, "schedule": "1f1b", "pipelines": [{"num_microbatches": 4, "stages": [
-    {"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]}
+PLAN = {
+    "micro_batch_size": 2,
+    "schedule": "1f1b",
+    "pipelines": [
+        {"num_microbatches": 4, "stages": [{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}
+    ],
+}
 SLOW = "nodes: [{name: cpu, gpu: cpu, count: 2, slowdown: 10}]\nnetwork: {bandwidth_GBps: 5}\n"
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -62,14 +67,34 @@ def test_train_killed_leaves_no_rank_and_its_directory_is_locked_meanwhile(tmp_p
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
     (tmp_path / "slow.yaml").write_text(SLOW)
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    args = ["train", "--cluster", str(tmp_path / "slow.yaml"), "--model", "tiny", "--config",
-            str(tmp_path / "plan.json"), "--steps", "50", "--checkpoint-dir", str(ckpt), "--metrics-out", str(metrics)]
-    proc = subprocess.Popen(autotune(*args), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    args = [
+        "train",
+        "--cluster",
+        str(tmp_path / "slow.yaml"),
+        "--model",
+        "tiny",
+        "--config",
+        str(tmp_path / "plan.json"),
+        "--steps",
+        "50",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--metrics-out",
+        str(metrics),
+    ]
+    proc = subprocess.Popen(
+        autotune(*args), cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1, 180, "first step", proc)
-        second = subprocess.run(autotune(*args, "--resume"), cwd=tmp_path, env=dict(env, AUTOTUNE_TEST_TAG="x"),
-                                capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            autotune(*args, "--resume"),
+            cwd=tmp_path,
+            env=dict(env, AUTOTUNE_TEST_TAG="x"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 2, second.stderr
         assert second.stderr.count("\n") == 1 and "is in use by another training run" in second.stderr
         assert str(proc.pid) in second.stderr
@@ -84,10 +109,23 @@ def test_train_killed_leaves_no_rank_and_its_directory_is_locked_meanwhile(tmp_p
 def test_measure_killed_leaves_no_rank_even_a_hung_one(tmp_path):
     tag, env = tagged_env(tmp_path)
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    proc = subprocess.Popen(autotune("measure", "--cluster", "cpu-2", "--model", "tiny", "--config",
-                                     str(tmp_path / "plan.json"), "--timeout", "600"),
-                            cwd=tmp_path, env=dict(env, AUTOTUNE_FAULT="hang:rank1"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        autotune(
+            "measure",
+            "--cluster",
+            "cpu-2",
+            "--model",
+            "tiny",
+            "--config",
+            str(tmp_path / "plan.json"),
+            "--timeout",
+            "600",
+        ),
+        cwd=tmp_path,
+        env=dict(env, AUTOTUNE_FAULT="hang:rank1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: len([p for p in processes_with(tag) if p != proc.pid]) >= 2, 120, "both ranks", proc)
         time.sleep(1.0)  # the ranks are past their start (exec'd and importing)
@@ -101,10 +139,29 @@ def test_measure_killed_leaves_no_rank_even_a_hung_one(tmp_path):
 
 def test_search_workers_die_with_the_search(tmp_path):
     tag, env = tagged_env(tmp_path)
-    proc = subprocess.Popen(autotune("search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method",
-                                     "optuna", "--budget", "5000", "--workers", "2", "--storage",
-                                     str(tmp_path / "o.journal"), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"),
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        autotune(
+            "search",
+            "--cluster",
+            "mixed-a100-v100",
+            "--model",
+            "gpt2-xl",
+            "--method",
+            "optuna",
+            "--budget",
+            "5000",
+            "--workers",
+            "2",
+            "--storage",
+            str(tmp_path / "o.journal"),
+            "--tracking-uri",
+            f"sqlite:///{tmp_path}/m.db",
+        ),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     journal = tmp_path / "o.journal"
     try:  # both workers are writing trials
         wait_for(lambda: journal.exists() and journal.read_text().count("\n") >= 40, 240, "trials", proc)
@@ -130,8 +187,13 @@ def test_ui_server_dies_with_autotune_ui(tmp_path, sig):
     to wait for ever on a server nobody had stopped; now it stops it and exits 0."""
     tag, env = tagged_env(tmp_path)
     port = _free_port()
-    proc = subprocess.Popen(autotune("ui", "--port", str(port), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"),
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        autotune("ui", "--port", str(port), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: _listening(port), 240, "the MLflow UI", proc)
     finally:
@@ -143,12 +205,20 @@ def test_ui_server_dies_with_autotune_ui(tmp_path, sig):
 
 def test_profile_killed_leaves_no_benchmark_process(tmp_path):
     tag, env = tagged_env(tmp_path)
-    proc = subprocess.Popen(autotune("profile", "--cluster", "cpu-2", "--model", "tiny", "--quick", "--output",
-                                     str(tmp_path / "p.json")),
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        autotune("profile", "--cluster", "cpu-2", "--model", "tiny", "--quick", "--output", str(tmp_path / "p.json")),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:  # a probe process of its own is running, in a run directory of its own
-        wait_for(lambda: [p for p in processes_with(tag) if p != proc.pid] and list(tmp_path.glob("autotune-probe-*")),
-                 300, "a probe process", proc)
+        wait_for(
+            lambda: [p for p in processes_with(tag) if p != proc.pid] and list(tmp_path.glob("autotune-probe-*")),
+            300,
+            "a probe process",
+            proc,
+        )
         time.sleep(0.5)
     finally:
         kill_and_scan(proc, tag)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from pinned_behaviour import PINNED, close, searches, sweep
 
 

@@ -7,11 +7,11 @@ import pytest
 
 from autotune import load_cluster, load_model
 from autotune.loading import cluster_from_dict
-from autotune.search.agents import run_exhaustive
-from autotune.search.agents.dp import run_dp
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.planner import Planner, plan_candidates
 from autotune.planning.space import SearchSpace
+from autotune.search.agents import run_exhaustive
+from autotune.search.agents.dp import run_dp
 from autotune.simulator import Simulator
 
 
@@ -44,9 +44,13 @@ def test_split_batch_finishes_unequal_replicas_together():
 
 def test_partition_gives_a_faster_stage_more_layers():
     # one fast (A100) and one slow (V100) GPU; 48 layers of GPT-2 XL
-    cluster = cluster_from_dict({"nodes": [
-        {"name": "a", "gpu": "A100-80GB", "count": 1}, {"name": "v", "gpu": "V100-32GB", "count": 1}],
-        "network": {"bandwidth_GBps": 12.5}}, source="test")
+    cluster = cluster_from_dict(
+        {
+            "nodes": [{"name": "a", "gpu": "A100-80GB", "count": 1}, {"name": "v", "gpu": "V100-32GB", "count": 1}],
+            "network": {"bandwidth_GBps": 12.5},
+        },
+        source="test",
+    )
     model = load_model("gpt2-xl", 64)
     space = _space(cluster, model)
     sim = Simulator(cluster, model)
@@ -61,10 +65,15 @@ def test_partition_gives_a_faster_stage_more_layers():
     send = sim.costs.p2p_time_s(("a:0",), ("v:0",), 1)
 
     def slowest(layers):
-        return max(sim.costs.stage_estimate(("a:0",), layers[0], False, True, False, 1, 2).forward_s
-                   + sim.costs.stage_estimate(("a:0",), layers[0], False, True, False, 1, 2).backward_s + send,
-                   sim.costs.stage_estimate(("v:0",), layers[1], False, False, True, 1, 1).forward_s
-                   + sim.costs.stage_estimate(("v:0",), layers[1], False, False, True, 1, 1).backward_s + send)
+        return max(
+            sim.costs.stage_estimate(("a:0",), layers[0], False, True, False, 1, 2).forward_s
+            + sim.costs.stage_estimate(("a:0",), layers[0], False, True, False, 1, 2).backward_s
+            + send,
+            sim.costs.stage_estimate(("v:0",), layers[1], False, False, True, 1, 1).forward_s
+            + sim.costs.stage_estimate(("v:0",), layers[1], False, False, True, 1, 1).backward_s
+            + send,
+        )
+
     best = slowest(t.layers)
     assert best == pytest.approx(t.bottleneck_s)
     for shift in (-1, 1):
@@ -73,10 +82,16 @@ def test_partition_gives_a_faster_stage_more_layers():
 
 def test_recompute_only_where_memory_needs_it():
     # llama2-7b on 4 A100-40GB + 4 T4 (16 GB): the T4 stages cannot hold their layers' activations
-    cluster = cluster_from_dict({"nodes": [
-        {"name": "a", "gpu": "A100-40GB", "count": 4, "intra_node": {"bandwidth_GBps": 300}},
-        {"name": "t", "gpu": "T4", "count": 4, "intra_node": {"bandwidth_GBps": 16}}],
-        "network": {"bandwidth_GBps": 12.5}}, source="test")
+    cluster = cluster_from_dict(
+        {
+            "nodes": [
+                {"name": "a", "gpu": "A100-40GB", "count": 4, "intra_node": {"bandwidth_GBps": 300}},
+                {"name": "t", "gpu": "T4", "count": 4, "intra_node": {"bandwidth_GBps": 16}},
+            ],
+            "network": {"bandwidth_GBps": 12.5},
+        },
+        source="test",
+    )
     model = load_model("llama2-7b", 64)
     space = _space(cluster, model)
     sim = Simulator(cluster, model)
@@ -147,7 +162,7 @@ def test_fifteen_node_classes_plan_with_a_bounded_number_of_compositions():
     p = Planner(_space(cluster, model), Simulator(cluster, model))
     cands = p.plan(8)
     assert cands and all(c.config is not None for c in cands)
-    per_mbs = 15 * (planner_mod.BEAM_WIDTH + 1) * planner_mod.OPTIONS_PER_CLASS + 2 ** 15
+    per_mbs = 15 * (planner_mod.BEAM_WIDTH + 1) * planner_mod.OPTIONS_PER_CLASS + 2**15
     assert p.composed <= planner_mod.MAX_MBS_CHOICES * per_mbs
 
 
@@ -155,8 +170,9 @@ def test_sharded_data_parallel_plans_are_offered_where_zero_beats_pipelines():
     """On one node of 8 L4 (24 GB) a 7B model fits as data-parallel replicas only with its state sharded
     (ZeRO) or offloaded, which the pipeline families never compose while a pipeline fits; the sharded
     family offers such plans, timed by the simulator, each valid and fitting, ranked among the rest."""
-    cluster = cluster_from_dict({"nodes": [{"name": "l4", "gpu": "L4", "count": 8}],
-                                 "network": {"bandwidth_GBps": 6.25}}, source="test")
+    cluster = cluster_from_dict(
+        {"nodes": [{"name": "l4", "gpu": "L4", "count": 8}], "network": {"bandwidth_GBps": 6.25}}, source="test"
+    )
     model = load_model("llama2-7b", 32)
     space, sim = _space(cluster, model), Simulator(cluster, model)
     planner = Planner(space, sim)

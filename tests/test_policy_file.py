@@ -56,9 +56,9 @@ def test_converted_v1_policy_makes_the_moves_of_the_original():
 
     from autotune.loading import load_cluster, load_model
     from autotune.planning.budget import BudgetedEvaluator
+    from autotune.planning.space import SearchSpace
     from autotune.policy.pretrained import run_pretrained
     from autotune.policy.scenarios import heldout_scenarios
-    from autotune.planning.space import SearchSpace
     from autotune.search.tracking import config_key
     from autotune.simulator import Simulator
 
@@ -133,9 +133,28 @@ def test_crafted_sb3_zip_is_refused_and_its_payload_never_runs(tmp_path):
         load_policy(evil)
     assert not marker.exists()
     # through the command line, as a user would give it
-    r = subprocess.run([AUTOTUNE, "search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "rl",
-                        "--budget", "3", "--policy", str(evil), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            AUTOTUNE,
+            "search",
+            "--cluster",
+            "mixed-a100-v100",
+            "--model",
+            "gpt2-xl",
+            "--method",
+            "rl",
+            "--budget",
+            "3",
+            "--policy",
+            str(evil),
+            "--tracking-uri",
+            f"sqlite:///{tmp_path}/m.db",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert not marker.exists()
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "zip archive" in r.stderr, r.stderr
     assert not (tmp_path / "m.db").exists()  # refused before any work
@@ -162,16 +181,19 @@ def _header_file(path: Path, header: dict, data: bytes = b"") -> Path:
     return path
 
 
-@pytest.mark.parametrize("case,message", [
-    ("garbage", "header length"),
-    ("no-meta", "no 'autotune_policy' entry"),
-    ("offsets", "data_offsets must be"),
-    ("dtype", "dtype must be one of"),
-    ("arch", "net_arch must list 1 to 8 layer widths"),
-    ("obs", "trained for 7 observations"),  # a v1 file: no layout named, the weights disagree
-    ("layout-size", "layout 'full' has 261 observations and 150 moves; the file says 7 and 150"),
-    ("missing", "lacks 'action_net.bias'"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("garbage", "header length"),
+        ("no-meta", "no 'autotune_policy' entry"),
+        ("offsets", "data_offsets must be"),
+        ("dtype", "dtype must be one of"),
+        ("arch", "net_arch must list 1 to 8 layer widths"),
+        ("obs", "trained for 7 observations"),  # a v1 file: no layout named, the weights disagree
+        ("layout-size", "layout 'full' has 261 observations and 150 moves; the file says 7 and 150"),
+        ("missing", "lacks 'action_net.bias'"),
+    ],
+)
 def test_malformed_policy_files_are_one_clear_line(tmp_path, case, message):
     tensors, meta = policy_file.read(V1_POLICY if case == "obs" else default_policy_path())
     good_meta = {"__metadata__": {policy_file.METADATA_KEY: json.dumps(meta)}}

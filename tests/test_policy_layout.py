@@ -9,10 +9,22 @@ import pytest
 
 from autotune.errors import SpecError
 from autotune.loading import cluster_from_dict, load_model
-from autotune.policy import policy_file
 from autotune.planning.space import SearchSpace
+from autotune.policy import policy_file
 from autotune.simulator import Simulator
-from envs.layout import ACTIONS, EXTRA_ACTIONS, FULL_ACTIONS, HEADROOM_FEATURES, LAYOUTS, MAX_CLASSES, MIXED_ACTIONS, MOE_ACTIONS, SPACE_FEATURES, ZERO_ACTIONS, observation_features
+from envs.layout import (
+    ACTIONS,
+    EXTRA_ACTIONS,
+    FULL_ACTIONS,
+    HEADROOM_FEATURES,
+    LAYOUTS,
+    MAX_CLASSES,
+    MIXED_ACTIONS,
+    MOE_ACTIONS,
+    SPACE_FEATURES,
+    ZERO_ACTIONS,
+    observation_features,
+)
 from envs.parallel_config import ParallelConfigEnv
 
 
@@ -34,19 +46,32 @@ def _plan(space, **over):
 def _headroom(env) -> np.ndarray:
     names = observation_features()
     i = names.index(HEADROOM_FEATURES[0])
-    return env._observation()[i:i + len(HEADROOM_FEATURES)]
+    return env._observation()[i : i + len(HEADROOM_FEATURES)]
 
 
 def test_layouts_are_prefixes_and_the_features_are_named():
     names = observation_features()
     v1, zero, full = LAYOUTS["v1"], LAYOUTS["zero"], LAYOUTS["full"]
     assert v1[0] < zero[0] < full[0] == len(names) and v1[1] < zero[1] < full[1] == len(FULL_ACTIONS)
-    assert names[zero[0]:] == list(HEADROOM_FEATURES) + list(SPACE_FEATURES)
-    assert FULL_ACTIONS[:v1[1]] == ACTIONS and FULL_ACTIONS[:zero[1]] == ACTIONS + ZERO_ACTIONS
+    assert names[zero[0] :] == list(HEADROOM_FEATURES) + list(SPACE_FEATURES)
+    assert FULL_ACTIONS[: v1[1]] == ACTIONS and FULL_ACTIONS[: zero[1]] == ACTIONS + ZERO_ACTIONS
     # the whole space: ZeRO, offload, sequence parallelism, RoundPipe, MoE / SPES, mixed stages
     dims = {a[1] for a in FULL_ACTIONS if a[0] == "dim"}
-    assert {"zero", "offload", "seq_parallel", "roundpipe", "rp.pool", "rp.balance", "rp.memory", "rp.grain",
-            "rp.passes", "expert_parallel", "trains_experts", "sync_every", "stage_ranks"} <= dims
+    assert {
+        "zero",
+        "offload",
+        "seq_parallel",
+        "roundpipe",
+        "rp.pool",
+        "rp.balance",
+        "rp.memory",
+        "rp.grain",
+        "rp.passes",
+        "expert_parallel",
+        "trains_experts",
+        "sync_every",
+        "stage_ranks",
+    } <= dims
     assert set(EXTRA_ACTIONS) | set(MOE_ACTIONS) | set(MIXED_ACTIONS) <= set(FULL_ACTIONS)
 
 
@@ -104,14 +129,26 @@ def _write_policy(path, obs_dim, n_actions, **meta_over):
     """A small random MaskablePPO-shaped policy file of the given sizes."""
     rng = np.random.default_rng(0)
     w = 8
-    tensors = {"mlp_extractor.policy_net.0.weight": rng.normal(size=(w, obs_dim)),
-               "mlp_extractor.policy_net.0.bias": np.zeros(w),
-               "mlp_extractor.value_net.0.weight": rng.normal(size=(w, obs_dim)),
-               "mlp_extractor.value_net.0.bias": np.zeros(w),
-               "action_net.weight": rng.normal(size=(n_actions, w)), "action_net.bias": rng.normal(size=n_actions),
-               "value_net.weight": rng.normal(size=(1, w)), "value_net.bias": np.zeros(1)}
-    meta = {"format": policy_file.FORMAT, "version": 1, "algorithm": "MaskablePPO", "obs_dim": obs_dim,
-            "n_actions": n_actions, "net_arch": [w], "activation": "tanh", "hyperparameters": {}}
+    tensors = {
+        "mlp_extractor.policy_net.0.weight": rng.normal(size=(w, obs_dim)),
+        "mlp_extractor.policy_net.0.bias": np.zeros(w),
+        "mlp_extractor.value_net.0.weight": rng.normal(size=(w, obs_dim)),
+        "mlp_extractor.value_net.0.bias": np.zeros(w),
+        "action_net.weight": rng.normal(size=(n_actions, w)),
+        "action_net.bias": rng.normal(size=n_actions),
+        "value_net.weight": rng.normal(size=(1, w)),
+        "value_net.bias": np.zeros(1),
+    }
+    meta = {
+        "format": policy_file.FORMAT,
+        "version": 1,
+        "algorithm": "MaskablePPO",
+        "obs_dim": obs_dim,
+        "n_actions": n_actions,
+        "net_arch": [w],
+        "activation": "tanh",
+        "hyperparameters": {},
+    }
     meta.update(meta_over)
     policy_file.write(path, tensors, meta)
     return tensors
@@ -124,8 +161,7 @@ def test_a_full_layout_policy_round_trips_with_its_version_and_layout(tmp_path):
 
     cluster, model = load_cluster("cpu-2"), load_model("tiny")
     env = ParallelConfigEnv(SearchSpace(cluster, model), Simulator(cluster, model), max_steps=4)
-    ppo = MaskablePPO("MlpPolicy", env, n_steps=8, batch_size=8, seed=0, device="cpu",
-                      policy_kwargs={"net_arch": [8]})
+    ppo = MaskablePPO("MlpPolicy", env, n_steps=8, batch_size=8, seed=0, device="cpu", policy_kwargs={"net_arch": [8]})
     path = tmp_path / "full.safetensors"
     policy_file.save(ppo, path)
     tensors, meta = policy_file.read(path)
@@ -146,8 +182,9 @@ def test_an_old_layout_file_loads_and_a_widened_copy_acts_the_same(tmp_path):
     old = policy_file.load_policy_network(v1)
     wide = policy_file.widen({k: np.asarray(v, np.float32) for k, v in tensors.items()}, *LAYOUTS["full"])
     full = tmp_path / "widened.safetensors"
-    policy_file.write(full, wide, dict(meta, version=2, layout="full", obs_dim=LAYOUTS["full"][0],
-                                       n_actions=LAYOUTS["full"][1]))
+    policy_file.write(
+        full, wide, dict(meta, version=2, layout="full", obs_dim=LAYOUTS["full"][0], n_actions=LAYOUTS["full"][1])
+    )
     new = policy_file.load_policy_network(full)
     rng = np.random.default_rng(1)
     for _ in range(20):
@@ -155,19 +192,25 @@ def test_an_old_layout_file_loads_and_a_widened_copy_acts_the_same(tmp_path):
         mask = rng.random(LAYOUTS["full"][1]) < 0.3
         mask[0] = True
         known = mask.copy()
-        known[LAYOUTS["v1"][1]:] = False  # the widened policy on the old moves = the old policy
-        a_old = int(old.predict(obs[:LAYOUTS["v1"][0]], action_masks=known[:LAYOUTS["v1"][1]], deterministic=True)[0])
+        known[LAYOUTS["v1"][1] :] = False  # the widened policy on the old moves = the old policy
+        a_old = int(old.predict(obs[: LAYOUTS["v1"][0]], action_masks=known[: LAYOUTS["v1"][1]], deterministic=True)[0])
         a_new = int(new.predict(obs, action_masks=known, deterministic=True)[0])
         assert a_old == a_new
 
 
-@pytest.mark.parametrize("over,message", [
-    ({"version": 3}, "policy format version '3'; this autotune reads versions 1, 2"),
-    ({"version": 2, "layout": "hyperspace"}, "trained on env layout 'hyperspace', which this autotune does not know"),
-    ({"version": 2}, "trained on env layout 'None'"),
-    ({"version": 2, "layout": "zero"}, "layout 'zero' has 246 observations and 96 moves; the file says 242 and 92"),
-    ({"version": 1, "dims": 250}, "trained for 250 observations and 92 moves"),
-])
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        ({"version": 3}, "policy format version '3'; this autotune reads versions 1, 2"),
+        (
+            {"version": 2, "layout": "hyperspace"},
+            "trained on env layout 'hyperspace', which this autotune does not know",
+        ),
+        ({"version": 2}, "trained on env layout 'None'"),
+        ({"version": 2, "layout": "zero"}, "layout 'zero' has 246 observations and 96 moves; the file says 242 and 92"),
+        ({"version": 1, "dims": 250}, "trained for 250 observations and 92 moves"),
+    ],
+)
 def test_unknown_versions_and_layouts_are_one_clear_line(tmp_path, over, message):
     from autotune.policy.pretrained import load_policy
 

@@ -11,8 +11,13 @@ import pytest
 
 from autotune import cli
 
-PLAN = {"micro_batch_size": 2, "schedule": "1f1b", "pipelines": [{"num_microbatches": 4, "stages": [
-    {"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]}
+PLAN = {
+    "micro_batch_size": 2,
+    "schedule": "1f1b",
+    "pipelines": [
+        {"num_microbatches": 4, "stages": [{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}
+    ],
+}
 
 
 def run_cli(capsys, monkeypatch, tmp_path, *args: str) -> tuple[int, str]:
@@ -42,19 +47,36 @@ def _free_port() -> int:
 SEARCH = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "random", "--budget", "3"]
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--output", "no-such-dir/best.json"], "--output: directory 'no-such-dir' does not exist"),
-    (["--output", "."], "is a directory"),
-    (["--tracking-uri", "foo://bar"], "--tracking-uri: unsupported scheme 'foo'"),
-    (["--tracking-uri", "sqlite:///notes.txt"], "'notes.txt' is not an SQLite database"),
-    (["--tracking-uri", "sqlite:////no/such/dir/m.db"], "directory '/no/such/dir' of the database does not exist"),
-    (["--tracking-uri", "http://127.0.0.1:{port}"], "no MLflow server answers at 127.0.0.1:{port}"),
-    (["--method", "optuna", "--storage", "foo://bar"], "--storage: unsupported storage 'foo://bar'"),
-    (["--method", "optuna", "--storage", "sqlite:///notes.txt"], "--storage: 'notes.txt' is not an SQLite database"),
-    (["--seed", "-1"], "--seed: must be an integer from 0 to 4,294,967,295, got -1"),
-    (["--seed", str(2**32)], "--seed: must be an integer from 0 to 4,294,967,295"),
-], ids=["output-dir-missing", "output-is-dir", "uri-scheme", "uri-not-db", "uri-dir-missing", "uri-unreachable",
-        "storage-scheme", "storage-not-db", "seed-negative", "seed-2**32"])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--output", "no-such-dir/best.json"], "--output: directory 'no-such-dir' does not exist"),
+        (["--output", "."], "is a directory"),
+        (["--tracking-uri", "foo://bar"], "--tracking-uri: unsupported scheme 'foo'"),
+        (["--tracking-uri", "sqlite:///notes.txt"], "'notes.txt' is not an SQLite database"),
+        (["--tracking-uri", "sqlite:////no/such/dir/m.db"], "directory '/no/such/dir' of the database does not exist"),
+        (["--tracking-uri", "http://127.0.0.1:{port}"], "no MLflow server answers at 127.0.0.1:{port}"),
+        (["--method", "optuna", "--storage", "foo://bar"], "--storage: unsupported storage 'foo://bar'"),
+        (
+            ["--method", "optuna", "--storage", "sqlite:///notes.txt"],
+            "--storage: 'notes.txt' is not an SQLite database",
+        ),
+        (["--seed", "-1"], "--seed: must be an integer from 0 to 4,294,967,295, got -1"),
+        (["--seed", str(2**32)], "--seed: must be an integer from 0 to 4,294,967,295"),
+    ],
+    ids=[
+        "output-dir-missing",
+        "output-is-dir",
+        "uri-scheme",
+        "uri-not-db",
+        "uri-dir-missing",
+        "uri-unreachable",
+        "storage-scheme",
+        "storage-not-db",
+        "seed-negative",
+        "seed-2**32",
+    ],
+)
 def test_search_prechecks(capsys, monkeypatch, tmp_path, extra, message):
     (tmp_path / "notes.txt").write_text("not a database\n")
     port = str(_free_port())
@@ -68,18 +90,35 @@ def test_profile_output_is_checked_before_profiling(capsys, monkeypatch, tmp_pat
     refused(code, err, "--output: directory 'nope' does not exist")
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--metrics-out", "nope/m.jsonl"], "--metrics-out: directory 'nope' does not exist"),
-    (["--checkpoint-dir", "notes.txt"], "--checkpoint-dir: 'notes.txt' exists and is not a directory"),
-    (["--tracking-uri", "foo://bar"], "--tracking-uri: unsupported scheme"),
-    (["--seed", "-5"], "--seed: must be an integer from 0"),
-    (["--checkpoint-dir", "ckpt", "--resume"], "--resume: no checkpoint in ckpt to resume from"),
-], ids=["metrics-out", "checkpoint-dir", "tracking-uri", "seed", "resume-empty"])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--metrics-out", "nope/m.jsonl"], "--metrics-out: directory 'nope' does not exist"),
+        (["--checkpoint-dir", "notes.txt"], "--checkpoint-dir: 'notes.txt' exists and is not a directory"),
+        (["--tracking-uri", "foo://bar"], "--tracking-uri: unsupported scheme"),
+        (["--seed", "-5"], "--seed: must be an integer from 0"),
+        (["--checkpoint-dir", "ckpt", "--resume"], "--resume: no checkpoint in ckpt to resume from"),
+    ],
+    ids=["metrics-out", "checkpoint-dir", "tracking-uri", "seed", "resume-empty"],
+)
 def test_train_prechecks_before_any_rank(capsys, monkeypatch, tmp_path, extra, message):
     (tmp_path / "notes.txt").write_text("x\n")
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    code, err = run_cli(capsys, monkeypatch, tmp_path, "train", "--cluster", "cpu-2", "--model", "tiny",
-                        "--config", "plan.json", "--steps", "2", *extra)
+    code, err = run_cli(
+        capsys,
+        monkeypatch,
+        tmp_path,
+        "train",
+        "--cluster",
+        "cpu-2",
+        "--model",
+        "tiny",
+        "--config",
+        "plan.json",
+        "--steps",
+        "2",
+        *extra,
+    )
     refused(code, err, message)
     assert not list(tmp_path.glob("**/step-*"))
 
@@ -87,8 +126,20 @@ def test_train_prechecks_before_any_rank(capsys, monkeypatch, tmp_path, extra, m
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
 def test_measure_timeout_must_be_finite(capsys, monkeypatch, tmp_path, value):
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    code, err = run_cli(capsys, monkeypatch, tmp_path, "measure", "--cluster", "cpu-2", "--model", "tiny",
-                        "--config", "plan.json", "--timeout", value)
+    code, err = run_cli(
+        capsys,
+        monkeypatch,
+        tmp_path,
+        "measure",
+        "--cluster",
+        "cpu-2",
+        "--model",
+        "tiny",
+        "--config",
+        "plan.json",
+        "--timeout",
+        value,
+    )
     refused(code, err, "--timeout: must be a finite number > 0")
 
 

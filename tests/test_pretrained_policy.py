@@ -8,11 +8,18 @@ import pytest
 
 from autotune.loading import load_cluster, load_model
 from autotune.planning.budget import BudgetedEvaluator
-from autotune.policy.pretrained import (SearchEnv, default_policy_path, load_policy, run_pretrained,
-                                        start_candidates)
-from autotune.policy.scenarios import (GPU_TYPES, HELDOUT_MIXES, MAX_GPUS, MIN_GPUS, draw_cluster, draw_scenario,
-                                       heldout_scenarios, training_rng)
 from autotune.planning.space import SearchSpace
+from autotune.policy.pretrained import SearchEnv, default_policy_path, load_policy, run_pretrained, start_candidates
+from autotune.policy.scenarios import (
+    GPU_TYPES,
+    HELDOUT_MIXES,
+    MAX_GPUS,
+    MIN_GPUS,
+    draw_cluster,
+    draw_scenario,
+    heldout_scenarios,
+    training_rng,
+)
 from autotune.simulator import Simulator
 
 
@@ -48,8 +55,15 @@ def test_training_draws_are_in_range_seeded_and_never_held_out():
 def test_the_training_mixture_covers_the_issue_16_shapes():
     """Each kind of draw (issue 16): tight consumer / cloud clusters with host-memory limits, internet
     links of 0.1-1 GB/s and 1-100 ms, MoE models, 128-1,024 GPUs; never a held-out mix."""
-    from autotune.policy.scenarios import (INTERNET_GBPS, INTERNET_LATENCY_US, SCENARIO_KINDS, TIGHT_GPU_TYPES,
-                                           TIGHT_STATE_SHARE, TRAINING_GPU_TYPES, WEIGHT_STATE_BYTES)
+    from autotune.policy.scenarios import (
+        INTERNET_GBPS,
+        INTERNET_LATENCY_US,
+        SCENARIO_KINDS,
+        TIGHT_GPU_TYPES,
+        TIGHT_STATE_SHARE,
+        TRAINING_GPU_TYPES,
+        WEIGHT_STATE_BYTES,
+    )
 
     rng = training_rng(11)
     for kind in SCENARIO_KINDS:
@@ -64,8 +78,11 @@ def test_the_training_mixture_covers_the_issue_16_shapes():
                 assert all(n.host is not None for n in c.nodes)
             elif kind == "internet":
                 assert len(c.nodes) >= 2
-                assert all(INTERNET_GBPS[0] <= n.network.bandwidth_GBps <= INTERNET_GBPS[1]
-                           and INTERNET_LATENCY_US[0] <= n.network.latency_us <= INTERNET_LATENCY_US[1] for n in c.nodes)
+                assert all(
+                    INTERNET_GBPS[0] <= n.network.bandwidth_GBps <= INTERNET_GBPS[1]
+                    and INTERNET_LATENCY_US[0] <= n.network.latency_us <= INTERNET_LATENCY_US[1]
+                    for n in c.nodes
+                )
             elif kind == "moe":
                 assert m.num_experts > 0
             elif kind == "large":

@@ -18,21 +18,41 @@ def _example() -> CalibrationProfile:
     layer = LayerTiming(64, 4, 4, 256, "gelu", 64, 2, 1, forward_s=1e-3, backward_s=2e-3)
     layer_r = LayerTiming(64, 4, 4, 256, "gelu", 64, 2, 1, forward_s=1e-3, backward_s=2.5e-3, recompute=True)
     edge = EdgeTiming(64, 256, 64, 2, 1, 1e-4, 2e-4, 3e-4, 6e-4)
-    cpu = DeviceProfile("cpu", ((64.0, 0.02), (256.0, 0.05), (1024.0, 0.08)), memory_bandwidth_GBps=12.0,
-                        layers=(layer, layer_r), edges=(edge,), optimizer_s_per_param=3e-9)
-    return CalibrationProfile((cpu,), (NodeLinks("cpu", LinkSpec(4.0, 30.0), LinkSpec(2.0, 50.0)),),
-                              created="2026-11-29T15:00:00+00:00", cluster="cpu-2",
-                              versions=(("torch", "2.13.0"),), step_overhead_s=0.01, notes="test")
+    cpu = DeviceProfile(
+        "cpu",
+        ((64.0, 0.02), (256.0, 0.05), (1024.0, 0.08)),
+        memory_bandwidth_GBps=12.0,
+        layers=(layer, layer_r),
+        edges=(edge,),
+        optimizer_s_per_param=3e-9,
+    )
+    return CalibrationProfile(
+        (cpu,),
+        (NodeLinks("cpu", LinkSpec(4.0, 30.0), LinkSpec(2.0, 50.0)),),
+        created="2026-11-29T15:00:00+00:00",
+        cluster="cpu-2",
+        versions=(("torch", "2.13.0"),),
+        step_overhead_s=0.01,
+        notes="test",
+    )
 
 
 def test_round_trip(tmp_path: Path) -> None:
     from dataclasses import replace
 
     base = _example()
-    prof = replace(base, devices=(replace(base.devices[0], contention=((1.0, 1.05), (2.0, 1.2)),
-                                          pipeline_overhead=((2.0, 4e-4), (4.0, 2e-3)),
-                                          data_parallel_overhead=((2.0, 2e-3),),
-                                          tensor_parallel_overhead=((2.0, 8e-3), (4.0, 3e-2))),))
+    prof = replace(
+        base,
+        devices=(
+            replace(
+                base.devices[0],
+                contention=((1.0, 1.05), (2.0, 1.2)),
+                pipeline_overhead=((2.0, 4e-4), (4.0, 2e-3)),
+                data_parallel_overhead=((2.0, 2e-3),),
+                tensor_parallel_overhead=((2.0, 8e-3), (4.0, 3e-2)),
+            ),
+        ),
+    )
     path = tmp_path / "profile.json"
     prof.save(path)
     data = json.loads(path.read_text())
@@ -46,7 +66,7 @@ def test_module_docstring_example_parses() -> None:
     import autotune.profile as module
 
     doc = module.__doc__
-    text = doc[doc.index("    {"):doc.index("\n- ``matmul_tflops``")]
+    text = doc[doc.index("    {") : doc.index("\n- ``matmul_tflops``")]
     text = "\n".join(line.split("  #")[0] for line in text.splitlines())  # drop the comments
     prof = CalibrationProfile.from_dict(json.loads(text), "docstring")
     assert prof.device("A100-80GB").matmul_tflops(1024) == 205.0
@@ -71,14 +91,20 @@ BAD = [
     ('{"devices": {"cpu": {"matmul_tflops": [[1, 2], [1, 3]]}}}', "lists the same size twice"),
     ('{"devices": {"cpu": {"matmul_tflops": [3]}}}', "must be a pair [n, tflops]"),
     ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]], "speed": 1}}}', "devices.cpu.speed: unknown field"),
-    ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]], "pipeline_overhead": [[2, -1]]}}}',
-     "devices.cpu.pipeline_overhead[0][1]: must be >= 0"),
-    ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]], "pipeline_overhead": 3}}}',
-     "devices.cpu.pipeline_overhead: must be a list of [ranks, seconds] pairs"),
+    (
+        '{"devices": {"cpu": {"matmul_tflops": [[1, 2]], "pipeline_overhead": [[2, -1]]}}}',
+        "devices.cpu.pipeline_overhead[0][1]: must be >= 0",
+    ),
+    (
+        '{"devices": {"cpu": {"matmul_tflops": [[1, 2]], "pipeline_overhead": 3}}}',
+        "devices.cpu.pipeline_overhead: must be a list of [ranks, seconds] pairs",
+    ),
     ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]], "layers": [{"tp": 1}]}}}', "layers[0].hidden_size: is required"),
     ('{"format_version": 2, "devices": {"cpu": {"matmul_tflops": [[1, 2]]}}}', "format_version: must be 1"),
-    ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]]}}, "links": {"a": {"network": {"latency_us": 1}}}}',
-     "links.a.network: must be a mapping"),
+    (
+        '{"devices": {"cpu": {"matmul_tflops": [[1, 2]]}}, "links": {"a": {"network": {"latency_us": 1}}}}',
+        "links.a.network: must be a mapping",
+    ),
     ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]]}}, "colour": 1}', "colour: unknown field"),
 ]
 

@@ -22,9 +22,11 @@ def finished_children(db: Path) -> int:
     """Child runs written to the end (terminated), read straight from the SQLite store."""
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
-            return con.execute("SELECT COUNT(*) FROM runs r JOIN tags t ON r.run_uuid = t.run_uuid "
-                               "WHERE t.key = 'mlflow.parentRunId' AND r.status IN ('FINISHED', 'FAILED') "
-                               "AND r.lifecycle_stage = 'active'").fetchone()[0]
+            return con.execute(
+                "SELECT COUNT(*) FROM runs r JOIN tags t ON r.run_uuid = t.run_uuid "
+                "WHERE t.key = 'mlflow.parentRunId' AND r.status IN ('FINISHED', 'FAILED') "
+                "AND r.lifecycle_stage = 'active'"
+            ).fetchone()[0]
     except sqlite3.Error:  # the store or its tables do not exist yet, or it is being written
         return 0
 
@@ -35,10 +37,29 @@ def test_killed_search_resumes_to_exactly_budget(tmp_path, method, budget):
     from mlflow.tracking import MlflowClient
 
     db = tmp_path / "mlflow.db"
-    args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", method, "--budget",
-            str(budget), "--seed", "3", "--tracking-uri", f"sqlite:///{db}"]
-    proc = subprocess.Popen([*AUTOTUNE, *args], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    args = [
+        "search",
+        "--cluster",
+        "mixed-a100-v100",
+        "--model",
+        "gpt2-xl",
+        "--method",
+        method,
+        "--budget",
+        str(budget),
+        "--seed",
+        "3",
+        "--tracking-uri",
+        f"sqlite:///{db}",
+    ]
+    proc = subprocess.Popen(
+        [*AUTOTUNE, *args],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 300  # generous: imports and the MLflow store on a loaded machine
         while time.time() < deadline and finished_children(db) < 4 and proc.poll() is None:
@@ -59,9 +80,9 @@ def test_killed_search_resumes_to_exactly_budget(tmp_path, method, budget):
     parents = client.search_runs([exp.experiment_id], filter_string="tags.`autotune.role` = 'search'")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert parents[0].data.metrics["evaluations"] == budget
-    children = client.search_runs([exp.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'",
-                                  max_results=1000)
+    children = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'", max_results=1000
+    )
     assert len(children) == budget == len({c.data.tags["autotune.config_key"] for c in children})
     assert all(c.info.status in ("FINISHED", "FAILED") for c in children)
 
@@ -70,9 +91,9 @@ def test_random_replays_its_draws_after_a_resume():
     """The preloaded plans of a killed run are replayed free, not counted as misses: a resumed random
     search evaluates the plans an uninterrupted one would have."""
     from autotune.loading import load_cluster, load_model
-    from autotune.search.agents.simple import run_random
     from autotune.planning.budget import BudgetedEvaluator
     from autotune.planning.space import SearchSpace
+    from autotune.search.agents.simple import run_random
     from autotune.simulator import Simulator
 
     cluster, model = load_cluster("mixed-a100-v100"), load_model("gpt2-xl")

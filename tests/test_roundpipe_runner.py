@@ -12,8 +12,14 @@ import pytest
 
 from autotune import SpecError, load_cluster, load_config, load_model
 from autotune.specs.roundpipe import RoundPipeStages
-from runner.roundpipe_run import (EXTRA_HINT, RoundPipeLaunch, check_execute_ranges, execute_ranges, preflight,
-                                  refuse_checkpoints)
+from runner.roundpipe_run import (
+    EXTRA_HINT,
+    RoundPipeLaunch,
+    check_execute_ranges,
+    execute_ranges,
+    preflight,
+    refuse_checkpoints,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -99,9 +105,21 @@ def test_pools_the_runner_does_not_run(box):
         preflight(cluster, model, load_config(two), cuda_available=True, library=True, gpu_count=8)
     cpu = load_cluster("cpu-2")
     tiny = load_model("tiny")
-    plan = load_config({"micro_batch_size": 1, "schedule": "roundpipe", "pipelines": [
-        {"num_microbatches": 8, "devices": ["cpu:0", "cpu:1"], "forward_layers": [1, 1], "fused_layers": 2,
-         "backward_layers": [1, 1]}]})
+    plan = load_config(
+        {
+            "micro_batch_size": 1,
+            "schedule": "roundpipe",
+            "pipelines": [
+                {
+                    "num_microbatches": 8,
+                    "devices": ["cpu:0", "cpu:1"],
+                    "forward_layers": [1, 1],
+                    "fused_layers": 2,
+                    "backward_layers": [1, 1],
+                }
+            ],
+        }
+    )
     with pytest.raises(SpecError, match="CUDA GPUs; this pool has cpu devices"):
         preflight(cpu, tiny, plan, cuda_available=True, library=True, gpu_count=8)
 
@@ -155,11 +173,24 @@ def test_measure_and_train_cli_print_one_line_on_cpu(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    common = ["--cluster", str(EXAMPLES / "8x4090.yaml"), "--model", "llama2-13b", "--global-batch-size", "64",
-              "--config", str(EXAMPLES / "roundpipe-8x4090.json")]
+    common = [
+        "--cluster",
+        str(EXAMPLES / "8x4090.yaml"),
+        "--model",
+        "llama2-13b",
+        "--global-batch-size",
+        "64",
+        "--config",
+        str(EXAMPLES / "roundpipe-8x4090.json"),
+    ]
     for command in (["measure"], ["train", "--steps", "2"]):
-        proc = subprocess.run([sys.executable, "-m", "autotune.cli", *command, *common], capture_output=True,
-                              text=True, timeout=120, cwd=tmp_path)
+        proc = subprocess.run(
+            [sys.executable, "-m", "autotune.cli", *command, *common],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 2, proc.stderr
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and "roundpipe library on CUDA" in lines[0] and "no CUDA" in lines[0], proc.stderr

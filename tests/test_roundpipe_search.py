@@ -25,7 +25,9 @@ def box():
 
 
 def test_roundpipe_dimensions_exist_only_where_a_node_has_gpus():
-    assert not set(rs.DIMENSION_NAMES) & {d.name for d in SearchSpace(load_cluster("cpu-2"), load_model("tiny")).dimensions}
+    assert not set(rs.DIMENSION_NAMES) & {
+        d.name for d in SearchSpace(load_cluster("cpu-2"), load_model("tiny")).dimensions
+    }
     space = SearchSpace(load_cluster("mixed-h100-a100-32"), load_model("llama2-7b"))
     dims = {d.name: d.choices for d in space.dimensions}
     assert dims["roundpipe"] == (False, True)
@@ -37,15 +39,21 @@ def test_roundpipe_dimensions_exist_only_where_a_node_has_gpus():
 def test_the_start_plan_is_what_roundpipe_picks_with_its_defaults(box):
     space, sim = box
     params = space.roundpipe_start()
-    assert params["roundpipe"] is True and (params["rp.balance"], params["rp.memory"], params["rp.grain"]) == \
-        (1.1, 0.6, "stage")
+    assert params["roundpipe"] is True and (params["rp.balance"], params["rp.memory"], params["rp.grain"]) == (
+        1.1,
+        0.6,
+        "stage",
+    )
     cfg = space.decode(params).config
     pipe = cfg.pipelines[0]
     # RoundPipe's default: at least pool + 1 = 9 micro-batches per pass; the largest micro-batch that gives them
     assert (cfg.micro_batch_size, pipe.num_microbatches, pipe.roundpipe.accumulation_steps) == (4, 16, 1)
     auto = auto_stages(sim.costs, space.cluster.device_ids(), 4, 1.1, 13.41)
-    assert (pipe.roundpipe.forward_layers, pipe.roundpipe.fused_layers, pipe.roundpipe.backward_layers) == \
-        (auto.forward_layers, auto.fused_layers, auto.backward_layers)
+    assert (pipe.roundpipe.forward_layers, pipe.roundpipe.fused_layers, pipe.roundpipe.backward_layers) == (
+        auto.forward_layers,
+        auto.fused_layers,
+        auto.backward_layers,
+    )
     assert sim.evaluate(cfg).ok
     shape = space.params_of(cfg)
     assert shape["schedule"] == "roundpipe" and shape["devices_idle"] == 0
@@ -69,8 +77,15 @@ def test_every_method_evaluates_roundpipes_own_plan_first(box, method):
     space, _ = box
     start = space.decode(space.roundpipe_start()).config
     seen = []
-    result = tune(space.cluster, space.model, method=method, budget=3, track=False, storage="memory",
-                  on_evaluation=lambda ev: seen.append(ev.config))
+    result = tune(
+        space.cluster,
+        space.model,
+        method=method,
+        budget=3,
+        track=False,
+        storage="memory",
+        on_evaluation=lambda ev: seen.append(ev.config),
+    )
     assert seen[0] == start
     # dp evaluates only the plans its planner builds, and uniform its grid: none of their pipeline plans fits
     # 13B on 24 GB cards, and the memory model answers those oom without spending the budget
@@ -83,8 +98,16 @@ def test_optuna_models_the_start_plan_and_still_warm_starts(box, tmp_path):
 
     space = SearchSpace(box[0].cluster, load_model("gpt2-xl", 64))  # its pipeline plans fit: not screened out
     journal = str(tmp_path / "s.journal")
-    tune(space.cluster, space.model, method="optuna", budget=4, track=False, storage=journal, start="heuristic",
-         study_name="rp")
+    tune(
+        space.cluster,
+        space.model,
+        method="optuna",
+        budget=4,
+        track=False,
+        storage=journal,
+        start="heuristic",
+        study_name="rp",
+    )
     study = shared_study.open_study(space, "rp", journal, 0)
     trials = [t for t in study.trials() if t.user_attrs.get("evaluated")]
     first = next(t for t in trials if t.user_attrs.get("source") == shared_study.ROUNDPIPE_START)
@@ -95,6 +118,7 @@ def test_optuna_models_the_start_plan_and_still_warm_starts(box, tmp_path):
 
 def test_the_env_stays_defined_on_a_roundpipe_plan(box):
     from autotune.policy.pretrained import SearchEnv
+
     space, sim = box
     ev = BudgetedEvaluator(sim, space, 20)
     env = SearchEnv(space, ev, max_steps=10)
@@ -126,6 +150,15 @@ def test_a_search_restricted_to_one_kind_of_plan_stays_in_it(box, method):
     assert "outside this search" in never.check(rp) and space.check(rp) is None
     for allowed in (True, False):
         seen = []
-        res = tune(space.cluster, space.model, method, budget=4, seed=0, track=False, storage="memory",
-                   restrict={"roundpipe": [allowed]}, on_evaluation=lambda e: seen.append(e.config.is_roundpipe))
+        res = tune(
+            space.cluster,
+            space.model,
+            method,
+            budget=4,
+            seed=0,
+            track=False,
+            storage="memory",
+            restrict={"roundpipe": [allowed]},
+            on_evaluation=lambda e: seen.append(e.config.is_roundpipe),
+        )
         assert seen and set(seen) == {allowed} and res.best_config.is_roundpipe is allowed

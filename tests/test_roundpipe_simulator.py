@@ -8,12 +8,12 @@ import pytest
 
 from autotune import load_cluster, load_config, load_model
 from autotune.loading import cluster_from_dict
-from autotune.specs.roundpipe import RoundPipeStages
 from autotune.simulator import Simulator
 from autotune.simulator import roundpipe as rps
 from autotune.simulator.memory import GiB
 from autotune.simulator.roundpipe import StageWork, auto_partition, run_dispatch
 from autotune.specs import ModelSpec, ParallelConfig, PipelineConfig
+from autotune.specs.roundpipe import RoundPipeStages
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -59,13 +59,37 @@ def test_uploads_hide_behind_compute_when_the_link_allows():
 
 def test_shared_pcie_root_divides_the_nodes_host_bandwidth():
     def cluster(link, extra):
-        return cluster_from_dict({"nodes": [{"name": "box", "gpu": "RTX-4090", "count": 4,
-                                             "host": {"memory_GiB": 512, "link": {"bandwidth_GBps": link}, **extra}}],
-                                  "network": {"bandwidth_GBps": 10}}, "t")
+        return cluster_from_dict(
+            {
+                "nodes": [
+                    {
+                        "name": "box",
+                        "gpu": "RTX-4090",
+                        "count": 4,
+                        "host": {"memory_GiB": 512, "link": {"bandwidth_GBps": link}, **extra},
+                    }
+                ],
+                "network": {"bandwidth_GBps": 10},
+            },
+            "t",
+        )
+
     model = load_model("llama2-7b", 8)
-    plan = load_config({"micro_batch_size": 1, "schedule": "roundpipe", "pipelines": [{
-        "num_microbatches": 8, "devices": [f"box:{i}" for i in range(4)], "forward_layers": [8, 8, 8],
-        "fused_layers": 8, "backward_layers": [8, 8, 8]}]})
+    plan = load_config(
+        {
+            "micro_batch_size": 1,
+            "schedule": "roundpipe",
+            "pipelines": [
+                {
+                    "num_microbatches": 8,
+                    "devices": [f"box:{i}" for i in range(4)],
+                    "forward_layers": [8, 8, 8],
+                    "fused_layers": 8,
+                    "backward_layers": [8, 8, 8],
+                }
+            ],
+        }
+    )
     own = Simulator(cluster(0.5, {}), model).evaluate(plan)
     # a 1 GB/s root shared by the 4 GPUs leaves each 0.25 GB/s of its 0.5 GB/s link ...
     shared = Simulator(cluster(0.5, {"bandwidth_GBps": 1.0}), model).evaluate(plan)
@@ -92,10 +116,12 @@ def test_a_heavy_lm_head_does_not_pin_one_gpu():
     assert fb.compute_s > 4 * lf  # the head stage is heavy ...
     # ... and yet the GPUs stay busy (measured: 12.5% idle, from stages of unequal length, not the head)
     assert 1 - (sum(busy) / len(busy)) / res.period_s < 0.15
+
     # bound to GPUs (1F1B, 4 blocks per GPU), the GPU with the head does the most work every iteration
     def work(last):
         est = sim.costs.stage_estimate(("box:7",), 4, True, False, last, 1, 1)
         return est.forward_s + est.backward_s
+
     assert work(True) > 1.3 * work(False)
 
 
@@ -120,8 +146,13 @@ def test_memory_per_gpu_and_on_the_host_against_a_hand_count():
     logits = 10 * b * s * V  # one loss chunk (b s = 1024 tokens < 4096) at 10 bytes per logit
     # stages handed out: F0 (embedding + 2 blocks), F1 (2), FB (2 + head), B1 (2), B0 (embedding + 2)
     state = {"F0": E + 2 * P, "F1": 2 * P, "FB": 2 * (2 * P + H), "B1": 2 * 2 * P, "B0": 2 * (E + 2 * P)}
-    acts = {"F0": block_act + 2 * act, "F1": block_act + 2 * act, "FB": 2 * block_act + logits + 2 * act,
-            "B1": 2 * block_act + 2 * act, "B0": 2 * block_act + 2 * act}
+    acts = {
+        "F0": block_act + 2 * act,
+        "F1": block_act + 2 * act,
+        "FB": 2 * block_act + logits + 2 * act,
+        "B1": 2 * block_act + 2 * act,
+        "B0": 2 * block_act + 2 * act,
+    }
     order = ["F0", "F1", "FB", "B1", "B0"]
     # two GPUs, five stages: every GPU gets every stage; the stage after stage i on its GPU is i + 2
     worst = max(state[x] + acts[x] + state[order[(i + 2) % 5]] for i, x in enumerate(order))
@@ -164,8 +195,7 @@ def test_auto_partition_follows_roundpipe_on_a_worked_example():
     assert p.stage_workload_s == pytest.approx(6.2)
     assert (p.forward_layers, p.fused_layers, p.backward_layers) == ((6,), 0, (2, 2, 2))
     # a memory limit of 8 bytes: at most 4 bytes (two units' parameters + gradients) per stage
-    q = auto_partition(fwd, bwd, size, [2 * x for x in size], min_stages=4, upper_threshold=1.1,
-                       memory_limit_bytes=8.0)
+    q = auto_partition(fwd, bwd, size, [2 * x for x in size], min_stages=4, upper_threshold=1.1, memory_limit_bytes=8.0)
     assert max(q.forward_layers) <= 4 and max(q.backward_layers) <= 2
     assert sum(q.forward_layers) + q.fused_layers == 6 == sum(q.backward_layers) + q.fused_layers
 

@@ -16,8 +16,14 @@ POOL = [f"box:{i}" for i in range(8)]
 
 
 def _plan(**pipe):
-    base = {"num_microbatches": 64, "devices": POOL, "forward_layers": [3, 4, 4, 4, 4, 4, 4, 4, 4],
-            "fused_layers": 5, "backward_layers": [2] + [3] * 11, "recompute_grain": "stage"}
+    base = {
+        "num_microbatches": 64,
+        "devices": POOL,
+        "forward_layers": [3, 4, 4, 4, 4, 4, 4, 4, 4],
+        "fused_layers": 5,
+        "backward_layers": [2] + [3] * 11,
+        "recompute_grain": "stage",
+    }
     base.update(pipe)
     return {"micro_batch_size": 1, "schedule": "roundpipe", "pipelines": [base]}
 
@@ -44,19 +50,22 @@ def test_a_roundpipe_plan_loads_round_trips_and_describes_itself(box):
     assert defaults.pipelines[0].roundpipe.memory_limit_for(24.0) == pytest.approx(14.4)
 
 
-@pytest.mark.parametrize("change, field, words", [
-    ({"stages": []}, "pipelines[0].stages", "no stages bound to devices"),
-    ({"forward_layers": None}, "pipelines[0].forward_layers", "is required in a roundpipe pipeline"),
-    ({"forward_layers": "3,4"}, "pipelines[0].forward_layers", "list of layer counts"),
-    ({"forward_layers": [3, 0, 37]}, "pipelines[0].forward_layers[1]", "must be an integer >= 1, got 0"),
-    ({"backward_layers": []}, "pipelines[0].backward_layers", "at least one stage"),
-    ({"fused_layers": -1}, "pipelines[0].fused_layers", ">= 0 (0: the LM head alone), got -1"),
-    ({"recompute_grain": "block"}, "pipelines[0].recompute_grain", "stage, layer, got 'block'"),
-    ({"memory_limit_GiB": -2}, "pipelines[0].memory_limit_GiB", "got -2"),
-    ({"accumulation_steps": 3}, "pipelines[0].num_microbatches", "accumulation_steps=3"),
-    ({"devices": POOL + ["box:0"]}, "pipelines[0].devices", "'box:0' is listed twice"),
-    ({"bogus": 1}, "pipelines[0].bogus", "unknown field"),
-])
+@pytest.mark.parametrize(
+    "change, field, words",
+    [
+        ({"stages": []}, "pipelines[0].stages", "no stages bound to devices"),
+        ({"forward_layers": None}, "pipelines[0].forward_layers", "is required in a roundpipe pipeline"),
+        ({"forward_layers": "3,4"}, "pipelines[0].forward_layers", "list of layer counts"),
+        ({"forward_layers": [3, 0, 37]}, "pipelines[0].forward_layers[1]", "must be an integer >= 1, got 0"),
+        ({"backward_layers": []}, "pipelines[0].backward_layers", "at least one stage"),
+        ({"fused_layers": -1}, "pipelines[0].fused_layers", ">= 0 (0: the LM head alone), got -1"),
+        ({"recompute_grain": "block"}, "pipelines[0].recompute_grain", "stage, layer, got 'block'"),
+        ({"memory_limit_GiB": -2}, "pipelines[0].memory_limit_GiB", "got -2"),
+        ({"accumulation_steps": 3}, "pipelines[0].num_microbatches", "accumulation_steps=3"),
+        ({"devices": POOL + ["box:0"]}, "pipelines[0].devices", "'box:0' is listed twice"),
+        ({"bogus": 1}, "pipelines[0].bogus", "unknown field"),
+    ],
+)
 def test_shape_errors_name_the_field_and_the_numbers(change, field, words):
     plan = _plan()
     for k, v in change.items():
@@ -72,8 +81,11 @@ def test_shape_errors_name_the_field_and_the_numbers(change, field, words):
 def test_rules_that_need_the_cluster_and_the_model(box, tmp_path):
     cluster, model = box
     cases = [
-        (_plan(forward_layers=[4, 4, 4, 4, 4, 4, 4, 4, 4]), "pipelines[0].forward_layers",
-         "4 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + fused_layers 5 = 41 blocks, model 'llama2-13b' has num_layers=40"),
+        (
+            _plan(forward_layers=[4, 4, 4, 4, 4, 4, 4, 4, 4]),
+            "pipelines[0].forward_layers",
+            "4 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + fused_layers 5 = 41 blocks, model 'llama2-13b' has num_layers=40",
+        ),
         (_plan(backward_layers=[3] * 11), "pipelines[0].backward_layers", "= 38 blocks"),
         (_plan(devices=["box:0", "box:9"]), "pipelines[0].devices", "unknown device id 'box:9'"),
         (_plan(memory_limit_GiB=30), "pipelines[0].memory_limit_GiB", "30 GiB exceeds the smallest pool GPU's"),
@@ -84,8 +96,10 @@ def test_rules_that_need_the_cluster_and_the_model(box, tmp_path):
             load_config(plan).validate(cluster, model)
         assert e.value.field == field and words in e.value.rule, str(e.value)
     two = tmp_path / "two.yaml"
-    two.write_text("nodes: [{name: a, gpu: RTX-4090, count: 4}, {name: b, gpu: RTX-4090, count: 4}]\n"
-                   "network: {bandwidth_GBps: 12.5}\n")
+    two.write_text(
+        "nodes: [{name: a, gpu: RTX-4090, count: 4}, {name: b, gpu: RTX-4090, count: 4}]\n"
+        "network: {bandwidth_GBps: 12.5}\n"
+    )
     with pytest.raises(SpecError, match="spans nodes a, b: give each node its own pipeline"):
         load_config(_plan(devices=["a:0", "a:1", "b:0"])).validate(load_cluster(two), model)
 

@@ -24,8 +24,12 @@ def stage(devices, layers, recompute=False):
     return {"devices": devices, "layers": layers, "recompute": recompute}
 
 
-TWO_BY_TWO = cfg([{"num_microbatches": 5, "stages": [stage(["cpu:0"], 3), stage(["cpu:1"], 1)]},
-                  {"num_microbatches": 3, "stages": [stage(["cpu:2"], 1), stage(["cpu:3"], 3)]}])
+TWO_BY_TWO = cfg(
+    [
+        {"num_microbatches": 5, "stages": [stage(["cpu:0"], 3), stage(["cpu:1"], 1)]},
+        {"num_microbatches": 3, "stages": [stage(["cpu:2"], 1), stage(["cpu:3"], 3)]},
+    ]
+)
 
 
 def test_ranks_follow_config_device_order_and_batch_shares():
@@ -44,8 +48,12 @@ def test_grad_groups_are_exactly_the_holders_of_each_weight():
 
 
 def test_interleaved_chunks_are_placed_megatron_style():
-    config = cfg([{"num_microbatches": 4, "stages": [stage(["cpu:0"], 2), stage(["cpu:1"], 2)]}], mbs=2,
-                 schedule="interleaved-1f1b", virtual_stages=2)
+    config = cfg(
+        [{"num_microbatches": 4, "stages": [stage(["cpu:0"], 2), stage(["cpu:1"], 2)]}],
+        mbs=2,
+        schedule="interleaved-1f1b",
+        virtual_stages=2,
+    )
     r0, r1 = build_layout(load_cluster("cpu-2"), load_model("tiny"), config).ranks
     assert [(c.stage_index, c.layers) for c in r0.chunks] == [(0, (0,)), (2, (2,))]
     assert [(c.stage_index, c.layers) for c in r1.chunks] == [(1, (1,)), (3, (3,))]
@@ -88,8 +96,18 @@ def test_layer_weights_do_not_depend_on_the_split(split):
 
 
 def test_split_forward_equals_full_forward_swiglu_gqa_recompute():
-    spec = ModelSpec("llama-ish", num_layers=3, hidden_size=32, num_heads=4, num_kv_heads=2, ffn_hidden_size=48,
-                     vocab_size=64, seq_len=8, global_batch_size=2, mlp="swiglu")
+    spec = ModelSpec(
+        "llama-ish",
+        num_layers=3,
+        hidden_size=32,
+        num_heads=4,
+        num_kv_heads=2,
+        ffn_hidden_size=48,
+        vocab_size=64,
+        seq_len=8,
+        global_batch_size=2,
+        mlp="swiglu",
+    )
     x = torch.randint(0, 64, (2, 8))
     full = build_full_model(spec, seed=0)
     a = StageChunk(spec, [0], first=True, last=False, seed=0)
@@ -131,11 +149,24 @@ def test_torchrun_command_standalone_or_multi_node(tmp_path):
     from runner.train import torchrun_command
 
     cmd = torchrun_command(4, tmp_path / "job.json", [])
-    assert cmd[1:] == ["-m", "runner.torchrun", "--standalone", "--nproc-per-node", "4",
-                       "--log-dir", str(tmp_path / "torchrun"), "-m", "runner.worker", str(tmp_path / "job.json")]
+    assert cmd[1:] == [
+        "-m",
+        "runner.torchrun",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "--log-dir",
+        str(tmp_path / "torchrun"),
+        "-m",
+        "runner.worker",
+        str(tmp_path / "job.json"),
+    ]
     assert torchrun_command(2, tmp_path / "j", ["--log-dir", "/x"]).count("--log-dir") == 1
-    multi = torchrun_command(8, tmp_path / "j", ["--nnodes", "2", "--nproc-per-node", "4",
-                                                 "--rdzv-endpoint=host:29500", "--rdzv-backend", "c10d"])
+    multi = torchrun_command(
+        8,
+        tmp_path / "j",
+        ["--nnodes", "2", "--nproc-per-node", "4", "--rdzv-endpoint=host:29500", "--rdzv-backend", "c10d"],
+    )
     assert "--standalone" not in multi and multi.count("--nproc-per-node") == 1
     with pytest.raises(SpecError, match="--nproc-per-node: is required with multi-node flags"):
         torchrun_command(8, tmp_path / "j", ["--nnodes=2"])
@@ -146,14 +177,48 @@ def test_summarize_readings_into_a_measurement():
 
     cluster, tiny = load_cluster("cpu-4"), load_model("tiny")
     r = [  # replica 0: 2 stages, replica 1: 2 stages; replica 1's stage 1 is the slowest stage
-        dict(rank=0, device="cpu:0", pipeline=0, stage=0, forward_s=0.01, backward_s=0.02, iteration_time_s=0.10,
-             peak_memory_GiB=0.5, timeline=[("F0", 0.0, 0.01), ("B0", 0.02, 0.04)]),
-        dict(rank=1, device="cpu:1", pipeline=0, stage=1, forward_s=0.01, backward_s=0.02, iteration_time_s=0.10,
-             peak_memory_GiB=0.5, timeline=[("F0", 0.01, 0.02)]),
-        dict(rank=2, device="cpu:2", pipeline=1, stage=0, forward_s=0.01, backward_s=0.02, iteration_time_s=0.12,
-             peak_memory_GiB=0.5),
-        dict(rank=3, device="cpu:3", pipeline=1, stage=1, forward_s=0.03, backward_s=0.05, iteration_time_s=0.11,
-             peak_memory_GiB=9.0),
+        dict(
+            rank=0,
+            device="cpu:0",
+            pipeline=0,
+            stage=0,
+            forward_s=0.01,
+            backward_s=0.02,
+            iteration_time_s=0.10,
+            peak_memory_GiB=0.5,
+            timeline=[("F0", 0.0, 0.01), ("B0", 0.02, 0.04)],
+        ),
+        dict(
+            rank=1,
+            device="cpu:1",
+            pipeline=0,
+            stage=1,
+            forward_s=0.01,
+            backward_s=0.02,
+            iteration_time_s=0.10,
+            peak_memory_GiB=0.5,
+            timeline=[("F0", 0.01, 0.02)],
+        ),
+        dict(
+            rank=2,
+            device="cpu:2",
+            pipeline=1,
+            stage=0,
+            forward_s=0.01,
+            backward_s=0.02,
+            iteration_time_s=0.12,
+            peak_memory_GiB=0.5,
+        ),
+        dict(
+            rank=3,
+            device="cpu:3",
+            pipeline=1,
+            stage=1,
+            forward_s=0.03,
+            backward_s=0.05,
+            iteration_time_s=0.11,
+            peak_memory_GiB=9.0,
+        ),
     ]
     m = summarize(r, cluster, tiny, TWO_BY_TWO)
     assert m.iteration_time_s == 0.12  # the slowest rank
@@ -171,12 +236,40 @@ def test_real_evaluator_check_names_plans_the_runner_cannot_run_without_launchin
     from runner import RealEvaluator
 
     real = RealEvaluator("cpu-4", "tiny")
-    one_microbatch = ParallelConfig.from_dict({"micro_batch_size": 8, "schedule": "1f1b", "pipelines": [
-        {"num_microbatches": 1, "stages": [{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]})
-    mixed_tp = ParallelConfig.from_dict({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
-        {"devices": ["cpu:0", "cpu:1"], "layers": 2}, {"devices": ["cpu:2"], "layers": 2}]}]})
-    fine = ParallelConfig.from_dict({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
-        {"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]})
+    one_microbatch = ParallelConfig.from_dict(
+        {
+            "micro_batch_size": 8,
+            "schedule": "1f1b",
+            "pipelines": [
+                {
+                    "num_microbatches": 1,
+                    "stages": [{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}],
+                }
+            ],
+        }
+    )
+    mixed_tp = ParallelConfig.from_dict(
+        {
+            "micro_batch_size": 2,
+            "pipelines": [
+                {
+                    "num_microbatches": 4,
+                    "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": 2}, {"devices": ["cpu:2"], "layers": 2}],
+                }
+            ],
+        }
+    )
+    fine = ParallelConfig.from_dict(
+        {
+            "micro_batch_size": 2,
+            "pipelines": [
+                {
+                    "num_microbatches": 4,
+                    "stages": [{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}],
+                }
+            ],
+        }
+    )
     assert "needs at least as many micro-batches as stages: 1 < 2" in real.check(one_microbatch)
     assert "different tensor-parallel degrees" in real.check(mixed_tp)
     assert real.check(fine) is None

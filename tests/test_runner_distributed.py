@@ -40,22 +40,63 @@ def stage(device, layers, recompute=False):
 
 
 PLANS = {
-    "2-stages": ("cpu-2", {"micro_batch_size": 2, "schedule": "1f1b", "pipelines": [
-        {"num_microbatches": 4, "stages": [stage("cpu:0", 1), stage("cpu:1", 3)]}]}),
+    "2-stages": (
+        "cpu-2",
+        {
+            "micro_batch_size": 2,
+            "schedule": "1f1b",
+            "pipelines": [{"num_microbatches": 4, "stages": [stage("cpu:0", 1), stage("cpu:1", 3)]}],
+        },
+    ),
     # uneven layers and an uneven 5 + 3 micro-batch split between the replicas; one stage recomputes
-    "2-stages-x-2-replicas": ("cpu-4", {"micro_batch_size": 1, "schedule": "1f1b", "pipelines": [
-        {"num_microbatches": 5, "stages": [stage("cpu:0", 3), stage("cpu:1", 1, recompute=True)]},
-        {"num_microbatches": 3, "stages": [stage("cpu:2", 1), stage("cpu:3", 3)]}]}),
-    "4-stages": ("cpu-4", {"micro_batch_size": 2, "schedule": "gpipe", "pipelines": [
-        {"num_microbatches": 4, "stages": [stage(f"cpu:{i}", 1) for i in range(4)]}]}),
+    "2-stages-x-2-replicas": (
+        "cpu-4",
+        {
+            "micro_batch_size": 1,
+            "schedule": "1f1b",
+            "pipelines": [
+                {"num_microbatches": 5, "stages": [stage("cpu:0", 3), stage("cpu:1", 1, recompute=True)]},
+                {"num_microbatches": 3, "stages": [stage("cpu:2", 1), stage("cpu:3", 3)]},
+            ],
+        },
+    ),
+    "4-stages": (
+        "cpu-4",
+        {
+            "micro_batch_size": 2,
+            "schedule": "gpipe",
+            "pipelines": [{"num_microbatches": 4, "stages": [stage(f"cpu:{i}", 1) for i in range(4)]}],
+        },
+    ),
     # two ranks, each holding two non-adjacent model chunks
-    "interleaved": ("cpu-2", {"micro_batch_size": 1, "schedule": "interleaved-1f1b", "virtual_stages": 2,
-                              "pipelines": [{"num_microbatches": 8, "stages": [stage("cpu:0", 2), stage("cpu:1", 2)]}]}),
+    "interleaved": (
+        "cpu-2",
+        {
+            "micro_batch_size": 1,
+            "schedule": "interleaved-1f1b",
+            "virtual_stages": 2,
+            "pipelines": [{"num_microbatches": 8, "stages": [stage("cpu:0", 2), stage("cpu:1", 2)]}],
+        },
+    ),
 }
 LLAMA = str(Path(__file__).with_name("data") / "tiny-llama.yaml")
 # pipeline x tensor parallel (DTensor on gloo) on a SwiGLU + grouped-query-attention model
-TP_PLAN = ("cpu-4", {"micro_batch_size": 1, "schedule": "1f1b", "pipelines": [{"num_microbatches": 4, "stages": [
-    {"devices": ["cpu:0", "cpu:1"], "layers": 1}, {"devices": ["cpu:2", "cpu:3"], "layers": 1, "recompute": True}]}]})
+TP_PLAN = (
+    "cpu-4",
+    {
+        "micro_batch_size": 1,
+        "schedule": "1f1b",
+        "pipelines": [
+            {
+                "num_microbatches": 4,
+                "stages": [
+                    {"devices": ["cpu:0", "cpu:1"], "layers": 1},
+                    {"devices": ["cpu:2", "cpu:3"], "layers": 1, "recompute": True},
+                ],
+            }
+        ],
+    },
+)
 
 
 def read_losses(path: Path) -> list[float]:
@@ -72,8 +113,9 @@ def reference() -> list[float]:
 
 def run_plan(plan: str, directory: Path, **kw) -> list[float]:
     cluster, config = PLANS[plan]
-    outcome = train(cluster, "tiny", config, steps=STEPS, metrics_out=directory / "m.jsonl", quiet=True,
-                    timeout_s=600, **kw)  # hang guards, generous for a loaded machine
+    outcome = train(
+        cluster, "tiny", config, steps=STEPS, metrics_out=directory / "m.jsonl", quiet=True, timeout_s=600, **kw
+    )  # hang guards, generous for a loaded machine
     assert outcome.returncode == 0, outcome.error
     return read_losses(directory / "m.jsonl")
 
@@ -99,8 +141,9 @@ def test_tensor_parallel_pipeline_trains_like_a_single_process(tmp_path):
     steps = 3  # DTensor on gloo is slow on CPU
     outcome = train(cluster, LLAMA, config, steps=steps, metrics_out=tmp_path / "m.jsonl", quiet=True, timeout_s=600)
     assert outcome.returncode == 0, outcome.error
-    torch.testing.assert_close(torch.tensor(read_losses(tmp_path / "m.jsonl")),
-                               torch.tensor(reference_losses(LLAMA, steps)), rtol=RTOL, atol=0)
+    torch.testing.assert_close(
+        torch.tensor(read_losses(tmp_path / "m.jsonl")), torch.tensor(reference_losses(LLAMA, steps)), rtol=RTOL, atol=0
+    )
 
 
 def _cli(*args: str) -> list[str]:
@@ -115,9 +158,27 @@ def _slow_train_after_one_step(tmp_path: Path, ckpt: Path, metrics: Path, **pope
     cfg.write_text(json.dumps(config))
     slow = tmp_path / "slow.yaml"
     slow.write_text("nodes: [{name: cpu, gpu: cpu, count: 2, slowdown: 10}]\nnetwork: {bandwidth_GBps: 5}\n")
-    proc = subprocess.Popen(_cli("train", "--cluster", str(slow), "--model", "tiny", "--config", str(cfg),
-                                 "--steps", str(STEPS), "--checkpoint-dir", str(ckpt), "--metrics-out", str(metrics)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    proc = subprocess.Popen(
+        _cli(
+            "train",
+            "--cluster",
+            str(slow),
+            "--model",
+            "tiny",
+            "--config",
+            str(cfg),
+            "--steps",
+            str(STEPS),
+            "--checkpoint-dir",
+            str(ckpt),
+            "--metrics-out",
+            str(metrics),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
     deadline = time.monotonic() + 300  # torchrun and two ranks importing torch on a loaded machine
     while not (metrics.exists() and metrics.read_text().count("\n") >= 1) and time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read()
@@ -139,7 +200,11 @@ def _stopped_cleanly(proc: subprocess.Popen, ckpt: Path, metrics: Path) -> int:
 
 def test_sigterm_checkpoint_then_resume_matches_uninterrupted_run(two_stage_run, tmp_path):
     uninterrupted, directory = two_stage_run
-    assert sorted(p.name for p in (directory / "ckpt").glob("step-*")) == ["step-00000002", "step-00000004", "step-00000006"]
+    assert sorted(p.name for p in (directory / "ckpt").glob("step-*")) == [
+        "step-00000002",
+        "step-00000004",
+        "step-00000006",
+    ]
     ckpt, stopped = tmp_path / "ckpt", tmp_path / "stopped.jsonl"
     # 1. stopped by SIGTERM once it has done a step: it finishes the step, checkpoints, exits 0
     proc, cfg = _slow_train_after_one_step(tmp_path, ckpt, stopped)
@@ -148,8 +213,18 @@ def test_sigterm_checkpoint_then_resume_matches_uninterrupted_run(two_stage_run,
     # 2. resume on the normal cluster, appending to the same metrics file
     # (and log the resumed steps to a real MLflow SQLite store)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    resumed = train("cpu-2", "tiny", cfg, steps=STEPS, checkpoint_dir=ckpt, resume=True, metrics_out=stopped,
-                    tracking_uri=uri, quiet=True, timeout_s=600)
+    resumed = train(
+        "cpu-2",
+        "tiny",
+        cfg,
+        steps=STEPS,
+        checkpoint_dir=ckpt,
+        resume=True,
+        metrics_out=stopped,
+        tracking_uri=uri,
+        quiet=True,
+        timeout_s=600,
+    )
     assert resumed.returncode == 0, resumed.error
     assert resumed.steps_done == STEPS
     # same data and same state => the same floating-point operations: the identical curve
@@ -170,8 +245,13 @@ def test_ctrl_c_checkpoints_like_sigterm_and_leaves_no_rank(tmp_path):
     from proc_scan import processes_with
 
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    proc, _ = _slow_train_after_one_step(tmp_path, ckpt, metrics, start_new_session=True,
-                                         env=dict(os.environ, AUTOTUNE_TEST_TAG=f"ctrl-c-{tmp_path.name}"))
+    proc, _ = _slow_train_after_one_step(
+        tmp_path,
+        ckpt,
+        metrics,
+        start_new_session=True,
+        env=dict(os.environ, AUTOTUNE_TEST_TAG=f"ctrl-c-{tmp_path.name}"),
+    )
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the launcher's whole process group
     _stopped_cleanly(proc, ckpt, metrics)
     assert not processes_with(f"AUTOTUNE_TEST_TAG=ctrl-c-{tmp_path.name}"), "a rank outlived the launcher"
@@ -180,20 +260,61 @@ def test_ctrl_c_checkpoints_like_sigterm_and_leaves_no_rank(tmp_path):
 def test_measure_json_cli_and_slowdown_emulation(tmp_path):
     # Two cpu nodes; "slow" emulates a device 4x slower. Both stages do about the same work (2 blocks).
     cluster = tmp_path / "hetero.yaml"
-    cluster.write_text("nodes: [{name: fast, gpu: cpu, count: 1}, {name: slow, gpu: cpu, count: 1, slowdown: 4}]\n"
-                       "network: {bandwidth_GBps: 5}\n")
+    cluster.write_text(
+        "nodes: [{name: fast, gpu: cpu, count: 1}, {name: slow, gpu: cpu, count: 1, slowdown: 4}]\n"
+        "network: {bandwidth_GBps: 5}\n"
+    )
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
-        {"devices": ["fast:0"], "layers": 2}, {"devices": ["slow:0"], "layers": 2}]}]}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "micro_batch_size": 2,
+                "pipelines": [
+                    {
+                        "num_microbatches": 4,
+                        "stages": [{"devices": ["fast:0"], "layers": 2}, {"devices": ["slow:0"], "layers": 2}],
+                    }
+                ],
+            }
+        )
+    )
     runs = tmp_path / "runs"
     runs.mkdir()
-    res = subprocess.run(_cli("measure", "--cluster", str(cluster), "--model", "tiny", "--config", str(cfg),
-                              "--steps", "2", "--warmup", "1", "--timeout", "600", "--json"), capture_output=True,
-                         text=True, timeout=900, env=dict(os.environ, TMPDIR=str(runs), AUTOTUNE_KEEP_RUN_DIR="1"))
+    res = subprocess.run(
+        _cli(
+            "measure",
+            "--cluster",
+            str(cluster),
+            "--model",
+            "tiny",
+            "--config",
+            str(cfg),
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--timeout",
+            "600",
+            "--json",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=dict(os.environ, TMPDIR=str(runs), AUTOTUNE_KEEP_RUN_DIR="1"),
+    )
     assert res.returncode == 0, res.stderr
     m = json.loads(res.stdout)
-    for key in ("tokens_per_s", "iteration_time_s", "oom", "peak_memory_GiB", "mfu", "bubble_fraction", "status",
-                "error", "stage_busy_s"):
+    for key in (
+        "tokens_per_s",
+        "iteration_time_s",
+        "oom",
+        "peak_memory_GiB",
+        "mfu",
+        "bubble_fraction",
+        "status",
+        "error",
+        "stage_busy_s",
+    ):
         assert key in m
     assert m["status"] == "ok" and not m["oom"]
     assert m["tokens_per_s"] > 0 and m["iteration_time_s"] > 0
@@ -214,6 +335,10 @@ def test_measure_json_cli_and_slowdown_emulation(tmp_path):
     assert compute > 0 and readings["slow:0"]["emulated_s"] == pytest.approx(3 * compute)
     assert m["stage_busy_s"] == [pytest.approx(busy["fast:0"]), pytest.approx(busy["slow:0"])]
     # a plan that does not fit the model: one error line, exit 2
-    bad = subprocess.run(_cli("measure", "--cluster", str(cluster), "--model", "tiny", "--config", str(cfg),
-                              "--global-batch-size", "6"), capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        _cli("measure", "--cluster", str(cluster), "--model", "tiny", "--config", str(cfg), "--global-batch-size", "6"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "global_batch_size is 6" in bad.stderr

@@ -15,10 +15,17 @@ from runner import RealEvaluator, profiled_run
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-TWO_STAGES = ParallelConfig.from_dict({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
-    {"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]})
-
-
+TWO_STAGES = ParallelConfig.from_dict(
+    {
+        "micro_batch_size": 2,
+        "pipelines": [
+            {
+                "num_microbatches": 4,
+                "stages": [{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}],
+            }
+        ],
+    }
+)
 
 
 @pytest.fixture
@@ -54,13 +61,23 @@ def test_hanging_rank_times_out_and_leaves_nothing(tag, monkeypatch):
 
 
 def test_invalid_plan_is_a_measurement_not_an_exception():
-    bad = ParallelConfig.from_dict({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
-        {"devices": ["cpu:0"], "layers": 3}]}]})
+    bad = ParallelConfig.from_dict(
+        {"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [{"devices": ["cpu:0"], "layers": 3}]}]}
+    )
     m = RealEvaluator("cpu-2", "tiny").evaluate(bad)
     assert m.status == "invalid" and "layers sum to 3" in m.error
     # valid, but the runner cannot run it: stages of one pipeline with different tensor-parallel degrees
-    mixed_tp = ParallelConfig.from_dict({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [
-        {"devices": ["cpu:0", "cpu:1"], "layers": 2}, {"devices": ["cpu:2"], "layers": 2}]}]})
+    mixed_tp = ParallelConfig.from_dict(
+        {
+            "micro_batch_size": 2,
+            "pipelines": [
+                {
+                    "num_microbatches": 4,
+                    "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": 2}, {"devices": ["cpu:2"], "layers": 2}],
+                }
+            ],
+        }
+    )
     m = RealEvaluator("cpu-4", "tiny").evaluate(mixed_tp)
     assert m.status == "failed" and "different tensor-parallel degrees" in m.error
 

@@ -20,8 +20,6 @@ from runner.worker import _peak_rss_bytes
 REPO = Path(__file__).resolve().parents[1]
 
 
-
-
 LAUNCHER = textwrap.dedent("""
     import signal, sys
     from autotune.specs import ParallelConfig
@@ -38,8 +36,10 @@ LAUNCHER = textwrap.dedent("""
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("mode,sig", [("default", signal.SIGTERM), ("handler", signal.SIGTERM),
-                                      ("default", signal.SIGINT), ("handler", signal.SIGINT)])
+@pytest.mark.parametrize(
+    "mode,sig",
+    [("default", signal.SIGTERM), ("handler", signal.SIGTERM), ("default", signal.SIGINT), ("handler", signal.SIGINT)],
+)
 def test_stopping_the_launcher_kills_the_ranks(mode, sig, tmp_path):
     """The ranks are killed by the launcher's own handler, which defers the signal to a safe point
     (``autotune.lifeline.stop_signals_end``: a ``KeyboardInterrupt`` inside ``Popen.poll()`` can leave
@@ -48,8 +48,14 @@ def test_stopping_the_launcher_kills_the_ranks(mode, sig, tmp_path):
     SIGINT ignored, which the launcher inherited (``tests/conftest.py`` restores it)."""
     tag = f"autotune-test-{uuid.uuid4().hex}"
     env = {**os.environ, "AUTOTUNE_TEST_TAG": tag, "AUTOTUNE_FAULT": "hang:rank1", "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, mode], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, mode],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while len([p for p in processes_with(tag) if p != proc.pid]) < 2:  # both ranks started
@@ -76,8 +82,10 @@ def test_peak_rss_is_the_processes_own_not_the_launchers():
     big = bytearray(400 * 2**20)  # ~400 MiB touched in this (launching) process
     for i in range(0, len(big), 4096):
         big[i] = 1
-    code = ("import resource; from runner.worker import _peak_rss_bytes; "
-            "print(_peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    code = (
+        "import resource; from runner.worker import _peak_rss_bytes; "
+        "print(_peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     del big
     own, inherited = (int(x) for x in out.split())
@@ -100,12 +108,33 @@ def test_ctrl_c_of_measure_says_so_in_one_line(tmp_path):
     KeyboardInterrupt into a silent exit 130), no traceback, no rank left."""
     tag = f"autotune-test-{uuid.uuid4().hex}"
     plan = tmp_path / "plan.json"
-    plan.write_text('{"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": ['
-                    '{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]}')
-    env = {**os.environ, "AUTOTUNE_TEST_TAG": tag, "AUTOTUNE_FAULT": "hang:rank1", "TMPDIR": str(tmp_path),
-           "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "autotune.cli", "measure", "--cluster", "cpu-2", "--model", "tiny", "--config",
-           str(plan), "--steps", "2", "--timeout", "600"]
+    plan.write_text(
+        '{"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": ['
+        '{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]}'
+    )
+    env = {
+        **os.environ,
+        "AUTOTUNE_TEST_TAG": tag,
+        "AUTOTUNE_FAULT": "hang:rank1",
+        "TMPDIR": str(tmp_path),
+        "PYTHONPATH": str(REPO),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "measure",
+        "--cluster",
+        "cpu-2",
+        "--model",
+        "tiny",
+        "--config",
+        str(plan),
+        "--steps",
+        "2",
+        "--timeout",
+        "600",
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300

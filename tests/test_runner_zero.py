@@ -22,24 +22,61 @@ RTOL = 1e-5
 
 
 def st(device, layers, recompute=False, offload="none"):
-    return {"devices": [device] if isinstance(device, str) else device, "layers": layers, "recompute": recompute,
-            "offload": offload}
+    return {
+        "devices": [device] if isinstance(device, str) else device,
+        "layers": layers,
+        "recompute": recompute,
+        "offload": offload,
+    }
 
 
 PLANS = {
     # zero 1 on uneven replicas (layers 3+1 / 1+3, 5 + 3 micro-batches), one replica offloading its optimizer
-    "zero1-uneven-offload": ("cpu-4", {"micro_batch_size": 1, "zero": 1, "pipelines": [
-        {"num_microbatches": 5, "stages": [st("cpu:0", 3, offload="optimizer"), st("cpu:1", 1, True, "optimizer")]},
-        {"num_microbatches": 3, "stages": [st("cpu:2", 1), st("cpu:3", 3)]}]}),
+    "zero1-uneven-offload": (
+        "cpu-4",
+        {
+            "micro_batch_size": 1,
+            "zero": 1,
+            "pipelines": [
+                {
+                    "num_microbatches": 5,
+                    "stages": [st("cpu:0", 3, offload="optimizer"), st("cpu:1", 1, True, "optimizer")],
+                },
+                {"num_microbatches": 3, "stages": [st("cpu:2", 1), st("cpu:3", 3)]},
+            ],
+        },
+    ),
     # zero 3 on two uneven single-stage replicas (5 + 3 micro-batches); one streams everything from host
     # memory, the other recomputes
-    "zero3-all": ("cpu-2", {"micro_batch_size": 1, "zero": 3, "pipelines": [
-        {"num_microbatches": 5, "stages": [st("cpu:0", 4, offload="all")]},
-        {"num_microbatches": 3, "stages": [st("cpu:1", 4, True)]}]}),
+    "zero3-all": (
+        "cpu-2",
+        {
+            "micro_batch_size": 1,
+            "zero": 3,
+            "pipelines": [
+                {"num_microbatches": 5, "stages": [st("cpu:0", 4, offload="all")]},
+                {"num_microbatches": 3, "stages": [st("cpu:1", 4, True)]},
+            ],
+        },
+    ),
     # zero 2 across two 2-stage replicas, optimizer offloaded
-    "zero2-pipelines-offload": ("cpu-4", {"micro_batch_size": 1, "zero": 2, "pipelines": [
-        {"num_microbatches": 4, "stages": [st("cpu:0", 1, offload="optimizer"), st("cpu:1", 3, True, "optimizer")]},
-        {"num_microbatches": 4, "stages": [st("cpu:2", 1, offload="optimizer"), st("cpu:3", 3, offload="optimizer")]}]}),
+    "zero2-pipelines-offload": (
+        "cpu-4",
+        {
+            "micro_batch_size": 1,
+            "zero": 2,
+            "pipelines": [
+                {
+                    "num_microbatches": 4,
+                    "stages": [st("cpu:0", 1, offload="optimizer"), st("cpu:1", 3, True, "optimizer")],
+                },
+                {
+                    "num_microbatches": 4,
+                    "stages": [st("cpu:2", 1, offload="optimizer"), st("cpu:3", 3, offload="optimizer")],
+                },
+            ],
+        },
+    ),
 }
 
 
@@ -68,18 +105,40 @@ def test_sharded_and_offloaded_plans_train_like_a_single_process(plan, reference
 @pytest.mark.distributed
 def test_resume_from_a_sharded_checkpoint_is_exact(tmp_path):
     """zero 2 with the optimizer offloaded, two uneven replicas: 3 steps, then --resume to 6, equals 6 at once."""
-    config = {"micro_batch_size": 1, "zero": 2, "pipelines": [
-        {"num_microbatches": 5, "stages": [st("cpu:0", 4, offload="optimizer")]},
-        {"num_microbatches": 3, "stages": [st("cpu:1", 4, offload="optimizer")]}]}
+    config = {
+        "micro_batch_size": 1,
+        "zero": 2,
+        "pipelines": [
+            {"num_microbatches": 5, "stages": [st("cpu:0", 4, offload="optimizer")]},
+            {"num_microbatches": 3, "stages": [st("cpu:1", 4, offload="optimizer")]},
+        ],
+    }
     whole = train("cpu-2", "tiny", config, steps=STEPS, metrics_out=tmp_path / "whole.jsonl", quiet=True, timeout_s=240)
     assert whole.returncode == 0, whole.error
     ckpt = tmp_path / "ckpt"
-    first = train("cpu-2", "tiny", config, steps=3, checkpoint_dir=ckpt, metrics_out=tmp_path / "a.jsonl", quiet=True,
-                  timeout_s=240)
+    first = train(
+        "cpu-2",
+        "tiny",
+        config,
+        steps=3,
+        checkpoint_dir=ckpt,
+        metrics_out=tmp_path / "a.jsonl",
+        quiet=True,
+        timeout_s=240,
+    )
     assert first.returncode == 0, first.error
     assert any(p.name.endswith(".distcp") for p in (ckpt / "step-00000003").iterdir())
-    second = train("cpu-2", "tiny", config, steps=STEPS, checkpoint_dir=ckpt, resume=True,
-                   metrics_out=tmp_path / "a.jsonl", quiet=True, timeout_s=240)
+    second = train(
+        "cpu-2",
+        "tiny",
+        config,
+        steps=STEPS,
+        checkpoint_dir=ckpt,
+        resume=True,
+        metrics_out=tmp_path / "a.jsonl",
+        quiet=True,
+        timeout_s=240,
+    )
     assert second.returncode == 0, second.error
     assert _losses(tmp_path / "a.jsonl") == _losses(tmp_path / "whole.jsonl")  # bit for bit
 
@@ -89,26 +148,42 @@ def _layout(cluster, config):
 
 
 def test_plan_shapes_the_sharded_runner_refuses_are_named_before_launch():
-    tp_zero3 = {"micro_batch_size": 1, "zero": 3, "pipelines": [
-        {"num_microbatches": 4, "stages": [st(["cpu:0", "cpu:1"], 4)]},
-        {"num_microbatches": 4, "stages": [st(["cpu:2", "cpu:3"], 4)]}]}
+    tp_zero3 = {
+        "micro_batch_size": 1,
+        "zero": 3,
+        "pipelines": [
+            {"num_microbatches": 4, "stages": [st(["cpu:0", "cpu:1"], 4)]},
+            {"num_microbatches": 4, "stages": [st(["cpu:2", "cpu:3"], 4)]},
+        ],
+    }
     with pytest.raises(SpecError, match="zero 3 with tensor parallelism"):
         _layout("cpu-4", tp_zero3)
-    uneven_split = {"micro_batch_size": 1, "zero": 2, "pipelines": [
-        {"num_microbatches": 4, "stages": [st("cpu:0", 3), st("cpu:1", 1)]},
-        {"num_microbatches": 4, "stages": [st("cpu:2", 1), st("cpu:3", 3)]}]}
+    uneven_split = {
+        "micro_batch_size": 1,
+        "zero": 2,
+        "pipelines": [
+            {"num_microbatches": 4, "stages": [st("cpu:0", 3), st("cpu:1", 1)]},
+            {"num_microbatches": 4, "stages": [st("cpu:2", 1), st("cpu:3", 3)]},
+        ],
+    }
     with pytest.raises(SpecError, match="split the layers the same way"):
         _layout("cpu-4", uneven_split)
-    uneven_counts = {"micro_batch_size": 1, "zero": 3, "pipelines": [
-        {"num_microbatches": 5, "stages": [st("cpu:0", 2), st("cpu:1", 2)]},
-        {"num_microbatches": 3, "stages": [st("cpu:2", 2), st("cpu:3", 2)]}]}
+    uneven_counts = {
+        "micro_batch_size": 1,
+        "zero": 3,
+        "pipelines": [
+            {"num_microbatches": 5, "stages": [st("cpu:0", 2), st("cpu:1", 2)]},
+            {"num_microbatches": 3, "stages": [st("cpu:2", 2), st("cpu:3", 2)]},
+        ],
+    }
     with pytest.raises(SpecError, match=r"same num_microbatches in every replica \(got \[3, 5\]\)"):
         _layout("cpu-4", uneven_counts)
     # what it runs: zero 1 on any split, zero 2/3 on single-stage replicas of uneven batch shares
     assert _layout("cpu-4", dict(uneven_split, zero=1)).sharded
     assert _layout("cpu-2", PLANS["zero3-all"][1]).sharded
-    assert not _layout("cpu-2", {"micro_batch_size": 1, "pipelines": [
-        {"num_microbatches": 8, "stages": [st("cpu:0", 4)]}]}).sharded
+    assert not _layout(
+        "cpu-2", {"micro_batch_size": 1, "pipelines": [{"num_microbatches": 8, "stages": [st("cpu:0", 4)]}]}
+    ).sharded
 
 
 @pytest.mark.gpu
@@ -121,8 +196,10 @@ def test_offload_on_cuda_moves_state_to_pinned_host_memory_and_trains(offload, t
     stay within 2%)."""
     gpu = torch.cuda.get_device_name(0)
     cluster = tmp_path / "gpu.yaml"
-    cluster.write_text(f"nodes: [{{name: g, gpu: {{name: {gpu!r}, peak_tflops: 100, memory_GiB: 16, "
-                       "memory_bandwidth_GBps: 1000}, count: 1}]\nnetwork: {bandwidth_GBps: 10}\n")
+    cluster.write_text(
+        f"nodes: [{{name: g, gpu: {{name: {gpu!r}, peak_tflops: 100, memory_GiB: 16, "
+        "memory_bandwidth_GBps: 1000}, count: 1}]\nnetwork: {bandwidth_GBps: 10}\n"
+    )
     config = {"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": [st("g:0", 4, offload=offload)]}]}
     out = train(str(cluster), "tiny", config, steps=STEPS, metrics_out=tmp_path / "m.jsonl", quiet=True, timeout_s=300)
     assert out.returncode == 0, out.error

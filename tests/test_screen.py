@@ -10,11 +10,11 @@ import pytest
 
 from autotune.calibration.online import Corrections, apply_corrections, default_profile
 from autotune.loading import load_cluster, load_model
+from autotune.planning.budget import PRUNED, BudgetedEvaluator
+from autotune.planning.space import SearchSpace
 from autotune.profile import CalibrationProfile
 from autotune.search.agents import run_random
-from autotune.planning.budget import PRUNED, BudgetedEvaluator
 from autotune.search.screen import CalibrationScreen
-from autotune.planning.space import SearchSpace
 from autotune.search.tracking import config_key
 from autotune.simulator import Simulator
 from autotune.specs import Measurement
@@ -39,9 +39,11 @@ class Recording:
 def wrong_profile(cluster):
     """The datasheet profile made deliberately wrong: compute 3x too slow, 2 GiB more memory per rank."""
     types = sorted({n.device.name for n in cluster.nodes})
-    return apply_corrections(default_profile(cluster), cluster,
-                             Corrections(compute=tuple((t, 3.0) for t in types),
-                                         memory_GiB=tuple((t, 2.0) for t in types)))
+    return apply_corrections(
+        default_profile(cluster),
+        cluster,
+        Corrections(compute=tuple((t, 3.0) for t in types), memory_GiB=tuple((t, 2.0) for t in types)),
+    )
 
 
 #: the random draws these tests were written for: the space before the ZeRO / offload dimensions
@@ -125,8 +127,9 @@ def test_plans_the_real_runner_cannot_run_are_invalid_behind_the_screen_too():
 
     real = Checking(Simulator(cluster, model))
     screen = CalibrationScreen(real, Simulator(cluster, model))
-    b = BudgetedEvaluator(screen, SearchSpace(cluster, model, restrict=dict(NO_ZERO, stage_ranks=[1])),
-                          15, screen=screen.screen)
+    b = BudgetedEvaluator(
+        screen, SearchSpace(cluster, model, restrict=dict(NO_ZERO, stage_ranks=[1])), 15, screen=screen.screen
+    )
     run_random(b.space, b, seed=0)
     assert b.used == 15 and b.invalid > 0
     assert not [c for c in real.calls if real.check(c)], "a plan the runner refuses was run"
@@ -158,9 +161,18 @@ def test_tune_real_backend_closes_the_loop_and_records_it(tmp_path):
     wrong_profile(cluster).save(profile_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     budget = 10
-    result = tune(cluster, model, method="optuna", budget=budget, backend="real", evaluator=real,
-                  profile=profile_path, tracking_uri=uri, storage=f"sqlite:///{tmp_path}/optuna.db",
-                  restrict=PIPELINE_PLANS)
+    result = tune(
+        cluster,
+        model,
+        method="optuna",
+        budget=budget,
+        backend="real",
+        evaluator=real,
+        profile=profile_path,
+        tracking_uri=uri,
+        storage=f"sqlite:///{tmp_path}/optuna.db",
+        restrict=PIPELINE_PLANS,
+    )
     assert result.evaluations == budget == len(real.calls) and result.screened > 0
     client = MlflowClient(uri)
     parent = client.get_run(result.run_id)
@@ -168,8 +180,9 @@ def test_tune_real_backend_closes_the_loop_and_records_it(tmp_path):
     assert parent.data.metrics["pruned_plans"] == pruned_count
     assert parent.data.metrics["memory_screened"] == result.memory_screened
     assert parent.data.metrics["evaluations"] == budget
-    children = client.search_runs([parent.info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'", max_results=1000)
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'", max_results=1000
+    )
     pruned = [c for c in children if c.data.tags.get("autotune.pruned") == "true"]
     assert len(pruned) == pruned_count
     real_children = {c.data.tags["autotune.config_key"] for c in children if "autotune.pruned" not in c.data.tags}
@@ -180,8 +193,9 @@ def test_tune_real_backend_closes_the_loop_and_records_it(tmp_path):
     art = Path(client.download_artifacts(result.run_id, "calibrated_profile.json", str(tmp_path)))
     prof = CalibrationProfile.load(art)
     assert "online corrections" in prof.notes
-    doc = json.loads(Path(client.download_artifacts(result.run_id, "calibration_corrections.json",
-                                                    str(tmp_path))).read_text())
+    doc = json.loads(
+        Path(client.download_artifacts(result.run_id, "calibration_corrections.json", str(tmp_path))).read_text()
+    )
     assert doc["real_runs"] == [config_key(c) for c in real.calls] and doc["pruned_plans"] == pruned_count
     # compute corrected back from 3x: the saved profile predicts the truth within a few percent
     fixed = Simulator(cluster, model, prof)
@@ -206,16 +220,21 @@ def test_real_runner_search_calibrates_from_exactly_the_real_runs(tmp_path):
     result = tune(cluster, model, method="random", budget=3, backend="real", evaluator=real, tracking_uri=uri)
     assert result.evaluations == 3 == len(real.calls)
     client = MlflowClient(uri)
-    doc = json.loads(Path(client.download_artifacts(result.run_id, "calibration_corrections.json",
-                                                    str(tmp_path))).read_text())
+    doc = json.loads(
+        Path(client.download_artifacts(result.run_id, "calibration_corrections.json", str(tmp_path))).read_text()
+    )
     assert doc["real_runs"] == [config_key(c) for c in real.calls]
-    children = client.search_runs([client.get_run(result.run_id).info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'", max_results=100)
+    children = client.search_runs(
+        [client.get_run(result.run_id).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'",
+        max_results=100,
+    )
     ok_real = [c for c in children if c.data.tags.get("status") == "ok"]
     assert doc["fitted_from_runs"] == len(ok_real) >= 1
     assert client.get_run(result.run_id).data.metrics["pruned_plans"] == result.screened
-    prof = CalibrationProfile.load(Path(client.download_artifacts(result.run_id, "calibrated_profile.json",
-                                                                  str(tmp_path))))
+    prof = CalibrationProfile.load(
+        Path(client.download_artifacts(result.run_id, "calibrated_profile.json", str(tmp_path)))
+    )
     assert prof.devices and "online corrections" in prof.notes
 
 
@@ -229,8 +248,7 @@ def test_cli_table_says_how_many_plans_were_screened_out():
     sim = Simulator(cluster, model)
     space = SearchSpace(cluster, model)
     config = space.decode(space.heuristic_params()[0]).config
-    result = TuneResult(config, sim.evaluate(config), 5, "random", cluster.name, model.name, 5, 0, "real",
-                        screened=7)
+    result = TuneResult(config, sim.evaluate(config), 5, "random", cluster.name, model.name, 5, 0, "real", screened=7)
     assert TuneResult.from_json(result.to_json()).screened == 7
     console = Console(record=True, width=200)
     _print_result(console, result)

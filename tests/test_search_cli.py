@@ -32,8 +32,20 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def searched(workdir):
-    r = cli("search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "random", "--budget", "8",
-            "--output", "best.json", cwd=workdir)
+    r = cli(
+        "search",
+        "--cluster",
+        "mixed-a100-v100",
+        "--model",
+        "gpt2-xl",
+        "--method",
+        "random",
+        "--budget",
+        "8",
+        "--output",
+        "best.json",
+        cwd=workdir,
+    )
     assert r.returncode == 0, r.stderr
     return r
 
@@ -67,12 +79,32 @@ def test_autotune_best_matches_the_library(searched, workdir):
 
 
 def test_bad_input_is_one_clear_line(workdir):
-    r = cli("search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "annealing", "--budget", "3",
-            cwd=workdir)
+    r = cli(
+        "search",
+        "--cluster",
+        "mixed-a100-v100",
+        "--model",
+        "gpt2-xl",
+        "--method",
+        "annealing",
+        "--budget",
+        "3",
+        cwd=workdir,
+    )
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "method: must be one of rl | optuna | random | uniform | exhaustive | dp" in r.stderr
-    r = cli("search", "--cluster", "mixed-h100-a100-32", "--model", "llama2-7b", "--method", "exhaustive",
-            "--budget", "3", cwd=workdir)
+    r = cli(
+        "search",
+        "--cluster",
+        "mixed-h100-a100-32",
+        "--model",
+        "llama2-7b",
+        "--method",
+        "exhaustive",
+        "--budget",
+        "3",
+        cwd=workdir,
+    )
     assert r.returncode == 2 and "combinations" in r.stderr and "exceed the limit" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -86,11 +118,28 @@ def test_killed_optuna_search_resumes_to_exactly_budget(tmp_path, writer):
     from mlflow.tracking import MlflowClient
 
     budget = 80  # far more than a poll interval's worth of evaluations: the kill lands mid-search
-    args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "optuna", "--budget",
-            str(budget), "--seed", "3"]
+    args = [
+        "search",
+        "--cluster",
+        "mixed-a100-v100",
+        "--model",
+        "gpt2-xl",
+        "--method",
+        "optuna",
+        "--budget",
+        str(budget),
+        "--seed",
+        "3",
+    ]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), AUTOTUNE_MLFLOW_WRITER=writer)
-    proc = subprocess.Popen([*AUTOTUNE, *args], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*AUTOTUNE, *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     from autotune.search.agents.optuna_storage import open_storage
 
     study_name = "mixed-a100-v100__gpt2-xl__optuna__seed3"
@@ -126,9 +175,9 @@ def test_killed_optuna_search_resumes_to_exactly_budget(tmp_path, writer):
     exp = client.get_experiment_by_name("mixed-a100-v100__gpt2-xl")
     parents = client.search_runs([exp.experiment_id], filter_string="tags.`autotune.role` = 'search'")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    children = client.search_runs([exp.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'",
-                                  max_results=1000)
+    children = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'", max_results=1000
+    )
     assert len(children) == budget == len({c.data.tags["autotune.config_key"] for c in children})
 
 
@@ -138,8 +187,15 @@ def test_real_backend_smoke_one_profiled_run(tmp_path):
     """One real profiled run (torch.distributed, gloo) of the tiny model on two CPU ranks."""
     from autotune.search.api import tune
 
-    result = tune("cpu-2", "tiny", method="uniform", budget=1, backend="real", seed=0,
-                  tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    result = tune(
+        "cpu-2",
+        "tiny",
+        method="uniform",
+        budget=1,
+        backend="real",
+        seed=0,
+        tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+    )
     assert result.evaluations == 1 and result.backend == "real"
     m = result.best_measurement
     assert m.status == "ok", m.error
@@ -156,15 +212,23 @@ def test_two_workers_share_one_study_and_one_budget(tmp_path):
 
     budget = 16
     journal = str(tmp_path / "optuna.journal")
-    result = tune("mixed-a100-v100", "gpt2-xl", method="optuna", budget=budget, workers=2, storage=journal,
-                  tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    result = tune(
+        "mixed-a100-v100",
+        "gpt2-xl",
+        method="optuna",
+        budget=budget,
+        workers=2,
+        storage=journal,
+        tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+    )
     assert result.evaluations == budget
     study = optuna.load_study(study_name="mixed-a100-v100__gpt2-xl__optuna__seed0", storage=open_storage(journal))
     evaluated = [t for t in study.trials if t.user_attrs.get("evaluated")]
     assert len(evaluated) == budget == len({t.user_attrs["config_key"] for t in evaluated})
     children = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").search_runs(
         [MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(result.run_id).info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'")
+        filter_string=f"tags.mlflow.parentRunId = '{result.run_id}'",
+    )
     assert len(children) == budget
 
 
@@ -183,8 +247,14 @@ def test_compare_prints_one_row_per_search(searched, workdir):
 
     uri = f"sqlite:///{workdir}/mlflow.db"
     tune("mixed-a100-v100", "gpt2-xl", method="uniform", budget=4, tracking_uri=uri)
-    tune("mixed-a100-v100", "gpt2-xl", method="optuna", budget=5, tracking_uri=uri,
-         storage=str(workdir / "optuna.journal"))
+    tune(
+        "mixed-a100-v100",
+        "gpt2-xl",
+        method="optuna",
+        budget=5,
+        tracking_uri=uri,
+        storage=str(workdir / "optuna.journal"),
+    )
     r = cli("compare", "--experiment", "mixed-a100-v100__gpt2-xl", "--csv", cwd=workdir)
     assert r.returncode == 0, r.stderr
     import csv
@@ -195,8 +265,10 @@ def test_compare_prints_one_row_per_search(searched, workdir):
     assert all(row["status"] == "FINISHED" for row in rows)
     table = cli("compare", cwd=workdir)  # the most recent search's experiment, as a table
     assert table.returncode == 0 and "searches in experiment mixed-a100-v100__gpt2-xl" in table.stdout
-    assert sum(line.split()[0] in ("random", "uniform", "optuna") for line in table.stdout.splitlines()
-               if line.strip()) == 3
+    assert (
+        sum(line.split()[0] in ("random", "uniform", "optuna") for line in table.stdout.splitlines() if line.strip())
+        == 3
+    )
 
 
 def test_compare_names_a_missing_experiment(searched, workdir):
@@ -223,11 +295,23 @@ def test_ctrl_c_says_how_to_resume_and_fresh_starts_over(tmp_path):
     from autotune.search.agents.optuna_storage import open_storage
     from autotune.search.agents.shared_study import evaluated_trials
 
-    args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "optuna", "--budget", "70",
-            "--seed", "4"]
+    args = [
+        "search",
+        "--cluster",
+        "mixed-a100-v100",
+        "--model",
+        "gpt2-xl",
+        "--method",
+        "optuna",
+        "--budget",
+        "70",
+        "--seed",
+        "4",
+    ]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    proc = subprocess.Popen([*AUTOTUNE, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*AUTOTUNE, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     name = "mixed-a100-v100__gpt2-xl__optuna__seed4"
     journal = str(tmp_path / "optuna.journal")
 

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from servers import mlflow_server, postgres_server
 
 AUTOTUNE = [sys.executable, "-m", "autotune.cli"]
@@ -33,10 +32,32 @@ def test_two_searches_share_one_study_on_a_postgresql_server(tmp_path):
 
     budget = 24
     with postgres_server() as url:
-        args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "optuna",
-                "--budget", str(budget), "--storage", url, "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
-        procs = [subprocess.Popen([*AUTOTUNE, *args], cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        args = [
+            "search",
+            "--cluster",
+            "mixed-a100-v100",
+            "--model",
+            "gpt2-xl",
+            "--method",
+            "optuna",
+            "--budget",
+            str(budget),
+            "--storage",
+            url,
+            "--tracking-uri",
+            f"sqlite:///{tmp_path}/mlflow.db",
+        ]
+        procs = [
+            subprocess.Popen(
+                [*AUTOTUNE, *args],
+                cwd=tmp_path,
+                env=_env(tmp_path),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
         for p in procs:
             out, err = p.communicate(timeout=300)
             assert p.returncode == 0, err[-3000:]
@@ -48,8 +69,9 @@ def test_two_searches_share_one_study_on_a_postgresql_server(tmp_path):
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     exp = client.get_experiment_by_name("mixed-a100-v100__gpt2-xl")
     (parent,) = client.search_runs([exp.experiment_id], filter_string="tags.`autotune.role` = 'search'")
-    children = client.search_runs([exp.experiment_id], max_results=1000,
-                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children = client.search_runs(
+        [exp.experiment_id], max_results=1000, filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
     assert len(children) == budget
 
 
@@ -58,9 +80,27 @@ def test_a_search_records_into_a_real_mlflow_server(tmp_path):
     from mlflow.tracking import MlflowClient
 
     with mlflow_server(tmp_path / "server") as uri:
-        r = subprocess.run([*AUTOTUNE, "search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method",
-                            "random", "--budget", "6", "--tracking-uri", uri], cwd=tmp_path, env=_env(tmp_path),
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                *AUTOTUNE,
+                "search",
+                "--cluster",
+                "mixed-a100-v100",
+                "--model",
+                "gpt2-xl",
+                "--method",
+                "random",
+                "--budget",
+                "6",
+                "--tracking-uri",
+                uri,
+            ],
+            cwd=tmp_path,
+            env=_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         assert f"store {uri}" in r.stdout
         client = MlflowClient(uri)
@@ -68,13 +108,22 @@ def test_a_search_records_into_a_real_mlflow_server(tmp_path):
         assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
         (parent,) = client.search_runs([exp.experiment_id], filter_string="tags.`autotune.role` = 'search'")
         assert parent.info.status == "FINISHED" and parent.data.metrics["evaluations"] == 6
-        children = client.search_runs([exp.experiment_id],
-                                      filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+        children = client.search_runs(
+            [exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+        )
         assert len(children) == 6 and {c.info.status for c in children} == {"FINISHED"}
         assert {"best_config.json", "best_timeline.png", "search_progress.png"} <= {
-            a.path for a in client.list_artifacts(parent.info.run_id)}
-        best = subprocess.run([*AUTOTUNE, "best", "--tracking-uri", uri], cwd=tmp_path, env=_env(tmp_path),
-                              capture_output=True, text=True, timeout=120)
+            a.path for a in client.list_artifacts(parent.info.run_id)
+        }
+        best = subprocess.run(
+            [*AUTOTUNE, "best", "--tracking-uri", uri],
+            cwd=tmp_path,
+            env=_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert best.returncode == 0, best.stderr
         assert json.loads(best.stdout)["measurement"]["tokens_per_s"] == pytest.approx(
-            parent.data.metrics["best_tokens_per_s"])
+            parent.data.metrics["best_tokens_per_s"]
+        )

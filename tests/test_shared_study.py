@@ -14,16 +14,23 @@ from pathlib import Path
 import pytest
 
 from autotune import load_cluster, load_model
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.space import SearchSpace
 from autotune.search import workers
 from autotune.search.agents.shared_study import SharedStudy, evaluated_trials
 from autotune.search.agents.tpe import run_optuna
-from autotune.planning.budget import BudgetedEvaluator
-from autotune.planning.space import SearchSpace
 from autotune.search.tracking import config_key
 from autotune.simulator import Simulator
 
-TINY = dict(schedule=["1f1b"], recompute=["none"], mbs=[1, 2], layer_split=[0.0, 1.0], batch_split=[0.0, 1.0],
-            zero=[0], offload=["none"])  # the agents on a small space (ZeRO / offload: tests/test_zero_search.py)
+TINY = dict(
+    schedule=["1f1b"],
+    recompute=["none"],
+    mbs=[1, 2],
+    layer_split=[0.0, 1.0],
+    batch_split=[0.0, 1.0],
+    zero=[0],
+    offload=["none"],
+)  # the agents on a small space (ZeRO / offload: tests/test_zero_search.py)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +55,7 @@ def _dead_pid() -> int:
 
 def test_a_claim_of_a_killed_process_is_failed_and_not_counted(space, journal):
     study = SharedStudy(space, "s", journal, 0)
-    (params, config), = _plans(space, 1)
+    ((params, config),) = _plans(space, 1)
     dead = f"{workers.machine()}:{_dead_pid()}:gone"
     claim = study.claim(params, config, config_key(config), dead, budget=5)
     assert claim is not None
@@ -127,19 +134,35 @@ def test_two_search_processes_started_together_on_a_fresh_store_share_the_study(
     from mlflow.tracking import MlflowClient
 
     budget = 30
-    args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "optuna",
-            "--budget", str(budget), "--storage", "optuna.journal"]
+    args = [
+        "search",
+        "--cluster",
+        "mixed-a100-v100",
+        "--model",
+        "gpt2-xl",
+        "--method",
+        "optuna",
+        "--budget",
+        str(budget),
+        "--storage",
+        "optuna.journal",
+    ]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), XDG_CACHE_HOME=str(tmp_path / "cache"))
-    procs = [subprocess.Popen([*AUTOTUNE, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [*AUTOTUNE, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=480) for p in procs]  # a hang guard, generous for a loaded machine
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
         assert "Traceback" not in err
     from autotune.search.agents.optuna_storage import open_storage
 
-    study = optuna.load_study(study_name="mixed-a100-v100__gpt2-xl__optuna__seed0",
-                              storage=open_storage(str(tmp_path / "optuna.journal")))
+    study = optuna.load_study(
+        study_name="mixed-a100-v100__gpt2-xl__optuna__seed0", storage=open_storage(str(tmp_path / "optuna.journal"))
+    )
     done = [t for t in study.trials if t.user_attrs.get("evaluated")]
     assert len(done) == budget == len({t.user_attrs["config_key"] for t in done})
     assert all(t.state.name == "COMPLETE" for t in done)
@@ -147,9 +170,9 @@ def test_two_search_processes_started_together_on_a_fresh_store_share_the_study(
     exp = client.get_experiment_by_name("mixed-a100-v100__gpt2-xl")
     parents = client.search_runs([exp.experiment_id], filter_string="tags.`autotune.role` = 'search'")
     assert len(parents) == 1
-    children = client.search_runs([exp.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'",
-                                  max_results=1000)
+    children = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parents[0].info.run_id}'", max_results=1000
+    )
     assert len(children) == budget == len({c.data.tags["autotune.config_key"] for c in children})
 
 
@@ -163,17 +186,23 @@ def test_default_study_names_keep_different_searches_apart(tmp_path):
     from autotune.search.api import study_variant
 
     assert study_variant("sim", None, "dp", None, None) == ""
-    variants = {study_variant("real", None, "dp", None, None), study_variant("sim", {"schedule": ["1f1b"]}, "dp", None, None),
-                study_variant("sim", None, "heuristic", None, None), study_variant("sim", None, "dp", "p.json", None),
-                study_variant("sim", None, "dp", None, 64)}
+    variants = {
+        study_variant("real", None, "dp", None, None),
+        study_variant("sim", {"schedule": ["1f1b"]}, "dp", None, None),
+        study_variant("sim", None, "heuristic", None, None),
+        study_variant("sim", None, "dp", "p.json", None),
+        study_variant("sim", None, "dp", None, 64),
+    }
     assert len(variants) == 5 and "" not in variants
     assert study_variant("sim", {"schedule": ["1f1b"]}, "dp", None, None) == study_variant(
-        "sim", {"schedule": ("1f1b",)}, "dp", None, None)
+        "sim", {"schedule": ("1f1b",)}, "dp", None, None
+    )
 
     storage = str(tmp_path / "optuna.journal")
     tune("cpu-2", "tiny", method="optuna", budget=3, storage=storage, track=False)
-    restricted = tune("cpu-2", "tiny", method="optuna", budget=2, storage=storage, track=False,
-                      restrict={"schedule": ["1f1b"]})
+    restricted = tune(
+        "cpu-2", "tiny", method="optuna", budget=2, storage=storage, track=False, restrict={"schedule": ["1f1b"]}
+    )
     assert restricted.evaluations == 2
     names = sorted(s.study_name for s in optuna.get_all_study_summaries(open_storage(storage)))
     assert names[0] == "cpu-2__tiny__optuna__seed0" and len(names) == 2
@@ -199,8 +228,12 @@ def test_the_journal_is_read_back_at_once_and_synced_to_disk_at_most_once_a_seco
         storage.set_trial_user_attr(tid, "n", i)
     assert synced == []  # none of the 21 writes waited for the disk
     other = optuna_storage.open_storage(journal)  # a second reader: sees every write
-    assert other.get_trial(other.get_trial_id_from_study_id_trial_number(other.get_study_id_from_name("s"), 0)
-                           ).user_attrs["n"] == 19
+    assert (
+        other.get_trial(other.get_trial_id_from_study_id_trial_number(other.get_study_id_from_name("s"), 0)).user_attrs[
+            "n"
+        ]
+        == 19
+    )
     storage._backend.sync()
     assert len(synced) == 1
     monkeypatch.setattr(optuna_storage, "JOURNAL_FSYNC_EVERY_S", 0.0)  # due at once: every write syncs

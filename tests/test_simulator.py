@@ -19,8 +19,20 @@ from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 
 # GPT-shaped (f = 4h, no GQA, GeLU) so the published formulas apply verbatim; 16-bit, scores stored and
 # dropout on, as in Korthikanti et al. 2022
-GPT = dict(name="gpt", num_layers=8, hidden_size=256, num_heads=8, ffn_hidden_size=1024, mlp="gelu",
-           vocab_size=512, seq_len=128, global_batch_size=16, precision="bf16", attention="standard", dropout=0.1)
+GPT = dict(
+    name="gpt",
+    num_layers=8,
+    hidden_size=256,
+    num_heads=8,
+    ffn_hidden_size=1024,
+    mlp="gelu",
+    vocab_size=512,
+    seq_len=128,
+    global_batch_size=16,
+    precision="bf16",
+    attention="standard",
+    dropout=0.1,
+)
 FAST = 1e15  # GB/s: a link or memory so fast its time vanishes
 
 
@@ -38,10 +50,14 @@ def _plain_cost_terms(monkeypatch):
 
     monkeypatch.setattr(sim_module, "host_cost", lambda gpu, tp: NO_HOST_COST)
     monkeypatch.setattr(sim_module, "device_memory", lambda gpu: NO_DEVICE_MEMORY)
-    monkeypatch.setattr(sim_module, "collective_s",
-                        lambda op, n, k, bw, lat, kind: collectives.collective_s(op, n, k, bw, lat, "host"))
-    monkeypatch.setattr(iteration_module, "collective_s",
-                        lambda op, n, k, bw, lat, kind: collectives.collective_s(op, n, k, bw, lat, "host"))
+    monkeypatch.setattr(
+        sim_module, "collective_s", lambda op, n, k, bw, lat, kind: collectives.collective_s(op, n, k, bw, lat, "host")
+    )
+    monkeypatch.setattr(
+        iteration_module,
+        "collective_s",
+        lambda op, n, k, bw, lat, kind: collectives.collective_s(op, n, k, bw, lat, "host"),
+    )
     monkeypatch.setattr(sim_module, "send_s", lambda n, bw, lat, kind: collectives.send_s(n, bw, lat, "host"))
     monkeypatch.setattr(Simulator, "_blocking_sends", staticmethod(lambda comp, durs, comms: (durs, comms)))
 
@@ -50,32 +66,48 @@ def _plain_cost_terms(monkeypatch):
         dropout the mask and the dropped output) written and read forward, and twice that backward."""
         if model.attention != "standard":
             return 0.0, 0.0
-        stored = (e + (model.dropout > 0) * (1 + e)) * model.num_heads / tp * b * model.seq_len ** 2
+        stored = (e + (model.dropout > 0) * (1 + e)) * model.num_heads / tp * b * model.seq_len**2
         return 2.0 * stored, 4.0 * stored
 
     monkeypatch.setattr(sim_module, "score_traffic_bytes", stored_scores_twice_and_four_times)
 
 
 def _cluster(nodes: list[dict], network_GBps: float = FAST, latency_us: float = 0.0):
-    return cluster_from_dict({"name": "test", "nodes": nodes,
-                              "network": {"bandwidth_GBps": network_GBps, "latency_us": latency_us}}, "test")
+    return cluster_from_dict(
+        {"name": "test", "nodes": nodes, "network": {"bandwidth_GBps": network_GBps, "latency_us": latency_us}}, "test"
+    )
 
 
-def _node(name: str, count: int, peak: float = 100.0, memory: float = 1000.0, intra: float = FAST,
-          latency_us: float = 0.0) -> dict:
-    return dict(name=name, count=count,
-                gpu=dict(name=f"X{peak:g}", peak_tflops=peak, memory_GiB=memory, memory_bandwidth_GBps=1000.0),
-                intra_node=dict(bandwidth_GBps=intra, latency_us=latency_us))
+def _node(
+    name: str, count: int, peak: float = 100.0, memory: float = 1000.0, intra: float = FAST, latency_us: float = 0.0
+) -> dict:
+    return dict(
+        name=name,
+        count=count,
+        gpu=dict(name=f"X{peak:g}", peak_tflops=peak, memory_GiB=memory, memory_bandwidth_GBps=1000.0),
+        intra_node=dict(bandwidth_GBps=intra, latency_us=latency_us),
+    )
 
 
 def _flat_profile(tflops: float, *device_names: str, layers=(), edges=()) -> CalibrationProfile:
     """Every matmul at ``tflops``; memory-bound work and the optimizer take no time."""
-    return CalibrationProfile(tuple(DeviceProfile(n, ((1.0, tflops),), memory_bandwidth_GBps=FAST, layers=layers,
-                                                  edges=edges, optimizer_s_per_param=0.0) for n in device_names))
+    return CalibrationProfile(
+        tuple(
+            DeviceProfile(
+                n, ((1.0, tflops),), memory_bandwidth_GBps=FAST, layers=layers, edges=edges, optimizer_s_per_param=0.0
+            )
+            for n in device_names
+        )
+    )
 
 
-def _config(pipelines: list[tuple[int, list[tuple[list[str], int]]]], mbs: int = 1, schedule: str = "1f1b",
-            recompute: bool = False, v: int = 1) -> ParallelConfig:
+def _config(
+    pipelines: list[tuple[int, list[tuple[list[str], int]]]],
+    mbs: int = 1,
+    schedule: str = "1f1b",
+    recompute: bool = False,
+    v: int = 1,
+) -> ParallelConfig:
     pipes = tuple(PipelineConfig(m, tuple(StageConfig(tuple(d), n, recompute) for d, n in st)) for m, st in pipelines)
     return ParallelConfig(mbs, pipes, schedule=schedule, virtual_stages=v)
 
@@ -86,6 +118,7 @@ def test_simulator_is_an_evaluator() -> None:
 
 
 # -- compute --------------------------------------------------------------------------------------
+
 
 def test_default_efficiency_curve() -> None:
     rates = DeviceRates(load_cluster("mixed-a100-v100").device("a100:0"))
@@ -146,10 +179,21 @@ def test_tensor_parallel_splits_compute_and_adds_allreduces() -> None:
 
 # -- pipelines end to end -------------------------------------------------------------------------
 
+
 def _equal_stage_profile(model, name: str, mbs: int, tp: int = 1) -> CalibrationProfile:
     """Measured layer times 1 ms / 2 ms and free embedding / head: stages with equal layers are equal."""
-    layer = LayerTiming(model.hidden_size, model.num_heads, model.num_kv_heads, model.ffn_hidden_size, model.mlp,
-                        model.seq_len, mbs, tp, forward_s=1e-3, backward_s=2e-3)
+    layer = LayerTiming(
+        model.hidden_size,
+        model.num_heads,
+        model.num_kv_heads,
+        model.ffn_hidden_size,
+        model.mlp,
+        model.seq_len,
+        mbs,
+        tp,
+        forward_s=1e-3,
+        backward_s=2e-3,
+    )
     edge = EdgeTiming(model.hidden_size, model.vocab_size, model.seq_len, mbs, tp, 0.0, 0.0, 0.0, 0.0)
     return _flat_profile(50.0, name, layers=(layer,), edges=(edge,))
 
@@ -182,8 +226,12 @@ def test_interleaved_has_a_smaller_bubble_than_1f1b() -> None:
 def test_slow_device_stage_dominates_the_pipeline() -> None:
     model = model_from_dict(GPT, "gpt")
     cluster = _cluster([_node("fast", 3, peak=100.0), _node("slow", 1, peak=25.0)])
-    prof = CalibrationProfile((DeviceProfile("X100", ((1.0, 80.0),), FAST, optimizer_s_per_param=0.0),
-                               DeviceProfile("X25", ((1.0, 20.0),), FAST, optimizer_s_per_param=0.0)))  # 4x slower
+    prof = CalibrationProfile(
+        (
+            DeviceProfile("X100", ((1.0, 80.0),), FAST, optimizer_s_per_param=0.0),
+            DeviceProfile("X25", ((1.0, 20.0),), FAST, optimizer_s_per_param=0.0),
+        )
+    )  # 4x slower
     sim = Simulator(cluster, model, prof)
     m = 16
     r = sim.evaluate(_config([(m, [(["fast:0"], 2), (["slow:0"], 2), (["fast:1"], 2), (["fast:2"], 2)])]))
@@ -224,14 +272,19 @@ def test_data_parallel_allreduce_over_differently_split_replicas() -> None:
     P, E = model.params_per_layer, model.embedding_params
     ring = lambda params: 2 * params / (bw * 1e9) * (2 - 1) / 2 * 2 + 2 * lat * 1e-6  # noqa: E731 (2 ranks)
     # runs of layers held by the same stages: [0,1) + embedding, [1,2), [2,4) + head
-    expected = {"n:0": ring(E + P) + ring(P), "n:1": ring(2 * P + E + model.hidden_size),
-                "n:2": ring(E + P), "n:3": ring(P) + ring(2 * P + E + model.hidden_size)}
+    expected = {
+        "n:0": ring(E + P) + ring(P),
+        "n:1": ring(2 * P + E + model.hidden_size),
+        "n:2": ring(E + P),
+        "n:3": ring(P) + ring(2 * P + E + model.hidden_size),
+    }
     for dev, t in expected.items():
         got = sum(e.end_s - e.start_s for e in r.timeline if e.op == "allreduce" and e.device == dev)
         assert got == pytest.approx(t, rel=1e-9), dev
 
 
 # -- memory ---------------------------------------------------------------------------------------
+
 
 def test_activation_memory_matches_korthikanti() -> None:
     model = model_from_dict(GPT, "gpt")
@@ -254,8 +307,11 @@ def test_peak_memory_of_a_known_model() -> None:
     # 1F1B over 4 stages: stage i holds min(m, p - i) micro-batches; recompute keeps each layer's input
     r = sim.evaluate(_config([(8, [([f"n:{i}"], 2) for i in range(4)])], mbs=b, recompute=True))
     for i in range(4):
-        params = 2 * model.params_per_layer + (model.embedding_params if i == 0 else 0) + (
-            model.embedding_params + h if i == 3 else 0)
+        params = (
+            2 * model.params_per_layer
+            + (model.embedding_params if i == 0 else 0)
+            + (model.embedding_params + h if i == 3 else 0)
+        )
         acts = (4 - i) * 2 * (2 * s * b * h) + layer_activation_bytes(model, b, 1)
         acts += (4 - i) * s * b * h if i == 0 else 0
         acts += 10 * s * b * V if i == 3 else 0
@@ -274,16 +330,18 @@ def test_llama2_7b_on_one_gpu_is_out_of_memory() -> None:
 
 # -- failures and the library call ----------------------------------------------------------------
 
+
 def test_evaluate_never_raises_for_bad_plans() -> None:
     cluster = load_cluster("mixed-a100-v100")
     sim = Simulator(cluster, load_model("tiny"))
     bad = [
-        _config([(8, [(["a100:0"], 3)])]),                           # layers do not sum to 4
-        _config([(8, [(["a100:0"], 2), (["a100:0"], 2)])]),          # device twice
-        _config([(7, [(["a100:0"], 4)])]),                           # batch 7 != 8
-        _config([(8, [(["gpu:0"], 4)])]),                            # unknown device
-        _config([(5, [(["a100:0"], 2), (["a100:1"], 2)]), (3, [(["a100:2"], 4)])], schedule="interleaved-1f1b",
-                v=2),                                                # interleaved needs m % p == 0
+        _config([(8, [(["a100:0"], 3)])]),  # layers do not sum to 4
+        _config([(8, [(["a100:0"], 2), (["a100:0"], 2)])]),  # device twice
+        _config([(7, [(["a100:0"], 4)])]),  # batch 7 != 8
+        _config([(8, [(["gpu:0"], 4)])]),  # unknown device
+        _config(
+            [(5, [(["a100:0"], 2), (["a100:1"], 2)]), (3, [(["a100:2"], 4)])], schedule="interleaved-1f1b", v=2
+        ),  # interleaved needs m % p == 0
     ]
     for cfg in bad:
         r = sim.evaluate(cfg)
@@ -291,8 +349,15 @@ def test_evaluate_never_raises_for_bad_plans() -> None:
 
 
 def test_library_simulate_accepts_names_and_raises_on_bad_input(tmp_path) -> None:
-    cfg = {"micro_batch_size": 1, "pipelines": [{"num_microbatches": 8, "stages": [
-        {"devices": ["a100:0"], "layers": 2}, {"devices": ["v100:0"], "layers": 2}]}]}
+    cfg = {
+        "micro_batch_size": 1,
+        "pipelines": [
+            {
+                "num_microbatches": 8,
+                "stages": [{"devices": ["a100:0"], "layers": 2}, {"devices": ["v100:0"], "layers": 2}],
+            }
+        ],
+    }
     m = autotune.simulate("mixed-a100-v100", "tiny", cfg)
     assert m.ok and m.tokens_per_s > 0 and set(m.peak_memory_GiB) == {"a100:0", "v100:0"}
     assert not m.timeline
@@ -315,7 +380,7 @@ def test_h100_replicas_wait_for_a100_replicas() -> None:
     pipes = []
     for node in cluster.nodes:
         devs = node.device_ids()
-        pipes.append((32, [(devs[2 * s: 2 * s + 2], 8) for s in range(4)]))
+        pipes.append((32, [(devs[2 * s : 2 * s + 2], 8) for s in range(4)]))
     mixed = sim.evaluate(_config(pipes, mbs=1, recompute=True))
     assert mixed.ok and 0.0 < mixed.mfu < 1.0
     assert math.isclose(mixed.tokens_per_s * mixed.iteration_time_s, 128 * 4096)

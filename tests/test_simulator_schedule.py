@@ -63,15 +63,23 @@ def test_interleaving_divides_the_bubble_by_v(v: int, m: int) -> None:
 
 
 def test_micro_batches_in_flight() -> None:
-    assert compile_schedule("1f1b", 4, 8, 1).in_flight == (4, 3, 2, 1)   # min(m, p - s)
+    assert compile_schedule("1f1b", 4, 8, 1).in_flight == (4, 3, 2, 1)  # min(m, p - s)
     assert compile_schedule("1f1b", 4, 2, 1).in_flight == (2, 2, 2, 1)
     assert compile_schedule("gpipe", 4, 8, 1).in_flight == (8, 8, 8, 8)
     # interleaved, in chunks of half a stage: Megatron's warm-up (p - s - 1) * 2 + (v - 1) * p, plus one
     assert compile_schedule("interleaved-1f1b", 4, 8, 2).in_flight == (11, 9, 7, 5)
 
 
-@pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 5, 7, 1), ("gpipe", 3, 4, 1), ("interleaved-1f1b", 4, 8, 2),
-                                            ("interleaved-1f1b", 2, 6, 3), ("1f1b", 6, 3, 1)])
+@pytest.mark.parametrize(
+    "schedule,p,m,v",
+    [
+        ("1f1b", 5, 7, 1),
+        ("gpipe", 3, 4, 1),
+        ("interleaved-1f1b", 4, 8, 2),
+        ("interleaved-1f1b", 2, 6, 3),
+        ("1f1b", 6, 3, 1),
+    ],
+)
 def test_schedule_respects_dependencies_and_never_overlaps(schedule: str, p: int, m: int, v: int) -> None:
     fwd = [1.0 + 0.3 * s for s in range(p)]
     bwd = [2.5 - 0.2 * s for s in range(p)]
@@ -79,17 +87,17 @@ def test_schedule_respects_dependencies_and_never_overlaps(schedule: str, p: int
     durs = {}
     seen = set()
     last_end = [0.0] * p
-    for k, ((prev, dep, ci, di), s, (kind, c, j)) in enumerate(zip(comp.program, comp.stages, comp.labels)):
+    for k, ((prev, dep, ci, _di), s, (kind, c, j)) in enumerate(zip(comp.program, comp.stages, comp.labels)):
         assert prev == 0 or comp.stages[prev - 1] == s
         d = (fwd[s] if kind == FORWARD else bwd[s]) / v
         start = end[k + 1] - d
-        assert start >= last_end[s] - 1e-12              # one operation at a time per stage
+        assert start >= last_end[s] - 1e-12  # one operation at a time per stage
         if dep:
             assert start >= end[dep] + (0.1 if ci else 0.0) - 1e-12
         last_end[s] = end[k + 1]
         seen.add((kind, s, c, j))
         durs[s] = durs.get(s, 0.0) + d
-    assert len(seen) == 2 * p * m * v                    # every forward and backward ran once
+    assert len(seen) == 2 * p * m * v  # every forward and backward ran once
     for s in range(p):
         assert durs[s] == pytest.approx(m * (fwd[s] + bwd[s]))
 

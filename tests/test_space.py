@@ -47,8 +47,10 @@ def test_every_decoded_plan_is_valid_or_says_why(fixture, request):
             if valid <= 60:  # the simulator agrees that the plan is valid (it may not fit in memory)
                 m = sim.evaluate(d.config)
                 assert m.status != "invalid", m.error
-            assert sum(p.num_microbatches for p in d.config.pipelines) * d.config.micro_batch_size == \
-                space.model.global_batch_size
+            assert (
+                sum(p.num_microbatches for p in d.config.pipelines) * d.config.micro_batch_size
+                == space.model.global_batch_size
+            )
             for pipe in d.config.pipelines:
                 if pipe.roundpipe is not None:  # a roundpipe plan: its partitions, its pool on one node
                     rp = pipe.roundpipe
@@ -77,8 +79,10 @@ def test_speed_proportional_split_gives_fast_stages_more_layers(mixed):
     assert a100.layers > v100.layers
     even = mixed.decode(dict(params, layer_split=0.0)).config
     # even split in work: the LM head on the last stage counts as head_extra_layers of work
-    assert abs(even.pipelines[0].stages[0].layers - even.pipelines[0].stages[1].layers) <= \
-        round(head_extra_layers(mixed.model)) + 1
+    assert (
+        abs(even.pipelines[0].stages[0].layers - even.pipelines[0].stages[1].layers)
+        <= round(head_extra_layers(mixed.model)) + 1
+    )
 
 
 def test_batch_split_follows_replica_speed(mixed):
@@ -106,8 +110,9 @@ def test_check_names_the_broken_rule(mixed, big):
     L = mixed.model.num_layers
     short = ParallelConfig(1, (PipelineConfig(512, (StageConfig(("a100:0",), L - 1),)),))
     assert "layers sum to" in mixed.check(short)
-    twice = ParallelConfig(1, (PipelineConfig(256, (StageConfig(("a100:0",), L),)),
-                               PipelineConfig(256, (StageConfig(("a100:0",), L),))))
+    twice = ParallelConfig(
+        1, (PipelineConfig(256, (StageConfig(("a100:0",), L),)), PipelineConfig(256, (StageConfig(("a100:0",), L),)))
+    )
     assert "more than once" in mixed.check(twice)
 
 
@@ -135,8 +140,11 @@ def test_exhaustive_refuses_large_spaces_with_the_size(big):
 
 
 def test_enumerate_small_space_is_distinct_and_valid():
-    space = SearchSpace(load_cluster("cpu-hetero"), load_model("tiny"),
-                        restrict={"schedule": ["1f1b"], "recompute": ["none"], "mbs": [1, 2], "zero": [0, 3], "offload": ["none"]})
+    space = SearchSpace(
+        load_cluster("cpu-hetero"),
+        load_model("tiny"),
+        restrict={"schedule": ["1f1b"], "recompute": ["none"], "mbs": [1, 2], "zero": [0, 3], "offload": ["none"]},
+    )
     plans = space.enumerate()
     configs = [c for _, c in plans]
     assert len(configs) == len(set(configs)) > 10

@@ -28,9 +28,15 @@ network: {bandwidth_GBps: 12.5, latency_us: 10}
 SPEC_CONFIG = {
     "micro_batch_size": 2,
     "schedule": "1f1b",
-    "pipelines": [{"num_microbatches": 64, "stages": [
-        {"devices": ["a100:0", "a100:1"], "layers": 20, "recompute": False},
-        {"devices": ["v100:0", "v100:1", "v100:2", "v100:3"], "layers": 12, "recompute": True}]}],
+    "pipelines": [
+        {
+            "num_microbatches": 64,
+            "stages": [
+                {"devices": ["a100:0", "a100:1"], "layers": 20, "recompute": False},
+                {"devices": ["v100:0", "v100:1", "v100:2", "v100:3"], "layers": 12, "recompute": True},
+            ],
+        }
+    ],
 }
 
 
@@ -57,13 +63,27 @@ def test_repeat_names_nodes_with_suffix() -> None:
 
 
 def test_catalog_has_spec_gpus_with_sources() -> None:
-    for name in ["H200", "H100-80GB", "A100-80GB", "A100-40GB", "V100-32GB", "A10G", "L4", "T4", "RTX-4090",
-                 "RTX-3090", "A6000", "cpu"]:
+    for name in [
+        "H200",
+        "H100-80GB",
+        "A100-80GB",
+        "A100-40GB",
+        "V100-32GB",
+        "A10G",
+        "L4",
+        "T4",
+        "RTX-4090",
+        "RTX-3090",
+        "A6000",
+        "cpu",
+    ]:
         assert GPU_CATALOG[name].source, name
 
 
-@pytest.mark.parametrize("preset,billions", [("llama2-7b", 6.74), ("llama2-13b", 13.0), ("llama2-70b", 69.0),
-                                             ("llama3-8b", 8.03), ("gpt2-xl", 1.64)])
+@pytest.mark.parametrize(
+    "preset,billions",
+    [("llama2-7b", 6.74), ("llama2-13b", 13.0), ("llama2-70b", 69.0), ("llama3-8b", 8.03), ("gpt2-xl", 1.64)],
+)
 def test_model_presets_param_counts(preset: str, billions: float) -> None:
     # Published sizes: Llama 2 7B = 6.74B, 13B = 13.0B, 70B = 69.0B; Llama 3 8B = 8.03B; GPT-2 XL 1.5B + untied head
     assert load_model(preset).num_params / 1e9 == pytest.approx(billions, rel=0.01)
@@ -77,8 +97,7 @@ def test_spec_example_config_roundtrip(cluster_file: Path) -> None:
 
 def test_global_batch_override() -> None:
     assert load_model("tiny", global_batch_size=32).global_batch_size == 32
-    assert set(MODEL_PRESETS) >= {"tiny", "gpt2-small", "gpt2-xl", "llama2-7b", "llama2-13b", "llama2-70b",
-                                  "llama3-8b"}
+    assert set(MODEL_PRESETS) >= {"tiny", "gpt2-small", "gpt2-xl", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b"}
 
 
 def _bad_config(**changes) -> dict:
@@ -120,11 +139,16 @@ CLUSTER_RULES = [
     ("nodes:\n  - {name: a, gpu: T4, count: 1}\nnetwork: {bandwidth_GBps: -3}", "network.bandwidth_GBps: must be > 0"),
     ("nodes:\n  - {name: a, gpu: T4, count: 1}", "network: is required"),
     ("nodes:\n  - {name: a, gpu: T4, count: 1, slowdown: 2}\nnetwork: {bandwidth_GBps: 1}", "CPU emulation only"),
-    ("nodes:\n  - {name: a, gpu: T4, count: 1}\n  - {name: a, gpu: T4, count: 1}\nnetwork: {bandwidth_GBps: 1}",
-     "used twice"),
+    (
+        "nodes:\n  - {name: a, gpu: T4, count: 1}\n  - {name: a, gpu: T4, count: 1}\nnetwork: {bandwidth_GBps: 1}",
+        "used twice",
+    ),
     ("nodes: [ {name: a", "invalid YAML"),
     ("- 1\n- 2", "must be a mapping at the top level"),
-    ("nodes:\n  - {name: a, gpu: T4, count: 1, colour: red}\nnetwork: {bandwidth_GBps: 1}", "nodes[0].colour: unknown field"),
+    (
+        "nodes:\n  - {name: a, gpu: T4, count: 1, colour: red}\nnetwork: {bandwidth_GBps: 1}",
+        "nodes[0].colour: unknown field",
+    ),
 ]
 
 
@@ -139,16 +163,26 @@ def test_cluster_rules(text: str, message: str, tmp_path: Path) -> None:
 
 
 MODEL_RULES = [
-    ("num_layers: 2\nhidden_size: 65\nnum_heads: 4\nffn_hidden_size: 8\nvocab_size: 8\nseq_len: 8\nglobal_batch_size: 1",
-     "hidden_size: must be divisible by num_heads"),
-    ("num_layers: 2\nhidden_size: 64\nnum_heads: 4\nffn_hidden_size: 8\nvocab_size: 8\nseq_len: 8",
-     "global_batch_size: is required"),
-    ("num_layers: 2\nhidden_size: 64\nnum_heads: 4\nffn_hidden_size: 8\nvocab_size: 8\nseq_len: 8\nglobal_batch_size: 1\nmlp: relu",
-     "mlp: must be one of"),
-    ("num_layers: 2\nhidden_size: 64\nnum_heads: 4\nnum_kv_heads: 3\nffn_hidden_size: 8\nvocab_size: 8\nseq_len: 8\nglobal_batch_size: 1",
-     "num_kv_heads: must divide num_heads"),
-    ("num_layers: 2.5\nhidden_size: 64\nnum_heads: 4\nffn_hidden_size: 8\nvocab_size: 8\nseq_len: 8\nglobal_batch_size: 1",
-     "num_layers: must be an integer"),
+    (
+        "num_layers: 2\nhidden_size: 65\nnum_heads: 4\nffn_hidden_size: 8\nvocab_size: 8\nseq_len: 8\nglobal_batch_size: 1",
+        "hidden_size: must be divisible by num_heads",
+    ),
+    (
+        "num_layers: 2\nhidden_size: 64\nnum_heads: 4\nffn_hidden_size: 8\nvocab_size: 8\nseq_len: 8",
+        "global_batch_size: is required",
+    ),
+    (
+        "num_layers: 2\nhidden_size: 64\nnum_heads: 4\nffn_hidden_size: 8\nvocab_size: 8\nseq_len: 8\nglobal_batch_size: 1\nmlp: relu",
+        "mlp: must be one of",
+    ),
+    (
+        "num_layers: 2\nhidden_size: 64\nnum_heads: 4\nnum_kv_heads: 3\nffn_hidden_size: 8\nvocab_size: 8\nseq_len: 8\nglobal_batch_size: 1",
+        "num_kv_heads: must divide num_heads",
+    ),
+    (
+        "num_layers: 2.5\nhidden_size: 64\nnum_heads: 4\nffn_hidden_size: 8\nvocab_size: 8\nseq_len: 8\nglobal_batch_size: 1",
+        "num_layers: must be an integer",
+    ),
 ]
 
 

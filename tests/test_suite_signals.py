@@ -20,8 +20,17 @@ def test_a_child_of_the_suite_takes_ctrl_c():
 
 
 def test_the_suite_started_with_ctrl_c_ignored_still_gives_its_children_ctrl_c():
-    cmd = [sys.executable, "-c", IGNORED, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           f"{__file__}::test_a_child_of_the_suite_takes_ctrl_c"]
+    cmd = [
+        sys.executable,
+        "-c",
+        IGNORED,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"{__file__}::test_a_child_of_the_suite_takes_ctrl_c",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr

@@ -116,8 +116,9 @@ def test_the_parent_has_the_comparison_columns_and_a_readable_name(store):
     # the speedup over uniform under the same budget rule: 12 plans of the uniform grid
     assert s.uniform_evaluations == min(12, s.uniform_grid)
     assert m["speedup_vs_uniform"] == pytest.approx(result.best_measurement.tokens_per_s / s.uniform_best_tokens_per_s)
-    assert result.run_url.endswith(f"/#/experiments/{parent.info.experiment_id}/runs/{result.run_id}"
-                                   "?workflowType=machine_learning")  # opens on model training, not GenAI
+    assert result.run_url.endswith(
+        f"/#/experiments/{parent.info.experiment_id}/runs/{result.run_id}?workflowType=machine_learning"
+    )  # opens on model training, not GenAI
 
 
 def test_the_summary_ranks_the_top_plans(store):
@@ -208,8 +209,16 @@ def test_optuna_resume_after_a_kill_mid_mlflow_write_reaches_exactly_the_budget(
     storage, budget = f"sqlite:///{tmp_path}/optuna.db", 9
     monkeypatch.setattr(MlflowClient, "log_batch", dying_log_batch)
     with pytest.raises(Killed):  # the MLflow record written in this process, where the patch applies
-        tune(CLUSTER, MODEL, method="optuna", budget=budget, seed=11, tracking_uri=store["uri"], storage=storage,
-             background_record=False)
+        tune(
+            CLUSTER,
+            MODEL,
+            method="optuna",
+            budget=budget,
+            seed=11,
+            tracking_uri=store["uri"],
+            storage=storage,
+            background_record=False,
+        )
     monkeypatch.setattr(MlflowClient, "log_batch", real_log_batch)
 
     client = _client(store["uri"])
@@ -227,4 +236,3 @@ def test_optuna_resume_after_a_kill_mid_mlflow_write_reaches_exactly_the_budget(
     assert len(evaluated) == budget == len(children)
     assert {t.user_attrs["config_key"] for t in evaluated} == {c.data.tags["autotune.config_key"] for c in children}
     assert all(c.info.status != "RUNNING" and c.data.params for c in children)
-

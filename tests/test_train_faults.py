@@ -16,10 +16,14 @@ from autotune.errors import SpecError
 from runner import checkpoint
 from runner.train import TrainOutcome, train
 
-PLAN = {"micro_batch_size": 2, "schedule": "1f1b", "pipelines": [{"num_microbatches": 4, "stages": [
-    {"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]}
-GLOO = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
-        "[127.0.0.1]:29500")
+PLAN = {
+    "micro_batch_size": 2,
+    "schedule": "1f1b",
+    "pipelines": [
+        {"num_microbatches": 4, "stages": [{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}
+    ],
+}
+GLOO = "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
 
 
 def test_rank_error_with_brackets_is_printed_not_parsed(monkeypatch, capsys):
@@ -79,16 +83,26 @@ def _losses(path: Path) -> list[tuple[int, float]]:
 @pytest.mark.distributed
 def test_dangling_latest_resumes_from_newest_complete_and_metrics_keep_one_row_per_step(tmp_path):
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    first = train("cpu-2", "tiny", PLAN, steps=4, checkpoint_dir=ckpt, checkpoint_every=2, metrics_out=metrics,
-                  quiet=True, timeout_s=300)
+    first = train(
+        "cpu-2",
+        "tiny",
+        PLAN,
+        steps=4,
+        checkpoint_dir=ckpt,
+        checkpoint_every=2,
+        metrics_out=metrics,
+        quiet=True,
+        timeout_s=300,
+    )
     assert first.returncode == 0, first.error
     uninterrupted = _losses(metrics)
     assert [s for s, _ in uninterrupted] == [1, 2, 3, 4]
     # a kill left `latest` naming a step that was never written, and step 4 half-written
     (ckpt / "latest").write_text("step-00000009\n")
     (ckpt / "step-00000004" / ".metadata").unlink()
-    resumed = train("cpu-2", "tiny", PLAN, steps=5, checkpoint_dir=ckpt, resume=True, metrics_out=metrics,
-                    quiet=True, timeout_s=300)
+    resumed = train(
+        "cpu-2", "tiny", PLAN, steps=5, checkpoint_dir=ckpt, resume=True, metrics_out=metrics, quiet=True, timeout_s=300
+    )
     assert resumed.returncode == 0, resumed.error
     assert resumed.steps_done == 5
     rows = _losses(metrics)
@@ -131,10 +145,27 @@ def test_train_reports_each_step_and_ends_with_a_summary(tmp_path):
     plan.write_text(json.dumps(PLAN))
     tmp = tmp_path / "tmp"  # the run's temporary directory: it must be left empty
     tmp.mkdir()
-    r = subprocess.run([sys.executable, "-m", "autotune.cli", "train", "--cluster", "cpu-2", "--model", "tiny",
-                        "--config", str(plan), "--steps", "2"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-                                             TMPDIR=str(tmp)))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "train",
+            "--cluster",
+            "cpu-2",
+            "--model",
+            "tiny",
+            "--config",
+            str(plan),
+            "--steps",
+            "2",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), TMPDIR=str(tmp)),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "training done after step 2" in r.stderr and "2 steps in" in r.stderr and "final loss" in r.stderr
     # neither autotune's run directory nor torchrun's torchelastic_* log folder stays behind

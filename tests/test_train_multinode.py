@@ -15,8 +15,13 @@ from autotune.errors import SpecError
 from runner.train import _node_rank
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAN = {"micro_batch_size": 2, "schedule": "1f1b", "pipelines": [{"num_microbatches": 4, "stages": [
-    {"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}]}
+PLAN = {
+    "micro_batch_size": 2,
+    "schedule": "1f1b",
+    "pipelines": [
+        {"num_microbatches": 4, "stages": [{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]}
+    ],
+}
 
 
 def test_node_rank_is_read_from_torchruns_flags():
@@ -35,13 +40,46 @@ def test_two_machines_train_one_plan_and_share_the_checkpoint_directory(tmp_path
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
     port = str(free_port())
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, "-m", "autotune.cli", "train", "--cluster", "cpu-2", "--model", "tiny",
-                               "--config", "plan.json", "--steps", "4", "--checkpoint-dir", "ckpt",
-                               "--checkpoint-every", "2", "--metrics-out", "m.jsonl",
-                               "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
-                               "--master-addr", "127.0.0.1", "--master-port", port],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for node in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "autotune.cli",
+                "train",
+                "--cluster",
+                "cpu-2",
+                "--model",
+                "tiny",
+                "--config",
+                "plan.json",
+                "--steps",
+                "4",
+                "--checkpoint-dir",
+                "ckpt",
+                "--checkpoint-every",
+                "2",
+                "--metrics-out",
+                "m.jsonl",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]

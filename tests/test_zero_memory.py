@@ -26,11 +26,17 @@ def test_simulated_memory_follows_the_zero_formula_to_the_byte(zero):
     """Four replicas of one llama2-7b stage: the device peak differs from zero 0 by exactly the formula's
     resident states plus the documented working set (gathered units, whole gradients)."""
     cluster, model = load_cluster("mixed-h100-a100-32"), load_model("llama2-7b", 64)
-    pipes = [{"num_microbatches": 16, "stages": [{"devices": [f"h100-0:{i}"], "layers": 32, "recompute": True}]}
-             for i in range(4)]
+    pipes = [
+        {"num_microbatches": 16, "stages": [{"devices": [f"h100-0:{i}"], "layers": 32, "recompute": True}]}
+        for i in range(4)
+    ]
     sim = Simulator(cluster, model)
-    peak = {z: sim.evaluate(load_config({"micro_batch_size": 1, "zero": z, "pipelines": pipes}))
-            .allocated_memory_GiB["h100-0:0"] for z in (0, zero)}
+    peak = {
+        z: sim.evaluate(load_config({"micro_batch_size": 1, "zero": z, "pipelines": pipes})).allocated_memory_GiB[
+            "h100-0:0"
+        ]
+        for z in (0, zero)
+    }
     units = stage_units(model, 32, 1, True, True)
     psi = sum(units)
     assert psi == model.num_params
@@ -50,13 +56,27 @@ def test_offload_moves_exactly_the_documented_bytes_to_host_memory():
     psi = model.num_params
 
     def plan(zero, offload, dp=8):
-        return load_config({"micro_batch_size": 1, "zero": zero, "pipelines": [
-            {"num_microbatches": 64 // dp, "stages": [{"devices": [f"box:{i}"], "layers": 40, "recompute": True,
-                                                       "offload": offload}]} for i in range(dp)]})
+        return load_config(
+            {
+                "micro_batch_size": 1,
+                "zero": zero,
+                "pipelines": [
+                    {
+                        "num_microbatches": 64 // dp,
+                        "stages": [{"devices": [f"box:{i}"], "layers": 40, "recompute": True, "offload": offload}],
+                    }
+                    for i in range(dp)
+                ],
+            }
+        )
 
     # optimizer: (2 + K) Psi / N_d per device with zero >= 1; all: also the weights (2 Psi, / N_d with zero 3)
-    for zero, offload, per_device in [(2, "optimizer", 14 * psi / 8), (3, "optimizer", 14 * psi / 8),
-                                      (1, "all", 14 * psi / 8 + 2 * psi), (3, "all", 16 * psi / 8)]:
+    for zero, offload, per_device in [
+        (2, "optimizer", 14 * psi / 8),
+        (3, "optimizer", 14 * psi / 8),
+        (1, "all", 14 * psi / 8 + 2 * psi),
+        (3, "all", 16 * psi / 8),
+    ]:
         m = sim.evaluate(plan(zero, offload))
         assert m.host_memory_GiB["box"] == pytest.approx(8 * per_device / GiB, rel=1e-12), (zero, offload)
         assert m.to_dict()["host_memory_GiB"] == m.host_memory_GiB
@@ -71,9 +91,19 @@ def test_host_memory_is_checked_per_node_and_the_error_names_it(tmp_path):
     small = tmp_path / "small-host.yaml"
     small.write_text(BOX.read_text().replace("memory_GiB: 512", "memory_GiB: 100"))
     cluster, model = load_cluster(small), load_model("llama2-13b", 64)
-    cfg = load_config({"micro_batch_size": 1, "zero": 3, "pipelines": [
-        {"num_microbatches": 8, "stages": [{"devices": [f"box:{i}"], "layers": 40, "recompute": True,
-                                            "offload": "optimizer"}]} for i in range(8)]})
+    cfg = load_config(
+        {
+            "micro_batch_size": 1,
+            "zero": 3,
+            "pipelines": [
+                {
+                    "num_microbatches": 8,
+                    "stages": [{"devices": [f"box:{i}"], "layers": 40, "recompute": True, "offload": "optimizer"}],
+                }
+                for i in range(8)
+            ],
+        }
+    )
     m = Simulator(cluster, model).evaluate(cfg)
     assert m.oom and m.status == "oom"
     assert "host memory of node 'box'" in m.error and "of its 100 GiB" in m.error
@@ -86,9 +116,19 @@ def test_llama2_13b_on_8x4090_fits_only_with_zero_3_or_offload():
     sim = Simulator(cluster, model)
 
     def plan(zero, offload):
-        return load_config({"micro_batch_size": 1, "zero": zero, "pipelines": [
-            {"num_microbatches": 64, "stages": [{"devices": [f"box:{i}"], "layers": 40, "recompute": True,
-                                                 "offload": offload}]} for i in range(8)]})
+        return load_config(
+            {
+                "micro_batch_size": 1,
+                "zero": zero,
+                "pipelines": [
+                    {
+                        "num_microbatches": 64,
+                        "stages": [{"devices": [f"box:{i}"], "layers": 40, "recompute": True, "offload": offload}],
+                    }
+                    for i in range(8)
+                ],
+            }
+        )
 
     assert all(sim.evaluate(plan(z, "none")).oom for z in range(4))  # no ZeRO stage alone fits 24 GB
     assert sim.evaluate(plan(3, "optimizer")).ok
@@ -98,8 +138,15 @@ def test_llama2_13b_on_8x4090_fits_only_with_zero_3_or_offload():
 
 def test_zero_with_one_replica_changes_nothing():
     cluster, model = load_cluster("mixed-a100-v100"), load_model("gpt2-xl", 64)
-    base = {"micro_batch_size": 1, "pipelines": [{"num_microbatches": 64, "stages": [
-        {"devices": ["a100:0"], "layers": 24}, {"devices": ["a100:1"], "layers": 24}]}]}
+    base = {
+        "micro_batch_size": 1,
+        "pipelines": [
+            {
+                "num_microbatches": 64,
+                "stages": [{"devices": ["a100:0"], "layers": 24}, {"devices": ["a100:1"], "layers": 24}],
+            }
+        ],
+    }
     sim = Simulator(cluster, model)
     ref = sim.evaluate(load_config(base))
     for z in (1, 2, 3):

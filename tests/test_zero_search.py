@@ -74,7 +74,9 @@ def test_env_moves_change_zero_and_offload_and_keep_them_through_fine_edits(box1
     env.reset(seed=0)
     assert env.config.zero == 3 and env.config.offloads  # the memory-first start on this cluster
     names = {a: i for i, a in enumerate(env.actions)}
-    assert env.actions[len(ACTIONS):len(ACTIONS) + len(ZERO_ACTIONS)] == ZERO_ACTIONS  # after the first layout's moves
+    assert (
+        env.actions[len(ACTIONS) : len(ACTIONS) + len(ZERO_ACTIONS)] == ZERO_ACTIONS
+    )  # after the first layout's moves
     for act in (("dim", "zero", -1), ("dim", "offload", +1), ("dim", "offload", -1)):
         assert act in names
     cands = env._get_candidates()
@@ -84,7 +86,9 @@ def test_env_moves_change_zero_and_offload_and_keep_them_through_fine_edits(box1
     for i, cand in enumerate(cands):
         if cand is not None and env.actions[i][0] in ("layer", "recompute", "batch", "mbs", "schedule"):
             assert cand[0].zero == env.config.zero
-            assert [s.offload for p in cand[0].pipelines for s in p.stages][0] == env.config.pipelines[0].stages[0].offload
+            assert [s.offload for p in cand[0].pipelines for s in p.stages][0] == env.config.pipelines[0].stages[
+                0
+            ].offload
     obs = env._observation()
     feats = observation_features()
     assert obs[feats.index("zero")] == pytest.approx(1.0) and obs[feats.index("host_memory_used")] > 0
@@ -96,7 +100,12 @@ def test_the_old_policy_layout_is_a_prefix_and_the_shipped_policy_walks_to_fitti
     space, sim = box13
     v1_obs, v1_act = LAYOUTS["v1"]
     assert v1_act == len(ACTIONS) and LAYOUTS["zero"] == (v1_obs + 4, v1_act + len(ZERO_ACTIONS))
-    assert observation_features()[v1_obs:v1_obs + 4] == ["zero", "offload_optimizer", "offload_all", "host_memory_used"]
+    assert observation_features()[v1_obs : v1_obs + 4] == [
+        "zero",
+        "offload_optimizer",
+        "offload_all",
+        "host_memory_used",
+    ]
     ev = BudgetedEvaluator(sim, space, 12)
     run_pretrained(space, ev, 0, policy=load_policy())
     assert ev.used == 12 and ev.best is not None and ev.best.measurement.ok

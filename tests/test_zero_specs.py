@@ -9,7 +9,7 @@ import pytest
 
 from autotune import SpecError, load_cluster, load_config, load_model
 from autotune.catalog import GPU_CATALOG
-from autotune.specs import (HOST_MEMORY_MIN_GiB, Measurement, ParallelConfig, default_host, default_host_link)
+from autotune.specs import HOST_MEMORY_MIN_GiB, Measurement, ParallelConfig, default_host, default_host_link
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -55,8 +55,11 @@ def test_host_from_the_cluster_file_and_its_errors(tmp_path):
         ("host: {memory_GiB: 10, link: {latency_us: 3}}", "nodes[0].host.link.bandwidth_GBps", "is required"),
         ("host: {memroy_GiB: 10}", "nodes[0].host.memroy_GiB", "unknown field"),
         ("host: 12", "nodes[0].host", "must be a mapping"),
-        ("gpu: {name: X, peak_tflops: 1, memory_GiB: 1, memory_bandwidth_GBps: 1, pcie_gen: 7}",
-         "nodes[0].gpu.pcie_gen", "must be one of 0, 3, 4, 5"),
+        (
+            "gpu: {name: X, peak_tflops: 1, memory_GiB: 1, memory_bandwidth_GBps: 1, pcie_gen: 7}",
+            "nodes[0].gpu.pcie_gen",
+            "must be one of 0, 3, 4, 5",
+        ),
     ]:
         gpu = "" if "gpu:" in text else "gpu: T4, "
         partial.write_text(f"nodes: [{{name: n, {gpu}count: 2, {text}}}]\nnetwork: {{bandwidth_GBps: 1}}\n")
@@ -75,12 +78,15 @@ def test_zero_and_offload_load_roundtrip_and_old_plans_stay_the_same():
     assert "zero" not in old.to_dict() and "offload" not in json.dumps(old.to_dict())  # files written as before
 
 
-@pytest.mark.parametrize("zero,offload,field,words", [
-    (4, None, "zero", "must be 0, 1, 2 or 3 (ZeRO stage), got 4"),
-    (True, None, "zero", "got True"),
-    ("2", None, "zero", "got '2'"),
-    (None, "cpu", "pipelines[0].stages[0].offload", "must be one of none, optimizer, all, got 'cpu'"),
-])
+@pytest.mark.parametrize(
+    "zero,offload,field,words",
+    [
+        (4, None, "zero", "must be 0, 1, 2 or 3 (ZeRO stage), got 4"),
+        (True, None, "zero", "got True"),
+        ("2", None, "zero", "got '2'"),
+        (None, "cpu", "pipelines[0].stages[0].offload", "must be one of none, optimizer, all, got 'cpu'"),
+    ],
+)
 def test_bad_zero_or_offload_names_the_field_and_value(zero, offload, field, words):
     with pytest.raises(SpecError) as e:
         load_config(_plan(zero=zero, offload=offload))

@@ -28,9 +28,19 @@ def test_zero_1_and_2_move_what_an_all_reduce_moves_and_zero_3_half_as_much_agai
 
 
 def _replicas(zero, offload="none", dp=8, m=1, mbs=1, layers=40, recompute=True):
-    return load_config({"micro_batch_size": mbs, "zero": zero, "pipelines": [
-        {"num_microbatches": m, "stages": [{"devices": [f"box:{i}"], "layers": layers, "recompute": recompute,
-                                            "offload": offload}]} for i in range(dp)]})
+    return load_config(
+        {
+            "micro_batch_size": mbs,
+            "zero": zero,
+            "pipelines": [
+                {
+                    "num_microbatches": m,
+                    "stages": [{"devices": [f"box:{i}"], "layers": layers, "recompute": recompute, "offload": offload}],
+                }
+                for i in range(dp)
+            ],
+        }
+    )
 
 
 def test_zero_3_gathers_cost_time_when_the_link_cannot_hide_them(tmp_path):
@@ -41,6 +51,7 @@ def test_zero_3_gathers_cost_time_when_the_link_cannot_hide_them(tmp_path):
     cluster = load_cluster(slow)
     model = load_model("llama2-7b").with_global_batch_size(64)
     from dataclasses import replace
+
     model = replace(model, seq_len=256)
     sim = Simulator(cluster, model)
     t = {z: sim.evaluate(_replicas(z, "optimizer", m=8, layers=32)).iteration_time_s for z in (1, 2, 3)}
@@ -56,10 +67,19 @@ def test_offload_optimizer_adds_the_host_step_and_the_weight_upload_on_one_gpu()
     the gradients go down during the backward, hidden behind it."""
     cluster, model = load_cluster(BOX), load_model("gpt2-small", 64)
     sim = Simulator(cluster, model)
-    base = {"micro_batch_size": 4, "pipelines": [{"num_microbatches": 16, "stages": [
-        {"devices": ["box:0"], "layers": 12, "recompute": False}]}]}
-    off = {"micro_batch_size": 4, "pipelines": [{"num_microbatches": 16, "stages": [
-        {"devices": ["box:0"], "layers": 12, "recompute": False, "offload": "optimizer"}]}]}
+    base = {
+        "micro_batch_size": 4,
+        "pipelines": [{"num_microbatches": 16, "stages": [{"devices": ["box:0"], "layers": 12, "recompute": False}]}],
+    }
+    off = {
+        "micro_batch_size": 4,
+        "pipelines": [
+            {
+                "num_microbatches": 16,
+                "stages": [{"devices": ["box:0"], "layers": 12, "recompute": False, "offload": "optimizer"}],
+            }
+        ],
+    }
     a, b = sim.evaluate(load_config(base)), sim.evaluate(load_config(off))
     psi = model.num_params
     device_opt = sim.evaluate_detailed(load_config(base))

@@ -24,8 +24,8 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,14 @@ def _torch():
     return torch
 
 
-def _median_time(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 5, min_time_s: float = 0.0,
-                 clock: Callable[[], float] = time.thread_time) -> float:
+def _median_time(
+    fn: Callable[[], object],
+    *,
+    warmup: int = 2,
+    repeats: int = 5,
+    min_time_s: float = 0.0,
+    clock: Callable[[], float] = time.thread_time,
+) -> float:
     """Undisturbed time of ``fn``: the lower quartile of ``repeats`` runs after ``warmup`` runs, timed by
     default with this thread's CPU time.
 
@@ -124,13 +130,16 @@ class LayerShape:
     mlp: str = "gelu"
 
     @classmethod
-    def of(cls, model) -> "LayerShape":
-        return cls(model.hidden_size, model.num_heads, model.num_kv_heads, model.ffn_hidden_size, model.seq_len,
-                   model.mlp)
+    def of(cls, model) -> LayerShape:
+        return cls(
+            model.hidden_size, model.num_heads, model.num_kv_heads, model.ffn_hidden_size, model.seq_len, model.mlp
+        )
 
     def key(self) -> str:
-        return (f"h{self.hidden_size}_a{self.num_heads}_kv{self.num_kv_heads}_f{self.ffn_hidden_size}"
-                f"_s{self.seq_len}_{self.mlp}")
+        return (
+            f"h{self.hidden_size}_a{self.num_heads}_kv{self.num_kv_heads}_f{self.ffn_hidden_size}"
+            f"_s{self.seq_len}_{self.mlp}"
+        )
 
     def layer_flops(self, micro_batch_size: int, tp: int) -> float:
         """Forward FLOPs of one block on one rank (2 per multiply-add; Megatron-LM paper, Narayanan et al.
@@ -152,8 +161,10 @@ def build_block(shape: LayerShape, tp: int):
     nn = torch.nn
     F = torch.nn.functional
     if shape.num_heads % tp or shape.ffn_hidden_size % tp or shape.num_kv_heads % tp:
-        raise ValueError(f"tp={tp} must divide heads {shape.num_heads}, kv heads {shape.num_kv_heads} "
-                         f"and ffn {shape.ffn_hidden_size}")
+        raise ValueError(
+            f"tp={tp} must divide heads {shape.num_heads}, kv heads {shape.num_kv_heads} "
+            f"and ffn {shape.ffn_hidden_size}"
+        )
     h = shape.hidden_size
     head_dim = h // shape.num_heads
     q_out = shape.num_heads // tp * head_dim
@@ -205,8 +216,15 @@ class LayerTiming:
     activation_bytes: int = 0  # bytes autograd keeps for this block's backward (weights excluded)
 
 
-def bench_layer(shape: LayerShape, micro_batch_size: int, tp: int, *, recompute: bool = False, repeats: int = 5,
-                block_factory: Callable | None = None) -> LayerTiming:
+def bench_layer(
+    shape: LayerShape,
+    micro_batch_size: int,
+    tp: int,
+    *,
+    recompute: bool = False,
+    repeats: int = 5,
+    block_factory: Callable | None = None,
+) -> LayerTiming:
     """Forward and backward (gradient of input and weights) wall time of one block on one rank.
 
     With ``recompute`` the block runs under ``torch.utils.checkpoint`` (non-reentrant, as the runner
@@ -274,8 +292,9 @@ class EdgeTiming:
     head_backward_s: float
 
 
-def bench_edges(hidden_size: int, vocab_size: int, seq_len: int, micro_batch_size: int, *,
-                repeats: int = 5) -> EdgeTiming:
+def bench_edges(
+    hidden_size: int, vocab_size: int, seq_len: int, micro_batch_size: int, *, repeats: int = 5
+) -> EdgeTiming:
     torch = _torch()
     nn = torch.nn
     F = torch.nn.functional
@@ -434,8 +453,10 @@ def bench_links(sizes: list[int] | None = None, repeats: int = 12, timeout_s: fl
     args = [sys.executable, "-m", "autotune.calibration.bench", str(port), ",".join(map(str, sizes)), str(repeats)]
     from autotune.lifeline import child_env, communicate_all
 
-    procs = [subprocess.Popen(args + [str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=child_env()) for r in range(2)]
+    procs = [
+        subprocess.Popen(args + [str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+        for r in range(2)
+    ]
     try:  # killed and reaped however it ends; Ctrl-C raised only after that (lifeline.stop_signals_end)
         outs = communicate_all(procs, timeout_s)
     except subprocess.TimeoutExpired:
@@ -488,8 +509,9 @@ def _contention_worker(index: int, max_procs: int, start_at: float, window_s: fl
     return {"wall": wall, "cpu": _lower_quartile(cpu)}
 
 
-def bench_contention(max_procs: int, duration_s: float = 0.5, rounds: int = 3,
-                     timeout_s: float = 180.0) -> tuple[tuple[int, float], ...]:
+def bench_contention(
+    max_procs: int, duration_s: float = 0.5, rounds: int = 3, timeout_s: float = 180.0
+) -> tuple[tuple[int, float], ...]:
     """``(n, stretch)``: wall time per unit of CPU work when ``n`` single-threaded processes compute at
     once on this host (n = 1 .. max_procs), relative to the work's CPU time. ``stretch(1)`` above 1 is
     the share of the core other programs take (the host is shared); above that, ranks of one plan
@@ -504,10 +526,26 @@ def bench_contention(max_procs: int, duration_s: float = 0.5, rounds: int = 3,
     from autotune.lifeline import child_env, communicate_all
 
     start_at = time.time() + 4.0  # after every worker has imported torch
-    procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.bench", "contention", str(i),
-                               str(max_procs), f"{start_at:.3f}", str(duration_s), str(rounds)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-             for i in range(max_procs)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "autotune.calibration.bench",
+                "contention",
+                str(i),
+                str(max_procs),
+                f"{start_at:.3f}",
+                str(duration_s),
+                str(rounds),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        for i in range(max_procs)
+    ]
     results = []
     for p, (stdout, stderr) in zip(procs, communicate_all(procs, timeout_s)):  # all killed and reaped
         if p.returncode != 0:
@@ -516,12 +554,15 @@ def bench_contention(max_procs: int, duration_s: float = 0.5, rounds: int = 3,
     cpu_unit = min(r["cpu"] for r in results)
     per_round = 2 * max_procs
     out: list[tuple[int, float]] = []
-    alone = statistics.median(results[0]["wall"][r * per_round + 2 * (n - 1)]
-                              for r in range(rounds) for n in range(1, max_procs + 1))
+    alone = statistics.median(
+        results[0]["wall"][r * per_round + 2 * (n - 1)] for r in range(rounds) for n in range(1, max_procs + 1)
+    )
     out.append((1, max(1.0, alone / cpu_unit)))
     for n in range(2, max_procs + 1):
-        together = statistics.median(statistics.mean(results[i]["wall"][r * per_round + 2 * (n - 1) + 1]
-                                                     for i in range(n)) for r in range(rounds))
+        together = statistics.median(
+            statistics.mean(results[i]["wall"][r * per_round + 2 * (n - 1) + 1] for i in range(n))
+            for r in range(rounds)
+        )
         out.append((n, max(1.0, together / cpu_unit, out[-1][1])))
     for n, k in out:
         log.info("contention: %d processes -> x%.2f", n, k)
@@ -534,7 +575,6 @@ def process_rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-
 if __name__ == "__main__":  # one rank of bench_links (PORT SIZES REPEATS RANK) or a contention worker
     import json
     import sys
@@ -544,8 +584,13 @@ if __name__ == "__main__":  # one rank of bench_links (PORT SIZES REPEATS RANK) 
     die_with_parent()  # `autotune profile` may be killed: the benchmark processes go with it
 
     if sys.argv[1] == "contention":  # contention INDEX MAX_PROCS START_AT WINDOW_S
-        print(json.dumps(_contention_worker(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]),
-                                            float(sys.argv[5]), int(sys.argv[6]))))
+        print(
+            json.dumps(
+                _contention_worker(
+                    int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+                )
+            )
+        )
         sys.exit(0)
     _port, _sizes, _repeats, _rank = sys.argv[1:5]
     _result = _link_worker(int(_rank), 2, int(_port), [int(x) for x in _sizes.split(",")], int(_repeats))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from autotune.calibration.bench import EdgeTiming, LayerTiming, MatmulPoint, saved_activation_bytes
 from autotune.specs import ModelSpec
@@ -101,8 +101,9 @@ def _forward_and_backward_s(module, inp, grad, precision: str, repeats: int) -> 
     return _cuda_time(fwd, repeats=repeats), _cuda_time(fwd_bwd, repeats=repeats)
 
 
-def cuda_layer(model: ModelSpec, micro_batch_size: int, recompute: bool | str = False,
-               repeats: int = 10) -> LayerTiming:
+def cuda_layer(
+    model: ModelSpec, micro_batch_size: int, recompute: bool | str = False, repeats: int = 10
+) -> LayerTiming:
     """One runner block (tp 1) on ``cuda:0``: forward (no grad) and forward + backward."""
     torch = _torch()
     from runner.model import StageChunk

@@ -48,8 +48,12 @@ class Corrections:
     memory_GiB: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict:
-        return {"compute": dict(self.compute), "link": self.link, "contention": dict(self.contention),
-                "memory_GiB": dict(self.memory_GiB)}
+        return {
+            "compute": dict(self.compute),
+            "link": self.link,
+            "contention": dict(self.contention),
+            "memory_GiB": dict(self.memory_GiB),
+        }
 
 
 def default_profile(cluster: ClusterSpec) -> CalibrationProfile:
@@ -83,20 +87,34 @@ def apply_corrections(profile: CalibrationProfile, cluster: ClusterSpec, corr: C
         c = compute.get(d.name, 1.0)
         k = contention.get(d.name, 1.0)
         layers = tuple(replace(x, forward_s=x.forward_s * c, backward_s=x.backward_s * c) for x in d.layers)
-        edges = tuple(replace(e, embedding_forward_s=e.embedding_forward_s * c,
-                              embedding_backward_s=e.embedding_backward_s * c,
-                              head_forward_s=e.head_forward_s * c, head_backward_s=e.head_backward_s * c)
-                      for e in d.edges)
-        devices.append(replace(
-            d, matmul=tuple((n, t / c) for n, t in d.matmul),
-            memory_bandwidth_GBps=d.memory_bandwidth_GBps / c if d.memory_bandwidth_GBps else d.memory_bandwidth_GBps,
-            layers=layers, edges=edges,
-            optimizer_s_per_param=d.optimizer_s_per_param * c if d.optimizer_s_per_param is not None else None,
-            microbatch_overhead_s=d.microbatch_overhead_s * c if d.microbatch_overhead_s is not None else None,
-            # a baseline cannot go below zero: an offset larger than the baseline is cut there
-            memory_baseline_GiB=max(0.0, (d.memory_baseline_GiB or 0.0) + memory.get(d.name, 0.0))
-            if (d.memory_baseline_GiB is not None or d.name in memory) else None,
-            contention=tuple((n, 1.0 + (s - 1.0) * k) for n, s in d.contention)))
+        edges = tuple(
+            replace(
+                e,
+                embedding_forward_s=e.embedding_forward_s * c,
+                embedding_backward_s=e.embedding_backward_s * c,
+                head_forward_s=e.head_forward_s * c,
+                head_backward_s=e.head_backward_s * c,
+            )
+            for e in d.edges
+        )
+        devices.append(
+            replace(
+                d,
+                matmul=tuple((n, t / c) for n, t in d.matmul),
+                memory_bandwidth_GBps=d.memory_bandwidth_GBps / c
+                if d.memory_bandwidth_GBps
+                else d.memory_bandwidth_GBps,
+                layers=layers,
+                edges=edges,
+                optimizer_s_per_param=d.optimizer_s_per_param * c if d.optimizer_s_per_param is not None else None,
+                microbatch_overhead_s=d.microbatch_overhead_s * c if d.microbatch_overhead_s is not None else None,
+                # a baseline cannot go below zero: an offset larger than the baseline is cut there
+                memory_baseline_GiB=max(0.0, (d.memory_baseline_GiB or 0.0) + memory.get(d.name, 0.0))
+                if (d.memory_baseline_GiB is not None or d.name in memory)
+                else None,
+                contention=tuple((n, 1.0 + (s - 1.0) * k) for n, s in d.contention),
+            )
+        )
     missing_mem = set(memory) - {d.name for d in profile.devices}
     if missing_mem:
         log.debug("memory offsets for device types without a profile entry are ignored: %s", sorted(missing_mem))
@@ -104,16 +122,17 @@ def apply_corrections(profile: CalibrationProfile, cluster: ClusterSpec, corr: C
     if corr.link != 1.0:
         for node in cluster.nodes:
             nl = profile.node_links(node.name)
-            intra = (nl.intra_node if nl and nl.intra_node else node.intra_node)
-            net = (nl.network if nl and nl.network else node.network)
+            intra = nl.intra_node if nl and nl.intra_node else node.intra_node
+            net = nl.network if nl and nl.network else node.network
             links.append(NodeLinks(node.name, _scale_link(intra, corr.link), _scale_link(net, corr.link)))
         others = [nl for nl in profile.links if nl.node not in {n.name for n in cluster.nodes}]
         links += others
     else:
         links = list(profile.links)
     note = f"online corrections {corr.to_dict()}"
-    return replace(profile, devices=tuple(devices), links=tuple(links),
-                   notes=f"{profile.notes}; {note}" if profile.notes else note)
+    return replace(
+        profile, devices=tuple(devices), links=tuple(links), notes=f"{profile.notes}; {note}" if profile.notes else note
+    )
 
 
 @dataclass
@@ -204,21 +223,32 @@ class OnlineCalibrator:
                     time_err["base"] += _log_error(base, o.measured)
                     for dev, gib in o.measured.peak_memory_GiB.items():
                         t = self.cluster.device(dev).name
-                        if gib <= 0 or t not in seen or dev not in pred.peak_memory_GiB or dev not in base.peak_memory_GiB:
+                        if (
+                            gib <= 0
+                            or t not in seen
+                            or dev not in pred.peak_memory_GiB
+                            or dev not in base.peak_memory_GiB
+                        ):
                             continue  # (a type no other fold saw has nothing to validate)
                         e = mem_err.setdefault(t, {"fitted": 0.0, "base": 0.0})
                         e["fitted"] += abs(pred.peak_memory_GiB[dev] - gib)
                         e["base"] += abs(base.peak_memory_GiB[dev] - gib)
             if time_err["fitted"] >= time_err["base"]:
-                log.info("online calibration: time corrections %s do not predict held-out runs better "
-                         "(%d-fold mean |log error| %.3f vs %.3f uncorrected); keeping the profile's times",
-                         replace(corr, memory_GiB=()).to_dict(), k, time_err["fitted"] / len(obs),
-                         time_err["base"] / len(obs))
+                log.info(
+                    "online calibration: time corrections %s do not predict held-out runs better "
+                    "(%d-fold mean |log error| %.3f vs %.3f uncorrected); keeping the profile's times",
+                    replace(corr, memory_GiB=()).to_dict(),
+                    k,
+                    time_err["fitted"] / len(obs),
+                    time_err["base"] / len(obs),
+                )
                 corr = Corrections()
             kept = tuple((t, v) for t, v in memory if t not in mem_err or mem_err[t]["fitted"] < mem_err[t]["base"])
             if kept != memory:
-                log.info("online calibration: memory offsets of %s do not predict held-out runs better; dropped",
-                         sorted(t for t, _ in set(memory) - set(kept)))
+                log.info(
+                    "online calibration: memory offsets of %s do not predict held-out runs better; dropped",
+                    sorted(t for t, _ in set(memory) - set(kept)),
+                )
             memory = kept
         self.corrections = replace(corr, memory_GiB=memory)
         self._profile = apply_corrections(self.base_profile, self.cluster, self.corrections)
@@ -229,8 +259,9 @@ class OnlineCalibrator:
 
         return Simulator(self.cluster, self.model, apply_corrections(self.base_profile, self.cluster, corr))
 
-    def _fit_time(self, obs: list[_Observation], memory: tuple[tuple[str, float], ...] = (),
-                  start: Corrections | None = None) -> Corrections:
+    def _fit_time(
+        self, obs: list[_Observation], memory: tuple[tuple[str, float], ...] = (), start: Corrections | None = None
+    ) -> Corrections:
         """Least-squares time factors (compute, contention, link) for ``obs``, with the memory offsets
         ``memory`` applied (returned with them). ``start``: begin the descent there (else from several
         contention levels)."""
@@ -239,8 +270,9 @@ class OnlineCalibrator:
 
         types = sorted({t for o in obs for t in self._types_of(o.config)})
         multi_rank = any(len(o.config.devices) > 1 for o in obs)
-        contention_types = [t for t in types
-                            if (d := self.base_profile.device(t)) is not None and d.contention and multi_rank]
+        contention_types = [
+            t for t in types if (d := self.base_profile.device(t)) is not None and d.contention and multi_rank
+        ]
         names = [f"compute:{t}" for t in types] + [f"contention:{t}" for t in contention_types]
         if multi_rank:
             names.append("link")
@@ -248,10 +280,12 @@ class OnlineCalibrator:
 
         def corrections(theta) -> Corrections:
             vals = dict(zip(names, (math.exp(x) for x in theta)))
-            return Corrections(compute=tuple((t, vals[f"compute:{t}"]) for t in types),
-                               link=vals.get("link", 1.0),
-                               contention=tuple((t, vals[f"contention:{t}"]) for t in contention_types),
-                               memory_GiB=memory)
+            return Corrections(
+                compute=tuple((t, vals[f"compute:{t}"]) for t in types),
+                link=vals.get("link", 1.0),
+                contention=tuple((t, vals[f"contention:{t}"]) for t in contention_types),
+                memory_GiB=memory,
+            )
 
         def residuals(theta):
             sim = self._simulator_with(corrections(theta))
@@ -272,8 +306,11 @@ class OnlineCalibrator:
         # The shared-host bound is a max(): while it does not bind, the contention factor has no
         # gradient. Start from a few contention levels and keep the best fit.
         if start is not None:
-            given = {**{f"compute:{t}": v for t, v in start.compute},
-                     **{f"contention:{t}": v for t, v in start.contention}, "link": start.link}
+            given = {
+                **{f"compute:{t}": v for t, v in start.compute},
+                **{f"contention:{t}": v for t, v in start.contention},
+                "link": start.link,
+            }
             inits = [np.array([min(lim, max(-lim, math.log(given.get(n, 1.0)))) for n in names])]
         else:
             levels = [0.0] if not contention_types else [0.0, math.log(2.0), math.log(4.0)]

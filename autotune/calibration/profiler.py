@@ -20,13 +20,18 @@ import datetime as _dt
 import logging
 import platform
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from autotune.calibration import bench
-from autotune.calibration.runtime_probe import (RuntimeOverheads, probe_data_parallel_overhead, probe_model_memory,
-                                                probe_pipeline_overhead, probe_runtime,
-                                                probe_tensor_parallel_overhead)
+from autotune.calibration.runtime_probe import (
+    RuntimeOverheads,
+    probe_data_parallel_overhead,
+    probe_model_memory,
+    probe_pipeline_overhead,
+    probe_runtime,
+    probe_tensor_parallel_overhead,
+)
 from autotune.specs import ClusterSpec, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -86,13 +91,18 @@ def plan_profile(cluster: ClusterSpec, model: ModelSpec | None, max_micro_batch_
         tps: tuple[int, ...] = ()
         if model is not None:
             mbs = tuple(_powers_of_two_upto(min(model.global_batch_size, max_micro_batch_size)))
-            tps = tuple(t for t in range(1, max_count + 1) if model.num_heads % t == 0
-                        and model.num_kv_heads % t == 0 and model.ffn_hidden_size % t == 0)
+            tps = tuple(
+                t
+                for t in range(1, max_count + 1)
+                if model.num_heads % t == 0 and model.num_kv_heads % t == 0 and model.ffn_hidden_size % t == 0
+            )
         devices.append(DeviceTypePlan(name, ok, reason, mbs, tps))
     kinds = tuple(k for k in LINK_KINDS if k == "intra_node" or len(cluster.nodes) > 1) if cluster else LINK_KINDS
     any_cpu = any(n.device.name == "cpu" for n in cluster.nodes)
     gpu_nodes = [n.name for n in cluster.nodes if n.device.name != "cpu"]
-    reason = f"skipped for node(s) {', '.join(gpu_nodes)}: links between GPUs need CUDA devices here" if gpu_nodes else ""
+    reason = (
+        f"skipped for node(s) {', '.join(gpu_nodes)}: links between GPUs need CUDA devices here" if gpu_nodes else ""
+    )
     return ProfilePlan(tuple(devices), kinds, any_cpu, reason)
 
 
@@ -108,7 +118,7 @@ class DeviceResults:
     layers: list[bench.LayerTiming] = field(default_factory=list)
     edges: list[bench.EdgeTiming] = field(default_factory=list)
     optimizer_s_per_param: float = 0.0
-    runtime: "RuntimeOverheads | None" = None
+    runtime: RuntimeOverheads | None = None
     model_memory: list[tuple[int, float]] = field(default_factory=list)  # (mbs, peak GiB, one rank holds all)
     contention: tuple[tuple[int, float], ...] = ()
     pipeline_overhead: tuple[tuple[int, float], ...] = ()
@@ -127,8 +137,9 @@ class Step:
     run: Callable[[], None]
 
 
-def model_gemm_shapes(model: ModelSpec, micro_batch_sizes: tuple[int, ...], tp_degrees: tuple[int, ...]
-                      ) -> list[tuple[int, int, int]]:
+def model_gemm_shapes(
+    model: ModelSpec, micro_batch_sizes: tuple[int, ...], tp_degrees: tuple[int, ...]
+) -> list[tuple[int, int, int]]:
     """The distinct (m, k, n) GEMMs a rank runs in a block's forward: QKV, output and MLP projections."""
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_hidden_size
     shapes: set[tuple[int, int, int]] = set()
@@ -143,9 +154,14 @@ GENERIC_MATMUL_SHAPES = [(n, n, n) for n in (32, 64, 128, 256, 512, 1024)]
 SMALL_MATMUL_SHAPES = [(n, n, n) for n in (32, 64, 128)]  # the small end (attention matmuls, tiny models)
 
 
-def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
-                  results: dict[str, DeviceResults], links: dict[str, bench.LinkBench],
-                  quick: bool = False) -> list[Step]:
+def profile_steps(
+    cluster: ClusterSpec,
+    model: ModelSpec | None,
+    plan: ProfilePlan,
+    results: dict[str, DeviceResults],
+    links: dict[str, bench.LinkBench],
+    quick: bool = False,
+) -> list[Step]:
     """The work list; each step fills ``results`` / ``links`` in place."""
     steps: list[Step] = []
     repeats = 3 if quick else 9
@@ -157,8 +173,11 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
         if dev.name != "cpu":
             steps += _gpu_steps(model, dev, res, quick)
             continue
-        shapes = (SMALL_MATMUL_SHAPES + model_gemm_shapes(model, dev.micro_batch_sizes, dev.tp_degrees) if model
-                  else GENERIC_MATMUL_SHAPES)
+        shapes = (
+            SMALL_MATMUL_SHAPES + model_gemm_shapes(model, dev.micro_batch_sizes, dev.tp_degrees)
+            if model
+            else GENERIC_MATMUL_SHAPES
+        )
 
         def matmul(res=res, shapes=shapes):
             res.matmul.extend(bench.bench_matmul(shapes, repeats=repeats))
@@ -172,6 +191,7 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
             shape = bench.LayerShape.of(model)
             for b in dev.micro_batch_sizes:
                 for t in dev.tp_degrees:
+
                     def layer(res=res, b=b, t=t):
                         res.layers.append(bench.bench_layer(shape, b, t, repeats=repeats))
                         res.layers.append(bench.bench_layer(shape, b, t, recompute=True, repeats=repeats))
@@ -179,8 +199,9 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
                     steps.append(Step(f"{dev.name}: layer fwd/bwd mbs={b} tp={t}", layer))
 
                 def edges(res=res, b=b):
-                    res.edges.append(bench.bench_edges(model.hidden_size, model.vocab_size, model.seq_len, b,
-                                                       repeats=repeats))
+                    res.edges.append(
+                        bench.bench_edges(model.hidden_size, model.vocab_size, model.seq_len, b, repeats=repeats)
+                    )
 
                 steps.append(Step(f"{dev.name}: embedding + head mbs={b}", edges))
 
@@ -190,19 +211,22 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
             steps.append(Step(f"{dev.name}: optimizer step", optimizer))
 
         if dev.name == "cpu":
+
             def runtime(res=res):
                 res.runtime = probe_runtime(repeats=8 if quick else 20)
 
             ranks_here = sum(n.count for n in cluster.nodes if n.device.name == dev.name)
 
             def contention(res=res, n=ranks_here):
-                res.contention = bench.bench_contention(max(2, min(n, 8)), duration_s=0.25 if quick else 0.4,
-                                                        rounds=1 if quick else 3)
+                res.contention = bench.bench_contention(
+                    max(2, min(n, 8)), duration_s=0.25 if quick else 0.4, rounds=1 if quick else 3
+                )
 
             steps.append(Step(f"{dev.name}: runner overheads (one gloo rank, pipelining engine)", runtime))
             if model is not None:
                 sizes = dev.micro_batch_sizes
                 for b in sorted({sizes[0], sizes[min(2, len(sizes) - 1)]}):  # e.g. mbs 1 and 4
+
                     def model_memory(res=res, b=b):
                         res.model_memory.append((b, probe_model_memory(model, b)))
 
@@ -225,6 +249,7 @@ def profile_steps(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePl
 
             steps.append(Step(f"{dev.name}: tensor-parallel layers, tp 1..{pipe_ranks}", tensor_parallel))
     if plan.links_runnable:
+
         def link_bench():
             measured = bench.bench_links(repeats=6 if quick else 12)
             for kind in plan.link_kinds:
@@ -241,8 +266,11 @@ def _gpu_steps(model: ModelSpec | None, dev: DeviceTypePlan, res: DeviceResults,
 
     repeats = 5 if quick else 10
     precision = model.precision if model is not None else "bf16"
-    shapes = (model_gemm_shapes(model, dev.micro_batch_sizes, (1,)) if model is not None
-              else [(n, n, n) for n in (256, 512, 1024, 2048, 4096, 8192)])
+    shapes = (
+        model_gemm_shapes(model, dev.micro_batch_sizes, (1,))
+        if model is not None
+        else [(n, n, n) for n in (256, 512, 1024, 2048, 4096, 8192)]
+    )
     steps = []
 
     def identify(res=res):
@@ -257,11 +285,14 @@ def _gpu_steps(model: ModelSpec | None, dev: DeviceTypePlan, res: DeviceResults,
     def membw(res=res):
         res.memory_bandwidth_GBps = gpu_bench.cuda_memory_bandwidth(repeats=repeats)
 
-    steps += [Step(f"{dev.name}: CUDA device and its memory outside the allocator", identify),
-              Step(f"{dev.name}: matmul at {len(shapes)} shapes ({precision})", matmul),
-              Step(f"{dev.name}: memory bandwidth", membw)]
+    steps += [
+        Step(f"{dev.name}: CUDA device and its memory outside the allocator", identify),
+        Step(f"{dev.name}: matmul at {len(shapes)} shapes ({precision})", matmul),
+        Step(f"{dev.name}: memory bandwidth", membw),
+    ]
     if model is not None:
         for b in dev.micro_batch_sizes:
+
             def layer(res=res, b=b):
                 for rc in (False, True, "selective"):
                     res.layers.append(gpu_bench.cuda_layer(model, b, rc, repeats=repeats))
@@ -269,8 +300,10 @@ def _gpu_steps(model: ModelSpec | None, dev: DeviceTypePlan, res: DeviceResults,
             def edges(res=res, b=b):
                 res.edges.append(gpu_bench.cuda_edges(model, b, repeats=repeats))
 
-            steps += [Step(f"{dev.name}: runner block fwd/bwd mbs={b} (recompute none, full, selective)", layer),
-                      Step(f"{dev.name}: embedding + head mbs={b}", edges)]
+            steps += [
+                Step(f"{dev.name}: runner block fwd/bwd mbs={b} (recompute none, full, selective)", layer),
+                Step(f"{dev.name}: embedding + head mbs={b}", edges),
+            ]
 
         def optimizer(res=res):
             res.optimizer_s_per_param = gpu_bench.cuda_optimizer()
@@ -313,9 +346,19 @@ def fit_memory_terms(model: ModelSpec, device, probes: list[tuple[int, float]]) 
     rows, rhs = [], []
     for mbs, peak_GiB in probes:
         full = device.layer_timing(model, mbs, 1)
-        acts = stage_activation_bytes(model, mbs, 1, model.num_layers, False, 1, 1, True, True,
-                                      measured_full_bytes=full.activation_bytes if full else None,
-                                      elem_bytes=4)  # the CPU runner computes in fp32
+        acts = stage_activation_bytes(
+            model,
+            mbs,
+            1,
+            model.num_layers,
+            False,
+            1,
+            1,
+            True,
+            True,
+            measured_full_bytes=full.activation_bytes if full else None,
+            elem_bytes=4,
+        )  # the CPU runner computes in fp32
         rows.append((params, acts))
         rhs.append((peak_GiB - (device.memory_baseline_GiB or 0.0)) * GiB)
     if len(rows) >= 2 and len({r[1] for r in rows}) > 1:
@@ -327,8 +370,13 @@ def fit_memory_terms(model: ModelSpec, device, probes: list[tuple[int, float]]) 
     return max(4.0, float(s)), 1.0
 
 
-def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
-               results: dict[str, DeviceResults], links: dict[str, bench.LinkBench]):
+def to_profile(
+    cluster: ClusterSpec,
+    model: ModelSpec | None,
+    plan: ProfilePlan,
+    results: dict[str, DeviceResults],
+    links: dict[str, bench.LinkBench],
+):
     """Put raw results in the ``CalibrationProfile`` format (``autotune/profile.py``)."""
     from autotune.profile import CalibrationProfile, DeviceProfile, EdgeTiming, LayerTiming, NodeLinks
     from autotune.specs import LinkSpec
@@ -341,32 +389,55 @@ def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
         if model is not None:
             for t in res.layers:
                 gpu = name != "cpu"  # measured in the model's precision and attention: match only those
-                layers.append(LayerTiming(hidden_size=model.hidden_size, num_heads=model.num_heads,
-                                          num_kv_heads=model.num_kv_heads, ffn_hidden_size=model.ffn_hidden_size,
-                                          mlp=model.mlp, seq_len=model.seq_len, micro_batch_size=t.micro_batch_size,
-                                          tp=t.tp, recompute=t.recompute, forward_s=max(t.forward_s, 1e-9),
-                                          backward_s=max(t.backward_s, 1e-9),
-                                          activation_bytes=float(t.activation_bytes),
-                                          precision=model.precision if gpu else None,
-                                          attention=model.attention if gpu else None))
+                layers.append(
+                    LayerTiming(
+                        hidden_size=model.hidden_size,
+                        num_heads=model.num_heads,
+                        num_kv_heads=model.num_kv_heads,
+                        ffn_hidden_size=model.ffn_hidden_size,
+                        mlp=model.mlp,
+                        seq_len=model.seq_len,
+                        micro_batch_size=t.micro_batch_size,
+                        tp=t.tp,
+                        recompute=t.recompute,
+                        forward_s=max(t.forward_s, 1e-9),
+                        backward_s=max(t.backward_s, 1e-9),
+                        activation_bytes=float(t.activation_bytes),
+                        precision=model.precision if gpu else None,
+                        attention=model.attention if gpu else None,
+                    )
+                )
             for e in res.edges:
                 # the runner holds the embedding and the head whole on one rank (tp 1); with tp > 1 the
                 # simulator would fall back to its model for these
-                edges.append(EdgeTiming(hidden_size=model.hidden_size, vocab_size=model.vocab_size,
-                                        seq_len=model.seq_len, micro_batch_size=e.micro_batch_size, tp=1,
-                                        embedding_forward_s=e.embedding_forward_s,
-                                        embedding_backward_s=e.embedding_backward_s,
-                                        head_forward_s=e.head_forward_s, head_backward_s=e.head_backward_s))
+                edges.append(
+                    EdgeTiming(
+                        hidden_size=model.hidden_size,
+                        vocab_size=model.vocab_size,
+                        seq_len=model.seq_len,
+                        micro_batch_size=e.micro_batch_size,
+                        tp=1,
+                        embedding_forward_s=e.embedding_forward_s,
+                        embedding_backward_s=e.embedding_backward_s,
+                        head_forward_s=e.head_forward_s,
+                        head_backward_s=e.head_backward_s,
+                    )
+                )
         rt = res.runtime
-        dev = DeviceProfile(name, matmul_curve(res.matmul), res.memory_bandwidth_GBps or None,
-                            tuple(layers), tuple(edges), res.optimizer_s_per_param or None,
-                            microbatch_overhead_s=rt.microbatch_overhead_s if rt else None,
-                            memory_baseline_GiB=rt.memory_baseline_GiB if rt else res.gpu_memory_baseline_GiB,
-                            contention=tuple((float(n), float(k)) for n, k in res.contention),
-                            pipeline_overhead=tuple((float(n), float(t)) for n, t in res.pipeline_overhead),
-                            data_parallel_overhead=tuple((float(n), float(t)) for n, t in res.data_parallel_overhead),
-                            tensor_parallel_overhead=tuple((float(n), float(t))
-                                                           for n, t in res.tensor_parallel_overhead))
+        dev = DeviceProfile(
+            name,
+            matmul_curve(res.matmul),
+            res.memory_bandwidth_GBps or None,
+            tuple(layers),
+            tuple(edges),
+            res.optimizer_s_per_param or None,
+            microbatch_overhead_s=rt.microbatch_overhead_s if rt else None,
+            memory_baseline_GiB=rt.memory_baseline_GiB if rt else res.gpu_memory_baseline_GiB,
+            contention=tuple((float(n), float(k)) for n, k in res.contention),
+            pipeline_overhead=tuple((float(n), float(t)) for n, t in res.pipeline_overhead),
+            data_parallel_overhead=tuple((float(n), float(t)) for n, t in res.data_parallel_overhead),
+            tensor_parallel_overhead=tuple((float(n), float(t)) for n, t in res.tensor_parallel_overhead),
+        )
         if res.model_memory and model is not None and rt is not None:
             s, a = fit_memory_terms(model, dev, res.model_memory)
             dev = replace(dev, state_bytes_per_param=s, activation_memory_factor=a)
@@ -383,19 +454,34 @@ def to_profile(cluster: ClusterSpec, model: ModelSpec | None, plan: ProfilePlan,
                     kinds[kind] = LinkSpec(lb.p2p.bandwidth_GBps, lb.p2p.latency_us)
             node_links.append(NodeLinks(node.name, **kinds))
     env = environment_notes()
-    versions = (("torch", env["torch_version"]), ("python", env["python_version"]), ("host", env["host"]),
-                ("cpu", env["cpu"]))
+    versions = (
+        ("torch", env["torch_version"]),
+        ("python", env["python_version"]),
+        ("host", env["host"]),
+        ("cpu", env["cpu"]),
+    )
     notes = [f"{name}: {res.skipped}" for name, res in results.items() if res.skipped]
-    notes += [f"{name}: benchmarked on CUDA device {res.gpu_name!r} (cuda:0), tensor-parallel degree 1"
-              for name, res in results.items() if res.gpu_name]
+    notes += [
+        f"{name}: benchmarked on CUDA device {res.gpu_name!r} (cuda:0), tensor-parallel degree 1"
+        for name, res in results.items()
+        if res.gpu_name
+    ]
     if links:
-        notes.append("links of cpu nodes: intra_node and network are both two gloo processes on this one host (the same "
-                     "physical path), measured once by p2p ping-pong and recorded for both kinds; all-reduce "
-                     f"measured {links['intra_node'].allreduce.bandwidth_GBps:.2f} GB/s + "
-                     f"{links['intra_node'].allreduce.latency_us:.0f} us between 2 ranks")
+        notes.append(
+            "links of cpu nodes: intra_node and network are both two gloo processes on this one host (the same "
+            "physical path), measured once by p2p ping-pong and recorded for both kinds; all-reduce "
+            f"measured {links['intra_node'].allreduce.bandwidth_GBps:.2f} GB/s + "
+            f"{links['intra_node'].allreduce.latency_us:.0f} us between 2 ranks"
+        )
     if plan.links_skip_reason:
         notes.append(f"links: {plan.links_skip_reason}")
     step_overhead = max((r.runtime.step_overhead_s for r in results.values() if r.runtime), default=0.0)
-    return CalibrationProfile(devices=tuple(devices), links=tuple(node_links), created=env["date"],
-                              cluster=cluster.name, versions=versions, step_overhead_s=step_overhead,
-                              notes="; ".join(notes))
+    return CalibrationProfile(
+        devices=tuple(devices),
+        links=tuple(node_links),
+        created=env["date"],
+        cluster=cluster.name,
+        versions=versions,
+        step_overhead_s=step_overhead,
+        notes="; ".join(notes),
+    )

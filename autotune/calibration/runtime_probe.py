@@ -46,8 +46,16 @@ log = logging.getLogger(__name__)
 
 GiB = 2**30
 PROBE_MICROBATCHES = 4  # per step in the model-memory probe (allocator state settles over several)
-PROBE_MODEL = dict(name="probe", num_layers=1, hidden_size=8, num_heads=1, ffn_hidden_size=8, vocab_size=8,
-                   seq_len=8, global_batch_size=8)
+PROBE_MODEL = dict(
+    name="probe",
+    num_layers=1,
+    hidden_size=8,
+    num_heads=1,
+    ffn_hidden_size=8,
+    vocab_size=8,
+    seq_len=8,
+    global_batch_size=8,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +86,7 @@ def _probe(init_file: str, repeats: int) -> dict:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from autotune.loading import load_config, model_from_dict
-    from autotune.loading import load_cluster
+    from autotune.loading import load_cluster, load_config, model_from_dict
 
     baseline = _rss()  # the runner worker reads its baseline here too: after torch, before the group
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
@@ -92,11 +99,16 @@ def _probe(init_file: str, repeats: int) -> dict:
         engines = {}
         for m in (1, 8):
             model = model_from_dict({**PROBE_MODEL, "global_batch_size": m}, "probe")
-            config = load_config({"micro_batch_size": 1, "pipelines": [
-                {"num_microbatches": m, "stages": [{"devices": ["cpu:0"], "layers": 1}]}]})
+            config = load_config(
+                {
+                    "micro_batch_size": 1,
+                    "pipelines": [{"num_microbatches": m, "stages": [{"devices": ["cpu:0"], "layers": 1}]}],
+                }
+            )
             layout = build_layout(cluster, model, config)
-            engines[m] = Engine(layout, model, 0, torch.device("cpu"), schedule="1f1b", seed=0,
-                                tokens=TokenSource(model, 0))
+            engines[m] = Engine(
+                layout, model, 0, torch.device("cpu"), schedule="1f1b", seed=0, tokens=TokenSource(model, 0)
+            )
             for i in range(3):
                 engines[m].step(i)
         # the two step sizes alternate, so a burst of load from other processes lands on both; a slope
@@ -104,7 +116,7 @@ def _probe(init_file: str, repeats: int) -> dict:
         samples: dict[int, list[float]] = {1: [], 8: []}
         per_mb = 0.0
         for _ in range(3):
-            for i in range(repeats):
+            for _ in range(repeats):
                 for m, engine in engines.items():
                     t0 = time.perf_counter()
                     engine.step(3 + len(samples[m]))
@@ -115,14 +127,16 @@ def _probe(init_file: str, repeats: int) -> dict:
             if per_mb > 0:
                 break
         per_mb = max(0.0, per_mb)
-        return {"microbatch_overhead_s": per_mb, "step_overhead_s": max(0.0, step_times[1] - per_mb),
-                "memory_baseline_GiB": max(0, _peak_rss() - baseline) / GiB}
+        return {
+            "microbatch_overhead_s": per_mb,
+            "step_overhead_s": max(0.0, step_times[1] - per_mb),
+            "memory_baseline_GiB": max(0, _peak_rss() - baseline) / GiB,
+        }
     finally:
         dist.destroy_process_group()
 
 
-def _probe_ranks(init_file: str, rank: int, world: int, shape: str, sizes: tuple[int, ...],
-                 repeats: int) -> dict:
+def _probe_ranks(init_file: str, rank: int, world: int, shape: str, sizes: tuple[int, ...], repeats: int) -> dict:
     """One rank of ``world`` runner ranks training the negligible probe model: one layer per rank as one
     ``world``-stage pipeline (``shape`` "pipeline") or as ``world`` one-stage data-parallel replicas
     ("replicas"), each at ``sizes`` micro-batches; or one ``world``-way tensor-parallel stage of ``sizes``
@@ -141,27 +155,49 @@ def _probe_ranks(init_file: str, rank: int, world: int, shape: str, sizes: tuple
         from runner.engine import Engine
         from runner.layout import build_layout
 
-        cluster = cluster_from_dict({"name": "probe", "nodes": [{"name": "cpu", "gpu": "cpu", "count": world}],
-                                "network": {"bandwidth_GBps": 5, "latency_us": 20}}, "probe")
+        cluster = cluster_from_dict(
+            {
+                "name": "probe",
+                "nodes": [{"name": "cpu", "gpu": "cpu", "count": world}],
+                "network": {"bandwidth_GBps": 5, "latency_us": 20},
+            },
+            "probe",
+        )
         step_times: dict[int, float] = {}
         for m in sizes:
             if shape == "tensor":  # m layers; heads and FFN split across the world ranks
-                model = model_from_dict({**PROBE_MODEL, "num_layers": m, "hidden_size": 16, "num_heads": 4,
-                                         "ffn_hidden_size": 16, "global_batch_size": TENSOR_MICROBATCHES}, "probe")
-                pipelines = [{"num_microbatches": TENSOR_MICROBATCHES,
-                              "stages": [{"devices": [f"cpu:{i}" for i in range(world)], "layers": m}]}]
+                model = model_from_dict(
+                    {
+                        **PROBE_MODEL,
+                        "num_layers": m,
+                        "hidden_size": 16,
+                        "num_heads": 4,
+                        "ffn_hidden_size": 16,
+                        "global_batch_size": TENSOR_MICROBATCHES,
+                    },
+                    "probe",
+                )
+                pipelines = [
+                    {
+                        "num_microbatches": TENSOR_MICROBATCHES,
+                        "stages": [{"devices": [f"cpu:{i}" for i in range(world)], "layers": m}],
+                    }
+                ]
             elif shape == "pipeline":
                 model = model_from_dict({**PROBE_MODEL, "num_layers": world, "global_batch_size": m}, "probe")
-                pipelines = [{"num_microbatches": m,
-                              "stages": [{"devices": [f"cpu:{i}"], "layers": 1} for i in range(world)]}]
+                pipelines = [
+                    {"num_microbatches": m, "stages": [{"devices": [f"cpu:{i}"], "layers": 1} for i in range(world)]}
+                ]
             else:
                 model = model_from_dict({**PROBE_MODEL, "num_layers": 1, "global_batch_size": m * world}, "probe")
-                pipelines = [{"num_microbatches": m, "stages": [{"devices": [f"cpu:{i}"], "layers": 1}]}
-                             for i in range(world)]
+                pipelines = [
+                    {"num_microbatches": m, "stages": [{"devices": [f"cpu:{i}"], "layers": 1}]} for i in range(world)
+                ]
             config = load_config({"micro_batch_size": 1, "pipelines": pipelines})
             layout = build_layout(cluster, model, config)
-            engine = Engine(layout, model, rank, torch.device("cpu"), schedule="1f1b", seed=0,
-                            tokens=TokenSource(model, 0))
+            engine = Engine(
+                layout, model, rank, torch.device("cpu"), schedule="1f1b", seed=0, tokens=TokenSource(model, 0)
+            )
             for i in range(2):
                 engine.step(i)
             samples = []
@@ -179,18 +215,33 @@ TENSOR_LAYERS = (1, 4)
 DATA_PARALLEL_MICROBATCHES = (2, 8)
 
 
-def _step_times(world: int, shape: str, sizes: tuple[int, ...], repeats: int,
-                timeout_s: float) -> dict[int, float]:
+def _step_times(world: int, shape: str, sizes: tuple[int, ...], repeats: int, timeout_s: float) -> dict[int, float]:
     """Run ``_probe_ranks`` as ``world`` processes (as the runner's ranks are); rank 0's step times."""
     from runner.launch import run_dir
 
     with run_dir("autotune-probe-") as d:  # swept by a later run when this process is killed
         env = child_env(dict(os.environ, OMP_NUM_THREADS="1"))  # children die with this process
-        procs = [subprocess.Popen([sys.executable, "-m", "autotune.calibration.runtime_probe", "ranks",
-                                   f"{d}/rendezvous", str(r), str(world), shape, ",".join(map(str, sizes)),
-                                   str(repeats)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-                 for r in range(world)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "autotune.calibration.runtime_probe",
+                    "ranks",
+                    f"{d}/rendezvous",
+                    str(r),
+                    str(world),
+                    shape,
+                    ",".join(map(str, sizes)),
+                    str(repeats),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for r in range(world)
+        ]
         outs = communicate_all(procs, timeout_s)  # all killed and reaped; Ctrl-C raised only after that
     if any(proc.returncode != 0 for proc in procs):
         err = next((o[1] for proc, o in zip(procs, outs) if proc.returncode != 0), "")
@@ -199,8 +250,9 @@ def _step_times(world: int, shape: str, sizes: tuple[int, ...], repeats: int,
     return {int(m): t for m, t in json.loads(outs[0][0].strip().splitlines()[-1])["step_s"].items()}
 
 
-def probe_pipeline_overhead(max_ranks: int, repeats: int = 10, rounds: int = 2,
-                            timeout_s: float = 180.0) -> tuple[tuple[int, float], ...]:
+def probe_pipeline_overhead(
+    max_ranks: int, repeats: int = 10, rounds: int = 2, timeout_s: float = 180.0
+) -> tuple[tuple[int, float], ...]:
     """``(ranks, seconds)`` pairs: what each micro-batch costs each stage of a ``ranks``-stage pipeline on
     this host beyond what it costs one rank alone. All stages run the negligible probe model, so this is
     the pipelining runtime's hand-offs (gloo send/recv, waking the next rank) and the ranks' runtime
@@ -216,8 +268,9 @@ def probe_pipeline_overhead(max_ranks: int, repeats: int = 10, rounds: int = 2,
     return tuple((n, max(0.0, mean[n] - mean[1])) for n in sorted(mean) if n > 1)
 
 
-def probe_data_parallel_overhead(max_ranks: int, repeats: int = 10, rounds: int = 2,
-                                 timeout_s: float = 180.0) -> tuple[tuple[int, float], ...]:
+def probe_data_parallel_overhead(
+    max_ranks: int, repeats: int = 10, rounds: int = 2, timeout_s: float = 180.0
+) -> tuple[tuple[int, float], ...]:
     """``(replicas, seconds)`` pairs: what a step of ``replicas`` one-rank data-parallel replicas costs on
     this host beyond one rank's step, per step: the intercept (micro-batch count 0) of step time against
     micro-batches at ``replicas`` ranks minus the intercept at one rank. All ranks train the negligible
@@ -234,8 +287,9 @@ def probe_data_parallel_overhead(max_ranks: int, repeats: int = 10, rounds: int 
     return tuple((n, max(0.0, mean[n] - mean[1])) for n in sorted(mean) if n > 1)
 
 
-def probe_tensor_parallel_overhead(max_tp: int, repeats: int = 10, rounds: int = 2,
-                                   timeout_s: float = 180.0) -> tuple[tuple[int, float], ...]:
+def probe_tensor_parallel_overhead(
+    max_tp: int, repeats: int = 10, rounds: int = 2, timeout_s: float = 180.0
+) -> tuple[tuple[int, float], ...]:
     """``(tp, seconds)`` pairs: what each layer costs per micro-batch (forward + backward) in a
     ``tp``-way tensor-parallel stage of the runner beyond one rank's layer: the slope of step time in
     layers, at ``tp`` ranks minus at one rank, on a negligible model. That is the per-layer collectives'
@@ -269,11 +323,19 @@ def _probe_model_memory(init_file: str, model_json: str, micro_batch_size: int, 
 
         raw = json.loads(model_json)
         model = model_from_dict({**raw, "global_batch_size": PROBE_MICROBATCHES * micro_batch_size}, "probe")
-        config = load_config({"micro_batch_size": micro_batch_size, "pipelines": [
-            {"num_microbatches": PROBE_MICROBATCHES, "stages": [{"devices": ["cpu:0"], "layers": model.num_layers}]}]})
+        config = load_config(
+            {
+                "micro_batch_size": micro_batch_size,
+                "pipelines": [
+                    {
+                        "num_microbatches": PROBE_MICROBATCHES,
+                        "stages": [{"devices": ["cpu:0"], "layers": model.num_layers}],
+                    }
+                ],
+            }
+        )
         layout = build_layout(load_cluster("cpu-2"), model, config)
-        engine = Engine(layout, model, 0, torch.device("cpu"), schedule="1f1b",
-                        seed=0, tokens=TokenSource(model, 0))
+        engine = Engine(layout, model, 0, torch.device("cpu"), schedule="1f1b", seed=0, tokens=TokenSource(model, 0))
         for i in range(steps):
             engine.step(i)
         return {"peak_growth_GiB": max(0, _peak_rss() - baseline) / GiB}
@@ -283,15 +345,39 @@ def _probe_model_memory(init_file: str, model_json: str, micro_batch_size: int, 
 
 def probe_model_memory(model, micro_batch_size: int, timeout_s: float = 300.0) -> float:
     """Peak memory (GiB, RSS growth) of one runner rank holding all of ``model`` at ``micro_batch_size``."""
-    raw = {k: getattr(model, k) for k in ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
-                                          "ffn_hidden_size", "mlp", "vocab_size", "seq_len")}
+    raw = {
+        k: getattr(model, k)
+        for k in (
+            "name",
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "ffn_hidden_size",
+            "mlp",
+            "vocab_size",
+            "seq_len",
+        )
+    }
     from runner.launch import run_dir
 
     with run_dir("autotune-probe-") as d:  # swept by a later run when this process is killed
         env = child_env(dict(os.environ, OMP_NUM_THREADS="1"))  # children die with this process
-        out = subprocess.run([sys.executable, "-m", "autotune.calibration.runtime_probe", "model", f"{d}/rendezvous",
-                              json.dumps(raw), str(micro_batch_size)], capture_output=True, text=True,
-                             timeout=timeout_s, env=env)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "autotune.calibration.runtime_probe",
+                "model",
+                f"{d}/rendezvous",
+                json.dumps(raw),
+                str(micro_batch_size),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+        )
     if out.returncode != 0:
         lines = out.stderr.strip().splitlines()
         raise RuntimeError(f"model memory probe failed: {lines[-1] if lines else 'no output'}")
@@ -304,14 +390,20 @@ def probe_runtime(repeats: int = 20, timeout_s: float = 120.0) -> RuntimeOverhea
 
     with run_dir("autotune-probe-") as d:  # swept by a later run when this process is killed
         env = child_env(dict(os.environ, OMP_NUM_THREADS="1"))  # children die with this process
-        out = subprocess.run([sys.executable, "-m", "autotune.calibration.runtime_probe", f"{d}/rendezvous",
-                              str(repeats)], capture_output=True, text=True, timeout=timeout_s, env=env)
+        out = subprocess.run(
+            [sys.executable, "-m", "autotune.calibration.runtime_probe", f"{d}/rendezvous", str(repeats)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+        )
     if out.returncode != 0:
         lines = out.stderr.strip().splitlines()
         raise RuntimeError(f"runtime probe failed: {lines[-1] if lines else 'no output'}")
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    return RuntimeOverheads(float(data["microbatch_overhead_s"]), float(data["step_overhead_s"]),
-                            float(data["memory_baseline_GiB"]))
+    return RuntimeOverheads(
+        float(data["microbatch_overhead_s"]), float(data["step_overhead_s"]), float(data["memory_baseline_GiB"])
+    )
 
 
 if __name__ == "__main__":
@@ -321,8 +413,14 @@ if __name__ == "__main__":
     if sys.argv[1] == "model":  # model INIT_FILE MODEL_JSON MICRO_BATCH_SIZE
         print(json.dumps(_probe_model_memory(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
     elif sys.argv[1] == "ranks":  # ranks INIT_FILE RANK WORLD pipeline|replicas M1,M2 REPEATS
-        result = _probe_ranks(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5],
-                              tuple(int(m) for m in sys.argv[6].split(",")), int(sys.argv[7]))
+        result = _probe_ranks(
+            sys.argv[2],
+            int(sys.argv[3]),
+            int(sys.argv[4]),
+            sys.argv[5],
+            tuple(int(m) for m in sys.argv[6].split(",")),
+            int(sys.argv[7]),
+        )
         if int(sys.argv[3]) == 0:
             print(json.dumps(result))
     else:  # INIT_FILE [REPEATS]

@@ -6,10 +6,9 @@ import json
 
 
 def run(experiment: str | None, tracking_uri: str | None) -> int:
-    from autotune.search.tracking import quiet_libraries
-    from autotune.commands.status import loading
-
     from autotune import prechecks
+    from autotune.commands.status import loading
+    from autotune.search.tracking import quiet_libraries
 
     prechecks.tracking_uri(tracking_uri)
     quiet_libraries()

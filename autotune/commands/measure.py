@@ -7,8 +7,16 @@ import sys
 from pathlib import Path
 
 
-def run(cluster: str, model: str, config: Path, global_batch_size: int | None, steps: int, warmup: int,
-        timeout: float, json_out: bool) -> int:
+def run(
+    cluster: str,
+    model: str,
+    config: Path,
+    global_batch_size: int | None,
+    steps: int,
+    warmup: int,
+    timeout: float,
+    json_out: bool,
+) -> int:
     from rich.console import Console
     from rich.table import Table
 
@@ -32,14 +40,18 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
             from runner.launch import profiled_run
 
             preflight(cluster_spec, model_spec, plan)  # bad or unsupported plans: one SpecError line, exit 2
-            who = (f"one RoundPipe process on a pool of {len(plan.devices)} GPUs" if plan.is_roundpipe
-                   else f"{len(plan.devices)} ranks")
-            say(f"running {who}: "
-                f"{warmup} warm-up + {steps} timed steps (timeout {timeout:.0f} s)")
+            who = (
+                f"one RoundPipe process on a pool of {len(plan.devices)} GPUs"
+                if plan.is_roundpipe
+                else f"{len(plan.devices)} ranks"
+            )
+            say(f"running {who}: {warmup} warm-up + {steps} timed steps (timeout {timeout:.0f} s)")
             m = profiled_run(cluster_spec, model_spec, plan, steps=steps, warmup=warmup, timeout_s=timeout)
     except KeyboardInterrupt:  # Ctrl-C: the launcher has killed the ranks before it re-raised it
-        print("interrupted: the run was stopped and its ranks killed before it finished; nothing was measured",
-              file=sys.stderr)
+        print(
+            "interrupted: the run was stopped and its ranks killed before it finished; nothing was measured",
+            file=sys.stderr,
+        )
         return 130
     if json_out:
         print(json.dumps(m.to_dict()))
@@ -47,8 +59,10 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
         out = Console()
         from rich.markup import escape
 
-        table = Table(title=escape(f"measured: {model_spec.name} on {cluster_spec.name} ({steps} steps after "
-                                   f"{warmup} warm-up)"), show_header=False)
+        table = Table(
+            title=escape(f"measured: {model_spec.name} on {cluster_spec.name} ({steps} steps after {warmup} warm-up)"),
+            show_header=False,
+        )
         table.add_row("status", escape(m.status + (f": {m.error}" if m.error else "")))  # rank errors hold "[...]"
         if m.status in ("ok", "oom") and m.iteration_time_s > 0:
             table.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")

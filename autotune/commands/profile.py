@@ -11,10 +11,9 @@ def run(cluster: str, model: str | None, output: Path, quick: bool = False) -> i
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from autotune import prechecks
     from autotune.calibration import profiler
     from autotune.loading import load_cluster, load_model
-
-    from autotune import prechecks
 
     console = Console(stderr=True)
     prechecks.writable_file(output, "--output")  # before the profiling, not after it
@@ -27,15 +26,26 @@ def run(cluster: str, model: str | None, output: Path, quick: bool = False) -> i
     if plan.links_skip_reason:
         console.print(f"[yellow]links[/]: {escape(plan.links_skip_reason)}")
     if not any(d.runnable for d in plan.devices):
-        console.print(escape(f"error: no device type of cluster {cluster_spec.name!r} can be profiled here "
-                             f"({', '.join(d.name for d in plan.devices)}); no profile written"), style="red")
+        console.print(
+            escape(
+                f"error: no device type of cluster {cluster_spec.name!r} can be profiled here "
+                f"({', '.join(d.name for d in plan.devices)}); no profile written"
+            ),
+            style="red",
+        )
         return 1
 
     results: dict = {}
     links: dict = {}
     steps = profiler.profile_steps(cluster_spec, model_spec, plan, results, links, quick=quick)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
         task = progress.add_task("profiling", total=len(steps))
         for step in steps:
             progress.update(task, description=step.label)
@@ -61,8 +71,11 @@ def run(cluster: str, model: str | None, output: Path, quick: bool = False) -> i
             row += f", {len(res.layers)} layer timings"
         table.add_row(escape(name), row)
     for kind, lb in links.items():
-        table.add_row(escape(f"link {kind}"), f"p2p {lb.p2p.bandwidth_GBps:.2f} GB/s + {lb.p2p.latency_us:.0f} us; "
-                                      f"all-reduce {lb.allreduce.bandwidth_GBps:.2f} GB/s + "
-                                      f"{lb.allreduce.latency_us:.0f} us")
+        table.add_row(
+            escape(f"link {kind}"),
+            f"p2p {lb.p2p.bandwidth_GBps:.2f} GB/s + {lb.p2p.latency_us:.0f} us; "
+            f"all-reduce {lb.allreduce.bandwidth_GBps:.2f} GB/s + "
+            f"{lb.allreduce.latency_us:.0f} us",
+        )
     Console().print(table)
     return 0

@@ -8,10 +8,26 @@ import time
 from pathlib import Path
 
 
-def run(cluster: str, model: str, method: str, budget: int, global_batch_size: int | None, backend: str, seed: int,
-        output: Path | None, tracking_uri: str | None, experiment: str | None, storage: str | None,
-        profile: Path | None, workers: int, policy: Path | None, start: str = "dp", max_sync_every: int = 1,
-        run_timeout: float = 300.0, fresh: bool = False) -> int:
+def run(
+    cluster: str,
+    model: str,
+    method: str,
+    budget: int,
+    global_batch_size: int | None,
+    backend: str,
+    seed: int,
+    output: Path | None,
+    tracking_uri: str | None,
+    experiment: str | None,
+    storage: str | None,
+    profile: Path | None,
+    workers: int,
+    policy: Path | None,
+    start: str = "dp",
+    max_sync_every: int = 1,
+    run_timeout: float = 300.0,
+    fresh: bool = False,
+) -> int:
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -24,11 +40,18 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
     quiet_libraries()
     console = Console(stderr=True)
     out = Console()
-    progress = Progress(TextColumn("[bold]{task.fields[method]}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[what]}"), TimeElapsedColumn(), console=console,
-                        # drawn on a terminal only, and erased at the end: an error stays one line,
-                        # and the summary line below says how it went
-                        transient=True, disable=not console.is_terminal)
+    progress = Progress(
+        TextColumn("[bold]{task.fields[method]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[what]}"),
+        TimeElapsedColumn(),
+        console=console,
+        # drawn on a terminal only, and erased at the end: an error stays one line,
+        # and the summary line below says how it went
+        transient=True,
+        disable=not console.is_terminal,
+    )
     state = {"best": 0.0, "done": 0}
     started = time.monotonic()
 
@@ -36,8 +59,13 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
         return f"evaluations  best {state['best']:,.0f} tokens/s" if state["best"] else "evaluations  best -"
 
     with progress:
-        task = progress.add_task("search", total=budget, completed=0, method=method,
-                                 what="loading the search libraries (optuna, the simulator)")
+        task = progress.add_task(
+            "search",
+            total=budget,
+            completed=0,
+            method=method,
+            what="loading the search libraries (optuna, the simulator)",
+        )
 
         def on_status(text: str) -> None:
             progress.update(task, what=escape(text))
@@ -46,8 +74,10 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
             state["best"], state["done"] = best, done
             progress.update(task, completed=done, what=best_text())
             if done:
-                console.print(f"resuming: {done} of {budget} plans already evaluated"
-                              + (f", best so far {best:,.0f} tokens/s" if best else ""))
+                console.print(
+                    f"resuming: {done} of {budget} plans already evaluated"
+                    + (f", best so far {best:,.0f} tokens/s" if best else "")
+                )
 
         def on_evaluation(ev) -> None:
             if ev.measurement.status == "pruned":  # screened out (backend real): no budget spent
@@ -60,27 +90,52 @@ def run(cluster: str, model: str, method: str, budget: int, global_batch_size: i
 
         on_status("loading the cluster and model")
         try:
-            result = tune(cluster, model, method=method, budget=budget, backend=backend, seed=seed,
-                          global_batch_size=global_batch_size, tracking_uri=tracking_uri, experiment=experiment,
-                          storage=storage, profile=profile, workers=workers, policy=policy, start=start,
-                          max_sync_every=max_sync_every, fresh=fresh, on_evaluation=on_evaluation,
-                          on_start=on_start, on_status=on_status, run_timeout_s=run_timeout)
+            result = tune(
+                cluster,
+                model,
+                method=method,
+                budget=budget,
+                backend=backend,
+                seed=seed,
+                global_batch_size=global_batch_size,
+                tracking_uri=tracking_uri,
+                experiment=experiment,
+                storage=storage,
+                profile=profile,
+                workers=workers,
+                policy=policy,
+                start=start,
+                max_sync_every=max_sync_every,
+                fresh=fresh,
+                on_evaluation=on_evaluation,
+                on_start=on_start,
+                on_status=on_status,
+                run_timeout_s=run_timeout,
+            )
         except KeyboardInterrupt:
             progress.stop()
-            console.print(f"interrupted: {state['done']} of {budget} plans are recorded. Re-run the same command "
-                          "to resume where it stopped (add --fresh to start over).", highlight=False)
+            console.print(
+                f"interrupted: {state['done']} of {budget} plans are recorded. Re-run the same command "
+                "to resume where it stopped (add --fresh to start over).",
+                highlight=False,
+            )
             raise SystemExit(130) from None
     elapsed = time.monotonic() - started
-    console.print(f"{method}: {result.evaluations}/{budget} evaluations in {elapsed:.1f} s, best "
-                  f"{result.best_measurement.tokens_per_s:,.0f} tokens/s", highlight=False)
+    console.print(
+        f"{method}: {result.evaluations}/{budget} evaluations in {elapsed:.1f} s, best "
+        f"{result.best_measurement.tokens_per_s:,.0f} tokens/s",
+        highlight=False,
+    )
     _print_result(out, result)
     if output is not None:
         output.write_text(json.dumps(result.output_document(), indent=2) + "\n")
         out.print(f"best config written to [bold]{escape(str(output))}[/bold]", soft_wrap=True)
     if not result.best_measurement.ok:
-        console.print(f"[red]no evaluated plan runs[/red] ({result.best_measurement.status}: "
-                      f"{escape(result.best_measurement.error or 'out of memory')}); try a larger budget or another "
-                      "method")
+        console.print(
+            f"[red]no evaluated plan runs[/red] ({result.best_measurement.status}: "
+            f"{escape(result.best_measurement.error or 'out of memory')}); try a larger budget or another "
+            "method"
+        )
         return 1
     return 0
 
@@ -90,8 +145,7 @@ def _print_result(out, result) -> None:
     from rich.table import Table
 
     m = result.best_measurement
-    summary = Table(title=escape(f"best plan: {result.method} on {result.cluster} / {result.model}"),
-                    show_header=False)
+    summary = Table(title=escape(f"best plan: {result.method} on {result.cluster} / {result.model}"), show_header=False)
     summary.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
     summary.add_row("iteration time", f"{m.iteration_time_s:.3f} s")
     summary.add_row("MFU", f"{m.mfu:.1%}")
@@ -100,8 +154,9 @@ def _print_result(out, result) -> None:
     summary.add_row("status", m.status if not m.oom else "oom")
     summary.add_row("evaluations", f"{result.evaluations} (budget {result.budget}, backend {result.backend})")
     if result.memory_screened:
-        summary.add_row("out of memory", f"{result.memory_screened} plans screened out by the memory model "
-                                          "(no budget spent)")
+        summary.add_row(
+            "out of memory", f"{result.memory_screened} plans screened out by the memory model (no budget spent)"
+        )
     if result.backend == "real":
         pruned = result.screened - result.memory_screened
         summary.add_row("screened out", f"{pruned} plans (corrected simulator; no budget spent)")
@@ -113,29 +168,49 @@ def _print_result(out, result) -> None:
         for node, gib in m.host_memory_GiB.items():
             summary.add_row(escape(f"host memory {node}"), f"{gib:.1f} GiB")
     if cfg.expert_parallel > 1 or cfg.spes:
-        summary.add_row("expert parallel / sync every", f"{cfg.expert_parallel} / {cfg.sync_every_steps} steps"
-                        + (f" (sync {m.sync_time_s:.2f} s)" if m.sync_time_s else ""))
+        summary.add_row(
+            "expert parallel / sync every",
+            f"{cfg.expert_parallel} / {cfg.sync_every_steps} steps"
+            + (f" (sync {m.sync_time_s:.2f} s)" if m.sync_time_s else ""),
+        )
     out.print(summary)
     plan = Table(title="pipelines (data-parallel replicas)")
     experts = any(p.trains_experts is not None for p in cfg.pipelines)
     offloads = cfg.offloads
-    for col in ("replica", "micro-batches", "stage", "devices", "layers", "recompute") + (("offload",) if offloads else ()) \
-            + (("trains experts",) if experts else ()):
+    for col in (
+        ("replica", "micro-batches", "stage", "devices", "layers", "recompute")
+        + (("offload",) if offloads else ())
+        + (("trains experts",) if experts else ())
+    ):
         plan.add_column(col)
     for p, pipe in enumerate(cfg.pipelines):
         if pipe.roundpipe is not None:  # stages are not bound to devices: the pool and the partitions
-            plan.add_row(str(p), str(pipe.num_microbatches), "roundpipe", ", ".join(pipe.roundpipe.devices),
-                         pipe.roundpipe.summary().split(" | ", 1)[1], pipe.roundpipe.recompute_grain)
+            plan.add_row(
+                str(p),
+                str(pipe.num_microbatches),
+                "roundpipe",
+                ", ".join(pipe.roundpipe.devices),
+                pipe.roundpipe.summary().split(" | ", 1)[1],
+                pipe.roundpipe.recompute_grain,
+            )
             continue
         for s, stage in enumerate(pipe.stages):
-            row = [str(p) if s == 0 else "", str(pipe.num_microbatches) if s == 0 else "", str(s),
-                   escape(", ".join(stage.devices)), str(stage.layers),
-                   "selective" if stage.selective_recompute else "yes" if stage.recompute else ""]
+            row = [
+                str(p) if s == 0 else "",
+                str(pipe.num_microbatches) if s == 0 else "",
+                str(s),
+                escape(", ".join(stage.devices)),
+                str(stage.layers),
+                "selective" if stage.selective_recompute else "yes" if stage.recompute else "",
+            ]
             if offloads:
                 row.append(stage.offload)
             if experts:
-                row.append(("all" if pipe.trains_experts is None else ",".join(map(str, pipe.trains_experts)))
-                           if s == 0 else "")
+                row.append(
+                    ("all" if pipe.trains_experts is None else ",".join(map(str, pipe.trains_experts)))
+                    if s == 0
+                    else ""
+                )
             plan.add_row(*row)
     out.print(plan)
     _print_summary(out, result)
@@ -145,8 +220,11 @@ def _print_result(out, result) -> None:
         out.print(f"MLflow: experiment [bold]{escape(result.experiment)}[/bold], store {escape(uri)}", soft_wrap=True)
         if result.run_url:
             out.print(f"        this search: {result.run_url}  (start the UI with `{ui}`)", soft_wrap=True)
-        out.print(f"        compare the searches of this experiment: autotune compare --experiment "
-                  f"{escape(result.experiment)}", soft_wrap=True)
+        out.print(
+            f"        compare the searches of this experiment: autotune compare --experiment "
+            f"{escape(result.experiment)}",
+            soft_wrap=True,
+        )
 
 
 def _print_summary(out, result) -> None:
@@ -159,32 +237,62 @@ def _print_summary(out, result) -> None:
     if s is None:
         return
     top = Table(title=f"top {len(s.top)} plans", title_justify="left")
-    for col, just in (("#", "right"), ("tokens/s", "right"), ("found at", "right"), ("iteration s", "right"),
-                      ("peak GiB", "right"), ("plan", "left")):
+    for col, just in (
+        ("#", "right"),
+        ("tokens/s", "right"),
+        ("found at", "right"),
+        ("iteration s", "right"),
+        ("peak GiB", "right"),
+        ("plan", "left"),
+    ):
         top.add_column(col, justify=just)
     for rank, ev in enumerate(s.top, 1):
         m = ev.measurement
-        top.add_row(str(rank), f"{m.tokens_per_s:,.0f}", str(ev.index), f"{m.iteration_time_s:.3f}",
-                    f"{max(m.peak_memory_GiB.values(), default=0.0):.1f}", escape(plan_shape(ev.config)))
+        top.add_row(
+            str(rank),
+            f"{m.tokens_per_s:,.0f}",
+            str(ev.index),
+            f"{m.iteration_time_s:.3f}",
+            f"{max(m.peak_memory_GiB.values(), default=0.0):.1f}",
+            escape(plan_shape(ev.config)),
+        )
     out.print(top)
-    lines = [f"best found at evaluation {s.found_at} of {s.evaluations}"
-             + (f" ({s.evaluations - s.new_evaluations} of them before this run resumed)"
-                if s.new_evaluations < s.evaluations else ""),
-             f"{s.new_evaluations} evaluations in {s.wall_time_s:.1f} s of searching (after loading): "
-             + (f"{s.evaluations_per_s:.1f} per second" if s.evaluations_per_s >= 0.1 or not s.new_evaluations
-                else f"{s.wall_time_s / s.new_evaluations:.0f} s per evaluation"),
-             f"{s.oom} evaluated plans out of memory"
-             + (f" (and {result.memory_screened} more the memory model answered, no budget spent)"
-                if result.memory_screened else "")
-             + f", {s.failed} failed, {s.invalid} invalid proposals (free: not evaluated)"]
+    lines = [
+        f"best found at evaluation {s.found_at} of {s.evaluations}"
+        + (
+            f" ({s.evaluations - s.new_evaluations} of them before this run resumed)"
+            if s.new_evaluations < s.evaluations
+            else ""
+        ),
+        f"{s.new_evaluations} evaluations in {s.wall_time_s:.1f} s of searching (after loading): "
+        + (
+            f"{s.evaluations_per_s:.1f} per second"
+            if s.evaluations_per_s >= 0.1 or not s.new_evaluations
+            else f"{s.wall_time_s / s.new_evaluations:.0f} s per evaluation"
+        ),
+        f"{s.oom} evaluated plans out of memory"
+        + (
+            f" (and {result.memory_screened} more the memory model answered, no budget spent)"
+            if result.memory_screened
+            else ""
+        )
+        + f", {s.failed} failed, {s.invalid} invalid proposals (free: not evaluated)",
+    ]
     if s.speedup_vs_uniform is not None:
-        grid = (f"all {s.uniform_grid} plans of its grid" if s.uniform_evaluations >= s.uniform_grid else
-                f"{s.uniform_evaluations} of its {s.uniform_grid} grid plans")
-        lines.append(f"{s.speedup_vs_uniform:.2f}x the best heterogeneity-blind uniform plan "
-                     f"({s.uniform_best_tokens_per_s:,.0f} tokens/s; --method uniform under the same budget: {grid})")
+        grid = (
+            f"all {s.uniform_grid} plans of its grid"
+            if s.uniform_evaluations >= s.uniform_grid
+            else f"{s.uniform_evaluations} of its {s.uniform_grid} grid plans"
+        )
+        lines.append(
+            f"{s.speedup_vs_uniform:.2f}x the best heterogeneity-blind uniform plan "
+            f"({s.uniform_best_tokens_per_s:,.0f} tokens/s; --method uniform under the same budget: {grid})"
+        )
     elif result.backend == "real" and result.method != "uniform":
-        lines.append("speedup over uniform: not computed with --backend real (it would cost real runs; "
-                     "run --method uniform with the same budget to compare)")
+        lines.append(
+            "speedup over uniform: not computed with --backend real (it would cost real runs; "
+            "run --method uniform with the same budget to compare)"
+        )
     for line in lines:
         out.print(line, highlight=False, soft_wrap=True)
 

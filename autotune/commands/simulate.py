@@ -11,8 +11,14 @@ from autotune.simulator import Simulator
 from autotune.simulator.memory import usable_memory_GiB
 
 
-def run(cluster: str, model: str, config: Path, global_batch_size: int | None = None, profile: Path | None = None,
-        json_out: bool = False) -> int:
+def run(
+    cluster: str,
+    model: str,
+    config: Path,
+    global_batch_size: int | None = None,
+    profile: Path | None = None,
+    json_out: bool = False,
+) -> int:
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     cfg = load_config(config)
@@ -64,9 +70,16 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
         return
 
     stages = Table(title="stages", title_justify="left")
-    for col, just in (("pipeline", "right"), ("stage", "right"), ("devices", "left"), ("layers", "right"),
-                      ("recompute", "left"), ("offload", "left"), ("busy s", "right"),
-                      ("peak GiB / usable", "right")):
+    for col, just in (
+        ("pipeline", "right"),
+        ("stage", "right"),
+        ("devices", "left"),
+        ("layers", "right"),
+        ("recompute", "left"),
+        ("offload", "left"),
+        ("busy s", "right"),
+        ("peak GiB / usable", "right"),
+    ):
         stages.add_column(col, justify=just)
     busy_s: dict[str, float] = {}  # forward + backward time per device, from the timeline
     for e in result.timeline:
@@ -82,10 +95,19 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
                 if gib > cap:
                     mem = f"[red]{mem}[/red]"
                 busy = f"{busy_s[d]:.3f}" if d in busy_s else "-"
-                devices = escape(" ".join(rank.devices)) + (f" ({rank.num_microbatches} micro-batches)" if st.mixed else "")
-                stages.add_row(str(r), f"{s}.{k}" if st.mixed else str(s), devices, str(st.layers),
-                               "selective" if st.selective_recompute else "yes" if st.recompute else "no", st.offload,
-                               busy, mem)
+                devices = escape(" ".join(rank.devices)) + (
+                    f" ({rank.num_microbatches} micro-batches)" if st.mixed else ""
+                )
+                stages.add_row(
+                    str(r),
+                    f"{s}.{k}" if st.mixed else str(s),
+                    devices,
+                    str(st.layers),
+                    "selective" if st.selective_recompute else "yes" if st.recompute else "no",
+                    st.offload,
+                    busy,
+                    mem,
+                )
     console.print(stages)
 
 
@@ -96,9 +118,14 @@ def _print_roundpipe(console, cluster, model, cfg, result) -> None:
 
     for r, pipe in enumerate(cfg.pipelines):
         rp = pipe.roundpipe
-        stages = Table(title=escape(f"pipeline {r}: stages handed out round-robin to {len(rp.devices)} GPUs, "
-                                    f"{pipe.num_microbatches // rp.accumulation_steps} micro-batches x "
-                                    f"{rp.accumulation_steps} pass(es)"), title_justify="left")
+        stages = Table(
+            title=escape(
+                f"pipeline {r}: stages handed out round-robin to {len(rp.devices)} GPUs, "
+                f"{pipe.num_microbatches // rp.accumulation_steps} micro-batches x "
+                f"{rp.accumulation_steps} pass(es)"
+            ),
+            title_justify="left",
+        )
         for col, just in (("order", "right"), ("stage", "left"), ("runs", "left"), ("compute s / iteration", "right")):
             stages.add_column(col, justify=just)
         busy = result.stage_busy_s if len(cfg.pipelines) == 1 else ()

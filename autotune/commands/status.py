@@ -7,8 +7,8 @@ command's own output (a table, one JSON object) is all that remains; on a pipe n
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 @contextmanager

@@ -9,16 +9,36 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def run(cluster: str, model: str, config: Path, global_batch_size: int | None, steps: int,
-        checkpoint_dir: Path | None, checkpoint_every: int, resume: bool, metrics_out: Path | None,
-        data: Path | None, tracking_uri: str | None, seed: int, torchrun_args: list[str]) -> int:
+def run(
+    cluster: str,
+    model: str,
+    config: Path,
+    global_batch_size: int | None,
+    steps: int,
+    checkpoint_dir: Path | None,
+    checkpoint_every: int,
+    resume: bool,
+    metrics_out: Path | None,
+    data: Path | None,
+    tracking_uri: str | None,
+    seed: int,
+    torchrun_args: list[str],
+) -> int:
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
-    progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[what]}"),
-                        TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal)
+    progress = Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[what]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
     with progress:
         task = progress.add_task("train", total=steps, what="loading torch")
         from runner.train import train
@@ -26,28 +46,49 @@ def run(cluster: str, model: str, config: Path, global_batch_size: int | None, s
         progress.update(task, what="starting torchrun and the ranks")
 
         def on_step(record: dict) -> None:
-            progress.update(task, completed=record["step"],
-                            what=f"steps  loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tokens/s")
+            progress.update(
+                task,
+                completed=record["step"],
+                what=f"steps  loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tokens/s",
+            )
 
-        outcome = train(cluster, model, config, steps=steps, checkpoint_dir=checkpoint_dir,
-                        checkpoint_every=checkpoint_every, resume=resume, metrics_out=metrics_out, data=data,
-                        tracking_uri=tracking_uri, seed=seed, torchrun_args=torchrun_args,
-                        global_batch_size=global_batch_size, on_step=on_step if console.is_terminal else None)
+        outcome = train(
+            cluster,
+            model,
+            config,
+            steps=steps,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+            metrics_out=metrics_out,
+            data=data,
+            tracking_uri=tracking_uri,
+            seed=seed,
+            torchrun_args=torchrun_args,
+            global_batch_size=global_batch_size,
+            on_step=on_step if console.is_terminal else None,
+        )
     if outcome.returncode != 0:
         console.print(f"[red]training failed[/red]: {escape(outcome.error)}")  # gloo writes "[/path:line]"
         return 1
     if not outcome.rank0_here:  # a machine of a multi-node run without rank 0: its ranks ended cleanly
-        console.print(f"training done on this machine's ranks in {outcome.wall_time_s:.1f} s; the machine with "
-                      "--node-rank 0 (rank 0) reports the steps, the loss and the checkpoint", highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"training done on this machine's ranks in {outcome.wall_time_s:.1f} s; the machine with "
+            "--node-rank 0 (rank 0) reports the steps, the loss and the checkpoint",
+            highlight=False,
+            soft_wrap=True,
+        )
         return 0
     how = "stopped by SIGTERM/Ctrl-C" if outcome.stopped else "done"
     where = f"; checkpoint in {escape(str(checkpoint_dir))}" if checkpoint_dir else ""
     console.print(f"training {how} after step {outcome.steps_done}{where}", highlight=False)
     if outcome.steps_run:
-        console.print(f"  {outcome.steps_run} steps in {outcome.wall_time_s:.1f} s (torchrun start-up included), "
-                      f"mean {outcome.mean_tokens_per_s:,.0f} tokens/s"
-                      + (" after the first step" if outcome.steps_run > 1 else "")
-                      + (f", final loss {outcome.final_loss:.4f}" if outcome.final_loss is not None else ""),
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"  {outcome.steps_run} steps in {outcome.wall_time_s:.1f} s (torchrun start-up included), "
+            f"mean {outcome.mean_tokens_per_s:,.0f} tokens/s"
+            + (" after the first step" if outcome.steps_run > 1 else "")
+            + (f", final loss {outcome.final_loss:.4f}" if outcome.final_loss is not None else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
     return 0

@@ -33,8 +33,9 @@ def _port_free(port: int) -> None:
         try:
             s.bind(("127.0.0.1", port))
         except OSError as e:
-            raise SpecError("--port", "", f"127.0.0.1:{port} is in use ({e.strerror}); pick another port "
-                                          "with --port") from None
+            raise SpecError(
+                "--port", "", f"127.0.0.1:{port} is in use ({e.strerror}); pick another port with --port"
+            ) from None
 
 
 def _stop_supervisor(proc: subprocess.Popen) -> None:
@@ -59,9 +60,13 @@ def run(tracking_uri: str | None, port: int) -> int:
     _port_free(port)
     console = Console(stderr=True)
     cmd = [sys.executable, "-m", "autotune.lifeline", *command(tracking_uri, port)]
-    console.print(escape(f"MLflow UI on http://127.0.0.1:{port}/#/?workflowType=machine_learning for "
-                         f"{tracking_uri or DEFAULT_TRACKING_URI} (Ctrl-C stops it; the link opens on model "
-                         "training runs, not the GenAI view)"))
+    console.print(
+        escape(
+            f"MLflow UI on http://127.0.0.1:{port}/#/?workflowType=machine_learning for "
+            f"{tracking_uri or DEFAULT_TRACKING_URI} (Ctrl-C stops it; the link opens on model "
+            "training runs, not the GenAI view)"
+        )
+    )
     env = child_env()
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     from autotune.lifeline import stop_signals_end
@@ -76,7 +81,7 @@ def run(tracking_uri: str | None, port: int) -> int:
         return 0
     if code >= 128:  # stopped by a signal (SIGTERM, SIGHUP) sent to the supervisor
         return 0
-    console.print(f"[red]error:[/red] the MLflow UI server stopped by itself (exit code {code}); its output "
-                  "above says why")
+    console.print(
+        f"[red]error:[/red] the MLflow UI server stopped by itself (exit code {code}); its output above says why"
+    )
     return 1
-

@@ -27,8 +27,9 @@ may be 20 per evaluation); the memory model answers a repeat or a resumed search
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from autotune.evaluator import CachedEvaluator, Evaluator
 from autotune.planning.space import SearchSpace
@@ -66,9 +67,17 @@ Screen = Callable[[ParallelConfig, "Evaluation | None"], "Measurement | None"]
 
 
 class BudgetedEvaluator(CachedEvaluator):
-    def __init__(self, inner: Evaluator, space: SearchSpace, budget: int,
-                 listeners: list[Listener] | None = None, screen: Screen | None = None,
-                 max_screened: int | None = None, memory_first: bool = True, memory_model=None) -> None:
+    def __init__(
+        self,
+        inner: Evaluator,
+        space: SearchSpace,
+        budget: int,
+        listeners: list[Listener] | None = None,
+        screen: Screen | None = None,
+        max_screened: int | None = None,
+        memory_first: bool = True,
+        memory_model=None,
+    ) -> None:
         super().__init__(inner)
         if budget < 1:
             from autotune.errors import SpecError
@@ -128,8 +137,12 @@ class BudgetedEvaluator(CachedEvaluator):
         return config not in self
 
     # -- evaluating --------------------------------------------------------------------------------
-    def evaluate(self, config: ParallelConfig, params: Mapping[str, Any] | None = None,
-                 commit: Callable[[Measurement], None] | None = None) -> Measurement:
+    def evaluate(
+        self,
+        config: ParallelConfig,
+        params: Mapping[str, Any] | None = None,
+        commit: Callable[[Measurement], None] | None = None,
+    ) -> Measurement:
         """``commit(measurement)``, when given, is called once a new plan's measurement is known and
         before any listener hears of it (the Optuna agent writes its study there first)."""
         if config in self:
@@ -141,8 +154,11 @@ class BudgetedEvaluator(CachedEvaluator):
             self.invalid += 1
             return Measurement.failure("invalid", reason)
         if self.exhausted:
-            raise BudgetExhausted(f"budget of {self.budget} evaluations is spent" if self.used >= self.budget else
-                                  f"{len(self.screened)} plans screened out (limit {self.max_screened})")
+            raise BudgetExhausted(
+                f"budget of {self.budget} evaluations is spent"
+                if self.used >= self.budget
+                else f"{len(self.screened)} plans screened out (limit {self.max_screened})"
+            )
         screened = self.screen_memory(config, params)
         if screened is not None:
             return screened
@@ -174,13 +190,15 @@ class BudgetedEvaluator(CachedEvaluator):
             return None
         if self.exhausted:
             raise BudgetExhausted(f"{len(self.screened)} plans screened out (limit {self.max_screened})")
-        screened = replace(oom, oom=True, timeline=(), status=PRUNED,
-                           error=MEMORY_SCREEN_PREFIX + (oom.error or "out of memory"))
+        screened = replace(
+            oom, oom=True, timeline=(), status=PRUNED, error=MEMORY_SCREEN_PREFIX + (oom.error or "out of memory")
+        )
         self._record(config, screened, params or {}, notify=False)
         return screened
 
-    def preload(self, config: ParallelConfig, measurement: Measurement,
-                params: Mapping[str, Any] | None = None) -> None:
+    def preload(
+        self, config: ParallelConfig, measurement: Measurement, params: Mapping[str, Any] | None = None
+    ) -> None:
         """Count an evaluation done earlier (a resumed search) or by another search on the same
         study without telling the listeners (the record has it); the watchers hear of it."""
         if config in self:
@@ -193,8 +211,14 @@ class BudgetedEvaluator(CachedEvaluator):
         if config not in self:
             self._record(config, measurement, params or {})
 
-    def _record(self, config: ParallelConfig, measurement: Measurement, params: Mapping[str, Any],
-                notify: bool = True, commit: Callable[[Measurement], None] | None = None) -> None:
+    def _record(
+        self,
+        config: ParallelConfig,
+        measurement: Measurement,
+        params: Mapping[str, Any],
+        notify: bool = True,
+        commit: Callable[[Measurement], None] | None = None,
+    ) -> None:
         self._cache[config] = measurement
         if commit is not None:
             commit(measurement)

@@ -57,8 +57,9 @@ def frugal_candidates(space: SearchSpace) -> list[Params]:
     base.update(roundpipe_space.off_params(space._dims))  # pipeline plans: an enqueued trial must not draw the switch
     out = []
     splits = sorted(set(dims["layer_split"].choices) & {0.0, 1.0}) or list(dims["layer_split"].choices[:1])
-    for pp, assign, order, split in itertools.product(reversed(dims["pp"].choices), dims["assign"].choices,
-                                                      dims["order"].choices, splits):
+    for pp, assign, order, split in itertools.product(
+        reversed(dims["pp"].choices), dims["assign"].choices, dims["order"].choices, splits
+    ):
         out.append(dict(base, pp=pp, assign=assign, order=order, layer_split=split))
     return out
 

@@ -35,8 +35,9 @@ plans of the space before. ``restrict={"stage_ranks": [1]}`` is the space withou
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from autotune.planning.vocabulary import SpaceContext, TPGroup, apportion, group_speed
 from autotune.specs import ClusterSpec, ModelSpec, StageConfig
@@ -62,13 +63,18 @@ class RankGroup:
     memory_GiB: float
 
 
-def merge(ranks: Sequence[TPGroup]) -> "TPGroup | RankGroup":
+def merge(ranks: Sequence[TPGroup]) -> TPGroup | RankGroup:
     """One TP group as it is; several as a ``RankGroup``."""
     if len(ranks) == 1:
         return ranks[0]
     classes = sorted({g.node_class for g in ranks})
-    return RankGroup(tuple(ranks), tuple(d for g in ranks for d in g.devices), "+".join(classes),
-                     sum(g.speed_tflops for g in ranks), min(g.memory_GiB for g in ranks))
+    return RankGroup(
+        tuple(ranks),
+        tuple(d for g in ranks for d in g.devices),
+        "+".join(classes),
+        sum(g.speed_tflops for g in ranks),
+        min(g.memory_GiB for g in ranks),
+    )
 
 
 def dimensions(cluster: ClusterSpec, model: ModelSpec, several_classes: bool) -> list[tuple[str, tuple, bool]]:
@@ -124,8 +130,9 @@ def wanted(params: Mapping[str, Any]) -> bool:
     return params.get("stage_ranks", 1) != 1
 
 
-def build_pipes(ctx: SpaceContext, groups: list[TPGroup], pp: int,
-                params: Mapping[str, Any]) -> tuple[list[list[Any]], int] | str:
+def build_pipes(
+    ctx: SpaceContext, groups: list[TPGroup], pp: int, params: Mapping[str, Any]
+) -> tuple[list[list[Any]], int] | str:
     """Pipelines (lists of stages, each a TP group or a ``RankGroup``) and their count, or the reason
     there are none. ``groups``: the used TP groups, fastest first."""
     from dataclasses import replace
@@ -142,13 +149,13 @@ def build_pipes(ctx: SpaceContext, groups: list[TPGroup], pp: int,
         return f"pp={pp} stages of width {w} need {pp * w} TP groups, the used devices form {len(groups)}"
     dp = len(groups) // (pp * w)
     n_stages = dp * pp
-    groups = groups[:n_stages * w]  # the slowest left-over groups stay idle
+    groups = groups[: n_stages * w]  # the slowest left-over groups stay idle
     if params["assign"] == "mixed":  # deal out in turn: every stage takes one group of each speed tier
         stages = [groups[i::n_stages] for i in range(n_stages)]
     else:
-        stages = [groups[i * w:(i + 1) * w] for i in range(n_stages)]
+        stages = [groups[i * w : (i + 1) * w] for i in range(n_stages)]
     merged = [merge(s) for s in stages]
-    return [merged[p * pp:(p + 1) * pp] for p in range(dp)], dp
+    return [merged[p * pp : (p + 1) * pp] for p in range(dp)], dp
 
 
 def bandwidth_stages(ctx: SpaceContext, groups: list[TPGroup], pp: int) -> list[list[TPGroup]] | str:
@@ -177,9 +184,12 @@ def bandwidth_stages(ctx: SpaceContext, groups: list[TPGroup], pp: int) -> list[
     leaders = sorted(members)
     link = {}  # part leader pair -> complete linkage (the slowest link between their members)
     for x, a in enumerate(leaders):
-        for b in leaders[x + 1:]:
-            link[(a, b)] = min(cluster.link(groups[i].devices[0], groups[j].devices[0]).bandwidth_GBps
-                               for i in members[a][:4] for j in members[b][:4])
+        for b in leaders[x + 1 :]:
+            link[(a, b)] = min(
+                cluster.link(groups[i].devices[0], groups[j].devices[0]).bandwidth_GBps
+                for i in members[a][:4]
+                for j in members[b][:4]
+            )
     while len(members) > pp:
         a, b = max(link, key=lambda k: (link[k], -(speed[k[0]] + speed[k[1]]), -k[0], -k[1]))
         members[a] += members.pop(b)
@@ -194,20 +204,37 @@ def bandwidth_stages(ctx: SpaceContext, groups: list[TPGroup], pp: int) -> list[
     return [[groups[i] for i in m] for m in parts]
 
 
-def stage_config(ctx: SpaceContext, group: Any, layers: int, recompute: bool | str, offload: str,
-                 num_microbatches: int, mbs: int, sequence_parallel: bool = False) -> StageConfig | str:
+def stage_config(
+    ctx: SpaceContext,
+    group: Any,
+    layers: int,
+    recompute: bool | str,
+    offload: str,
+    num_microbatches: int,
+    mbs: int,
+    sequence_parallel: bool = False,
+) -> StageConfig | str:
     """The plan's stage for a decoded TP group or ``RankGroup`` (ranks with Zorse's shares at micro-batch
     size ``mbs``), or why not; ``sequence_parallel`` where the stage (some rank of it) is tensor-parallel."""
     if not isinstance(group, RankGroup):
-        return StageConfig(group.devices, layers, recompute, offload,
-                           sequence_parallel=sequence_parallel and len(group.devices) > 1)
+        return StageConfig(
+            group.devices, layers, recompute, offload, sequence_parallel=sequence_parallel and len(group.devices) > 1
+        )
     split = zorse_shares(ctx, [g.devices for g in group.ranks], num_microbatches, mbs)
     if split is None:
-        return (f"{num_microbatches} micro-batches cannot feed a stage of {len(group.ranks)} ranks "
-                "(each rank takes at least one)")
+        return (
+            f"{num_microbatches} micro-batches cannot feed a stage of {len(group.ranks)} ranks "
+            "(each rank takes at least one)"
+        )
     ranks = tuple(RankConfig(g.devices, m) for g, m in zip(group.ranks, split))
-    return StageConfig((), layers, recompute, offload, sequence_parallel=sequence_parallel and
-                       any(len(g.devices) > 1 for g in group.ranks), ranks=ranks)
+    return StageConfig(
+        (),
+        layers,
+        recompute,
+        offload,
+        sequence_parallel=sequence_parallel and any(len(g.devices) > 1 for g in group.ranks),
+        ranks=ranks,
+    )
 
 
 def stage_speed(ctx: SpaceContext, stage: StageConfig) -> float:

@@ -23,7 +23,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from autotune.errors import SpecError
 from autotune.specs import ClusterSpec, ModelSpec
@@ -76,8 +76,9 @@ def partition(num_experts: int, weights: Sequence[float]) -> list[tuple[int, ...
     return out_by_group
 
 
-def align_groups(pipes: list, layer_splits: list[list[int]], ep: int, alpha: float, quantum: int,
-                 split_layers) -> list[list[int]] | str:
+def align_groups(
+    pipes: list, layer_splits: list[list[int]], ep: int, alpha: float, quantum: int, split_layers
+) -> list[list[int]] | str:
     """Layer splits with the replicas of each expert-parallel group made identical: every stage gets the
     layers the slowest of the group's corresponding stages allows (``split_layers(speeds, alpha, q)``,
     the space's); the reason when the group's pipelines differ in depth or do not split."""
@@ -97,16 +98,19 @@ def align_groups(pipes: list, layer_splits: list[list[int]], ep: int, alpha: flo
     return out
 
 
-def group_microbatches(total_mb: int, speeds: Sequence[float], ep: int, beta: float, quantum: int,
-                       apportion) -> list[int] | str:
+def group_microbatches(
+    total_mb: int, speeds: Sequence[float], ep: int, beta: float, quantum: int, apportion
+) -> list[int] | str:
     """Micro-batches per replica: split among the expert-parallel groups by speed^beta (a group runs at its
     slowest replica's pace), then evenly among each group's replicas."""
     groups = [list(range(i, i + ep)) for i in range(0, len(speeds), ep)]
     weights = [(ep * min(speeds[r] for r in grp)) ** beta for grp in groups]
     per_group = apportion(total_mb, weights, minimum=ep * quantum, quantum=ep * quantum)
     if per_group is None:
-        return (f"{total_mb} micro-batches do not split into {len(groups)} expert-parallel groups of {ep} replicas "
-                f"in multiples of {quantum}")
+        return (
+            f"{total_mb} micro-batches do not split into {len(groups)} expert-parallel groups of {ep} replicas "
+            f"in multiples of {quantum}"
+        )
     return [m // ep for m in per_group for _ in range(ep)]
 
 
@@ -116,7 +120,7 @@ def trained_experts(mode: str, model: ModelSpec, microbatches: Sequence[int], ep
     n_groups = len(microbatches) // ep
     if mode != "partition" or n_groups < 2:
         return [None] * len(microbatches)
-    weights = [sum(microbatches[i * ep:(i + 1) * ep]) for i in range(n_groups)]
+    weights = [sum(microbatches[i * ep : (i + 1) * ep]) for i in range(n_groups)]
     per = model.num_experts // ep  # experts each replica of a group holds (its shard)
     if per >= n_groups:  # split the slots of a shard, the same slots in every shard: every replica trains alike
         shares = partition(per, weights)

@@ -61,8 +61,8 @@ import itertools
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -135,7 +135,7 @@ class Planner:
                 groups = []
                 for name in c.node_names:
                     ids = space.cluster.node_of(f"{name}:0").device_ids()
-                    groups += [ids[g * tp:(g + 1) * tp] for g in range(len(ids) // tp)]
+                    groups += [ids[g * tp : (g + 1) * tp] for g in range(len(ids) // tp)]
                 self.kinds.append(GroupKind(c.name, tp, tuple(groups), tp * c.peak_tflops, c.memory_GiB))
         self._coef: dict[tuple, tuple[float, ...]] = {}
         self._p2p: dict[tuple, float] = {}
@@ -152,16 +152,28 @@ class Planner:
         hit = self._coef.get(key)
         if hit is None:
             devices = self.kinds[k].groups[0]
-            e = {(l, q): self.costs.stage_estimate(devices, l, recompute, first, last, mbs, q, offload=self.offload)
-                 for l in (1, 2) for q in (1, 2)}
+            e = {
+                (n, q): self.costs.stage_estimate(devices, n, recompute, first, last, mbs, q, offload=self.offload)
+                for n in (1, 2)
+                for q in (1, 2)
+            }
             t1 = e[1, 1].forward_s + e[1, 1].backward_s
             dt = e[2, 1].forward_s + e[2, 1].backward_s - t1
             m11 = e[1, 1].memory_GiB
             dl = e[2, 1].memory_GiB - m11
             dq = e[1, 2].memory_GiB - m11
             dlq = e[2, 2].memory_GiB - m11 - dl - dq
-            hit = (t1, dt, m11, dl, dq, dlq, e[1, 1].optimizer_s, e[2, 1].optimizer_s - e[1, 1].optimizer_s,
-                   e[1, 1].usable_GiB)
+            hit = (
+                t1,
+                dt,
+                m11,
+                dl,
+                dq,
+                dlq,
+                e[1, 1].optimizer_s,
+                e[2, 1].optimizer_s - e[1, 1].optimizer_s,
+                e[1, 1].usable_GiB,
+            )
             self._coef[key] = hit
         return hit
 
@@ -198,9 +210,13 @@ class Planner:
         if blocking and p > 1:
             # a GPU stage's sends block it (the simulator's ``Simulator._blocking_sends``): each forward carries its
             # send to the next stage, each backward its send to the previous one
-            sends = np.array([(self._transfer_s(kinds, i, i + 1, mbs) if i < p - 1 else 0.0)
-                              + (self._transfer_s(kinds, i, i - 1, mbs) if i > 0 else 0.0)
-                              for i in range(p)])
+            sends = np.array(
+                [
+                    (self._transfer_s(kinds, i, i + 1, mbs) if i < p - 1 else 0.0)
+                    + (self._transfer_s(kinds, i, i - 1, mbs) if i > 0 else 0.0)
+                    for i in range(p)
+                ]
+            )
             for rc in rows:
                 rows[rc] = rows[rc].copy()
                 rows[rc][0] = rows[rc][0] + sends
@@ -355,8 +371,11 @@ class Planner:
         per_stage: dict[tuple[int, int], float] = {}
         for x, y in zip(cuts_sorted, cuts_sorted[1:]):
             owners = [bisect.bisect_right(st, x) - 1 for st in starts]
-            params = (y - x) * model.params_per_layer + (model.embedding_params if x == 0 else 0) + \
-                (model.embedding_params + model.hidden_size if y == L else 0)
+            params = (
+                (y - x) * model.params_per_layer
+                + (model.embedding_params if x == 0 else 0)
+                + (model.embedding_params + model.hidden_size if y == L else 0)
+            )
             devs = tuple(pipes[r][s][0] for r, s in enumerate(owners))
             key = (devs, params, ring)
             t = self._ring.get(key)
@@ -380,9 +399,12 @@ class Planner:
         ring = sum(len(reps) for _, reps in types)
         return T + self._allreduce_s(stand_ins, ring) + max(t.optimizer_s for t, _ in types)
 
-    def _build(self, types: list[tuple[Template, list[tuple[tuple[str, ...], ...]]]], mbs: int) -> ParallelConfig | None:
-        shares = self.split_batch([(len(reps), t.bottleneck_s, t.fill_s) for t, reps in types],
-                                  self.model.global_batch_size // mbs)
+    def _build(
+        self, types: list[tuple[Template, list[tuple[tuple[str, ...], ...]]]], mbs: int
+    ) -> ParallelConfig | None:
+        shares = self.split_batch(
+            [(len(reps), t.bottleneck_s, t.fill_s) for t, reps in types], self.model.global_batch_size // mbs
+        )
         if shares is None:
             return None
         pipelines = []
@@ -410,7 +432,7 @@ class Planner:
 
     def _replicas(self, k: int, t: Template) -> list[tuple[tuple[str, ...], ...]]:
         pp, groups = len(t.kinds), self.kinds[k].groups
-        return [groups[j * pp:(j + 1) * pp] for j in range(len(groups) // pp)]
+        return [groups[j * pp : (j + 1) * pp] for j in range(len(groups) // pp)]
 
     def _per_class(self, mbs: int, homogeneous: dict[str, list[tuple[float, int, Template]]]) -> list[_Draft]:
         options: list[list[tuple[int, Template] | None]] = []
@@ -475,20 +497,23 @@ class Planner:
         if math.prod(len(t) for t in choices) > MAX_MIXED_TP_CHOICES:
             # many classes: every class at its first degree, and each class alone at its second
             first = tuple(t[0] for t in choices)
-            tp_sets = [first] + [first[:i] + (t[1],) + first[i + 1:] for i, t in enumerate(choices) if len(t) > 1]
+            tp_sets = [first] + [first[:i] + (t[1],) + first[i + 1 :] for i, t in enumerate(choices) if len(t) > 1]
         else:
             tp_sets = list(itertools.product(*choices))
         out = []
         for tps in tp_sets:
-            ks = [next(i for i, kd in enumerate(self.kinds) if kd.node_class == c.name and kd.tp == tp)
-                  for c, tp in zip(classes, tps)]
+            ks = [
+                next(i for i, kd in enumerate(self.kinds) if kd.node_class == c.name and kd.tp == tp)
+                for c, tp in zip(classes, tps)
+            ]
             counts = [len(self.kinds[k].groups) for k in ks]
-            dps = sorted({d for d in range(1, min(counts) + 1)
-                          if d & (d - 1) == 0 or any(n % d == 0 for n in counts)})
+            dps = sorted({d for d in range(1, min(counts) + 1) if d & (d - 1) == 0 or any(n % d == 0 for n in counts)})
             idx = range(len(ks))
-            orders = {tuple(sorted(idx, key=lambda i: -self.kinds[ks[i]].speed_tflops)),
-                      tuple(sorted(idx, key=lambda i: self.kinds[ks[i]].speed_tflops)),
-                      tuple(sorted(idx, key=lambda i: -self.kinds[ks[i]].memory_GiB))}
+            orders = {
+                tuple(sorted(idx, key=lambda i: -self.kinds[ks[i]].speed_tflops)),
+                tuple(sorted(idx, key=lambda i: self.kinds[ks[i]].speed_tflops)),
+                tuple(sorted(idx, key=lambda i: -self.kinds[ks[i]].memory_GiB)),
+            }
             for dp in dps:
                 per = [n // dp for n in counts]
                 if sum(per) > self.model.num_layers:
@@ -501,7 +526,7 @@ class Planner:
                     for j in range(dp):
                         g: list[tuple[str, ...]] = []
                         for i in order:
-                            g += self.kinds[ks[i]].groups[j * per[i]:(j + 1) * per[i]]
+                            g += self.kinds[ks[i]].groups[j * per[i] : (j + 1) * per[i]]
                         reps.append(tuple(g))
                     est = self._score([(t, reps)], mbs)
                     if est is not None:
@@ -575,8 +600,10 @@ class Planner:
         """The sharded plan (no recomputation: with it, Llama-2-70B fits as 1,024 replicas, and timing
         those plans took 8 CPU s of the planner for plans 1.8x slower than its pipelines) when it is
         valid and the memory model says it fits, else None."""
-        pipes = tuple(PipelineConfig(n, (StageConfig(g, self.model.num_layers, False, offload),))
-                      for (g, _), n in zip(groups, shares))
+        pipes = tuple(
+            PipelineConfig(n, (StageConfig(g, self.model.num_layers, False, offload),))
+            for (g, _), n in zip(groups, shares)
+        )
         config = ParallelConfig(mbs, pipes, "1f1b", zero=zero)
         if self.space.check(config) is not None:
             return None
@@ -600,8 +627,12 @@ class Planner:
                 out.append(Candidate(config, d.estimate_s, d.family))
             if len(out) >= limit:
                 break
-        log.info("dp: %d plans composed in %.2f s; best estimate %.3f s", len(drafts), time.perf_counter() - t0,
-                 out[0].estimate_s if out else float("nan"))
+        log.info(
+            "dp: %d plans composed in %.2f s; best estimate %.3f s",
+            len(drafts),
+            time.perf_counter() - t0,
+            out[0].estimate_s if out else float("nan"),
+        )
         return out
 
 

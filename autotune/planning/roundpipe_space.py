@@ -24,7 +24,8 @@ pass of at least pool + 1 micro-batches): every search method evaluates it first
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from autotune.errors import SpecError
 from autotune.planning.vocabulary import Decoded, Dimension, NodeClass, SpaceContext
@@ -61,12 +62,14 @@ def dimensions(node_classes: Sequence[NodeClass], cluster: ClusterSpec) -> list[
     pools = pool_choices(node_classes, cluster)
     if not pools:
         return []
-    return [Dimension(SWITCH, (False, True)),
-            Dimension("rp.pool", tuple(pools)),
-            Dimension("rp.balance", BALANCES, ordinal=True),
-            Dimension("rp.memory", MEMORY_FRACTIONS, ordinal=True),
-            Dimension("rp.grain", RECOMPUTE_GRAINS),
-            Dimension("rp.passes", PASSES, ordinal=True)]
+    return [
+        Dimension(SWITCH, (False, True)),
+        Dimension("rp.pool", tuple(pools)),
+        Dimension("rp.balance", BALANCES, ordinal=True),
+        Dimension("rp.memory", MEMORY_FRACTIONS, ordinal=True),
+        Dimension("rp.grain", RECOMPUTE_GRAINS),
+        Dimension("rp.passes", PASSES, ordinal=True),
+    ]
 
 
 def drop_if_off(dims: list[Dimension]) -> list[Dimension]:
@@ -131,9 +134,23 @@ def decode(ctx: SpaceContext, params: Mapping[str, Any]) -> Decoded:
     if part is None:
         part = auto_stages(ctx.costs, first.device_ids(), mbs, float(params["rp.balance"]), limit)
         cache[key] = part
-    pipes = tuple(PipelineConfig(per_node, (), None, RoundPipeStages(
-        node_of[n].device_ids(), part.forward_layers, part.backward_layers, part.fused_layers,
-        str(params["rp.grain"]), limit, passes)) for n in nodes)
+    pipes = tuple(
+        PipelineConfig(
+            per_node,
+            (),
+            None,
+            RoundPipeStages(
+                node_of[n].device_ids(),
+                part.forward_layers,
+                part.backward_layers,
+                part.fused_layers,
+                str(params["rp.grain"]),
+                limit,
+                passes,
+            ),
+        )
+        for n in nodes
+    )
     try:
         return Decoded(ParallelConfig(mbs, pipes, ROUNDPIPE))
     except SpecError as e:
@@ -160,9 +177,17 @@ def start_params(ctx: SpaceContext) -> dict[str, Any] | None:
     enough = [m for m in mbs_choices if gbs // m >= node.count + 1]  # RoundPipe's default: GPUs + 1
     mbs = max(enough) if enough else min(mbs_choices)
     params = {d.name: d.choices[0] for d in dims.values()}
-    params.update({SWITCH: True, "rp.pool": pool, "rp.balance": pick("rp.balance", DEFAULT_BALANCE),
-                   "rp.memory": pick("rp.memory", DEFAULT_MEMORY_FRACTION), "rp.grain": pick("rp.grain", "stage"),
-                   "rp.passes": pick("rp.passes", 1), "mbs": mbs})
+    params.update(
+        {
+            SWITCH: True,
+            "rp.pool": pool,
+            "rp.balance": pick("rp.balance", DEFAULT_BALANCE),
+            "rp.memory": pick("rp.memory", DEFAULT_MEMORY_FRACTION),
+            "rp.grain": pick("rp.grain", "stage"),
+            "rp.passes": pick("rp.passes", 1),
+            "mbs": mbs,
+        }
+    )
     return params
 
 

@@ -45,26 +45,59 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from autotune.errors import SpecError
-from autotune.planning.vocabulary import (ASSIGNMENTS, DEFAULTED_DIMENSIONS, EXHAUSTIVE_LIMIT, INTERLEAVED_CHUNKS,
-                                          ORDERS, SPLIT_EXPONENTS, Decoded, Dimension, NodeClass,
-                                          Params, SpaceContext, TPGroup, apportion, group_speed, head_extra_layers,
-                                          node_classes, powers_of_two_upto, valid_tp)
 from autotune.planning import mixed_space, moe_space, roundpipe_space
-from autotune.specs import (OFFLOAD_MODES, ZERO_STAGES, ClusterSpec, ModelSpec, ParallelConfig, PipelineConfig,
-                            SCHEDULES, StageConfig)
+from autotune.planning.vocabulary import (
+    ASSIGNMENTS,
+    DEFAULTED_DIMENSIONS,
+    EXHAUSTIVE_LIMIT,
+    INTERLEAVED_CHUNKS,
+    ORDERS,
+    SPLIT_EXPONENTS,
+    Decoded,
+    Dimension,
+    NodeClass,
+    Params,
+    SpaceContext,
+    TPGroup,
+    apportion,
+    group_speed,
+    head_extra_layers,
+    node_classes,
+    powers_of_two_upto,
+    valid_tp,
+)
+from autotune.specs import (
+    OFFLOAD_MODES,
+    SCHEDULES,
+    ZERO_STAGES,
+    ClusterSpec,
+    ModelSpec,
+    ParallelConfig,
+    PipelineConfig,
+    StageConfig,
+)
 
 log = logging.getLogger(__name__)
+
 
 class SearchSpace:
     """Plans for one cluster and model. ``restrict`` narrows any dimension's choices by name."""
 
-    def __init__(self, cluster: ClusterSpec, model: ModelSpec, *, max_mbs: int = 32,
-                 restrict: Mapping[str, Sequence[Any]] | None = None, max_sync_every: int = 1) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        model: ModelSpec,
+        *,
+        max_mbs: int = 32,
+        restrict: Mapping[str, Sequence[Any]] | None = None,
+        max_sync_every: int = 1,
+    ) -> None:
         self.cluster = cluster
         self.model = model
         self.max_sync_every = max_sync_every
@@ -81,8 +114,7 @@ class SearchSpace:
             for c in self.node_classes:
                 dims.append(Dimension(f"use.{c.name}", (True, False)))
         max_pp = min(model.num_layers, cluster.num_devices)
-        pps = sorted({p for p in range(1, max_pp + 1)
-                      if p <= 8 or model.num_layers % p == 0 or p & (p - 1) == 0})
+        pps = sorted({p for p in range(1, max_pp + 1) if p <= 8 or model.num_layers % p == 0 or p & (p - 1) == 0})
         dims.append(Dimension("pp", tuple(pps), ordinal=True))
         if len(self.node_classes) > 1:
             dims.append(Dimension("assign", ASSIGNMENTS))
@@ -95,34 +127,42 @@ class SearchSpace:
             dims.append(Dimension("layer_split", (1.0,), ordinal=True))
             dims.append(Dimension("batch_split", (1.0,), ordinal=True))
         gbs = model.global_batch_size
-        dims.append(Dimension("mbs", tuple(m for m in range(1, min(max_mbs, gbs) + 1) if gbs % m == 0),
-                              ordinal=True))
+        dims.append(Dimension("mbs", tuple(m for m in range(1, min(max_mbs, gbs) + 1) if gbs % m == 0), ordinal=True))
         dims.append(Dimension("schedule", SCHEDULES))
         memories = {c.memory_GiB for c in self.node_classes}
-        modes = ("none", "all") + (("low-memory",) if len(memories) > 1 else ()) + (
-            ("selective",) if model.attention == "standard" else ())
+        modes = (
+            ("none", "all")
+            + (("low-memory",) if len(memories) > 1 else ())
+            + (("selective",) if model.attention == "standard" else ())
+        )
         dims.append(Dimension("recompute", modes))
         if any(t > 1 for d in dims if d.name.startswith("tp.") for t in d.choices):
             dims.append(Dimension("seq_parallel", (False, True)))
         dims.append(Dimension("zero", ZERO_STAGES, ordinal=True))
         dims.append(Dimension("offload", OFFLOAD_MODES, ordinal=True))  # ordered by host-memory use
         # mixture of experts: expert parallelism, SPES expert subsets and sync period (autotune.planning.moe_space)
-        dims += [Dimension(name, choices, ordinal) for name, choices, ordinal in
-                 moe_space.dimensions(cluster, model, max_sync_every)]
+        dims += [
+            Dimension(name, choices, ordinal)
+            for name, choices, ordinal in moe_space.dimensions(cluster, model, max_sync_every)
+        ]
         # Zorse's mixed data-parallel stages and bandwidth grouping (autotune.planning.mixed_space)
-        dims += [Dimension(name, choices, ordinal) for name, choices, ordinal in
-                 mixed_space.dimensions(cluster, model, len(self.node_classes) > 1)]
+        dims += [
+            Dimension(name, choices, ordinal)
+            for name, choices, ordinal in mixed_space.dimensions(cluster, model, len(self.node_classes) > 1)
+        ]
         dims += roundpipe_space.dimensions(self.node_classes, cluster)  # RoundPipe's plans, where a node qualifies
         if restrict:
             by_name = {d.name: d for d in dims}
             for name, allowed in restrict.items():
                 if name not in by_name:
-                    raise SpecError("search space", name,
-                                    f"unknown dimension (the space has {', '.join(by_name)})")
+                    raise SpecError("search space", name, f"unknown dimension (the space has {', '.join(by_name)})")
                 kept = tuple(c for c in by_name[name].choices if c in set(allowed))
                 if not kept:
-                    raise SpecError("search space", name, f"none of {list(allowed)} is a valid choice "
-                                                          f"(choices: {list(by_name[name].choices)})")
+                    raise SpecError(
+                        "search space",
+                        name,
+                        f"none of {list(allowed)} is a valid choice (choices: {list(by_name[name].choices)})",
+                    )
                 by_name[name] = Dimension(name, kept, by_name[name].ordinal)
             dims = [by_name[d.name] for d in dims]
         dims = roundpipe_space.drop_if_off(dims)  # restricted to pipeline plans: no roundpipe dimensions at all
@@ -146,7 +186,7 @@ class SearchSpace:
             ids = node.device_ids()
             speed = tp * node.device.peak_tflops / node.slowdown
             for g in range(node.count // tp):
-                groups.append(TPGroup(ids[g * tp:(g + 1) * tp], cname, speed, node.device.memory_GiB))
+                groups.append(TPGroup(ids[g * tp : (g + 1) * tp], cname, speed, node.device.memory_GiB))
         groups.sort(key=lambda g: -g.speed_tflops)  # stable: cluster order within equal speed
         return groups
 
@@ -164,8 +204,12 @@ class SearchSpace:
             return [({}, list(self.dimensions))]
         out = []
         for on in self._dims[roundpipe_space.SWITCH].choices:
-            free = [d for d in self.dimensions if d.name != roundpipe_space.SWITCH and (
-                d.name in self.SHARED_DIMENSIONS or (d.name in rp_names) == bool(on))]
+            free = [
+                d
+                for d in self.dimensions
+                if d.name != roundpipe_space.SWITCH
+                and (d.name in self.SHARED_DIMENSIONS or (d.name in rp_names) == bool(on))
+            ]
             fixed = {d.name: d.choices[0] for d in self.dimensions if d not in free}
             fixed[roundpipe_space.SWITCH] = on
             out.append((fixed, free))
@@ -180,8 +224,11 @@ class SearchSpace:
     # -- decoding ----------------------------------------------------------------------------------
     def decode(self, params: Mapping[str, Any]) -> Decoded:
         """One choice per dimension -> a valid ParallelConfig, or the reason there is none."""
-        missing = [d.name for d in self.dimensions if d.name not in params and d.name not in mixed_space.DEFAULTS
-                   and d.name not in DEFAULTED_DIMENSIONS]
+        missing = [
+            d.name
+            for d in self.dimensions
+            if d.name not in params and d.name not in mixed_space.DEFAULTS and d.name not in DEFAULTED_DIMENSIONS
+        ]
         if missing:
             return Decoded(None, f"missing choice for {', '.join(missing)}")
         if params.get(roundpipe_space.SWITCH):
@@ -207,9 +254,9 @@ class SearchSpace:
             groups = [g for pipe in pipes for g in pipe]
         else:
             dp = len(groups) // pp
-            groups = groups[:dp * pp]  # the slowest left-over groups stay idle
+            groups = groups[: dp * pp]  # the slowest left-over groups stay idle
             if params["assign"] == "grouped":
-                pipes = [groups[p * pp:(p + 1) * pp] for p in range(dp)]
+                pipes = [groups[p * pp : (p + 1) * pp] for p in range(dp)]
             else:
                 pipes = self._mixed_pipelines(groups, dp)
         if params["order"] == "slow-first":
@@ -223,8 +270,9 @@ class SearchSpace:
         for pipe in pipes:
             split = self.split_layers([g.speed_tflops for g in pipe], alpha, quantum)
             if split is None:
-                return Decoded(None, f"{model.num_layers} layers do not split into {pp} stages of multiples of "
-                                     f"{quantum}")
+                return Decoded(
+                    None, f"{model.num_layers} layers do not split into {pp} stages of multiples of {quantum}"
+                )
             layer_splits.append(split)
         ep = int(params.get("expert_parallel", 1))
         if ep > 1:  # the replicas of an expert-parallel group run in lockstep: give them one shape
@@ -246,10 +294,13 @@ class SearchSpace:
             if isinstance(mbs_split, str):
                 return Decoded(None, mbs_split)
         else:
-            mbs_split = apportion(total_mb, [s ** beta for s in speeds], minimum=mb_quantum, quantum=mb_quantum)
+            mbs_split = apportion(total_mb, [s**beta for s in speeds], minimum=mb_quantum, quantum=mb_quantum)
         if mbs_split is None:
-            return Decoded(None, f"{total_mb} micro-batches do not split into {dp} replicas in multiples of "
-                                 f"{mb_quantum} (interleaved-1f1b)")
+            return Decoded(
+                None,
+                f"{total_mb} micro-batches do not split into {dp} replicas in multiples of "
+                f"{mb_quantum} (interleaved-1f1b)",
+            )
         trains = moe_space.trained_experts(params.get("trains_experts", "all"), model, mbs_split, ep)
         mode = params["recompute"]
         sp = bool(params.get("seq_parallel", False))
@@ -261,18 +312,34 @@ class SearchSpace:
         pipelines = []
         for pipe, split, m, experts in zip(pipes, layer_splits, mbs_split, trains):
             stages = tuple(
-                mixed_space.stage_config(self.context, g, n, "selective" if mode == "selective" else
-                                         mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem),
-                                         offload, m, mbs, sp)
-                for g, n in zip(pipe, split))
+                mixed_space.stage_config(
+                    self.context,
+                    g,
+                    n,
+                    "selective"
+                    if mode == "selective"
+                    else mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem),
+                    offload,
+                    m,
+                    mbs,
+                    sp,
+                )
+                for g, n in zip(pipe, split)
+            )
             bad = next((st for st in stages if isinstance(st, str)), None)
             if bad is not None:
                 return Decoded(None, bad)
             pipelines.append(PipelineConfig(m, stages, experts))
         try:
-            config = ParallelConfig(mbs, tuple(pipelines), schedule,
-                                    INTERLEAVED_CHUNKS if schedule == "interleaved-1f1b" else 1, zero,
-                                    expert_parallel=ep, sync_every_steps=int(params.get("sync_every", 1)))
+            config = ParallelConfig(
+                mbs,
+                tuple(pipelines),
+                schedule,
+                INTERLEAVED_CHUNKS if schedule == "interleaved-1f1b" else 1,
+                zero,
+                expert_parallel=ep,
+                sync_every_steps=int(params.get("sync_every", 1)),
+            )
         except SpecError as e:
             return Decoded(None, str(e))
         reason = self.check(config)
@@ -294,14 +361,14 @@ class SearchSpace:
                 turn += 1
             start = 0
             for p in range(dp):
-                pipes[p].extend(members[start:start + quota[p]])
+                pipes[p].extend(members[start : start + quota[p]])
                 start += quota[p]
         return pipes
 
     def split_layers(self, speeds: Sequence[float], alpha: float, quantum: int = 1) -> list[int] | None:
         """Layers per stage proportional to speed^alpha, the LM head's work counted on the last stage."""
         n = len(speeds)
-        weights = [s ** alpha for s in speeds]
+        weights = [s**alpha for s in speeds]
         total_work = self.model.num_layers + self.head_extra
         share = [w / sum(weights) * total_work for w in weights]
         share[-1] -= self.head_extra
@@ -333,8 +400,10 @@ class SearchSpace:
                 if stage.layers < 1:
                     return f"pipelines[{p}].stages[{s}]: has no layers"
             if config.schedule == "interleaved-1f1b" and pipe.num_microbatches % len(pipe.stages):
-                return (f"pipelines[{p}].num_microbatches: interleaved-1f1b needs a multiple of the "
-                        f"{len(pipe.stages)} stages, got {pipe.num_microbatches} (Megatron-LM)")
+                return (
+                    f"pipelines[{p}].num_microbatches: interleaved-1f1b needs a multiple of the "
+                    f"{len(pipe.stages)} stages, got {pipe.num_microbatches} (Megatron-LM)"
+                )
         return None
 
     # -- sampling and enumeration ---------------------------------------------------------------------
@@ -352,9 +421,12 @@ class SearchSpace:
     def all_params(self, limit: int = EXHAUSTIVE_LIMIT) -> Iterator[Params]:
         if self.size > limit:
             sizes = " + ".join(" x ".join(f"{d.name}:{len(d.choices)}" for d in free) for _, free in self._families())
-            raise SpecError("search space", "exhaustive",
-                            f"{self.size:,} combinations ({sizes}) exceed the limit of {limit:,}; "
-                            "use --method optuna, random or rl")
+            raise SpecError(
+                "search space",
+                "exhaustive",
+                f"{self.size:,} combinations ({sizes}) exceed the limit of {limit:,}; "
+                "use --method optuna, random or rl",
+            )
         order = [d.name for d in self.dimensions]
         for fixed, free in self._families():
             names = [d.name for d in free]
@@ -390,6 +462,7 @@ class SearchSpace:
         tp x pp split of the unsharded weight state fits half the smallest device (the model is too big
         for plain pipeline and tensor parallelism), those two come first.
         """
+
         def pick(dim: str, want: Any) -> Any:
             choices = self._dims[dim].choices
             if want in choices:
@@ -412,21 +485,32 @@ class SearchSpace:
             fitting = [p for p in pps if self.rough_weight_memory_GiB(tp_min, p) < 0.5 * min_mem]
             pp = fitting[0] if fitting else pps[-1]
             for assign in ("mixed", "grouped"):
-                params = dict(base, pp=pp, assign=pick("assign", assign), order=pick("order", "fast-first"),
-                              layer_split=pick("layer_split", 1.0), batch_split=pick("batch_split", 1.0),
-                              mbs=pick("mbs", 1 if pp > 1 else 4), schedule=pick("schedule", "1f1b"),
-                              recompute=pick("recompute", "none"))
+                params = dict(
+                    base,
+                    pp=pp,
+                    assign=pick("assign", assign),
+                    order=pick("order", "fast-first"),
+                    layer_split=pick("layer_split", 1.0),
+                    batch_split=pick("batch_split", 1.0),
+                    mbs=pick("mbs", 1 if pp > 1 else 4),
+                    schedule=pick("schedule", "1f1b"),
+                    recompute=pick("recompute", "none"),
+                )
                 if "seq_parallel" in self._dims:  # off, as the plans these starts were tuned with; the
                     params["seq_parallel"] = pick("seq_parallel", False)  # methods that search dims turn it on
                 params.update(roundpipe_space.off_params(self._dims))  # pipeline plans (RoundPipe starts apart)
                 if "expert_parallel" in self._dims:  # MoE: plain data parallelism first, then SPES, then EP
-                    params.update(expert_parallel=pick("expert_parallel", 1), trains_experts=pick("trains_experts", "all"),
-                                  sync_every=pick("sync_every", 1))
+                    params.update(
+                        expert_parallel=pick("expert_parallel", 1),
+                        trains_experts=pick("trains_experts", "all"),
+                        sync_every=pick("sync_every", 1),
+                    )
                 candidates.append(params)
                 if "expert_parallel" in self._dims:
                     syncs = self._dims["sync_every"].choices
-                    candidates.append(dict(params, trains_experts=pick("trains_experts", "partition"),
-                                           sync_every=syncs[-1]))
+                    candidates.append(
+                        dict(params, trains_experts=pick("trains_experts", "partition"), sync_every=syncs[-1])
+                    )
                     for g in reversed(self._dims["expert_parallel"].choices):  # the widest that decodes
                         if g > 1 and self.decode(dict(params, expert_parallel=g)).ok:
                             candidates.append(dict(params, expert_parallel=g))
@@ -438,9 +522,11 @@ class SearchSpace:
             params.setdefault("offload", pick("offload", "none"))
         candidates += mixed_space.start_params(self.context, candidates)
         # tight: even the deepest pipeline at the smallest TP degree leaves no room (the first start's rule)
-        tight = not any(self.rough_weight_memory_GiB(min(self._dims[f"tp.{c.name}"].choices[0]
-                                                         for c in self.node_classes), p) < 0.5 * min_mem
-                        for p in self._dims["pp"].choices)
+        tight = not any(
+            self.rough_weight_memory_GiB(min(self._dims[f"tp.{c.name}"].choices[0] for c in self.node_classes), p)
+            < 0.5 * min_mem
+            for p in self._dims["pp"].choices
+        )
         memory = self.memory_params(candidates[0] if candidates else None)
         candidates = memory + candidates if tight else candidates + memory
         out, seen = [], set()
@@ -464,6 +550,7 @@ class SearchSpace:
         micro-batches in flight), micro-batch 1, recomputation everywhere, ZeRO-3 and everything in
         host memory (nothing resident on the devices but the streamed units and activations). If
         any plan fits the devices, this one does, as far as host memory holds its state."""
+
         def last(dim: str) -> Any:
             return self._dims[dim].choices[-1]
 
@@ -473,12 +560,21 @@ class SearchSpace:
         params: Params = {f"tp.{c.name}": last(f"tp.{c.name}") for c in self.node_classes}
         for c in self.node_classes:
             if f"use.{c.name}" in self._dims:
-                params[f"use.{c.name}"] = True if True in self._dims[f"use.{c.name}"].choices else first(f"use.{c.name}")
-        params.update(pp=first("pp"), assign=first("assign"), order=first("order"), layer_split=last("layer_split"),
-                      batch_split=last("batch_split"), mbs=first("mbs"),
-                      schedule="1f1b" if "1f1b" in self._dims["schedule"].choices else first("schedule"),
-                      recompute="all" if "all" in self._dims["recompute"].choices else last("recompute"),
-                      zero=last("zero"), offload=last("offload"))
+                params[f"use.{c.name}"] = (
+                    True if True in self._dims[f"use.{c.name}"].choices else first(f"use.{c.name}")
+                )
+        params.update(
+            pp=first("pp"),
+            assign=first("assign"),
+            order=first("order"),
+            layer_split=last("layer_split"),
+            batch_split=last("batch_split"),
+            mbs=first("mbs"),
+            schedule="1f1b" if "1f1b" in self._dims["schedule"].choices else first("schedule"),
+            recompute="all" if "all" in self._dims["recompute"].choices else last("recompute"),
+            zero=last("zero"),
+            offload=last("offload"),
+        )
         for d in self.dimensions:  # any other dimension (MoE): its first choice
             params.setdefault(d.name, d.choices[0])
         for p in self._dims["pp"].choices:  # the fewest stages that decode (e.g. enough TP groups)
@@ -495,11 +591,17 @@ class SearchSpace:
             return []
         out = []
         if base is not None:
+
             def pick(dim: str, want: Any) -> Any:
                 return want if want in self._dims[dim].choices else self._dims[dim].choices[-1]
 
-            sharded = dict(base, zero=pick("zero", 3), offload=pick("offload", "optimizer"),
-                           recompute=pick("recompute", "all"), mbs=self._dims["mbs"].choices[0])
+            sharded = dict(
+                base,
+                zero=pick("zero", 3),
+                offload=pick("offload", "optimizer"),
+                recompute=pick("recompute", "all"),
+                mbs=self._dims["mbs"].choices[0],
+            )
             for p in self._dims["pp"].choices:  # the fewest stages that decode
                 if self.decode(dict(sharded, pp=p)).ok:
                     sharded["pp"] = p
@@ -527,31 +629,47 @@ class SearchSpace:
         model, cluster = self.model, self.cluster
         tps = [t for t in powers_of_two_upto(max(n.count for n in cluster.nodes)) if valid_tp(model, t)]
         mbs_choices = self._dims["mbs"].choices
-        recompute = [{"none": False, "all": True, "selective": "selective"}[r] for r in self._dims["recompute"].choices
-                     if r in ("none", "all", "selective")]
+        recompute = [
+            {"none": False, "all": True, "selective": "selective"}[r]
+            for r in self._dims["recompute"].choices
+            if r in ("none", "all", "selective")
+        ]
         sps = self._dims["seq_parallel"].choices if "seq_parallel" in self._dims else (False,)
         zeros, offloads = self._dims["zero"].choices, self._dims["offload"].choices
         plans, seen = [], set()
         for tp in tps:
-            groups = [node.device_ids()[g * tp:(g + 1) * tp] for node in cluster.nodes for g in range(node.count // tp)]
+            groups = [
+                node.device_ids()[g * tp : (g + 1) * tp] for node in cluster.nodes for g in range(node.count // tp)
+            ]
             for pp in range(1, min(len(groups), model.num_layers) + 1):
                 if model.num_layers % pp:
                     continue
                 dp = len(groups) // pp
                 # MoE: Megatron's --expert-model-parallel-size, every replica training every expert each step
-                eps = [g for g in self._dims["expert_parallel"].choices if dp % g == 0] \
-                    if "expert_parallel" in self._dims else [1]
+                eps = (
+                    [g for g in self._dims["expert_parallel"].choices if dp % g == 0]
+                    if "expert_parallel" in self._dims
+                    else [1]
+                )
                 for mbs in mbs_choices:
                     if model.global_batch_size % (mbs * dp):
                         continue
                     per_replica = model.global_batch_size // (mbs * dp)
                     for rc, ep, sp, zero, offload in itertools.product(
-                            recompute, eps, sps if tp > 1 else (False,), zeros if dp > 1 else zeros[:1], offloads):
+                        recompute, eps, sps if tp > 1 else (False,), zeros if dp > 1 else zeros[:1], offloads
+                    ):
                         pipes = tuple(
-                            PipelineConfig(per_replica, tuple(StageConfig(groups[r * pp + s], model.num_layers // pp, rc,
-                                                                          offload, sequence_parallel=sp)
-                                                              for s in range(pp)))
-                            for r in range(dp))
+                            PipelineConfig(
+                                per_replica,
+                                tuple(
+                                    StageConfig(
+                                        groups[r * pp + s], model.num_layers // pp, rc, offload, sequence_parallel=sp
+                                    )
+                                    for s in range(pp)
+                                ),
+                            )
+                            for r in range(dp)
+                        )
                         config = ParallelConfig(mbs, pipes, "1f1b", zero=zero, expert_parallel=ep)
                         if config not in seen and self.check(config) is None:
                             seen.add(config)
@@ -586,6 +704,10 @@ class SearchSpace:
     @staticmethod
     def _moe_params_of(config: ParallelConfig) -> dict[str, Any]:
         subsets = [p.trains_experts for p in config.pipelines]
-        return {"expert_parallel": config.expert_parallel, "sync_every_steps": config.sync_every_steps,
-                "trains_experts": "all" if all(t is None for t in subsets)
-                else "|".join(",".join(map(str, t)) if t is not None else "all" for t in subsets)}
+        return {
+            "expert_parallel": config.expert_parallel,
+            "sync_every_steps": config.sync_every_steps,
+            "trains_experts": "all"
+            if all(t is None for t in subsets)
+            else "|".join(",".join(map(str, t)) if t is not None else "all" for t in subsets),
+        }

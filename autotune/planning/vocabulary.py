@@ -6,8 +6,9 @@ the space itself."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -98,8 +99,11 @@ def powers_of_two_upto(n: int) -> list[int]:
 
 
 def valid_tp(model: ModelSpec, tp: int) -> bool:
-    return (model.num_heads % tp == 0 and (model.num_kv_heads % tp == 0 or tp % model.num_kv_heads == 0)
-            and model.ffn_hidden_size % tp == 0)
+    return (
+        model.num_heads % tp == 0
+        and (model.num_kv_heads % tp == 0 or tp % model.num_kv_heads == 0)
+        and model.ffn_hidden_size % tp == 0
+    )
 
 
 def head_extra_layers(model: ModelSpec) -> float:
@@ -118,8 +122,14 @@ def node_classes(cluster: ClusterSpec) -> tuple[NodeClass, ...]:
     groups: dict[tuple, list[str]] = {}
     first = {}
     for node in cluster.nodes:
-        key = (node.device.name, node.device.peak_tflops, node.device.memory_GiB, node.count,
-               node.intra_node.bandwidth_GBps, node.slowdown)
+        key = (
+            node.device.name,
+            node.device.peak_tflops,
+            node.device.memory_GiB,
+            node.count,
+            node.intra_node.bandwidth_GBps,
+            node.slowdown,
+        )
         groups.setdefault(key, []).append(node.name)
         first.setdefault(key, node)
     classes = []
@@ -133,8 +143,16 @@ def node_classes(cluster: ClusterSpec) -> tuple[NodeClass, ...]:
             k += 1
             name = f"{base}-{k}"
         used_names.add(name)
-        classes.append(NodeClass(name, tuple(names), node.count, node.device.peak_tflops / node.slowdown,
-                                 node.device.memory_GiB, node.intra_node.bandwidth_GBps))
+        classes.append(
+            NodeClass(
+                name,
+                tuple(names),
+                node.count,
+                node.device.peak_tflops / node.slowdown,
+                node.device.memory_GiB,
+                node.intra_node.bandwidth_GBps,
+            )
+        )
     return tuple(classes)
 
 

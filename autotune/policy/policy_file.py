@@ -29,8 +29,9 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -49,8 +50,16 @@ MAX_WIDTH = 4096
 _DTYPES = {"F32": np.dtype("<f4"), "F64": np.dtype("<f8"), "F16": np.dtype("<f2")}
 ACTIVATIONS = ("tanh",)
 #: PPO settings a fine-tuning run takes from the file (the rest are the constructor's defaults)
-HYPERPARAMETERS = {"learning_rate": 1e-4, "gamma": 0.95, "gae_lambda": 0.9, "ent_coef": 0.01, "vf_coef": 0.5,
-                   "max_grad_norm": 0.5, "clip_range": 0.2, "n_epochs": 4}
+HYPERPARAMETERS = {
+    "learning_rate": 1e-4,
+    "gamma": 0.95,
+    "gae_lambda": 0.9,
+    "ent_coef": 0.01,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+    "clip_range": 0.2,
+    "n_epochs": 4,
+}
 
 
 def _refuse(path: Path, rule: str) -> SpecError:
@@ -68,18 +77,23 @@ def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     except OSError as e:
         raise _refuse(path, f"cannot read file: {e.strerror}") from None
     if blob[:4] == b"PK\x03\x04":
-        raise _refuse(path, "is a zip archive (a Stable-Baselines3 save, whose entries are pickled Python objects); "
-                            "autotune loads only its own pickle-free policy format (README, 'Policy files')")
+        raise _refuse(
+            path,
+            "is a zip archive (a Stable-Baselines3 save, whose entries are pickled Python objects); "
+            "autotune loads only its own pickle-free policy format (README, 'Policy files')",
+        )
     if blob[:1] == b"\x80":
         raise _refuse(path, "is a pickle; autotune never unpickles a file it is given (README, 'Policy files')")
     if len(blob) < 8:
         raise _refuse(path, "not an autotune policy file: too short for a header")
     (n,) = struct.unpack("<Q", blob[:8])
     if n > MAX_HEADER_BYTES or 8 + n > len(blob):
-        raise _refuse(path, f"not an autotune policy file: header length {n} does not fit the file "
-                            f"(limit {MAX_HEADER_BYTES} bytes)")
+        raise _refuse(
+            path,
+            f"not an autotune policy file: header length {n} does not fit the file (limit {MAX_HEADER_BYTES} bytes)",
+        )
     try:
-        header = json.loads(blob[8:8 + n].decode("utf-8"))
+        header = json.loads(blob[8 : 8 + n].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise _refuse(path, "not an autotune policy file: the header is not UTF-8 JSON") from None
     if not isinstance(header, dict):
@@ -87,7 +101,7 @@ def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     meta = _metadata(path, header.pop("__metadata__", None))
     if len(header) > MAX_TENSORS:
         raise _refuse(path, f"{len(header)} tensors, more than the limit of {MAX_TENSORS}")
-    data = memoryview(blob)[8 + n:]
+    data = memoryview(blob)[8 + n :]
     tensors: dict[str, np.ndarray] = {}
     for name, entry in header.items():
         where = f"tensor {name[:60]!r}"
@@ -99,14 +113,21 @@ def read(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         shape, offsets = entry["shape"], entry["data_offsets"]
         if not (isinstance(shape, list) and len(shape) <= 4 and all(_is_int(d) and 0 <= d <= 2**31 for d in shape)):
             raise _refuse(path, f"{where}: shape must be a list of at most 4 non-negative integers")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1] <= len(data)):
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(_is_int(o) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= len(data)
+        ):
             raise _refuse(path, f"{where}: data_offsets must be [begin, end] inside the file's {len(data)} data bytes")
         count = math.prod(shape)
         if count * dtype.itemsize != offsets[1] - offsets[0]:
-            raise _refuse(path, f"{where}: shape {shape} of {entry['dtype']} needs {count * dtype.itemsize} bytes, "
-                                f"data_offsets give {offsets[1] - offsets[0]}")
-        array = np.frombuffer(data[offsets[0]:offsets[1]], dtype=dtype).reshape(shape)
+            raise _refuse(
+                path,
+                f"{where}: shape {shape} of {entry['dtype']} needs {count * dtype.itemsize} bytes, "
+                f"data_offsets give {offsets[1] - offsets[0]}",
+            )
+        array = np.frombuffer(data[offsets[0] : offsets[1]], dtype=dtype).reshape(shape)
         if not np.isfinite(array).all():
             raise _refuse(path, f"{where}: holds NaN or infinite values")
         tensors[name] = array.astype(np.float32)
@@ -127,14 +148,20 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise _refuse(path, f"not an autotune policy file: format must be {FORMAT!r}")
     if meta.get("version") not in READABLE_VERSIONS or isinstance(meta.get("version"), bool):
-        raise _refuse(path, f"policy format version {str(meta.get('version'))[:20]!r}; this autotune reads "
-                            f"versions {', '.join(map(str, READABLE_VERSIONS))} (retrain with "
-                            f"experiments/train_policy.py)")
+        raise _refuse(
+            path,
+            f"policy format version {str(meta.get('version'))[:20]!r}; this autotune reads "
+            f"versions {', '.join(map(str, READABLE_VERSIONS))} (retrain with "
+            f"experiments/train_policy.py)",
+        )
     if meta.get("algorithm") != "MaskablePPO":
         raise _refuse(path, "algorithm must be 'MaskablePPO'")
     arch = meta.get("net_arch")
-    if not (isinstance(arch, list) and 1 <= len(arch) <= MAX_LAYERS
-            and all(_is_int(w) and 1 <= w <= MAX_WIDTH for w in arch)):
+    if not (
+        isinstance(arch, list)
+        and 1 <= len(arch) <= MAX_LAYERS
+        and all(_is_int(w) and 1 <= w <= MAX_WIDTH for w in arch)
+    ):
         raise _refuse(path, f"net_arch must list 1 to {MAX_LAYERS} layer widths of 1 to {MAX_WIDTH}")
     if meta.get("activation") not in ACTIVATIONS:
         raise _refuse(path, f"activation must be one of {', '.join(ACTIVATIONS)}")
@@ -144,23 +171,33 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
     if meta["version"] >= 2:
         layout = meta.get("layout")
         if not isinstance(layout, str) or layout not in LAYOUTS:
-            raise _refuse(path, f"trained on env layout {str(layout)[:40]!r}, which this autotune does not know "
-                                f"(it reads {', '.join(LAYOUTS)}; retrain with experiments/train_policy.py)")
+            raise _refuse(
+                path,
+                f"trained on env layout {str(layout)[:40]!r}, which this autotune does not know "
+                f"(it reads {', '.join(LAYOUTS)}; retrain with experiments/train_policy.py)",
+            )
         if (meta.get("obs_dim"), meta.get("n_actions")) != LAYOUTS[layout]:
-            raise _refuse(path, f"layout {layout!r} has {LAYOUTS[layout][0]} observations and {LAYOUTS[layout][1]} "
-                                f"moves; the file says {str(meta.get('obs_dim'))[:12]} and "
-                                f"{str(meta.get('n_actions'))[:12]}")
+            raise _refuse(
+                path,
+                f"layout {layout!r} has {LAYOUTS[layout][0]} observations and {LAYOUTS[layout][1]} "
+                f"moves; the file says {str(meta.get('obs_dim'))[:12]} and "
+                f"{str(meta.get('n_actions'))[:12]}",
+            )
     if (meta.get("obs_dim"), meta.get("n_actions")) not in set(LAYOUTS.values()):
         obs_dim, n_actions = LAYOUTS[list(LAYOUTS)[-1]]
-        raise _refuse(path, f"trained for {str(meta.get('obs_dim'))[:12]} observations and "
-                            f"{str(meta.get('n_actions'))[:12]} moves; this autotune's env has {obs_dim} and "
-                            f"{n_actions} (or an older layout: "
-                            + ", ".join(f"{o} and {a}" for o, a in list(LAYOUTS.values())[:-1])
-                            + "; retrain with experiments/train_policy.py)")
+        raise _refuse(
+            path,
+            f"trained for {str(meta.get('obs_dim'))[:12]} observations and "
+            f"{str(meta.get('n_actions'))[:12]} moves; this autotune's env has {obs_dim} and "
+            f"{n_actions} (or an older layout: "
+            + ", ".join(f"{o} and {a}" for o, a in list(LAYOUTS.values())[:-1])
+            + "; retrain with experiments/train_policy.py)",
+        )
     hyper = meta.get("hyperparameters", {})
-    if not isinstance(hyper, dict) or not all(k in HYPERPARAMETERS and isinstance(v, (int, float))
-                                              and not isinstance(v, bool) and math.isfinite(v)
-                                              for k, v in hyper.items()):
+    if not isinstance(hyper, dict) or not all(
+        k in HYPERPARAMETERS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for k, v in hyper.items()
+    ):
         raise _refuse(path, f"hyperparameters must map some of {', '.join(HYPERPARAMETERS)} to numbers")
     return meta
 
@@ -171,7 +208,11 @@ def write(path: str | Path, tensors: Mapping[str, Any], meta: Mapping[str, Any])
     chunks, offset = [], 0
     for name in sorted(tensors):
         raw = np.ascontiguousarray(np.asarray(tensors[name], dtype="<f4")).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(np.shape(tensors[name])), "data_offsets": [offset, offset + len(raw)]}
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(np.shape(tensors[name])),
+            "data_offsets": [offset, offset + len(raw)],
+        }
         chunks.append(raw)
         offset += len(raw)
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -199,21 +240,39 @@ def describe(model, **extra: Any) -> dict[str, Any]:
             raise ValueError("only policies with the same policy and value layers can be written")
         arch = arch["pi"]
     clip = model.clip_range
-    hyper = {"learning_rate": float(model.learning_rate) if not callable(model.learning_rate) else
-             float(model.lr_schedule(1.0)),
-             "gamma": float(model.gamma), "gae_lambda": float(model.gae_lambda), "ent_coef": float(model.ent_coef),
-             "vf_coef": float(model.vf_coef), "max_grad_norm": float(model.max_grad_norm),
-             "clip_range": float(clip(1.0)) if callable(clip) else float(clip), "n_epochs": int(model.n_epochs)}
+    hyper = {
+        "learning_rate": float(model.learning_rate)
+        if not callable(model.learning_rate)
+        else float(model.lr_schedule(1.0)),
+        "gamma": float(model.gamma),
+        "gae_lambda": float(model.gae_lambda),
+        "ent_coef": float(model.ent_coef),
+        "vf_coef": float(model.vf_coef),
+        "max_grad_norm": float(model.max_grad_norm),
+        "clip_range": float(clip(1.0)) if callable(clip) else float(clip),
+        "n_epochs": int(model.n_epochs),
+    }
     from envs.layout import LAYOUTS
 
     sizes = (int(model.observation_space.shape[0]), int(model.action_space.n))
     layout = next((name for name, dims in LAYOUTS.items() if dims == sizes), None)
     if layout is None:
-        raise ValueError(f"the model's {sizes[0]} observations and {sizes[1]} moves are no env layout "
-                         f"({', '.join(f'{k}: {v}' for k, v in LAYOUTS.items())})")
-    return {"format": FORMAT, "version": VERSION, "layout": layout, "algorithm": "MaskablePPO",
-            "obs_dim": sizes[0], "n_actions": sizes[1],
-            "net_arch": [int(w) for w in arch], "activation": "tanh", "hyperparameters": hyper, **extra}
+        raise ValueError(
+            f"the model's {sizes[0]} observations and {sizes[1]} moves are no env layout "
+            f"({', '.join(f'{k}: {v}' for k, v in LAYOUTS.items())})"
+        )
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "layout": layout,
+        "algorithm": "MaskablePPO",
+        "obs_dim": sizes[0],
+        "n_actions": sizes[1],
+        "net_arch": [int(w) for w in arch],
+        "activation": "tanh",
+        "hyperparameters": hyper,
+        **extra,
+    }
 
 
 def save(model, path: str | Path, **extra: Any) -> None:
@@ -233,8 +292,9 @@ def _load_weights(path: Path, policy, tensors: dict[str, np.ndarray]) -> None:
         raise _refuse(path, f"{which} for its net_arch")
     for name, want in expected.items():
         if tuple(want.shape) != tensors[name].shape:
-            raise _refuse(path, f"tensor {name!r} has shape {list(tensors[name].shape)}, its net_arch needs "
-                                f"{list(want.shape)}")
+            raise _refuse(
+                path, f"tensor {name!r} has shape {list(tensors[name].shape)}, its net_arch needs {list(want.shape)}"
+            )
     policy.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in tensors.items()})
 
 
@@ -248,8 +308,13 @@ def load_policy_network(path: str | Path):
     path = Path(path)
     tensors, meta = read(path)
     obs = gym.spaces.Box(-1.0, 1.0, shape=(meta["obs_dim"],), dtype=np.float32)
-    policy = MaskableActorCriticPolicy(obs, gym.spaces.Discrete(meta["n_actions"]), lambda _: 0.0,
-                                       net_arch=list(meta["net_arch"]), activation_fn=torch.nn.Tanh)
+    policy = MaskableActorCriticPolicy(
+        obs,
+        gym.spaces.Discrete(meta["n_actions"]),
+        lambda _: 0.0,
+        net_arch=list(meta["net_arch"]),
+        activation_fn=torch.nn.Tanh,
+    )
     _load_weights(path, policy, tensors)
     policy.set_training_mode(False)
     return policy
@@ -289,8 +354,15 @@ def load_model(path: str | Path, env, seed: int = 0, *, widen_layout: bool = Fal
         tensors = widen(tensors, *env_sizes)
     hyper = {**HYPERPARAMETERS, **meta.get("hyperparameters", {}), **overrides}
     hyper["n_epochs"] = int(hyper["n_epochs"])
-    model = MaskablePPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0,
-                        policy_kwargs={"net_arch": list(meta["net_arch"]), "activation_fn": torch.nn.Tanh}, **hyper)
+    model = MaskablePPO(
+        "MlpPolicy",
+        env,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        policy_kwargs={"net_arch": list(meta["net_arch"]), "activation_fn": torch.nn.Tanh},
+        **hyper,
+    )
     _load_weights(path, model.policy, tensors)
     return without_log_folder(model)
 

@@ -45,8 +45,8 @@ import numpy as np
 
 from autotune.evaluator import CachedEvaluator, Evaluator
 from autotune.planning.budget import BudgetedEvaluator
-from autotune.policy.scenarios import Scenario, draw_scenario, training_rng
 from autotune.planning.space import Params, SearchSpace
+from autotune.policy.scenarios import Scenario, draw_scenario, training_rng
 from autotune.specs import Measurement, ParallelConfig
 from envs.layout import ACTIONS, FULL_ACTIONS, ZERO_ACTIONS, actions_for, observation_features
 from envs.parallel_config import ParallelConfigEnv, sync_params
@@ -142,7 +142,9 @@ def estimated_iteration_s(space: SearchSpace, config: ParallelConfig) -> float:
         nic_bw: dict[str, float] = {}
         first = config.pipelines[0]
         for k, st in enumerate(first.stages):
-            params = st.layers * model.params_per_layer + (model.embedding_params if k in (0, len(first.stages) - 1) else 0)
+            params = st.layers * model.params_per_layer + (
+                model.embedding_params if k in (0, len(first.stages) - 1) else 0
+            )
             ring = 2 * 2 * params * (dp - 1) / dp
             peers = [p.stages[min(k, len(p.stages) - 1)].devices[0] for p in config.pipelines]
             nodes = {cluster.node_of(d).name: cluster.node_of(d) for d in peers}
@@ -216,9 +218,16 @@ class SearchEnv(ParallelConfigEnv):
     reward (see the module docstring). ``place`` puts the walk on any plan.
     """
 
-    def __init__(self, space: SearchSpace, evaluator: Evaluator, *, max_steps: int = 16,
-                 start_params: Params | None = None, exclude_evaluated: bool = False,
-                 actions: tuple[tuple, ...] | None = None) -> None:
+    def __init__(
+        self,
+        space: SearchSpace,
+        evaluator: Evaluator,
+        *,
+        max_steps: int = 16,
+        start_params: Params | None = None,
+        exclude_evaluated: bool = False,
+        actions: tuple[tuple, ...] | None = None,
+    ) -> None:
         super().__init__(space, evaluator, max_steps=max_steps, actions=actions)
         self._starts = start_candidates(space) or self._starts  # the parent's reset tries these in order
         self._starts = with_frugal_start(space, self._starts, evaluator)
@@ -259,8 +268,11 @@ class SearchEnv(ParallelConfigEnv):
         self.since_improvement = 0
         self._tried = {self.config} if self.config is not None else set()
         m = self.measurement
-        self._overflow = 0.0 if m is not None and m.ok else (
-            self._relative_overflow(self.config, m) if m is not None and self.config is not None else math.inf)
+        self._overflow = (
+            0.0
+            if m is not None and m.ok
+            else (self._relative_overflow(self.config, m) if m is not None and self.config is not None else math.inf)
+        )
         return self._observation(), info
 
     def action_masks(self) -> np.ndarray:
@@ -332,18 +344,18 @@ class LayoutView(gym.Wrapper):
     """A ``SearchEnv`` seen through an older layout's observation: its first ``obs_dim`` features (for
     fine-tuning a policy trained before features were appended)."""
 
-    def __init__(self, env: "SearchEnv", obs_dim: int) -> None:
+    def __init__(self, env: SearchEnv, obs_dim: int) -> None:
         super().__init__(env)
         self.obs_dim = obs_dim
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(obs_dim,), dtype=np.float32)
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
-        return obs[:self.obs_dim], info
+        return obs[: self.obs_dim], info
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        return obs[:self.obs_dim], reward, terminated, truncated, info
+        return obs[: self.obs_dim], reward, terminated, truncated, info
 
     def action_masks(self) -> np.ndarray:
         return self.env.action_masks()
@@ -359,8 +371,13 @@ class ScenarioEnv(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, seed: int = 0, episode_evaluations: int = 16, random_start_prob: float = 0.3,
-                 scenarios: list[Scenario] | None = None) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        episode_evaluations: int = 16,
+        random_start_prob: float = 0.3,
+        scenarios: list[Scenario] | None = None,
+    ) -> None:
         super().__init__()
         self._rng = training_rng(seed)
         self.episode_evaluations = episode_evaluations
@@ -393,8 +410,14 @@ class ScenarioEnv(gym.Env):
                 start, _ = space.sample_valid(self._rng, tries=200)
             except Exception:  # no valid random plan found: take the heuristic start
                 start = None
-        self.env = SearchEnv(space, evaluator, max_steps=self.episode_evaluations, start_params=start,
-                             exclude_evaluated=True, actions=FULL_ACTIONS)
+        self.env = SearchEnv(
+            space,
+            evaluator,
+            max_steps=self.episode_evaluations,
+            start_params=start,
+            exclude_evaluated=True,
+            actions=FULL_ACTIONS,
+        )
         return self.env.reset(seed=int(self._rng.integers(2**31)))
 
     def step(self, action):
@@ -457,7 +480,7 @@ def greedy_action(policy, obs: np.ndarray, mask: np.ndarray, deterministic: bool
     return int(action)
 
 
-def newer_move(env: "SearchEnv", mask: np.ndarray, n_act: int) -> int | None:
+def newer_move(env: SearchEnv, mask: np.ndarray, n_act: int) -> int | None:
     """An open zero / offload move the policy does not know (``ZERO_ACTIONS``, appended after its
     layout) to try now: while no plan runs, those that shrink device memory (``zero+``, ``offload+``);
     once the walk has stalled on a plan that runs, ``offload-`` and ``zero-`` (faster if it still fits)
@@ -471,10 +494,19 @@ def newer_move(env: "SearchEnv", mask: np.ndarray, n_act: int) -> int | None:
     return sorted(open_moves, key=lambda a: (env.actions[a][2] > 0, env.actions[a][1] != "offload"))[0]
 
 
-def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, *,
-                   policy_path: str | Path | None = None, policy: Any = None, fine_tune: bool = False,
-                   stall_restart: int = STALL_RESTART, order: str = "policy", sample: bool = False,
-                   starts: int = 2) -> None:
+def run_pretrained(
+    space: SearchSpace,
+    evaluator: BudgetedEvaluator,
+    seed: int = 0,
+    *,
+    policy_path: str | Path | None = None,
+    policy: Any = None,
+    fine_tune: bool = False,
+    stall_restart: int = STALL_RESTART,
+    order: str = "policy",
+    sample: bool = False,
+    starts: int = 2,
+) -> None:
     """Spend ``evaluator``'s budget with the pretrained policy (see the module docstring).
 
     ``starts`` start plans that run are evaluated before the walk, which begins at the best of them.
@@ -497,8 +529,9 @@ def run_pretrained(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int =
     # a policy of layout "full" chooses among the fixed move list it was trained on (every dimension);
     # older layouts read a prefix of today's list, and the walk adds the moves they lack (below)
     full = order == "policy" and policy_layout(policy)[1] == len(FULL_ACTIONS)
-    env = SearchEnv(space, evaluator, max_steps=10**9, exclude_evaluated=True,
-                    actions=FULL_ACTIONS if full else actions_for(space))
+    env = SearchEnv(
+        space, evaluator, max_steps=10**9, exclude_evaluated=True, actions=FULL_ACTIONS if full else actions_for(space)
+    )
     obs, _ = env.reset(seed=seed)
     if starts > 1 and env.score > 0:
         best = (env.score, env.params)
@@ -589,7 +622,8 @@ def _fine_tune(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int, poli
     # and so are zero / offload plans for a policy of the first layout, which sees the features it knows
     _, meta = policy_file.read(path)
     actions = {len(ACTIONS): ACTIONS, len(ACTIONS) + len(ZERO_ACTIONS): ACTIONS + ZERO_ACTIONS}.get(
-        meta["n_actions"], FULL_ACTIONS)
+        meta["n_actions"], FULL_ACTIONS
+    )
     env = SearchEnv(space, evaluator, max_steps=FINE_TUNE_STEPS, exclude_evaluated=True, actions=actions)
     if meta["obs_dim"] != env.observation_space.shape[0]:
         env = LayoutView(env, meta["obs_dim"])

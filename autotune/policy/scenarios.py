@@ -48,8 +48,19 @@ log = logging.getLogger(__name__)
 #: the accelerators scenarios draw from: the catalog as it was when the shipped policy was trained (``cpu`` is
 #: the local test device, not a scenario GPU). GPUs added to the catalog later (GH200, L40S, TITAN-RTX,
 #: RTX-2080-Ti, RTX-2080, A800-80GB) join when the policy is retrained, so the generator's draws stay as they were.
-GPU_TYPES: tuple[str, ...] = ("H200", "H100-80GB", "A100-80GB", "A100-40GB", "V100-32GB", "A10G", "L4", "T4",
-                              "RTX-4090", "RTX-3090", "A6000")
+GPU_TYPES: tuple[str, ...] = (
+    "H200",
+    "H100-80GB",
+    "A100-80GB",
+    "A100-40GB",
+    "V100-32GB",
+    "A10G",
+    "L4",
+    "T4",
+    "RTX-4090",
+    "RTX-3090",
+    "A6000",
+)
 #: SXM-socket datacenter parts: nodes of 4 or 8 usually joined by NVLink / NVSwitch
 NVLINK_CAPABLE = frozenset({"H200", "H100-80GB", "A100-80GB", "A100-40GB", "V100-32GB"})
 
@@ -72,8 +83,18 @@ HELDOUT_MIXES: tuple[frozenset[str], ...] = (
 #: what the policy trains on since issue 16: the first list and the catalog GPUs added since
 TRAINING_GPU_TYPES: tuple[str, ...] = GPU_TYPES + ("GH200", "L40S", "TITAN-RTX", "RTX-2080-Ti", "RTX-2080", "A800-80GB")
 #: consumer and cloud cards (``tight`` draws)
-TIGHT_GPU_TYPES: tuple[str, ...] = ("RTX-4090", "RTX-3090", "RTX-2080-Ti", "RTX-2080", "TITAN-RTX", "A6000", "T4",
-                                    "L4", "A10G", "L40S")
+TIGHT_GPU_TYPES: tuple[str, ...] = (
+    "RTX-4090",
+    "RTX-3090",
+    "RTX-2080-Ti",
+    "RTX-2080",
+    "TITAN-RTX",
+    "A6000",
+    "T4",
+    "L4",
+    "A10G",
+    "L40S",
+)
 #: the kinds of ``draw_scenario``'s mixture and their probabilities
 SCENARIO_KINDS: dict[str, float] = {"classic": 0.36, "tight": 0.27, "internet": 0.17, "moe": 0.16, "large": 0.04}
 #: internet links between standalone nodes: 0.1-1 GB/s, 1-100 ms (log-uniform)
@@ -121,8 +142,10 @@ class Scenario:
             nodes = [n for n in self.cluster.nodes if n.device.name == t]
             parts.append(f"{len(nodes)}x{nodes[0].count} {t}")
         net = self.cluster.nodes[0].network.bandwidth_GBps
-        return (f"{self.name}: {' + '.join(parts)} ({self.cluster.num_devices} GPUs, net {net:g} GBps) / "
-                f"{self.model.name} L{self.model.num_layers} h{self.model.hidden_size} gbs {self.model.global_batch_size}")
+        return (
+            f"{self.name}: {' + '.join(parts)} ({self.cluster.num_devices} GPUs, net {net:g} GBps) / "
+            f"{self.model.name} L{self.model.num_layers} h{self.model.hidden_size} gbs {self.model.global_batch_size}"
+        )
 
 
 def training_rng(seed: int) -> np.random.Generator:
@@ -147,8 +170,13 @@ def _intra_link(rng: np.random.Generator, gpu: str) -> LinkSpec:
     return LinkSpec(round(float(rng.uniform(*PCIE_GBPS)), 1), round(float(rng.uniform(3, 8)), 1))
 
 
-def draw_cluster(rng: np.random.Generator, *, exclude_mixes: tuple[frozenset[str], ...] = HELDOUT_MIXES,
-                 name: str = "cluster", gpu_types: tuple[str, ...] = GPU_TYPES) -> ClusterSpec:
+def draw_cluster(
+    rng: np.random.Generator,
+    *,
+    exclude_mixes: tuple[frozenset[str], ...] = HELDOUT_MIXES,
+    name: str = "cluster",
+    gpu_types: tuple[str, ...] = GPU_TYPES,
+) -> ClusterSpec:
     """A random cluster of ``gpu_types``; its set of GPU types is never one of ``exclude_mixes``."""
     for _ in range(1000):
         n_types = int(rng.choice([1, 2, 3, 4], p=[0.15, 0.45, 0.3, 0.1]))
@@ -181,8 +209,11 @@ def draw_model(rng: np.random.Generator, name: str = "model") -> ModelSpec:
     gbs = int(rng.choice([64, 128, 256, 512, 1024], p=[0.25, 0.3, 0.25, 0.15, 0.05]))
     if rng.random() < 1 / 3:
         preset = str(rng.choice(_PRESETS_FOR_TRAINING))
-        return ModelSpec(name=preset, global_batch_size=gbs, **{k: v for k, v in MODEL_PRESETS[preset].items()
-                                                                 if k != "global_batch_size"})
+        return ModelSpec(
+            name=preset,
+            global_batch_size=gbs,
+            **{k: v for k, v in MODEL_PRESETS[preset].items() if k != "global_batch_size"},
+        )
     head_dim = int(rng.choice([64, 128]))
     heads = int(rng.choice([8, 12, 16, 20, 24, 32, 40, 48, 64]))
     hidden = heads * head_dim
@@ -193,10 +224,18 @@ def draw_model(rng: np.random.Generator, name: str = "model") -> ModelSpec:
     else:
         ffn, kv = 4 * hidden, heads
     layers = int(rng.choice([12, 16, 20, 24, 28, 32, 36, 40, 48, 60, 64, 80]))
-    return ModelSpec(name=f"{name}-L{layers}-h{hidden}", num_layers=layers, hidden_size=hidden, num_heads=heads,
-                     num_kv_heads=kv, ffn_hidden_size=ffn, mlp="swiglu" if swiglu else "gelu",
-                     vocab_size=int(rng.choice([32000, 50257, 65536, 128256])),
-                     seq_len=int(rng.choice([1024, 2048, 4096], p=[0.35, 0.4, 0.25])), global_batch_size=gbs)
+    return ModelSpec(
+        name=f"{name}-L{layers}-h{hidden}",
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv,
+        ffn_hidden_size=ffn,
+        mlp="swiglu" if swiglu else "gelu",
+        vocab_size=int(rng.choice([32000, 50257, 65536, 128256])),
+        seq_len=int(rng.choice([1024, 2048, 4096], p=[0.35, 0.4, 0.25])),
+        global_batch_size=gbs,
+    )
 
 
 def state_fits(cluster: ClusterSpec, model: ModelSpec) -> bool:
@@ -220,8 +259,14 @@ def feasible(cluster: ClusterSpec, model: ModelSpec, max_uniform: int = 40) -> b
     return any(sim.evaluate(p).ok for p in plans[::step][:max_uniform])
 
 
-def draw_scenario(rng: np.random.Generator, *, exclude_mixes: tuple[frozenset[str], ...] = HELDOUT_MIXES,
-                  name: str = "train", check_feasible: bool = True, kind: str | None = None) -> Scenario:
+def draw_scenario(
+    rng: np.random.Generator,
+    *,
+    exclude_mixes: tuple[frozenset[str], ...] = HELDOUT_MIXES,
+    name: str = "train",
+    check_feasible: bool = True,
+    kind: str | None = None,
+) -> Scenario:
     """A random scenario of the training mixture (``SCENARIO_KINDS``; ``kind`` forces one) whose GPU mix
     is not held out and that (``check_feasible``) has a plan that runs."""
     for _ in range(200):
@@ -256,8 +301,9 @@ def _with_host(rng: np.random.Generator, node: NodeSpec) -> NodeSpec:
     return replace(node, host=replace(default_host(node.device, node.count), memory_GiB=gib))
 
 
-def _mixed_types(rng: np.random.Generator, pool: tuple[str, ...], exclude: tuple[frozenset[str], ...],
-                 weights=(0.3, 0.45, 0.25)) -> list[str] | None:
+def _mixed_types(
+    rng: np.random.Generator, pool: tuple[str, ...], exclude: tuple[frozenset[str], ...], weights=(0.3, 0.45, 0.25)
+) -> list[str] | None:
     n = int(rng.choice([1, 2, 3], p=list(weights)))
     types = [str(t) for t in rng.choice(pool, size=n, replace=False)]
     return None if frozenset(types) in exclude else types
@@ -278,8 +324,9 @@ def _tight_cluster(rng, exclude, name):
     for t in types:
         per_node = int(rng.choice([1, 2, 4, 8]))
         for k in range(int(rng.choice([1, 1, 2, 2, 3, 4]))):
-            nodes.append(_with_host(rng, NodeSpec(f"{t.lower()}-{k}", GPU_CATALOG[t], per_node,
-                                                  _intra_link(rng, t), net)))
+            nodes.append(
+                _with_host(rng, NodeSpec(f"{t.lower()}-{k}", GPU_CATALOG[t], per_node, _intra_link(rng, t), net))
+            )
     return _bounded(name, nodes, MIN_GPUS, MAX_GPUS, MAX_NODES)
 
 
@@ -323,8 +370,13 @@ def _bounded(name, nodes, lo, hi, max_nodes):
     return ClusterSpec(name, tuple(nodes)) if lo <= gpus <= hi and 1 <= len(nodes) <= max_nodes else None
 
 
-_DRAW_CLUSTER = {"classic": _classic_cluster, "tight": _tight_cluster, "internet": _internet_cluster,
-                 "moe": _moe_cluster, "large": _large_cluster}
+_DRAW_CLUSTER = {
+    "classic": _classic_cluster,
+    "tight": _tight_cluster,
+    "internet": _internet_cluster,
+    "moe": _moe_cluster,
+    "large": _large_cluster,
+}
 
 
 def draw_moe_model(rng: np.random.Generator, name: str = "moe") -> ModelSpec:
@@ -335,14 +387,26 @@ def draw_moe_model(rng: np.random.Generator, name: str = "moe") -> ModelSpec:
         return _preset(str(rng.choice(["spes-2b", "mixtral-8x7b"])), gbs)
     dense = draw_model(rng, name)
     experts = int(rng.choice([8, 16, 32, 64]))
-    return ModelSpec(name=f"{name}-E{experts}-L{dense.num_layers}-h{dense.hidden_size}", num_layers=dense.num_layers,
-                     hidden_size=dense.hidden_size, num_heads=dense.num_heads, num_kv_heads=dense.num_kv_heads,
-                     ffn_hidden_size=dense.ffn_hidden_size, mlp=dense.mlp, vocab_size=dense.vocab_size,
-                     seq_len=dense.seq_len, global_batch_size=gbs, num_experts=experts,
-                     experts_per_token=int(rng.choice([1, 2])),
-                     expert_ffn_hidden_size=int(rng.choice([dense.ffn_hidden_size // 4, dense.ffn_hidden_size // 2,
-                                                            dense.ffn_hidden_size])) // 64 * 64,
-                     moe_layer_every=int(rng.choice([1, 2])))
+    return ModelSpec(
+        name=f"{name}-E{experts}-L{dense.num_layers}-h{dense.hidden_size}",
+        num_layers=dense.num_layers,
+        hidden_size=dense.hidden_size,
+        num_heads=dense.num_heads,
+        num_kv_heads=dense.num_kv_heads,
+        ffn_hidden_size=dense.ffn_hidden_size,
+        mlp=dense.mlp,
+        vocab_size=dense.vocab_size,
+        seq_len=dense.seq_len,
+        global_batch_size=gbs,
+        num_experts=experts,
+        experts_per_token=int(rng.choice([1, 2])),
+        expert_ffn_hidden_size=int(
+            rng.choice([dense.ffn_hidden_size // 4, dense.ffn_hidden_size // 2, dense.ffn_hidden_size])
+        )
+        // 64
+        * 64,
+        moe_layer_every=int(rng.choice([1, 2])),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -367,48 +431,90 @@ def heldout_scenarios() -> list[Scenario]:
         out.append(Scenario(name, ClusterSpec(name, tuple(nodes)), model))
 
     internet = LinkSpec(0.125, 30_000.0)  # 1 Gbit/s over the internet, ~30 ms
-    add("internet-4node",
+    add(
+        "internet-4node",
         _nodes("a100", "A100-80GB", 4, 2, 300, internet) + _nodes("rtx4090", "RTX-4090", 4, 2, 16, internet),
-        _preset("gpt2-xl", 256))
-    add("big-128",
+        _preset("gpt2-xl", 256),
+    )
+    add(
+        "big-128",
         _nodes("h200", "H200", 8, 6, 450, LinkSpec(50, 5)) + _nodes("v100", "V100-32GB", 8, 10, 300, LinkSpec(50, 5)),
-        _preset("llama2-70b", 1024))
-    add("h100-l4-32",
+        _preset("llama2-70b", 1024),
+    )
+    add(
+        "h100-l4-32",
         _nodes("h100", "H100-80GB", 8, 2, 450, LinkSpec(12.5, 10)) + _nodes("l4", "L4", 4, 4, 16, LinkSpec(12.5, 10)),
-        _preset("llama2-7b", 512))
-    add("workstations-20",
-        _nodes("a6000", "A6000", 4, 1, 25, LinkSpec(3.125, 20)) + _nodes("rtx3090", "RTX-3090", 4, 2, 16, LinkSpec(3.125, 20))
+        _preset("llama2-7b", 512),
+    )
+    add(
+        "workstations-20",
+        _nodes("a6000", "A6000", 4, 1, 25, LinkSpec(3.125, 20))
+        + _nodes("rtx3090", "RTX-3090", 4, 2, 16, LinkSpec(3.125, 20))
         + _nodes("t4", "T4", 4, 2, 12, LinkSpec(3.125, 20)),
-        ModelSpec("random-1.3b", num_layers=24, hidden_size=2048, num_heads=16, ffn_hidden_size=8192,
-                  vocab_size=50257, seq_len=2048, global_batch_size=128))
-    add("a100-a10g-48",
+        ModelSpec(
+            "random-1.3b",
+            num_layers=24,
+            hidden_size=2048,
+            num_heads=16,
+            ffn_hidden_size=8192,
+            vocab_size=50257,
+            seq_len=2048,
+            global_batch_size=128,
+        ),
+    )
+    add(
+        "a100-a10g-48",
         _nodes("a100", "A100-40GB", 8, 4, 300, LinkSpec(50, 5)) + _nodes("a10g", "A10G", 4, 4, 16, LinkSpec(50, 5)),
-        _preset("llama3-8b", 512))
-    add("three-gen-24",
-        _nodes("h100", "H100-80GB", 8, 1, 450, LinkSpec(12.5, 10)) + _nodes("a100", "A100-80GB", 8, 1, 300, LinkSpec(12.5, 10))
+        _preset("llama3-8b", 512),
+    )
+    add(
+        "three-gen-24",
+        _nodes("h100", "H100-80GB", 8, 1, 450, LinkSpec(12.5, 10))
+        + _nodes("a100", "A100-80GB", 8, 1, 300, LinkSpec(12.5, 10))
         + _nodes("v100", "V100-32GB", 8, 1, 150, LinkSpec(12.5, 10)),
-        _preset("llama2-13b", 256))
-    add("l4-homogeneous-32",
-        _nodes("l4", "L4", 8, 4, 32, LinkSpec(6.25, 10)),
-        _preset("llama2-7b", 256))
-    add("four-type-14",
-        _nodes("h200", "H200", 2, 1, 450, LinkSpec(3.125, 20)) + _nodes("a6000", "A6000", 4, 1, 20, LinkSpec(3.125, 20))
-        + _nodes("a10g", "A10G", 4, 1, 16, LinkSpec(3.125, 20)) + _nodes("t4", "T4", 4, 1, 10, LinkSpec(3.125, 20)),
-        ModelSpec("random-swiglu-2.7b", num_layers=32, hidden_size=2560, num_heads=20, num_kv_heads=4,
-                  ffn_hidden_size=6912, mlp="swiglu", vocab_size=32000, seq_len=2048, global_batch_size=256))
+        _preset("llama2-13b", 256),
+    )
+    add("l4-homogeneous-32", _nodes("l4", "L4", 8, 4, 32, LinkSpec(6.25, 10)), _preset("llama2-7b", 256))
+    add(
+        "four-type-14",
+        _nodes("h200", "H200", 2, 1, 450, LinkSpec(3.125, 20))
+        + _nodes("a6000", "A6000", 4, 1, 20, LinkSpec(3.125, 20))
+        + _nodes("a10g", "A10G", 4, 1, 16, LinkSpec(3.125, 20))
+        + _nodes("t4", "T4", 4, 1, 10, LinkSpec(3.125, 20)),
+        ModelSpec(
+            "random-swiglu-2.7b",
+            num_layers=32,
+            hidden_size=2560,
+            num_heads=20,
+            num_kv_heads=4,
+            ffn_hidden_size=6912,
+            mlp="swiglu",
+            vocab_size=32000,
+            seq_len=2048,
+            global_batch_size=256,
+        ),
+    )
     # issue 16: where little fits (memory-tight consumer and cloud clusters) and an MoE model trained
     # over the internet (SPES's setting)
-    add("consumer-tight-8",
-        _nodes("rtx3090", "RTX-3090", 4, 1, 16, LinkSpec(1.25, 50)) + _nodes("rtx4090", "RTX-4090", 4, 1, 25, LinkSpec(1.25, 50)),
-        _preset("llama2-7b", 64))
-    add("cloud-tight-16",  # the issue's cluster: 4 T4 + 4 L4 + 8 A10G training Llama-3-8B, global batch 128
-        _nodes("t4", "T4", 4, 1, 12, LinkSpec(3.125, 20)) + _nodes("l4", "L4", 4, 1, 16, LinkSpec(3.125, 20))
+    add(
+        "consumer-tight-8",
+        _nodes("rtx3090", "RTX-3090", 4, 1, 16, LinkSpec(1.25, 50))
+        + _nodes("rtx4090", "RTX-4090", 4, 1, 25, LinkSpec(1.25, 50)),
+        _preset("llama2-7b", 64),
+    )
+    add(
+        "cloud-tight-16",  # the issue's cluster: 4 T4 + 4 L4 + 8 A10G training Llama-3-8B, global batch 128
+        _nodes("t4", "T4", 4, 1, 12, LinkSpec(3.125, 20))
+        + _nodes("l4", "L4", 4, 1, 16, LinkSpec(3.125, 20))
         + _nodes("a10g", "A10G", 4, 2, 16, LinkSpec(3.125, 20)),
-        _preset("llama3-8b", 128))
+        _preset("llama3-8b", 128),
+    )
     internet_20ms = LinkSpec(0.125, 20_000.0)  # 1 Gbit/s, 20 ms: standalone nodes joined by the internet
-    add("moe-internet-16",
+    add(
+        "moe-internet-16",
         _nodes("l40s", "L40S", 2, 4, 32, internet_20ms) + _nodes("rtx4090", "RTX-4090", 2, 4, 25, internet_20ms),
-        _preset("spes-2b", 256))
+        _preset("spes-2b", 256),
+    )
     for s in out:
         assert s.gpu_types in HELDOUT_MIXES, s.name
     return out

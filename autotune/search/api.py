@@ -20,16 +20,17 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from autotune.errors import SpecError
 from autotune.evaluator import BACKENDS, Evaluator, make_evaluator  # noqa: F401  (make_evaluator: re-exported)
 from autotune.loading import load_cluster, load_model
-from autotune.search.agents import METHODS, run_exhaustive, run_random, run_uniform
 from autotune.planning.budget import PRUNED, BudgetedEvaluator, Evaluation
 from autotune.planning.space import SearchSpace
+from autotune.search.agents import METHODS, run_exhaustive, run_random, run_uniform
 from autotune.search.summary import SearchSummary
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
 
@@ -66,7 +67,7 @@ class TuneResult:
     best_curve: tuple[float, ...] = field(default_factory=tuple)
     screened: int = 0  # plans screened out without spending the budget (memory model, calibration screen)
     memory_screened: int = 0  # of those, the plans the memory model alone answered oom (memory first)
-    summary: "SearchSummary | None" = None  # top plans, found at, speed, oom counts, speedup vs uniform
+    summary: SearchSummary | None = None  # top plans, found at, speed, oom counts, speedup vs uniform
     experiment_id: str = ""
 
     @property
@@ -77,34 +78,54 @@ class TuneResult:
         browser (GenAI by default, whatever the experiment's kind); the link opens on model training."""
         if not self.run_id or not self.experiment_id:
             return ""
-        return (f"http://127.0.0.1:5000/#/experiments/{self.experiment_id}/runs/{self.run_id}"
-                f"?{MLFLOW_UI_TRAINING_VIEW}")
+        return f"http://127.0.0.1:5000/#/experiments/{self.experiment_id}/runs/{self.run_id}?{MLFLOW_UI_TRAINING_VIEW}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"best_config": self.best_config.to_dict(), "best_measurement": self.best_measurement.to_dict(timeline=True),
-                "evaluations": self.evaluations, "method": self.method, "cluster": self.cluster,
-                "model": self.model, "budget": self.budget, "seed": self.seed, "backend": self.backend,
-                "experiment": self.experiment, "run_id": self.run_id, "tracking_uri": self.tracking_uri,
-                "best_curve": list(self.best_curve), "screened": self.screened,
-                "memory_screened": self.memory_screened,
-                "summary": self.summary.to_dict() if self.summary is not None else None,
-                "experiment_id": self.experiment_id}
+        return {
+            "best_config": self.best_config.to_dict(),
+            "best_measurement": self.best_measurement.to_dict(timeline=True),
+            "evaluations": self.evaluations,
+            "method": self.method,
+            "cluster": self.cluster,
+            "model": self.model,
+            "budget": self.budget,
+            "seed": self.seed,
+            "backend": self.backend,
+            "experiment": self.experiment,
+            "run_id": self.run_id,
+            "tracking_uri": self.tracking_uri,
+            "best_curve": list(self.best_curve),
+            "screened": self.screened,
+            "memory_screened": self.memory_screened,
+            "summary": self.summary.to_dict() if self.summary is not None else None,
+            "experiment_id": self.experiment_id,
+        }
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
-    def from_json(cls, text: str) -> "TuneResult":
+    def from_json(cls, text: str) -> TuneResult:
         d = json.loads(text)
-        return cls(best_config=ParallelConfig.from_dict(d["best_config"], source="TuneResult"),
-                   best_measurement=Measurement.from_dict(d["best_measurement"]),
-                   evaluations=int(d["evaluations"]), method=d["method"], cluster=d["cluster"], model=d["model"],
-                   budget=int(d["budget"]), seed=int(d["seed"]), backend=d["backend"],
-                   experiment=d.get("experiment", ""), run_id=d.get("run_id", ""),
-                   tracking_uri=d.get("tracking_uri", ""), best_curve=tuple(d.get("best_curve", ())),
-                   screened=int(d.get("screened", 0)), memory_screened=int(d.get("memory_screened", 0)),
-                   summary=SearchSummary.from_dict(d["summary"]) if d.get("summary") else None,
-                   experiment_id=d.get("experiment_id", ""))
+        return cls(
+            best_config=ParallelConfig.from_dict(d["best_config"], source="TuneResult"),
+            best_measurement=Measurement.from_dict(d["best_measurement"]),
+            evaluations=int(d["evaluations"]),
+            method=d["method"],
+            cluster=d["cluster"],
+            model=d["model"],
+            budget=int(d["budget"]),
+            seed=int(d["seed"]),
+            backend=d["backend"],
+            experiment=d.get("experiment", ""),
+            run_id=d.get("run_id", ""),
+            tracking_uri=d.get("tracking_uri", ""),
+            best_curve=tuple(d.get("best_curve", ())),
+            screened=int(d.get("screened", 0)),
+            memory_screened=int(d.get("memory_screened", 0)),
+            summary=SearchSummary.from_dict(d["summary"]) if d.get("summary") else None,
+            experiment_id=d.get("experiment_id", ""),
+        )
 
     def output_document(self) -> dict[str, Any]:
         """The ``search --output`` file: the config (SPEC.md format) plus ``"measurement"``."""
@@ -121,16 +142,27 @@ def _load_profile(profile):
     return profile
 
 
-def study_variant(backend: str, restrict: Mapping[str, Any] | None, start: str, profile: str | Path | None,
-                  global_batch_size: int | None) -> str:
+def study_variant(
+    backend: str,
+    restrict: Mapping[str, Any] | None,
+    start: str,
+    profile: str | Path | None,
+    global_batch_size: int | None,
+) -> str:
     """The part of a default Optuna study name that keeps different searches of one cluster and model
     apart (another backend, a restricted space, another start, a profile, another global batch size):
     empty for the default search, so its name stays ``<cluster>__<model>__optuna__seed<N>``."""
-    narrowed = sorted((dim, tuple(choices) if isinstance(choices, (list, tuple)) else choices)
-                      for dim, choices in (restrict or {}).items())
-    given = (("backend", backend, "sim"), ("restrict", narrowed, []), ("start", start, "dp"),
-             ("profile", None if profile is None else str(profile), None),
-             ("global_batch_size", global_batch_size, None))
+    narrowed = sorted(
+        (dim, tuple(choices) if isinstance(choices, (list, tuple)) else choices)
+        for dim, choices in (restrict or {}).items()
+    )
+    given = (
+        ("backend", backend, "sim"),
+        ("restrict", narrowed, []),
+        ("start", start, "dp"),
+        ("profile", None if profile is None else str(profile), None),
+        ("global_batch_size", global_batch_size, None),
+    )
     parts = [(key, value) for key, value, default in given if value != default]
     if not parts:
         return ""
@@ -139,15 +171,34 @@ def study_variant(backend: str, restrict: Mapping[str, Any] | None, start: str, 
     return "__" + hashlib.sha1(repr(parts).encode()).hexdigest()[:8]
 
 
-def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, method: str = "optuna", budget: int = 100,
-         backend: str = "sim", seed: int = 0, global_batch_size: int | None = None, tracking_uri: str | None = None,
-         experiment: str | None = None, storage: str | None = None, profile: str | Path | None = None, *,
-         workers: int = 1, policy: str | Path | None = None, study_name: str | None = None,
-         evaluator: Evaluator | None = None, restrict: Mapping[str, Any] | None = None,
-         on_evaluation: Callable[[Evaluation], None] | None = None, track: bool = True,
-         on_start: Callable[[str, int, float], None] | None = None, start: str = "dp", max_sync_every: int = 1,
-         on_status: Callable[[str], None] | None = None, background_record: bool | None = None,
-         run_timeout_s: float = 300.0, fresh: bool = False) -> TuneResult:
+def tune(
+    cluster: str | Path | ClusterSpec,
+    model: str | Path | ModelSpec,
+    method: str = "optuna",
+    budget: int = 100,
+    backend: str = "sim",
+    seed: int = 0,
+    global_batch_size: int | None = None,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    storage: str | None = None,
+    profile: str | Path | None = None,
+    *,
+    workers: int = 1,
+    policy: str | Path | None = None,
+    study_name: str | None = None,
+    evaluator: Evaluator | None = None,
+    restrict: Mapping[str, Any] | None = None,
+    on_evaluation: Callable[[Evaluation], None] | None = None,
+    track: bool = True,
+    on_start: Callable[[str, int, float], None] | None = None,
+    start: str = "dp",
+    max_sync_every: int = 1,
+    on_status: Callable[[str], None] | None = None,
+    background_record: bool | None = None,
+    run_timeout_s: float = 300.0,
+    fresh: bool = False,
+) -> TuneResult:
     """Search ``budget`` distinct plans with ``method``; log the search to MLflow; return the best.
 
     ``evaluator`` replaces the backend's evaluator (it must be for the same cluster and model);
@@ -185,11 +236,32 @@ def tune(cluster: str | Path | ClusterSpec, model: str | Path | ModelSpec, metho
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     if max_sync_every > 1 and not model_spec.is_moe:
-        log.warning("--max-sync-every %d has no effect: model %r is dense (it applies to MoE models)",
-                    max_sync_every, model_spec.name)
-    req = SearchRequest(cluster_spec, model_spec, method, budget, backend, seed, global_batch_size, tracking_uri,
-                        experiment or f"{cluster_spec.name}__{model_spec.name}", storage, profile, workers, policy,
-                        study_name, dict(restrict or {}), start, max_sync_every, run_timeout_s, fresh)
+        log.warning(
+            "--max-sync-every %d has no effect: model %r is dense (it applies to MoE models)",
+            max_sync_every,
+            model_spec.name,
+        )
+    req = SearchRequest(
+        cluster_spec,
+        model_spec,
+        method,
+        budget,
+        backend,
+        seed,
+        global_batch_size,
+        tracking_uri,
+        experiment or f"{cluster_spec.name}__{model_spec.name}",
+        storage,
+        profile,
+        workers,
+        policy,
+        study_name,
+        dict(restrict or {}),
+        start,
+        max_sync_every,
+        run_timeout_s,
+        fresh,
+    )
     space = SearchSpace(cluster_spec, model_spec, restrict=restrict, max_sync_every=max_sync_every)
     inner, screen = _evaluator(req, evaluator)
     say = on_status or (lambda text: None)
@@ -233,23 +305,51 @@ class SearchRequest:
         """The key a re-run of the same search (any method but optuna) finds its MLflow parent by."""
         from autotune.search import tracking
 
-        return tracking.resume_key(self.method, self.seed, self.backend, self.cluster, self.model,
-                                   sorted(self.restrict.items()), self.start, str(self.policy), str(self.profile),
-                                   self.max_sync_every)
+        return tracking.resume_key(
+            self.method,
+            self.seed,
+            self.backend,
+            self.cluster,
+            self.model,
+            sorted(self.restrict.items()),
+            self.start,
+            str(self.policy),
+            str(self.profile),
+            self.max_sync_every,
+        )
 
     def run_params(self, space: SearchSpace) -> dict[str, Any]:
         """The parent run's MLflow parameters."""
-        out = {"cluster": self.cluster.name, "model": self.model.name, "method": self.method, "budget": self.budget,
-               "seed": self.seed, "backend": self.backend, "global_batch_size": self.model.global_batch_size,
-               "num_devices": self.cluster.num_devices, "space_size": space.size, "workers": self.workers,
-               "start": self.start if self.method in ("optuna", "rl") else ""}
+        out = {
+            "cluster": self.cluster.name,
+            "model": self.model.name,
+            "method": self.method,
+            "budget": self.budget,
+            "seed": self.seed,
+            "backend": self.backend,
+            "global_batch_size": self.model.global_batch_size,
+            "num_devices": self.cluster.num_devices,
+            "space_size": space.size,
+            "workers": self.workers,
+            "start": self.start if self.method in ("optuna", "rl") else "",
+        }
         if self.model.is_moe:
             out["max_sync_every"] = self.max_sync_every
         return out
 
 
-def _check_arguments(method: str, backend: str, start: str, workers: int, seed: int, run_timeout_s: float,
-                     track: bool, tracking_uri: str | None, storage: str | None, policy: str | Path | None) -> None:
+def _check_arguments(
+    method: str,
+    backend: str,
+    start: str,
+    workers: int,
+    seed: int,
+    run_timeout_s: float,
+    track: bool,
+    tracking_uri: str | None,
+    storage: str | None,
+    policy: str | Path | None,
+) -> None:
     """Every argument that can be checked before any work, each refused with one line naming it."""
     if method not in METHODS:
         raise SpecError("search", "method", f"must be one of {' | '.join(METHODS)}, got {method!r}")
@@ -280,8 +380,11 @@ def _check_arguments(method: str, backend: str, start: str, workers: int, seed: 
 
 def _evaluator(req: SearchRequest, evaluator: Evaluator | None):
     """(the evaluator the budget wraps, the calibration screen of a one-process real search or None)."""
-    inner = evaluator if evaluator is not None else make_evaluator(req.cluster, req.model, req.backend, req.profile,
-                                                                   run_timeout_s=req.run_timeout_s)
+    inner = (
+        evaluator
+        if evaluator is not None
+        else make_evaluator(req.cluster, req.model, req.backend, req.profile, run_timeout_s=req.run_timeout_s)
+    )
     if req.backend == "real" and req.workers == 1:
         from autotune.search.screen import CalibrationScreen
         from autotune.simulator import Simulator
@@ -301,8 +404,11 @@ def _open_tracker(req: SearchRequest, background_record: bool | None, say: Calla
     description = experiment_description(req.cluster, req.model)
     if background_record is None and os.environ.get("AUTOTUNE_MLFLOW_WRITER") in ("process", "inline"):
         background_record = os.environ["AUTOTUNE_MLFLOW_WRITER"] == "process"
-    if background_record if background_record is not None else (req.backend == "sim"
-                                                                 and req.budget >= BACKGROUND_MIN_BUDGET):
+    if (
+        background_record
+        if background_record is not None
+        else (req.backend == "sim" and req.budget >= BACKGROUND_MIN_BUDGET)
+    ):
         from autotune.search.writer import BackgroundTracker, wait_with
 
         tracker = BackgroundTracker(req.tracking_uri, req.experiment, description=description)
@@ -316,8 +422,10 @@ def _open_study(req: SearchRequest, space: SearchSpace, say: Callable[[str], Non
     from autotune.search.agents import optuna_storage, shared_study
 
     sync = f"__sync{req.max_sync_every}" if req.max_sync_every > 1 and req.model.is_moe else ""  # its own space
-    name = req.study_name or (f"{req.experiment}__optuna__seed{req.seed}{sync}"
-                              f"{study_variant(req.backend, req.restrict, req.start, req.profile, req.global_batch_size)}")
+    name = req.study_name or (
+        f"{req.experiment}__optuna__seed{req.seed}{sync}"
+        f"{study_variant(req.backend, req.restrict, req.start, req.profile, req.global_batch_size)}"
+    )
     storage = req.storage or optuna_storage.default_storage()
     say(f"opening the Optuna study {name} in {storage}")
     return shared_study.open_study(space, name, storage, req.seed, fresh=req.fresh)
@@ -334,8 +442,12 @@ def _open_record(req: SearchRequest, space: SearchSpace, inner: Evaluator, scree
             listeners.append(lambda ev: _log_prediction_error(tracker, screen, ev))
     budgeted = BudgetedEvaluator(inner, space, req.budget, listeners, screen=screen.screen if screen else None)
     if tracker is not None:
-        tags = {"autotune.method": req.method, "autotune.backend": req.backend, "autotune.cluster": req.cluster.name,
-                "autotune.model": req.model.name}
+        tags = {
+            "autotune.method": req.method,
+            "autotune.backend": req.backend,
+            "autotune.cluster": req.cluster.name,
+            "autotune.model": req.model.name,
+        }
         resume_id = None
         if req.method != "optuna":
             # every other method resumes from its MLflow parent: a re-run of the same search (same key)
@@ -381,27 +493,50 @@ def _recover_study(study, space: SearchSpace, budgeted: BudgetedEvaluator) -> No
         config = ParallelConfig.from_dict(t.user_attrs["config"], source=f"trial {t.number}")
         if config in budgeted:
             continue
-        raw = t.user_attrs.get("measurement") or {"tokens_per_s": t.value or 0.0,
-                                                  "status": t.user_attrs.get("status", "ok")}
+        raw = t.user_attrs.get("measurement") or {
+            "tokens_per_s": t.value or 0.0,
+            "status": t.user_attrs.get("status", "ok"),
+        }
         if abandoned(t.user_attrs.get("worker"), t.user_attrs.get("heartbeat"), now):
             budgeted.record(config, Measurement.from_dict(raw), t.params)
         else:
             budgeted.preload(config, Measurement.from_dict(raw), t.params)
 
 
-def _search(req: SearchRequest, space: SearchSpace, budgeted: BudgetedEvaluator, tracker, study, screen,
-            say: Callable[[str], None]) -> SearchSummary:
+def _search(
+    req: SearchRequest,
+    space: SearchSpace,
+    budgeted: BudgetedEvaluator,
+    tracker,
+    study,
+    screen,
+    say: Callable[[str], None],
+) -> SearchSummary:
     """Run the agent; whatever happens, summarise and finish the MLflow record."""
     preloaded = budgeted.used
     began = time.monotonic()
     status = "FAILED"
     try:
-        _run_agent(req.method, space, budgeted, req.seed, study=study, storage=req.storage, workers=req.workers,
-                   policy=req.policy, tracking_uri=req.tracking_uri, experiment=req.experiment,
-                   run_id=tracker.parent_id if tracker else None, cluster=req.cluster, model=req.model,
-                   backend=req.backend, profile=req.profile,
-                   study_name=study.study_name if study is not None else None, start=req.start,
-                   run_timeout_s=req.run_timeout_s)
+        _run_agent(
+            req.method,
+            space,
+            budgeted,
+            req.seed,
+            study=study,
+            storage=req.storage,
+            workers=req.workers,
+            policy=req.policy,
+            tracking_uri=req.tracking_uri,
+            experiment=req.experiment,
+            run_id=tracker.parent_id if tracker else None,
+            cluster=req.cluster,
+            model=req.model,
+            backend=req.backend,
+            profile=req.profile,
+            study_name=study.study_name if study is not None else None,
+            start=req.start,
+            run_timeout_s=req.run_timeout_s,
+        )
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -409,8 +544,11 @@ def _search(req: SearchRequest, space: SearchSpace, budgeted: BudgetedEvaluator,
     finally:
         summary = _summarize(req, space, budgeted, status, time.monotonic() - began, preloaded, say)
         if screen is not None:
-            log.info("search: %d real runs, %d plans screened out by the corrected simulator", budgeted.used,
-                     len(budgeted.screened))
+            log.info(
+                "search: %d real runs, %d plans screened out by the corrected simulator",
+                budgeted.used,
+                len(budgeted.screened),
+            )
             if tracker is not None:
                 _log_calibration(tracker, screen, budgeted)
         if tracker is not None:
@@ -418,8 +556,15 @@ def _search(req: SearchRequest, space: SearchSpace, budgeted: BudgetedEvaluator,
     return summary
 
 
-def _summarize(req: SearchRequest, space: SearchSpace, budgeted: BudgetedEvaluator, status: str, wall: float,
-               preloaded: int, say: Callable[[str], None]) -> SearchSummary:
+def _summarize(
+    req: SearchRequest,
+    space: SearchSpace,
+    budgeted: BudgetedEvaluator,
+    status: str,
+    wall: float,
+    preloaded: int,
+    say: Callable[[str], None],
+) -> SearchSummary:
     from autotune.search.summary import summarize
 
     uniform = None
@@ -434,8 +579,14 @@ def _summarize(req: SearchRequest, space: SearchSpace, budgeted: BudgetedEvaluat
     return summarize(budgeted, wall, preloaded, uniform)
 
 
-def _finish_record(req: SearchRequest, tracker, budgeted: BudgetedEvaluator, summary: SearchSummary, status: str,
-                   say: Callable[[str], None]) -> None:
+def _finish_record(
+    req: SearchRequest,
+    tracker,
+    budgeted: BudgetedEvaluator,
+    summary: SearchSummary,
+    status: str,
+    say: Callable[[str], None],
+) -> None:
     from autotune.search import tracking
 
     try:
@@ -443,9 +594,15 @@ def _finish_record(req: SearchRequest, tracker, budgeted: BudgetedEvaluator, sum
     except Exception as e:  # the count is a summary; never lose the search's result for it
         log.warning("could not log memory_screened to MLflow: %s", e)
     say("writing the best plan and the pictures to MLflow")
-    tracker.finish(_best_with_timeline(budgeted), budgeted.best_curve(), [ev.score for ev in budgeted.history],
-                   title=f"{req.method} on {req.cluster.name} / {req.model.name}", status=status,
-                   summary=summary.metrics(), statuses=[tracking.status_of(ev.measurement) for ev in budgeted.history])
+    tracker.finish(
+        _best_with_timeline(budgeted),
+        budgeted.best_curve(),
+        [ev.score for ev in budgeted.history],
+        title=f"{req.method} on {req.cluster.name} / {req.model.name}",
+        status=status,
+        summary=summary.metrics(),
+        statuses=[tracking.status_of(ev.measurement) for ev in budgeted.history],
+    )
 
 
 def _result(req: SearchRequest, budgeted: BudgetedEvaluator, tracker, summary: SearchSummary) -> TuneResult:
@@ -453,19 +610,36 @@ def _result(req: SearchRequest, budgeted: BudgetedEvaluator, tracker, summary: S
     where = f"{req.cluster.name} / {req.model.name}"
     if best is None:
         if budgeted.memory_screened:
-            raise SpecError("search", "memory", f"no plan fits: the memory model says all {len(budgeted.screened)} "
-                                                f"plans {req.method} tried on {where} run out of memory (the most "
-                                                f"memory-frugal plan of the space included); try a smaller model, "
-                                                f"micro-batch or more devices")
-        raise SpecError("search", "space", f"no plan was evaluated: the space of {where} has no valid plan the "
-                                           f"method could reach")
-    return TuneResult(best_config=best.config, best_measurement=best.measurement, evaluations=budgeted.used,
-                      method=req.method, cluster=req.cluster.name, model=req.model.name, budget=req.budget,
-                      seed=req.seed, backend=req.backend, experiment=req.experiment if tracker else "",
-                      run_id=tracker.parent_id or "" if tracker else "",
-                      tracking_uri=tracker.tracking_uri if tracker else "", best_curve=tuple(budgeted.best_curve()),
-                      screened=len(budgeted.screened), memory_screened=budgeted.memory_screened, summary=summary,
-                      experiment_id=(getattr(tracker, "experiment_id", "") or "") if tracker else "")
+            raise SpecError(
+                "search",
+                "memory",
+                f"no plan fits: the memory model says all {len(budgeted.screened)} "
+                f"plans {req.method} tried on {where} run out of memory (the most "
+                f"memory-frugal plan of the space included); try a smaller model, "
+                f"micro-batch or more devices",
+            )
+        raise SpecError(
+            "search", "space", f"no plan was evaluated: the space of {where} has no valid plan the method could reach"
+        )
+    return TuneResult(
+        best_config=best.config,
+        best_measurement=best.measurement,
+        evaluations=budgeted.used,
+        method=req.method,
+        cluster=req.cluster.name,
+        model=req.model.name,
+        budget=req.budget,
+        seed=req.seed,
+        backend=req.backend,
+        experiment=req.experiment if tracker else "",
+        run_id=tracker.parent_id or "" if tracker else "",
+        tracking_uri=tracker.tracking_uri if tracker else "",
+        best_curve=tuple(budgeted.best_curve()),
+        screened=len(budgeted.screened),
+        memory_screened=budgeted.memory_screened,
+        summary=summary,
+        experiment_id=(getattr(tracker, "experiment_id", "") or "") if tracker else "",
+    )
 
 
 MLFLOW_UI_TRAINING_VIEW = "workflowType=machine_learning"  # the MLflow UI's model-training view (see run_url)
@@ -482,13 +656,15 @@ def experiment_description(cluster: ClusterSpec, model: ModelSpec) -> str:
     for node in cluster.nodes:
         kinds[node.device.name] = kinds.get(node.device.name, 0) + node.count
     gpus = ", ".join(f"{n} x {name}" for name, n in kinds.items())
-    return (f"autotune searches for the fastest training plan of **{model.name}** (global batch "
-            f"{model.global_batch_size} x {model.seq_len} tokens) on **{cluster.name}** ({gpus}, "
-            f"{len(cluster.nodes)} nodes).\n\nEach parent run is one search (`autotune search`: method, budget, seed, "
-            "backend); its child runs are the plans it evaluated, with their predicted or measured "
-            "tokens/s, memory and status (`ok`, `oom`: out of memory, `failed`). Compare searches with "
-            "the parent runs' `best_tokens_per_s`, `found_at` and `speedup_vs_uniform`, or with "
-            "`autotune compare --experiment NAME`.")
+    return (
+        f"autotune searches for the fastest training plan of **{model.name}** (global batch "
+        f"{model.global_batch_size} x {model.seq_len} tokens) on **{cluster.name}** ({gpus}, "
+        f"{len(cluster.nodes)} nodes).\n\nEach parent run is one search (`autotune search`: method, budget, seed, "
+        "backend); its child runs are the plans it evaluated, with their predicted or measured "
+        "tokens/s, memory and status (`ok`, `oom`: out of memory, `failed`). Compare searches with "
+        "the parent runs' `best_tokens_per_s`, `found_at` and `speedup_vs_uniform`, or with "
+        "`autotune compare --experiment NAME`."
+    )
 
 
 def _log_prediction_error(tracker, screen, ev: Evaluation) -> None:
@@ -513,23 +689,35 @@ def _log_calibration(tracker, screen, budgeted: BudgetedEvaluator) -> None:
     try:
         corr = screen.calibrator.corrections
         pruned = len(budgeted.screened) - budgeted.memory_screened  # by the calibration screen
-        metrics = {"pruned_plans": float(pruned), "real_runs": float(len(screen.real_runs)),
-                   "calibration_link_factor": corr.link}
-        for kind, pairs in (("compute", corr.compute), ("contention", corr.contention), ("memory_GiB", corr.memory_GiB)):
+        metrics = {
+            "pruned_plans": float(pruned),
+            "real_runs": float(len(screen.real_runs)),
+            "calibration_link_factor": corr.link,
+        }
+        for kind, pairs in (
+            ("compute", corr.compute),
+            ("contention", corr.contention),
+            ("memory_GiB", corr.memory_GiB),
+        ):
             for dev, v in pairs:
                 metrics[f"calibration_{kind}_{re.sub(r'[^A-Za-z0-9_.-]', '_', dev)}"] = float(v)
         tracker.log_parent_metrics(metrics, step=0)
-        doc = {"corrections": corr.to_dict(), "fitted_from_runs": len(screen.calibrator.observations),
-               "real_runs": [config_key(c) for c in screen.real_runs],
-               "pruned_plans": pruned, "memory_screened": budgeted.memory_screened,
-               "min_real_runs": screen.min_real_runs,
-               "keep_fraction": screen.keep_fraction}
+        doc = {
+            "corrections": corr.to_dict(),
+            "fitted_from_runs": len(screen.calibrator.observations),
+            "real_runs": [config_key(c) for c in screen.real_runs],
+            "pruned_plans": pruned,
+            "memory_screened": budgeted.memory_screened,
+            "min_real_runs": screen.min_real_runs,
+            "keep_fraction": screen.keep_fraction,
+        }
         profile = screen.calibrator.profile
         try:  # never log a profile that `--profile` would refuse to load
             CalibrationProfile.from_dict(json.loads(json.dumps(profile.to_dict())), source=CALIBRATED_PROFILE_ARTIFACT)
         except SpecError as e:
-            log.warning("the corrected profile is not a valid profile file (%s); %s not logged", e,
-                        CALIBRATED_PROFILE_ARTIFACT)
+            log.warning(
+                "the corrected profile is not a valid profile file (%s); %s not logged", e, CALIBRATED_PROFILE_ARTIFACT
+            )
             doc["profile_error"] = str(e)
             profile = None
         with tempfile.TemporaryDirectory() as tmp:
@@ -559,8 +747,12 @@ def _best_with_timeline(budgeted: BudgetedEvaluator) -> Evaluation | None:
     return Evaluation(best.index, best.config, m, best.params) if m.ok else best
 
 
-def _dp_start(space: SearchSpace, budgeted: BudgetedEvaluator, plans: int = DP_START_PLANS,
-              evaluate: Callable[..., Measurement | None] | None = None) -> list:
+def _dp_start(
+    space: SearchSpace,
+    budgeted: BudgetedEvaluator,
+    plans: int = DP_START_PLANS,
+    evaluate: Callable[..., Measurement | None] | None = None,
+) -> list:
     """Evaluate the planner's best ``plans`` valid plans (free on a resume: already evaluated);
     returns their (config, measurement). ``evaluate(config, params)`` replaces
     ``budgeted.evaluate`` (an Optuna study records the plan under its budget rule; None: another
@@ -604,14 +796,18 @@ def _roundpipe_start(space: SearchSpace, budgeted: BudgetedEvaluator, study=None
         budgeted.evaluate(config, params)
 
 
-def _run_method(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, worker: str,
-                **kw: Any) -> None:
+def _run_method(
+    method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, worker: str, **kw: Any
+) -> None:
     _roundpipe_start(space, budgeted, kw.get("study") if method == "optuna" else None, worker)
     if method in ("optuna", "rl") and kw.get("start", "dp") == "dp":
         study = kw.get("study") if method == "optuna" else None
         if study is not None:  # the study stays the budget's memory (see SharedStudy.evaluate_outside)
-            _dp_start(space, budgeted, evaluate=lambda config, params: study.evaluate_outside(
-                budgeted, config, params, worker, source="dp"))
+            _dp_start(
+                space,
+                budgeted,
+                evaluate=lambda config, params: study.evaluate_outside(budgeted, config, params, worker, source="dp"),
+            )
         else:
             _dp_start(space, budgeted)
     if method == "random":

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from autotune.specs import Measurement, ParallelConfig
 
-_KINDS = (("forward", "#4C72B0"), ("backward", "#DD8452"), ("recompute", "#8172B3"), ("all-reduce", "#55A868"),
-          ("optimizer", "#937860"), ("weight upload", "#BBBBBB"), ("other", "#C44E52"))
+_KINDS = (
+    ("forward", "#4C72B0"),
+    ("backward", "#DD8452"),
+    ("recompute", "#8172B3"),
+    ("all-reduce", "#55A868"),
+    ("optimizer", "#937860"),
+    ("weight upload", "#BBBBBB"),
+    ("other", "#C44E52"),
+)
 _COLOUR = dict(_KINDS)
 
 
@@ -70,8 +77,12 @@ def timeline_png(config: ParallelConfig, measurement: Measurement, path: Path, t
             continue
         for s, stage in enumerate(pipe.stages):
             tp = len(stage.devices)
-            label = (f"r{r} s{s}  {_device_range(stage.devices)}" + (f" (tp {tp})" if tp > 1 else "")
-                     + f"  {stage.layers} layers" + (" R" if stage.recompute else ""))
+            label = (
+                f"r{r} s{s}  {_device_range(stage.devices)}"
+                + (f" (tp {tp})" if tp > 1 else "")
+                + f"  {stage.layers} layers"
+                + (" R" if stage.recompute else "")
+            )
             rows.append((r, s, stage.devices[0], label))
     row_of = {dev: i for i, (_, _, dev, _) in enumerate(rows)}
     boxes: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
@@ -93,17 +104,20 @@ def timeline_png(config: ParallelConfig, measurement: Measurement, path: Path, t
     else:
         seen = {kind for _, kind in boxes}
         handles = [Patch(color=c, label=k) for k, c in _KINDS if k in seen]
-        ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=7, ncol=len(handles),
-                  frameon=False)
+        ax.legend(
+            handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=7, ncol=len(handles), frameon=False
+        )
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([label for *_, label in rows], fontsize=7 if len(rows) <= 40 else 5)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlabel("time in one iteration (s)")
     n_dev = len(config.devices)
     stages = max((p.roundpipe.num_stages if p.roundpipe is not None else len(p.stages)) for p in config.pipelines)
-    head = title or (f"best plan: {measurement.tokens_per_s:,.0f} tokens/s, iteration {measurement.iteration_time_s:.3f} s, "
-                     f"{len(config.pipelines)} replicas x {stages} stages "
-                     f"on {n_dev} devices, micro-batch {config.micro_batch_size}, {config.schedule}")
+    head = title or (
+        f"best plan: {measurement.tokens_per_s:,.0f} tokens/s, iteration {measurement.iteration_time_s:.3f} s, "
+        f"{len(config.pipelines)} replicas x {stages} stages "
+        f"on {n_dev} devices, micro-batch {config.micro_batch_size}, {config.schedule}"
+    )
     fig.suptitle(head, fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.97 if height > 4 else 0.93))
     fig.savefig(path, dpi=110)
@@ -111,8 +125,13 @@ def timeline_png(config: ParallelConfig, measurement: Measurement, path: Path, t
     return path
 
 
-def progress_png(best_curve: Sequence[float], path: Path, title: str = "", scores: Sequence[float] = (),
-                 statuses: Sequence[str] | None = None) -> Path:
+def progress_png(
+    best_curve: Sequence[float],
+    path: Path,
+    title: str = "",
+    scores: Sequence[float] = (),
+    statuses: Sequence[str] | None = None,
+) -> Path:
     """Best tokens/s found vs number of evaluated plans, each plan's own throughput as a dot.
 
     Plans that do not run (out of memory, failed) have no throughput: they are drawn as red marks
@@ -124,8 +143,9 @@ def progress_png(best_curve: Sequence[float], path: Path, title: str = "", score
     ok = [(x, s) for x, s, st in zip(xs, scores, statuses) if st == "ok"]
     bad = [(x, st) for x, st in zip(xs, statuses) if st != "ok"]
     if ok:
-        ax.scatter([x for x, _ in ok], [s for _, s in ok], s=10, color="#7f7f7f", label=f"plan that runs ({len(ok)})",
-                   zorder=2)
+        ax.scatter(
+            [x for x, _ in ok], [s for _, s in ok], s=10, color="#7f7f7f", label=f"plan that runs ({len(ok)})", zorder=2
+        )
     ax.step(xs, best_curve, where="post", color="#4C72B0", lw=2, label="best so far", zorder=3)
     top = max(best_curve, default=0.0) or 1.0
     if bad:  # a strip below the axis for the plans that have no throughput
@@ -137,8 +157,16 @@ def progress_png(best_curve: Sequence[float], path: Path, title: str = "", score
         pts = [x for x, st in bad if st == label]
         if pts:
             name = {"oom": "out of memory", "failed": "failed", "timeout": "timed out"}[label]
-            ax.scatter(pts, [-0.07 * top] * len(pts), marker=marker, s=14, color=colour, lw=0.8,
-                       label=f"{name} ({len(pts)}): no throughput", zorder=2)
+            ax.scatter(
+                pts,
+                [-0.07 * top] * len(pts),
+                marker=marker,
+                s=14,
+                color=colour,
+                lw=0.8,
+                label=f"{name} ({len(pts)}): no throughput",
+                zorder=2,
+            )
     ax.set_xlabel("evaluated plans")
     ax.set_ylabel("tokens/s")
     ax.set_xlim(0, max(len(xs), 1) + 1)

@@ -51,8 +51,9 @@ class CalibrationScreen:
     ``real`` is the real evaluator (``runner.RealEvaluator``, or any evaluator standing in for it);
     ``simulator`` the starting simulator (``Simulator(cluster, model, profile)``)."""
 
-    def __init__(self, real, simulator, min_real_runs: int = MIN_REAL_RUNS,
-                 keep_fraction: float = KEEP_FRACTION) -> None:
+    def __init__(
+        self, real, simulator, min_real_runs: int = MIN_REAL_RUNS, keep_fraction: float = KEEP_FRACTION
+    ) -> None:
         from autotune.calibration.online import CalibratingEvaluator
 
         if not 0.0 <= keep_fraction <= 1.0:
@@ -102,8 +103,11 @@ class CalibrationScreen:
         measured = self.calibrating.evaluate(config)
         if predicted is not None and predicted.ok and measured.ok and measured.iteration_time_s > 0:
             t = abs(predicted.iteration_time_s - measured.iteration_time_s) / measured.iteration_time_s
-            mem = [abs(predicted.peak_memory_GiB[d] - g) / g for d, g in measured.peak_memory_GiB.items()
-                   if g > 0 and d in predicted.peak_memory_GiB]
+            mem = [
+                abs(predicted.peak_memory_GiB[d] - g) / g
+                for d, g in measured.peak_memory_GiB.items()
+                if g > 0 and d in predicted.peak_memory_GiB
+            ]
             self.errors[config] = PredictionError(config, t, sum(mem) / len(mem) if mem else None)
         return measured
 
@@ -134,7 +138,9 @@ class CalibrationScreen:
             ratio = pred.tokens_per_s / ref.tokens_per_s
             if ratio >= self.keep_fraction:
                 return None
-            reason = (f"screened out: predicted {ratio:.2f} x the best measured plan's predicted throughput "
-                      f"(keep >= {self.keep_fraction})")
+            reason = (
+                f"screened out: predicted {ratio:.2f} x the best measured plan's predicted throughput "
+                f"(keep >= {self.keep_fraction})"
+            )
         log.info("%s: %s", reason, config.describe())
         return replace(pred, oom=False, timeline=(), status=PRUNED, error=reason)

@@ -43,9 +43,14 @@ class SearchSummary:
 
     def metrics(self) -> dict[str, float]:
         """The parent run's summary metrics (MLflow's comparison columns)."""
-        out = {"found_at": float(self.found_at), "oom_plans": float(self.oom), "failed_plans": float(self.failed),
-               "invalid_proposals": float(self.invalid), "wall_time_s": self.wall_time_s,
-               "evaluations_per_s": self.evaluations_per_s}
+        out = {
+            "found_at": float(self.found_at),
+            "oom_plans": float(self.oom),
+            "failed_plans": float(self.failed),
+            "invalid_proposals": float(self.invalid),
+            "wall_time_s": self.wall_time_s,
+            "evaluations_per_s": self.evaluations_per_s,
+        }
         if self.uniform_best_tokens_per_s is not None:
             out["uniform_best_tokens_per_s"] = self.uniform_best_tokens_per_s
         if self.speedup_vs_uniform is not None:
@@ -53,44 +58,78 @@ class SearchSummary:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"evaluations": self.evaluations, "new_evaluations": self.new_evaluations, "found_at": self.found_at,
-                "oom": self.oom, "failed": self.failed, "invalid": self.invalid, "wall_time_s": self.wall_time_s,
-                "evaluations_per_s": self.evaluations_per_s,
-                "top": [{"index": ev.index, "config": ev.config.to_dict(), "measurement": ev.measurement.to_dict()}
-                        for ev in self.top],
-                "uniform_best_tokens_per_s": self.uniform_best_tokens_per_s,
-                "uniform_evaluations": self.uniform_evaluations, "uniform_grid": self.uniform_grid,
-                "speedup_vs_uniform": self.speedup_vs_uniform}
+        return {
+            "evaluations": self.evaluations,
+            "new_evaluations": self.new_evaluations,
+            "found_at": self.found_at,
+            "oom": self.oom,
+            "failed": self.failed,
+            "invalid": self.invalid,
+            "wall_time_s": self.wall_time_s,
+            "evaluations_per_s": self.evaluations_per_s,
+            "top": [
+                {"index": ev.index, "config": ev.config.to_dict(), "measurement": ev.measurement.to_dict()}
+                for ev in self.top
+            ],
+            "uniform_best_tokens_per_s": self.uniform_best_tokens_per_s,
+            "uniform_evaluations": self.uniform_evaluations,
+            "uniform_grid": self.uniform_grid,
+            "speedup_vs_uniform": self.speedup_vs_uniform,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SearchSummary":
+    def from_dict(cls, d: dict[str, Any]) -> SearchSummary:
         from autotune.specs import ParallelConfig
 
-        top = tuple(Evaluation(int(t["index"]), ParallelConfig.from_dict(t["config"], source="summary"),
-                               Measurement.from_dict(t["measurement"])) for t in d.get("top", ()))
-        return cls(evaluations=int(d["evaluations"]), new_evaluations=int(d["new_evaluations"]),
-                   found_at=int(d["found_at"]), oom=int(d["oom"]), failed=int(d["failed"]), invalid=int(d["invalid"]),
-                   wall_time_s=float(d["wall_time_s"]), evaluations_per_s=float(d["evaluations_per_s"]), top=top,
-                   uniform_best_tokens_per_s=d.get("uniform_best_tokens_per_s"),
-                   uniform_evaluations=int(d.get("uniform_evaluations", 0)), uniform_grid=int(d.get("uniform_grid", 0)))
+        top = tuple(
+            Evaluation(
+                int(t["index"]),
+                ParallelConfig.from_dict(t["config"], source="summary"),
+                Measurement.from_dict(t["measurement"]),
+            )
+            for t in d.get("top", ())
+        )
+        return cls(
+            evaluations=int(d["evaluations"]),
+            new_evaluations=int(d["new_evaluations"]),
+            found_at=int(d["found_at"]),
+            oom=int(d["oom"]),
+            failed=int(d["failed"]),
+            invalid=int(d["invalid"]),
+            wall_time_s=float(d["wall_time_s"]),
+            evaluations_per_s=float(d["evaluations_per_s"]),
+            top=top,
+            uniform_best_tokens_per_s=d.get("uniform_best_tokens_per_s"),
+            uniform_evaluations=int(d.get("uniform_evaluations", 0)),
+            uniform_grid=int(d.get("uniform_grid", 0)),
+        )
 
 
-def summarize(budgeted: BudgetedEvaluator, wall_time_s: float, preloaded: int,
-              uniform: tuple[float, int, int] | None = None) -> SearchSummary:
+def summarize(
+    budgeted: BudgetedEvaluator, wall_time_s: float, preloaded: int, uniform: tuple[float, int, int] | None = None
+) -> SearchSummary:
     history = budgeted.history
-    top = tuple(Evaluation(ev.index, ev.config, ev.measurement)
-                for ev in sorted((ev for ev in history if ev.measurement.ok), key=lambda ev: -ev.score)[:TOP])
+    top = tuple(
+        Evaluation(ev.index, ev.config, ev.measurement)
+        for ev in sorted((ev for ev in history if ev.measurement.ok), key=lambda ev: -ev.score)[:TOP]
+    )
     best = budgeted.best
     new = max(0, len(history) - preloaded)
     ub, un, grid = uniform if uniform is not None else (None, 0, 0)
     return SearchSummary(
-        evaluations=len(history), new_evaluations=new,
+        evaluations=len(history),
+        new_evaluations=new,
         found_at=best.index if best is not None and best.measurement.ok else 0,
         oom=sum(ev.measurement.oom for ev in history),
         failed=sum(ev.measurement.status in ("failed", "timeout") for ev in history),
-        invalid=budgeted.invalid, wall_time_s=wall_time_s,
-        evaluations_per_s=new / wall_time_s if wall_time_s > 0 else 0.0, top=top,
-        uniform_best_tokens_per_s=ub, uniform_evaluations=un, uniform_grid=grid)
+        invalid=budgeted.invalid,
+        wall_time_s=wall_time_s,
+        evaluations_per_s=new / wall_time_s if wall_time_s > 0 else 0.0,
+        top=top,
+        uniform_best_tokens_per_s=ub,
+        uniform_evaluations=un,
+        uniform_grid=grid,
+    )
 
 
 def uniform_baseline(budgeted: BudgetedEvaluator, seed: int) -> tuple[float, int, int]:

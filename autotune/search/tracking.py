@@ -32,14 +32,15 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from autotune.errors import SpecError
-from autotune.search import workers
 from autotune.planning.budget import PRUNED, Evaluation
+from autotune.search import workers
 from autotune.specs import Measurement, ParallelConfig
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ def _sqlite_path(uri: str) -> Path | None:
     prefix = "sqlite:///"
     if not uri.startswith(prefix) or ":memory:" in uri:
         return None
-    return Path(uri[len(prefix):].split("?", 1)[0])
+    return Path(uri[len(prefix) :].split("?", 1)[0])
 
 
 @contextmanager
@@ -200,16 +201,22 @@ def artifact_location(tracking_uri: str, experiment: str) -> str | None:
     prefix = "sqlite:///"
     if not tracking_uri.startswith(prefix) or ":memory:" in tracking_uri:
         return None
-    db = Path(tracking_uri[len(prefix):]).resolve()
+    db = Path(tracking_uri[len(prefix) :]).resolve()
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in experiment)
     return (db.parent / "mlruns" / safe).as_uri()
 
 
 def _metrics_of(m: Measurement) -> dict[str, float]:
     peak = max(m.peak_memory_GiB.values(), default=0.0)
-    return {"tokens_per_s": m.tokens_per_s, "iteration_time_s": m.iteration_time_s, "oom": float(m.oom),
-            "mfu": m.mfu, "bubble_fraction": m.bubble_fraction, "peak_memory_max_GiB": peak,
-            "ok": float(m.ok)}
+    return {
+        "tokens_per_s": m.tokens_per_s,
+        "iteration_time_s": m.iteration_time_s,
+        "oom": float(m.oom),
+        "mfu": m.mfu,
+        "bubble_fraction": m.bubble_fraction,
+        "peak_memory_max_GiB": peak,
+        "ok": float(m.ok),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,8 +273,10 @@ class SearchTracker:
         if exp is None:
             try:
                 self.experiment_id = self.client.create_experiment(
-                    experiment, artifact_location=artifact_location(self.tracking_uri, experiment),
-                    tags={EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], "mlflow.note.content": description})
+                    experiment,
+                    artifact_location=artifact_location(self.tracking_uri, experiment),
+                    tags={EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], "mlflow.note.content": description},
+                )
             except MlflowException:  # another search created it a moment ago
                 exp = self.client.get_experiment_by_name(experiment)
                 if exp is None:
@@ -297,8 +306,13 @@ class SearchTracker:
             return False
         return run.info.lifecycle_stage == "active" and run.info.experiment_id == self.experiment_id
 
-    def start(self, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str] | None = None,
-              resume_run_id: str | None = None) -> str:
+    def start(
+        self,
+        run_name: str,
+        params: Mapping[str, Any],
+        tags: Mapping[str, str] | None = None,
+        resume_run_id: str | None = None,
+    ) -> str:
         from mlflow.entities import Param
 
         self.method = str(params.get("method", ""))
@@ -313,8 +327,12 @@ class SearchTracker:
 
     def find_parent(self, key: str) -> str | None:
         """The most recent parent run of this experiment tagged with resume key ``key``, if any."""
-        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{RESUME_TAG}` = '{key}'",
-                                       order_by=["attributes.start_time DESC"], max_results=1)
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{RESUME_TAG}` = '{key}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
         return runs[0].info.run_id if runs else None
 
     def resume(self, run_id: str) -> None:
@@ -361,15 +379,16 @@ class SearchTracker:
         self.client.log_batch(
             child.info.run_id,
             metrics=[Metric(k, float(v), now, 0) for k, v in _metrics_of(m).items() if k not in child.data.metrics],
-            params=[Param(k, str(v)[:_MAX_PARAM]) for k, v in params.items() if k not in have])
+            params=[Param(k, str(v)[:_MAX_PARAM]) for k, v in params.items() if k not in have],
+        )
         self.client.set_terminated(child.info.run_id, "FAILED" if m.status in _FAILED_STATUSES else "FINISHED")
         log.info("completed MLflow run %s, left half-written by a killed search", child.info.run_id)
         return True
 
     def _children(self):
         return self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.parent_id}'",
-            max_results=50000)
+            [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.parent_id}'", max_results=50000
+        )
 
     def recorded(self) -> list[Recorded]:
         """The plans already logged under the parent (in evaluation order)."""
@@ -397,12 +416,21 @@ class SearchTracker:
         text = ev.config.to_json(indent=None)
         m = ev.measurement
         pruned = m.status == PRUNED
-        params = {("pruned_index" if pruned else "eval_index"): ev.index, **shape,
-                  **{f"x.{k}": v for k, v in ev.params.items()}}
-        tags = {"mlflow.parentRunId": self.parent_id, ROLE_TAG: "plan", "autotune.config_key": key,
-                "status": status_of(m), "autotune.method": self.method, WORKER_TAG: self.worker,
-                "autotune.measurement": json.dumps(m.to_dict())[:_MAX_TAG],
-                "autotune.plan": ev.config.describe()[:_MAX_TAG]}
+        params = {
+            ("pruned_index" if pruned else "eval_index"): ev.index,
+            **shape,
+            **{f"x.{k}": v for k, v in ev.params.items()},
+        }
+        tags = {
+            "mlflow.parentRunId": self.parent_id,
+            ROLE_TAG: "plan",
+            "autotune.config_key": key,
+            "status": status_of(m),
+            "autotune.method": self.method,
+            WORKER_TAG: self.worker,
+            "autotune.measurement": json.dumps(m.to_dict())[:_MAX_TAG],
+            "autotune.plan": ev.config.describe()[:_MAX_TAG],
+        }
         params_json = json.dumps(params, default=str)
         if len(params_json) <= _MAX_TAG:
             tags[PARAMS_TAG] = params_json
@@ -417,7 +445,8 @@ class SearchTracker:
         self.client.log_batch(
             child.info.run_id,
             metrics=[Metric(k, float(v), now, 0) for k, v in _metrics_of(m).items()],
-            params=[Param(k, str(v)[:_MAX_PARAM]) for k, v in params.items()])
+            params=[Param(k, str(v)[:_MAX_PARAM]) for k, v in params.items()],
+        )
         if len(text) > _MAX_TAG:
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "config.json"
@@ -440,9 +469,17 @@ class SearchTracker:
         self.client.log_artifact(self.parent_id, str(path))
 
     # -- end ---------------------------------------------------------------------------------------
-    def finish(self, best: Evaluation | None, best_curve: list[float], scores: list[float], title: str,
-               status: str = "FINISHED", summary: Mapping[str, float] | None = None,
-               statuses: list[str] | None = None, artifacts_dir: str | None = None) -> None:
+    def finish(
+        self,
+        best: Evaluation | None,
+        best_curve: list[float],
+        scores: list[float],
+        title: str,
+        status: str = "FINISHED",
+        summary: Mapping[str, float] | None = None,
+        statuses: list[str] | None = None,
+        artifacts_dir: str | None = None,
+    ) -> None:
         """The parent's summary: the best-so-far curve, ``evaluations`` and ``summary`` metrics (the
         comparison columns), the best plan as tag and artifact, and the two pictures (drawn here,
         or already drawn into ``artifacts_dir`` by ``write_artifacts``)."""
@@ -463,7 +500,7 @@ class SearchTracker:
             tags.append(RunTag(BEST_TAG, best.config.to_json(indent=None)[:_MAX_TAG]))
             tags.append(RunTag("autotune.best_summary", best.config.describe()[:_MAX_TAG]))
         for i in range(0, len(metrics), 900):
-            self.client.log_batch(self.parent_id, metrics=metrics[i:i + 900], tags=tags if i == 0 else [])
+            self.client.log_batch(self.parent_id, metrics=metrics[i : i + 900], tags=tags if i == 0 else [])
         if artifacts_dir is not None:
             if any(Path(artifacts_dir).iterdir()):
                 self.client.log_artifacts(self.parent_id, artifacts_dir)
@@ -476,12 +513,20 @@ class SearchTracker:
 
     @property
     def run_url_hint(self) -> str:
-        return (f"mlflow ui --backend-store-uri {self.tracking_uri}  (or `autotune ui`): experiment "
-                f"{self.experiment!r}, run {self.parent_id}")
+        return (
+            f"mlflow ui --backend-store-uri {self.tracking_uri}  (or `autotune ui`): experiment "
+            f"{self.experiment!r}, run {self.parent_id}"
+        )
 
 
-def write_artifacts(directory: str | Path, best: Evaluation | None, best_curve: list[float], scores: list[float],
-                    title: str, statuses: list[str] | None = None) -> None:
+def write_artifacts(
+    directory: str | Path,
+    best: Evaluation | None,
+    best_curve: list[float],
+    scores: list[float],
+    title: str,
+    statuses: list[str] | None = None,
+) -> None:
     """The parent run's files: ``best_config.json``, ``best_timeline.png``, ``search_progress.png``."""
     from autotune.search import plots
 
@@ -492,8 +537,7 @@ def write_artifacts(directory: str | Path, best: Evaluation | None, best_curve: 
         (directory / BEST_ARTIFACT).write_text(json.dumps(doc, indent=2))
         plots.timeline_png(best.config, best.measurement, directory / "best_timeline.png")
     if best_curve:
-        plots.progress_png(best_curve, directory / "search_progress.png", title=title, scores=scores,
-                           statuses=statuses)
+        plots.progress_png(best_curve, directory / "search_progress.png", title=title, scores=scores, statuses=statuses)
 
 
 def _parse_param(v: str) -> Any:
@@ -526,8 +570,22 @@ class SearchRow:
     oom_plans: int  # out of memory: evaluated plans plus those the memory model answered (no budget spent)
     started: str  # local time, "YYYY-MM-DD HH:MM"
 
-    FIELDS = ("method", "budget", "seed", "backend", "best_tokens_per_s", "found_at", "evaluations",
-              "wall_time_s", "speedup_vs_uniform", "oom_plans", "status", "started", "run_name", "run_id")
+    FIELDS = (
+        "method",
+        "budget",
+        "seed",
+        "backend",
+        "best_tokens_per_s",
+        "found_at",
+        "evaluations",
+        "wall_time_s",
+        "speedup_vs_uniform",
+        "oom_plans",
+        "status",
+        "started",
+        "run_name",
+        "run_id",
+    )
 
 
 def _experiment_ids(client, uri: str, experiment: str | None) -> tuple[list[str], str]:
@@ -535,12 +593,21 @@ def _experiment_ids(client, uri: str, experiment: str | None) -> tuple[list[str]
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             names = [e.name for e in client.search_experiments()]
-            raise SpecError(uri, "experiment", f"no experiment {experiment!r} (the store has: "
-                                               f"{', '.join(names) or 'none'})")
+            raise SpecError(
+                uri, "experiment", f"no experiment {experiment!r} (the store has: {', '.join(names) or 'none'})"
+            )
         return [exp.experiment_id], exp.name
     exps = client.search_experiments()
-    latest = client.search_runs([e.experiment_id for e in exps], filter_string=f"tags.`{ROLE_TAG}` = 'search'",
-                                order_by=["attributes.start_time DESC"], max_results=1) if exps else []
+    latest = (
+        client.search_runs(
+            [e.experiment_id for e in exps],
+            filter_string=f"tags.`{ROLE_TAG}` = 'search'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        if exps
+        else []
+    )
     if not latest:
         raise SpecError(uri, "experiment", "no search recorded in this MLflow store; run `autotune search` first")
     exp_id = latest[0].info.experiment_id
@@ -552,8 +619,9 @@ def list_searches(experiment: str | None = None, tracking_uri: str | None = None
     first: (experiment name, rows)."""
     client, uri = _client(tracking_uri)
     exp_ids, name = _experiment_ids(client, uri, experiment)
-    runs = client.search_runs(exp_ids, filter_string=f"tags.`{ROLE_TAG}` = 'search'",
-                              order_by=["attributes.start_time ASC"], max_results=5000)
+    runs = client.search_runs(
+        exp_ids, filter_string=f"tags.`{ROLE_TAG}` = 'search'", order_by=["attributes.start_time ASC"], max_results=5000
+    )
     rows = []
     for r in runs:
         p, m = r.data.params, r.data.metrics
@@ -564,24 +632,41 @@ def list_searches(experiment: str | None = None, tracking_uri: str | None = None
             except (TypeError, ValueError):
                 return default
 
-        rows.append(SearchRow(
-            run_id=r.info.run_id, run_name=r.info.run_name or "", method=p.get("method", "?"),
-            budget=num("budget", int), seed=num("seed", int), backend=p.get("backend", "?"), status=r.info.status,
-            evaluations=int(m.get("evaluations", 0)), best_tokens_per_s=float(m.get("best_tokens_per_s", 0.0)),
-            found_at=int(m.get("found_at", 0)), wall_time_s=float(m.get("wall_time_s", 0.0)),
-            speedup_vs_uniform=m.get("speedup_vs_uniform"), oom_plans=int(m.get("oom_plans", 0) + m.get("memory_screened", 0)),  # evaluated + memory-screened
-            started=time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000))))
+        rows.append(
+            SearchRow(
+                run_id=r.info.run_id,
+                run_name=r.info.run_name or "",
+                method=p.get("method", "?"),
+                budget=num("budget", int),
+                seed=num("seed", int),
+                backend=p.get("backend", "?"),
+                status=r.info.status,
+                evaluations=int(m.get("evaluations", 0)),
+                best_tokens_per_s=float(m.get("best_tokens_per_s", 0.0)),
+                found_at=int(m.get("found_at", 0)),
+                wall_time_s=float(m.get("wall_time_s", 0.0)),
+                speedup_vs_uniform=m.get("speedup_vs_uniform"),
+                oom_plans=int(m.get("oom_plans", 0) + m.get("memory_screened", 0)),  # evaluated + memory-screened
+                started=time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)),
+            )
+        )
     return name, rows
 
 
-def read_best(experiment: str | None = None, tracking_uri: str | None = None) -> tuple[ParallelConfig, Measurement, str]:
+def read_best(
+    experiment: str | None = None, tracking_uri: str | None = None
+) -> tuple[ParallelConfig, Measurement, str]:
     """The best plan recorded in MLflow: over the search runs of ``experiment`` (default: the
     experiment of the most recent search), the one with the highest ``best_tokens_per_s``.
     Returns (config, measurement, parent run id)."""
     client, uri = _client(tracking_uri)
     exp_ids, _ = _experiment_ids(client, uri, experiment)
-    runs = client.search_runs(exp_ids, filter_string=f"tags.`{ROLE_TAG}` = 'search'",
-                              order_by=["metrics.best_tokens_per_s DESC"], max_results=50)
+    runs = client.search_runs(
+        exp_ids,
+        filter_string=f"tags.`{ROLE_TAG}` = 'search'",
+        order_by=["metrics.best_tokens_per_s DESC"],
+        max_results=50,
+    )
     runs = [r for r in runs if BEST_TAG in r.data.tags]
     if not runs:
         raise SpecError(uri, "experiment", "no finished search with a best plan in this experiment")

@@ -17,9 +17,9 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Iterator
 
 GRACE_S = 60.0
 HEARTBEAT_S = 15.0

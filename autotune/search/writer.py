@@ -20,7 +20,8 @@ import logging
 import os
 import queue
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,12 @@ class BackgroundTracker:
         ctx = multiprocessing.get_context("spawn")
         self._calls = ctx.Queue()
         self._replies = ctx.Queue()
-        self._proc = ctx.Process(target=_serve, name="autotune-mlflow-writer", daemon=True,
-                                 args=(tracking_uri, experiment, description, self._calls, self._replies, os.getpid()))
+        self._proc = ctx.Process(
+            target=_serve,
+            name="autotune-mlflow-writer",
+            daemon=True,
+            args=(tracking_uri, experiment, description, self._calls, self._replies, os.getpid()),
+        )
         self._proc.start()
         self.tracking_uri = tracking_uri or DEFAULT_TRACKING_URI
         self.experiment = experiment
@@ -96,8 +101,9 @@ class BackgroundTracker:
         """Collect replies; with ``block_for`` wait until that call's reply arrives."""
         while True:
             try:
-                seq, ok, value = self._replies.get(timeout=timeout) if block_for is not None else \
-                    self._replies.get_nowait()
+                seq, ok, value = (
+                    self._replies.get(timeout=timeout) if block_for is not None else self._replies.get_nowait()
+                )
             except queue.Empty:
                 if block_for is None:
                     return
@@ -156,8 +162,9 @@ class BackgroundTracker:
     def log_parent_artifact(self, path) -> None:
         self._call("log_parent_artifact", str(path))  # waits: the file may be a temporary one
 
-    def finish(self, best, best_curve, scores, title: str, status: str = "FINISHED", summary=None,
-               statuses=None) -> None:
+    def finish(
+        self, best, best_curve, scores, title: str, status: str = "FINISHED", summary=None, statuses=None
+    ) -> None:
         """Draw the pictures here while the writer is still busy with the children, then wait for it."""
         import shutil
         import tempfile
@@ -167,8 +174,17 @@ class BackgroundTracker:
         tmp = tempfile.mkdtemp(prefix="autotune-artifacts-")
         try:
             write_artifacts(tmp, best, best_curve, scores, title, statuses)
-            self._call("finish", best, best_curve, scores, title, status=status, summary=summary,
-                       statuses=statuses, artifacts_dir=tmp)
+            self._call(
+                "finish",
+                best,
+                best_curve,
+                scores,
+                title,
+                status=status,
+                summary=summary,
+                statuses=statuses,
+                artifacts_dir=tmp,
+            )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             self.close()

@@ -35,8 +35,10 @@ class BackwardRatio:
 #: (GPU class, precision, attention) -> measured backward / forward ratio of a block
 BACKWARD_RATIOS: dict[tuple[str, str, str], BackwardRatio] = {
     ("GH200", "fp32", "standard"): BackwardRatio(
-        2.48, "fitted to Sailor's OPT-350M block times (mbs 1-8, tp 4, GH200, Megatron-DeepSpeed fp32, unfused "
-              "attention): experiments/sailor_validation.py --fit-backward; GPT-Neo-2.7B held out"),
+        2.48,
+        "fitted to Sailor's OPT-350M block times (mbs 1-8, tp 4, GH200, Megatron-DeepSpeed fp32, unfused "
+        "attention): experiments/sailor_validation.py --fit-backward; GPT-Neo-2.7B held out",
+    ),
 }
 
 

@@ -65,8 +65,7 @@ def _protocols(kind: str) -> tuple[str, ...]:
     return PROTOCOLS if kind == "nvlink" else ("LL", "Simple")
 
 
-def collective_s(op: str, num_bytes: float, ranks: int, bandwidth_GBps: float, latency_us: float,
-                 kind: str) -> float:
+def collective_s(op: str, num_bytes: float, ranks: int, bandwidth_GBps: float, latency_us: float, kind: str) -> float:
     """Seconds of a ring ``op`` (``allreduce``, ``reduce_scatter``, ``all_gather``) of ``num_bytes`` per
     rank among ``ranks`` ranks over links of ``kind``."""
     if ranks <= 1:
@@ -90,5 +89,8 @@ def send_s(num_bytes: float, bandwidth_GBps: float, latency_us: float, kind: str
     if kind == "host":
         return latency_us * 1e-6 + num_bytes / (bandwidth_GBps * 1e9)
     bw = bandwidth_GBps * 1e9 * BUS_EFFICIENCY[kind]
-    return min((BASE_LATENCY_US[p] + max(STEP_LATENCY_US[kind][p], latency_us)) * 1e-6
-               + num_bytes / (bw * PROTOCOL_BANDWIDTH[p]) for p in _protocols(kind))
+    return min(
+        (BASE_LATENCY_US[p] + max(STEP_LATENCY_US[kind][p], latency_us)) * 1e-6
+        + num_bytes / (bw * PROTOCOL_BANDWIDTH[p])
+        for p in _protocols(kind)
+    )

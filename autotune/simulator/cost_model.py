@@ -37,7 +37,6 @@ from autotune.simulator.zero import stage_states, state_bytes_for
 from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, NodeSpec
 
 
-
 @dataclass(frozen=True, slots=True)
 class StageEstimate:
     """What ``CostModel.stage_estimate`` predicts for one stage (times per micro-batch)."""
@@ -54,7 +53,9 @@ class StageEstimate:
         return self.memory_GiB <= self.usable_GiB
 
 
-OPTIMIZER_BYTES_PER_PARAM = 28  # Adam step traffic: read 4+4+4+2, write 4+4+4+2 bytes per parameter (fp32: 4+4+4+4, 4+4+4)
+OPTIMIZER_BYTES_PER_PARAM = (
+    28  # Adam step traffic: read 4+4+4+2, write 4+4+4+2 bytes per parameter (fp32: 4+4+4+4, 4+4+4)
+)
 _NO_LINK = LinkSpec(1.0, 0.0)  # a group of one device communicates with nobody
 
 
@@ -98,8 +99,9 @@ class CostModel:
         for n in self._eff.nodes:
             key = f"{n.device.name}@{n.slowdown:g}"
             if key not in self.rates:
-                self.rates[key] = DeviceRates(n.device, profile.device(n.device.name) if profile else None,
-                                              n.slowdown, model.precision)
+                self.rates[key] = DeviceRates(
+                    n.device, profile.device(n.device.name) if profile else None, n.slowdown, model.precision
+                )
         self.rate_key = {d: f"{n.device.name}@{n.slowdown:g}" for d, n in self.node.items()}
         # a plan is oom when the device view of its memory (allocator peak, pool, CUDA context and library
         # buffers: autotune.simulator.device_memory) exceeds the device's capacity
@@ -116,8 +118,7 @@ class CostModel:
     def memory_use(self, m: Measurement) -> float:
         """The fullest device's peak over its usable memory (capacity less the reserve) in ``m``; > 1
         does not fit. Offloaded state counts as its node's host use over the host's memory."""
-        use = max((gib / self.usable[d] for d, gib in m.peak_memory_GiB.items() if d in self.usable),
-                  default=0.0)
+        use = max((gib / self.usable[d] for d, gib in m.peak_memory_GiB.items() if d in self.usable), default=0.0)
         for node, gib in m.host_memory_GiB.items():
             spec = self.node_spec.get(node)
             if spec is not None and spec.host.memory_GiB > 0:
@@ -126,16 +127,28 @@ class CostModel:
 
     # Cost queries for planners (``autotune.planning.planner``): the same numbers ``evaluate`` composes
 
-    def stage_estimate(self, devices: tuple[str, ...], layers: int, recompute: bool | str, first: bool, last: bool,
-                       mbs: int, in_flight: int, dp: int = 1, zero: int = 0, offload: str = "none",
-                       sequence_parallel: bool = False) -> "StageEstimate":
+    def stage_estimate(
+        self,
+        devices: tuple[str, ...],
+        layers: int,
+        recompute: bool | str,
+        first: bool,
+        last: bool,
+        mbs: int,
+        in_flight: int,
+        dp: int = 1,
+        zero: int = 0,
+        offload: str = "none",
+        sequence_parallel: bool = False,
+    ) -> StageEstimate:
         """One stage of a 1F1B-style pipeline (one model chunk): its forward and backward time per
         micro-batch, its optimizer step, and its peak memory per device holding ``in_flight``
         micro-batches' activations (with ``dp`` data-parallel peers for ZeRO sharding), against the
         smallest usable memory among its devices. Time terms of ZeRO and offload are not included."""
         durs, _, opt = self.stage_costs(tuple(devices), layers, recompute, first, last, mbs, 1, sp=sequence_parallel)
-        memory, host = self.stage_memory_GiB(tuple(devices), layers, recompute, first, last, mbs, in_flight, 1,
-                                              dp, zero, offload, sequence_parallel)
+        memory, host = self.stage_memory_GiB(
+            tuple(devices), layers, recompute, first, last, mbs, in_flight, 1, dp, zero, offload, sequence_parallel
+        )
         memory = self.device_view(devices[0], memory)
         return StageEstimate(durs[0], durs[1], opt, memory, min(self.usable[d] for d in devices), host)
 
@@ -174,8 +187,9 @@ class CostModel:
 
     # ---------------------------------------------------------------------------------------------
 
-    def layer_costs(self, rate_key: str, tp: int, mbs: int, link: LinkSpec, sp: bool = False,
-                     ep: int = 1, kind: str = "nvlink") -> tuple[float, ...]:
+    def layer_costs(
+        self, rate_key: str, tp: int, mbs: int, link: LinkSpec, sp: bool = False, ep: int = 1, kind: str = "nvlink"
+    ) -> tuple[float, ...]:
         """Seconds on one device type for one micro-batch, tensor-parallel communication included:
         (layer forward, layer backward, layer backward with full recomputation, layer backward with
         selective recomputation, embedding forward, embedding backward, head forward, head backward,
@@ -263,8 +277,18 @@ class CostModel:
         self._layer_cache[key] = out
         return out
 
-    def stage_costs(self, devices: tuple[str, ...], layers: int, recompute: bool | str, first: bool, last: bool,
-                     mbs: int, v: int, ep: int = 1, sp: bool = False) -> tuple:
+    def stage_costs(
+        self,
+        devices: tuple[str, ...],
+        layers: int,
+        recompute: bool | str,
+        first: bool,
+        last: bool,
+        mbs: int,
+        v: int,
+        ep: int = 1,
+        sp: bool = False,
+    ) -> tuple:
         """(durations [F, B per chunk], parameters per device, optimizer seconds) of one stage."""
         key = (devices, layers, recompute, first, last, mbs, v, ep, sp)
         hit = self._stage_cache.get(key)
@@ -277,8 +301,9 @@ class CostModel:
         durs = [0.0] * (2 * v)
         opt_s = 0.0
         for rk in sorted({self.rate_key[d] for d in devices}):  # mixed types: the slowest sets the pace
-            lf, lb, lbr, lbs, ef, eb, hf, hb, opt = self.layer_costs(rk, tp, mbs, link, sp, ep,
-                                                                      self.group_kind(devices))
+            lf, lb, lbr, lbs, ef, eb, hf, hb, opt = self.layer_costs(
+                rk, tp, mbs, link, sp, ep, self.group_kind(devices)
+            )
             lback = lbr if recompute is True else lbs if recompute == "selective" else lb
             # a profile's measured pipeline-runtime cost per micro-batch and stage chunk (calibration)
             prof = self.rates[rk].profile
@@ -301,16 +326,42 @@ class CostModel:
         self._stage_cache[key] = out
         return out
 
-    def stage_memory_GiB(self, devices: tuple[str, ...], layers: int, recompute: bool | str, first: bool,
-                          last: bool, mbs: int, in_flight: int, v: int, dp: int = 1, zero: int = 0,
-                          offload: str = "none", sp: bool = False) -> tuple[float, float]:
+    def stage_memory_GiB(
+        self,
+        devices: tuple[str, ...],
+        layers: int,
+        recompute: bool | str,
+        first: bool,
+        last: bool,
+        mbs: int,
+        in_flight: int,
+        v: int,
+        dp: int = 1,
+        zero: int = 0,
+        offload: str = "none",
+        sp: bool = False,
+    ) -> tuple[float, float]:
         """(device peak GiB, host GiB of offloaded state) of one device of a stage."""
         prof = self.profile.device(self.node[devices[0]].device.name) if self.profile is not None else None
         tp = len(devices)
         sp = sp and tp > 1
         elem = self.rates[self.rate_key[devices[0]]].elem_bytes
-        key = (tp, layers, recompute, first, last, mbs, in_flight, v, prof.name if prof else None,
-               dp if zero or offload != "none" else 1, zero, offload, sp, elem)
+        key = (
+            tp,
+            layers,
+            recompute,
+            first,
+            last,
+            mbs,
+            in_flight,
+            v,
+            prof.name if prof else None,
+            dp if zero or offload != "none" else 1,
+            zero,
+            offload,
+            sp,
+            elem,
+        )
         hit = self._memory_cache.get(key)
         if hit is None:
             full = kept = per_param = None
@@ -335,11 +386,29 @@ class CostModel:
                     split = split.scaled_to(per_param)
                 st = stage_states(self.model, layers, len(devices), first, last, dp, zero, offload, split)
                 states_bytes, host_GiB = st.device_bytes + st.working_bytes, st.host_bytes / 2**30
-            dev = stage_peak_GiB(self.model, mbs, tp, layers, recompute, in_flight, v, first, last,
-                                 full, kept, baseline, per_param, act_factor, states_bytes, sp, elem)
+            dev = stage_peak_GiB(
+                self.model,
+                mbs,
+                tp,
+                layers,
+                recompute,
+                in_flight,
+                v,
+                first,
+                last,
+                full,
+                kept,
+                baseline,
+                per_param,
+                act_factor,
+                states_bytes,
+                sp,
+                elem,
+            )
             hit = (dev, host_GiB)
             self._memory_cache[key] = hit
         return hit
+
     def p2p(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int, sp: bool = False) -> float:
         """One activation (or its gradient) from stage ``src`` to stage ``dst``: each tensor-parallel rank
         sends the ``e b s h`` tensor to its peer (``1 / tp`` of it with sequence parallelism, where the
@@ -397,17 +466,19 @@ class CostModel:
             return allocated_GiB * (1.0 + dm.fragmentation) + prof.memory_baseline_GiB
         return dm.device_GiB(allocated_GiB)
 
-
     def dp_stage(self, devices: tuple[str, ...]) -> tuple:
         """(nodes, intra-node GB/s, network GB/s, intra latency us, network latency us) of one stage as a
         data-parallel ring member: its tensor-parallel ranks carry their shards in parallel."""
         hit = self._dp_stage_cache.get(devices)
         if hit is None:
             nodes = {self.node[d].name: self.node[d] for d in devices}
-            hit = (frozenset(nodes), len(devices) * min(n.intra_node.bandwidth_GBps for n in nodes.values()),
-                   sum(n.network.bandwidth_GBps for n in nodes.values()),
-                   max(n.intra_node.latency_us for n in nodes.values()),
-                   max(n.network.latency_us for n in nodes.values()))
+            hit = (
+                frozenset(nodes),
+                len(devices) * min(n.intra_node.bandwidth_GBps for n in nodes.values()),
+                sum(n.network.bandwidth_GBps for n in nodes.values()),
+                max(n.intra_node.latency_us for n in nodes.values()),
+                max(n.network.latency_us for n in nodes.values()),
+            )
             self._dp_stage_cache[devices] = hit
         return hit
 
@@ -424,8 +495,9 @@ class CostModel:
     # ---------------------------------------------------------------------------------------------
     # One iteration
 
-    def moe_stage(self, costs: tuple, gib: float, host_gib: float, stage, trained: int, ep: int, dp: int,
-                   zero: int) -> tuple[tuple, float, float]:
+    def moe_stage(
+        self, costs: tuple, gib: float, host_gib: float, stage, trained: int, ep: int, dp: int, zero: int
+    ) -> tuple[tuple, float, float]:
         """A stage's (durations, parameters, optimizer seconds), device and host memory with its experts as
         held: ``E / ep`` of them, ``trained`` of those with gradients and optimizer state, ZeRO-sharded over
         the expert's own data-parallel peers (``moe.expert_state_delta_bytes``)."""
@@ -434,7 +506,12 @@ class CostModel:
         split = state_bytes_for(self.model)
         if prof is not None and prof.state_bytes_per_param:
             split = split.scaled_to(prof.state_bytes_per_param)
-        dev, host = moe.expert_state_delta_bytes(self.model, stage.layers, stage.tp, ep, trained, dp, zero,
-                                                 stage.offload, split)
+        dev, host = moe.expert_state_delta_bytes(
+            self.model, stage.layers, stage.tp, ep, trained, dp, zero, stage.offload, split
+        )
         stepped = params + moe.optimizer_param_delta(self.model, stage.layers, stage.tp, trained)
-        return (durs, stepped, opt_s * stepped / params if params > 0 else opt_s), gib + dev / GiB, host_gib + host / GiB
+        return (
+            (durs, stepped, opt_s * stepped / params if params > 0 else opt_s),
+            gib + dev / GiB,
+            host_gib + host / GiB,
+        )

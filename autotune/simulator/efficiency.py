@@ -26,8 +26,8 @@ from autotune.profile import DeviceProfile
 from autotune.simulator.flops import Matmul
 from autotune.specs import DeviceSpec
 
-PEAK_FRACTION = 0.8    # sustained fraction of datasheet dense 16-bit peak for large matmuls (assumption)
-HALF_SIZE = 512.0      # equivalent square size at which a matmul reaches half of PEAK_FRACTION
+PEAK_FRACTION = 0.8  # sustained fraction of datasheet dense 16-bit peak for large matmuls (assumption)
+HALF_SIZE = 512.0  # equivalent square size at which a matmul reaches half of PEAK_FRACTION
 MEMORY_FRACTION = 0.8  # sustained fraction of datasheet memory bandwidth for streaming kernels (assumption)
 
 
@@ -44,8 +44,9 @@ class DeviceRates:
 
     __slots__ = ("device", "profile", "slowdown", "memory_bandwidth_GBps", "precision", "peak_tflops", "elem_bytes")
 
-    def __init__(self, device: DeviceSpec, profile: DeviceProfile | None = None, slowdown: float = 1.0,
-                 precision: str = "bf16") -> None:
+    def __init__(
+        self, device: DeviceSpec, profile: DeviceProfile | None = None, slowdown: float = 1.0, precision: str = "bf16"
+    ) -> None:
         self.device = device
         self.profile = profile
         self.slowdown = slowdown

@@ -60,12 +60,12 @@ def layer_matmuls(model: ModelSpec, micro_batch_size: int, tp: int) -> tuple[Mat
     kv_dev = max(model.kv_hidden_size // tp, model.head_dim)
     up = 2 * f if model.mlp == "swiglu" else f  # SwiGLU: gate and up projections, fused
     return (
-        Matmul(tokens, h // tp + 2 * kv_dev, h),           # Q, K, V projections
-        Matmul(s, s, model.head_dim, b * heads),            # scores Q K^T, per sequence and head
-        Matmul(s, model.head_dim, s, b * heads),            # probabilities times V
-        Matmul(tokens, h, h // tp),                         # output projection
-        Matmul(tokens, up // tp, h),                        # MLP up (and gate)
-        Matmul(tokens, h, f // tp),                         # MLP down
+        Matmul(tokens, h // tp + 2 * kv_dev, h),  # Q, K, V projections
+        Matmul(s, s, model.head_dim, b * heads),  # scores Q K^T, per sequence and head
+        Matmul(s, model.head_dim, s, b * heads),  # probabilities times V
+        Matmul(tokens, h, h // tp),  # output projection
+        Matmul(tokens, up // tp, h),  # MLP up (and gate)
+        Matmul(tokens, h, f // tp),  # MLP down
     )
 
 
@@ -96,10 +96,10 @@ def megatron_flops_per_iteration(model: ModelSpec, recompute: bool = True) -> fl
     """Narayanan et al. 2021, Sec. 5.1: ``96 B s l h^2 (1 + s/6h + V/16lh)`` FLOPs per iteration with
     activation recomputation (4 passes over the layers), ``72 B s l h^2 (1 + s/6h + V/12lh)`` without.
     GPT shapes (``f = 4h``, no GQA). Used to compare with their Table 1."""
-    B, s, l, h, V = model.global_batch_size, model.seq_len, model.num_layers, model.hidden_size, model.vocab_size
+    B, s, L, h, V = model.global_batch_size, model.seq_len, model.num_layers, model.hidden_size, model.vocab_size
     passes = 4 if recompute else 3
     per_layer = passes * (24 * B * s * h * h + 4 * B * s * s * h)
-    return l * per_layer + 6 * B * s * h * V
+    return L * per_layer + 6 * B * s * h * V
 
 
 #: memory passes over the ``s x s`` score tensor outside the two attention matmuls, when the scores are
@@ -120,7 +120,6 @@ def score_traffic_bytes(model: ModelSpec, micro_batch_size: int, tp: int, elem_b
     ``tp`` devices (0 with fused attention)."""
     if model.attention != "standard":
         return 0.0, 0.0
-    scores = model.num_heads / tp * micro_batch_size * model.seq_len ** 2
+    scores = model.num_heads / tp * micro_batch_size * model.seq_len**2
     drop = DROPOUT_PASSES * elem_bytes + 1 if model.dropout > 0 else 0.0
-    return (scores * (SCORE_PASSES_FORWARD * elem_bytes + drop),
-            scores * (SCORE_PASSES_BACKWARD * elem_bytes + drop))
+    return (scores * (SCORE_PASSES_FORWARD * elem_bytes + drop), scores * (SCORE_PASSES_BACKWARD * elem_bytes + drop))

@@ -49,16 +49,22 @@ from autotune.specs import ModelSpec
 
 GiB = float(2**30)
 BYTES_PER_PARAM_STATE = 16  # Rajbhandari et al. 2020 (ZeRO), mixed-precision Adam: 2 + 2 + 12
-RESERVE_GiB = 1.0           # CUDA context + library workspaces + communication buffers
-RESERVE_FRACTION = 0.05     # caching-allocator fragmentation
+RESERVE_GiB = 1.0  # CUDA context + library workspaces + communication buffers
+RESERVE_FRACTION = 0.05  # caching-allocator fragmentation
 
 
 def usable_memory_GiB(capacity_GiB: float) -> float:
     return capacity_GiB - RESERVE_GiB - RESERVE_FRACTION * capacity_GiB
 
 
-def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, selective: bool = False,
-                           sequence_parallel: bool = False, elem_bytes: int | None = None) -> float:
+def layer_activation_bytes(
+    model: ModelSpec,
+    micro_batch_size: int,
+    tp: int,
+    selective: bool = False,
+    sequence_parallel: bool = False,
+    elem_bytes: int | None = None,
+) -> float:
     """Bytes one transformer layer keeps for the backward of one micro-batch (Korthikanti et al. 2022,
     generalised as the module docstring says). ``elem_bytes``: the element size, default the model's
     precision's (``ModelSpec.bytes_per_element``)."""
@@ -78,8 +84,9 @@ def layer_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, sel
     return s * b * (replicated + split / tp + moe_blocks) + scores
 
 
-def layer_input_bytes(model: ModelSpec, micro_batch_size: int, tp: int = 1, sequence_parallel: bool = False,
-                      elem_bytes: int | None = None) -> float:
+def layer_input_bytes(
+    model: ModelSpec, micro_batch_size: int, tp: int = 1, sequence_parallel: bool = False, elem_bytes: int | None = None
+) -> float:
     """What full recomputation keeps per layer: its input (split along the sequence with sequence
     parallelism)."""
     e = model.bytes_per_element if elem_bytes is None else elem_bytes
@@ -97,10 +104,21 @@ def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool
     return params / tp
 
 
-def stage_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, layers: int, recompute: bool | str,
-                           in_flight_chunks: int, chunks: int, first: bool, last: bool,
-                           measured_full_bytes: float | None = None, measured_kept_bytes: float | None = None,
-                           sequence_parallel: bool = False, elem_bytes: int | None = None) -> float:
+def stage_activation_bytes(
+    model: ModelSpec,
+    micro_batch_size: int,
+    tp: int,
+    layers: int,
+    recompute: bool | str,
+    in_flight_chunks: int,
+    chunks: int,
+    first: bool,
+    last: bool,
+    measured_full_bytes: float | None = None,
+    measured_kept_bytes: float | None = None,
+    sequence_parallel: bool = False,
+    elem_bytes: int | None = None,
+) -> float:
     """Peak activation bytes of one device of a stage holding ``in_flight_chunks`` chunk activations.
     ``recompute``: ``False``, ``True`` (full) or ``"selective"``. ``measured_full_bytes`` /
     ``measured_kept_bytes`` (a calibration profile's per-layer ``activation_bytes`` without / with
@@ -111,12 +129,18 @@ def stage_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, lay
     if measured_full_bytes is not None:
         full = measured_full_bytes
     if recompute is True:
-        kept = (layer_input_bytes(model, micro_batch_size, tp, sequence_parallel, e) if measured_kept_bytes is None
-                else measured_kept_bytes)
+        kept = (
+            layer_input_bytes(model, micro_batch_size, tp, sequence_parallel, e)
+            if measured_kept_bytes is None
+            else measured_kept_bytes
+        )
         total = in_flight_chunks * layers_per_chunk * kept + (full if layers else 0.0)
     elif recompute == "selective":
-        kept = (layer_activation_bytes(model, micro_batch_size, tp, True, sequence_parallel, e)
-                if measured_kept_bytes is None else measured_kept_bytes)
+        kept = (
+            layer_activation_bytes(model, micro_batch_size, tp, True, sequence_parallel, e)
+            if measured_kept_bytes is None
+            else measured_kept_bytes
+        )
         # the backward rebuilds one layer's attention core on top of what the others keep
         total = in_flight_chunks * layers_per_chunk * kept + ((full - kept) if layers else 0.0)
     else:
@@ -129,12 +153,25 @@ def stage_activation_bytes(model: ModelSpec, micro_batch_size: int, tp: int, lay
     return total
 
 
-def stage_peak_GiB(model: ModelSpec, micro_batch_size: int, tp: int, layers: int, recompute: bool | str,
-                   in_flight_chunks: int, chunks: int, first: bool, last: bool,
-                   measured_full_bytes: float | None = None, measured_kept_bytes: float | None = None,
-                   baseline_GiB: float = 0.0, state_bytes_per_param: float | None = None,
-                   activation_factor: float = 1.0, states_bytes: float | None = None,
-                   sequence_parallel: bool = False, elem_bytes: int | None = None) -> float:
+def stage_peak_GiB(
+    model: ModelSpec,
+    micro_batch_size: int,
+    tp: int,
+    layers: int,
+    recompute: bool | str,
+    in_flight_chunks: int,
+    chunks: int,
+    first: bool,
+    last: bool,
+    measured_full_bytes: float | None = None,
+    measured_kept_bytes: float | None = None,
+    baseline_GiB: float = 0.0,
+    state_bytes_per_param: float | None = None,
+    activation_factor: float = 1.0,
+    states_bytes: float | None = None,
+    sequence_parallel: bool = False,
+    elem_bytes: int | None = None,
+) -> float:
     """``baseline_GiB``: a profile's measured per-process memory besides states and activations;
     ``state_bytes_per_param``: a profile's measured bytes per parameter (default 16, ZeRO's figure);
     ``activation_factor``: a profile's measured peak bytes per saved activation byte (default 1);
@@ -142,6 +179,19 @@ def stage_peak_GiB(model: ModelSpec, micro_batch_size: int, tp: int, layers: int
     (``autotune.simulator.zero``), in place of bytes per parameter x parameters."""
     per_param = BYTES_PER_PARAM_STATE if state_bytes_per_param is None else state_bytes_per_param
     states = per_param * stage_params(model, layers, tp, first, last) if states_bytes is None else states_bytes
-    acts = stage_activation_bytes(model, micro_batch_size, tp, layers, recompute, in_flight_chunks, chunks,
-                                  first, last, measured_full_bytes, measured_kept_bytes, sequence_parallel, elem_bytes)
+    acts = stage_activation_bytes(
+        model,
+        micro_batch_size,
+        tp,
+        layers,
+        recompute,
+        in_flight_chunks,
+        chunks,
+        first,
+        last,
+        measured_full_bytes,
+        measured_kept_bytes,
+        sequence_parallel,
+        elem_bytes,
+    )
     return (states + activation_factor * acts) / GiB + baseline_GiB

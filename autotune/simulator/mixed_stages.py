@@ -69,13 +69,25 @@ def _from_compiled(comp: CompiledSchedule, v: int) -> PipelineProgram:
             sources += [(s, 2 * c), (s, 2 * c + 1)]
             sends.append(1 + s + 1 if s < p - 1 else 1 if c < v - 1 else 0)
             sends.append(1 + p + s - 1 if s > 0 else 1 + 2 * p - 1 if c > 0 else 0)
-    return PipelineProgram(p, tuple((s, 0) for s in range(p)), comp.program, comp.stages, comp.labels, comp.last,
-                           comp.in_flight, transfers, tuple((s,) for s in range(p)), tuple(sources), tuple(sends))
+    return PipelineProgram(
+        p,
+        tuple((s, 0) for s in range(p)),
+        comp.program,
+        comp.stages,
+        comp.labels,
+        comp.last,
+        comp.in_flight,
+        transfers,
+        tuple((s,) for s in range(p)),
+        tuple(sources),
+        tuple(sends),
+    )
 
 
 @lru_cache(maxsize=512)
-def compile_pipeline(schedule: str, p: int, m: int, v: int = 1,
-                     shares: tuple[tuple[int, ...], ...] | None = None) -> PipelineProgram:
+def compile_pipeline(
+    schedule: str, p: int, m: int, v: int = 1, shares: tuple[tuple[int, ...], ...] | None = None
+) -> PipelineProgram:
     """The program of one pipeline of ``p`` stages and ``m`` micro-batches; ``shares[s]`` the micro-batch
     share of each rank of stage ``s`` (None or one rank everywhere: ``compile_schedule``'s program)."""
     if shares is None or all(len(k) == 1 for k in shares):
@@ -153,8 +165,19 @@ def compile_pipeline(schedule: str, p: int, m: int, v: int = 1,
     sends = [0] * len(duration)
     for (u, kind, send), i in duration.items():
         sources[i], sends[i] = (u, kind), send
-    return PipelineProgram(p, units, tuple(program), tuple(unit_of), tuple(labels), tuple(last), tuple(in_flight),
-                           tuple(transfers), stage_units, tuple(sources), tuple(sends))  # type: ignore[arg-type]
+    return PipelineProgram(
+        p,
+        units,
+        tuple(program),
+        tuple(unit_of),
+        tuple(labels),
+        tuple(last),
+        tuple(in_flight),
+        tuple(transfers),
+        stage_units,
+        tuple(sources),
+        tuple(sends),
+    )  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)

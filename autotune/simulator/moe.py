@@ -55,15 +55,15 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from autotune.simulator.flops import Matmul, layer_matmuls
 from autotune.simulator.zero import MIXED_PRECISION_ADAM, StateBytes, offload_state_bytes
 from autotune.specs import ModelSpec, ParallelConfig
 
-CAPACITY_FACTOR = 1.25       # expert load over the mean that the busiest expert carries (GShard / Switch)
-SYNC_BYTES_PER_PARAM = 4     # SPES exchange in fp32 (master weights)
+CAPACITY_FACTOR = 1.25  # expert load over the mean that the busiest expert carries (GShard / Switch)
+SYNC_BYTES_PER_PARAM = 4  # SPES exchange in fp32 (master weights)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -79,14 +79,15 @@ def moe_mlp_matmuls(model: ModelSpec, micro_batch_size: int, tp: int, ep: int) -
     rows = max(1, math.ceil(CAPACITY_FACTOR * ep * tokens * k / E))
     up = 2 * f if model.mlp == "swiglu" else f
     return (
-        Matmul(tokens, E, h),                                  # router logits
-        Matmul(rows, -(-up // tp), h, local),                  # expert up (and gate), per local expert
-        Matmul(rows, h, -(-f // tp), local),                   # expert down
+        Matmul(tokens, E, h),  # router logits
+        Matmul(rows, -(-up // tp), h, local),  # expert up (and gate), per local expert
+        Matmul(rows, h, -(-f // tp), local),  # expert down
     )
 
 
-def layer_matmul_s(matmul_s: Callable[[Matmul], float], model: ModelSpec, micro_batch_size: int, tp: int,
-                   ep: int) -> float:
+def layer_matmul_s(
+    matmul_s: Callable[[Matmul], float], model: ModelSpec, micro_batch_size: int, tp: int, ep: int
+) -> float:
     """Forward matmul seconds of one block, averaged over the model's blocks (attention everywhere, the
     dense MLP in dense blocks, router and experts in MoE blocks)."""
     mms = layer_matmuls(model, micro_batch_size, tp)
@@ -178,8 +179,17 @@ def stepping_together(config: ParallelConfig, members: list[tuple]) -> list[list
     return list(groups.values())
 
 
-def expert_state_delta_bytes(model: ModelSpec, layers: int, tp: int, ep: int, trained: int, dp: int, zero: int,
-                             offload: str, state: StateBytes = MIXED_PRECISION_ADAM) -> tuple[float, float]:
+def expert_state_delta_bytes(
+    model: ModelSpec,
+    layers: int,
+    tp: int,
+    ep: int,
+    trained: int,
+    dp: int,
+    zero: int,
+    offload: str,
+    state: StateBytes = MIXED_PRECISION_ADAM,
+) -> tuple[float, float]:
     """(device, host) correction to a stage's model-state bytes, which ``autotune.simulator.zero`` counts as
     if the device held and trained every expert with the dense weights' ``dp`` peers: it holds ``E / ep``
     experts, ``trained`` of them with gradients and optimizer state, ZeRO-sharded over the expert's own
@@ -310,9 +320,12 @@ def exchange(model: ModelSpec, config: ParallelConfig, scope: str, bytes_per_par
     return out
 
 
-def run_collectives(collectives: list[Collective], cursor: dict[tuple[int, int], float],
-                    bandwidth: Callable[[tuple[tuple[int, int], ...]], tuple[float, float]],
-                    nodes: Callable[[tuple[int, int]], frozenset[str]] | None = None) -> list[tuple]:
+def run_collectives(
+    collectives: list[Collective],
+    cursor: dict[tuple[int, int], float],
+    bandwidth: Callable[[tuple[tuple[int, int], ...]], tuple[float, float]],
+    nodes: Callable[[tuple[int, int]], frozenset[str]] | None = None,
+) -> list[tuple]:
     """Advance ``cursor`` ((pipeline, stage) -> time) through ``collectives``: each starts when its last
     participant is free and ends for all when the slowest finishes its wire bytes. Wire bytes are a
     stage's (its ``tp`` devices carry them together); ``bandwidth(parts)`` gives the participating

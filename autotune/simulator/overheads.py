@@ -53,15 +53,27 @@ class HostCost:
 NO_HOST_COST = HostCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "none")
 
 DEFAULT_HOST_COST = HostCost(
-    0.25e-3, 0.5e-3, 0.1e-3, 0.1e-3, 0.3e-3, 0.3e-3,
-    source="estimate: ~25 / ~50 kernels per block forward / backward at ~10 us of eager-PyTorch host time each")
+    0.25e-3,
+    0.5e-3,
+    0.1e-3,
+    0.1e-3,
+    0.3e-3,
+    0.3e-3,
+    source="estimate: ~25 / ~50 kernels per block forward / backward at ~10 us of eager-PyTorch host time each",
+)
 
 #: (GPU class, tensor-parallel degree) -> host cost, from published per-layer measurements
 HOST_COSTS: dict[tuple[str, int], HostCost] = {
     ("GH200", 4): HostCost(
-        1.5e-3, 1.728e-3, 0.967e-3, 0.002e-3, 2.405e-3, 1.663e-3,
+        1.5e-3,
+        1.728e-3,
+        0.967e-3,
+        0.002e-3,
+        2.405e-3,
+        1.663e-3,
         source="Sailor (eth-easl/sailor) profiles_tmp.json, OPT-350M at micro-batch 1, tp 4, GH200 (Clariden): "
-               "Megatron-DeepSpeed fp32, launch-bound"),
+        "Megatron-DeepSpeed fp32, launch-bound",
+    ),
 }
 
 

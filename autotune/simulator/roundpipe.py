@@ -58,10 +58,10 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
-from dataclasses import dataclass
-from typing import Sequence
 
 from autotune.simulator.communication import ring_allreduce_s
 from autotune.simulator.cost_model import CostModel
@@ -80,6 +80,8 @@ HOST_OPTIMIZER_BYTES_PER_PARAM = 16
 def host_bytes_per_param(model) -> float:
     """Host memory per parameter of a roundpipe plan (weights, gradient buffer, optimizer state)."""
     return 2 * model.bytes_per_element + HOST_OPTIMIZER_BYTES_PER_PARAM
+
+
 #: token ids (int64) are the embedding's input
 TOKEN_BYTES = 8
 #: RoundPipe's model presets compute the LM head and the loss this many tokens at a time
@@ -108,9 +110,15 @@ class Partition:
         return len(self.forward_layers) + 1 + len(self.backward_layers)
 
 
-def auto_partition(fwd_s: Sequence[float], bwd_s: Sequence[float], fwd_bytes: Sequence[float],
-                   bwd_bytes: Sequence[float], min_stages: int, upper_threshold: float = 1.1,
-                   memory_limit_bytes: float = math.inf) -> Partition:
+def auto_partition(
+    fwd_s: Sequence[float],
+    bwd_s: Sequence[float],
+    fwd_bytes: Sequence[float],
+    bwd_bytes: Sequence[float],
+    min_stages: int,
+    upper_threshold: float = 1.1,
+    memory_limit_bytes: float = math.inf,
+) -> Partition:
     """RoundPipe's automatic partition of one model, as ``ModelExecutePlan.auto("fused", model)`` makes it.
 
     The units are RoundPipe's layers: the embedding, the ``L`` blocks, the head (final norm, LM head and
@@ -158,8 +166,9 @@ def auto_partition(fwd_s: Sequence[float], bwd_s: Sequence[float], fwd_bytes: Se
     _, fwd, end, bwd, W = best
     # units -> blocks: unit 0 is the embedding, units 1..L the blocks, unit L + 1 the head
     L = n - 2
-    return Partition(tuple(_blocks(run) for run in sorted(fwd)), L + 1 - end,
-                     tuple(_blocks(run) for run in sorted(bwd)), W)
+    return Partition(
+        tuple(_blocks(run) for run in sorted(fwd)), L + 1 - end, tuple(_blocks(run) for run in sorted(bwd)), W
+    )
 
 
 def _pack(order: range, times: Sequence[float], sizes: Sequence[float], W: float, half: float) -> list[tuple[int, int]]:
@@ -246,20 +255,43 @@ def pass_stages(costs: CostModel, rp: RoundPipeStages, mbs: int, device: str) ->
     for k, (a, b) in enumerate(fwd):
         e = k == 0
         saved = kept(a, b, e)
-        stages.append(StageWork(f"F{k}", (b - a) * lf + (ef if e else 0.0), (b - a) * P + (emb if e else 0.0), 0.0,
-                                ids if e else act, act + saved, layer_act + 2 * act, saved))
+        stages.append(
+            StageWork(
+                f"F{k}",
+                (b - a) * lf + (ef if e else 0.0),
+                (b - a) * P + (emb if e else 0.0),
+                0.0,
+                ids if e else act,
+                act + saved,
+                layer_act + 2 * act,
+                saved,
+            )
+        )
     f = rp.fused_layers
     fused_params = f * P + head
-    stages.append(StageWork("FB", f * (lf + lb) + hf + hb, fused_params, fused_params, act, act,
-                            f * layer_act + logits + 2 * act, 0.0))
+    stages.append(
+        StageWork(
+            "FB", f * (lf + lb) + hf + hb, fused_params, fused_params, act, act, f * layer_act + logits + 2 * act, 0.0
+        )
+    )
     for j in range(len(bwd) - 1, -1, -1):
         a, b = bwd[j]
         e = j == 0
         params = (b - a) * P + (emb if e else 0.0)
         saved_in = ((ids if e else 0.0) + (b - a) * act) if layer_grain else (ids if e else act)
         acts = (layer_act if b > a else 0.0) if layer_grain else (b - a) * layer_act
-        stages.append(StageWork(f"B{j}", (b - a) * lbr + ((ef + eb) if e else 0.0), params, params,
-                                act + saved_in, 0.0 if e else act, acts + 2 * act, 0.0))
+        stages.append(
+            StageWork(
+                f"B{j}",
+                (b - a) * lbr + ((ef + eb) if e else 0.0),
+                params,
+                params,
+                act + saved_in,
+                0.0 if e else act,
+                acts + 2 * act,
+                0.0,
+            )
+        )
     return stages
 
 
@@ -267,10 +299,10 @@ def pass_stages(costs: CostModel, rp: RoundPipeStages, mbs: int, device: str) ->
 # One direction of one GPU's host link
 
 
-_ARANGE: dict[int, "np.ndarray"] = {}
+_ARANGE: dict[int, np.ndarray] = {}
 
 
-def _arange(n: int) -> "np.ndarray":
+def _arange(n: int) -> np.ndarray:
     a = _ARANGE.get(n)
     if a is None:
         a = _ARANGE[n] = np.arange(n, dtype=float)
@@ -319,7 +351,7 @@ class _Channel:
         self._put([(t, t + d)], i, i)
         return t + d
 
-    def reserve_many(self, ready: "np.ndarray", d: float) -> "np.ndarray":
+    def reserve_many(self, ready: np.ndarray, d: float) -> np.ndarray:
         """``reserve`` for transfers ready at non-decreasing times, in order; returns their ends. Those
         ready before the last busy interval ends look for gaps one by one; the rest queue at the end:
         ``e_i = d + max(e_(i-1), r_i)``, a running maximum (``g_i = e_i - (i + 1) d = max(g_(i-1), r_i - i d)``)."""
@@ -377,7 +409,7 @@ class _Channel:
 
     def _put(self, pieces: list[tuple[float, float]], i0: int, i1: int) -> None:
         """Insert one piece ``pieces[0]`` that lies in the gap before interval ``i0`` (``i0 == i1``)."""
-        (a, b), = pieces
+        ((a, b),) = pieces
         self.busy_s += b - a
         self._cover(i0, i1, a, b)
 
@@ -416,9 +448,17 @@ def measured_iterations(num_devices: int, stages_per_iteration: int) -> int:
     return num_devices // math.gcd(num_devices, stages_per_iteration)
 
 
-def run_dispatch(stages: Sequence[StageWork], devices: Sequence[str], m_pass: int, passes: int,
-                 bandwidth_GBps: float, latency_us: float, host_s: float = 0.0, timeline: bool = False,
-                 warmup: int = WARMUP_ITERATIONS) -> PipelineResult:
+def run_dispatch(
+    stages: Sequence[StageWork],
+    devices: Sequence[str],
+    m_pass: int,
+    passes: int,
+    bandwidth_GBps: float,
+    latency_us: float,
+    host_s: float = 0.0,
+    timeline: bool = False,
+    warmup: int = WARMUP_ITERATIONS,
+) -> PipelineResult:
     """Simulate ``warmup`` iterations and then one round-robin cycle of them (``measured_iterations``),
     each of ``passes`` passes handing ``stages`` round-robin to ``devices`` with ``m_pass`` micro-batches
     per pass; the period is the cycle's mean time per iteration. See the module docstring for the rules."""
@@ -471,8 +511,14 @@ def run_dispatch(stages: Sequence[StageWork], devices: Sequence[str], m_pass: in
                 out = d2h[g].reserve_many(end, dur(st.out_bytes)) if st.out_bytes > 0 else end
                 if timeline and it == record_it:
                     for j in range(m_pass):
-                        events.append(TimelineEvent(devices[g], f"{st.label}.{j}" if passes == 1 else
-                                                    f"{st.label}.p{p}.{j}", float(start[j]), float(end[j])))
+                        events.append(
+                            TimelineEvent(
+                                devices[g],
+                                f"{st.label}.{j}" if passes == 1 else f"{st.label}.p{p}.{j}",
+                                float(start[j]),
+                                float(end[j]),
+                            )
+                        )
                 if it >= warmup:
                     busy[g] += m_pass * st.compute_s
                 gpu_free[g] = t
@@ -493,15 +539,18 @@ def run_dispatch(stages: Sequence[StageWork], devices: Sequence[str], m_pass: in
     if timeline:  # the recorded iteration, from its first operation (it overlaps its neighbours)
         t0 = min((e.start_s for e in events), default=0.0)
         events = [TimelineEvent(e.device, e.op, e.start_s - t0, e.end_s - t0) for e in events]
-    return PipelineResult(period, gpu_period, host_s, {d: busy[i] / cycle for i, d in enumerate(devices)},
-                          per_stage, tuple(events))
+    return PipelineResult(
+        period, gpu_period, host_s, {d: busy[i] / cycle for i, d in enumerate(devices)}, per_stage, tuple(events)
+    )
 
 
 # --------------------------------------------------------------------------------------------------
 # Measurement of a plan
 
 
-def simulate(costs: CostModel, config: ParallelConfig, timeline: bool = False, memory_only: bool = False) -> Measurement:
+def simulate(
+    costs: CostModel, config: ParallelConfig, timeline: bool = False, memory_only: bool = False
+) -> Measurement:
     """One roundpipe plan's steady-state iteration, memory per GPU and host memory per node; ``memory_only``
     (``Simulator.memory_estimate``): the memory and the stage-size rule only, nothing scheduled."""
     model = costs.model
@@ -522,38 +571,55 @@ def simulate(costs: CostModel, config: ParallelConfig, timeline: bool = False, m
             state = (st.param_bytes + st.grad_bytes) / GiB
             if state > limit / 2 + 1e-9:
                 return Measurement.failure(
-                    "invalid", f"config: pipelines[{r}]: stage {st.label} holds {state:.2f} GiB of parameters and "
-                               f"gradients, over half of memory_limit_GiB {limit:.2f} (RoundPipe keeps the running "
-                               f"stage and the prefetched one within the limit): cut it smaller")
+                    "invalid",
+                    f"config: pipelines[{r}]: stage {st.label} holds {state:.2f} GiB of parameters and "
+                    f"gradients, over half of memory_limit_GiB {limit:.2f} (RoundPipe keeps the running "
+                    f"stage and the prefetched one within the limit): cut it smaller",
+                )
         usage = _gpu_peaks(stages, rp.devices)
         for d, gib in usage.items():
             peak[d] = gib
             if gib > usable_memory_GiB(cluster.device(d).memory_GiB):
                 oom.append(d)
         m_pass = pipe.num_microbatches // rp.accumulation_steps
-        host_gib = (host_bytes_per_param(model) * model.num_params
-                    + m_pass * (sum(st.saved_bytes for st in stages) + model.bytes_per_element * mbs * model.seq_len
-                                * model.hidden_size)) / GiB
+        host_gib = (
+            host_bytes_per_param(model) * model.num_params
+            + m_pass
+            * (sum(st.saved_bytes for st in stages) + model.bytes_per_element * mbs * model.seq_len * model.hidden_size)
+        ) / GiB
         host[node.name] = host.get(node.name, 0.0) + host_gib
         plans.append((pipe, rp, node, stages, m_pass))
     if oom:
         d = oom[0]
         cap = cluster.device(d).memory_GiB
-        return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=True, peak_memory_GiB=peak, status="oom",
-                           host_memory_GiB=host,
-                           error=f"{len(oom)} device(s) out of memory, e.g. {d} needs {peak[d]:.1f} GiB of {cap:g} GiB "
-                                 f"(usable {usable_memory_GiB(cap):.1f}) for its largest stage and the one prefetched "
-                                 "behind it: smaller stages, recompute_grain 'layer' or a smaller micro_batch_size")
+        return Measurement(
+            tokens_per_s=0.0,
+            iteration_time_s=0.0,
+            oom=True,
+            peak_memory_GiB=peak,
+            status="oom",
+            host_memory_GiB=host,
+            error=f"{len(oom)} device(s) out of memory, e.g. {d} needs {peak[d]:.1f} GiB of {cap:g} GiB "
+            f"(usable {usable_memory_GiB(cap):.1f}) for its largest stage and the one prefetched "
+            "behind it: smaller stages, recompute_grain 'layer' or a smaller micro_batch_size",
+        )
     for name, gib in host.items():
         cap = next(n for n in cluster.nodes if n.name == name).host.memory_GiB
         if gib > cap:
-            return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=True, peak_memory_GiB=peak, status="oom",
-                               host_memory_GiB=host,
-                               error=f"host memory of node {name!r} out of memory: RoundPipe's state and kept "
-                                     f"activations need {gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)")
+            return Measurement(
+                tokens_per_s=0.0,
+                iteration_time_s=0.0,
+                oom=True,
+                peak_memory_GiB=peak,
+                status="oom",
+                host_memory_GiB=host,
+                error=f"host memory of node {name!r} out of memory: RoundPipe's state and kept "
+                f"activations need {gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)",
+            )
     if memory_only:
-        return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=False, peak_memory_GiB=peak,
-                           host_memory_GiB=host, status="ok")
+        return Measurement(
+            tokens_per_s=0.0, iteration_time_s=0.0, oom=False, peak_memory_GiB=peak, host_memory_GiB=host, status="ok"
+        )
     n_rep = len(plans)
     allreduce = 0.0
     if n_rep > 1:
@@ -562,11 +628,14 @@ def simulate(costs: CostModel, config: ParallelConfig, timeline: bool = False, m
         allreduce = ring_allreduce_s(model.bytes_per_element * model.num_params, n_rep, bw, lat)
     host_s = allreduce + model.num_params / HOST_ADAM_PARAMS_PER_S
     results = []
-    for pipe, rp, node, stages, m_pass in plans:
+    for _pipe, rp, node, stages, m_pass in plans:
         link = node.host.link
         share = node.host.shared_bandwidth_GBps(len(rp.devices))
-        results.append(run_dispatch(stages, rp.devices, m_pass, rp.accumulation_steps, share, link.latency_us,
-                                    host_s, timeline=timeline))
+        results.append(
+            run_dispatch(
+                stages, rp.devices, m_pass, rp.accumulation_steps, share, link.latency_us, host_s, timeline=timeline
+            )
+        )
     iteration = max(res.period_s for res in results)
     tokens = config.global_batch_size * model.seq_len
     busy_total = sum(sum(res.busy_s.values()) for res in results)
@@ -576,9 +645,17 @@ def simulate(costs: CostModel, config: ParallelConfig, timeline: bool = False, m
     mfu = costs.flops_per_token * tokens / (iteration * peak_flops) if iteration > 0 else 0.0
     slowest_res = max(results, key=lambda res: res.period_s)
     events = tuple(sorted((e for res in results for e in res.events), key=lambda e: (e.start_s, e.device)))
-    return Measurement(tokens_per_s=tokens / iteration, iteration_time_s=iteration, oom=False, peak_memory_GiB=peak,
-                       host_memory_GiB=host, mfu=mfu, bubble_fraction=bubble, stage_busy_s=slowest_res.stage_busy_s,
-                       timeline=events if timeline else ())
+    return Measurement(
+        tokens_per_s=tokens / iteration,
+        iteration_time_s=iteration,
+        oom=False,
+        peak_memory_GiB=peak,
+        host_memory_GiB=host,
+        mfu=mfu,
+        bubble_fraction=bubble,
+        stage_busy_s=slowest_res.stage_busy_s,
+        timeline=events if timeline else (),
+    )
 
 
 def _gpu_peaks(stages: Sequence[StageWork], devices: Sequence[str]) -> dict[str, float]:
@@ -594,15 +671,20 @@ def _gpu_peaks(stages: Sequence[StageWork], devices: Sequence[str]) -> dict[str,
         worst = 0.0
         for i in range(g % G, S, G):
             st, nxt = stages[i], stages[(i + N) % S]
-            worst = max(worst, st.param_bytes + st.grad_bytes + st.activation_bytes + nxt.param_bytes
-                        + nxt.grad_bytes)
+            worst = max(worst, st.param_bytes + st.grad_bytes + st.activation_bytes + nxt.param_bytes + nxt.grad_bytes)
         out[d] = worst / GiB
     return out
 
 
-def auto_stages(costs: CostModel, devices: Sequence[str], mbs: int, upper_threshold: float = 1.1,
-                memory_limit_GiB: float = 0.0, recompute_grain: str = "stage",
-                accumulation_steps: int = 1) -> RoundPipeStages:
+def auto_stages(
+    costs: CostModel,
+    devices: Sequence[str],
+    mbs: int,
+    upper_threshold: float = 1.1,
+    memory_limit_GiB: float = 0.0,
+    recompute_grain: str = "stage",
+    accumulation_steps: int = 1,
+) -> RoundPipeStages:
     """The pool's pipeline as RoundPipe's ``ModelExecutePlan.auto`` would cut it for this model: unit times
     on the pool's slowest GPU (the simulator's, where RoundPipe measures them in a first iteration),
     ``min_stages`` = the pool size, the memory limit (0: RoundPipe's 60% default) in GiB."""
@@ -612,5 +694,12 @@ def auto_stages(costs: CostModel, devices: Sequence[str], mbs: int, upper_thresh
     probe = RoundPipeStages(tuple(devices), (1,), (1,), memory_limit_GiB=memory_limit_GiB)
     limit = probe.memory_limit_for(smallest)
     part = auto_partition(fwd, bwd, fb, bb, len(devices), upper_threshold, limit * GiB)
-    return RoundPipeStages(tuple(devices), part.forward_layers, part.backward_layers, part.fused_layers,
-                           recompute_grain, memory_limit_GiB, accumulation_steps)
+    return RoundPipeStages(
+        tuple(devices),
+        part.forward_layers,
+        part.backward_layers,
+        part.fused_layers,
+        recompute_grain,
+        memory_limit_GiB,
+        accumulation_steps,
+    )

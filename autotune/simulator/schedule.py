@@ -84,7 +84,7 @@ def _stage_orders(schedule: str, p: int, m: int, v: int) -> list[list[tuple[int,
                 ops.append((FORWARD, c, j))
                 c, j = bwd[k]
                 ops.append((BACKWARD, c, j))
-            ops.extend((BACKWARD, c, j) for c, j in bwd[total - warmup:])
+            ops.extend((BACKWARD, c, j) for c, j in bwd[total - warmup :])
         orders.append(ops)
     return orders
 
@@ -135,8 +135,10 @@ def compile_schedule(schedule: str, p: int, m: int, v: int = 1) -> CompiledSched
                 remaining -= 1
                 progressed = True
         if not progressed:
-            raise ScheduleDeadlock(f"{schedule} with {p} stages, {m} micro-batches and {v} virtual stages "
-                                   "deadlocks (use num_microbatches divisible by the number of stages)")
+            raise ScheduleDeadlock(
+                f"{schedule} with {p} stages, {m} micro-batches and {v} virtual stages "
+                "deadlocks (use num_microbatches divisible by the number of stages)"
+            )
     in_flight = []
     for ops in orders:
         live = peak = 0
@@ -147,8 +149,9 @@ def compile_schedule(schedule: str, p: int, m: int, v: int = 1) -> CompiledSched
     return CompiledSchedule(p, tuple(program), tuple(stages), tuple(labels), tuple(last), tuple(in_flight))
 
 
-def run_program(compiled: CompiledSchedule, durs: list[float] | tuple[float, ...],
-                comms: list[float] | tuple[float, ...]) -> tuple[list[float], list[float]]:
+def run_program(
+    compiled: CompiledSchedule, durs: list[float] | tuple[float, ...], comms: list[float] | tuple[float, ...]
+) -> tuple[list[float], list[float]]:
     """Simulate one pipeline; return (end time of every operation, sentinel 0 first; finish time of every
     stage). This loop is the simulator's hot path: plain lists and floats only."""
     end = [0.0]

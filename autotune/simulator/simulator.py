@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from autotune.errors import SpecError
 from autotune.loading import load_cluster, load_config, load_model
@@ -72,16 +73,22 @@ class Simulator:
     ``TimelineEvent`` (slower; the search leaves it off). ``evaluate_detailed`` does that for one call.
     """
 
-    def __init__(self, cluster: ClusterSpec, model: ModelSpec, profile: CalibrationProfile | None = None,
-                 record_timeline: bool = False) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        model: ModelSpec,
+        profile: CalibrationProfile | None = None,
+        record_timeline: bool = False,
+    ) -> None:
         self.cluster = cluster
         self.model = model
         self.profile = profile
         self.record_timeline = record_timeline
         self.costs = CostModel(cluster, model, profile)
         self._step_overhead_s = profile.step_overhead_s if profile is not None else 0.0
-        self._rank_curves = profile is not None and any(d.pipeline_overhead or d.data_parallel_overhead
-                                                        for d in profile.devices)
+        self._rank_curves = profile is not None and any(
+            d.pipeline_overhead or d.data_parallel_overhead for d in profile.devices
+        )
         self._pipeline_cache: dict[tuple, tuple[float, ...]] = {}
         self._zero_cache: dict[tuple, tuple] = {}
 
@@ -104,9 +111,11 @@ class Simulator:
             for r, pipe in enumerate(config.pipelines):
                 if pipe.num_microbatches % len(pipe.stages):
                     return Measurement.failure(
-                        "invalid", f"config: pipelines[{r}].num_microbatches: interleaved-1f1b needs a multiple of "
-                                   f"the number of stages ({pipe.num_microbatches} % {len(pipe.stages)} != 0), "
-                                   "as in Megatron-LM")
+                        "invalid",
+                        f"config: pipelines[{r}].num_microbatches: interleaved-1f1b needs a multiple of "
+                        f"the number of stages ({pipe.num_microbatches} % {len(pipe.stages)} != 0), "
+                        "as in Megatron-LM",
+                    )
         if config.is_roundpipe:  # RoundPipe's dispatch schedule: its own module
             return roundpipe.simulate(self.costs, config, timeline)
         try:
@@ -143,7 +152,6 @@ class Simulator:
         """The fullest device's peak over its usable memory in ``m`` (``CostModel.memory_use``); > 1 does not fit."""
         return self.costs.memory_use(m)
 
-
     def _rank_overheads(self, config: ParallelConfig, curve: str) -> dict[str, float]:
         """Per device: a profile's runtime-overhead curve (``DeviceProfile.<curve>``: ``pipeline_overhead_s``
         per micro-batch and stage, ``data_parallel_overhead_s`` per step) at the plan's number of ranks of
@@ -163,8 +171,13 @@ class Simulator:
                 per_type[name] = getattr(prof, curve)(n)
         if not per_type:
             return {}
-        return {d: per_type[self.costs.node[d].device.name] for pipe in config.pipelines for st in pipe.stages
-                for d in st.devices if self.costs.node[d].device.name in per_type}
+        return {
+            d: per_type[self.costs.node[d].device.name]
+            for pipe in config.pipelines
+            for st in pipe.stages
+            for d in st.devices
+            if self.costs.node[d].device.name in per_type
+        }
 
     def _shared_host_bound(self, config: ParallelConfig, stage_costs: list, units: list, iteration: float) -> float:
         """Lower bound on the iteration from a profile's host-contention curve (calibration): ranks of a
@@ -179,7 +192,7 @@ class Simulator:
             return 0.0
         load: dict[str, float] = {}
         work: dict[str, float] = {}
-        for r, pipe in enumerate(config.pipelines):
+        for r, _pipe in enumerate(config.pipelines):
             for u, unit in enumerate(units[r]):
                 durs, _, opt = stage_costs[r][u]
                 for d in unit.view.devices:
@@ -191,8 +204,11 @@ class Simulator:
         for name, n in load.items():
             prof = self.profile.device(name)
             if prof is not None and prof.contention:
-                bound = max(bound, iteration * prof.contention_stretch(1.0), work[name] * prof.contention_stretch(n) / n)
+                bound = max(
+                    bound, iteration * prof.contention_stretch(1.0), work[name] * prof.contention_stretch(n) / n
+                )
         return bound
+
     @staticmethod
     def _blocking_sends(comp, durs: list[float], comms: list[float]) -> tuple[list[float], list[float]]:
         """Pipeline sends that block the sender: Megatron-LM's and DeepSpeed's 1F1B send each activation
@@ -202,6 +218,7 @@ class Simulator:
         a mixed stage); the receiver then waits for the sender's end (the transfers become part of the
         operations, ``comms`` all 0)."""
         return [d + comms[k] for d, k in zip(durs, comp.sends)], [0.0] * len(comms)
+
     # One iteration
 
     def _simulate(self, config: ParallelConfig, timeline: bool, memory_only: bool = False) -> Measurement:
@@ -212,8 +229,14 @@ class Simulator:
         if failed is not None:
             return failed
         if memory_only:  # ``memory_estimate``: the memory model's answer, nothing simulated
-            return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=False, peak_memory_GiB=st.peak,
-                               host_memory_GiB=st.host, status="ok")
+            return Measurement(
+                tokens_per_s=0.0,
+                iteration_time_s=0.0,
+                oom=False,
+                peak_memory_GiB=st.peak,
+                host_memory_GiB=st.host,
+                status="ok",
+            )
         stage_costs = st.costs
         sharded = config.zero > 0 and (len(config.pipelines) > 1 or config.has_mixed_stages) or config.offloads
         if sharded:  # ZeRO / offload traffic in forward and backward, and their optimizer step
@@ -246,12 +269,24 @@ class Simulator:
             for u, unit in enumerate(st.units[r]):
                 s, view = unit.stage, unit.view
                 first, last = s == 0, s == p - 1
-                c = costs.stage_costs(view.devices, view.layers, view.recompute, first, last, mbs, v, ep,
-                                      view.sequence_parallel)
+                c = costs.stage_costs(
+                    view.devices, view.layers, view.recompute, first, last, mbs, v, ep, view.sequence_parallel
+                )
                 dp = st.peers[(r, s)]
-                gib, host_gib = costs.stage_memory_GiB(view.devices, view.layers, view.recompute, first, last, mbs,
-                                                       comp.in_flight[u], v, dp, config.zero, view.offload,
-                                                       view.sequence_parallel)
+                gib, host_gib = costs.stage_memory_GiB(
+                    view.devices,
+                    view.layers,
+                    view.recompute,
+                    first,
+                    last,
+                    mbs,
+                    comp.in_flight[u],
+                    v,
+                    dp,
+                    config.zero,
+                    view.offload,
+                    view.sequence_parallel,
+                )
                 if model.is_moe:
                     c, gib, host_gib = costs.moe_stage(c, gib, host_gib, view, trained, ep, dp, config.zero)
                 row.append(c)
@@ -274,22 +309,37 @@ class Simulator:
         if st.oom_devices:
             d = st.oom_devices[0]
             cap = self.costs.node[d].device.memory_GiB
-            return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=True, peak_memory_GiB=st.peak,
-                               status="oom", host_memory_GiB=st.host, allocated_memory_GiB=st.allocated,
-                               error=f"{len(st.oom_devices)} device(s) out of memory, e.g. {d} needs "
-                                     f"{st.peak[d]:.1f} GiB of {cap:g} GiB ({st.allocated[d]:.1f} GiB of tensors "
-                                     "at the peak, the rest CUDA context, library buffers and the allocator's pool)")
+            return Measurement(
+                tokens_per_s=0.0,
+                iteration_time_s=0.0,
+                oom=True,
+                peak_memory_GiB=st.peak,
+                status="oom",
+                host_memory_GiB=st.host,
+                allocated_memory_GiB=st.allocated,
+                error=f"{len(st.oom_devices)} device(s) out of memory, e.g. {d} needs "
+                f"{st.peak[d]:.1f} GiB of {cap:g} GiB ({st.allocated[d]:.1f} GiB of tensors "
+                "at the peak, the rest CUDA context, library buffers and the allocator's pool)",
+            )
         for name, gib in st.host.items():
             cap = self.costs.node_spec[name].host.memory_GiB
             if gib > cap:
-                return Measurement(tokens_per_s=0.0, iteration_time_s=0.0, oom=True, peak_memory_GiB=st.peak,
-                                   status="oom", host_memory_GiB=st.host, allocated_memory_GiB=st.allocated,
-                                   error=f"host memory of node {name!r} out of memory: offloaded state needs "
-                                         f"{gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)")
+                return Measurement(
+                    tokens_per_s=0.0,
+                    iteration_time_s=0.0,
+                    oom=True,
+                    peak_memory_GiB=st.peak,
+                    status="oom",
+                    host_memory_GiB=st.host,
+                    allocated_memory_GiB=st.allocated,
+                    error=f"host memory of node {name!r} out of memory: offloaded state needs "
+                    f"{gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)",
+                )
         return None
 
-    def _pipelines(self, config: ParallelConfig, stage_costs: list, st: _Stages,
-                   events: list[TimelineEvent] | None) -> tuple[list[tuple[float, ...]], tuple[float, int]]:
+    def _pipelines(
+        self, config: ParallelConfig, stage_costs: list, st: _Stages, events: list[TimelineEvent] | None
+    ) -> tuple[list[tuple[float, ...]], tuple[float, int]]:
         """Each replica's schedule: when each unit is free after its last backward, and the slowest
         replica (its makespan, its index)."""
         mbs, v, schedule = config.micro_batch_size, config.virtual_stages, config.schedule
@@ -300,18 +350,25 @@ class Simulator:
             p = len(pipe.stages)
             costs = stage_costs[r]
             comp = st.compiled[r]
-            extra = [max((hand_off.get(d, 0.0) for d in unit.view.devices), default=0.0) / 2 if p > 1 else 0.0
-                     for unit in st.units[r]]
+            extra = [
+                max((hand_off.get(d, 0.0) for d in unit.view.devices), default=0.0) / 2 if p > 1 else 0.0
+                for unit in st.units[r]
+            ]
             durs = [costs[u][0][i] + extra[u] for u, i in comp.sources]
             comms = [0.0] * (1 + len(comp.transfers))
             ranks = [pipe.stage_ranks(s) for s in range(p)]
             for i, (kind, s, k_src, k_dst) in enumerate(comp.transfers):
                 if kind == FORWARD and (s > 0 or v > 1):  # activations from the previous (virtual) stage
-                    comms[1 + i] = self.costs.p2p(ranks[s - 1][k_src].devices, ranks[s][k_dst].devices, mbs,
-                                                  pipe.stages[s - 1].sequence_parallel)
+                    comms[1 + i] = self.costs.p2p(
+                        ranks[s - 1][k_src].devices, ranks[s][k_dst].devices, mbs, pipe.stages[s - 1].sequence_parallel
+                    )
                 elif kind != FORWARD and (s < p - 1 or v > 1):  # gradients from the next one
-                    comms[1 + i] = self.costs.p2p(ranks[(s + 1) % p][k_src].devices, ranks[s][k_dst].devices, mbs,
-                                                  pipe.stages[(s + 1) % p].sequence_parallel)
+                    comms[1 + i] = self.costs.p2p(
+                        ranks[(s + 1) % p][k_src].devices,
+                        ranks[s][k_dst].devices,
+                        mbs,
+                        pipe.stages[(s + 1) % p].sequence_parallel,
+                    )
             if self.costs.node[pipe.stages[0].devices[0]].device.name != "cpu":  # NCCL sends block the sender
                 durs, comms = self._blocking_sends(comp, durs, comms)
             if events is not None:
@@ -332,8 +389,15 @@ class Simulator:
                 slowest = (makespan, r)
         return finish, slowest
 
-    def _synchronise_and_step(self, config: ParallelConfig, finish: list[tuple[float, ...]], stage_costs: list,
-                              units: list, sharded: bool, events: list[TimelineEvent] | None) -> tuple[float, float]:
+    def _synchronise_and_step(
+        self,
+        config: ParallelConfig,
+        finish: list[tuple[float, ...]],
+        stage_costs: list,
+        units: list,
+        sharded: bool,
+        events: list[TimelineEvent] | None,
+    ) -> tuple[float, float]:
         """The data-parallel gradient synchronisation, then the optimizer step (then ZeRO-1/2's all-gather of
         the updated weights): (the iteration's end, one SPES synchronisation's seconds)."""
         cursor = [list(f) for f in finish]
@@ -352,7 +416,7 @@ class Simulator:
             if extra > 0:
                 cursor = [[t + extra for t in row] for row in cursor]
         iteration = self._step_overhead_s
-        for r, pipe in enumerate(config.pipelines):
+        for r, _pipe in enumerate(config.pipelines):
             for u, unit in enumerate(units[r]):
                 opt = stage_costs[r][u][2]
                 t = cursor[r][u] + opt + self._step_overhead_s
@@ -367,9 +431,17 @@ class Simulator:
             iteration = max(iteration, max(max(row) for row in cursor) + self._step_overhead_s)
         return iteration, sync_s
 
-    def _measurement(self, config: ParallelConfig, st: _Stages, stage_costs: list, slowest: tuple[float, int],
-                     stretch: float, iteration: float, sync_s: float,
-                     events: list[TimelineEvent] | None) -> Measurement:
+    def _measurement(
+        self,
+        config: ParallelConfig,
+        st: _Stages,
+        stage_costs: list,
+        slowest: tuple[float, int],
+        stretch: float,
+        iteration: float,
+        sync_s: float,
+        events: list[TimelineEvent] | None,
+    ) -> Measurement:
         """The iteration as a ``Measurement``: throughput, MFU, the slowest replica's stage busy times and bubble."""
         makespan, r = slowest
         per_stage = [0.0] * len(config.pipelines[r].stages)  # a stage of several ranks: its busiest rank
@@ -384,11 +456,19 @@ class Simulator:
         costs = self.costs
         peak_flops = sum(costs.rates[costs.rate_key[d]].peak_tflops / costs.node[d].slowdown for d in st.peak) * 1e12
         mfu = costs.flops_per_token * tokens / (iteration * peak_flops)
-        return Measurement(tokens_per_s=tokens / iteration, iteration_time_s=iteration, oom=False,
-                           peak_memory_GiB=st.peak, host_memory_GiB=st.host, mfu=mfu,
-                           bubble_fraction=max(0.0, bubble), stage_busy_s=busy, allocated_memory_GiB=st.allocated,
-                           timeline=tuple(sorted(events, key=lambda e: (e.start_s, e.device))) if events else (),
-                           sync_time_s=sync_s)
+        return Measurement(
+            tokens_per_s=tokens / iteration,
+            iteration_time_s=iteration,
+            oom=False,
+            peak_memory_GiB=st.peak,
+            host_memory_GiB=st.host,
+            mfu=mfu,
+            bubble_fraction=max(0.0, bubble),
+            stage_busy_s=busy,
+            allocated_memory_GiB=st.allocated,
+            timeline=tuple(sorted(events, key=lambda e: (e.start_s, e.device))) if events else (),
+            sync_time_s=sync_s,
+        )
 
     # ---------------------------------------------------------------------------------------------
 
@@ -412,8 +492,9 @@ class Simulator:
                     out[r][s] = (durs, stage_costs[r][s][1], stage_costs[r][s][2])
         return out
 
-    def _moe_exchange(self, config: ParallelConfig, cursor: list[list[float]],
-                      events: list[TimelineEvent] | None) -> float:
+    def _moe_exchange(
+        self, config: ParallelConfig, cursor: list[list[float]], events: list[TimelineEvent] | None
+    ) -> float:
         """The per-step data-parallel exchange of an MoE / SPES plan (in place in ``cursor``); returns one SPES
         synchronisation's own seconds (0 unless ``sync_every_steps > 1``)."""
         model = self.model
@@ -431,12 +512,14 @@ class Simulator:
             cursor[r][s] = t
         if events is not None:
             for parts, t0, t1 in spans:
-                events.extend(TimelineEvent(d, "allreduce", t0, t1) for p, s in parts
-                              for d in config.pipelines[p].stages[s].devices)
+                events.extend(
+                    TimelineEvent(d, "allreduce", t0, t1)
+                    for p, s in parts
+                    for d in config.pipelines[p].stages[s].devices
+                )
         if config.sync_every_steps == 1:
             return 0.0
-        spans = moe.run_collectives(moe.exchange(model, config, "sync", moe.SYNC_BYTES_PER_PARAM), {}, bandwidth,
-                                    nodes)
+        spans = moe.run_collectives(moe.exchange(model, config, "sync", moe.SYNC_BYTES_PER_PARAM), {}, bandwidth, nodes)
         return max((t1 for _, _, t1 in spans), default=0.0)
 
     def _segments(self, config: ParallelConfig) -> list[tuple[tuple[int, ...], float]]:
@@ -472,11 +555,22 @@ class Simulator:
     def _peers(units: list, owners: tuple[int, ...]) -> list[tuple[int, int, tuple[str, ...]]]:
         """The data-parallel peers of a run of layers held by stage ``owners[r]`` of each replica ``r``: every
         rank of those stages, as (replica, unit, devices)."""
-        return [(r, u, unit.view.devices) for r, s in enumerate(owners) for u, unit in enumerate(units[r])
-                if unit.stage == s]
+        return [
+            (r, u, unit.view.devices)
+            for r, s in enumerate(owners)
+            for u, unit in enumerate(units[r])
+            if unit.stage == s
+        ]
 
-    def _data_parallel(self, config: ParallelConfig, cursor: list[list[float]], units: list,
-                       events: list[TimelineEvent] | None, zero: int = 0, phase: str = "allreduce") -> None:
+    def _data_parallel(
+        self,
+        config: ParallelConfig,
+        cursor: list[list[float]],
+        units: list,
+        events: list[TimelineEvent] | None,
+        zero: int = 0,
+        phase: str = "allreduce",
+    ) -> None:
         """Advance each rank's clock through its gradient all-reduces (in place in ``cursor``, per unit), last
         layers first (backward order), among every rank holding the layers: the ranks of their stage in
         every replica (several in a mixed stage). With ``zero`` > 0: the reduce-scatter
@@ -536,8 +630,9 @@ class Simulator:
             links[name] = (spec.host.shared_bandwidth_GBps(count.get(name, 0)), spec.host.link.latency_us)
         return links
 
-    def _sharded_costs(self, config: ParallelConfig, stage_costs: list, units: list,
-                       peers: dict[tuple[int, int], int]) -> tuple[list, dict]:
+    def _sharded_costs(
+        self, config: ParallelConfig, stage_costs: list, units: list, peers: dict[tuple[int, int], int]
+    ) -> tuple[list, dict]:
         """Per-unit costs with ZeRO's and offload's per-micro-batch traffic folded into forward and backward
         (``zero.chunk_comm``), and the per-device optimizer seconds (``zero.optimizer_s``). A stage's
         ranks are data-parallel peers like the replicas (``zero.peer_degrees``)."""
@@ -546,7 +641,7 @@ class Simulator:
         hosts = self._host_links(config)
         split = state_bytes_for(model)
         offloaded: dict[str, float] = {}  # node -> parameters its host CPU steps
-        for r, pipe in enumerate(config.pipelines):
+        for r in range(len(config.pipelines)):
             for u, unit in enumerate(units[r]):
                 dp = peers[(r, unit.stage)]
                 n_os = dp if config.zero >= 1 and dp > 1 else 1
@@ -565,8 +660,20 @@ class Simulator:
                 ring = rings.get((r, u), (1.0, 0.0))
                 node = self.costs.node[st.devices[0]].name
                 host = hosts[node]
-                key = (st.devices, st.layers, s == 0, s == p - 1, v, config.zero, st.offload, dp, ring, host,
-                       tuple(durs), params)  # params: an MoE stage steps only the experts it trains
+                key = (
+                    st.devices,
+                    st.layers,
+                    s == 0,
+                    s == p - 1,
+                    v,
+                    config.zero,
+                    st.offload,
+                    dp,
+                    ring,
+                    host,
+                    tuple(durs),
+                    params,
+                )  # params: an MoE stage steps only the experts it trains
                 hit = self._zero_cache.get(key)
                 if hit is None:
                     tp = len(st.devices)
@@ -577,8 +684,16 @@ class Simulator:
                         comm = zr.chunk_comm(parts, config.zero, st.offload, dp, ring, host, split)
                         new[2 * c], new[2 * c + 1] = comm.apply(durs[2 * c], durs[2 * c + 1])
                     per_param = opt_s / params if params else 0.0
-                    opt = zr.optimizer_s(params, dp, config.zero, st.offload, per_param, host,
-                                         zr.host_step_s(offloaded.get(node, 0.0)), split)
+                    opt = zr.optimizer_s(
+                        params,
+                        dp,
+                        config.zero,
+                        st.offload,
+                        per_param,
+                        host,
+                        zr.host_step_s(offloaded.get(node, 0.0)),
+                        split,
+                    )
                     hit = (new, params, opt)
                     self._zero_cache[key] = hit
                 row.append(hit)
@@ -586,8 +701,9 @@ class Simulator:
         return out, offloaded
 
     @staticmethod
-    def _pipeline_events(events: list[TimelineEvent], comp, units: tuple[Unit, ...], end: list[float],
-                         durs: list[float], v: int) -> None:
+    def _pipeline_events(
+        events: list[TimelineEvent], comp, units: tuple[Unit, ...], end: list[float], durs: list[float], v: int
+    ) -> None:
         for k, ((_, _, _, di), u, (kind, c, j)) in enumerate(zip(comp.program, comp.unit_of, comp.labels)):
             t1 = end[k + 1]
             t0 = t1 - durs[di]
@@ -598,8 +714,9 @@ class Simulator:
 _SIMULATORS: dict[tuple, Simulator] = {}
 
 
-def _library_simulator(cluster: ClusterSpec, model: ModelSpec,
-                       profile: CalibrationProfile | str | Path | None) -> Simulator:
+def _library_simulator(
+    cluster: ClusterSpec, model: ModelSpec, profile: CalibrationProfile | str | Path | None
+) -> Simulator:
     """One ``Simulator`` per (cluster, model, profile) for ``simulate``: a caller looping over plans
     gets the simulator's caches instead of a cold simulator per call (a few kept, oldest dropped).
     A profile path is keyed by its modification time and size, so an edited profile is re-read."""
@@ -615,8 +732,11 @@ def _library_simulator(cluster: ClusterSpec, model: ModelSpec,
     key = (cluster, model, pkey)
     sim = _SIMULATORS.get(key)
     if sim is None:
-        prof = profile if profile is None or isinstance(profile, CalibrationProfile) else \
-            CalibrationProfile.load(Path(profile))
+        prof = (
+            profile
+            if profile is None or isinstance(profile, CalibrationProfile)
+            else CalibrationProfile.load(Path(profile))
+        )
         sim = Simulator(cluster, model, prof)
         if len(_SIMULATORS) >= 8:
             _SIMULATORS.pop(next(iter(_SIMULATORS)))
@@ -624,10 +744,14 @@ def _library_simulator(cluster: ClusterSpec, model: ModelSpec,
     return sim
 
 
-def simulate(cluster: ClusterSpec | str | Path, model: ModelSpec | str | Path,
-             config: ParallelConfig | Mapping[str, Any] | str | Path,
-             profile: CalibrationProfile | str | Path | None = None, global_batch_size: int | None = None,
-             timeline: bool = False) -> Measurement:
+def simulate(
+    cluster: ClusterSpec | str | Path,
+    model: ModelSpec | str | Path,
+    config: ParallelConfig | Mapping[str, Any] | str | Path,
+    profile: CalibrationProfile | str | Path | None = None,
+    global_batch_size: int | None = None,
+    timeline: bool = False,
+) -> Measurement:
     """Simulate one plan (SPEC.md "Library"): the same numbers as ``autotune simulate``.
 
     ``cluster``, ``model`` and ``config`` are paths, preset names or spec objects; ``profile`` a path or a

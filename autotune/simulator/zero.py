@@ -52,7 +52,7 @@ class StateBytes:
     def total(self) -> float:
         return self.weights + self.grads + self.optimizer
 
-    def scaled_to(self, total: float) -> "StateBytes":
+    def scaled_to(self, total: float) -> StateBytes:
         """The same split with ``total`` bytes per parameter (a calibration profile's measured figure)."""
         f = total / self.total
         return StateBytes(self.weights * f, self.grads * f, self.optimizer * f)
@@ -88,8 +88,9 @@ def gradients_resident(zero: int, offload: str, dp: int) -> bool:
     return not (zero >= 2 and dp > 1)
 
 
-def offload_state_bytes(params: float, dp: int, zero: int, offload: str,
-                        state: StateBytes = MIXED_PRECISION_ADAM) -> tuple[float, float]:
+def offload_state_bytes(
+    params: float, dp: int, zero: int, offload: str, state: StateBytes = MIXED_PRECISION_ADAM
+) -> tuple[float, float]:
     """(device-resident, host) model-state bytes of one device holding ``params`` parameters."""
     if offload == "none":
         return model_state_bytes(params, dp, zero, state), 0.0
@@ -104,8 +105,9 @@ def offload_state_bytes(params: float, dp: int, zero: int, offload: str,
     return 0.0, host + params * state.weights / (n if zero >= 3 else 1)
 
 
-def working_bytes(units: list[float], zero: int, offload: str, dp: int,
-                  state: StateBytes = MIXED_PRECISION_ADAM) -> float:
+def working_bytes(
+    units: list[float], zero: int, offload: str, dp: int, state: StateBytes = MIXED_PRECISION_ADAM
+) -> float:
     """Transient bytes beyond the resident states: gathered / streamed units and whole gradients.
     ``units``: parameters of each unit the device holds (its tensor-parallel share)."""
     if not units:
@@ -159,7 +161,7 @@ def peer_degrees(config: ParallelConfig) -> dict[tuple[int, int], int]:
     for r, pipe in enumerate(config.pipelines):
         a = 0
         for s, st in enumerate(pipe.stages):
-            out[(r, s)] = min(per_layer[a:a + st.layers], default=len(config.pipelines))
+            out[(r, s)] = min(per_layer[a : a + st.layers], default=len(config.pipelines))
             a += st.layers
     return out
 
@@ -173,8 +175,17 @@ class StageStates:
     host_bytes: float  # in its node's host memory
 
 
-def stage_states(model: ModelSpec, layers: int, tp: int, first: bool, last: bool, dp: int, zero: int,
-                 offload: str, state: StateBytes = MIXED_PRECISION_ADAM) -> StageStates:
+def stage_states(
+    model: ModelSpec,
+    layers: int,
+    tp: int,
+    first: bool,
+    last: bool,
+    dp: int,
+    zero: int,
+    offload: str,
+    state: StateBytes = MIXED_PRECISION_ADAM,
+) -> StageStates:
     units = stage_units(model, layers, tp, first, last)
     params = sum(units)
     device, host = offload_state_bytes(params, dp, zero, offload, state)
@@ -241,8 +252,15 @@ class ChunkComm:
         return max(forward_s, self.forward_s), max(backward_s, self.weights_s, self.grads_s)
 
 
-def chunk_comm(units: list[float], zero: int, offload: str, dp: int, ring: tuple[float, float],
-               host: tuple[float, float], state: StateBytes = MIXED_PRECISION_ADAM) -> ChunkComm:
+def chunk_comm(
+    units: list[float],
+    zero: int,
+    offload: str,
+    dp: int,
+    ring: tuple[float, float],
+    host: tuple[float, float],
+    state: StateBytes = MIXED_PRECISION_ADAM,
+) -> ChunkComm:
     """``units``: parameters of the chunk's units on one device; ``ring``: (GB/s, latency us) of the
     data-parallel ring among the peers; ``host``: (GB/s, latency us) of this device's host link."""
     gather = zero >= 3 and dp > 1
@@ -267,8 +285,9 @@ def chunk_comm(units: list[float], zero: int, offload: str, dp: int, ring: tuple
     return ChunkComm(sum(w), sum(w), sum(g))
 
 
-def sync_s(params: float, dp: int, zero: int, ring: tuple[float, float],
-           state: StateBytes = MIXED_PRECISION_ADAM) -> float:
+def sync_s(
+    params: float, dp: int, zero: int, ring: tuple[float, float], state: StateBytes = MIXED_PRECISION_ADAM
+) -> float:
     """The step's gradient synchronisation of a run of layers with ``params`` parameters among ``dp``
     peers: all-reduce (zero 0), reduce-scatter (zero 1), nothing left (zero 2 / 3: reduce-scattered
     per micro-batch)."""
@@ -278,15 +297,23 @@ def sync_s(params: float, dp: int, zero: int, ring: tuple[float, float],
     return 2 * t if zero == 0 else t
 
 
-def gather_s(params: float, dp: int, zero: int, ring: tuple[float, float],
-             state: StateBytes = MIXED_PRECISION_ADAM) -> float:
+def gather_s(
+    params: float, dp: int, zero: int, ring: tuple[float, float], state: StateBytes = MIXED_PRECISION_ADAM
+) -> float:
     """All-gather of the updated 16-bit weights after the sharded step (zero 1 / 2)."""
     return collective_s(state.weights * params, dp, *ring) if zero in (1, 2) and dp > 1 else 0.0
 
 
-def optimizer_s(params: float, dp: int, zero: int, offload: str, device_opt_s_per_param: float,
-                host: tuple[float, float], node_host_step_s: float,
-                state: StateBytes = MIXED_PRECISION_ADAM) -> float:
+def optimizer_s(
+    params: float,
+    dp: int,
+    zero: int,
+    offload: str,
+    device_opt_s_per_param: float,
+    host: tuple[float, float],
+    node_host_step_s: float,
+    state: StateBytes = MIXED_PRECISION_ADAM,
+) -> float:
     """The optimizer step of one device holding ``params`` parameters: on the device on its shard, or
     (offload) gradients down when they were resident, the node's host step, 16-bit weights up (not
     with ``all``: the next step streams them)."""

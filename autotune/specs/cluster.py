@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from autotune.errors import SpecError, shown
 from autotune.specs.limits import DEFAULT_FP32_RATIO, DEFAULT_TF32_RATIO, MAX_DEVICES, positive
 
+
 @dataclass(frozen=True, slots=True)
 class DeviceSpec:
     """One accelerator type. ``peak_tflops`` is dense 16-bit tensor throughput (datasheet);
@@ -36,8 +37,11 @@ class DeviceSpec:
         positive(where, "memory_GiB", self.memory_GiB)
         positive(where, "memory_bandwidth_GBps", self.memory_bandwidth_GBps)
         if isinstance(self.pcie_gen, bool) or self.pcie_gen not in PCIE_GB_PER_LANE:
-            raise SpecError(where, "pcie_gen", f"must be one of {', '.join(map(str, PCIE_GB_PER_LANE))} "
-                                               f"(0 = no PCIe), got {shown(self.pcie_gen)}")
+            raise SpecError(
+                where,
+                "pcie_gen",
+                f"must be one of {', '.join(map(str, PCIE_GB_PER_LANE))} (0 = no PCIe), got {shown(self.pcie_gen)}",
+            )
         if isinstance(self.pcie_lanes, bool) or self.pcie_lanes not in (1, 2, 4, 8, 16):
             raise SpecError(where, "pcie_lanes", f"must be 1, 2, 4, 8 or 16, got {shown(self.pcie_lanes)}")
         for name, ratio in (("peak_tflops_tf32", DEFAULT_TF32_RATIO), ("peak_tflops_fp32", DEFAULT_FP32_RATIO)):
@@ -90,8 +94,9 @@ def default_host_link(device: DeviceSpec) -> LinkSpec:
     memory bandwidth (a copy reads and writes)."""
     if device.pcie_gen == 0:
         return LinkSpec(device.memory_bandwidth_GBps / 2, 1.0)
-    return LinkSpec(round(PCIE_GB_PER_LANE[device.pcie_gen] * device.pcie_lanes * PCIE_EFFICIENCY, 2),
-                    HOST_LINK_LATENCY_US)
+    return LinkSpec(
+        round(PCIE_GB_PER_LANE[device.pcie_gen] * device.pcie_lanes * PCIE_EFFICIENCY, 2), HOST_LINK_LATENCY_US
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +165,11 @@ class ClusterSpec:
         if not self.nodes:
             raise SpecError(f"cluster {shown(self.name)}", "nodes", "must list at least one node")
         if sum(n.count for n in self.nodes) > MAX_DEVICES:
-            raise SpecError(f"cluster {shown(self.name)}", "nodes", f"more than {MAX_DEVICES:,} devices in all "
-                                                               "(the documented limit)")
+            raise SpecError(
+                f"cluster {shown(self.name)}",
+                "nodes",
+                f"more than {MAX_DEVICES:,} devices in all (the documented limit)",
+            )
         seen: set[str] = set()
         for node in self.nodes:
             if node.name in seen:
@@ -190,8 +198,9 @@ class ClusterSpec:
         na, nb = self.node_of(a), self.node_of(b)
         if na.name == nb.name:
             return na.intra_node
-        return LinkSpec(min(na.network.bandwidth_GBps, nb.network.bandwidth_GBps),
-                        max(na.network.latency_us, nb.network.latency_us))
+        return LinkSpec(
+            min(na.network.bandwidth_GBps, nb.network.bandwidth_GBps), max(na.network.latency_us, nb.network.latency_us)
+        )
 
     def group_link(self, device_ids: tuple[str, ...] | list[str]) -> LinkSpec:
         """The bottleneck link of a collective among ``device_ids`` (ring over the slowest hop)."""

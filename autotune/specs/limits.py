@@ -33,13 +33,30 @@ DEFAULT_TF32_RATIO, DEFAULT_FP32_RATIO = 2.0, 16.0
 #: ``DEFAULT_LIMIT``; a new field with a sharper natural bound adds it here.
 LIMITS: dict[str, float] = {
     # cluster (rates such as peak_tflops or bandwidth_GBps cost nothing to compute with: DEFAULT_LIMIT)
-    "count": 1024, "repeat": 4096, "latency_us": 100_000_000, "slowdown": 1000,
+    "count": 1024,
+    "repeat": 4096,
+    "latency_us": 100_000_000,
+    "slowdown": 1000,
     # model
-    "num_layers": 2048, "hidden_size": 131_072, "num_heads": 4096, "num_kv_heads": 4096,
-    "ffn_hidden_size": 1_048_576, "vocab_size": 16_777_216, "seq_len": 4_194_304, "global_batch_size": 1_048_576,
-    "num_experts": 4096, "experts_per_token": 4096, "expert_ffn_hidden_size": 1_048_576, "moe_layer_every": 2048,
+    "num_layers": 2048,
+    "hidden_size": 131_072,
+    "num_heads": 4096,
+    "num_kv_heads": 4096,
+    "ffn_hidden_size": 1_048_576,
+    "vocab_size": 16_777_216,
+    "seq_len": 4_194_304,
+    "global_batch_size": 1_048_576,
+    "num_experts": 4096,
+    "experts_per_token": 4096,
+    "expert_ffn_hidden_size": 1_048_576,
+    "moe_layer_every": 2048,
     # plan
-    "expert_parallel": 16_384, "sync_every_steps": 1_000_000, "micro_batch_size": 65_536, "num_microbatches": 65_536, "virtual_stages": 128, "layers": 2048,
+    "expert_parallel": 16_384,
+    "sync_every_steps": 1_000_000,
+    "micro_batch_size": 65_536,
+    "num_microbatches": 65_536,
+    "virtual_stages": 128,
+    "layers": 2048,
 }
 DEFAULT_LIMIT = 1e18
 #: devices in one cluster, over all nodes (after ``repeat``)
@@ -51,8 +68,16 @@ def limit_of(name: str) -> float:
     return LIMITS.get(name.rsplit(".", 1)[-1].split("[", 1)[0], DEFAULT_LIMIT)
 
 
-def positive(source: str, name: str, value: float, *, integer: bool = False, minimum: float = 0.0,
-             strict: bool = True, maximum: float | None = None) -> None:
+def positive(
+    source: str,
+    name: str,
+    value: float,
+    *,
+    integer: bool = False,
+    minimum: float = 0.0,
+    strict: bool = True,
+    maximum: float | None = None,
+) -> None:
     """A number (an integer with ``integer``) above ``minimum`` (or equal, without ``strict``) and at
     most ``maximum`` (default: the field's entry in ``LIMITS``)."""
     if integer and (isinstance(value, bool) or not isinstance(value, int)):
@@ -67,4 +92,3 @@ def positive(source: str, name: str, value: float, *, integer: bool = False, min
     if value > top:
         shown_top = f"{int(top):,}" if float(top).is_integer() else f"{top:g}"
         raise SpecError(source, name, f"must be <= {shown_top} (the documented limit), got {shown(value)}")
-

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+
 
 @dataclass(frozen=True, slots=True)
 class TimelineEvent:
@@ -70,7 +72,7 @@ class Measurement:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Measurement":
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
         return cls(
             tokens_per_s=float(data.get("tokens_per_s", 0.0)),
             iteration_time_s=float(data.get("iteration_time_s", 0.0)),
@@ -79,7 +81,9 @@ class Measurement:
             mfu=float(data.get("mfu", 0.0)),
             bubble_fraction=float(data.get("bubble_fraction", 0.0)),
             stage_busy_s=tuple(float(x) for x in data.get("stage_busy_s", ())),
-            timeline=tuple(TimelineEvent(str(d), str(o), float(a), float(b)) for d, o, a, b in data.get("timeline", ())),
+            timeline=tuple(
+                TimelineEvent(str(d), str(o), float(a), float(b)) for d, o, a, b in data.get("timeline", ())
+            ),
             status=str(data.get("status", "ok")),
             error=str(data.get("error", "")),
             host_memory_GiB={str(k): float(v) for k, v in dict(data.get("host_memory_GiB", {})).items()},
@@ -88,5 +92,5 @@ class Measurement:
         )
 
     @classmethod
-    def failure(cls, status: str, error: str, oom: bool = False) -> "Measurement":
+    def failure(cls, status: str, error: str, oom: bool = False) -> Measurement:
         return cls(tokens_per_s=0.0, iteration_time_s=0.0, oom=oom, status=status, error=error)

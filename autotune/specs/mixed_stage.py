@@ -44,8 +44,9 @@ stage in lockstep; mixed stages there are not modelled): both refused with a mes
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from autotune.errors import SpecError, shown
 from autotune.specs.limits import positive
@@ -104,7 +105,7 @@ def stage_warmups(schedule: str, shares: Sequence[Sequence[int]], num_microbatch
     out = [0] * p
     after = 0  # w of the next stage
     for s in reversed(range(p)):
-        need = len(shares[s]) - 1 + sum(len(k) for k in shares[s + 1:])
+        need = len(shares[s]) - 1 + sum(len(k) for k in shares[s + 1 :])
         if len(shares[s]) > 1:
             owner = microbatch_owners(shares[s])
             for k, share in enumerate(shares[s]):
@@ -160,8 +161,11 @@ def ranks_of(ranks: tuple[RankConfig, ...], devices: tuple[str, ...], num_microb
 def ranks_from_dict(raw: Any, source: str, field: str) -> tuple[RankConfig, ...]:
     """A stage's ``ranks`` list -> rank configs (shapes only: values are checked by ``check_ranks``)."""
     if not isinstance(raw, list) or not raw:
-        raise SpecError(source, field, f"must be a non-empty list of ranks ({{\"devices\": [...], "
-                                       f"\"num_microbatches\": n}}), got {shown(raw)}")
+        raise SpecError(
+            source,
+            field,
+            f'must be a non-empty list of ranks ({{"devices": [...], "num_microbatches": n}}), got {shown(raw)}',
+        )
     if len(raw) > MAX_RANKS:
         raise SpecError(source, field, f"lists {len(raw):,} ranks, at most {MAX_RANKS:,}")
     out = []
@@ -176,8 +180,9 @@ def ranks_from_dict(raw: Any, source: str, field: str) -> tuple[RankConfig, ...]
         if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
             raise SpecError(source, f"{f}.devices", "is required and must be a list of device ids")
         if "num_microbatches" not in rank:
-            raise SpecError(source, f"{f}.num_microbatches", "is required (this rank's share of the pipeline's "
-                                                             "micro-batches)")
+            raise SpecError(
+                source, f"{f}.num_microbatches", "is required (this rank's share of the pipeline's micro-batches)"
+            )
         out.append(RankConfig(tuple(devices), rank["num_microbatches"]))
     return tuple(out)
 
@@ -199,24 +204,38 @@ def check_ranks(ranks: Sequence[RankConfig], num_microbatches: int, where: str, 
         positive(where, f"{field}[{k}].num_microbatches", rank.num_microbatches, integer=True)
     total = sum(r.num_microbatches for r in ranks)
     if total != num_microbatches:
-        raise SpecError(where, field, f"shares {' + '.join(str(r.num_microbatches) for r in ranks)} = {total} "
-                                      f"micro-batches, the pipeline has num_microbatches={num_microbatches}")
+        raise SpecError(
+            where,
+            field,
+            f"shares {' + '.join(str(r.num_microbatches) for r in ranks)} = {total} "
+            f"micro-batches, the pipeline has num_microbatches={num_microbatches}",
+        )
 
 
 def check_combination(mixed: str, schedule: str, expert_parallel: int, spes_field: str | None, where: str) -> None:
     """A plan with a stage of several ranks (``mixed``: that stage's field) is not combined with
     interleaved-1f1b, MoE expert parallelism or SPES (``spes_field``: the SPES field the plan sets, if any)."""
     if schedule == "interleaved-1f1b":
-        raise SpecError(where, "schedule", f"interleaved-1f1b with a stage of several ranks ({mixed}) is not "
-                                           "supported: use 1f1b or gpipe")
+        raise SpecError(
+            where,
+            "schedule",
+            f"interleaved-1f1b with a stage of several ranks ({mixed}) is not supported: use 1f1b or gpipe",
+        )
     if expert_parallel != 1:
-        raise SpecError(where, "expert_parallel", f"{expert_parallel} with a stage of several ranks ({mixed}): "
-                                                  "expert parallelism over mixed stages is not modelled; use "
-                                                  "expert_parallel 1 or one rank per stage")
+        raise SpecError(
+            where,
+            "expert_parallel",
+            f"{expert_parallel} with a stage of several ranks ({mixed}): "
+            "expert parallelism over mixed stages is not modelled; use "
+            "expert_parallel 1 or one rank per stage",
+        )
     if spes_field is not None:
-        raise SpecError(where, spes_field,
-                        f"SPES (expert subsets / periodic sync) with a stage of several ranks ({mixed}) is not "
-                        "modelled; use one rank per stage")
+        raise SpecError(
+            where,
+            spes_field,
+            f"SPES (expert subsets / periodic sync) with a stage of several ranks ({mixed}) is not "
+            "modelled; use one rank per stage",
+        )
 
 
 def summary(ranks: Sequence[RankConfig], devices: Sequence[str]) -> str:

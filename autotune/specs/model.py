@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from autotune.errors import SpecError, shown
 from autotune.specs.limits import ATTENTION_KINDS, MLP_KINDS, PRECISIONS, positive
 
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     """A GPT/Llama-style decoder. ``global_batch_size`` is sequences per optimizer step."""
@@ -23,35 +24,45 @@ class ModelSpec:
     mlp: str = "gelu"
     # mixture of experts (SPEC.md "Extensions"); num_experts 0 = dense. 0 in the next two = the default
     num_experts: int = 0
-    experts_per_token: int = 0      # top-k routing [2 when num_experts > 0]
+    experts_per_token: int = 0  # top-k routing [2 when num_experts > 0]
     expert_ffn_hidden_size: int = 0  # [ffn_hidden_size]
-    moe_layer_every: int = 1        # blocks i with (i + 1) % moe_layer_every == 0 are MoE blocks
+    moe_layer_every: int = 1  # blocks i with (i + 1) % moe_layer_every == 0 are MoE blocks
     precision: str = "bf16"  # bf16 | fp16 (16-bit mixed precision) | fp32 (TF32 matmuls where available)
     attention: str = "flash"  # flash (fused, scores never stored) | standard (scores stored)
     dropout: float = 0.0  # dropout probability on attention probabilities and residual branches
 
     def __post_init__(self) -> None:
         where = f"model {shown(self.name)}"
-        for name in ("num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "vocab_size", "seq_len",
-                     "global_batch_size"):
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "ffn_hidden_size",
+            "vocab_size",
+            "seq_len",
+            "global_batch_size",
+        ):
             positive(where, name, getattr(self, name), integer=True)
         _validate_experts(self, where)
         if self.num_kv_heads == 0:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         positive(where, "num_kv_heads", self.num_kv_heads, integer=True)
         if self.hidden_size % self.num_heads:
-            raise SpecError(where, "hidden_size",
-                            f"must be divisible by num_heads ({self.hidden_size} % {self.num_heads} != 0)")
+            raise SpecError(
+                where, "hidden_size", f"must be divisible by num_heads ({self.hidden_size} % {self.num_heads} != 0)"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise SpecError(where, "num_kv_heads",
-                            f"must divide num_heads ({self.num_heads} % {self.num_kv_heads} != 0)")
+            raise SpecError(
+                where, "num_kv_heads", f"must divide num_heads ({self.num_heads} % {self.num_kv_heads} != 0)"
+            )
         if self.mlp not in MLP_KINDS:
             raise SpecError(where, "mlp", f"must be one of {', '.join(MLP_KINDS)}, got {shown(self.mlp)}")
         if self.precision not in PRECISIONS:
             raise SpecError(where, "precision", f"must be one of {', '.join(PRECISIONS)}, got {shown(self.precision)}")
         if self.attention not in ATTENTION_KINDS:
-            raise SpecError(where, "attention",
-                            f"must be one of {', '.join(ATTENTION_KINDS)}, got {shown(self.attention)}")
+            raise SpecError(
+                where, "attention", f"must be one of {', '.join(ATTENTION_KINDS)}, got {shown(self.attention)}"
+            )
         positive(where, "dropout", self.dropout, strict=False)
         if self.dropout >= 1.0:
             raise SpecError(where, "dropout", f"must be a probability below 1, got {self.dropout}")
@@ -126,8 +137,11 @@ class ModelSpec:
     def shared_params_per_layer(self) -> float:
         """Non-expert weights per block, averaged over the blocks (dense blocks and MoE blocks' shared part)."""
         f = self.moe_layer_fraction
-        return (1.0 - f) * self.dense_block_params + f * self.moe_block_shared_params if self.is_moe \
+        return (
+            (1.0 - f) * self.dense_block_params + f * self.moe_block_shared_params
+            if self.is_moe
             else self.dense_block_params
+        )
 
     @property
     def kv_hidden_size(self) -> int:
@@ -162,10 +176,9 @@ class ModelSpec:
     @property
     def active_params(self) -> int:
         """Weights one token passes through (routed experts only): Mixtral's "active parameters"."""
-        return int(round(self.embedding_params * 2 + self.num_layers * self.active_params_per_layer
-                         + self.hidden_size))
+        return int(round(self.embedding_params * 2 + self.num_layers * self.active_params_per_layer + self.hidden_size))
 
-    def with_global_batch_size(self, global_batch_size: int | None) -> "ModelSpec":
+    def with_global_batch_size(self, global_batch_size: int | None) -> ModelSpec:
         if global_batch_size is None:
             return self
         from dataclasses import replace
@@ -173,7 +186,7 @@ class ModelSpec:
         return replace(self, global_batch_size=global_batch_size)
 
 
-def _validate_experts(model: "ModelSpec", where: str) -> None:
+def _validate_experts(model: ModelSpec, where: str) -> None:
     """The MoE fields' rules; fills in the defaults (experts_per_token 2, expert_ffn_hidden_size
     ffn_hidden_size) of an MoE model."""
     positive(where, "num_experts", model.num_experts, integer=True, strict=False)
@@ -183,16 +196,27 @@ def _validate_experts(model: "ModelSpec", where: str) -> None:
     if not model.is_moe:
         for name, unset in (("experts_per_token", 0), ("expert_ffn_hidden_size", 0), ("moe_layer_every", 1)):
             if getattr(model, name) != unset:
-                raise SpecError(where, name, f"applies only to mixture-of-experts models (num_experts > 0), got "
-                                             f"{getattr(model, name)} with num_experts=0")
+                raise SpecError(
+                    where,
+                    name,
+                    f"applies only to mixture-of-experts models (num_experts > 0), got "
+                    f"{getattr(model, name)} with num_experts=0",
+                )
         return
     if model.experts_per_token == 0:
         object.__setattr__(model, "experts_per_token", min(2, model.num_experts))
     if model.expert_ffn_hidden_size == 0:
         object.__setattr__(model, "expert_ffn_hidden_size", model.ffn_hidden_size)
     if model.experts_per_token > model.num_experts:
-        raise SpecError(where, "experts_per_token", f"top-{model.experts_per_token} routing needs at least that many "
-                                                    f"experts, num_experts is {model.num_experts}")
+        raise SpecError(
+            where,
+            "experts_per_token",
+            f"top-{model.experts_per_token} routing needs at least that many "
+            f"experts, num_experts is {model.num_experts}",
+        )
     if model.moe_layer_every > model.num_layers:
-        raise SpecError(where, "moe_layer_every", f"{model.moe_layer_every} > num_layers={model.num_layers}: "
-                                                  "the model would have no MoE block")
+        raise SpecError(
+            where,
+            "moe_layer_every",
+            f"{model.moe_layer_every} > num_layers={model.num_layers}: the model would have no MoE block",
+        )

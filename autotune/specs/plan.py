@@ -7,8 +7,9 @@ values from here and hold their own rules."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from autotune.errors import SpecError, shown
 from autotune.specs import mixed_stage, roundpipe
@@ -17,6 +18,7 @@ from autotune.specs.limits import ALL_SCHEDULES, OFFLOAD_MODES, ROUNDPIPE, ZERO_
 from autotune.specs.mixed_stage import RankConfig
 from autotune.specs.model import ModelSpec
 from autotune.specs.roundpipe import RoundPipeStages
+
 
 @dataclass(frozen=True, slots=True)
 class StageConfig:
@@ -114,34 +116,52 @@ class ParallelConfig:
         if self.schedule not in ALL_SCHEDULES:
             raise SpecError(where, "schedule", f"must be one of {', '.join(ALL_SCHEDULES)}, got {shown(self.schedule)}")
         if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
-            raise SpecError(where, "virtual_stages", "interleaved-1f1b needs virtual_stages >= 2 (model chunks per "
-                                                     f"stage's devices), got {shown(self.virtual_stages)}")
+            raise SpecError(
+                where,
+                "virtual_stages",
+                "interleaved-1f1b needs virtual_stages >= 2 (model chunks per "
+                f"stage's devices), got {shown(self.virtual_stages)}",
+            )
         if self.schedule != "interleaved-1f1b" and self.virtual_stages != 1:
-            raise SpecError(where, "virtual_stages", f"only applies to interleaved-1f1b, got {self.virtual_stages} "
-                                                     f"with schedule {shown(self.schedule)}")
+            raise SpecError(
+                where,
+                "virtual_stages",
+                f"only applies to interleaved-1f1b, got {self.virtual_stages} with schedule {shown(self.schedule)}",
+            )
         if not self.pipelines:
             raise SpecError(where, "pipelines", "must list at least one pipeline")
         for p, pipe in enumerate(self.pipelines):
             positive(where, f"pipelines[{p}].num_microbatches", pipe.num_microbatches, integer=True)
             if pipe.trains_experts is not None:
                 te = pipe.trains_experts
-                if not isinstance(te, tuple) or not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0
-                                                        for e in te):
-                    raise SpecError(where, f"pipelines[{p}].trains_experts",
-                                    f'must be "all" or a list of expert indices (integers >= 0), got {shown(te)}')
+                if not isinstance(te, tuple) or not all(
+                    isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in te
+                ):
+                    raise SpecError(
+                        where,
+                        f"pipelines[{p}].trains_experts",
+                        f'must be "all" or a list of expert indices (integers >= 0), got {shown(te)}',
+                    )
                 if len(set(te)) != len(te):
                     raise SpecError(where, f"pipelines[{p}].trains_experts", f"lists an expert twice: {list(te)}")
         if self.schedule == ROUNDPIPE:
             for p, pipe in enumerate(self.pipelines):
                 roundpipe.check_pool(pipe.roundpipe, bool(pipe.stages), pipe.num_microbatches, where, f"pipelines[{p}]")
-            roundpipe.check_plan(self.zero, self.expert_parallel, self.sync_every_steps,
-                                 [p.trains_experts for p in self.pipelines], where)
+            roundpipe.check_plan(
+                self.zero,
+                self.expert_parallel,
+                self.sync_every_steps,
+                [p.trains_experts for p in self.pipelines],
+                where,
+            )
             return
         for p, pipe in enumerate(self.pipelines):
             if pipe.roundpipe is not None:
-                raise SpecError(where, f"pipelines[{p}].forward_layers", f"a device pool and forward/backward "
-                                                                         f"partitions need schedule 'roundpipe', "
-                                                                         f"not {self.schedule!r}")
+                raise SpecError(
+                    where,
+                    f"pipelines[{p}].forward_layers",
+                    f"a device pool and forward/backward partitions need schedule 'roundpipe', not {self.schedule!r}",
+                )
         self._check_mixed_stages(where)
         for p, pipe in enumerate(self.pipelines):
             if not pipe.stages:
@@ -152,14 +172,17 @@ class ParallelConfig:
                     raise SpecError(where, f"{f}.devices", "must list at least one device")
                 positive(where, f"{f}.layers", stage.layers, integer=True, strict=False)
                 if stage.offload not in OFFLOAD_MODES:
-                    raise SpecError(where, f"{f}.offload",
-                                    f"must be one of {', '.join(OFFLOAD_MODES)}, got {shown(stage.offload)}")
+                    raise SpecError(
+                        where, f"{f}.offload", f"must be one of {', '.join(OFFLOAD_MODES)}, got {shown(stage.offload)}"
+                    )
                 if not (isinstance(stage.recompute, bool) or stage.recompute == "selective"):
-                    raise SpecError(where, f"{f}.recompute",
-                                    f"must be true, false or \"selective\", got {shown(stage.recompute)}")
+                    raise SpecError(
+                        where, f"{f}.recompute", f'must be true, false or "selective", got {shown(stage.recompute)}'
+                    )
                 if not isinstance(stage.sequence_parallel, bool):
-                    raise SpecError(where, f"{f}.sequence_parallel",
-                                    f"must be true or false, got {shown(stage.sequence_parallel)}")
+                    raise SpecError(
+                        where, f"{f}.sequence_parallel", f"must be true or false, got {shown(stage.sequence_parallel)}"
+                    )
 
     def _check_mixed_stages(self, where: str) -> None:
         """Each stage's ``ranks`` (``autotune.specs.mixed_stage``), and what a plan with mixed stages may not
@@ -173,8 +196,13 @@ class ParallelConfig:
                     if len(stage.ranks) > 1 and mixed is None:
                         mixed = f
         if mixed is not None:
-            spes = ("sync_every_steps" if self.sync_every_steps != 1 else
-                    "trains_experts" if any(p.trains_experts is not None for p in self.pipelines) else None)
+            spes = (
+                "sync_every_steps"
+                if self.sync_every_steps != 1
+                else "trains_experts"
+                if any(p.trains_experts is not None for p in self.pipelines)
+                else None
+            )
             mixed_stage.check_combination(mixed, self.schedule, self.expert_parallel, spes, where)
 
     # -- derived -----------------------------------------------------------------------------------
@@ -203,8 +231,12 @@ class ParallelConfig:
 
     def notes(self) -> list[str]:
         """Settings that are valid but do nothing (``describe`` shows them; nothing is rejected)."""
-        out = [n for p, pipe in enumerate(self.pipelines) if pipe.roundpipe is not None
-               for n in roundpipe.notes(pipe.roundpipe, pipe.num_microbatches, f"pipelines[{p}]")]
+        out = [
+            n
+            for p, pipe in enumerate(self.pipelines)
+            if pipe.roundpipe is not None
+            for n in roundpipe.notes(pipe.roundpipe, pipe.num_microbatches, f"pipelines[{p}]")
+        ]
         if self.zero and len(self.pipelines) == 1 and not self.has_mixed_stages:
             out.append(f"zero {self.zero} with one replica does nothing (no data-parallel peers to shard across)")
         return out
@@ -216,34 +248,48 @@ class ParallelConfig:
             pools: dict[str, str] = {}
             for p, pipe in enumerate(self.pipelines):
                 assert pipe.roundpipe is not None  # the plan checked itself when it was built
-                roundpipe.validate_pool(pipe.roundpipe, pipe.num_microbatches, cluster, model, source,
-                                        f"pipelines[{p}]", pools)
+                roundpipe.validate_pool(
+                    pipe.roundpipe, pipe.num_microbatches, cluster, model, source, f"pipelines[{p}]", pools
+                )
             self._check_batch(model, source)
             return
         known = set(cluster.device_ids())
         seen: set[str] = set()
         for p, pipe in enumerate(self.pipelines):
             if self.schedule == "interleaved-1f1b" and pipe.num_microbatches % len(pipe.stages):
-                raise SpecError(source, f"pipelines[{p}].num_microbatches",
-                                f"interleaved-1f1b needs num_microbatches divisible by the number of stages "
-                                f"(Megatron-LM's rule): {pipe.num_microbatches} % {len(pipe.stages)} != 0")
+                raise SpecError(
+                    source,
+                    f"pipelines[{p}].num_microbatches",
+                    f"interleaved-1f1b needs num_microbatches divisible by the number of stages "
+                    f"(Megatron-LM's rule): {pipe.num_microbatches} % {len(pipe.stages)} != 0",
+                )
             total = sum(s.layers for s in pipe.stages)
             if total != model.num_layers:
-                raise SpecError(source, f"pipelines[{p}].stages",
-                                f"layers sum to {total}, model {shown(model.name)} has num_layers={model.num_layers}")
+                raise SpecError(
+                    source,
+                    f"pipelines[{p}].stages",
+                    f"layers sum to {total}, model {shown(model.name)} has num_layers={model.num_layers}",
+                )
             for s, stage in enumerate(pipe.stages):
                 if stage.layers < 1 and len(pipe.stages) > 1:
-                    raise SpecError(source, f"pipelines[{p}].stages[{s}].layers",
-                                    "must be >= 1 in a pipeline of several stages")
+                    raise SpecError(
+                        source, f"pipelines[{p}].stages[{s}].layers", "must be >= 1 in a pipeline of several stages"
+                    )
                 if self.schedule == "interleaved-1f1b" and stage.layers % self.virtual_stages:
-                    raise SpecError(source, f"pipelines[{p}].stages[{s}].layers",
-                                    f"{stage.layers} layers do not split into virtual_stages={self.virtual_stages} chunks")
+                    raise SpecError(
+                        source,
+                        f"pipelines[{p}].stages[{s}].layers",
+                        f"{stage.layers} layers do not split into virtual_stages={self.virtual_stages} chunks",
+                    )
                 dev_field = f"pipelines[{p}].stages[{s}]." + ("ranks" if stage.ranks else "devices")
                 for d in stage.devices:
                     if d not in known:
-                        raise SpecError(source, dev_field,
-                                        f"unknown device id {shown(d)} (cluster {shown(cluster.name)} has "
-                                        f"{', '.join(n.name + ':0..' + str(n.count - 1) for n in cluster.nodes)})")
+                        raise SpecError(
+                            source,
+                            dev_field,
+                            f"unknown device id {shown(d)} (cluster {shown(cluster.name)} has "
+                            f"{', '.join(n.name + ':0..' + str(n.count - 1) for n in cluster.nodes)})",
+                        )
                     if d in seen:
                         raise SpecError(source, dev_field, f"device {shown(d)} is used more than once")
                     seen.add(d)
@@ -251,20 +297,29 @@ class ParallelConfig:
                     tp = rank.tp
                     where = f"pipelines[{p}].stages[{s}]." + (f"ranks[{k}].devices" if stage.ranks else "devices")
                     if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
-                        raise SpecError(source, where,
-                                        f"tensor-parallel degree {tp} must divide num_heads={model.num_heads} "
-                                        f"and num_kv_heads={model.num_kv_heads} (or be a multiple of it)")
+                        raise SpecError(
+                            source,
+                            where,
+                            f"tensor-parallel degree {tp} must divide num_heads={model.num_heads} "
+                            f"and num_kv_heads={model.num_kv_heads} (or be a multiple of it)",
+                        )
                     if model.ffn_hidden_size % tp:
-                        raise SpecError(source, where, f"tensor-parallel degree {tp} must divide "
-                                                       f"ffn_hidden_size={model.ffn_hidden_size}")
+                        raise SpecError(
+                            source,
+                            where,
+                            f"tensor-parallel degree {tp} must divide ffn_hidden_size={model.ffn_hidden_size}",
+                        )
         self._check_batch(model, source)
 
     def _check_batch(self, model: ModelSpec, source: str) -> None:
         if self.global_batch_size != model.global_batch_size:
             parts = " + ".join(f"{p.num_microbatches}" for p in self.pipelines)
-            raise SpecError(source, "num_microbatches",
-                            f"({parts}) x micro_batch_size {self.micro_batch_size} = {self.global_batch_size} "
-                            f"sequences, global_batch_size is {model.global_batch_size}")
+            raise SpecError(
+                source,
+                "num_microbatches",
+                f"({parts}) x micro_batch_size {self.micro_batch_size} = {self.global_batch_size} "
+                f"sequences, global_batch_size is {model.global_batch_size}",
+            )
 
     # -- (de)serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -279,8 +334,9 @@ class ParallelConfig:
             out["sync_every_steps"] = self.sync_every_steps
 
         def stage(s: StageConfig) -> dict[str, Any]:
-            d: dict[str, Any] = ({"ranks": mixed_stage.ranks_to_dict(s.ranks)} if s.ranks
-                                 else {"devices": list(s.devices)})
+            d: dict[str, Any] = (
+                {"ranks": mixed_stage.ranks_to_dict(s.ranks)} if s.ranks else {"devices": list(s.devices)}
+            )
             d.update(layers=s.layers, recompute=s.recompute)
             if s.offload != "none":
                 d["offload"] = s.offload
@@ -304,11 +360,19 @@ class ParallelConfig:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> "ParallelConfig":
+    def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> ParallelConfig:
         if not isinstance(data, Mapping):
             raise SpecError(source, "", f"must be a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {"micro_batch_size", "schedule", "virtual_stages", "zero", "pipelines", "measurement",
-                               "expert_parallel", "sync_every_steps"}
+        unknown = set(data) - {
+            "micro_batch_size",
+            "schedule",
+            "virtual_stages",
+            "zero",
+            "pipelines",
+            "measurement",
+            "expert_parallel",
+            "sync_every_steps",
+        }
         if unknown:
             raise SpecError(source, str(sorted(unknown, key=str)[0]), "unknown field")
         try:
@@ -319,8 +383,9 @@ class ParallelConfig:
         if not isinstance(pipelines_raw, list):
             raise SpecError(source, "pipelines", "must be a list")
         if data.get("schedule", "1f1b") not in ALL_SCHEDULES:
-            raise SpecError(source, "schedule", f"must be one of {', '.join(ALL_SCHEDULES)}, "
-                                                f"got {shown(data.get('schedule'))}")
+            raise SpecError(
+                source, "schedule", f"must be one of {', '.join(ALL_SCHEDULES)}, got {shown(data.get('schedule'))}"
+            )
         pipelines = []
         for p, raw in enumerate(pipelines_raw):
             if not isinstance(raw, Mapping):
@@ -330,8 +395,11 @@ class ParallelConfig:
                 pipelines.append(PipelineConfig(m, (), _trains_experts_from(trains, source, p), rp))
                 continue
             if "forward_layers" in raw or "backward_layers" in raw:
-                raise SpecError(source, f"pipelines[{p}].forward_layers",
-                                'a device pool with forward/backward partitions needs "schedule": "roundpipe"')
+                raise SpecError(
+                    source,
+                    f"pipelines[{p}].forward_layers",
+                    'a device pool with forward/backward partitions needs "schedule": "roundpipe"',
+                )
             stages_raw = raw.get("stages")
             if not isinstance(stages_raw, list):
                 raise SpecError(source, f"pipelines[{p}].stages", "is required and must be a list")
@@ -352,29 +420,48 @@ class ParallelConfig:
                 else:
                     devices = st.get("devices")
                     if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
-                        raise SpecError(source, f"{f}.devices", "is required (or ranks) and must be a list of "
-                                                                "device ids")
+                        raise SpecError(
+                            source, f"{f}.devices", "is required (or ranks) and must be a list of device ids"
+                        )
                 if "layers" not in st:
                     raise SpecError(source, f"{f}.layers", "is required")
-                stages.append(StageConfig(tuple(devices), st["layers"], st.get("recompute", False),
-                                          st.get("offload", "none"), st.get("sequence_parallel", False), ranks))
+                stages.append(
+                    StageConfig(
+                        tuple(devices),
+                        st["layers"],
+                        st.get("recompute", False),
+                        st.get("offload", "none"),
+                        st.get("sequence_parallel", False),
+                        ranks,
+                    )
+                )
             if "num_microbatches" not in raw:
                 raise SpecError(source, f"pipelines[{p}].num_microbatches", "is required")
             extra = set(raw) - {"num_microbatches", "stages", "trains_experts"}
             if extra:
                 raise SpecError(source, f"pipelines[{p}].{sorted(extra, key=str)[0]}", "unknown field")
-            pipelines.append(PipelineConfig(raw["num_microbatches"], tuple(stages),
-                                            _trains_experts_from(raw.get("trains_experts", "all"), source, p)))
+            pipelines.append(
+                PipelineConfig(
+                    raw["num_microbatches"],
+                    tuple(stages),
+                    _trains_experts_from(raw.get("trains_experts", "all"), source, p),
+                )
+            )
         try:
-            return cls(micro_batch_size=mbs, pipelines=tuple(pipelines), schedule=data.get("schedule", "1f1b"),
-                       virtual_stages=data.get("virtual_stages", 1), zero=data.get("zero", 0),
-                       expert_parallel=data.get("expert_parallel", 1),
-                       sync_every_steps=data.get("sync_every_steps", 1))
+            return cls(
+                micro_batch_size=mbs,
+                pipelines=tuple(pipelines),
+                schedule=data.get("schedule", "1f1b"),
+                virtual_stages=data.get("virtual_stages", 1),
+                zero=data.get("zero", 0),
+                expert_parallel=data.get("expert_parallel", 1),
+                sync_every_steps=data.get("sync_every_steps", 1),
+            )
         except SpecError as e:
             raise SpecError(source, e.field, e.rule) from None
 
     @classmethod
-    def from_json(cls, text: str, source: str = "config") -> "ParallelConfig":
+    def from_json(cls, text: str, source: str = "config") -> ParallelConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
@@ -389,13 +476,17 @@ class ParallelConfig:
             if p.roundpipe is not None:
                 parts.append(f"[{p.roundpipe.summary()}] m={p.num_microbatches}")
                 continue
-            stages = " | ".join(f"{mixed_stage.summary(s.ranks, s.devices)} x{s.layers}{_stage_flags(s)}"
-                                f"{' off=' + s.offload if s.offload != 'none' else ''}" for s in p.stages)
+            stages = " | ".join(
+                f"{mixed_stage.summary(s.ranks, s.devices)} x{s.layers}{_stage_flags(s)}"
+                f"{' off=' + s.offload if s.offload != 'none' else ''}"
+                for s in p.stages
+            )
             experts = "" if p.trains_experts is None else f" E={_ranges(p.trains_experts)}"
             parts.append(f"[{stages}] m={p.num_microbatches}{experts}")
         zero = f"zero={self.zero} " if self.zero else ""
-        moe = (f"ep={self.expert_parallel} " if self.expert_parallel != 1 else "") + \
-              (f"sync={self.sync_every_steps} " if self.sync_every_steps != 1 else "")
+        moe = (f"ep={self.expert_parallel} " if self.expert_parallel != 1 else "") + (
+            f"sync={self.sync_every_steps} " if self.sync_every_steps != 1 else ""
+        )
         notes = "".join(f" (note: {n})" for n in self.notes())
         return f"mbs={self.micro_batch_size} {self.schedule} {zero}{moe}" + " ; ".join(parts) + notes
 
@@ -435,7 +526,9 @@ def _trains_experts_from(raw: Any, source: str, p: int) -> tuple[int, ...] | Non
     if raw == "all":
         return None
     if not isinstance(raw, list):
-        raise SpecError(source, f"pipelines[{p}].trains_experts", f'must be "all" or a list of expert indices, got {shown(raw)}')
+        raise SpecError(
+            source, f"pipelines[{p}].trains_experts", f'must be "all" or a list of expert indices, got {shown(raw)}'
+        )
     return tuple(raw)
 
 
@@ -447,63 +540,92 @@ def _validate_expert_plan(config: ParallelConfig, model: ModelSpec, source: str)
     E = model.num_experts
     if g > 1:
         if not model.is_moe:
-            raise SpecError(source, "expert_parallel", f"{g} needs a mixture-of-experts model (num_experts > 0); "
-                                                       f"model {model.name!r} is dense")
+            raise SpecError(
+                source,
+                "expert_parallel",
+                f"{g} needs a mixture-of-experts model (num_experts > 0); model {model.name!r} is dense",
+            )
         if E % g:
-            raise SpecError(source, "expert_parallel", f"{g} must divide num_experts={E} (each of a group's "
-                                                       f"replicas holds num_experts / expert_parallel experts)")
+            raise SpecError(
+                source,
+                "expert_parallel",
+                f"{g} must divide num_experts={E} (each of a group's "
+                f"replicas holds num_experts / expert_parallel experts)",
+            )
         if n % g:
-            raise SpecError(source, "expert_parallel", f"{g} must divide the number of data-parallel replicas "
-                                                       f"(pipelines), {n}")
+            raise SpecError(
+                source, "expert_parallel", f"{g} must divide the number of data-parallel replicas (pipelines), {n}"
+            )
         for group in config.expert_groups():
             first = config.pipelines[group[0]]
             shape = [(s.layers, s.tp) for s in first.stages]
             for p in group[1:]:
                 pipe = config.pipelines[p]
                 if [(s.layers, s.tp) for s in pipe.stages] != shape:
-                    raise SpecError(source, f"pipelines[{p}].stages",
-                                    f"replicas of one expert-parallel group (pipelines {group[0]}..{group[-1]}) "
-                                    f"need the same stages (layers, tensor-parallel degree): "
-                                    f"{[(s.layers, s.tp) for s in pipe.stages]} != {shape} in pipelines[{group[0]}]")
+                    raise SpecError(
+                        source,
+                        f"pipelines[{p}].stages",
+                        f"replicas of one expert-parallel group (pipelines {group[0]}..{group[-1]}) "
+                        f"need the same stages (layers, tensor-parallel degree): "
+                        f"{[(s.layers, s.tp) for s in pipe.stages]} != {shape} in pipelines[{group[0]}]",
+                    )
                 if pipe.num_microbatches != first.num_microbatches:
-                    raise SpecError(source, f"pipelines[{p}].num_microbatches",
-                                    f"replicas of one expert-parallel group (pipelines {group[0]}..{group[-1]}) "
-                                    f"need the same num_microbatches: {pipe.num_microbatches} != "
-                                    f"{first.num_microbatches} in pipelines[{group[0]}]")
+                    raise SpecError(
+                        source,
+                        f"pipelines[{p}].num_microbatches",
+                        f"replicas of one expert-parallel group (pipelines {group[0]}..{group[-1]}) "
+                        f"need the same num_microbatches: {pipe.num_microbatches} != "
+                        f"{first.num_microbatches} in pipelines[{group[0]}]",
+                    )
                 if _expert_set(pipe.trains_experts) != _expert_set(first.trains_experts):
-                    raise SpecError(source, f"pipelines[{p}].trains_experts",
-                                    f"replicas of one expert-parallel group (pipelines {group[0]}..{group[-1]}) "
-                                    "train one set of experts together: give them the same list")
+                    raise SpecError(
+                        source,
+                        f"pipelines[{p}].trains_experts",
+                        f"replicas of one expert-parallel group (pipelines {group[0]}..{group[-1]}) "
+                        "train one set of experts together: give them the same list",
+                    )
     subsets = [(p, pipe.trains_experts) for p, pipe in enumerate(config.pipelines) if pipe.trains_experts is not None]
     if subsets:
         if not model.is_moe:
-            raise SpecError(source, f"pipelines[{subsets[0][0]}].trains_experts",
-                            f'needs a mixture-of-experts model (num_experts > 0); model {model.name!r} is dense: '
-                            'leave it out or give "all"')
+            raise SpecError(
+                source,
+                f"pipelines[{subsets[0][0]}].trains_experts",
+                f"needs a mixture-of-experts model (num_experts > 0); model {model.name!r} is dense: "
+                'leave it out or give "all"',
+            )
         for p, te in subsets:
             bad = [e for e in te if e >= E]
             if bad:
-                raise SpecError(source, f"pipelines[{p}].trains_experts",
-                                f"expert index {bad[0]} out of range: model {model.name!r} has num_experts={E} "
-                                f"(indices 0..{E - 1})")
+                raise SpecError(
+                    source,
+                    f"pipelines[{p}].trains_experts",
+                    f"expert index {bad[0]} out of range: model {model.name!r} has num_experts={E} "
+                    f"(indices 0..{E - 1})",
+                )
         covered: set[int] = set()
         for pipe in config.pipelines:
             covered |= set(range(E)) if pipe.trains_experts is None else set(pipe.trains_experts)
         missing = sorted(set(range(E)) - covered)
         if missing:
-            raise SpecError(source, "trains_experts", f"expert(s) {_ranges(tuple(missing))} are trained by no "
-                                                      "replica: together the replicas must cover every expert")
+            raise SpecError(
+                source,
+                "trains_experts",
+                f"expert(s) {_ranges(tuple(missing))} are trained by no "
+                "replica: together the replicas must cover every expert",
+            )
     if config.sync_every_steps > 1 and len(config.expert_groups()) < 2:
-        raise SpecError(source, "sync_every_steps",
-                        f"{config.sync_every_steps} needs at least two replicas (expert-parallel groups) to "
-                        f"synchronise, the plan has {len(config.expert_groups())}")
+        raise SpecError(
+            source,
+            "sync_every_steps",
+            f"{config.sync_every_steps} needs at least two replicas (expert-parallel groups) to "
+            f"synchronise, the plan has {len(config.expert_groups())}",
+        )
 
 
 def _stage_flags(stage: StageConfig) -> str:
     """`` R`` full recomputation, `` S`` selective, `` SP`` sequence parallel (``describe``)."""
     flags = " R" if stage.full_recompute else " S" if stage.selective_recompute else ""
     return flags + (" SP" if stage.sequence_parallel else "")
-
 
 
 def iter_stages(config: ParallelConfig) -> Iterator[tuple[int, int, StageConfig]]:

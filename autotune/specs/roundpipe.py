@@ -48,8 +48,9 @@ in host memory already) and ``virtual_stages`` stays 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from autotune.errors import SpecError, shown
 from autotune.specs.cluster import ClusterSpec
@@ -61,8 +62,17 @@ RECOMPUTE_GRAINS = ("stage", "layer")
 #: RoundPipe's default ``model_memory_limit``: 60% of the smallest GPU's memory (``ModelExecutePlan.auto``)
 DEFAULT_MEMORY_FRACTION = 0.6
 #: the pipeline fields of a roundpipe plan (a pipeline of another schedule has ``stages`` instead)
-PIPELINE_FIELDS = ("num_microbatches", "devices", "forward_layers", "fused_layers", "backward_layers",
-                   "recompute_grain", "memory_limit_GiB", "accumulation_steps", "trains_experts")
+PIPELINE_FIELDS = (
+    "num_microbatches",
+    "devices",
+    "forward_layers",
+    "fused_layers",
+    "backward_layers",
+    "recompute_grain",
+    "memory_limit_GiB",
+    "accumulation_steps",
+    "trains_experts",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +107,15 @@ class RoundPipeStages:
     def stage_rows(self, num_layers: int) -> list[tuple[str, str]]:
         """(label, what it runs) of each stage in the order a pass hands them out: ``F0 ..``, ``FB``,
         then the backward stages last first (``B<k>`` numbered in layer order)."""
+
         def text(a: int, b: int, embedding: bool, head: bool = False) -> str:
-            parts = (["embedding"] if embedding else []) + ([f"blocks {a}-{b - 1}" if b - a > 1 else f"block {a}"]
-                                                            if b > a else []) + (["head + loss"] if head else [])
+            parts = (
+                (["embedding"] if embedding else [])
+                + ([f"blocks {a}-{b - 1}" if b - a > 1 else f"block {a}"] if b > a else [])
+                + (["head + loss"] if head else [])
+            )
             return " + ".join(parts)
+
         fwd = self.forward_ranges(num_layers)
         bwd = self.backward_ranges(num_layers)
         rows = [(f"F{k}", text(a, b, k == 0)) for k, (a, b) in enumerate(fwd[:-1])]
@@ -112,8 +127,10 @@ class RoundPipeStages:
         grain = "" if self.recompute_grain == "stage" else " grain=layer"
         limit = f" limit={self.memory_limit_GiB:g}GiB" if self.memory_limit_GiB > 0 else ""
         acc = f" acc={self.accumulation_steps}" if self.accumulation_steps != 1 else ""
-        return (f"pool {_device_span(self.devices)} | F {','.join(map(str, self.forward_layers))} | "
-                f"FB {self.fused_layers}+head | B {','.join(map(str, self.backward_layers))}{grain}{limit}{acc}")
+        return (
+            f"pool {_device_span(self.devices)} | F {','.join(map(str, self.forward_layers))} | "
+            f"FB {self.fused_layers}+head | B {','.join(map(str, self.backward_layers))}{grain}{limit}{acc}"
+        )
 
 
 def _ranges_of(counts: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -151,8 +168,11 @@ def _int_list(source: str, field: str, raw: Any) -> tuple[int, ...]:
     if not isinstance(raw, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in raw):
         raise SpecError(source, field, f"must be a list of layer counts (integers), got {shown(raw)}")
     if len(raw) > MAX_STAGES:
-        raise SpecError(source, field, f"lists {len(raw):,} stages, at most {MAX_STAGES:,} (one per block and "
-                                       "one for the embedding)")
+        raise SpecError(
+            source,
+            field,
+            f"lists {len(raw):,} stages, at most {MAX_STAGES:,} (one per block and one for the embedding)",
+        )
     return tuple(raw)
 
 
@@ -164,12 +184,17 @@ def pipeline_from_dict(raw: Mapping[str, Any], source: str, p: int) -> tuple[int
     """(num_microbatches, stages, raw trains_experts) of one roundpipe pipeline object."""
     f = f"pipelines[{p}]"
     if "stages" in raw:
-        raise SpecError(source, f"{f}.stages", "a roundpipe pipeline has no stages bound to devices: give "
-                                               "devices, forward_layers, fused_layers and backward_layers")
+        raise SpecError(
+            source,
+            f"{f}.stages",
+            "a roundpipe pipeline has no stages bound to devices: give "
+            "devices, forward_layers, fused_layers and backward_layers",
+        )
     extra = sorted(set(raw) - set(PIPELINE_FIELDS))
     if extra:
-        raise SpecError(source, f"{f}.{extra[0]}", f"unknown field (a roundpipe pipeline has "
-                                                   f"{', '.join(PIPELINE_FIELDS)})")
+        raise SpecError(
+            source, f"{f}.{extra[0]}", f"unknown field (a roundpipe pipeline has {', '.join(PIPELINE_FIELDS)})"
+        )
     for key in ("num_microbatches", "devices", "forward_layers", "backward_layers"):
         if key not in raw:
             raise SpecError(source, f"{f}.{key}", "is required in a roundpipe pipeline")
@@ -185,14 +210,20 @@ def pipeline_from_dict(raw: Mapping[str, Any], source: str, p: int) -> tuple[int
         fused_layers=raw.get("fused_layers", 0),
         recompute_grain=raw.get("recompute_grain", "stage"),
         memory_limit_GiB=raw.get("memory_limit_GiB", 0.0),
-        accumulation_steps=raw.get("accumulation_steps", 1))
+        accumulation_steps=raw.get("accumulation_steps", 1),
+    )
     return raw["num_microbatches"], stages, raw.get("trains_experts", "all")
 
 
 def pipeline_to_dict(num_microbatches: int, rp: RoundPipeStages) -> dict[str, Any]:
-    out: dict[str, Any] = {"num_microbatches": num_microbatches, "devices": list(rp.devices),
-                           "forward_layers": list(rp.forward_layers), "fused_layers": rp.fused_layers,
-                           "backward_layers": list(rp.backward_layers), "recompute_grain": rp.recompute_grain}
+    out: dict[str, Any] = {
+        "num_microbatches": num_microbatches,
+        "devices": list(rp.devices),
+        "forward_layers": list(rp.forward_layers),
+        "fused_layers": rp.fused_layers,
+        "backward_layers": list(rp.backward_layers),
+        "recompute_grain": rp.recompute_grain,
+    }
     if rp.memory_limit_GiB > 0:
         out["memory_limit_GiB"] = rp.memory_limit_GiB
     if rp.accumulation_steps != 1:
@@ -209,8 +240,11 @@ def check_pool(rp: RoundPipeStages | None, has_stages: bool, num_microbatches: A
     in place of stages, each field in its range."""
     f = field
     if rp is None or has_stages:
-        raise SpecError(where, f"{f}.stages", "schedule 'roundpipe' takes devices, forward_layers, "
-                                              "fused_layers and backward_layers in place of stages")
+        raise SpecError(
+            where,
+            f"{f}.stages",
+            "schedule 'roundpipe' takes devices, forward_layers, fused_layers and backward_layers in place of stages",
+        )
     if not rp.devices:
         raise SpecError(where, f"{f}.devices", "must list at least one device (the pool)")
     if len(set(rp.devices)) != len(rp.devices):
@@ -224,45 +258,76 @@ def check_pool(rp: RoundPipeStages | None, has_stages: bool, num_microbatches: A
                 rule = ">= 0 (0: the embedding alone)" if s == 0 else ">= 1"
                 raise SpecError(where, f"{f}.{name}[{s}]", f"must be an integer {rule}, got {shown(n)}")
     if isinstance(rp.fused_layers, bool) or not isinstance(rp.fused_layers, int) or rp.fused_layers < 0:
-        raise SpecError(where, f"{f}.fused_layers", f"must be an integer >= 0 (0: the LM head alone), "
-                                                    f"got {shown(rp.fused_layers)}")
+        raise SpecError(
+            where, f"{f}.fused_layers", f"must be an integer >= 0 (0: the LM head alone), got {shown(rp.fused_layers)}"
+        )
     if rp.recompute_grain not in RECOMPUTE_GRAINS:
-        raise SpecError(where, f"{f}.recompute_grain", f"must be one of {', '.join(RECOMPUTE_GRAINS)}, "
-                                                       f"got {shown(rp.recompute_grain)}")
+        raise SpecError(
+            where,
+            f"{f}.recompute_grain",
+            f"must be one of {', '.join(RECOMPUTE_GRAINS)}, got {shown(rp.recompute_grain)}",
+        )
     lim = rp.memory_limit_GiB
     if isinstance(lim, bool) or not isinstance(lim, (int, float)) or not math.isfinite(lim) or lim < 0:
-        raise SpecError(where, f"{f}.memory_limit_GiB", f"must be a number >= 0 (0: 60% of the smallest "
-                                                        f"pool GPU), got {shown(lim)}")
+        raise SpecError(
+            where, f"{f}.memory_limit_GiB", f"must be a number >= 0 (0: 60% of the smallest pool GPU), got {shown(lim)}"
+        )
     acc = rp.accumulation_steps
     if isinstance(acc, bool) or not isinstance(acc, int) or not 1 <= acc <= MAX_ACCUMULATION_STEPS:
-        raise SpecError(where, f"{f}.accumulation_steps", f"must be an integer from 1 to "
-                                                          f"{MAX_ACCUMULATION_STEPS:,}, got {shown(acc)}")
+        raise SpecError(
+            where,
+            f"{f}.accumulation_steps",
+            f"must be an integer from 1 to {MAX_ACCUMULATION_STEPS:,}, got {shown(acc)}",
+        )
     if isinstance(num_microbatches, int) and num_microbatches % acc:
-        raise SpecError(where, f"{f}.num_microbatches",
-                        f"{num_microbatches} micro-batches do not split into accumulation_steps={acc} "
-                        f"equal passes")
+        raise SpecError(
+            where,
+            f"{f}.num_microbatches",
+            f"{num_microbatches} micro-batches do not split into accumulation_steps={acc} equal passes",
+        )
 
 
-def check_plan(zero: int, expert_parallel: int, sync_every_steps: int,
-               trains_experts: Sequence[tuple[int, ...] | None], where: str) -> None:
+def check_plan(
+    zero: int, expert_parallel: int, sync_every_steps: int, trains_experts: Sequence[tuple[int, ...] | None], where: str
+) -> None:
     """The plan-wide settings a roundpipe plan cannot take (``trains_experts``: each pipeline's)."""
     if zero:
-        raise SpecError(where, "zero", f"does not apply to schedule 'roundpipe' (its state lives in host "
-                                       f"memory already), got zero={zero}")
+        raise SpecError(
+            where,
+            "zero",
+            f"does not apply to schedule 'roundpipe' (its state lives in host memory already), got zero={zero}",
+        )
     if expert_parallel != 1:
-        raise SpecError(where, "expert_parallel", f"does not apply to schedule 'roundpipe' (each GPU runs whole "
-                                                  f"stages, their experts included), got {expert_parallel}")
+        raise SpecError(
+            where,
+            "expert_parallel",
+            f"does not apply to schedule 'roundpipe' (each GPU runs whole "
+            f"stages, their experts included), got {expert_parallel}",
+        )
     if sync_every_steps != 1:
-        raise SpecError(where, "sync_every_steps", f"does not apply to schedule 'roundpipe' (its replicas "
-                                                   f"synchronise every step), got {sync_every_steps}")
+        raise SpecError(
+            where,
+            "sync_every_steps",
+            f"does not apply to schedule 'roundpipe' (its replicas synchronise every step), got {sync_every_steps}",
+        )
     for p, te in enumerate(trains_experts):
         if te is not None:
-            raise SpecError(where, f"pipelines[{p}].trains_experts", "does not apply to schedule 'roundpipe' "
-                                                                      "(every replica trains every expert)")
+            raise SpecError(
+                where,
+                f"pipelines[{p}].trains_experts",
+                "does not apply to schedule 'roundpipe' (every replica trains every expert)",
+            )
 
 
-def validate_pool(rp: RoundPipeStages, num_microbatches: int, cluster: ClusterSpec, model: ModelSpec,
-                  source: str, field: str, seen: dict[str, str]) -> None:
+def validate_pool(
+    rp: RoundPipeStages,
+    num_microbatches: int,
+    cluster: ClusterSpec,
+    model: ModelSpec,
+    source: str,
+    field: str,
+    seen: dict[str, str],
+) -> None:
     """One pipeline's pool and partitions against the cluster and the model (``seen``: device -> the pipeline
     field whose pool holds it, filled as the pools are checked); raise SpecError naming the broken rule."""
     f = field
@@ -270,27 +335,40 @@ def validate_pool(rp: RoundPipeStages, num_microbatches: int, cluster: ClusterSp
     L = model.num_layers
     for d in rp.devices:
         if d not in known:
-            raise SpecError(source, f"{f}.devices",
-                            f"unknown device id {shown(d)} (cluster {cluster.name!r} has "
-                            f"{', '.join(n.name + ':0..' + str(n.count - 1) for n in cluster.nodes)})")
+            raise SpecError(
+                source,
+                f"{f}.devices",
+                f"unknown device id {shown(d)} (cluster {cluster.name!r} has "
+                f"{', '.join(n.name + ':0..' + str(n.count - 1) for n in cluster.nodes)})",
+            )
         if d in seen:
             raise SpecError(source, f"{f}.devices", f"device {shown(d)} is already in {seen[d]}'s pool")
         seen[d] = f
     nodes = sorted({cluster.node_of(d).name for d in rp.devices})
     if len(nodes) > 1:
-        raise SpecError(source, f"{f}.devices", f"a roundpipe pool is one node's GPUs (one RoundPipe process "
-                                                f"per node), this one spans nodes {', '.join(nodes)}: give "
-                                                f"each node its own pipeline")
+        raise SpecError(
+            source,
+            f"{f}.devices",
+            f"a roundpipe pool is one node's GPUs (one RoundPipe process "
+            f"per node), this one spans nodes {', '.join(nodes)}: give "
+            f"each node its own pipeline",
+        )
     for name, counts in (("forward_layers", rp.forward_layers), ("backward_layers", rp.backward_layers)):
         total = sum(counts) + rp.fused_layers
         if total != L:
-            raise SpecError(source, f"{f}.{name}",
-                            f"{_sum_text(counts)} + fused_layers {rp.fused_layers} = {total} blocks, "
-                            f"model {model.name!r} has num_layers={L}")
+            raise SpecError(
+                source,
+                f"{f}.{name}",
+                f"{_sum_text(counts)} + fused_layers {rp.fused_layers} = {total} blocks, "
+                f"model {model.name!r} has num_layers={L}",
+            )
     smallest = min(cluster.device(d).memory_GiB for d in rp.devices)
     if rp.memory_limit_GiB > smallest:
-        raise SpecError(source, f"{f}.memory_limit_GiB",
-                        f"{rp.memory_limit_GiB:g} GiB exceeds the smallest pool GPU's {smallest:g} GiB")
+        raise SpecError(
+            source,
+            f"{f}.memory_limit_GiB",
+            f"{rp.memory_limit_GiB:g} GiB exceeds the smallest pool GPU's {smallest:g} GiB",
+        )
     if num_microbatches // rp.accumulation_steps < 1:
         raise SpecError(source, f"{f}.num_microbatches", "must be >= accumulation_steps")
 
@@ -300,9 +378,12 @@ def notes(rp: RoundPipeStages, num_microbatches: int, field: str) -> list[str]:
     out = []
     per_pass = num_microbatches // max(1, rp.accumulation_steps)
     if rp.num_stages < len(rp.devices):
-        out.append(f"{field}: {rp.num_stages} stages per pass for a pool of {len(rp.devices)} GPUs: "
-                   f"{len(rp.devices) - rp.num_stages} stay idle")
+        out.append(
+            f"{field}: {rp.num_stages} stages per pass for a pool of {len(rp.devices)} GPUs: "
+            f"{len(rp.devices) - rp.num_stages} stay idle"
+        )
     if per_pass < len(rp.devices):
-        out.append(f"{field}: {per_pass} micro-batches per pass fill at most {per_pass} of the "
-                   f"{len(rp.devices)} GPUs at once")
+        out.append(
+            f"{field}: {per_pass} micro-batches per pass fill at most {per_pass} of the {len(rp.devices)} GPUs at once"
+        )
     return out

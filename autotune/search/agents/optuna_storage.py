@@ -28,11 +28,13 @@ def default_storage() -> str:
     if Path("optuna.db").exists() and not Path(DEFAULT_STORAGE).exists():
         return LEGACY_STORAGE
     return DEFAULT_STORAGE
+
+
 def _sqlite_path(url: str) -> Path | None:
     prefix = "sqlite:///"
     if not url.startswith(prefix) or ":memory:" in url:
         return None
-    return Path(url[len(prefix):])
+    return Path(url[len(prefix) :])
 
 
 def postgres_driver(url: str) -> str:
@@ -49,8 +51,7 @@ def postgres_driver(url: str) -> str:
         return "postgresql+psycopg://" + rest
     from autotune.errors import SpecError
 
-    raise SpecError("--storage", "", "a PostgreSQL storage needs a driver: pip install 'psycopg[binary]' "
-                                     "(or psycopg2)")
+    raise SpecError("--storage", "", "a PostgreSQL storage needs a driver: pip install 'psycopg[binary]' (or psycopg2)")
 
 
 def _open_rdb(url: str, attempts: int = 6):
@@ -75,7 +76,11 @@ def _open_rdb(url: str, attempts: int = 6):
             storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
             break
         except Exception as e:  # noqa: BLE001 - concurrent table creation: retry, then give up loudly
-            if attempt == attempts - 1 or "Can't load plugin" in str(e) or isinstance(e, (ImportError, ModuleNotFoundError)):
+            if (
+                attempt == attempts - 1
+                or "Can't load plugin" in str(e)
+                or isinstance(e, (ImportError, ModuleNotFoundError))
+            ):
                 raise
             log.info("optuna storage %s not ready (%s); retrying", url, type(e).__name__)
             time.sleep(0.2 * (attempt + 1))

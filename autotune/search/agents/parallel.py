@@ -24,9 +24,22 @@ from autotune.planning.space import SearchSpace
 log = logging.getLogger(__name__)
 
 
-def worker_main(cluster, model, backend: str, profile: str | None, storage: str, study_name: str, seed: int,
-                budget: int, restrict: dict | None, token: str, warm_start: bool, max_sync_every: int = 1,
-                parent_pid: int | None = None, run_timeout_s: float = 300.0) -> None:
+def worker_main(
+    cluster,
+    model,
+    backend: str,
+    profile: str | None,
+    storage: str,
+    study_name: str,
+    seed: int,
+    budget: int,
+    restrict: dict | None,
+    token: str,
+    warm_start: bool,
+    max_sync_every: int = 1,
+    parent_pid: int | None = None,
+    run_timeout_s: float = 300.0,
+) -> None:
     """One worker process: the Optuna agent on the shared study until it holds ``budget`` plans.
     It dies with the search process ``parent_pid`` (``autotune.lifeline``), even when that is killed."""
     import os
@@ -37,10 +50,10 @@ def worker_main(cluster, model, backend: str, profile: str | None, storage: str,
 
     import torch
 
+    from autotune.evaluator import make_evaluator
     from autotune.search import workers
     from autotune.search.agents.shared_study import open_study
     from autotune.search.agents.tpe import run_optuna
-    from autotune.evaluator import make_evaluator
 
     torch.set_num_threads(1)
     space = SearchSpace(cluster, model, restrict=restrict, max_sync_every=max_sync_every)
@@ -49,21 +62,53 @@ def worker_main(cluster, model, backend: str, profile: str | None, storage: str,
     memory = None if hasattr(inner, "memory_check") else make_evaluator(cluster, model, "sim", profile)
     evaluator = BudgetedEvaluator(inner, space, budget, memory_model=memory)
     study = open_study(space, study_name, storage, seed)
-    run_optuna(space, evaluator, seed, study=study, warm_start=warm_start,
-               worker=f"{workers.machine()}:{os.getpid()}:{token}")
+    run_optuna(
+        space, evaluator, seed, study=study, warm_start=warm_start, worker=f"{workers.machine()}:{os.getpid()}:{token}"
+    )
 
 
-def run_workers(space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, study, storage: str,
-                workers: int, cluster, model, backend: str, profile, poll_s: float = 0.3,
-                run_timeout_s: float = 300.0, **_: Any) -> None:
+def run_workers(
+    space: SearchSpace,
+    budgeted: BudgetedEvaluator,
+    seed: int,
+    *,
+    study,
+    storage: str,
+    workers: int,
+    cluster,
+    model,
+    backend: str,
+    profile,
+    poll_s: float = 0.3,
+    run_timeout_s: float = 300.0,
+    **_: Any,
+) -> None:
     """Start ``workers`` processes on ``study`` and report their evaluations through ``budgeted``."""
     ctx = multiprocessing.get_context("spawn")
     tokens = [f"w{i}-{uuid.uuid4().hex[:6]}" for i in range(workers)]
-    procs = [ctx.Process(target=worker_main, daemon=True,
-                         args=(cluster, model, backend, str(profile) if profile else None, storage,
-                               study.study_name, seed + i, budgeted.budget, dict(space.restrict), tokens[i], i == 0,
-                               space.max_sync_every, os.getpid(), run_timeout_s))
-             for i in range(workers)]
+    procs = [
+        ctx.Process(
+            target=worker_main,
+            daemon=True,
+            args=(
+                cluster,
+                model,
+                backend,
+                str(profile) if profile else None,
+                storage,
+                study.study_name,
+                seed + i,
+                budgeted.budget,
+                dict(space.restrict),
+                tokens[i],
+                i == 0,
+                space.max_sync_every,
+                os.getpid(),
+                run_timeout_s,
+            ),
+        )
+        for i in range(workers)
+    ]
     for p in procs:
         p.start()
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.space import SearchSpace
 
@@ -33,14 +32,35 @@ def make_model(env, seed: int, n_steps: int = 64):
     from autotune.policy.policy_file import without_log_folder
 
     torch.set_num_threads(1)
-    return without_log_folder(MaskablePPO("MlpPolicy", env, n_steps=n_steps, batch_size=32, n_epochs=4,
-                                          learning_rate=3e-4, gamma=0.9, ent_coef=0.01, seed=seed, device="cpu",
-                                          verbose=0, policy_kwargs={"net_arch": [128, 128]}))
+    return without_log_folder(
+        MaskablePPO(
+            "MlpPolicy",
+            env,
+            n_steps=n_steps,
+            batch_size=32,
+            n_epochs=4,
+            learning_rate=3e-4,
+            gamma=0.9,
+            ent_coef=0.01,
+            seed=seed,
+            device="cpu",
+            verbose=0,
+            policy_kwargs={"net_arch": [128, 128]},
+        )
+    )
 
 
-def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None = None, seed: int = 0,
-           policy_path: str | Path | None = None, fine_tune: bool = False, max_episode_steps: int = 32,
-           n_steps: int = 64, start_from_best: bool = True) -> None:
+def run_rl(
+    space: SearchSpace,
+    evaluator: BudgetedEvaluator,
+    budget: int | None = None,
+    seed: int = 0,
+    policy_path: str | Path | None = None,
+    fine_tune: bool = False,
+    max_episode_steps: int = 32,
+    n_steps: int = 64,
+    start_from_best: bool = True,
+) -> None:
     """Spend ``evaluator``'s budget with MaskablePPO. ``budget`` defaults to the evaluator's; every
     episode after the first starts from the best plan found so far (``start_from_best``)."""
     import torch
@@ -62,8 +82,13 @@ def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None 
         run_pretrained(space, evaluator, seed, policy_path=policy_path, fine_tune=fine_tune)
         return
     # learn online from scratch
-    env = ParallelConfigEnv(space, evaluator, max_steps=max_episode_steps, start_from_best=start_from_best,
-                            actions=actions_for(space, mixed=True))  # with the mixed-stage moves
+    env = ParallelConfigEnv(
+        space,
+        evaluator,
+        max_steps=max_episode_steps,
+        start_from_best=start_from_best,
+        actions=actions_for(space, mixed=True),
+    )  # with the mixed-stage moves
     max_steps = max(STEPS_PER_EVALUATION * evaluator.budget, 2 * n_steps)
 
     class StopOnBudget(BaseCallback):
@@ -75,5 +100,6 @@ def run_rl(space: SearchSpace, evaluator: BudgetedEvaluator, budget: int | None 
         return
     model.learn(total_timesteps=max_steps, callback=StopOnBudget())
     if not evaluator.exhausted:
-        log.info("rl: stopped after %d env steps with %d of %d evaluations", max_steps, evaluator.used,
-                 evaluator.budget)
+        log.info(
+            "rl: stopped after %d env steps with %d of %d evaluations", max_steps, evaluator.used, evaluator.budget
+        )

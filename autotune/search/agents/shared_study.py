@@ -25,8 +25,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from autotune.planning.budget import PRUNED, BudgetedEvaluator
 from autotune.planning.space import SearchSpace
@@ -81,8 +82,9 @@ class StudyState:
 class SharedStudy:
     """One Optuna study in a storage, plus the in-memory copy TPE samples from."""
 
-    def __init__(self, space: SearchSpace, study_name: str, storage: str | None, seed: int,
-                 fresh: bool = False) -> None:
+    def __init__(
+        self, space: SearchSpace, study_name: str, storage: str | None, seed: int, fresh: bool = False
+    ) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -90,8 +92,13 @@ class SharedStudy:
         self.url = storage or default_storage()
         self.storage = optuna.storages.get_storage(open_storage(self.url))
         study_name = generation(self.storage, study_name, fresh)
-        self.study = optuna.create_study(study_name=study_name, storage=self.storage, direction="maximize",
-                                         load_if_exists=True, sampler=optuna.samplers.RandomSampler(seed))
+        self.study = optuna.create_study(
+            study_name=study_name,
+            storage=self.storage,
+            direction="maximize",
+            load_if_exists=True,
+            sampler=optuna.samplers.RandomSampler(seed),
+        )
         self.study_name = study_name
         self.study_id = self.storage.get_study_id_from_name(study_name)
         self.local = optuna.create_study(direction="maximize", sampler=make_sampler(seed))
@@ -113,8 +120,11 @@ class SharedStudy:
         """Tell TPE about a finished plan (``params``: every dimension of the space)."""
         import optuna
 
-        self.local.add_trial(optuna.trial.create_trial(
-            params={k: params[k] for k in self.model_dists}, distributions=self.model_dists, value=value, **kw))
+        self.local.add_trial(
+            optuna.trial.create_trial(
+                params={k: params[k] for k in self.model_dists}, distributions=self.model_dists, value=value, **kw
+            )
+        )
 
     # -- reading -----------------------------------------------------------------------------------
     def trials(self):
@@ -130,8 +140,12 @@ class SharedStudy:
     def evaluated_trials(self) -> list:
         return evaluated_trials(self.study)
 
-    def sync(self, evaluator: BudgetedEvaluator | None = None, notify: Callable[[Any], bool] | None = None,
-             worker: str | None = None) -> StudyState:
+    def sync(
+        self,
+        evaluator: BudgetedEvaluator | None = None,
+        notify: Callable[[Any], bool] | None = None,
+        worker: str | None = None,
+    ) -> StudyState:
         """Copy new evaluations into the TPE copy and ``evaluator``; fail abandoned claims.
 
         ``notify(trial)`` says whether ``evaluator``'s listeners hear about a trial (``--workers``:
@@ -165,8 +179,10 @@ class SharedStudy:
         config = ParallelConfig.from_dict(t.user_attrs["config"], source=f"trial {t.number}")
         if config in evaluator:
             return
-        raw = t.user_attrs.get("measurement") or {"tokens_per_s": t.value or 0.0,
-                                                  "status": t.user_attrs.get("status", "ok")}
+        raw = t.user_attrs.get("measurement") or {
+            "tokens_per_s": t.value or 0.0,
+            "status": t.user_attrs.get("status", "ok"),
+        }
         m = Measurement.from_dict(raw)
         if notify is not None and notify(t):
             evaluator.record(config, m, params)
@@ -185,8 +201,9 @@ class SharedStudy:
             log.debug("trial %d already finished: %s", trial_id, e)
 
     # -- claiming and completing -------------------------------------------------------------------
-    def claim(self, params: dict[str, Any], config: ParallelConfig, key: str, worker: str,
-              budget: int, **attrs: Any) -> Claim | None:
+    def claim(
+        self, params: dict[str, Any], config: ParallelConfig, key: str, worker: str, budget: int, **attrs: Any
+    ) -> Claim | None:
         """Claim ``config`` for evaluation (see the module docstring); None when the plan is another
         worker's or the budget is spoken for."""
         import json
@@ -195,9 +212,18 @@ class SharedStudy:
         from optuna.trial import TrialState
 
         template = optuna.trial.create_trial(
-            state=TrialState.RUNNING, params=params, distributions={k: self.dists[k] for k in params},
-            user_attrs={"claimed": True, "config_key": key, "config": json.loads(config.to_json(indent=None)),
-                        "worker": worker, "heartbeat": time.time(), **attrs})
+            state=TrialState.RUNNING,
+            params=params,
+            distributions={k: self.dists[k] for k in params},
+            user_attrs={
+                "claimed": True,
+                "config_key": key,
+                "config": json.loads(config.to_json(indent=None)),
+                "worker": worker,
+                "heartbeat": time.time(),
+                **attrs,
+            },
+        )
         trial_id = self.storage.create_new_trial(self.study_id, template_trial=template)
         number = self.storage.get_trial_number_from_id(trial_id)
         evaluated, before, taken = 0, 0, False
@@ -210,7 +236,8 @@ class SharedStudy:
                 taken |= t.user_attrs.get("config_key") == key
             elif t.state == TrialState.RUNNING and t.user_attrs.get("claimed") and t.number < number:
                 if t.user_attrs.get("worker") != worker and workers.abandoned(
-                        t.user_attrs.get("worker"), t.user_attrs.get("heartbeat"), now):
+                    t.user_attrs.get("worker"), t.user_attrs.get("heartbeat"), now
+                ):
                     continue
                 before += 1
                 taken |= t.user_attrs.get("config_key") == key
@@ -235,17 +262,27 @@ class SharedStudy:
             self._mirrored.add(claim.trial_id)
         except UpdateFinishedTrialError:
             # another process took this claim for abandoned and failed it: claim the plan again
-            log.warning("optuna: trial %d was failed by another worker while evaluating; re-recording it",
-                        claim.trial_id)
+            log.warning(
+                "optuna: trial %d was failed by another worker while evaluating; re-recording it", claim.trial_id
+            )
             again = self.claim(self._params_of(claim.trial_id), claim.config, claim.key, worker, budget)
             if again is None:
-                log.warning("optuna: the budget was spent meanwhile; evaluation of %s not kept in the study",
-                            claim.config.describe())
+                log.warning(
+                    "optuna: the budget was spent meanwhile; evaluation of %s not kept in the study",
+                    claim.config.describe(),
+                )
                 return
             self.complete(again, m, worker, budget)
 
-    def evaluate_outside(self, evaluator: BudgetedEvaluator, config: ParallelConfig, params: dict[str, Any],
-                         worker: str, source: str, encoded: bool = False) -> Measurement | None:
+    def evaluate_outside(
+        self,
+        evaluator: BudgetedEvaluator,
+        config: ParallelConfig,
+        params: dict[str, Any],
+        worker: str,
+        source: str,
+        encoded: bool = False,
+    ) -> Measurement | None:
         """Evaluate a plan from outside TPE's encoding (the structured planner's start plan) under the
         study's budget rule; the study records it as a trial without parameters (TPE does not model
         it; the study's best value includes it), or with ``encoded`` (``params`` is a point of the
@@ -256,13 +293,20 @@ class SharedStudy:
 
         if config in evaluator:
             return evaluator.evaluate(config)
-        claim = self.claim({k: params[k] for k in self.dists} if encoded else {}, config, config_key(config), worker,
-                           evaluator.budget, source=source)
+        claim = self.claim(
+            {k: params[k] for k in self.dists} if encoded else {},
+            config,
+            config_key(config),
+            worker,
+            evaluator.budget,
+            source=source,
+        )
         if claim is None:
             return None
         try:
-            return evaluator.evaluate(config, params,
-                                      commit=lambda m: self.complete(claim, m, worker, evaluator.budget))
+            return evaluator.evaluate(
+                config, params, commit=lambda m: self.complete(claim, m, worker, evaluator.budget)
+            )
         finally:
             self.withdraw(claim)
 
@@ -308,8 +352,10 @@ class SharedStudy:
         import optuna
         from optuna.trial import TrialState
 
-        self.storage.create_new_trial(self.study_id, template_trial=optuna.trial.create_trial(
-            state=TrialState.FAIL, user_attrs={PARENT_ATTR: candidate}))
+        self.storage.create_new_trial(
+            self.study_id,
+            template_trial=optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={PARENT_ATTR: candidate}),
+        )
         winner = self.parent_run(exists) or candidate
         self.set_user_attr(MLFLOW_RUN_ATTR, winner)  # for people reading the study; elections decide
         return winner
@@ -353,8 +399,7 @@ def evaluated_trials(study) -> list:
 
     if isinstance(study, SharedStudy):
         study = study.study
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("evaluated")]
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.user_attrs.get("evaluated")]
 
 
 def sync_from_evaluator(study: SharedStudy, space: SearchSpace, evaluator: BudgetedEvaluator) -> int:
@@ -375,10 +420,19 @@ def sync_from_evaluator(study: SharedStudy, space: SearchSpace, evaluator: Budge
         params = {k: ev.params[k] for k in dists}
         if any(v not in dists[k].choices for k, v in params.items()):
             continue
-        study.study.add_trial(optuna.trial.create_trial(
-            params=params, distributions=dists, value=ev.score,
-            user_attrs={"evaluated": True, "config_key": key, "recovered": True,
-                        "config": json.loads(ev.config.to_json(indent=None)),
-                        "measurement": ev.measurement.to_dict()}))
+        study.study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions=dists,
+                value=ev.score,
+                user_attrs={
+                    "evaluated": True,
+                    "config_key": key,
+                    "recovered": True,
+                    "config": json.loads(ev.config.to_json(indent=None)),
+                    "measurement": ev.measurement.to_dict(),
+                },
+            )
+        )
         added += 1
     return added

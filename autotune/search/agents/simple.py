@@ -55,15 +55,18 @@ def run_random(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
     if not evaluator.exhausted:
         if not fallback_done and not (evaluator.best is not None and evaluator.best.measurement.ok):
             fallback()
-        log.info("random: no new valid plan in %d draws; stopping at %d evaluations", max_tries_per_eval,
-                 evaluator.used)
+        log.info(
+            "random: no new valid plan in %d draws; stopping at %d evaluations", max_tries_per_eval, evaluator.used
+        )
 
 
 def run_uniform(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0) -> None:
     """The heterogeneity-blind grid (``SearchSpace.uniform_plans``), in a seeded random order when the
     budget does not cover it all."""
     plans = space.uniform_plans()
-    order = np.random.default_rng(seed).permutation(len(plans)) if len(plans) > evaluator.remaining else range(len(plans))
+    order = (
+        np.random.default_rng(seed).permutation(len(plans)) if len(plans) > evaluator.remaining else range(len(plans))
+    )
     for i in order:
         if evaluator.exhausted:
             log.info("uniform: budget spent after %d of %d grid plans", evaluator.used, len(plans))
@@ -71,14 +74,18 @@ def run_uniform(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0)
         evaluator.evaluate(plans[int(i)], {"uniform_index": int(i)})
 
 
-def run_exhaustive(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0,
-                   limit: int = EXHAUSTIVE_LIMIT) -> None:
+def run_exhaustive(
+    space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, limit: int = EXHAUSTIVE_LIMIT
+) -> None:
     """Every distinct valid plan of the space (refuses spaces above ``limit`` raw combinations)."""
     del seed
     plans = space.enumerate(limit)
     if len(plans) > evaluator.remaining:
-        log.warning("exhaustive: the space has %d distinct plans, the budget covers %d; the rest is not evaluated",
-                    len(plans), evaluator.remaining)
+        log.warning(
+            "exhaustive: the space has %d distinct plans, the budget covers %d; the rest is not evaluated",
+            len(plans),
+            evaluator.remaining,
+        )
     for params, config in plans:
         if evaluator.exhausted:
             break

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.space import SearchSpace
@@ -26,6 +27,7 @@ from autotune.search.agents.shared_study import SharedStudy, open_study
 from autotune.specs import Measurement, ParallelConfig
 
 log = logging.getLogger(__name__)
+
 
 def warm_start_params(space: SearchSpace, evaluator=None) -> list:
     """The trials TPE starts with: the speed-proportional starts, then the most memory-frugal plan of
@@ -54,8 +56,13 @@ def memory_constraint(evaluator: BudgetedEvaluator, measurement: Measurement) ->
     return min(use - 1.0, 0.0)
 
 
-def _repair(space: SearchSpace, evaluator: BudgetedEvaluator, shared: SharedStudy, params: dict[str, Any],
-            evaluate_claimed: Callable[[dict[str, Any], ParallelConfig], Measurement | None]) -> bool:
+def _repair(
+    space: SearchSpace,
+    evaluator: BudgetedEvaluator,
+    shared: SharedStudy,
+    params: dict[str, Any],
+    evaluate_claimed: Callable[[dict[str, Any], ParallelConfig], Measurement | None],
+) -> bool:
     """A TPE proposal the memory model screened out is repaired toward memory
     (``memory_first.memory_repairs``: recompute, micro-batch 1, ZeRO, offload, then wider tp and a
     deeper pipeline step by step; screened steps are free): the first step the memory model passes is
@@ -85,9 +92,19 @@ def _repair(space: SearchSpace, evaluator: BudgetedEvaluator, shared: SharedStud
     return False
 
 
-def run_optuna(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, *, study: SharedStudy | None = None,
-               study_name: str = "autotune", storage: str | None = None, warm_start: bool = True,
-               max_asks_per_eval: int = 100, worker: str | None = None, poll_s: float = 0.2) -> None:
+def run_optuna(
+    space: SearchSpace,
+    evaluator: BudgetedEvaluator,
+    seed: int = 0,
+    *,
+    study: SharedStudy | None = None,
+    study_name: str = "autotune",
+    storage: str | None = None,
+    warm_start: bool = True,
+    max_asks_per_eval: int = 100,
+    worker: str | None = None,
+    poll_s: float = 0.2,
+) -> None:
     """TPE until the study holds ``evaluator.budget`` evaluated plans (this process's and any other's
     on the same study). ``study`` may be passed already open (resume)."""
     from optuna.trial import TrialState
@@ -112,8 +129,9 @@ def run_optuna(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
                 return None
             shared.heartbeat(claim)
             try:
-                return evaluator.evaluate(config, params,
-                                          commit=lambda m, c=claim: shared.complete(c, m, worker, budget))
+                return evaluator.evaluate(
+                    config, params, commit=lambda m, c=claim: shared.complete(c, m, worker, budget)
+                )
             finally:
                 shared.heartbeat(None)
                 shared.withdraw(claim)  # nothing evaluated (invalid for the backend): give the claim back
@@ -161,5 +179,8 @@ def run_optuna(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
             shared.local.tell(trial, m.score())
             state = shared.sync(evaluator, worker=worker)
     if not evaluator.exhausted:
-        log.info("optuna: %d asks in a row gave no new valid plan; stopping at %d evaluations",
-                 max_asks_per_eval, evaluator.used)
+        log.info(
+            "optuna: %d asks in a row gave no new valid plan; stopping at %d evaluations",
+            max_asks_per_eval,
+            evaluator.used,
+        )
