@@ -44,7 +44,7 @@ _LAZY = {
     "simulate": "autotune.simulator",
     "tune": "autotune.search.api",
     "best_config": "autotune.search.api",
-    "TuneResult": "autotune.search.api",
+    "TuneResult": "autotune.search.result",
 }
 
 

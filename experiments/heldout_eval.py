@@ -9,7 +9,7 @@ plan are exactly the product's:
 - ``dp``: the structured planner (``--method dp``); its B=1 value is its first evaluation (RoundPipe's own plan
   where RoundPipe applies, which every method evaluates first, else dp's best plan);
 - ``rl`` / ``optuna``: the default ``--start dp`` (dp's best plans evaluated first,
-  ``autotune.search.api.DP_START_PLANS`` evaluations);
+  ``autotune.search.methods.DP_START_PLANS`` evaluations);
   ``rl-heuristic`` / ``optuna-heuristic``: ``--start heuristic`` (their own starts only);
 - ``random`` and ``uniform`` (the heterogeneity-blind grid in a seeded order).
 

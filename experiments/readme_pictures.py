@@ -77,7 +77,8 @@ def main() -> None:
 
     from mlflow.tracking import MlflowClient
 
-    from autotune.search.api import MLFLOW_UI_TRAINING_VIEW, tune
+    from autotune.search.api import tune
+    from autotune.search.result import MLFLOW_UI_TRAINING_VIEW
 
     with tempfile.TemporaryDirectory(prefix="readme-pictures-") as tmp:
         uri = f"sqlite:///{tmp}/mlflow.db"

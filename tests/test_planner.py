@@ -176,7 +176,10 @@ def test_sharded_data_parallel_plans_are_offered_where_zero_beats_pipelines():
     model = load_model("llama2-7b", 32)
     space, sim = _space(cluster, model), Simulator(cluster, model)
     planner = Planner(space, sim)
-    sharded = planner.sharded_data_parallel()
+    from autotune.planning import sharded_dp
+
+    kinds = [(k.node_class, k.tp, k.groups, k.speed_tflops) for k in planner.kinds]
+    sharded = sharded_dp.candidates(space, sim, kinds)
     assert sharded and all(c.family == "sharded-dp" for c in sharded)
     for c in sharded:
         assert c.config.zero > 0 and all(len(p.stages) == 1 for p in c.config.pipelines)

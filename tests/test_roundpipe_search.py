@@ -13,7 +13,7 @@ from autotune.planning import roundpipe_space as rs
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
-from autotune.simulator.roundpipe import auto_stages
+from autotune.simulator.roundpipe_partition import auto_stages
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

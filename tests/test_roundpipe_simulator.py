@@ -11,7 +11,8 @@ from autotune.loading import cluster_from_dict
 from autotune.simulator import Simulator
 from autotune.simulator import roundpipe as rps
 from autotune.simulator.memory import GiB
-from autotune.simulator.roundpipe import StageWork, auto_partition, run_dispatch
+from autotune.simulator.roundpipe import StageWork, run_dispatch
+from autotune.simulator.roundpipe_partition import auto_partition, auto_stages
 from autotune.specs import ModelSpec, ParallelConfig, PipelineConfig
 from autotune.specs.roundpipe import RoundPipeStages
 
@@ -107,7 +108,7 @@ def test_a_heavy_lm_head_does_not_pin_one_gpu():
     cluster = load_cluster(EXAMPLES / "8x4090.yaml")
     model = ModelSpec("big-vocab", 32, 4096, 32, 11008, 250_000, 2048, 64, mlp="swiglu")
     sim = Simulator(cluster, model)
-    rp = rps.auto_stages(sim.costs, cluster.device_ids(), 1)
+    rp = auto_stages(sim.costs, cluster.device_ids(), 1)
     res = run_dispatch(rps.pass_stages(sim.costs, rp, 1, "box:0"), cluster.device_ids(), 64, 1, 25.0, 10.0)
     busy = list(res.busy_s.values())
     assert max(busy) / (sum(busy) / len(busy)) < 1.01
@@ -176,7 +177,7 @@ def test_a_plan_over_the_memory_limit_or_the_gpu_is_refused_with_the_numbers():
     wide = RoundPipeStages(pool, (20,), (20,), 20, "stage", memory_limit_GiB=22.0)
     m = sim.evaluate(ParallelConfig(1, (PipelineConfig(64, (), None, wide),), "roundpipe"))
     assert m.status == "invalid"  # 20 blocks of 13B in one stage: 12 GiB of weights alone
-    fine = rps.auto_stages(sim.costs, pool, 32)
+    fine = auto_stages(sim.costs, pool, 32)
     m = sim.evaluate(ParallelConfig(32, (PipelineConfig(2, (), None, fine),), "roundpipe"))
     assert m.status == "oom" and "out of memory" in m.error  # 32 x 4096 tokens of one block's activations
 
@@ -204,7 +205,7 @@ def test_auto_plans_simulate_with_balanced_stages_and_a_small_bubble():
     cluster = load_cluster(EXAMPLES / "8x4090.yaml")
     model = load_model("llama2-13b", 64)
     sim = Simulator(cluster, model)
-    rp = rps.auto_stages(sim.costs, cluster.device_ids(), 1)
+    rp = auto_stages(sim.costs, cluster.device_ids(), 1)
     cfg = ParallelConfig(1, (PipelineConfig(64, (), None, rp),), "roundpipe")
     m = sim.evaluate(cfg)
     assert m.ok and m.bubble_fraction < 0.05

@@ -242,7 +242,7 @@ def test_cli_table_says_how_many_plans_were_screened_out():
     from rich.console import Console
 
     from autotune.commands.search import _print_result
-    from autotune.search.api import TuneResult
+    from autotune.search.result import TuneResult
 
     cluster, model = load_cluster(CLUSTER), load_model(MODEL)
     sim = Simulator(cluster, model)

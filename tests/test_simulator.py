@@ -43,7 +43,7 @@ def _plain_cost_terms(monkeypatch):
     device's memory view) are checked on their own in tests/test_fidelity_terms.py, so they are set to
     nothing here."""
     import autotune.simulator.cost_model as sim_module
-    import autotune.simulator.simulator as iteration_module
+    import autotune.simulator.data_parallel as iteration_module
     from autotune.simulator import collectives
     from autotune.simulator.device_memory import NO_DEVICE_MEMORY
     from autotune.simulator.overheads import NO_HOST_COST

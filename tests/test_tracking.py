@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune.search.api import TuneResult, tune
+from autotune.search.api import tune
+from autotune.search.result import TuneResult
 from autotune.search.tracking import BEST_TAG, ROLE_TAG, config_key
 from autotune.specs import ParallelConfig
 

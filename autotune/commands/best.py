@@ -13,7 +13,7 @@ def run(experiment: str | None, tracking_uri: str | None) -> int:
     prechecks.tracking_uri(tracking_uri)
     quiet_libraries()
     with loading(f"loading MLflow to read {tracking_uri or 'sqlite:///mlflow.db'}"):
-        from autotune.search.tracking import read_best
+        from autotune.search.history import read_best
 
         config, measurement, _ = read_best(experiment, tracking_uri)
     doc = config.to_dict()

@@ -9,7 +9,7 @@ def run(experiment: str | None, tracking_uri: str | None, csv: bool) -> int:
 
     quiet_libraries()
     with loading(f"loading MLflow to read {tracking_uri or 'sqlite:///mlflow.db'}"):
-        from autotune.search.tracking import SearchRow, list_searches
+        from autotune.search.history import SearchRow, list_searches
 
         name, rows = list_searches(experiment, tracking_uri)
     if csv:

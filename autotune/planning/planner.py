@@ -32,7 +32,7 @@ Plan families it enumerates (every micro-batch size of the space):
 - ``mixed``: identical replicas that each take stages from every class (a heterogeneous pipeline,
   classes in order of speed, reversed, or of memory), layers split by the partition above.
 
-- ``sharded-dp`` (``Planner.sharded_data_parallel``): DeepSpeed-style ZeRO data parallelism, every
+- ``sharded-dp`` (``autotune.planning.sharded_dp``): DeepSpeed-style ZeRO data parallelism, every
   tensor-parallel group one replica of the whole model, with the zero stage and offload that fit; these
   few plans are timed by the simulator itself (a one-stage replica has no pipeline to compose).
 
@@ -66,7 +66,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.planning.space import SearchSpace, apportion, valid_tp
+from autotune.planning import sharded_dp
+from autotune.planning.candidate import Candidate
+from autotune.planning.space import SearchSpace, valid_tp
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 
 log = logging.getLogger(__name__)
@@ -108,15 +110,6 @@ class Template:
     bottleneck_s: float  # slowest stage, forward + backward per micro-batch
     fill_s: float  # sum of the stages plus the activation transfers there and back
     optimizer_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A plan and its composed iteration time (the planner's estimate, not a simulation)."""
-
-    config: ParallelConfig
-    estimate_s: float
-    family: str
 
 
 class Planner:
@@ -542,7 +535,7 @@ class Planner:
     def plan(self, limit: int = 64) -> list[Candidate]:
         """Distinct valid plans, best composed time first (at most ``limit``); when none fits, the
         same with the optimizer offloaded, then with everything offloaded (module docstring); the
-        sharded data-parallel plans (``sharded_data_parallel``) ranked among them."""
+        sharded data-parallel plans (``sharded_dp.candidates``) ranked among them."""
         offloads = [o for o in ("none", "optimizer", "all") if o in self.space._dims["offload"].choices]
         out: list[Candidate] = []
         for offload in offloads:
@@ -552,63 +545,9 @@ class Planner:
                 break
         self.offload = "none"
         composed = {c.config for c in out}
-        sharded = [c for c in self.sharded_data_parallel() if c.config not in composed]
+        kinds = [(k.node_class, k.tp, k.groups, k.speed_tflops) for k in self.kinds]
+        sharded = [c for c in sharded_dp.candidates(self.space, self.sim, kinds) if c.config not in composed]
         return sorted(out + sharded, key=lambda c: c.estimate_s)[:limit]
-
-    def sharded_data_parallel(self) -> list[Candidate]:
-        """Family ``sharded-dp`` (DeepSpeed's ZeRO data parallelism): every tensor-parallel group of the
-        cluster one replica of the whole model, micro-batches in proportion to the group's speed, the
-        state sharded (ZeRO 1-3) and offloaded as little as lets it fit. The other families compose ZeRO
-        only with offload and offload only when nothing fits without it, so this plan was outside them
-        (a homogeneous L4 cluster's best plan for Llama-2-7B). At the smallest micro-batch size, per tp
-        degree where its most frugal plan fits: every zero stage and offload choice that the memory
-        model says fits without recomputation, timed by the simulator (one stage per
-        replica: no pipeline to compose); the fastest is the degree's candidate (neither less offload
-        nor less sharding is always faster: on 32 L4 with Llama-2-7B, ZeRO-2 with everything offloaded
-        beats ZeRO-1 with everything offloaded and ZeRO-3 with the optimizer offloaded)."""
-        dims = self.space._dims
-        zeros = [z for z in (1, 2, 3) if z in dims["zero"].choices]
-        offloads = [o for o in ("none", "optimizer", "all") if o in dims["offload"].choices]
-        if not zeros:
-            return []
-        out = []
-        for mbs in sorted(dims["mbs"].choices)[:1]:
-            total = self.model.global_batch_size // mbs
-            for tp in (1, 2, 4, 8):
-                groups = []
-                for kind in self.kinds:
-                    allowed = [k.tp for k in self.kinds if k.node_class == kind.node_class and k.tp <= tp]
-                    if allowed and kind.tp == max(allowed):
-                        groups += [(g, kind.speed_tflops) for g in kind.groups]
-                if len(groups) < 2 or len(groups) > total or (tp > 1 and all(len(g) < tp for g, _ in groups)):
-                    continue
-                shares = apportion(total, [v for _, v in groups])
-                if self._fitting(mbs, groups, shares, zeros[-1], offloads[-1]) is None:
-                    continue  # not even the most frugal of them fits
-                best = None
-                for zero in zeros:
-                    for offload in offloads:
-                        config = self._fitting(mbs, groups, shares, zero, offload)
-                        m = self.sim.evaluate(config) if config is not None else None
-                        if m is not None and m.ok and (best is None or m.iteration_time_s < best.estimate_s):
-                            best = Candidate(config, m.iteration_time_s, "sharded-dp")
-                if best is not None:
-                    out.append(best)
-        return out
-
-    def _fitting(self, mbs, groups, shares, zero, offload) -> ParallelConfig | None:
-        """The sharded plan (no recomputation: with it, Llama-2-70B fits as 1,024 replicas, and timing
-        those plans took 8 CPU s of the planner for plans 1.8x slower than its pipelines) when it is
-        valid and the memory model says it fits, else None."""
-        pipes = tuple(
-            PipelineConfig(n, (StageConfig(g, self.model.num_layers, False, offload),))
-            for (g, _), n in zip(groups, shares)
-        )
-        config = ParallelConfig(mbs, pipes, "1f1b", zero=zero)
-        if self.space.check(config) is not None:
-            return None
-        m = self.sim.memory_estimate(config)
-        return config if m is not None and m.ok else None
 
     def _plan(self, limit: int) -> list[Candidate]:
         t0 = time.perf_counter()

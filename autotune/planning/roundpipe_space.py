@@ -15,7 +15,7 @@ own; they matter only when ``roundpipe`` is true, the pipeline dimensions only w
 ``rp.grain``     recompute grain, ``stage`` or ``layer``.
 ``rp.passes``    forward-backward passes per optimizer step (``accumulation_steps``).
 
-The partition itself is RoundPipe's automatic one (``autotune.simulator.roundpipe.auto_partition``),
+The partition itself is RoundPipe's automatic one (``autotune.simulator.roundpipe_partition.auto_partition``),
 computed from the datasheet simulator's unit times for the chosen micro-batch size, balance and limit:
 a point of the space is a plan RoundPipe would run with those settings. ``start_params`` is the plan
 RoundPipe picks with its defaults (fastest node class, balance 1.1, 60% memory limit, stage grain, one
@@ -29,7 +29,7 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.planning.vocabulary import Decoded, Dimension, NodeClass, SpaceContext
-from autotune.simulator.roundpipe import auto_stages
+from autotune.simulator.roundpipe_partition import auto_stages
 from autotune.specs import ClusterSpec, ParallelConfig, PipelineConfig
 from autotune.specs.roundpipe import RECOMPUTE_GRAINS, ROUNDPIPE, RoundPipeStages
 

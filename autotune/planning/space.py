@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from autotune.errors import SpecError
-from autotune.planning import mixed_space, moe_space, roundpipe_space
+from autotune.planning import mixed_space, moe_space, plan_params, roundpipe_space, uniform
 from autotune.planning.vocabulary import (
     ASSIGNMENTS,
     DEFAULTED_DIMENSIONS,
@@ -80,7 +80,6 @@ from autotune.specs import (
     ModelSpec,
     ParallelConfig,
     PipelineConfig,
-    StageConfig,
 )
 
 log = logging.getLogger(__name__)
@@ -235,23 +234,36 @@ class SearchSpace:
             decoded = roundpipe_space.decode(self.context, params)
             reason = self.check(decoded.config) if decoded.config is not None else None
             return decoded if reason is None else Decoded(None, reason)
+        pipes = self._decode_pipes(params)
+        if isinstance(pipes, str):
+            return Decoded(None, pipes)
+        splits = self._decode_splits(params, pipes)
+        if isinstance(splits, str):
+            return Decoded(None, splits)
+        config = self._decode_plan(params, pipes, *splits)
+        if isinstance(config, str):
+            return Decoded(None, config)
+        reason = self.check(config)
+        return Decoded(config, "") if reason is None else Decoded(None, reason)
+
+    def _decode_pipes(self, params: Mapping[str, Any]) -> list[list[Any]] | str:
+        """The pipelines' stages (TP groups, or ``RankGroup``s of mixed stages), in stage order."""
         model = self.model
         tp_by_class = {c.name: int(params[f"tp.{c.name}"]) for c in self.node_classes}
         used = {c.name: bool(params.get(f"use.{c.name}", True)) for c in self.node_classes}
         if not any(used.values()):
-            return Decoded(None, "no node class is used")
+            return "no node class is used"
         groups = self.tp_groups(tp_by_class, used)
         pp = int(params["pp"])
         if pp > model.num_layers:
-            return Decoded(None, f"pp={pp} exceeds num_layers={model.num_layers}")
+            return f"pp={pp} exceeds num_layers={model.num_layers}"
         if len(groups) < pp:
-            return Decoded(None, f"pp={pp} needs {pp} TP groups, the used devices form {len(groups)}")
+            return f"pp={pp} needs {pp} TP groups, the used devices form {len(groups)}"
         if mixed_space.wanted(params):  # stages of several ranks (Zorse): they replace the TP groups below
             built = mixed_space.build_pipes(self.context, groups, pp, params)
             if isinstance(built, str):
-                return Decoded(None, built)
-            pipes, dp = built
-            groups = [g for pipe in pipes for g in pipe]
+                return built
+            pipes = built[0]
         else:
             dp = len(groups) // pp
             groups = groups[: dp * pp]  # the slowest left-over groups stay idle
@@ -261,46 +273,60 @@ class SearchSpace:
                 pipes = self._mixed_pipelines(groups, dp)
         if params["order"] == "slow-first":
             pipes = [list(reversed(p)) for p in pipes]
-        schedule = str(params["schedule"])
-        quantum = INTERLEAVED_CHUNKS if schedule == "interleaved-1f1b" else 1
-        if schedule == "interleaved-1f1b" and pp == 1:
-            return Decoded(None, "interleaved-1f1b needs pp >= 2")
+        if params["schedule"] == "interleaved-1f1b" and pp == 1:
+            return "interleaved-1f1b needs pp >= 2"
+        return pipes
+
+    def _decode_splits(
+        self, params: Mapping[str, Any], pipes: list[list[Any]]
+    ) -> tuple[list[list[int]], list[int]] | str:
+        """(layers per stage of each pipeline, micro-batches of each pipeline), by the speed exponents."""
+        model, pp, dp = self.model, len(pipes[0]), len(pipes)
+        interleaved = params["schedule"] == "interleaved-1f1b"
+        quantum = INTERLEAVED_CHUNKS if interleaved else 1
         alpha, beta = float(params["layer_split"]), float(params["batch_split"])
         layer_splits = []
         for pipe in pipes:
             split = self.split_layers([g.speed_tflops for g in pipe], alpha, quantum)
             if split is None:
-                return Decoded(
-                    None, f"{model.num_layers} layers do not split into {pp} stages of multiples of {quantum}"
-                )
+                return f"{model.num_layers} layers do not split into {pp} stages of multiples of {quantum}"
             layer_splits.append(split)
         ep = int(params.get("expert_parallel", 1))
         if ep > 1:  # the replicas of an expert-parallel group run in lockstep: give them one shape
             aligned = moe_space.align_groups(pipes, layer_splits, ep, alpha, quantum, self.split_layers)
             if isinstance(aligned, str):
-                return Decoded(None, aligned)
+                return aligned
             layer_splits = aligned
         mbs = int(params["mbs"])
         if model.global_batch_size % mbs:
-            return Decoded(None, f"mbs={mbs} does not divide global_batch_size={model.global_batch_size}")
+            return f"mbs={mbs} does not divide global_batch_size={model.global_batch_size}"
         total_mb = model.global_batch_size // mbs
         if total_mb < dp:
-            return Decoded(None, f"{total_mb} micro-batches of {mbs} cannot feed {dp} replicas")
+            return f"{total_mb} micro-batches of {mbs} cannot feed {dp} replicas"
         speeds = [self.replica_speed([g.speed_tflops for g in pipe], split) for pipe, split in zip(pipes, layer_splits)]
         # Megatron-LM's interleaved schedule needs each replica's micro-batches in multiples of pp
-        mb_quantum = pp if schedule == "interleaved-1f1b" else 1
+        mb_quantum = pp if interleaved else 1
         if ep > 1:
             mbs_split = moe_space.group_microbatches(total_mb, speeds, ep, beta, mb_quantum, apportion)
             if isinstance(mbs_split, str):
-                return Decoded(None, mbs_split)
+                return mbs_split
         else:
             mbs_split = apportion(total_mb, [s**beta for s in speeds], minimum=mb_quantum, quantum=mb_quantum)
         if mbs_split is None:
-            return Decoded(
-                None,
+            return (
                 f"{total_mb} micro-batches do not split into {dp} replicas in multiples of "
-                f"{mb_quantum} (interleaved-1f1b)",
+                f"{mb_quantum} (interleaved-1f1b)"
             )
+        return layer_splits, mbs_split
+
+    def _decode_plan(
+        self, params: Mapping[str, Any], pipes: list[list[Any]], layer_splits: list[list[int]], mbs_split: list[int]
+    ) -> ParallelConfig | str:
+        """The plan of these pipelines and splits, with the rest of the choices (recompute, offload, ZeRO,
+        sequence parallelism, MoE), before the space's own check."""
+        model, dp = self.model, len(pipes)
+        mbs, schedule = int(params["mbs"]), str(params["schedule"])
+        ep = int(params.get("expert_parallel", 1))
         trains = moe_space.trained_experts(params.get("trains_experts", "all"), model, mbs_split, ep)
         mode = params["recompute"]
         sp = bool(params.get("seq_parallel", False))
@@ -308,7 +334,7 @@ class SearchSpace:
         # no peers (one replica, one rank per stage): zero k is the zero-0 plan; a stage of several ranks
         # has its ranks as peers (mixed_space.has_peers)
         zero = int(params.get("zero", 0)) if dp > 1 or mixed_space.has_peers(pipes) else 0
-        max_mem = max(g.memory_GiB for g in groups)
+        max_mem = max(g.memory_GiB for pipe in pipes for g in pipe)
         pipelines = []
         for pipe, split, m, experts in zip(pipes, layer_splits, mbs_split, trains):
             stages = tuple(
@@ -328,10 +354,10 @@ class SearchSpace:
             )
             bad = next((st for st in stages if isinstance(st, str)), None)
             if bad is not None:
-                return Decoded(None, bad)
+                return bad
             pipelines.append(PipelineConfig(m, stages, experts))
         try:
-            config = ParallelConfig(
+            return ParallelConfig(
                 mbs,
                 tuple(pipelines),
                 schedule,
@@ -341,9 +367,7 @@ class SearchSpace:
                 sync_every_steps=int(params.get("sync_every", 1)),
             )
         except SpecError as e:
-            return Decoded(None, str(e))
-        reason = self.check(config)
-        return Decoded(config, "") if reason is None else Decoded(None, reason)
+            return str(e)
 
     @staticmethod
     def _mixed_pipelines(groups: list[TPGroup], dp: int) -> list[list[TPGroup]]:
@@ -617,97 +641,10 @@ class SearchSpace:
         return params if params is not None and self.decode(params).ok else None
 
     def uniform_plans(self) -> list[ParallelConfig]:
-        """The heterogeneity-blind baseline grid (SPEC.md ``--method uniform``).
-
-        One TP degree for every stage, pp dividing num_layers (even layers), every replica identical
-        and fed an equal share of the batch, devices taken in cluster order as a homogeneous-cluster
-        user would (Megatron-style tp/pp/dp flags), recompute off, full or (where the space has it)
-        selective everywhere, sequence parallelism off or on (tp > 1), schedule 1f1b. Devices that do not
-        fill a TP group or a whole replica stay idle. The ZeRO stage (with replicas) and the offload
-        mode are grid dimensions too, the same on every stage, as a DeepSpeed user sets them.
-        """
-        model, cluster = self.model, self.cluster
-        tps = [t for t in powers_of_two_upto(max(n.count for n in cluster.nodes)) if valid_tp(model, t)]
-        mbs_choices = self._dims["mbs"].choices
-        recompute = [
-            {"none": False, "all": True, "selective": "selective"}[r]
-            for r in self._dims["recompute"].choices
-            if r in ("none", "all", "selective")
-        ]
-        sps = self._dims["seq_parallel"].choices if "seq_parallel" in self._dims else (False,)
-        zeros, offloads = self._dims["zero"].choices, self._dims["offload"].choices
-        plans, seen = [], set()
-        for tp in tps:
-            groups = [
-                node.device_ids()[g * tp : (g + 1) * tp] for node in cluster.nodes for g in range(node.count // tp)
-            ]
-            for pp in range(1, min(len(groups), model.num_layers) + 1):
-                if model.num_layers % pp:
-                    continue
-                dp = len(groups) // pp
-                # MoE: Megatron's --expert-model-parallel-size, every replica training every expert each step
-                eps = (
-                    [g for g in self._dims["expert_parallel"].choices if dp % g == 0]
-                    if "expert_parallel" in self._dims
-                    else [1]
-                )
-                for mbs in mbs_choices:
-                    if model.global_batch_size % (mbs * dp):
-                        continue
-                    per_replica = model.global_batch_size // (mbs * dp)
-                    for rc, ep, sp, zero, offload in itertools.product(
-                        recompute, eps, sps if tp > 1 else (False,), zeros if dp > 1 else zeros[:1], offloads
-                    ):
-                        pipes = tuple(
-                            PipelineConfig(
-                                per_replica,
-                                tuple(
-                                    StageConfig(
-                                        groups[r * pp + s], model.num_layers // pp, rc, offload, sequence_parallel=sp
-                                    )
-                                    for s in range(pp)
-                                ),
-                            )
-                            for r in range(dp)
-                        )
-                        config = ParallelConfig(mbs, pipes, "1f1b", zero=zero, expert_parallel=ep)
-                        if config not in seen and self.check(config) is None:
-                            seen.add(config)
-                            plans.append(config)
-        return plans
+        """The heterogeneity-blind baseline grid (``autotune.planning.uniform``)."""
+        return uniform.uniform_plans(self.context, self.check)
 
     # -- describing plans --------------------------------------------------------------------------------
     def params_of(self, config: ParallelConfig) -> dict[str, Any]:
-        """Flat, MLflow-friendly parameters of any plan (also those not from ``decode``)."""
-        if config.is_roundpipe:
-            return dict(roundpipe_space.params_of(config), devices_idle=self.cluster.num_devices - len(config.devices))
-        pipes = config.pipelines
-        return {
-            "dp": len(pipes),
-            "pp": ",".join(sorted({str(len(p.stages)) for p in pipes})),
-            "tp": ",".join(sorted({str(s.tp) for p in pipes for s in p.stages})),
-            "mbs": config.micro_batch_size,
-            "schedule": config.schedule,
-            "layers": "|".join("-".join(str(s.layers) for s in p.stages) for p in pipes),
-            "microbatches": "-".join(str(p.num_microbatches) for p in pipes),
-            "recompute_stages": sum(s.full_recompute for p in pipes for s in p.stages),
-            "selective_stages": sum(s.selective_recompute for p in pipes for s in p.stages),
-            "seq_parallel_stages": sum(s.sequence_parallel and s.tp > 1 for p in pipes for s in p.stages),
-            "zero": config.zero,
-            "offload": ",".join(sorted({s.offload for p in pipes for s in p.stages})),
-            "devices_used": len(config.devices),
-            "devices_idle": self.cluster.num_devices - len(config.devices),
-            **(self._moe_params_of(config) if self.model.is_moe else {}),
-            **mixed_space.params_of(config),
-        }
-
-    @staticmethod
-    def _moe_params_of(config: ParallelConfig) -> dict[str, Any]:
-        subsets = [p.trains_experts for p in config.pipelines]
-        return {
-            "expert_parallel": config.expert_parallel,
-            "sync_every_steps": config.sync_every_steps,
-            "trains_experts": "all"
-            if all(t is None for t in subsets)
-            else "|".join(",".join(map(str, t)) if t is not None else "all" for t in subsets),
-        }
+        """Flat, MLflow-friendly parameters of any plan (``autotune.planning.plan_params``)."""
+        return plan_params.params_of(self.cluster, self.model, config)

@@ -16,21 +16,23 @@ MLflow as ``calibrated_profile.json`` (usable as ``--backend sim --profile``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import SpecError
 from autotune.evaluator import BACKENDS, Evaluator, make_evaluator  # noqa: F401  (make_evaluator: re-exported)
 from autotune.loading import load_cluster, load_model
-from autotune.planning.budget import PRUNED, BudgetedEvaluator, Evaluation
+from autotune.planning.budget import BudgetedEvaluator, Evaluation
 from autotune.planning.space import SearchSpace
-from autotune.search.agents import METHODS, run_exhaustive, run_random, run_uniform
+from autotune.search.agents import METHODS
+from autotune.search.methods import run_agent
+from autotune.search.result import TuneResult
+from autotune.search.screen import log_prediction_error
 from autotune.search.summary import SearchSummary
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
 
@@ -38,100 +40,7 @@ log = logging.getLogger(__name__)
 
 #: where optuna and rl start: the structured planner's best plans (``dp``), or only their own heuristic starts
 STARTS = ("dp", "heuristic")
-#: planner plans evaluated first when ``start="dp"`` (they count against the budget like any plan):
-#: the composition misranks a plan now and then, and on 24 validation scenarios
-#: (experiments/dp_start_plans.py) the best of the first 3 reached 98% of dp's best-of-20 on 23, the first
-#: alone on 22
-DP_START_PLANS = 3
 BACKGROUND_MIN_BUDGET = 64
-CALIBRATED_PROFILE_ARTIFACT = "calibrated_profile.json"
-CORRECTIONS_ARTIFACT = "calibration_corrections.json"
-
-
-@dataclass(frozen=True, slots=True)
-class TuneResult:
-    """What a search found. ``best_curve[i]`` is the best tokens/s after i+1 evaluations."""
-
-    best_config: ParallelConfig
-    best_measurement: Measurement
-    evaluations: int
-    method: str
-    cluster: str
-    model: str
-    budget: int
-    seed: int
-    backend: str
-    experiment: str = ""
-    run_id: str = ""
-    tracking_uri: str = ""
-    best_curve: tuple[float, ...] = field(default_factory=tuple)
-    screened: int = 0  # plans screened out without spending the budget (memory model, calibration screen)
-    memory_screened: int = 0  # of those, the plans the memory model alone answered oom (memory first)
-    summary: SearchSummary | None = None  # top plans, found at, speed, oom counts, speedup vs uniform
-    experiment_id: str = ""
-
-    @property
-    def run_url(self) -> str:
-        """The parent run's page in the MLflow UI started by ``autotune ui`` (default port 5000).
-
-        ``workflowType=machine_learning``: MLflow 3.17's UI keeps a GenAI / model-training switch per
-        browser (GenAI by default, whatever the experiment's kind); the link opens on model training."""
-        if not self.run_id or not self.experiment_id:
-            return ""
-        return f"http://127.0.0.1:5000/#/experiments/{self.experiment_id}/runs/{self.run_id}?{MLFLOW_UI_TRAINING_VIEW}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "best_config": self.best_config.to_dict(),
-            "best_measurement": self.best_measurement.to_dict(timeline=True),
-            "evaluations": self.evaluations,
-            "method": self.method,
-            "cluster": self.cluster,
-            "model": self.model,
-            "budget": self.budget,
-            "seed": self.seed,
-            "backend": self.backend,
-            "experiment": self.experiment,
-            "run_id": self.run_id,
-            "tracking_uri": self.tracking_uri,
-            "best_curve": list(self.best_curve),
-            "screened": self.screened,
-            "memory_screened": self.memory_screened,
-            "summary": self.summary.to_dict() if self.summary is not None else None,
-            "experiment_id": self.experiment_id,
-        }
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    @classmethod
-    def from_json(cls, text: str) -> TuneResult:
-        d = json.loads(text)
-        return cls(
-            best_config=ParallelConfig.from_dict(d["best_config"], source="TuneResult"),
-            best_measurement=Measurement.from_dict(d["best_measurement"]),
-            evaluations=int(d["evaluations"]),
-            method=d["method"],
-            cluster=d["cluster"],
-            model=d["model"],
-            budget=int(d["budget"]),
-            seed=int(d["seed"]),
-            backend=d["backend"],
-            experiment=d.get("experiment", ""),
-            run_id=d.get("run_id", ""),
-            tracking_uri=d.get("tracking_uri", ""),
-            best_curve=tuple(d.get("best_curve", ())),
-            screened=int(d.get("screened", 0)),
-            memory_screened=int(d.get("memory_screened", 0)),
-            summary=SearchSummary.from_dict(d["summary"]) if d.get("summary") else None,
-            experiment_id=d.get("experiment_id", ""),
-        )
-
-    def output_document(self) -> dict[str, Any]:
-        """The ``search --output`` file: the config (SPEC.md format) plus ``"measurement"``."""
-        doc = self.best_config.to_dict()
-        doc["measurement"] = self.best_measurement.to_dict()
-        return doc
 
 
 def _load_profile(profile):
@@ -439,7 +348,7 @@ def _open_record(req: SearchRequest, space: SearchSpace, inner: Evaluator, scree
     if tracker is not None:
         listeners.append(lambda ev: tracker.log_evaluation(ev, space.params_of(ev.config)))
         if screen is not None:
-            listeners.append(lambda ev: _log_prediction_error(tracker, screen, ev))
+            listeners.append(lambda ev: log_prediction_error(tracker, screen, ev))
     budgeted = BudgetedEvaluator(inner, space, req.budget, listeners, screen=screen.screen if screen else None)
     if tracker is not None:
         tags = {
@@ -517,7 +426,7 @@ def _search(
     began = time.monotonic()
     status = "FAILED"
     try:
-        _run_agent(
+        run_agent(
             req.method,
             space,
             budgeted,
@@ -550,7 +459,9 @@ def _search(
                 len(budgeted.screened),
             )
             if tracker is not None:
-                _log_calibration(tracker, screen, budgeted)
+                from autotune.search.screen import log_calibration
+
+                log_calibration(tracker, screen, budgeted)
         if tracker is not None:
             _finish_record(req, tracker, budgeted, summary, status, say)
     return summary
@@ -642,9 +553,6 @@ def _result(req: SearchRequest, budgeted: BudgetedEvaluator, tracker, summary: S
     )
 
 
-MLFLOW_UI_TRAINING_VIEW = "workflowType=machine_learning"  # the MLflow UI's model-training view (see run_url)
-
-
 def search_run_name(method: str, budget: int, seed: int, backend: str) -> str:
     """The parent run's name: ``optuna, 200 plans, seed 0 (simulator)``."""
     return f"{method}, {budget} plans, seed {seed} ({'simulator' if backend == 'sim' else 'real runs'})"
@@ -667,69 +575,6 @@ def experiment_description(cluster: ClusterSpec, model: ModelSpec) -> str:
     )
 
 
-def _log_prediction_error(tracker, screen, ev: Evaluation) -> None:
-    """Parent metrics: the corrected simulator's error on this real run, predicted before it."""
-    err = screen.errors.get(ev.config)
-    if err is None or ev.measurement.status == PRUNED:
-        return
-    metrics = {"calibration_time_error": err.time_error}
-    if err.memory_error is not None:
-        metrics["calibration_memory_error"] = err.memory_error
-    tracker.log_parent_metrics(metrics, step=ev.index)
-
-
-def _log_calibration(tracker, screen, budgeted: BudgetedEvaluator) -> None:
-    """Parent: the number of screened-out plans, the fitted corrections and the corrected profile."""
-    import re
-    import tempfile
-
-    from autotune.profile import CalibrationProfile
-    from autotune.search.tracking import config_key
-
-    try:
-        corr = screen.calibrator.corrections
-        pruned = len(budgeted.screened) - budgeted.memory_screened  # by the calibration screen
-        metrics = {
-            "pruned_plans": float(pruned),
-            "real_runs": float(len(screen.real_runs)),
-            "calibration_link_factor": corr.link,
-        }
-        for kind, pairs in (
-            ("compute", corr.compute),
-            ("contention", corr.contention),
-            ("memory_GiB", corr.memory_GiB),
-        ):
-            for dev, v in pairs:
-                metrics[f"calibration_{kind}_{re.sub(r'[^A-Za-z0-9_.-]', '_', dev)}"] = float(v)
-        tracker.log_parent_metrics(metrics, step=0)
-        doc = {
-            "corrections": corr.to_dict(),
-            "fitted_from_runs": len(screen.calibrator.observations),
-            "real_runs": [config_key(c) for c in screen.real_runs],
-            "pruned_plans": pruned,
-            "memory_screened": budgeted.memory_screened,
-            "min_real_runs": screen.min_real_runs,
-            "keep_fraction": screen.keep_fraction,
-        }
-        profile = screen.calibrator.profile
-        try:  # never log a profile that `--profile` would refuse to load
-            CalibrationProfile.from_dict(json.loads(json.dumps(profile.to_dict())), source=CALIBRATED_PROFILE_ARTIFACT)
-        except SpecError as e:
-            log.warning(
-                "the corrected profile is not a valid profile file (%s); %s not logged", e, CALIBRATED_PROFILE_ARTIFACT
-            )
-            doc["profile_error"] = str(e)
-            profile = None
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / CORRECTIONS_ARTIFACT).write_text(json.dumps(doc, indent=2) + "\n")
-            tracker.log_parent_artifact(Path(tmp) / CORRECTIONS_ARTIFACT)
-            if profile is not None:
-                profile.save(Path(tmp) / CALIBRATED_PROFILE_ARTIFACT)
-                tracker.log_parent_artifact(Path(tmp) / CALIBRATED_PROFILE_ARTIFACT)
-    except Exception as e:  # the record of the calibration must not lose the search's result
-        log.warning("could not log the online calibration to MLflow: %s", e)
-
-
 def _best_with_timeline(budgeted: BudgetedEvaluator) -> Evaluation | None:
     """The best evaluation, its measurement re-done with the per-operation timeline when the backend
     can (the simulator's ``evaluate_detailed``; free: the plan was already evaluated)."""
@@ -747,97 +592,8 @@ def _best_with_timeline(budgeted: BudgetedEvaluator) -> Evaluation | None:
     return Evaluation(best.index, best.config, m, best.params) if m.ok else best
 
 
-def _dp_start(
-    space: SearchSpace,
-    budgeted: BudgetedEvaluator,
-    plans: int = DP_START_PLANS,
-    evaluate: Callable[..., Measurement | None] | None = None,
-) -> list:
-    """Evaluate the planner's best ``plans`` valid plans (free on a resume: already evaluated);
-    returns their (config, measurement). ``evaluate(config, params)`` replaces
-    ``budgeted.evaluate`` (an Optuna study records the plan under its budget rule; None: another
-    search on the study has it)."""
-    from autotune.planning.planner import plan_candidates
-
-    evaluate = evaluate or budgeted.evaluate
-    out = []
-    for cand in plan_candidates(space, budgeted, limit=4 * plans):
-        if len(out) >= plans or (budgeted.exhausted and cand.config not in budgeted):
-            break
-        m = evaluate(cand.config, {"dp_family": cand.family, "dp_estimate_s": round(cand.estimate_s, 6)})
-        if m is not None and m.status not in ("invalid", PRUNED):  # screened out by the memory model: no start
-            out.append((cand.config, m))
-    return out
-
-
-def _run_agent(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, **kw: Any) -> None:
-    from autotune.search import workers as worker_ids
-
-    worker = worker_ids.new_worker_id()
-    with worker_ids.live(worker):
-        _run_method(method, space, budgeted, seed, worker=worker, **kw)
-
-
-def _roundpipe_start(space: SearchSpace, budgeted: BudgetedEvaluator, study=None, worker: str = "") -> None:
-    """Evaluate the plan RoundPipe itself would pick (``SearchSpace.roundpipe_start``), where RoundPipe
-    applies: every method starts from it (free on a resume: already evaluated). An Optuna study records
-    it as a trial with its parameters, so TPE models it."""
-    params = space.roundpipe_start()
-    if params is None:
-        return
-    config = space.decode(params).config
-    if config is None or (config not in budgeted and budgeted.exhausted):
-        return
-    if study is not None:
-        from autotune.search.agents.shared_study import ROUNDPIPE_START
-
-        study.evaluate_outside(budgeted, config, params, worker, source=ROUNDPIPE_START, encoded=True)
-    else:
-        budgeted.evaluate(config, params)
-
-
-def _run_method(
-    method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, worker: str, **kw: Any
-) -> None:
-    _roundpipe_start(space, budgeted, kw.get("study") if method == "optuna" else None, worker)
-    if method in ("optuna", "rl") and kw.get("start", "dp") == "dp":
-        study = kw.get("study") if method == "optuna" else None
-        if study is not None:  # the study stays the budget's memory (see SharedStudy.evaluate_outside)
-            _dp_start(
-                space,
-                budgeted,
-                evaluate=lambda config, params: study.evaluate_outside(budgeted, config, params, worker, source="dp"),
-            )
-        else:
-            _dp_start(space, budgeted)
-    if method == "random":
-        run_random(space, budgeted, seed)
-    elif method == "uniform":
-        run_uniform(space, budgeted, seed)
-    elif method == "exhaustive":
-        run_exhaustive(space, budgeted, seed)
-    elif method == "dp":
-        from autotune.search.agents.dp import run_dp
-
-        run_dp(space, budgeted, seed)
-    elif method == "optuna":
-        from autotune.search.agents import tpe
-
-        if kw["workers"] > 1:
-            from autotune.search.agents import parallel
-
-            parallel.run_workers(space, budgeted, seed, **kw)
-        else:
-            tpe.run_optuna(space, budgeted, seed, study=kw["study"], worker=worker)
-    elif method == "rl":
-        from autotune.search.agents import rl
-
-        policy = kw.get("policy")
-        rl.run_rl(space, budgeted, budgeted.budget, seed, policy_path=policy)
-
-
 def best_config(experiment: str | None = None, tracking_uri: str | None = None) -> ParallelConfig:
     """The best plan recorded in MLflow (``autotune best`` prints the same)."""
-    from autotune.search.tracking import read_best
+    from autotune.search.history import read_best
 
     return read_best(experiment, tracking_uri)[0]

@@ -24,10 +24,13 @@ plan pruned on speed is very unlikely to have been the best.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from autotune.planning.budget import PRUNED, Evaluation
+from autotune.errors import SpecError
+from autotune.planning.budget import PRUNED, BudgetedEvaluator, Evaluation
 from autotune.specs import Measurement, ParallelConfig
 
 log = logging.getLogger(__name__)
@@ -144,3 +147,73 @@ class CalibrationScreen:
             )
         log.info("%s: %s", reason, config.describe())
         return replace(pred, oom=False, timeline=(), status=PRUNED, error=reason)
+
+
+# --------------------------------------------------------------------------------------------------
+# The closed loop's record in MLflow
+
+CALIBRATED_PROFILE_ARTIFACT = "calibrated_profile.json"
+CORRECTIONS_ARTIFACT = "calibration_corrections.json"
+
+
+def log_prediction_error(tracker, screen, ev: Evaluation) -> None:
+    """Parent metrics: the corrected simulator's error on this real run, predicted before it."""
+    err = screen.errors.get(ev.config)
+    if err is None or ev.measurement.status == PRUNED:
+        return
+    metrics = {"calibration_time_error": err.time_error}
+    if err.memory_error is not None:
+        metrics["calibration_memory_error"] = err.memory_error
+    tracker.log_parent_metrics(metrics, step=ev.index)
+
+
+def log_calibration(tracker, screen, budgeted: BudgetedEvaluator) -> None:
+    """Parent: the number of screened-out plans, the fitted corrections and the corrected profile."""
+    import re
+    import tempfile
+
+    from autotune.profile import CalibrationProfile
+    from autotune.search.tracking import config_key
+
+    try:
+        corr = screen.calibrator.corrections
+        pruned = len(budgeted.screened) - budgeted.memory_screened  # by the calibration screen
+        metrics = {
+            "pruned_plans": float(pruned),
+            "real_runs": float(len(screen.real_runs)),
+            "calibration_link_factor": corr.link,
+        }
+        for kind, pairs in (
+            ("compute", corr.compute),
+            ("contention", corr.contention),
+            ("memory_GiB", corr.memory_GiB),
+        ):
+            for dev, v in pairs:
+                metrics[f"calibration_{kind}_{re.sub(r'[^A-Za-z0-9_.-]', '_', dev)}"] = float(v)
+        tracker.log_parent_metrics(metrics, step=0)
+        doc = {
+            "corrections": corr.to_dict(),
+            "fitted_from_runs": len(screen.calibrator.observations),
+            "real_runs": [config_key(c) for c in screen.real_runs],
+            "pruned_plans": pruned,
+            "memory_screened": budgeted.memory_screened,
+            "min_real_runs": screen.min_real_runs,
+            "keep_fraction": screen.keep_fraction,
+        }
+        profile = screen.calibrator.profile
+        try:  # never log a profile that `--profile` would refuse to load
+            CalibrationProfile.from_dict(json.loads(json.dumps(profile.to_dict())), source=CALIBRATED_PROFILE_ARTIFACT)
+        except SpecError as e:
+            log.warning(
+                "the corrected profile is not a valid profile file (%s); %s not logged", e, CALIBRATED_PROFILE_ARTIFACT
+            )
+            doc["profile_error"] = str(e)
+            profile = None
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / CORRECTIONS_ARTIFACT).write_text(json.dumps(doc, indent=2) + "\n")
+            tracker.log_parent_artifact(Path(tmp) / CORRECTIONS_ARTIFACT)
+            if profile is not None:
+                profile.save(Path(tmp) / CALIBRATED_PROFILE_ARTIFACT)
+                tracker.log_parent_artifact(Path(tmp) / CALIBRATED_PROFILE_ARTIFACT)
+    except Exception as e:  # the record of the calibration must not lose the search's result
+        log.warning("could not log the online calibration to MLflow: %s", e)

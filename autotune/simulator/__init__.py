@@ -5,6 +5,7 @@ calls; ``simulate(cluster, model, config)`` is the library call behind ``autotun
 Cost model: ``flops``, ``efficiency``, ``communication``, ``memory``; pipeline schedules: ``schedule``.
 """
 
-from autotune.simulator.simulator import Simulator, simulate
+from autotune.simulator.library import simulate
+from autotune.simulator.simulator import Simulator
 
 __all__ = ["Simulator", "simulate"]

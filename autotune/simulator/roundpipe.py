@@ -93,121 +93,6 @@ WARMUP_ITERATIONS = 2
 
 
 # --------------------------------------------------------------------------------------------------
-# RoundPipe's automatic partition (``ModelExecutePlan.auto("fused", ...)``)
-
-
-@dataclass(frozen=True, slots=True)
-class Partition:
-    """A partition in blocks, the fields of a roundpipe pipeline."""
-
-    forward_layers: tuple[int, ...]
-    fused_layers: int
-    backward_layers: tuple[int, ...]
-    stage_workload_s: float  # the stage time bound it was packed to
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.forward_layers) + 1 + len(self.backward_layers)
-
-
-def auto_partition(
-    fwd_s: Sequence[float],
-    bwd_s: Sequence[float],
-    fwd_bytes: Sequence[float],
-    bwd_bytes: Sequence[float],
-    min_stages: int,
-    upper_threshold: float = 1.1,
-    memory_limit_bytes: float = math.inf,
-) -> Partition:
-    """RoundPipe's automatic partition of one model, as ``ModelExecutePlan.auto("fused", model)`` makes it.
-
-    The units are RoundPipe's layers: the embedding, the ``L`` blocks, the head (final norm, LM head and
-    loss), ``L + 2`` entries; ``fwd_s`` their forward times, ``bwd_s`` their recomputation plus backward
-    times, ``fwd_bytes`` their parameter bytes, ``bwd_bytes`` parameters plus gradients. Every stage
-    time bound ``W`` between the slowest unit and ``upper_threshold`` times it that some run of units sums
-    to is tried: the fused stage takes the most last units that fit in ``W``, the forward pass is packed
-    from the back and the backward pass from the front, a new stage whenever the next unit would push the
-    stage over ``W`` or its bytes over half of ``memory_limit_bytes`` (two stages share a GPU while one is
-    prefetched); the plan with the least ``max(stages, min_stages) * W`` wins (the first such ``W``).
-    The fused stage never takes the embedding (a forward stage keeps it)."""
-    n = len(fwd_s)
-    if not (n == len(bwd_s) == len(fwd_bytes) == len(bwd_bytes)) or n < 3:
-        raise ValueError("auto_partition needs the embedding, at least one block and the head")
-    max_work = max(max(fwd_s), max(bwd_s))
-    half = memory_limit_bytes / 2
-    biggest = max(max(fwd_bytes), max(bwd_bytes))
-    if biggest > half:  # RoundPipe warns and raises the limit to twice the biggest unit
-        half = biggest
-    candidates = set()
-    for times in (fwd_s, bwd_s):
-        for a in range(n):
-            acc = 0.0
-            for b in range(a, n):
-                acc += times[b]
-                if acc > max_work * upper_threshold:
-                    break
-                if acc >= max_work:
-                    candidates.add(acc)
-    best: tuple[float, list, int, list, float] | None = None
-    for W in sorted(candidates):
-        end, acc, size = n, 0.0, 0.0
-        for u in range(n - 1, 0, -1):  # the fused stage: the last units that fit (never the embedding)
-            if acc + bwd_s[u] > W or size + bwd_bytes[u] > half:
-                break
-            acc += bwd_s[u]
-            size += bwd_bytes[u]
-            end = u
-        fwd = _pack(range(end - 1, -1, -1), fwd_s, fwd_bytes, W, half)[::-1]
-        bwd = _pack(range(end), bwd_s, bwd_bytes, W, half)
-        cost = max(len(fwd) + 1 + len(bwd), min_stages) * W
-        if best is None or cost < best[0]:
-            best = (cost, fwd, end, bwd, W)
-    assert best is not None
-    _, fwd, end, bwd, W = best
-    # units -> blocks: unit 0 is the embedding, units 1..L the blocks, unit L + 1 the head
-    L = n - 2
-    return Partition(
-        tuple(_blocks(run) for run in sorted(fwd)), L + 1 - end, tuple(_blocks(run) for run in sorted(bwd)), W
-    )
-
-
-def _pack(order: range, times: Sequence[float], sizes: Sequence[float], W: float, half: float) -> list[tuple[int, int]]:
-    """Stages ``(first unit, last unit)`` packed along ``order``, each within ``W`` and ``half``."""
-    stages: list[list[int]] = []
-    acc = size = math.inf
-    for u in order:
-        if acc + times[u] > W or size + sizes[u] > half:
-            stages.append([])
-            acc = size = 0.0
-        stages[-1].append(u)
-        acc += times[u]
-        size += sizes[u]
-    return [(min(s), max(s)) for s in stages]
-
-
-def _blocks(run: tuple[int, int]) -> int:
-    """Blocks in a run of units (the embedding, unit 0, is not a block)."""
-    a, b = run
-    return b - max(a, 1) + 1 if b >= 1 else 0
-
-
-def unit_profile(costs: CostModel, device: str, mbs: int) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(forward s, recompute + backward s, parameter bytes, parameter + gradient bytes) of the ``L + 2``
-    units on ``device`` for one micro-batch: what RoundPipe's timer and sizes give ``auto``."""
-    model = costs.model
-    lf, lb, lbr, ef, eb, hf, hb = costs.unit_costs(device, mbs)
-    L = model.num_layers
-    w = model.bytes_per_element
-    emb = model.embedding_params * w
-    block = model.params_per_layer * w
-    head = (model.embedding_params + model.hidden_size) * w
-    fwd = [ef] + [lf] * L + [hf]
-    bwd = [ef + eb] + [lbr] * L + [hf + hb]
-    fb = [emb] + [block] * L + [head]
-    return fwd, bwd, fb, [2 * x for x in fb]
-
-
-# --------------------------------------------------------------------------------------------------
 # Stages of one pass
 
 
@@ -553,6 +438,20 @@ def simulate(
 ) -> Measurement:
     """One roundpipe plan's steady-state iteration, memory per GPU and host memory per node; ``memory_only``
     (``Simulator.memory_estimate``): the memory and the stage-size rule only, nothing scheduled."""
+    plans = _pool_plans(costs, config)
+    if isinstance(plans, Measurement):
+        return plans
+    peak, host, pools = plans
+    if memory_only:
+        return Measurement(
+            tokens_per_s=0.0, iteration_time_s=0.0, oom=False, peak_memory_GiB=peak, host_memory_GiB=host, status="ok"
+        )
+    return _iteration(costs, config, peak, host, pools, timeline)
+
+
+def _pool_plans(costs: CostModel, config: ParallelConfig):
+    """Each pool's stages and memory: (GPU peaks, host GiB per node, [(pool, node, stages, micro-batches per
+    pass)]), or the ``invalid`` / ``oom`` measurement."""
     model = costs.model
     cluster = costs.effective_cluster
     mbs = config.micro_batch_size
@@ -588,7 +487,7 @@ def simulate(
             * (sum(st.saved_bytes for st in stages) + model.bytes_per_element * mbs * model.seq_len * model.hidden_size)
         ) / GiB
         host[node.name] = host.get(node.name, 0.0) + host_gib
-        plans.append((pipe, rp, node, stages, m_pass))
+        plans.append((rp, node, stages, m_pass))
     if oom:
         d = oom[0]
         cap = cluster.device(d).memory_GiB
@@ -616,19 +515,28 @@ def simulate(
                 error=f"host memory of node {name!r} out of memory: RoundPipe's state and kept "
                 f"activations need {gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)",
             )
-    if memory_only:
-        return Measurement(
-            tokens_per_s=0.0, iteration_time_s=0.0, oom=False, peak_memory_GiB=peak, host_memory_GiB=host, status="ok"
-        )
+    return peak, host, plans
+
+
+def _iteration(
+    costs: CostModel,
+    config: ParallelConfig,
+    peak: dict[str, float],
+    host: dict[str, float],
+    plans: list,
+    timeline: bool,
+) -> Measurement:
+    """The pools' dispatch schedules (``run_dispatch``), the replicas' host all-reduce and Adam step."""
+    model, cluster = costs.model, costs.effective_cluster
     n_rep = len(plans)
     allreduce = 0.0
     if n_rep > 1:
-        bw = min(n.network.bandwidth_GBps for _, _, n, _, _ in plans)
-        lat = max(n.network.latency_us for _, _, n, _, _ in plans)
+        bw = min(n.network.bandwidth_GBps for _, n, _, _ in plans)
+        lat = max(n.network.latency_us for _, n, _, _ in plans)
         allreduce = ring_allreduce_s(model.bytes_per_element * model.num_params, n_rep, bw, lat)
     host_s = allreduce + model.num_params / HOST_ADAM_PARAMS_PER_S
     results = []
-    for _pipe, rp, node, stages, m_pass in plans:
+    for rp, node, stages, m_pass in plans:
         link = node.host.link
         share = node.host.shared_bandwidth_GBps(len(rp.devices))
         results.append(
@@ -674,32 +582,3 @@ def _gpu_peaks(stages: Sequence[StageWork], devices: Sequence[str]) -> dict[str,
             worst = max(worst, st.param_bytes + st.grad_bytes + st.activation_bytes + nxt.param_bytes + nxt.grad_bytes)
         out[d] = worst / GiB
     return out
-
-
-def auto_stages(
-    costs: CostModel,
-    devices: Sequence[str],
-    mbs: int,
-    upper_threshold: float = 1.1,
-    memory_limit_GiB: float = 0.0,
-    recompute_grain: str = "stage",
-    accumulation_steps: int = 1,
-) -> RoundPipeStages:
-    """The pool's pipeline as RoundPipe's ``ModelExecutePlan.auto`` would cut it for this model: unit times
-    on the pool's slowest GPU (the simulator's, where RoundPipe measures them in a first iteration),
-    ``min_stages`` = the pool size, the memory limit (0: RoundPipe's 60% default) in GiB."""
-    slowest = max(devices, key=lambda d: sum(costs.unit_costs(d, mbs)))
-    fwd, bwd, fb, bb = unit_profile(costs, slowest, mbs)
-    smallest = min(costs.effective_cluster.device(d).memory_GiB for d in devices)
-    probe = RoundPipeStages(tuple(devices), (1,), (1,), memory_limit_GiB=memory_limit_GiB)
-    limit = probe.memory_limit_for(smallest)
-    part = auto_partition(fwd, bwd, fb, bb, len(devices), upper_threshold, limit * GiB)
-    return RoundPipeStages(
-        tuple(devices),
-        part.forward_layers,
-        part.backward_layers,
-        part.fused_layers,
-        recompute_grain,
-        memory_limit_GiB,
-        accumulation_steps,
-    )

@@ -27,23 +27,16 @@ never raises for a bad plan: invalid plans come back with status ``invalid``, pl
 
 from __future__ import annotations
 
-import bisect
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from autotune.errors import SpecError
-from autotune.loading import load_cluster, load_config, load_model
 from autotune.profile import CalibrationProfile
-from autotune.simulator import moe, roundpipe
-from autotune.simulator import zero as zr
-from autotune.simulator.collectives import collective_s
+from autotune.simulator import data_parallel, moe, roundpipe
 from autotune.simulator.cost_model import CostModel
 from autotune.simulator.mixed_stages import Unit, compile_pipeline, pipeline_units, shares_key
 from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, run_program
-from autotune.simulator.zero import peer_degrees, state_bytes_for
+from autotune.simulator.zero import peer_degrees
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig, TimelineEvent
 
 log = logging.getLogger(__name__)
@@ -240,7 +233,9 @@ class Simulator:
         stage_costs = st.costs
         sharded = config.zero > 0 and (len(config.pipelines) > 1 or config.has_mixed_stages) or config.offloads
         if sharded:  # ZeRO / offload traffic in forward and backward, and their optimizer step
-            stage_costs, _ = self._sharded_costs(config, stage_costs, st.units, st.peers)
+            stage_costs, _ = data_parallel.sharded_costs(
+                self.costs, self.model, config, stage_costs, st.units, st.peers, self._zero_cache
+            )
         events: list[TimelineEvent] | None = [] if timeline else None
         finish, slowest = self._pipelines(config, stage_costs, st, events)
         iteration, sync_s = self._synchronise_and_step(config, finish, stage_costs, st.units, sharded, events)
@@ -407,7 +402,7 @@ class Simulator:
         if moe_exchange:  # MoE / SPES plans (autotune.simulator.moe); ZeRO's RS + AG counted as the all-reduce
             sync_s = self._moe_exchange(config, cursor, events)
         elif replicated:
-            self._data_parallel(config, cursor, units, events, config.zero)
+            data_parallel.synchronise(self.costs, self.model, config, cursor, units, events, config.zero)
         if replicated and config.sync_every_steps == 1:
             # measured runtime cost of a data-parallel step (calibration): the all-reduce call and the
             # wait for the slowest replica; every rank leaves the step's synchronisation together
@@ -427,7 +422,9 @@ class Simulator:
                 cursor[r][u] = t - self._step_overhead_s
         if sharded and config.zero in (1, 2) and replicated and not moe_exchange:
             # all-gather the updated weights
-            self._data_parallel(config, cursor, units, events, config.zero, phase="allgather")
+            data_parallel.synchronise(
+                self.costs, self.model, config, cursor, units, events, config.zero, phase="allgather"
+            )
             iteration = max(iteration, max(max(row) for row in cursor) + self._step_overhead_s)
         return iteration, sync_s
 
@@ -522,184 +519,6 @@ class Simulator:
         spans = moe.run_collectives(moe.exchange(model, config, "sync", moe.SYNC_BYTES_PER_PARAM), {}, bandwidth, nodes)
         return max((t1 for _, _, t1 in spans), default=0.0)
 
-    def _segments(self, config: ParallelConfig) -> list[tuple[tuple[int, ...], float]]:
-        """Runs of layers held by the same stage in every replica, first layers first: (the stage index
-        in each replica, parameters of the run)."""
-        model = self.model
-        L = model.num_layers
-        starts = []
-        cuts = {0, L}
-        for pipe in config.pipelines:
-            acc, st = 0, []
-            for stage in pipe.stages:
-                st.append(acc)
-                cuts.add(acc)
-                acc += stage.layers
-            starts.append(st)
-        cuts_sorted = sorted(cuts)
-        segments: list[tuple[tuple[int, ...], float]] = []
-        for x, y in zip(cuts_sorted, cuts_sorted[1:]):
-            owners = tuple(bisect.bisect_right(st, x) - 1 for st in starts)
-            params = (y - x) * model.params_per_layer
-            if x == 0:
-                params += model.embedding_params
-            if y == L:
-                params += model.embedding_params + model.hidden_size
-            if segments and segments[-1][0] == owners:
-                segments[-1] = (owners, segments[-1][1] + params)
-            else:
-                segments.append((owners, params))
-        return segments
-
-    @staticmethod
-    def _peers(units: list, owners: tuple[int, ...]) -> list[tuple[int, int, tuple[str, ...]]]:
-        """The data-parallel peers of a run of layers held by stage ``owners[r]`` of each replica ``r``: every
-        rank of those stages, as (replica, unit, devices)."""
-        return [
-            (r, u, unit.view.devices)
-            for r, s in enumerate(owners)
-            for u, unit in enumerate(units[r])
-            if unit.stage == s
-        ]
-
-    def _data_parallel(
-        self,
-        config: ParallelConfig,
-        cursor: list[list[float]],
-        units: list,
-        events: list[TimelineEvent] | None,
-        zero: int = 0,
-        phase: str = "allreduce",
-    ) -> None:
-        """Advance each rank's clock through its gradient all-reduces (in place in ``cursor``, per unit), last
-        layers first (backward order), among every rank holding the layers: the ranks of their stage in
-        every replica (several in a mixed stage). With ``zero`` > 0: the reduce-scatter
-        (``phase="allreduce"``) or the all-gather of the updated weights (``phase="allgather"``) of ZeRO
-        (``zero.sync_s``, ``zero.gather_s``)."""
-        split = state_bytes_for(self.model)
-        for owners, params in reversed(self._segments(config)):
-            members = self._peers(units, owners)
-            n = len(members)
-            if n < 2:
-                continue
-            stages = tuple(devs for _, _, devs in members)
-            bw, lat = self.costs.dp_bandwidth(stages)
-            if zero == 0:
-                t = collective_s("allreduce", self.costs.grad_bytes * params, n, bw, lat, self.costs.dp_kind(stages))
-            elif phase == "allreduce":
-                t = zr.sync_s(params, n, zero, (bw, lat), split)
-            else:
-                t = zr.gather_s(params, n, zero, (bw, lat), split)
-            start = max(cursor[r][u] for r, u, _ in members)
-            for r, u, _ in members:
-                cursor[r][u] = start + t
-            if events is not None and t > 0:
-                events.extend(TimelineEvent(d, phase, start, start + t) for _, _, devs in members for d in devs)
-
-    # ---------------------------------------------------------------------------------------------
-    # ZeRO sharding and CPU offload (autotune.simulator.zero)
-
-    def _stage_rings(self, config: ParallelConfig, units: list) -> dict[tuple[int, int], tuple[float, float]]:
-        """Per (replica, unit): (GB/s, latency us) per device of the slowest data-parallel ring its layers take."""
-        rings: dict[tuple[int, int], tuple[float, float]] = {}
-        if len(config.pipelines) < 2 and not config.has_mixed_stages:
-            return rings
-        for owners, _ in self._segments(config):
-            for members in moe.stepping_together(config, self._peers(units, owners)):
-                if len(members) < 2:
-                    continue
-                bw, lat = self.costs.dp_bandwidth(tuple(devs for _, _, devs in members))
-                for r, u, devs in members:
-                    old = rings.get((r, u))
-                    ring = (bw / len(devs), lat)
-                    if old is None or ring[0] < old[0]:
-                        rings[(r, u)] = ring
-        return rings
-
-    def _host_links(self, config: ParallelConfig) -> dict[str, tuple[float, float]]:
-        """Per node: (GB/s, latency us) of each offloading device's host link, shared when the node's
-        ``host.bandwidth_GBps`` caps them."""
-        count: dict[str, int] = {}
-        for pipe in config.pipelines:
-            for st in pipe.stages:
-                if st.offload != "none":
-                    for d in st.devices:
-                        count[self.costs.node[d].name] = count.get(self.costs.node[d].name, 0) + 1
-        links = {}
-        for name, spec in self.costs.node_spec.items():
-            links[name] = (spec.host.shared_bandwidth_GBps(count.get(name, 0)), spec.host.link.latency_us)
-        return links
-
-    def _sharded_costs(
-        self, config: ParallelConfig, stage_costs: list, units: list, peers: dict[tuple[int, int], int]
-    ) -> tuple[list, dict]:
-        """Per-unit costs with ZeRO's and offload's per-micro-batch traffic folded into forward and backward
-        (``zero.chunk_comm``), and the per-device optimizer seconds (``zero.optimizer_s``). A stage's
-        ranks are data-parallel peers like the replicas (``zero.peer_degrees``)."""
-        model, v = self.model, config.virtual_stages
-        rings = self._stage_rings(config, units)
-        hosts = self._host_links(config)
-        split = state_bytes_for(model)
-        offloaded: dict[str, float] = {}  # node -> parameters its host CPU steps
-        for r in range(len(config.pipelines)):
-            for u, unit in enumerate(units[r]):
-                dp = peers[(r, unit.stage)]
-                n_os = dp if config.zero >= 1 and dp > 1 else 1
-                if unit.view.offload != "none":
-                    for d in unit.view.devices:
-                        node = self.costs.node[d].name
-                        offloaded[node] = offloaded.get(node, 0.0) + stage_costs[r][u][1] / n_os
-        out = []
-        for r, pipe in enumerate(config.pipelines):
-            p = len(pipe.stages)
-            row = []
-            for u, unit in enumerate(units[r]):
-                s, st = unit.stage, unit.view
-                durs, params, opt_s = stage_costs[r][u]
-                dp = peers[(r, s)]
-                ring = rings.get((r, u), (1.0, 0.0))
-                node = self.costs.node[st.devices[0]].name
-                host = hosts[node]
-                key = (
-                    st.devices,
-                    st.layers,
-                    s == 0,
-                    s == p - 1,
-                    v,
-                    config.zero,
-                    st.offload,
-                    dp,
-                    ring,
-                    host,
-                    tuple(durs),
-                    params,
-                )  # params: an MoE stage steps only the experts it trains
-                hit = self._zero_cache.get(key)
-                if hit is None:
-                    tp = len(st.devices)
-                    new = list(durs)
-                    per_chunk = st.layers // v if v > 1 else st.layers
-                    for c in range(v):
-                        parts = zr.stage_units(model, per_chunk, tp, s == 0 and c == 0, s == p - 1 and c == v - 1)
-                        comm = zr.chunk_comm(parts, config.zero, st.offload, dp, ring, host, split)
-                        new[2 * c], new[2 * c + 1] = comm.apply(durs[2 * c], durs[2 * c + 1])
-                    per_param = opt_s / params if params else 0.0
-                    opt = zr.optimizer_s(
-                        params,
-                        dp,
-                        config.zero,
-                        st.offload,
-                        per_param,
-                        host,
-                        zr.host_step_s(offloaded.get(node, 0.0)),
-                        split,
-                    )
-                    hit = (new, params, opt)
-                    self._zero_cache[key] = hit
-                row.append(hit)
-            out.append(row)
-        return out, offloaded
-
     @staticmethod
     def _pipeline_events(
         events: list[TimelineEvent], comp, units: tuple[Unit, ...], end: list[float], durs: list[float], v: int
@@ -709,61 +528,3 @@ class Simulator:
             t0 = t1 - durs[di]
             name = ("F" if kind == FORWARD else "B") + str(j) + (f".c{c}" if v > 1 else "")
             events.extend(TimelineEvent(d, name, t0, t1) for d in units[u].view.devices)
-
-
-_SIMULATORS: dict[tuple, Simulator] = {}
-
-
-def _library_simulator(
-    cluster: ClusterSpec, model: ModelSpec, profile: CalibrationProfile | str | Path | None
-) -> Simulator:
-    """One ``Simulator`` per (cluster, model, profile) for ``simulate``: a caller looping over plans
-    gets the simulator's caches instead of a cold simulator per call (a few kept, oldest dropped).
-    A profile path is keyed by its modification time and size, so an edited profile is re-read."""
-    import os
-
-    if profile is None:
-        pkey: tuple = ()
-    elif isinstance(profile, CalibrationProfile):
-        pkey = ("object", id(profile))
-    else:
-        st = os.stat(profile) if os.path.exists(profile) else None
-        pkey = ("path", os.path.abspath(profile), st.st_mtime_ns if st else 0, st.st_size if st else 0)
-    key = (cluster, model, pkey)
-    sim = _SIMULATORS.get(key)
-    if sim is None:
-        prof = (
-            profile
-            if profile is None or isinstance(profile, CalibrationProfile)
-            else CalibrationProfile.load(Path(profile))
-        )
-        sim = Simulator(cluster, model, prof)
-        if len(_SIMULATORS) >= 8:
-            _SIMULATORS.pop(next(iter(_SIMULATORS)))
-        _SIMULATORS[key] = sim
-    return sim
-
-
-def simulate(
-    cluster: ClusterSpec | str | Path,
-    model: ModelSpec | str | Path,
-    config: ParallelConfig | Mapping[str, Any] | str | Path,
-    profile: CalibrationProfile | str | Path | None = None,
-    global_batch_size: int | None = None,
-    timeline: bool = False,
-) -> Measurement:
-    """Simulate one plan (SPEC.md "Library"): the same numbers as ``autotune simulate``.
-
-    ``cluster``, ``model`` and ``config`` are paths, preset names or spec objects; ``profile`` a path or a
-    ``CalibrationProfile``. Unlike ``Simulator.evaluate``, bad input raises ``SpecError`` naming the
-    file, field and rule.
-    """
-    cluster_spec = load_cluster(cluster)
-    model_spec = load_model(model, global_batch_size)
-    cfg = load_config(config)
-    cfg.validate(cluster_spec, model_spec, source=str(config) if isinstance(config, (str, Path)) else "config")
-    sim = _library_simulator(cluster_spec, model_spec, profile)
-    result = sim.evaluate_detailed(cfg) if timeline else sim.evaluate(cfg)
-    if result.status == "invalid":
-        raise SpecError("", "", result.error)
-    return result

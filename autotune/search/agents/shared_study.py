@@ -67,7 +67,7 @@ class Claim:
     done: bool = False
 
 
-#: ``source`` of the trial of RoundPipe's start plan (``api._roundpipe_start``): a study whose only
+#: ``source`` of the trial of RoundPipe's start plan (``methods._roundpipe_start``): a study whose only
 #: evaluations are such starts is still fresh (the heuristic warm starts are enqueued)
 ROUNDPIPE_START = "roundpipe-start"
 

@@ -1,0 +1,16 @@
+"""A plan a planner proposes, with its estimated iteration time and the family it comes from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.specs import ParallelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A plan and its composed iteration time (the planner's estimate, not a simulation)."""
+
+    config: ParallelConfig
+    estimate_s: float
+    family: str

@@ -1,0 +1,107 @@
+"""How each method runs on the budget: RoundPipe's own plan and (optuna, rl with ``start="dp"``) the
+structured planner's best plans first, then the agent itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from autotune.planning.budget import PRUNED, BudgetedEvaluator
+from autotune.planning.space import SearchSpace
+from autotune.search.agents import run_exhaustive, run_random, run_uniform
+from autotune.specs import Measurement
+
+#: planner plans evaluated first when ``start="dp"`` (they count against the budget like any plan):
+#: the composition misranks a plan now and then, and on 24 validation scenarios
+#: (experiments/dp_start_plans.py) the best of the first 3 reached 98% of dp's best-of-20 on 23, the first
+#: alone on 22
+DP_START_PLANS = 3
+
+
+def _dp_start(
+    space: SearchSpace,
+    budgeted: BudgetedEvaluator,
+    plans: int = DP_START_PLANS,
+    evaluate: Callable[..., Measurement | None] | None = None,
+) -> list:
+    """Evaluate the planner's best ``plans`` valid plans (free on a resume: already evaluated);
+    returns their (config, measurement). ``evaluate(config, params)`` replaces
+    ``budgeted.evaluate`` (an Optuna study records the plan under its budget rule; None: another
+    search on the study has it)."""
+    from autotune.planning.planner import plan_candidates
+
+    evaluate = evaluate or budgeted.evaluate
+    out = []
+    for cand in plan_candidates(space, budgeted, limit=4 * plans):
+        if len(out) >= plans or (budgeted.exhausted and cand.config not in budgeted):
+            break
+        m = evaluate(cand.config, {"dp_family": cand.family, "dp_estimate_s": round(cand.estimate_s, 6)})
+        if m is not None and m.status not in ("invalid", PRUNED):  # screened out by the memory model: no start
+            out.append((cand.config, m))
+    return out
+
+
+def run_agent(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, **kw: Any) -> None:
+    from autotune.search import workers as worker_ids
+
+    worker = worker_ids.new_worker_id()
+    with worker_ids.live(worker):
+        _run_method(method, space, budgeted, seed, worker=worker, **kw)
+
+
+def _roundpipe_start(space: SearchSpace, budgeted: BudgetedEvaluator, study=None, worker: str = "") -> None:
+    """Evaluate the plan RoundPipe itself would pick (``SearchSpace.roundpipe_start``), where RoundPipe
+    applies: every method starts from it (free on a resume: already evaluated). An Optuna study records
+    it as a trial with its parameters, so TPE models it."""
+    params = space.roundpipe_start()
+    if params is None:
+        return
+    config = space.decode(params).config
+    if config is None or (config not in budgeted and budgeted.exhausted):
+        return
+    if study is not None:
+        from autotune.search.agents.shared_study import ROUNDPIPE_START
+
+        study.evaluate_outside(budgeted, config, params, worker, source=ROUNDPIPE_START, encoded=True)
+    else:
+        budgeted.evaluate(config, params)
+
+
+def _run_method(
+    method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, worker: str, **kw: Any
+) -> None:
+    _roundpipe_start(space, budgeted, kw.get("study") if method == "optuna" else None, worker)
+    if method in ("optuna", "rl") and kw.get("start", "dp") == "dp":
+        study = kw.get("study") if method == "optuna" else None
+        if study is not None:  # the study stays the budget's memory (see SharedStudy.evaluate_outside)
+            _dp_start(
+                space,
+                budgeted,
+                evaluate=lambda config, params: study.evaluate_outside(budgeted, config, params, worker, source="dp"),
+            )
+        else:
+            _dp_start(space, budgeted)
+    if method == "random":
+        run_random(space, budgeted, seed)
+    elif method == "uniform":
+        run_uniform(space, budgeted, seed)
+    elif method == "exhaustive":
+        run_exhaustive(space, budgeted, seed)
+    elif method == "dp":
+        from autotune.search.agents.dp import run_dp
+
+        run_dp(space, budgeted, seed)
+    elif method == "optuna":
+        from autotune.search.agents import tpe
+
+        if kw["workers"] > 1:
+            from autotune.search.agents import parallel
+
+            parallel.run_workers(space, budgeted, seed, **kw)
+        else:
+            tpe.run_optuna(space, budgeted, seed, study=kw["study"], worker=worker)
+    elif method == "rl":
+        from autotune.search.agents import rl
+
+        policy = kw.get("policy")
+        rl.run_rl(space, budgeted, budgeted.budget, seed, policy_path=policy)
