@@ -473,130 +473,139 @@ class ParallelConfigEnv(gym.Env):
 
     # -- observation ---------------------------------------------------------------------------------
     def _observation(self) -> np.ndarray:
-        cfg, m, space = observed(self.config), self.measurement, self.space
+        cfg, m = observed(self.config), self.measurement
+        if cfg is None:
+            parts = [
+                np.zeros(MAX_STAGES * len(STAGE_FEATURES) + MAX_REPLICAS * len(REPLICA_FEATURES), dtype=np.float32),
+                np.zeros(MAX_CLASSES * len(CLASS_FEATURES) + len(GLOBAL_FEATURES) + len(ZERO_FEATURES), np.float32),
+            ]
+        else:
+            stage_rep, pipe, peak = self._pipeline_features(cfg, m)
+            parts = [stage_rep, self._setting_features(cfg, m, pipe, peak)]
+        obs = np.concatenate([*parts, self._headroom_features(), self._space_features()])
+        return np.clip(np.nan_to_num(obs, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0).astype(np.float32)
+
+    def _pipeline_features(self, cfg: ParallelConfig, m: Measurement | None):
+        """``STAGE_FEATURES`` of the busiest replica's stages and ``REPLICA_FEATURES`` of the replicas, flat;
+        that replica and the measured peaks."""
+        space = self.space
+        L = space.model.num_layers
         stage_f = np.zeros((MAX_STAGES, len(STAGE_FEATURES)), dtype=np.float32)
         rep_f = np.zeros((MAX_REPLICAS, len(REPLICA_FEATURES)), dtype=np.float32)
+        speeds = self._replica_speeds(cfg)
+        counts = [p.num_microbatches for p in cfg.pipelines]
+        loads = [c / s for c, s in zip(counts, speeds)]
+        focus = int(np.argmax(loads))
+        pipe = cfg.pipelines[focus]
+        g_speeds = [mixed_space.stage_speed(space.context, s) for s in pipe.stages]
+        max_speed = max(mixed_space.stage_speed(space.context, s) for p in cfg.pipelines for s in p.stages)
+        busy = list(m.stage_busy_s) if m is not None and len(m.stage_busy_s) == len(pipe.stages) else []
+        if not busy or sum(busy) <= 0:
+            busy = [
+                (s.layers + (space.head_extra if i == len(pipe.stages) - 1 else 0)) / g
+                for i, (s, g) in enumerate(zip(pipe.stages, g_speeds))
+            ]
+        total_busy, max_busy = sum(busy), max(busy)
+        peak = dict(m.peak_memory_GiB) if m is not None else {}
+        for i, s in enumerate(pipe.stages[:MAX_STAGES]):
+            dev = space.cluster.device(s.devices[0])
+            used = max((peak.get(d, 0.0) for d in s.devices), default=0.0) / dev.memory_GiB
+            if i + 1 < len(pipe.stages):
+                bw = space.cluster.link(s.devices[0], pipe.stages[i + 1].devices[0]).bandwidth_GBps
+                link = math.log10(max(bw, 0.01)) / 3.0
+            else:
+                link = 0.0
+            stage_f[i] = (
+                1.0,
+                s.layers / L,
+                busy[i] / total_busy,
+                busy[i] / max_busy,
+                min(used, 1.5) / 1.5,
+                g_speeds[i] / max_speed,
+                math.log2(s.tp) / 3.0,
+                float(s.recompute),
+                link,
+                min(dev.memory_GiB / 160.0, 1.0),
+            )
+        total_mb, max_load = sum(counts), max(loads)
+        max_rs = max(speeds)
+        for r, p in enumerate(cfg.pipelines[:MAX_REPLICAS]):
+            rep_f[r] = (
+                1.0,
+                counts[r] / total_mb,
+                speeds[r] / max_rs,
+                loads[r] / max_load,
+                min(len(p.stages) / MAX_STAGES, 1.0),
+            )
+        return np.concatenate([stage_f.ravel(), rep_f.ravel()]), pipe, peak
+
+    def _setting_features(self, cfg: ParallelConfig, m: Measurement | None, pipe, peak: dict) -> np.ndarray:
+        """``CLASS_FEATURES``, ``GLOBAL_FEATURES`` and ``ZERO_FEATURES``, flat."""
+        space = self.space
+        L = space.model.num_layers
         cls_f = np.zeros((MAX_CLASSES, len(CLASS_FEATURES)), dtype=np.float32)
         glob = np.zeros(len(GLOBAL_FEATURES), dtype=np.float32)
         zero_f = np.zeros(len(ZERO_FEATURES), dtype=np.float32)
-        L = space.model.num_layers
-        if cfg is not None:
-            speeds = self._replica_speeds(cfg)
-            counts = [p.num_microbatches for p in cfg.pipelines]
-            loads = [c / s for c, s in zip(counts, speeds)]
-            focus = int(np.argmax(loads))
-            pipe = cfg.pipelines[focus]
-            g_speeds = [mixed_space.stage_speed(space.context, s) for s in pipe.stages]
-            max_speed = max(mixed_space.stage_speed(space.context, s) for p in cfg.pipelines for s in p.stages)
-            busy = list(m.stage_busy_s) if m is not None and len(m.stage_busy_s) == len(pipe.stages) else []
-            if not busy or sum(busy) <= 0:
-                busy = [
-                    (s.layers + (space.head_extra if i == len(pipe.stages) - 1 else 0)) / g
-                    for i, (s, g) in enumerate(zip(pipe.stages, g_speeds))
-                ]
-            total_busy, max_busy = sum(busy), max(busy)
-            peak = dict(m.peak_memory_GiB) if m is not None else {}
-            for i, s in enumerate(pipe.stages[:MAX_STAGES]):
-                dev = space.cluster.device(s.devices[0])
-                used = max((peak.get(d, 0.0) for d in s.devices), default=0.0) / dev.memory_GiB
-                if i + 1 < len(pipe.stages):
-                    bw = space.cluster.link(s.devices[0], pipe.stages[i + 1].devices[0]).bandwidth_GBps
-                    link = math.log10(max(bw, 0.01)) / 3.0
-                else:
-                    link = 0.0
-                stage_f[i] = (
-                    1.0,
-                    s.layers / L,
-                    busy[i] / total_busy,
-                    busy[i] / max_busy,
-                    min(used, 1.5) / 1.5,
-                    g_speeds[i] / max_speed,
-                    math.log2(s.tp) / 3.0,
-                    float(s.recompute),
-                    link,
-                    min(dev.memory_GiB / 160.0, 1.0),
-                )
-            total_mb, max_load = sum(counts), max(loads)
-            max_rs = max(speeds)
-            for r, p in enumerate(cfg.pipelines[:MAX_REPLICAS]):
-                rep_f[r] = (
-                    1.0,
-                    counts[r] / total_mb,
-                    speeds[r] / max_rs,
-                    loads[r] / max_load,
-                    min(len(p.stages) / MAX_STAGES, 1.0),
-                )
-            max_peak = max(c.peak_tflops for c in self._classes)
-            for c, nc in enumerate(self._classes):
-                cls_f[c] = (
-                    1.0,
-                    float(self.params.get(f"use.{nc.name}", True)),
-                    math.log2(int(self.params.get(f"tp.{nc.name}", 1))) / 3.0,
-                    nc.peak_tflops / max_peak,
-                    min(nc.memory_GiB / 160.0, 1.0),
-                )
-            mbs_choices = self._dims["mbs"].choices
-            mbs_i = mbs_choices.index(cfg.micro_batch_size) if cfg.micro_batch_size in mbs_choices else 0
-            used_devs = len(cfg.devices)
-            gain_start = math.log(self.score / self.start_score) if self.score > 0 and self.start_score > 0 else 0.0
-            gain_best = math.log(self.score / self.best_score) if self.score > 0 and self.best_score > 0 else -1.0
-            max_used = max(
-                (v / space.cluster.device(d).memory_GiB for d, v in peak.items() if d in set(cfg.devices)), default=0.0
+        max_peak = max(c.peak_tflops for c in self._classes)
+        for c, nc in enumerate(self._classes):
+            cls_f[c] = (
+                1.0,
+                float(self.params.get(f"use.{nc.name}", True)),
+                math.log2(int(self.params.get(f"tp.{nc.name}", 1))) / 3.0,
+                nc.peak_tflops / max_peak,
+                min(nc.memory_GiB / 160.0, 1.0),
             )
-            dims = self._dims
-
-            def idx(name: str) -> float:
-                ch = dims[name].choices
-                return ch.index(self.params[name]) / max(len(ch) - 1, 1) if self.params.get(name) in ch else 0.0
-
-            glob[:] = (
-                mbs_i / max(len(mbs_choices) - 1, 1),
-                float(cfg.schedule == "1f1b"),
-                float(cfg.schedule == "gpipe"),
-                float(cfg.schedule == "interleaved-1f1b"),
-                min(len(pipe.stages) / MAX_STAGES, 1.0),
-                min(math.log2(len(cfg.pipelines)) / 7.0, 1.0),
-                1.0 - used_devs / space.cluster.num_devices,
-                m.bubble_fraction if m is not None else 0.0,
-                min(m.mfu, 1.0) if m is not None else 0.0,
-                float(self._last_failed),
-                float(np.clip(gain_start / 2.0, -1, 1)),
-                float(np.clip(gain_best, -1, 0)),
-                1.0 - self.steps / self.max_steps,
-                min(max_used, 1.5) / 1.5,
-                idx("layer_split"),
-                idx("batch_split"),
-                float(self.params.get("assign") == "mixed"),
-                float(self.params.get("order") == "slow-first"),
-                float(self.params.get("recompute") == "none"),
-                float(self.params.get("recompute") == "all"),
-                min(space.head_extra / L, 1.0),
-                float(L % INTERLEAVED_CHUNKS == 0),
-            )
-            stages = [s for p in cfg.pipelines for s in p.stages]
-            host = dict(m.host_memory_GiB) if m is not None else {}
-            host_used = max(
-                (gib / n.host.memory_GiB for n in space.cluster.nodes for k, gib in host.items() if k == n.name),
-                default=0.0,
-            )
-            zero_f[:] = (
-                cfg.zero / 3.0,
-                sum(s.offload == "optimizer" for s in stages) / len(stages),
-                sum(s.offload == "all" for s in stages) / len(stages),
-                min(host_used, 1.5) / 1.5,
-            )
-        obs = np.concatenate(
-            [
-                stage_f.ravel(),
-                rep_f.ravel(),
-                cls_f.ravel(),
-                glob,
-                zero_f,
-                self._headroom_features(),
-                self._space_features(),
-            ]
+        mbs_choices = self._dims["mbs"].choices
+        mbs_i = mbs_choices.index(cfg.micro_batch_size) if cfg.micro_batch_size in mbs_choices else 0
+        used_devs = len(cfg.devices)
+        gain_start = math.log(self.score / self.start_score) if self.score > 0 and self.start_score > 0 else 0.0
+        gain_best = math.log(self.score / self.best_score) if self.score > 0 and self.best_score > 0 else -1.0
+        max_used = max(
+            (v / space.cluster.device(d).memory_GiB for d, v in peak.items() if d in set(cfg.devices)), default=0.0
         )
-        return np.clip(np.nan_to_num(obs, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0).astype(np.float32)
+        dims = self._dims
+
+        def idx(name: str) -> float:
+            ch = dims[name].choices
+            return ch.index(self.params[name]) / max(len(ch) - 1, 1) if self.params.get(name) in ch else 0.0
+
+        glob[:] = (
+            mbs_i / max(len(mbs_choices) - 1, 1),
+            float(cfg.schedule == "1f1b"),
+            float(cfg.schedule == "gpipe"),
+            float(cfg.schedule == "interleaved-1f1b"),
+            min(len(pipe.stages) / MAX_STAGES, 1.0),
+            min(math.log2(len(cfg.pipelines)) / 7.0, 1.0),
+            1.0 - used_devs / space.cluster.num_devices,
+            m.bubble_fraction if m is not None else 0.0,
+            min(m.mfu, 1.0) if m is not None else 0.0,
+            float(self._last_failed),
+            float(np.clip(gain_start / 2.0, -1, 1)),
+            float(np.clip(gain_best, -1, 0)),
+            1.0 - self.steps / self.max_steps,
+            min(max_used, 1.5) / 1.5,
+            idx("layer_split"),
+            idx("batch_split"),
+            float(self.params.get("assign") == "mixed"),
+            float(self.params.get("order") == "slow-first"),
+            float(self.params.get("recompute") == "none"),
+            float(self.params.get("recompute") == "all"),
+            min(space.head_extra / L, 1.0),
+            float(L % INTERLEAVED_CHUNKS == 0),
+        )
+        stages = [s for p in cfg.pipelines for s in p.stages]
+        host = dict(m.host_memory_GiB) if m is not None else {}
+        host_used = max(
+            (gib / n.host.memory_GiB for n in space.cluster.nodes for k, gib in host.items() if k == n.name),
+            default=0.0,
+        )
+        zero_f[:] = (
+            cfg.zero / 3.0,
+            sum(s.offload == "optimizer" for s in stages) / len(stages),
+            sum(s.offload == "all" for s in stages) / len(stages),
+            min(host_used, 1.5) / 1.5,
+        )
+        return np.concatenate([cls_f.ravel(), glob, zero_f])
 
     def _headroom_features(self) -> np.ndarray:
         """``HEADROOM_FEATURES`` of the current plan from the memory model (cached per plan)."""

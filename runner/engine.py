@@ -292,6 +292,10 @@ class Engine:
                     self.grad_groups.append((group, params))
 
         # 3. stages and schedule
+        self._build_schedule(layout, model, device, schedule)
+
+    def _build_schedule(self, layout: Layout, model: ModelSpec, device: torch.device, schedule: str) -> None:
+        """The rank's pipeline stages and the schedule the plan names (``runner.mixed`` for mixed stages)."""
         cuda = device.type == "cuda"
         self.mixed = None
         if layout.mixed:  # stages of several ranks: every pipeline runs runner.mixed's orders and hand-offs

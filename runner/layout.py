@@ -210,98 +210,14 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     config.validate(cluster, model)
     if config.has_mixed_stages:
         check_mixed_plan(config, model)
-    v = config.virtual_stages
-    ep = config.expert_parallel
+    check_tensor_parallel_plan(config)
     ranks: list[RankPlan] = []
     offset = 0
-    tp_of_layer: dict[int, tuple[int, int]] = {}
     for p, pipe in enumerate(config.pipelines):
-        degrees = {r.tp for s in pipe.stages for r in s.ranks_of(pipe.num_microbatches)}
-        if len(degrees) > 1:
-            raise SpecError(
-                "runner",
-                f"pipelines[{p}].stages",
-                f"stages of one pipeline with different tensor-parallel degrees {sorted(degrees)} "
-                "are not supported by the runner (activations would need resharding between stages)",
-            )
-        num_virtual = len(pipe.stages) * v
-        chunk_layers: dict[tuple[int, int], tuple[int, ...]] = {}
-        next_layer = 0
-        for c in range(v):
-            for s, stage in enumerate(pipe.stages):
-                n = stage.layers // v
-                chunk_layers[(s, c)] = tuple(range(next_layer, next_layer + n))
-                next_layer += n
         batch = pipe.num_microbatches * config.micro_batch_size
-        for s, stage in enumerate(pipe.stages):
-            chunks = tuple(ChunkPlan(c * len(pipe.stages) + s, num_virtual, chunk_layers[(s, c)]) for c in range(v))
-            for layer in (i for ch in chunks for i in ch.layers):
-                seen = tp_of_layer.setdefault(layer, (stage.tp, p))
-                if seen[0] != stage.tp:
-                    raise SpecError(
-                        "runner",
-                        f"pipelines[{p}].stages[{s}].devices",
-                        f"layer {layer} has tensor-parallel degree {stage.tp} here but {seen[0]} in "
-                        f"pipeline {seen[1]}; replicas must shard a layer the same way to average "
-                        "its gradients",
-                    )
-            moe_layers = tuple(i for ch in chunks for i in ch.layers if model.is_moe_layer(i))
-            per = model.num_experts // ep if model.is_moe else 0
-            held = tuple(range((p % ep) * per, (p % ep + 1) * per)) if model.is_moe else None
-            for k, stage_rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
-                for j, device in enumerate(stage_rank.devices):
-                    ranks.append(
-                        RankPlan(
-                            rank=len(ranks),
-                            device_id=device,
-                            pipeline=p,
-                            stage=s,
-                            tp_index=j,
-                            tp_degree=stage_rank.tp,
-                            chunks=chunks,
-                            recompute=stage.recompute,
-                            slowdown=cluster.node_of(device).slowdown,
-                            num_microbatches=pipe.num_microbatches,
-                            batch_offset=offset,
-                            batch_size=batch,
-                            grad_weight=batch / model.global_batch_size,
-                            moe_layers=moe_layers,
-                            held_experts=held,
-                            trains_experts=pipe.trains_experts,
-                            expert_group=p // ep,
-                            expert_position=p % ep,
-                            expert_parallel=ep,
-                            sequence_parallel=stage.sequence_parallel and stage_rank.tp > 1,
-                            stage_rank=k,
-                            share=stage_rank.num_microbatches,
-                            offload=stage.offload,
-                        )
-                    )
+        ranks += _pipeline_ranks(cluster, model, config, p, len(ranks), offset)
         offset += batch
-    if getattr(config, "zero", 0) and (model.is_moe or config.spes):
-        raise SpecError(
-            "runner",
-            "zero",
-            f"ZeRO sharding of MoE or SPES plans is not implemented in the runner "
-            f"(zero={config.zero}); the simulator models it",
-        )
-    if model.is_moe and any(r.tp_degree > 1 for r in ranks):
-        raise SpecError(
-            "runner",
-            "pipelines",
-            "tensor parallelism inside MoE blocks is not implemented in the runner "
-            "(the simulator models it): use one device per stage and "
-            "expert_parallel to split the experts",
-        )
-    for key in (EMBED_KEY, HEAD_KEY):
-        degrees = {(r.tp_degree) for r in ranks if key in r.holds()}
-        if len(degrees) > 1:
-            raise SpecError(
-                "runner",
-                "pipelines",
-                f"the {key} sits on stages of different tensor-parallel degrees {sorted(degrees)}; "
-                "replicas must shard it the same way",
-            )
+    check_expert_plan(config, model, ranks)
     layout = Layout(
         tuple(ranks),
         config.sync_every_steps,
@@ -318,6 +234,65 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
             )
         check_sharded_layout(layout)
     return layout
+
+
+def _chunk_layers(pipe, v: int) -> dict[tuple[int, int], tuple[int, ...]]:
+    """(stage, chunk) -> its layers: chunk ``c`` of every stage, then chunk ``c + 1`` (interleaving)."""
+    chunk_layers: dict[tuple[int, int], tuple[int, ...]] = {}
+    next_layer = 0
+    for c in range(v):
+        for s, stage in enumerate(pipe.stages):
+            n = stage.layers // v
+            chunk_layers[(s, c)] = tuple(range(next_layer, next_layer + n))
+            next_layer += n
+    return chunk_layers
+
+
+def _pipeline_ranks(
+    cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, p: int, first_rank: int, offset: int
+) -> list[RankPlan]:
+    """The ranks of pipeline ``p`` (numbered from ``first_rank``; its batch from sequence ``offset``)."""
+    pipe = config.pipelines[p]
+    v, ep = config.virtual_stages, config.expert_parallel
+    num_virtual = len(pipe.stages) * v
+    chunk_layers = _chunk_layers(pipe, v)
+    batch = pipe.num_microbatches * config.micro_batch_size
+    ranks: list[RankPlan] = []
+    for s, stage in enumerate(pipe.stages):
+        chunks = tuple(ChunkPlan(c * len(pipe.stages) + s, num_virtual, chunk_layers[(s, c)]) for c in range(v))
+        moe_layers = tuple(i for ch in chunks for i in ch.layers if model.is_moe_layer(i))
+        per = model.num_experts // ep if model.is_moe else 0
+        held = tuple(range((p % ep) * per, (p % ep + 1) * per)) if model.is_moe else None
+        for k, stage_rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
+            for j, device in enumerate(stage_rank.devices):
+                ranks.append(
+                    RankPlan(
+                        rank=first_rank + len(ranks),
+                        device_id=device,
+                        pipeline=p,
+                        stage=s,
+                        tp_index=j,
+                        tp_degree=stage_rank.tp,
+                        chunks=chunks,
+                        recompute=stage.recompute,
+                        slowdown=cluster.node_of(device).slowdown,
+                        num_microbatches=pipe.num_microbatches,
+                        batch_offset=offset,
+                        batch_size=batch,
+                        grad_weight=batch / model.global_batch_size,
+                        moe_layers=moe_layers,
+                        held_experts=held,
+                        trains_experts=pipe.trains_experts,
+                        expert_group=p // ep,
+                        expert_position=p % ep,
+                        expert_parallel=ep,
+                        sequence_parallel=stage.sequence_parallel and stage_rank.tp > 1,
+                        stage_rank=k,
+                        share=stage_rank.num_microbatches,
+                        offload=stage.offload,
+                    )
+                )
+    return ranks
 
 
 # --------------------------------------------------------------------------------------------------
@@ -395,4 +370,59 @@ def check_sharded_layout(layout: Layout) -> None:
                 f"num_microbatches in every replica (got {sorted(counts.values())}): "
                 "their schedules would order the per-micro-batch collectives "
                 "differently; single-stage replicas may differ, or use zero 1",
+            )
+
+
+def check_tensor_parallel_plan(config: ParallelConfig) -> None:
+    """One tensor-parallel degree per pipeline, and the same degree for a layer in every replica."""
+    tp_of_layer: dict[int, tuple[int, int]] = {}
+    for p, pipe in enumerate(config.pipelines):
+        degrees = {r.tp for s in pipe.stages for r in s.ranks_of(pipe.num_microbatches)}
+        if len(degrees) > 1:
+            raise SpecError(
+                "runner",
+                f"pipelines[{p}].stages",
+                f"stages of one pipeline with different tensor-parallel degrees {sorted(degrees)} "
+                "are not supported by the runner (activations would need resharding between stages)",
+            )
+        chunk_layers = _chunk_layers(pipe, config.virtual_stages)
+        for s, stage in enumerate(pipe.stages):
+            for layer in (i for c in range(config.virtual_stages) for i in chunk_layers[(s, c)]):
+                seen = tp_of_layer.setdefault(layer, (stage.tp, p))
+                if seen[0] != stage.tp:
+                    raise SpecError(
+                        "runner",
+                        f"pipelines[{p}].stages[{s}].devices",
+                        f"layer {layer} has tensor-parallel degree {stage.tp} here but {seen[0]} in "
+                        f"pipeline {seen[1]}; replicas must shard a layer the same way to average "
+                        "its gradients",
+                    )
+
+
+def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[RankPlan]) -> None:
+    """ZeRO with MoE or SPES plans, tensor parallelism inside MoE blocks, and an embedding or head on stages of
+    different tensor-parallel degrees are not run."""
+    if getattr(config, "zero", 0) and (model.is_moe or config.spes):
+        raise SpecError(
+            "runner",
+            "zero",
+            f"ZeRO sharding of MoE or SPES plans is not implemented in the runner "
+            f"(zero={config.zero}); the simulator models it",
+        )
+    if model.is_moe and any(r.tp_degree > 1 for r in ranks):
+        raise SpecError(
+            "runner",
+            "pipelines",
+            "tensor parallelism inside MoE blocks is not implemented in the runner "
+            "(the simulator models it): use one device per stage and "
+            "expert_parallel to split the experts",
+        )
+    for key in (EMBED_KEY, HEAD_KEY):
+        degrees = {(r.tp_degree) for r in ranks if key in r.holds()}
+        if len(degrees) > 1:
+            raise SpecError(
+                "runner",
+                "pipelines",
+                f"the {key} sits on stages of different tensor-parallel degrees {sorted(degrees)}; "
+                "replicas must shard it the same way",
             )

@@ -378,29 +378,23 @@ def _launch(
     quiet,
     on_step=None,
 ) -> TrainOutcome:
-    from runner.jobs import make_job
     from runner.launch import worker_env
 
-    job = make_job(
-        "train",
+    job_path = _write_job(
+        run_dir,
         cluster,
         model,
         config,
-        steps=steps,
-        seed=seed,
-        out_dir=str(run_dir),
-        checkpoint_dir=str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
-        checkpoint_every=checkpoint_every,
-        resume_from=str(resume_from) if resume_from else None,
-        metrics_out=str(Path(metrics_out).resolve()) if metrics_out else None,
-        data=str(Path(data).resolve()) if data else None,
-        tracking_uri=tracking_uri,
-        pg_timeout_s=1800,
+        steps,
+        seed,
+        checkpoint_dir,
+        checkpoint_every,
+        resume_from,
+        metrics_out,
+        data,
+        tracking_uri,
+        on_step,
     )
-    job["progress_out"] = str(run_dir / "progress.jsonl")  # rank 0's steps, for on_step and the summary
-    job["log_steps"] = on_step is None
-    job_path = run_dir / "job.json"
-    job_path.write_text(json.dumps(job))
     cmd = torchrun_command(layout.world_size, job_path, torchrun_args or [])
     out = subprocess.DEVNULL if quiet else None
     # its own session: a terminal's Ctrl-C reaches only this process, which decides what the ranks get;
@@ -455,8 +449,53 @@ def _launch(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     progress.poll()
-    outcome = TrainOutcome(code, wall_time_s=time.monotonic() - started)
-    records = progress.records
+    return _outcome(run_dir, code, time.monotonic() - started, progress.records)
+
+
+def _write_job(
+    run_dir: Path,
+    cluster,
+    model,
+    config,
+    steps,
+    seed,
+    checkpoint_dir,
+    checkpoint_every,
+    resume_from,
+    metrics_out,
+    data,
+    tracking_uri,
+    on_step,
+) -> Path:
+    """The job file every rank reads (``runner.jobs.make_job``), written into the run directory."""
+    from runner.jobs import make_job
+
+    job = make_job(
+        "train",
+        cluster,
+        model,
+        config,
+        steps=steps,
+        seed=seed,
+        out_dir=str(run_dir),
+        checkpoint_dir=str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
+        checkpoint_every=checkpoint_every,
+        resume_from=str(resume_from) if resume_from else None,
+        metrics_out=str(Path(metrics_out).resolve()) if metrics_out else None,
+        data=str(Path(data).resolve()) if data else None,
+        tracking_uri=tracking_uri,
+        pg_timeout_s=1800,
+    )
+    job["progress_out"] = str(run_dir / "progress.jsonl")  # rank 0's steps, for on_step and the summary
+    job["log_steps"] = on_step is None
+    job_path = run_dir / "job.json"
+    job_path.write_text(json.dumps(job))
+    return job_path
+
+
+def _outcome(run_dir: Path, code: int, wall_s: float, records: list[dict]) -> TrainOutcome:
+    """What the run did, from torchrun's exit code, rank 0's step records and the ranks' result files."""
+    outcome = TrainOutcome(code, wall_time_s=wall_s)
     if records:
         outcome.steps_run = len(records)
         rates = [r["tokens_per_s"] for r in records[1:]] or [records[0]["tokens_per_s"]]

@@ -173,81 +173,8 @@ def profile_steps(
         if dev.name != "cpu":
             steps += _gpu_steps(model, dev, res, quick)
             continue
-        shapes = (
-            SMALL_MATMUL_SHAPES + model_gemm_shapes(model, dev.micro_batch_sizes, dev.tp_degrees)
-            if model
-            else GENERIC_MATMUL_SHAPES
-        )
-
-        def matmul(res=res, shapes=shapes):
-            res.matmul.extend(bench.bench_matmul(shapes, repeats=repeats))
-
-        def membw(res=res):
-            res.memory_bandwidth_GBps = bench.bench_memory_bandwidth(repeats=repeats)
-
-        steps.append(Step(f"{dev.name}: matmul at {len(shapes)} shapes", matmul))
-        steps.append(Step(f"{dev.name}: memory bandwidth", membw))
-        if model is not None:
-            shape = bench.LayerShape.of(model)
-            for b in dev.micro_batch_sizes:
-                for t in dev.tp_degrees:
-
-                    def layer(res=res, b=b, t=t):
-                        res.layers.append(bench.bench_layer(shape, b, t, repeats=repeats))
-                        res.layers.append(bench.bench_layer(shape, b, t, recompute=True, repeats=repeats))
-
-                    steps.append(Step(f"{dev.name}: layer fwd/bwd mbs={b} tp={t}", layer))
-
-                def edges(res=res, b=b):
-                    res.edges.append(
-                        bench.bench_edges(model.hidden_size, model.vocab_size, model.seq_len, b, repeats=repeats)
-                    )
-
-                steps.append(Step(f"{dev.name}: embedding + head mbs={b}", edges))
-
-            def optimizer(res=res):
-                res.optimizer_s_per_param = bench.bench_optimizer(repeats=repeats)
-
-            steps.append(Step(f"{dev.name}: optimizer step", optimizer))
-
-        if dev.name == "cpu":
-
-            def runtime(res=res):
-                res.runtime = probe_runtime(repeats=8 if quick else 20)
-
-            ranks_here = sum(n.count for n in cluster.nodes if n.device.name == dev.name)
-
-            def contention(res=res, n=ranks_here):
-                res.contention = bench.bench_contention(
-                    max(2, min(n, 8)), duration_s=0.25 if quick else 0.4, rounds=1 if quick else 3
-                )
-
-            steps.append(Step(f"{dev.name}: runner overheads (one gloo rank, pipelining engine)", runtime))
-            if model is not None:
-                sizes = dev.micro_batch_sizes
-                for b in sorted({sizes[0], sizes[min(2, len(sizes) - 1)]}):  # e.g. mbs 1 and 4
-
-                    def model_memory(res=res, b=b):
-                        res.model_memory.append((b, probe_model_memory(model, b)))
-
-                    steps.append(Step(f"{dev.name}: runner memory, whole model on one rank, mbs={b}", model_memory))
-            steps.append(Step(f"{dev.name}: host contention, 1..{max(2, min(ranks_here, 8))} processes", contention))
-            pipe_ranks = max(2, min(ranks_here, PIPELINE_PROBE_MAX_RANKS))
-
-            def pipeline(res=res, n=pipe_ranks):
-                res.pipeline_overhead = probe_pipeline_overhead(n, rounds=1 if quick else 2)
-
-            steps.append(Step(f"{dev.name}: pipeline hand-offs, 1..{pipe_ranks}-stage pipelines", pipeline))
-
-            def data_parallel(res=res, n=pipe_ranks):
-                res.data_parallel_overhead = probe_data_parallel_overhead(n, rounds=1 if quick else 2)
-
-            steps.append(Step(f"{dev.name}: data-parallel step, 1..{pipe_ranks} replicas", data_parallel))
-
-            def tensor_parallel(res=res, n=pipe_ranks):
-                res.tensor_parallel_overhead = probe_tensor_parallel_overhead(n, rounds=1 if quick else 2)
-
-            steps.append(Step(f"{dev.name}: tensor-parallel layers, tp 1..{pipe_ranks}", tensor_parallel))
+        steps += _cpu_compute_steps(model, dev, res, repeats)
+        steps += _cpu_runtime_steps(cluster, model, dev, res, quick)
     if plan.links_runnable:
 
         def link_bench():
@@ -256,6 +183,97 @@ def profile_steps(
                 links[kind] = measured
 
         steps.append(Step(f"links ({', '.join(plan.link_kinds)}): gloo p2p + all-reduce, 2 processes", link_bench))
+    return steps
+
+
+def _cpu_compute_steps(model: ModelSpec | None, dev: DeviceTypePlan, res: DeviceResults, repeats: int) -> list[Step]:
+    """The compute micro-benchmarks of a CPU device type: matmuls, memory bandwidth, and with a model its
+    blocks, embedding and head, and the optimizer step."""
+    steps: list[Step] = []
+    shapes = (
+        SMALL_MATMUL_SHAPES + model_gemm_shapes(model, dev.micro_batch_sizes, dev.tp_degrees)
+        if model
+        else GENERIC_MATMUL_SHAPES
+    )
+
+    def matmul(res=res, shapes=shapes):
+        res.matmul.extend(bench.bench_matmul(shapes, repeats=repeats))
+
+    def membw(res=res):
+        res.memory_bandwidth_GBps = bench.bench_memory_bandwidth(repeats=repeats)
+
+    steps.append(Step(f"{dev.name}: matmul at {len(shapes)} shapes", matmul))
+    steps.append(Step(f"{dev.name}: memory bandwidth", membw))
+    if model is not None:
+        shape = bench.LayerShape.of(model)
+        for b in dev.micro_batch_sizes:
+            for t in dev.tp_degrees:
+
+                def layer(res=res, b=b, t=t):
+                    res.layers.append(bench.bench_layer(shape, b, t, repeats=repeats))
+                    res.layers.append(bench.bench_layer(shape, b, t, recompute=True, repeats=repeats))
+
+                steps.append(Step(f"{dev.name}: layer fwd/bwd mbs={b} tp={t}", layer))
+
+            def edges(res=res, b=b):
+                res.edges.append(
+                    bench.bench_edges(model.hidden_size, model.vocab_size, model.seq_len, b, repeats=repeats)
+                )
+
+            steps.append(Step(f"{dev.name}: embedding + head mbs={b}", edges))
+
+        def optimizer(res=res):
+            res.optimizer_s_per_param = bench.bench_optimizer(repeats=repeats)
+
+        steps.append(Step(f"{dev.name}: optimizer step", optimizer))
+    return steps
+
+
+def _cpu_runtime_steps(
+    cluster: ClusterSpec, model: ModelSpec | None, dev: DeviceTypePlan, res: DeviceResults, quick: bool
+) -> list[Step]:
+    """The runner's measured overheads on the ``cpu`` device (gloo ranks on this machine): its runtime per
+    step, memory, host contention, pipeline hand-offs, data- and tensor-parallel steps."""
+    steps: list[Step] = []
+    if dev.name != "cpu":
+        return steps
+
+    def runtime(res=res):
+        res.runtime = probe_runtime(repeats=8 if quick else 20)
+
+    ranks_here = sum(n.count for n in cluster.nodes if n.device.name == dev.name)
+
+    def contention(res=res, n=ranks_here):
+        res.contention = bench.bench_contention(
+            max(2, min(n, 8)), duration_s=0.25 if quick else 0.4, rounds=1 if quick else 3
+        )
+
+    steps.append(Step(f"{dev.name}: runner overheads (one gloo rank, pipelining engine)", runtime))
+    if model is not None:
+        sizes = dev.micro_batch_sizes
+        for b in sorted({sizes[0], sizes[min(2, len(sizes) - 1)]}):  # e.g. mbs 1 and 4
+
+            def model_memory(res=res, b=b):
+                res.model_memory.append((b, probe_model_memory(model, b)))
+
+            steps.append(Step(f"{dev.name}: runner memory, whole model on one rank, mbs={b}", model_memory))
+    steps.append(Step(f"{dev.name}: host contention, 1..{max(2, min(ranks_here, 8))} processes", contention))
+    pipe_ranks = max(2, min(ranks_here, PIPELINE_PROBE_MAX_RANKS))
+
+    def pipeline(res=res, n=pipe_ranks):
+        res.pipeline_overhead = probe_pipeline_overhead(n, rounds=1 if quick else 2)
+
+    steps.append(Step(f"{dev.name}: pipeline hand-offs, 1..{pipe_ranks}-stage pipelines", pipeline))
+
+    def data_parallel(res=res, n=pipe_ranks):
+        res.data_parallel_overhead = probe_data_parallel_overhead(n, rounds=1 if quick else 2)
+
+    steps.append(Step(f"{dev.name}: data-parallel step, 1..{pipe_ranks} replicas", data_parallel))
+
+    def tensor_parallel(res=res, n=pipe_ranks):
+        res.tensor_parallel_overhead = probe_tensor_parallel_overhead(n, rounds=1 if quick else 2)
+
+    steps.append(Step(f"{dev.name}: tensor-parallel layers, tp 1..{pipe_ranks}", tensor_parallel))
     return steps
 
 
@@ -370,6 +388,51 @@ def fit_memory_terms(model: ModelSpec, device, probes: list[tuple[int, float]]) 
     return max(4.0, float(s)), 1.0
 
 
+def _timings(model: ModelSpec | None, name: str, res: DeviceResults) -> tuple[tuple, tuple]:
+    """(layer timings, embedding + head timings) of device type ``name`` in the profile format."""
+    from autotune.profile import EdgeTiming, LayerTiming
+
+    layers, edges = [], []
+    if model is not None:
+        for t in res.layers:
+            gpu = name != "cpu"  # measured in the model's precision and attention: match only those
+            layers.append(
+                LayerTiming(
+                    hidden_size=model.hidden_size,
+                    num_heads=model.num_heads,
+                    num_kv_heads=model.num_kv_heads,
+                    ffn_hidden_size=model.ffn_hidden_size,
+                    mlp=model.mlp,
+                    seq_len=model.seq_len,
+                    micro_batch_size=t.micro_batch_size,
+                    tp=t.tp,
+                    recompute=t.recompute,
+                    forward_s=max(t.forward_s, 1e-9),
+                    backward_s=max(t.backward_s, 1e-9),
+                    activation_bytes=float(t.activation_bytes),
+                    precision=model.precision if gpu else None,
+                    attention=model.attention if gpu else None,
+                )
+            )
+        for e in res.edges:
+            # the runner holds the embedding and the head whole on one rank (tp 1); with tp > 1 the
+            # simulator would fall back to its model for these
+            edges.append(
+                EdgeTiming(
+                    hidden_size=model.hidden_size,
+                    vocab_size=model.vocab_size,
+                    seq_len=model.seq_len,
+                    micro_batch_size=e.micro_batch_size,
+                    tp=1,
+                    embedding_forward_s=e.embedding_forward_s,
+                    embedding_backward_s=e.embedding_backward_s,
+                    head_forward_s=e.head_forward_s,
+                    head_backward_s=e.head_backward_s,
+                )
+            )
+    return tuple(layers), tuple(edges)
+
+
 def to_profile(
     cluster: ClusterSpec,
     model: ModelSpec | None,
@@ -378,51 +441,14 @@ def to_profile(
     links: dict[str, bench.LinkBench],
 ):
     """Put raw results in the ``CalibrationProfile`` format (``autotune/profile.py``)."""
-    from autotune.profile import CalibrationProfile, DeviceProfile, EdgeTiming, LayerTiming, NodeLinks
+    from autotune.profile import CalibrationProfile, DeviceProfile, NodeLinks
     from autotune.specs import LinkSpec
 
     devices = []
     for name, res in results.items():
         if res.skipped or not res.matmul:
             continue
-        layers, edges = [], []
-        if model is not None:
-            for t in res.layers:
-                gpu = name != "cpu"  # measured in the model's precision and attention: match only those
-                layers.append(
-                    LayerTiming(
-                        hidden_size=model.hidden_size,
-                        num_heads=model.num_heads,
-                        num_kv_heads=model.num_kv_heads,
-                        ffn_hidden_size=model.ffn_hidden_size,
-                        mlp=model.mlp,
-                        seq_len=model.seq_len,
-                        micro_batch_size=t.micro_batch_size,
-                        tp=t.tp,
-                        recompute=t.recompute,
-                        forward_s=max(t.forward_s, 1e-9),
-                        backward_s=max(t.backward_s, 1e-9),
-                        activation_bytes=float(t.activation_bytes),
-                        precision=model.precision if gpu else None,
-                        attention=model.attention if gpu else None,
-                    )
-                )
-            for e in res.edges:
-                # the runner holds the embedding and the head whole on one rank (tp 1); with tp > 1 the
-                # simulator would fall back to its model for these
-                edges.append(
-                    EdgeTiming(
-                        hidden_size=model.hidden_size,
-                        vocab_size=model.vocab_size,
-                        seq_len=model.seq_len,
-                        micro_batch_size=e.micro_batch_size,
-                        tp=1,
-                        embedding_forward_s=e.embedding_forward_s,
-                        embedding_backward_s=e.embedding_backward_s,
-                        head_forward_s=e.head_forward_s,
-                        head_backward_s=e.head_backward_s,
-                    )
-                )
+        layers, edges = _timings(model, name, res)
         rt = res.runtime
         dev = DeviceProfile(
             name,

@@ -29,8 +29,6 @@ def run(
     fresh: bool = False,
 ) -> int:
     from rich.console import Console
-    from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autotune import prechecks
     from autotune.search.tracking import quiet_libraries
@@ -39,56 +37,12 @@ def run(
         prechecks.writable_file(output, "--output")  # before the search, not after it
     quiet_libraries()
     console = Console(stderr=True)
-    out = Console()
-    progress = Progress(
-        TextColumn("[bold]{task.fields[method]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[what]}"),
-        TimeElapsedColumn(),
-        console=console,
-        # drawn on a terminal only, and erased at the end: an error stays one line,
-        # and the summary line below says how it went
-        transient=True,
-        disable=not console.is_terminal,
-    )
-    state = {"best": 0.0, "done": 0}
     started = time.monotonic()
+    shown = _Progress(console, method, budget)
+    from autotune.search.api import tune
 
-    def best_text() -> str:
-        return f"evaluations  best {state['best']:,.0f} tokens/s" if state["best"] else "evaluations  best -"
-
-    with progress:
-        task = progress.add_task(
-            "search",
-            total=budget,
-            completed=0,
-            method=method,
-            what="loading the search libraries (optuna, the simulator)",
-        )
-
-        def on_status(text: str) -> None:
-            progress.update(task, what=escape(text))
-
-        def on_start(run_id: str, done: int, best: float) -> None:
-            state["best"], state["done"] = best, done
-            progress.update(task, completed=done, what=best_text())
-            if done:
-                console.print(
-                    f"resuming: {done} of {budget} plans already evaluated"
-                    + (f", best so far {best:,.0f} tokens/s" if best else "")
-                )
-
-        def on_evaluation(ev) -> None:
-            if ev.measurement.status == "pruned":  # screened out (backend real): no budget spent
-                return
-            state["best"] = max(state["best"], ev.score)
-            state["done"] += 1
-            progress.update(task, advance=1, what=best_text())
-
-        from autotune.search.api import tune
-
-        on_status("loading the cluster and model")
+    with shown.progress:
+        shown.on_status("loading the cluster and model")
         try:
             result = tune(
                 cluster,
@@ -107,22 +61,83 @@ def run(
                 start=start,
                 max_sync_every=max_sync_every,
                 fresh=fresh,
-                on_evaluation=on_evaluation,
-                on_start=on_start,
-                on_status=on_status,
+                on_evaluation=shown.on_evaluation,
+                on_start=shown.on_start,
+                on_status=shown.on_status,
                 run_timeout_s=run_timeout,
             )
         except KeyboardInterrupt:
-            progress.stop()
+            shown.progress.stop()
             console.print(
-                f"interrupted: {state['done']} of {budget} plans are recorded. Re-run the same command "
+                f"interrupted: {shown.done} of {budget} plans are recorded. Re-run the same command "
                 "to resume where it stopped (add --fresh to start over).",
                 highlight=False,
             )
             raise SystemExit(130) from None
-    elapsed = time.monotonic() - started
+    return _report(console, result, budget, time.monotonic() - started, output)
+
+
+class _Progress:
+    """The live progress bar of one search: evaluations done, the best so far, what is being opened."""
+
+    def __init__(self, console, method: str, budget: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console, self.budget = console, budget
+        self.best, self.done = 0.0, 0
+        self.progress = Progress(
+            TextColumn("[bold]{task.fields[method]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[what]}"),
+            TimeElapsedColumn(),
+            console=console,
+            # drawn on a terminal only, and erased at the end: an error stays one line,
+            # and the summary line below says how it went
+            transient=True,
+            disable=not console.is_terminal,
+        )
+        self.task = self.progress.add_task(
+            "search",
+            total=budget,
+            completed=0,
+            method=method,
+            what="loading the search libraries (optuna, the simulator)",
+        )
+
+    def _best_text(self) -> str:
+        return f"evaluations  best {self.best:,.0f} tokens/s" if self.best else "evaluations  best -"
+
+    def on_status(self, text: str) -> None:
+        from rich.markup import escape
+
+        self.progress.update(self.task, what=escape(text))
+
+    def on_start(self, run_id: str, done: int, best: float) -> None:
+        self.best, self.done = best, done
+        self.progress.update(self.task, completed=done, what=self._best_text())
+        if done:
+            self.console.print(
+                f"resuming: {done} of {self.budget} plans already evaluated"
+                + (f", best so far {best:,.0f} tokens/s" if best else "")
+            )
+
+    def on_evaluation(self, ev) -> None:
+        if ev.measurement.status == "pruned":  # screened out (backend real): no budget spent
+            return
+        self.best = max(self.best, ev.score)
+        self.done += 1
+        self.progress.update(self.task, advance=1, what=self._best_text())
+
+
+def _report(console, result, budget: int, elapsed: float, output: Path | None) -> int:
+    """The summary line, the best plan's table, the ``--output`` file; 1 when no evaluated plan runs."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    out = Console()
     console.print(
-        f"{method}: {result.evaluations}/{budget} evaluations in {elapsed:.1f} s, best "
+        f"{result.method}: {result.evaluations}/{budget} evaluations in {elapsed:.1f} s, best "
         f"{result.best_measurement.tokens_per_s:,.0f} tokens/s",
         highlight=False,
     )

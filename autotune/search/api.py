@@ -10,8 +10,10 @@ With ``backend="real"`` the search closes the calibration loop (``autotune.searc
 real run refits the simulator's correction factors, and once two real runs succeeded, a plan the
 corrected simulator predicts out of memory or below half the best measured plan's (predicted)
 throughput is screened out (status ``"pruned"``, score 0) without a real run and without spending
-the budget; at most ``20 x budget`` plans are screened out. The corrected profile is logged to
-MLflow as ``calibrated_profile.json`` (usable as ``--backend sim --profile``).
+the budget; at most ``20 x budget`` plans are screened out. MLflow gets ``pruned_plans``, the corrected
+simulator's error before each real run (``calibration_time_error`` / ``calibration_memory_error``, step =
+evaluation index), the fitted corrections (``calibration_corrections.json``) and the corrected profile
+(``calibrated_profile.json``, usable as ``--backend sim --profile``).
 """
 
 from __future__ import annotations
@@ -130,47 +132,19 @@ def tune(
     sees them as trials, and the rl walk starts from the best when it beats rl's own start plans;
     ``start="heuristic"`` leaves them to their own speed-proportional starts.
 
-    ``backend="real"`` (one process, ``workers=1``) closes the calibration loop: real runs refit the
-    simulator's corrections (starting from ``profile``, else the datasheet model); after 2 successful
-    real runs each new plan is first predicted by the corrected simulator and screened out (status
-    ``"pruned"``, score 0, budget not spent) when predicted out of memory or below 0.5 x the
-    predicted throughput of the best measured plan; ``budget`` counts real runs only, and at most
-    ``20 x budget`` plans are screened out before the search stops. MLflow gets ``pruned_plans``,
-    the corrected simulator's error before each real run (``calibration_time_error`` /
-    ``calibration_memory_error``, step = evaluation index), the fitted corrections
-    (``calibration_corrections.json``) and the corrected profile (``calibrated_profile.json``).
-    ``on_evaluation`` also sees screened-out plans (their status is ``"pruned"``).
+    ``backend="real"`` (one process) closes the calibration loop (the module docstring says how):
+    ``budget`` counts real runs only, and ``on_evaluation`` also sees the plans screened out without a
+    real run (status ``"pruned"``).
     """
     _check_arguments(method, backend, start, workers, seed, run_timeout_s, track, tracking_uri, storage, policy)
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     if max_sync_every > 1 and not model_spec.is_moe:
-        log.warning(
-            "--max-sync-every %d has no effect: model %r is dense (it applies to MoE models)",
-            max_sync_every,
-            model_spec.name,
-        )
-    req = SearchRequest(
-        cluster_spec,
-        model_spec,
-        method,
-        budget,
-        backend,
-        seed,
-        global_batch_size,
-        tracking_uri,
-        experiment or f"{cluster_spec.name}__{model_spec.name}",
-        storage,
-        profile,
-        workers,
-        policy,
-        study_name,
-        dict(restrict or {}),
-        start,
-        max_sync_every,
-        run_timeout_s,
-        fresh,
-    )
+        log.warning("--max-sync-every %d has no effect: model %r is dense (MoE only)", max_sync_every, model_spec.name)
+    name = experiment or f"{cluster_spec.name}__{model_spec.name}"
+    args = (method, budget, backend, seed, global_batch_size, tracking_uri, name, storage, profile, workers, policy)
+    rest = (study_name, dict(restrict or {}), start, max_sync_every, run_timeout_s, fresh)
+    req = SearchRequest(cluster_spec, model_spec, *args, *rest)
     space = SearchSpace(cluster_spec, model_spec, restrict=restrict, max_sync_every=max_sync_every)
     inner, screen = _evaluator(req, evaluator)
     say = on_status or (lambda text: None)
