@@ -1,0 +1,410 @@
+"""Calibration: micro-benchmarks, the profile `autotune profile` writes, and its use by the simulator;
+interpolation at unprofiled sizes; device types that cannot be profiled; online correction."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import replace
+
+import pytest
+from paths import REPO
+
+from autotune.calibration import bench, profiler
+from autotune.calibration.online import Corrections, OnlineCalibrator, apply_corrections, default_profile
+from autotune.loading import load_cluster, load_config, load_model
+from autotune.profile import CalibrationProfile, DeviceProfile, LayerTiming
+from autotune.simulator import Simulator
+
+ROOT = REPO
+AUTOTUNE = [sys.executable, "-m", "autotune.cli"]
+
+MIXED_CLUSTER = """
+name: mixed-cpu-a100
+nodes:
+  - {name: cpu, gpu: cpu, count: 2, intra_node: {bandwidth_GBps: 5, latency_us: 20}}
+  - {name: a100, gpu: A100-80GB, count: 2, intra_node: {bandwidth_GBps: 300, latency_us: 2}}
+network: {bandwidth_GBps: 5, latency_us: 20}
+"""
+
+
+def plan(mbs, *pipelines):
+    return load_config(
+        {
+            "micro_batch_size": mbs,
+            "schedule": "1f1b",
+            "pipelines": [
+                {"num_microbatches": m, "stages": [{"devices": [d], "layers": n, "recompute": r} for d, n, r in stages]}
+                for m, stages in pipelines
+            ],
+        }
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# micro-benchmarks
+
+
+def test_fit_alpha_beta_recovers_latency_and_bandwidth():
+    lat_us, bw = 50.0, 4.0
+    samples = [(n, lat_us * 1e-6 + n / (bw * 1e9)) for n in (4, 16_384, 262_144, 2**20, 4 * 2**20)]
+    got_lat, got_bw = bench.fit_alpha_beta(samples)
+    assert got_lat == pytest.approx(lat_us, rel=1e-3)
+    assert got_bw == pytest.approx(bw, rel=1e-3)
+
+
+def test_layer_benchmark_times_and_activation_bytes():
+    model = load_model("tiny")
+    shape = bench.LayerShape.of(model)
+    plain = bench.bench_layer(shape, 2, 1, repeats=2)
+    recompute = bench.bench_layer(shape, 2, 1, recompute=True, repeats=2)
+    assert plain.forward_s > 0 and plain.backward_s > 0
+    # checkpointing keeps exactly the block's fp32 input; without it much more is kept
+    assert recompute.activation_bytes == 2 * model.seq_len * model.hidden_size * 4
+    assert plain.activation_bytes > 4 * recompute.activation_bytes
+    # tensor parallelism halves the heads and MLP columns a rank holds
+    half = bench.bench_layer(shape, 2, 2, repeats=2)
+    assert half.activation_bytes < plain.activation_bytes
+
+
+def test_matmul_curve_indexes_by_cube_root_and_averages_duplicates():
+    # 128 x 32 x 64 has the same cube root (64) as 64^3: all three land on n = 64
+    pts = [
+        bench.MatmulPoint(64, 64, 64, 1e-3),
+        bench.MatmulPoint(64, 64, 64, 2e-3),
+        bench.MatmulPoint(128, 32, 64, 1e-3),
+        bench.MatmulPoint(128, 128, 128, 1e-3),
+    ]
+    curve = profiler.matmul_curve(pts)
+    assert [n for n, _ in curve] == [64.0, 128.0]
+    assert curve[0][1] == pytest.approx(sum(p.tflops for p in pts[:3]) / 3)
+
+
+# --------------------------------------------------------------------------------------------------
+# the profile `autotune profile` writes, and its use by the simulator
+
+
+def test_plan_skips_gpu_types_without_cuda():
+    plan = profiler.plan_profile(load_cluster("mixed-a100-v100"), load_model("tiny"))
+    assert [(d.name, d.runnable) for d in plan.devices] == [("A100-80GB", False), ("V100-32GB", False)]
+    assert all("no CUDA device here" in d.skip_reason for d in plan.devices)
+    cpu = profiler.plan_profile(load_cluster("cpu-4"), load_model("small"))
+    (dev,) = cpu.devices
+    assert dev.runnable and dev.micro_batch_sizes == (1, 2, 4, 8) and dev.tp_degrees == (1, 2, 4)
+
+
+# --------------------------------------------------------------------------------------------------
+# interpolation at sizes the profile does not hold
+
+
+def _profile_with_layers(model, mbs_list, forward_s_per_seq=0.01):
+    layers = tuple(
+        LayerTiming(
+            model.hidden_size,
+            model.num_heads,
+            model.num_kv_heads,
+            model.ffn_hidden_size,
+            model.mlp,
+            model.seq_len,
+            b,
+            1,
+            forward_s_per_seq * b,
+            2 * forward_s_per_seq * b,
+            activation_bytes=1e6 * b,
+        )
+        for b in mbs_list
+    )
+    # a matmul curve consistent with those layer times: the FLOP model then agrees with the table
+    flops = bench.LayerShape.of(model).layer_flops(1, 1)
+    tflops = flops / forward_s_per_seq / 1e12
+    return CalibrationProfile((DeviceProfile("cpu", ((16.0, tflops), (4096.0, tflops)), 1e6, layers),))
+
+
+def test_matmul_rate_is_interpolated_between_profiled_sizes():
+    dev = DeviceProfile("cpu", ((64.0, 0.02), (256.0, 0.1)))
+    mid = dev.matmul_tflops(128.0)
+    assert 0.02 < mid < 0.1
+    assert mid == pytest.approx(0.06)  # linear in log n: 128 is halfway between 64 and 256
+    assert dev.matmul_tflops(8.0) == 0.02 and dev.matmul_tflops(1e5) == 0.1  # clamped outside
+
+
+def test_simulator_predicts_unprofiled_micro_batch_between_profiled_ones():
+    model = load_model("small")
+    cluster = load_cluster("cpu-4")
+    sim = Simulator(cluster, model, _profile_with_layers(model, (1, 2, 8)))
+
+    def busy(mbs):
+        m = sim.evaluate(plan(mbs, (16 // mbs, [("cpu:0", 8, False)])))
+        assert m.ok, m.error
+        return m.stage_busy_s[0]
+
+    b2, b4, b8 = busy(2), busy(4), busy(8)  # mbs 4 is not in the profile: FLOP model on the measured curve
+    assert math.isfinite(b4) and b2 < b4 * 1.5 and b4 < b8 * 1.5
+    assert min(b2, b8) * 0.5 < b4 < max(b2, b8) * 2.0
+
+
+def test_contention_curve_interpolates_and_extrapolates():
+    dev = DeviceProfile("cpu", ((16.0, 0.1),), contention=((1.0, 1.0), (2.0, 1.1), (4.0, 2.1)))
+    assert dev.contention_stretch(1) == 1.0
+    assert dev.contention_stretch(3) == pytest.approx(1.6)
+    assert dev.contention_stretch(8) == pytest.approx(4.2)  # processor sharing past the end
+
+
+def test_pipeline_overhead_curve_is_zero_at_one_rank_interpolated_and_linear_past_the_end():
+    dev = DeviceProfile("cpu", ((16.0, 0.1),), pipeline_overhead=((2.0, 0.001), (4.0, 0.003)))
+    assert dev.pipeline_overhead_s(1) == 0.0
+    assert dev.pipeline_overhead_s(1.5) == pytest.approx(0.0005)
+    assert dev.pipeline_overhead_s(3) == pytest.approx(0.002)
+    assert dev.pipeline_overhead_s(8) == pytest.approx(0.006)
+    assert DeviceProfile("cpu", ((16.0, 0.1),)).pipeline_overhead_s(4) == 0.0
+    dp = DeviceProfile("cpu", ((16.0, 0.1),), data_parallel_overhead=((2.0, 0.002), (4.0, 0.01)))
+    assert (dp.data_parallel_overhead_s(1), dp.data_parallel_overhead_s(3)) == (0.0, pytest.approx(0.006))
+
+
+def test_simulator_adds_pipeline_overhead_to_every_slot_of_multi_stage_pipelines_only():
+    model = load_model("tiny")
+    cluster = load_cluster("cpu-4")
+    base = _profile_with_layers(model, (1, 2))
+    cpu = base.devices[0]
+    extra = 0.004
+    with_hops = replace(base, devices=(replace(cpu, pipeline_overhead=((2.0, extra / 2), (4.0, extra))),))
+    m = 8
+    four = plan(1, (m, [("cpu:0", 1, False), ("cpu:1", 1, False), ("cpu:2", 1, False), ("cpu:3", 1, False)]))
+    a, b = Simulator(cluster, model, base).evaluate(four), Simulator(cluster, model, with_hops).evaluate(four)
+    # balanced 1F1B: the critical path holds m + p - 1 forward+backward slots of the stage, each longer by
+    # the overhead at 4 ranks (communication is a few microseconds here)
+    assert b.iteration_time_s - a.iteration_time_s == pytest.approx((m + 4 - 1) * extra, rel=0.05)
+    assert b.stage_busy_s == a.stage_busy_s  # it is not compute
+    one = plan(2, (4, [("cpu:0", 4, False)]))  # no pipeline, no hand-offs
+    assert (
+        Simulator(cluster, model, with_hops).evaluate(one).iteration_time_s
+        == Simulator(cluster, model, base).evaluate(one).iteration_time_s
+    )
+    replicas = plan(2, (2, [("cpu:0", 4, False)]), (2, [("cpu:1", 4, False)]))
+    assert (
+        Simulator(cluster, model, with_hops).evaluate(replicas).iteration_time_s
+        == Simulator(cluster, model, base).evaluate(replicas).iteration_time_s
+    )
+
+
+def test_simulator_adds_data_parallel_overhead_once_per_step_to_plans_with_replicas():
+    model = load_model("tiny")
+    cluster = load_cluster("cpu-4")
+    base = _profile_with_layers(model, (1, 2))
+    with_dp = replace(base, devices=(replace(base.devices[0], data_parallel_overhead=((2.0, 0.003), (4.0, 0.009))),))
+    two = plan(2, (2, [("cpu:0", 4, False)]), (2, [("cpu:1", 4, False)]))
+    four = plan(1, (4, [("cpu:0", 2, False), ("cpu:1", 2, False)]), (4, [("cpu:2", 2, False), ("cpu:3", 2, False)]))
+    for config, extra in ((two, 0.003), (four, 0.009)):  # at the plan's number of ranks
+        a, b = Simulator(cluster, model, base).evaluate(config), Simulator(cluster, model, with_dp).evaluate(config)
+        assert b.iteration_time_s - a.iteration_time_s == pytest.approx(extra, rel=1e-6)
+    one_pipeline = plan(1, (8, [("cpu:0", 2, False), ("cpu:1", 2, False)]))  # no replicas: no gradient all-reduce
+    assert (
+        Simulator(cluster, model, with_dp).evaluate(one_pipeline).iteration_time_s
+        == Simulator(cluster, model, base).evaluate(one_pipeline).iteration_time_s
+    )
+
+
+def test_simulator_adds_tensor_parallel_overhead_per_layer_and_micro_batch():
+    model = load_model("tiny")
+    cluster = load_cluster("cpu-4")
+    base = _profile_with_layers(model, (1, 2))
+    with_tp = replace(base, devices=(replace(base.devices[0], tensor_parallel_overhead=((2.0, 0.004), (4.0, 0.02))),))
+    m = 4
+    tp2 = load_config(
+        {
+            "micro_batch_size": 2,
+            "pipelines": [
+                {"num_microbatches": m, "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": model.num_layers}]}
+            ],
+        }
+    )
+    a, b = Simulator(cluster, model, base).evaluate(tp2), Simulator(cluster, model, with_tp).evaluate(tp2)
+    # one stage: every micro-batch's forward and backward pass every layer once
+    assert b.iteration_time_s - a.iteration_time_s == pytest.approx(m * model.num_layers * 0.004, rel=1e-6)
+    one = plan(2, (4, [("cpu:0", 4, False)]))  # tp 1: untouched
+    assert (
+        Simulator(cluster, model, with_tp).evaluate(one).iteration_time_s
+        == Simulator(cluster, model, base).evaluate(one).iteration_time_s
+    )
+
+
+def test_simulator_uses_contention_and_memory_terms():
+    model = load_model("tiny")
+    cluster = load_cluster("cpu-4")
+    base = _profile_with_layers(model, (1,))
+    four = plan(1, (8, [("cpu:0", 1, False), ("cpu:1", 1, False), ("cpu:2", 1, False), ("cpu:3", 1, False)]))
+    cpu = base.devices[0]
+    stretched = replace(base, devices=(replace(cpu, contention=((1.0, 1.0), (4.0, 2.0)), memory_baseline_GiB=0.5),))
+    a, b = Simulator(cluster, model, base).evaluate(four), Simulator(cluster, model, stretched).evaluate(four)
+    # 4 ranks at stretch 2 do 2 ranks' worth of work per second: the iteration is at least all ranks'
+    # compute over 2 (work-conserving processor sharing), here more than the pipeline alone needs
+    work = 8 * sum(a.stage_busy_s) / 8  # stage_busy_s is per step already: m * (F + B) per stage
+    assert work * 2 / 4 > a.iteration_time_s
+    assert b.iteration_time_s == pytest.approx(work * 2 / 4, rel=0.02)
+    assert b.peak_memory_GiB["cpu:0"] == pytest.approx(a.peak_memory_GiB["cpu:0"] + 0.5)
+    one = plan(2, (4, [("cpu:0", 4, False)]))  # a single rank does not contend
+    assert (
+        Simulator(cluster, model, stretched).evaluate(one).stage_busy_s
+        == Simulator(cluster, model, base).evaluate(one).stage_busy_s
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# online correction
+
+
+def _err(sim, truth, configs):
+    return sum(
+        abs(sim.evaluate(c).iteration_time_s - truth.evaluate(c).iteration_time_s) / truth.evaluate(c).iteration_time_s
+        for c in configs
+    ) / len(configs)
+
+
+def test_online_calibration_recovers_a_deliberately_wrong_profile():
+    """The true profile plays the measurement; the calibrator starts from a wrong one (compute 40% too
+    fast, contention 70% too weak, links 2x off, memory baseline 50 MiB short) and must close the gap on
+    plans it was not fitted on."""
+    cluster, model = load_cluster("cpu-4"), load_model("small")
+    base = _profile_with_layers(model, (1, 2, 4))
+    true_profile = replace(
+        base,
+        devices=(replace(base.devices[0], contention=((1.0, 1.0), (2.0, 1.1), (4.0, 2.0)), memory_baseline_GiB=0.1),),
+    )
+    truth = Simulator(cluster, model, true_profile)
+    wrong = apply_corrections(
+        true_profile,
+        cluster,
+        Corrections(compute=(("cpu", 0.6),), link=2.0, contention=(("cpu", 0.3),), memory_GiB=(("cpu", -0.05),)),
+    )
+    fit_on = [
+        plan(2, (8, [("cpu:0", 8, False)])),
+        plan(2, (8, [("cpu:0", 2, False), ("cpu:1", 2, False), ("cpu:2", 2, False), ("cpu:3", 2, False)])),
+    ]
+    held_out = [
+        plan(4, (4, [("cpu:0", 4, False), ("cpu:1", 4, True)])),
+        plan(2, (4, [("cpu:0", 4, False), ("cpu:1", 4, False)]), (4, [("cpu:2", 4, False), ("cpu:3", 4, False)])),
+        plan(1, (16, [("cpu:0", 5, False), ("cpu:1", 3, False)])),
+    ]
+    start = Simulator(cluster, model, wrong)
+    cal = OnlineCalibrator(start)
+    for c in fit_on:
+        cal.update(c, truth.evaluate(c))
+    before, after = _err(start, truth, held_out), _err(cal.corrected_simulator(), truth, held_out)
+    assert before > 0.3
+    # the ridge prior (robustness to noisy real runs) leaves a few percent of bias with two runs
+    assert after < 0.08 and after < before / 5
+    corr = cal.corrections
+    assert dict(corr.compute)["cpu"] == pytest.approx(1 / 0.6, rel=0.1)
+    assert dict(corr.memory_GiB)["cpu"] == pytest.approx(0.05, abs=1e-6)
+    c = held_out[1]
+    assert cal.corrected_simulator().evaluate(c).peak_memory_GiB["cpu:0"] == pytest.approx(
+        truth.evaluate(c).peak_memory_GiB["cpu:0"], rel=1e-6
+    )
+    # the corrected profile is an ordinary profile: it survives a save and load
+    assert CalibrationProfile.from_dict(json.loads(json.dumps(cal.profile.to_dict()))) == cal.profile
+
+
+def test_online_calibration_ignores_failed_runs_and_works_without_a_profile():
+    from autotune.specs import Measurement
+
+    cluster, model = load_cluster("cpu-2"), load_model("tiny")
+    sim = Simulator(cluster, model)
+    cal = OnlineCalibrator(sim)
+    assert cal.profile == default_profile(cluster)
+    # the datasheet-equivalent profile predicts what the profile-less simulator predicts
+    c = plan(2, (4, [("cpu:0", 4, False)]))
+    assert cal.corrected_simulator().evaluate(c).iteration_time_s == pytest.approx(
+        sim.evaluate(c).iteration_time_s, rel=0.02
+    )
+    cal.update(c, Measurement.failure("timeout", "no result"))
+    assert not cal.observations
+    slow = sim.evaluate(c)
+    cal.update(
+        c,
+        replace(slow, iteration_time_s=3 * slow.iteration_time_s, stage_busy_s=tuple(3 * b for b in slow.stage_busy_s)),
+    )
+    assert cal.corrected_simulator().evaluate(c).iteration_time_s == pytest.approx(3 * slow.iteration_time_s, rel=0.05)
+
+
+def test_calibrating_evaluator_returns_real_results_and_corrects_its_simulator():
+    cluster, model = load_cluster("cpu-4"), load_model("small")
+    true_profile = _profile_with_layers(model, (1, 2))
+    truth = Simulator(cluster, model, true_profile)  # stands in for the real runs in this unit test
+    wrong = Simulator(cluster, model, apply_corrections(true_profile, cluster, Corrections(compute=(("cpu", 2.0),))))
+    from autotune.calibration.online import CalibratingEvaluator
+
+    ev = CalibratingEvaluator(truth, wrong)
+    c1, c2 = plan(2, (8, [("cpu:0", 8, False)])), plan(1, (16, [("cpu:0", 4, False), ("cpu:1", 4, False)]))
+    assert ev.simulator is wrong
+    assert ev.evaluate(c1) == truth.evaluate(c1)
+    assert ev.simulator.evaluate(c2).iteration_time_s == pytest.approx(truth.evaluate(c2).iteration_time_s, rel=0.05)
+    assert abs(wrong.evaluate(c2).iteration_time_s / truth.evaluate(c2).iteration_time_s - 1) > 0.5
+
+
+def test_negative_memory_offset_still_gives_a_saveable_profile(tmp_path) -> None:
+    """An offset that would push the memory baseline below zero is cut at zero, so the corrected profile
+    stays valid and can be written as the search's calibrated_profile.json."""
+    from autotune.calibration.online import Corrections, apply_corrections, default_profile
+    from autotune.loading import load_cluster
+    from autotune.profile import CalibrationProfile
+
+    cluster = load_cluster("cpu-2")
+    corrected = apply_corrections(default_profile(cluster), cluster, Corrections(memory_GiB=(("cpu", -3.0),)))
+    assert corrected.device("cpu").memory_baseline_GiB == 0.0
+    path = tmp_path / "calibrated.json"
+    corrected.save(path)
+    assert CalibrationProfile.load(path).device("cpu").memory_baseline_GiB == 0.0
+
+
+def _noisy(m, k):
+    return replace(
+        m,
+        iteration_time_s=m.iteration_time_s * k,
+        stage_busy_s=tuple(b * k for b in m.stage_busy_s),
+        peak_memory_GiB={d: g * (2 - k) for d, g in m.peak_memory_GiB.items()},
+    )
+
+
+SIX_PLANS = [
+    plan(2, (8, [("cpu:0", 8, False)])),
+    plan(2, (8, [("cpu:0", 2, False), ("cpu:1", 2, False), ("cpu:2", 2, False), ("cpu:3", 2, False)])),
+    plan(4, (4, [("cpu:0", 4, False), ("cpu:1", 4, True)])),
+    plan(2, (4, [("cpu:0", 4, False), ("cpu:1", 4, False)]), (4, [("cpu:2", 4, False), ("cpu:3", 4, False)])),
+    plan(1, (16, [("cpu:0", 5, False), ("cpu:1", 3, False)])),
+    plan(1, (16, [("cpu:0", 3, False), ("cpu:1", 3, False), ("cpu:2", 2, False)])),
+]
+
+
+def test_online_calibration_keeps_a_right_profile_when_runs_only_add_noise():
+    """Runs scattered +-8-12% around a profile that is right: a fit would chase the noise; the held-out
+    check must keep the profile as it is."""
+    cluster, model = load_cluster("cpu-4"), load_model("small")
+    profile = replace(
+        _profile_with_layers(model, (1, 2, 4)),
+        devices=(
+            replace(
+                _profile_with_layers(model, (1, 2, 4)).devices[0],
+                contention=((1.0, 1.0), (2.0, 1.1), (4.0, 2.0)),
+                memory_baseline_GiB=0.1,
+            ),
+        ),
+    )
+    truth = Simulator(cluster, model, profile)
+    cal = OnlineCalibrator(Simulator(cluster, model, profile))
+    for c, k in zip(SIX_PLANS, (1.1, 1.1, 0.9, 0.9, 1.1, 0.9)):
+        cal.update(c, _noisy(truth.evaluate(c), k))
+    assert cal.corrections == Corrections()
+    assert cal.profile.devices == profile.devices
+
+
+def test_online_calibration_held_out_check_keeps_a_real_correction():
+    """The same check lets a real error through: a profile 40% too fast is corrected from six runs."""
+    cluster, model = load_cluster("cpu-4"), load_model("small")
+    true_profile = _profile_with_layers(model, (1, 2, 4))
+    truth = Simulator(cluster, model, true_profile)
+    wrong = apply_corrections(true_profile, cluster, Corrections(compute=(("cpu", 0.6),)))
+    cal = OnlineCalibrator(Simulator(cluster, model, wrong))
+    for c, k in zip(SIX_PLANS, (1.03, 0.98, 1.02, 0.97, 1.01, 1.0)):
+        cal.update(c, _noisy(truth.evaluate(c), k))
+    assert dict(cal.corrections.compute)["cpu"] == pytest.approx(1 / 0.6, rel=0.1)
