@@ -34,7 +34,7 @@ lint: $(STAMP)
 
 # simulator vs real runs on the one CUDA GPU here (< 8 min); without CUDA it says so and exits 0
 gpu-check: $(STAMP)
-	$(BIN)/python experiments/gpu_check.py
+	$(BIN)/python scripts/gpu_check.py
 
 clean:
 	rm -rf $(VENV) *.egg-info mlflow.db mlflow.db-* optuna.db optuna.journal* mlruns

@@ -328,6 +328,32 @@ MODEL_PRESETS: dict[str, dict] = {
         seq_len=8192,
         global_batch_size=512,
     ),
+    # Qwen/Qwen3-1.7B config.json: hidden 2048, 28 layers, 16 heads, 8 kv heads, intermediate 6144, vocab 151936
+    # (RoundPipe's published 8 x RTX-4090 runs; tied embeddings are not modelled: one more 311M-parameter
+    # matrix is counted)
+    "qwen3-1.7b": dict(
+        num_layers=28,
+        hidden_size=2048,
+        num_heads=16,
+        num_kv_heads=8,
+        ffn_hidden_size=6144,
+        mlp="swiglu",
+        vocab_size=151936,
+        seq_len=4096,
+        global_batch_size=64,
+    ),
+    # Qwen/Qwen3-32B config.json: hidden 5120, 64 layers, 64 heads, 8 kv heads, intermediate 25600, vocab 151936
+    "qwen3-32b": dict(
+        num_layers=64,
+        hidden_size=5120,
+        num_heads=64,
+        num_kv_heads=8,
+        ffn_hidden_size=25600,
+        mlp="swiglu",
+        vocab_size=151936,
+        seq_len=4096,
+        global_batch_size=64,
+    ),
     # -- mixture of experts --------------------------------------------------------------------------
     # A tiny MoE for the CPU runner (tests, equivalence): 4 experts of width 128, top-2, in every block.
     "tiny-moe": dict(

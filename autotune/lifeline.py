@@ -85,7 +85,7 @@ def stop_signals_end(kill: Callable[[], None], reraise: bool = True) -> Iterator
     Why not let ``KeyboardInterrupt`` fly: raised wherever the main thread happens to be, it can land
     inside ``Popen.poll()`` or a ``Popen.wait(timeout)`` just after it took the Popen's wait lock and
     before its ``try``; the lock is then never released and a later ``Popen.wait()`` on that child blocks
-    for ever (``experiments/popen_interrupt_lock.py``: 513 to 579 of 3,000 interrupts raised in a
+    for ever (an experiment of issue 14, in the git history as ``experiments/popen_interrupt_lock.py``: 513 to 579 of 3,000 interrupts raised in a
     ``poll()`` loop left the lock held).
 
     Outside the main thread Python cannot install handlers: nothing is changed there (the caller's own

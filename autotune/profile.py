@@ -49,7 +49,7 @@ and ``Simulator(..., profile=...)`` read it. The file is JSON::
   those (absent: any). Measured times include every fixed cost (kernel launches, framework work), so
   the simulator adds no datasheet overhead to a layer it takes from the profile.
 - ``source`` (per device, optional): free text saying who measured the device and how, e.g. per-layer
-  times transcribed from another system's profiler (``experiments/sailor_validation.py`` builds such a
+  times transcribed from another system's profiler (``experiments/fidelity/sailor_validation.py`` builds such a
   profile from Sailor's published per-layer times).
 - ``edges``: the same for the embedding (first stage) and the final norm + LM head + loss (last stage).
 - ``optimizer_s_per_param``: the optimizer step's time per parameter a device holds.

@@ -15,7 +15,7 @@ Versions: 1 has no ``layout``; its ``obs_dim`` and ``n_actions`` must be one of 
 (the shipped policy before issue 16 is layout ``v1``). 2 names its layout, whose sizes it must have.
 Every layout's features and moves are a prefix of the next, so a file of an older layout still loads
 and reads the prefix it knows; a layout or a version this autotune does not know is refused with one
-line (retrain with ``experiments/train_policy.py``).
+line (retrain with ``scripts/train_policy.py``).
 
 That is the safetensors format, so the file also opens with the ``safetensors`` library. Reading it
 never runs code: the header is parsed as JSON, the tensors are copied out with ``numpy.frombuffer``,
@@ -152,7 +152,7 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
             path,
             f"policy format version {str(meta.get('version'))[:20]!r}; this autotune reads "
             f"versions {', '.join(map(str, READABLE_VERSIONS))} (retrain with "
-            f"experiments/train_policy.py)",
+            f"scripts/train_policy.py)",
         )
     if meta.get("algorithm") != "MaskablePPO":
         raise _refuse(path, "algorithm must be 'MaskablePPO'")
@@ -174,7 +174,7 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
             raise _refuse(
                 path,
                 f"trained on env layout {str(layout)[:40]!r}, which this autotune does not know "
-                f"(it reads {', '.join(LAYOUTS)}; retrain with experiments/train_policy.py)",
+                f"(it reads {', '.join(LAYOUTS)}; retrain with scripts/train_policy.py)",
             )
         if (meta.get("obs_dim"), meta.get("n_actions")) != LAYOUTS[layout]:
             raise _refuse(
@@ -191,7 +191,7 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
             f"{str(meta.get('n_actions'))[:12]} moves; this autotune's env has {obs_dim} and "
             f"{n_actions} (or an older layout: "
             + ", ".join(f"{o} and {a}" for o, a in list(LAYOUTS.values())[:-1])
-            + "; retrain with experiments/train_policy.py)",
+            + "; retrain with scripts/train_policy.py)",
         )
     hyper = meta.get("hyperparameters", {})
     if not isinstance(hyper, dict) or not all(

@@ -18,7 +18,7 @@ in training and in use:
 
 ``ScenarioEnv`` draws a new random scenario (``autotune.policy.scenarios``) at every reset
 (domain randomisation) and runs a ``SearchEnv`` of ``episode_evaluations`` steps on it with the
-simulator. ``experiments/train_policy.py`` trains MaskablePPO on it and writes
+simulator. ``scripts/train_policy.py`` trains MaskablePPO on it and writes
 ``autotune/data/policy.safetensors`` (``autotune.policy.policy_file``: weights as raw tensors and
 the network as JSON, never pickle).
 
@@ -459,7 +459,7 @@ def load_policy(path: str | Path | None = None):
     torch.set_num_threads(1)
     path = Path(path) if path is not None else default_policy_path()
     if not path.exists():
-        raise SpecError(str(path), "policy", "file not found (train one with experiments/train_policy.py)")
+        raise SpecError(str(path), "policy", "file not found (train one with scripts/train_policy.py)")
     return policy_file.load_policy_network(path)
 
 
@@ -514,7 +514,7 @@ def run_pretrained(
     Restarts (after ``stall_restart`` evaluations without improvement) go to the next untried start
     plan, then to random valid plans.
     ``order="random"`` replaces the policy's choice with a uniformly random untried move (the same
-    walk without the policy: the ablation in experiments/heldout_eval.py).
+    walk without the policy: the ablation in experiments/quality/heldout_eval.py).
     """
     if fine_tune:
         _fine_tune(space, evaluator, seed, policy_path)

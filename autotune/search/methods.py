@@ -13,7 +13,7 @@ from autotune.specs import Measurement
 
 #: planner plans evaluated first when ``start="dp"`` (they count against the budget like any plan):
 #: the composition misranks a plan now and then, and on 24 validation scenarios
-#: (experiments/dp_start_plans.py) the best of the first 3 reached 98% of dp's best-of-20 on 23, the first
+#: (experiments/quality/dp_start_plans.py) the best of the first 3 reached 98% of dp's best-of-20 on 23, the first
 #: alone on 22
 DP_START_PLANS = 3
 

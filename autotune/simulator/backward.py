@@ -16,7 +16,7 @@ profile's measured layer times replace both.
 
 - ``GH200``, ``fp32``, ``standard``: 2.48, fitted (one constant, least squares) to Sailor's published
   OPT-350M block backward times at micro-batch 1, 2, 4 and 8, tp 4 (``sailor_layer_profiles`` of
-  ``experiments/data/sailor_gh200_runs.json``; ``experiments/sailor_validation.py --fit-backward``),
+  ``experiments/data/sailor_gh200_runs.json``; ``experiments/fidelity/sailor_validation.py --fit-backward``),
   each predicted as ``max(host backward, ratio x forward device time)``. Nothing of GPT-Neo-2.7B (its
   layer times or its 11 runs) and no iteration time went into the fit: those are the held-out check.
 """
@@ -37,7 +37,7 @@ BACKWARD_RATIOS: dict[tuple[str, str, str], BackwardRatio] = {
     ("GH200", "fp32", "standard"): BackwardRatio(
         2.48,
         "fitted to Sailor's OPT-350M block times (mbs 1-8, tp 4, GH200, Megatron-DeepSpeed fp32, unfused "
-        "attention): experiments/sailor_validation.py --fit-backward; GPT-Neo-2.7B held out",
+        "attention): experiments/fidelity/sailor_validation.py --fit-backward; GPT-Neo-2.7B held out",
     ),
 }
 

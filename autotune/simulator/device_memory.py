@@ -19,7 +19,7 @@ exceeds the device's capacity. Per GPU class (``DEVICE_MEMORY``):
 - ``GH200``: 3.92 GiB and 0%: fitted (least squares, two constants) to the 15 OPT-350M runs of
   ``experiments/data/sailor_gh200_runs.json`` (nvidia-smi at the end of each run, max over ranks)
   against this simulator's allocator view of the same plans; the 11 GPT-Neo-2.7B runs are not used in
-  the fit (``experiments/sailor_validation.py`` reports them separately). The constant is large: NCCL
+  the fit (``experiments/fidelity/sailor_validation.py`` reports them separately). The constant is large: NCCL
   on NVLink-4 nodes (NVLS buffers), Megatron-DeepSpeed's fused-kernel modules and several communicators
   per rank; Sailor's own planner budgets 3 GB per GPU for the same (``megatron_mem``). The fit found no
   growth with the allocated peak (slope 0.98: the fraction is clamped at 0 and the constant refitted

@@ -20,7 +20,7 @@ Where the numbers come from (each entry names its source):
   device work is a small fraction of the measured time (0.05-0.4 ms of math for 1.5-1.7 ms measured):
   forward 1.5 ms and backward 1.73 ms per block, embedding 0.97 ms, head 2.4 + 1.66 ms. Megatron-DeepSpeed
   in fp32 with unfused attention on a Grace host. These five numbers are taken as published; nothing
-  is fitted to the iteration times validated in ``experiments/sailor_validation.py``.
+  is fitted to the iteration times validated in ``experiments/fidelity/sailor_validation.py``.
 - default (every other class, x86 hosts): 0.25 ms forward and 0.5 ms backward per block, 0.1 ms for
   the embedding and 0.3 + 0.3 ms for the head: ~25 kernels per block forward and ~50 backward at
   ~10 us of host time each in eager PyTorch (the CUDA-graphs write-up on the PyTorch blog, 2021:

@@ -1,6 +1,6 @@
 """``autotune.lifeline.stop_signals_end`` / ``communicate_all``: Ctrl-C while a process waits on its
 children kills them, is raised again only once they are reaped, and never leaves a ``Popen`` wait lock
-held (a held lock made the next ``Popen.wait()`` hang for ever: ``experiments/popen_interrupt_lock.py``).
+held (a held lock made the next ``Popen.wait()`` hang for ever: ``experiments/popen_interrupt_lock.py`` in the git history).
 
 Each trial is interrupted by a burst of SIGINTs at random moments (a user pressing Ctrl-C repeatedly).
 The trials run in a child process, so no stray SIGINT can reach pytest."""

@@ -6,7 +6,7 @@ Equivalence tolerance: every plan computes the same fp32 math as the single-proc
 the order of floating-point sums differs (micro-batch gradient accumulation, the cross-replica
 all-reduce, the weighted loss sum). Those reorderings move a result by a few ulps (fp32 eps is
 1.2e-7), and AdamW's normalised updates keep such differences at that size over a few steps:
-measured differences are <= 3e-7 relative over 6 steps (experiments/runner_equivalence.py). We
+measured differences are <= 3e-7 relative over 6 steps (experiments/training/runner_equivalence.py). We
 assert ``rtol=1e-5``: 30x headroom, yet a real bug is far outside it (weighting the two replicas
 1/2 each instead of 5/8 and 3/8 moves the step-2 loss by 1.7e-3 relative).
 """

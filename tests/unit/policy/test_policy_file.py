@@ -36,7 +36,7 @@ class _Payload:
 
 
 def test_converted_v1_policy_makes_the_moves_of_the_original():
-    """tests/data/policy_reference.json was recorded from the original zip (experiments/convert_policy.py);
+    """tests/data/policy_reference.json was recorded from the original zip (scripts/convert_policy.py);
     the converted file (tests/data/policy_v1.safetensors) must make the same moves. It also keeps a policy
     of the older layout (a prefix of today's, walked with its own moves) in the tests."""
     import torch

@@ -168,7 +168,7 @@ def test_real_backend_answers_roundpipe_plans_invalid_on_this_machine(box, examp
 @pytest.mark.gpu
 def test_gpu_roundpipe_plan_measures_and_trains(tmp_path):
     """On CUDA with the extra: a tiny roundpipe plan over this machine's GPUs measures, its first loss is the
-    single-process reference's, and training lowers the loss (experiments/roundpipe_gpu_check.py runs more)."""
+    single-process reference's, and training lowers the loss (scripts/roundpipe_gpu_check.py runs more)."""
     import torch
 
     if not torch.cuda.is_available():

@@ -1,0 +1,72 @@
+"""Planning time of ``--method dp`` (the structured planner) on large clusters of four GPU types.
+
+For 128, 512 and 1,024 GPUs (equal numbers of H100-80GB, A100-40GB, L4 and A10G, 8 per node, 400 Gbit/s
+between nodes), the wall time of ``Planner.plan`` on one core (the composition of every candidate plan
+from per-stage costs, before any full simulation; CPU time of this process, which load on the machine
+does not inflate, and wall time), the number of plans composed, the best composed
+iteration time, and the full simulator's time for that plan (how far the composition is off).
+
+    python experiments/speed/bench_planner.py            # --sizes 128 512 1024 --model llama2-70b
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from autotune.loading import cluster_from_dict, load_model
+from autotune.planning.planner import Planner
+from autotune.planning.space import SearchSpace
+from autotune.simulator import Simulator
+
+TYPES = (("h100", "H100-80GB", 450), ("a100", "A100-40GB", 300), ("l4", "L4", 32), ("a10g", "A10G", 32))
+
+
+def cluster(n_gpus: int):
+    per_type_nodes = n_gpus // (8 * len(TYPES))
+    nodes = [
+        dict(name=name, gpu=gpu, count=8, repeat=per_type_nodes, intra_node=dict(bandwidth_GBps=bw, latency_us=2))
+        for name, gpu, bw in TYPES
+    ]
+    return cluster_from_dict(
+        dict(nodes=nodes, network=dict(bandwidth_GBps=50, latency_us=5)),
+        source="bench_planner",
+        default_name=f"four-types-{n_gpus}",
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[128, 512, 1024])
+    ap.add_argument("--model", default="llama2-70b")
+    ap.add_argument("--global-batch-size", type=int, default=2048)
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    print(
+        "| GPUs | model | planning CPU time (s) | wall (s) | plans composed | best composed (s) | "
+        "simulated (s) | plan |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for n in args.sizes:
+        c = cluster(n)
+        m = load_model(args.model, args.global_batch_size)
+        space = SearchSpace(c, m)
+        sim = Simulator(c, m)
+        t0, c0 = time.perf_counter(), time.process_time()
+        planner = Planner(space, sim)
+        cands = planner.plan(limit=10)
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        best = cands[0]
+        meas = sim.evaluate(best.config)
+        used = len(best.config.devices)
+        print(
+            f"| {n} | {m.name} (gbs {m.global_batch_size}) | {cpu:.2f} | {dt:.2f} | {planner.composed:,} | "
+            f"{best.estimate_s:.3f} | {meas.iteration_time_s:.3f} ({meas.status}) | {best.family}, "
+            f"{len(best.config.pipelines)} replicas, {used} GPUs used, mbs {best.config.micro_batch_size} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Simulator speed: configs per second on one core for a 32-GPU mixed cluster, 8 stages, 64 micro-batches.
+
+Plans: llama2-7b (global batch 256 sequences) on the ``mixed-h100-a100-32`` preset (16 H100 + 16 A100-40GB),
+8 pipeline stages per replica, 64 micro-batches per replica, tensor parallelism 1, 2 or 4 (so 4, 2 or 1
+replicas, micro-batch 1, 2 or 4), random layer splits, random placement of tensor-parallel groups
+(kept inside a node), recomputation on every stage (without it most llama2-7b plans at 4096 tokens do not fit),
+1F1B, GPipe or interleaved 1F1B with 2 chunks per stage. Every plan is distinct.
+
+    .venv/bin/python experiments/speed/bench_simulator.py [--configs 3000] [--seed 0]
+
+Prints configs/s for: the search's usage (one Simulator, its caches on); with the whole-pipeline cache
+off (every pipeline simulated operation by operation); and per schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from autotune import load_cluster, load_model
+from autotune.simulator import Simulator
+from autotune.simulator import simulator as simulator_module
+from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
+
+STAGES, MICROBATCHES, GLOBAL_BATCH = 8, 64, 256
+SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
+
+
+def random_config(rng: random.Random, cluster, num_layers: int, schedule: str) -> ParallelConfig:
+    v = 2 if schedule == "interleaved-1f1b" else 1  # interleaved: 2 chunks per stage, so even layer counts
+    tp = rng.choice([1, 2, 4])
+    dp = cluster.num_devices // (STAGES * tp)
+    groups = []
+    for node in cluster.nodes:
+        ids = list(node.device_ids())
+        groups += [tuple(ids[i : i + tp]) for i in range(0, len(ids), tp)]
+    rng.shuffle(groups)
+    pipelines = []
+    for r in range(dp):
+        cuts = sorted(rng.sample(range(1, num_layers // v), STAGES - 1))
+        layers = [v * (b - a) for a, b in zip([0] + cuts, cuts + [num_layers // v])]
+        stages = tuple(StageConfig(groups[r * STAGES + s], layers[s], True) for s in range(STAGES))
+        pipelines.append(PipelineConfig(MICROBATCHES, stages))
+    return ParallelConfig(GLOBAL_BATCH // (dp * MICROBATCHES), tuple(pipelines), schedule=schedule, virtual_stages=v)
+
+
+def bench(sim: Simulator, configs: list[ParallelConfig]) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    ok = sum(sim.evaluate(c).ok for c in configs)
+    return len(configs) / (time.perf_counter() - t0), ok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", type=int, default=3000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    cluster = load_cluster("mixed-h100-a100-32")
+    model = load_model("llama2-7b", global_batch_size=GLOBAL_BATCH)
+    rng = random.Random(args.seed)
+    configs = list(
+        {random_config(rng, cluster, model.num_layers, rng.choice(SCHEDULES)): None for _ in range(args.configs)}
+    )
+    print(
+        f"{len(configs)} distinct plans: {cluster.name} ({cluster.num_devices} GPUs), {model.name}, "
+        f"{STAGES} stages, {MICROBATCHES} micro-batches per replica"
+    )
+
+    rate, ok = bench(Simulator(cluster, model), configs)
+    print(
+        f"search usage (one Simulator, caches on):      {rate:8.0f} configs/s  ({ok} fit, "
+        f"{len(configs) - ok} out of memory)"
+    )
+
+    size = simulator_module._PIPELINE_CACHE_SIZE
+    simulator_module._PIPELINE_CACHE_SIZE = -1  # clear on every insert: each pipeline simulated op by op
+    try:
+        rate, _ = bench(Simulator(cluster, model), configs)
+        print(f"whole-pipeline cache off:                     {rate:8.0f} configs/s")
+        fits = [c for c in configs if Simulator(cluster, model).evaluate(c).ok]
+        for schedule in SCHEDULES:
+            subset = [c for c in fits if c.schedule == schedule]
+            rate, _ = bench(Simulator(cluster, model), subset)
+            print(f"  {schedule:16s} plans that fit ({len(subset):5d}), cache off: {rate:8.0f} configs/s")
+    finally:
+        simulator_module._PIPELINE_CACHE_SIZE = size
+
+
+if __name__ == "__main__":
+    main()
