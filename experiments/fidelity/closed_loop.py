@@ -30,7 +30,14 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="starting profile (default: the datasheet model)")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--check-pruned", type=int, default=3, help="real runs of this many screened-out plans")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.model, args.budget, args.steps, args.check_pruned = "tiny", 2, 1, 0
 
     import torch
 

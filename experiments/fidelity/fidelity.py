@@ -95,11 +95,13 @@ PLANS: dict[str, tuple[str, dict]] = {
 }
 
 
-def profile_model(model: str, out_dir: Path) -> Path:
+def profile_model(model: str, out_dir: Path, quick: bool = False) -> Path:
     path = out_dir / f"profile-{model}.json"
     t0 = time.time()
     subprocess.run(
-        AUTOTUNE + ["profile", "--cluster", str(CLUSTER), "--model", model, "--output", str(path)],
+        AUTOTUNE
+        + ["profile", "--cluster", str(CLUSTER), "--model", model, "--output", str(path)]
+        + (["--quick"] if quick else []),
         check=True,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -225,6 +227,9 @@ def online_experiment(rows: list[dict], profiles: dict[str, Path]) -> None:
     before_all, after_all = [], []
     for model in sorted({r["model"] for r in rows}):
         group = [r for r in rows if r["model"] == model]
+        if len(group) < 2:
+            print(f"  {model}: one plan measured, nothing to hold out")
+            continue
         halves = [group[0::2], group[1::2]]
         spec = load_model(model)
         prof = CalibrationProfile.load(profiles[model])
@@ -244,6 +249,8 @@ def online_experiment(rows: list[dict], profiles: dict[str, Path]) -> None:
             )
             print(f"    before: {fmt(errors(test_half))}")
             print(f"    after:  {fmt(errors(after))}")
+    if not before_all:
+        return
     print(f"  all held-out predictions, before: {fmt(errors(before_all))}")
     print(f"  all held-out predictions, after:  {fmt(errors(after_all))}")
 
@@ -318,7 +325,14 @@ def main() -> None:
         help="also re-measure the host-contention curve just before each plan's runs and predict "
         "with it (pred_fresh): the profile's load snapshot made current",
     )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.only, args.repeats, args.steps = "T1,T2", 2, 1
 
     if args.from_json:
         data = json.loads(args.from_json.read_text())
@@ -340,7 +354,7 @@ def main() -> None:
     selected = {
         k: v for k, v in PLANS.items() if not args.only or any(k.startswith(p + " ") for p in args.only.split(","))
     }
-    profiles = {m: profile_model(m, profile_dir) for m in sorted({m for m, _ in selected.values()})}
+    profiles = {m: profile_model(m, profile_dir, args.quick) for m in sorted({m for m, _ in selected.values()})}
     rows = []
     t_start = time.time()
     for name, (model, config) in selected.items():

@@ -23,6 +23,7 @@ absolute error.
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from autotune.loading import cluster_from_dict, model_from_dict
@@ -162,6 +163,9 @@ def korthikanti() -> list[float]:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the same tables (the whole run takes about a second)")
+    ap.parse_args()
     print(
         f"{'params':>8} {'TP':>3} {'PP':>3} {'GPUs':>5} {'batch':>5} | {'published':>9} {'1F1B':>7} {'error':>7}"
         f" | {'interleaved':>11} {'error':>7} | {'bubble':>6} {'sim s':>6}"

@@ -109,7 +109,14 @@ def main() -> None:
         action="store_true",
         help="simulate the RTX-4090 at its fp16-accumulate tensor rate (see gpu())",
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.seq_lens = "2048"
     global FP16_ACC
     FP16_ACC = args.fp16_accumulate
     seq_lens = [int(s) for s in args.seq_lens.split(",")]

@@ -213,7 +213,14 @@ def main() -> None:
         "times: measured backward = max(host backward, ratio x the simulator's forward device time) "
         "(autotune/simulator/backward.py holds the result)",
     )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        pass  # the whole table takes under a second
     data = json.loads(args.data.read_text())
     if args.fit_backward:
         fit_backward(data, "OPT-350")  # the constant in autotune/simulator/backward.py

@@ -28,6 +28,8 @@ Nothing is fitted here: simulator defaults, no calibration profile.
 
 from __future__ import annotations
 
+import argparse
+
 from autotune.loading import cluster_from_dict, model_from_dict
 from autotune.simulator import Simulator
 from autotune.simulator.flops import megatron_flops_per_iteration
@@ -185,6 +187,9 @@ def zero_offload() -> None:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the same tables (the whole run takes about a second)")
+    ap.parse_args()
     zero_memory()
     zero_offload()
 

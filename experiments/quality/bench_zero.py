@@ -26,7 +26,7 @@ from autotune.planning.space import SearchSpace
 from autotune.search.api import tune
 
 METHODS = ("rl", "optuna", "random", "uniform", "exhaustive", "dp")
-BOX = "examples/8x4090.yaml"
+BOX = str(Path(__file__).resolve().parents[2] / "examples" / "8x4090.yaml")
 QWEN_32B = dict(
     name="qwen-32b-like",
     num_layers=64,
@@ -79,7 +79,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="default: 8x4090-13b and 8x4090-32b")
     ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.budget, args.scenario, args.methods = 4, ["8x4090-13b"], "dp,random"
     logging.basicConfig(level=logging.WARNING)
     for name in args.scenario or ["8x4090-13b", "8x4090-32b"]:
         cluster, model = _cluster(SCENARIOS[name][0]), _model(SCENARIOS[name][1])

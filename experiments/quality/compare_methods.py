@@ -71,7 +71,14 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--scenarios", type=int, default=len(SCENARIOS), help="run the first N scenarios")
     ap.add_argument("--tracking-uri", default=None, help="also log every search to this MLflow store")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.budget, args.seeds, args.scenarios, args.methods = 4, 1, 1, "dp,random"
     logging.basicConfig(level=logging.WARNING)
     import torch
 

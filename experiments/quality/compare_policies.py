@@ -25,7 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old", required=True)
     ap.add_argument("--new", required=True)
     ap.add_argument("--methods", default="rl,rl-heuristic")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args(argv)
+    if args.quick:
+        pass  # it only reads the files it is given
     old, new = load(args.old), load(args.new)
     names = [n for n in old if n in new]
     methods = [

@@ -34,7 +34,14 @@ def main(argv: list[str] | None = None) -> int:
         default="classic,tight,internet,moe",
         help=f"scenario kinds in turn (of {', '.join(SCENARIO_KINDS)}; large costs minutes each)",
     )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args(argv)
+    if args.quick:
+        args.scenarios, args.budget = 1, 4
     logging.basicConfig(level=logging.WARNING)
 
     from autotune import tune

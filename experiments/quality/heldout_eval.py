@@ -126,7 +126,15 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated --json files of earlier runs (for example shards run with --only and the "
         "same --seeds): print their tables together instead of running",
     )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.reference_budget, args.methods = 1, 20, "dp,random"
+        args.only = args.only or "consumer-tight-8"
     logging.basicConfig(level=logging.ERROR)
     import torch
 

@@ -41,7 +41,14 @@ RUNS = (
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budgets", type=int, nargs="+", default=[10, 60])
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args(argv)
+    if args.quick:
+        args.budgets = [4]
     logging.basicConfig(level=logging.ERROR)
     import torch
 

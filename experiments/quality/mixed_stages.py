@@ -387,7 +387,14 @@ def main() -> None:
     )
     ap.add_argument("--cases", default="", help="run only the cases whose 'cluster/model' contains this")
     ap.add_argument("--json")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.budget, args.cases = 8, args.cases or "a100x2+t4x4/llama2-7b"
     args.seeds = [int(s) for s in args.seeds.split(",")]
     rows = measured(args) if args.runner else grid(args) if args.grid else simulated(args)
     if args.json:

@@ -88,7 +88,14 @@ def main() -> None:
     parser.add_argument(
         "--host-gib", type=float, default=0.0, help="host memory of the node instead of examples/8x4090.yaml's 512 GiB"
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.budget, args.methods, args.models = 4, "random", "qwen3-1.7b"
     logging.basicConfig(level=logging.WARNING)
     cluster = load_cluster(CLUSTER)
     if args.host_gib > 0:

@@ -156,7 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dp-budget", type=int, default=20, help="dp's evaluations of its candidates")
     ap.add_argument("--sizes", type=int, nargs="*", help="total GPUs (default: every size of the data file)")
     ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args(argv)
+    if args.quick:
+        args.budget, args.dp_budget, args.sizes = 6, 3, [16]
     logging.basicConfig(level=logging.WARNING)
     data = json.loads(DATA.read_text())
     model = model_from_dict(MODEL, "sailor_planner_comparison")

@@ -128,7 +128,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--clusters", default=",".join(CLUSTERS), help="which of: " + ", ".join(CLUSTERS))
     ap.add_argument("--json", type=str, default=None, help="also write the results here")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.budget, args.methods, args.syncs, args.clusters = 4, "random", "1,10", "nvlink"
     methods = args.methods.split(",")
     header = f"  {'plan':58s} {'':>4s} {'tokens/s':>10s} {'step s':>8s} {'sync s':>7s} {'GiB':>6s}"
     results = []

@@ -40,7 +40,14 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[128, 512, 1024])
     ap.add_argument("--model", default="llama2-70b")
     ap.add_argument("--global-batch-size", type=int, default=2048)
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.sizes = [128]
     import torch
 
     torch.set_num_threads(1)

@@ -91,7 +91,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--micro-batch-size", type=int, default=2)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.model, args.rounds, args.steps, args.warmup = "tiny", 1, 2, 1
     runner, minimal = [], []
     for r in range(args.rounds):
         rt = runner_times(args.model, args.micro_batch_size, args.steps, args.warmup)

@@ -120,7 +120,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--budget", type=int, default=200)
     ap.add_argument("--cold-cache", action="store_true", help="every run builds MLflow's schema itself")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.runs, args.budget = 1, 10
     print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores)")
     rows = []
     for i in range(args.runs):

@@ -55,7 +55,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", type=int, default=3000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.configs = 100
     cluster = load_cluster("mixed-h100-a100-32")
     model = load_model("llama2-7b", global_batch_size=GLOBAL_BATCH)
     rng = random.Random(args.seed)

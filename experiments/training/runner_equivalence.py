@@ -229,7 +229,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--cluster", default="cpu-4")
     parser.add_argument("--only", default="", help="run only the plans whose name contains this")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.only = 2, args.only or "1f1b"
     torch.set_num_threads(1)
     print(f"{'plan':70s} {'max rel diff':>12s} {'wall s':>7s}")
     worst = 0.0

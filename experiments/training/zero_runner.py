@@ -287,7 +287,14 @@ def main() -> None:
     ap.add_argument("--skip-equivalence", action="store_true")
     ap.add_argument("--skip-resume", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.steps, args.skip_resume, args.skip_memory = 2, True, True
     torch.set_num_threads(1)
     if not args.skip_equivalence:
         equivalence(args.steps)
