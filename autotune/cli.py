@@ -191,6 +191,13 @@ def search(
         help="Start this search over instead of resuming it (the earlier "
         "one stays in the MLflow store and the Optuna storage).",
     ),
+    restrict: list[str] = typer.Option(
+        [],
+        "--restrict",
+        help="Narrow one dimension of the search space to these choices: name=value[,value...], "
+        "repeatable (e.g. --restrict pp=2,4 --restrict zero=0 --restrict roundpipe=false); the names are "
+        "the dimensions of README's 'The search space'.",
+    ),
 ) -> None:
     """Search for the fastest plan that fits; log every evaluation to MLflow.
 
@@ -216,6 +223,7 @@ def search(
         max_sync_every=max_sync_every,
         run_timeout=run_timeout,
         fresh=fresh,
+        restrict=restrict,
     )
 
 

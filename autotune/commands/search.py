@@ -27,12 +27,15 @@ def run(
     max_sync_every: int = 1,
     run_timeout: float = 300.0,
     fresh: bool = False,
+    restrict: list[str] | None = None,
 ) -> int:
     from rich.console import Console
 
     from autotune import prechecks
+    from autotune.planning.space import parse_restrictions
     from autotune.search.tracking import quiet_libraries
 
+    narrowed = parse_restrictions(restrict or [])  # a malformed --restrict: one line, before any work
     if output is not None:
         prechecks.writable_file(output, "--output")  # before the search, not after it
     quiet_libraries()
@@ -61,6 +64,7 @@ def run(
                 start=start,
                 max_sync_every=max_sync_every,
                 fresh=fresh,
+                restrict=narrowed or None,
                 on_evaluation=shown.on_evaluation,
                 on_start=shown.on_start,
                 on_status=shown.on_status,

@@ -155,7 +155,7 @@ class SearchSpace:
             for name, allowed in restrict.items():
                 if name not in by_name:
                     raise SpecError("search space", name, f"unknown dimension (the space has {', '.join(by_name)})")
-                kept = tuple(c for c in by_name[name].choices if c in set(allowed))
+                kept = tuple(c for c in by_name[name].choices if any(_same_choice(c, a) for a in allowed))
                 if not kept:
                     raise SpecError(
                         "search space",
@@ -164,6 +164,8 @@ class SearchSpace:
                     )
                 by_name[name] = Dimension(name, kept, by_name[name].ordinal)
             dims = [by_name[d.name] for d in dims]
+            # the restriction as the space's own values (a command line gives "false" for False, "2" for 2)
+            self.restrict = {name: list(by_name[name].choices) for name in restrict}
         dims = roundpipe_space.drop_if_off(dims)  # restricted to pipeline plans: no roundpipe dimensions at all
         self.dimensions: tuple[Dimension, ...] = tuple(dims)
         self._dims = {d.name: d for d in dims}
@@ -648,3 +650,29 @@ class SearchSpace:
     def params_of(self, config: ParallelConfig) -> dict[str, Any]:
         """Flat, MLflow-friendly parameters of any plan (``autotune.planning.plan_params``)."""
         return plan_params.params_of(self.cluster, self.model, config)
+
+
+def _same_choice(choice: Any, value: Any) -> bool:
+    """Whether ``value`` (of ``restrict``) names ``choice``: equal, or its text as a command line writes it
+    (``true`` / ``false``, ``2``, ``0.5``, ``bandwidth``)."""
+    if not isinstance(value, str) or isinstance(choice, str):
+        return choice == value
+    text = value.strip().lower()
+    if isinstance(choice, bool):
+        return text == str(choice).lower()
+    try:
+        return float(text) == float(choice)
+    except (TypeError, ValueError):
+        return False
+
+
+def parse_restrictions(items: Sequence[str]) -> dict[str, list[str]]:
+    """``--restrict name=value[,value...]`` (repeatable) as ``restrict``: the values stay text, which
+    ``SearchSpace`` matches against each dimension's choices. A malformed item is one clear error."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name.strip() or not values.strip():
+            raise SpecError("--restrict", "", f"{item!r} is not name=value[,value...] (e.g. --restrict pp=2,4)")
+        out.setdefault(name.strip(), []).extend(v.strip() for v in values.split(",") if v.strip())
+    return out

@@ -143,9 +143,9 @@ def tune(
         log.warning("--max-sync-every %d has no effect: model %r is dense (MoE only)", max_sync_every, model_spec.name)
     name = experiment or f"{cluster_spec.name}__{model_spec.name}"
     args = (method, budget, backend, seed, global_batch_size, tracking_uri, name, storage, profile, workers, policy)
-    rest = (study_name, dict(restrict or {}), start, max_sync_every, run_timeout_s, fresh)
-    req = SearchRequest(cluster_spec, model_spec, *args, *rest)
     space = SearchSpace(cluster_spec, model_spec, restrict=restrict, max_sync_every=max_sync_every)
+    rest = (study_name, dict(space.restrict), start, max_sync_every, run_timeout_s, fresh)
+    req = SearchRequest(cluster_spec, model_spec, *args, *rest)
     inner, screen = _evaluator(req, evaluator)
     say = on_status or (lambda text: None)
     tracker = _open_tracker(req, background_record, say) if track else None
@@ -201,6 +201,21 @@ class SearchRequest:
             self.max_sync_every,
         )
 
+    def variant(self) -> str:
+        """What sets this search apart from the default one of its method, budget and seed: its start, its
+        restriction, its profile, its global batch (empty for the default search); in its run name and in
+        ``autotune compare``."""
+        parts = []
+        if self.method in ("optuna", "rl") and self.start != "dp":
+            parts.append(f"start {self.start}")
+        if self.restrict:
+            parts.append(" ".join(f"{k}={','.join(map(str, v))}" for k, v in sorted(self.restrict.items())))
+        if self.profile is not None:
+            parts.append(f"profile {Path(str(self.profile)).name}")
+        if self.global_batch_size is not None:
+            parts.append(f"gbs {self.global_batch_size}")
+        return "; ".join(parts)
+
     def run_params(self, space: SearchSpace) -> dict[str, Any]:
         """The parent run's MLflow parameters."""
         out = {
@@ -215,6 +230,7 @@ class SearchRequest:
             "space_size": space.size,
             "workers": self.workers,
             "start": self.start if self.method in ("optuna", "rl") else "",
+            "variant": self.variant()[:500],
         }
         if self.model.is_moe:
             out["max_sync_every"] = self.max_sync_every
@@ -341,7 +357,7 @@ def _open_record(req: SearchRequest, space: SearchSpace, inner: Evaluator, scree
         if study is not None:
             tags["autotune.study"] = study.study_name
             resume_id = study.parent_run(tracker.run_exists)
-        run_name = search_run_name(req.method, req.budget, req.seed, req.backend)
+        run_name = search_run_name(req.method, req.budget, req.seed, req.backend, req.variant())
         if resume_id:
             tracker.start(run_name, req.run_params(space), tags, resume_run_id=resume_id)
         else:
@@ -527,9 +543,11 @@ def _result(req: SearchRequest, budgeted: BudgetedEvaluator, tracker, summary: S
     )
 
 
-def search_run_name(method: str, budget: int, seed: int, backend: str) -> str:
-    """The parent run's name: ``optuna, 200 plans, seed 0 (simulator)``."""
-    return f"{method}, {budget} plans, seed {seed} ({'simulator' if backend == 'sim' else 'real runs'})"
+def search_run_name(method: str, budget: int, seed: int, backend: str, variant: str = "") -> str:
+    """The parent run's name: ``optuna, 200 plans, seed 0 (simulator)``, then what sets the search apart
+    (``SearchRequest.variant``: ``optuna, 50 plans, seed 0 (simulator), start heuristic; pp=2,4``)."""
+    name = f"{method}, {budget} plans, seed {seed} ({'simulator' if backend == 'sim' else 'real runs'})"
+    return f"{name}, {variant}"[:250] if variant else name
 
 
 def experiment_description(cluster: ClusterSpec, model: ModelSpec) -> str:

@@ -33,12 +33,14 @@ class SearchRow:
     speedup_vs_uniform: float | None
     oom_plans: int  # out of memory: evaluated plans plus those the memory model answered (no budget spent)
     started: str  # local time, "YYYY-MM-DD HH:MM"
+    variant: str = ""  # start, restriction, profile, batch where they differ from the default search
 
     FIELDS = (
         "method",
         "budget",
         "seed",
         "backend",
+        "variant",
         "best_tokens_per_s",
         "found_at",
         "evaluations",
@@ -112,6 +114,7 @@ def list_searches(experiment: str | None = None, tracking_uri: str | None = None
                 speedup_vs_uniform=m.get("speedup_vs_uniform"),
                 oom_plans=int(m.get("oom_plans", 0) + m.get("memory_screened", 0)),  # evaluated + memory-screened
                 started=time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)),
+                variant=p.get("variant", ""),
             )
         )
     return name, rows

@@ -350,3 +350,32 @@ def test_ctrl_c_says_how_to_resume_and_fresh_starts_over(tmp_path):
     assert fresh.returncode == 0, fresh.stderr
     assert "resuming" not in fresh.stderr
     assert evaluated(name + "__fresh2") == 4 and evaluated() == 70  # the earlier study is kept
+
+
+def test_restrict_narrows_the_search_from_the_command_line_and_names_the_search(tmp_path):
+    """``--restrict name=value[,value...]`` (repeatable) narrows the space as the library's ``restrict=``
+    does: every evaluated plan has 2 stages and no ZeRO; the run name and ``compare`` say how the search
+    differs from the default one; a malformed or unknown name is one line, exit 2, before any work."""
+    from mlflow.tracking import MlflowClient
+
+    args = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "random", "--budget", "6"]
+    r = cli(*args, "--restrict", "pp=2", "--restrict", "zero=0", "--restrict", "roundpipe=false", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("mixed-a100-v100__gpt2-xl")
+    parent = client.search_runs([exp.experiment_id], filter_string="tags.`autotune.role` = 'search'")[0]
+    assert parent.info.run_name.endswith("pp=2 roundpipe=False zero=0")
+    children = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    assert len(children) == 6 and {c.data.params["pp"] for c in children} == {"2"}
+    assert {c.data.params["zero"] for c in children} == {"0"}
+    rows = cli("compare", "--csv", cwd=tmp_path)
+    assert rows.returncode == 0 and "pp=2 roundpipe=False zero=0" in rows.stdout
+    for bad, names in (
+        (["--restrict", "pp"], "--restrict: 'pp' is not name=value"),
+        (["--restrict", "ppp=2"], "ppp: unknown dimension"),
+        (["--restrict", "pp=99"], "pp: none of ['99'] is a valid choice"),
+    ):
+        r = cli(*args, *bad, cwd=tmp_path)
+        assert r.returncode == 2 and names in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -167,3 +167,20 @@ def test_heuristic_params_decode_and_use_every_class(big):
         assert cfg is not None
         used = {big.cluster.node_of(d).device.name for d in cfg.devices}
         assert used == {"H100-80GB", "A100-40GB"}
+
+
+def test_restrict_matches_command_line_text_to_each_dimensions_choices():
+    """``--restrict`` gives text: ``false`` names False, ``2`` names 2, ``0.5`` names 0.5; the space keeps
+    the restriction as its own values, and a malformed item is refused."""
+    from autotune.planning.space import parse_restrictions
+
+    cluster, model = load_cluster("mixed-a100-v100"), load_model("gpt2-xl")
+    text = parse_restrictions(["pp=2,4", "layer_split=0.5", "roundpipe=false", "pp=8"])
+    assert text == {"pp": ["2", "4", "8"], "layer_split": ["0.5"], "roundpipe": ["false"]}
+    space = SearchSpace(cluster, model, restrict=text)
+    assert space.restrict == {"pp": [2, 4, 8], "layer_split": [0.5], "roundpipe": [False]}
+    assert space._dims["pp"].choices == (2, 4, 8) and "roundpipe" not in space._dims
+    typed = SearchSpace(cluster, model, restrict={"pp": [2, 4, 8], "layer_split": [0.5], "roundpipe": [False]})
+    assert typed.dimensions == space.dimensions
+    with pytest.raises(SpecError, match="is not name=value"):
+        parse_restrictions(["pp"])
