@@ -133,9 +133,12 @@ class TrainOutcome:
     final_loss: float | None = None
     wall_time_s: float = 0.0  # launch to exit, torchrun's start-up included
     rank0_here: bool = True  # False on the machines of a multi-node run that do not run rank 0 (no step report)
+    stop_signal: str = ""  # "SIGINT" / "SIGTERM" when stopped before the requested steps (returncode 130 / 143)
 
     @property
     def error(self) -> str:
+        if self.stopped and not self.errors:
+            return f"stopped by {self.stop_signal} after step {self.steps_done} (checkpoint written)"
         if not self.errors:
             return "" if self.returncode == 0 else f"torchrun exited with {self.returncode}"
         from runner.launch import _is_peer_loss
@@ -194,6 +197,35 @@ def _wait(proc: subprocess.Popen, timeout_s: float | None, poll: Callable[[], No
             poll()
             if deadline is not None and time.monotonic() >= deadline:
                 raise
+
+
+#: torchrun options autotune sets itself (the program it launches): not for the user to pass through
+_OWN_TORCHRUN_OPTIONS = ("-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path", "-h", "--help")
+
+
+def check_torchrun_args(torchrun_args: list[str]) -> None:
+    """Every pass-through argument is one of torchrun's options, spelled out (torchrun's parser accepts a
+    prefix: ``--nnode 2`` would mean ``--nnodes 2`` and wait for a second machine for ten minutes), with its
+    value where it takes one; else one SpecError naming it, before anything is launched."""
+    import difflib
+
+    from torch.distributed.run import get_args_parser
+
+    actions = {s: a for a in get_args_parser()._actions for s in a.option_strings if s not in _OWN_TORCHRUN_OPTIONS}
+    args = list(torchrun_args)
+    i = 0
+    while i < len(args):
+        name, eq, _ = args[i].partition("=")
+        if name not in actions:
+            close = difflib.get_close_matches(name, list(actions), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else f" (torchrun's options: {', '.join(sorted(actions))})"
+            what = "is not a torchrun option" if name.startswith("-") else "is not an option of train or torchrun"
+            raise SpecError("train", name, what + hint)
+        if actions[name].nargs != 0 and not eq:
+            if i + 1 >= len(args):
+                raise SpecError("torchrun", name, "needs a value")
+            i += 1
+        i += 1
 
 
 def _node_rank(torchrun_args: list[str] | None) -> int:
@@ -261,6 +293,7 @@ def train(
     from runner.data import TokenSource
     from runner.jobs import preflight
 
+    check_torchrun_args(torchrun_args or [])
     cluster = load_cluster(cluster)
     model = load_model(model, global_batch_size)
     config = load_config(config)
@@ -417,6 +450,7 @@ def _launch(
             proc.send_signal(signal.SIGTERM)
 
     def forward(signum, frame):
+        interrupts["signal"] = signum
         if signum == signal.SIGINT:
             interrupts["n"] += 1
             if interrupts["n"] > 1:  # a second Ctrl-C: stop now, without the checkpoint
@@ -449,7 +483,7 @@ def _launch(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     progress.poll()
-    return _outcome(run_dir, code, time.monotonic() - started, progress.records)
+    return _outcome(run_dir, code, time.monotonic() - started, progress.records, interrupts.get("signal"))
 
 
 def _write_job(
@@ -493,8 +527,11 @@ def _write_job(
     return job_path
 
 
-def _outcome(run_dir: Path, code: int, wall_s: float, records: list[dict]) -> TrainOutcome:
-    """What the run did, from torchrun's exit code, rank 0's step records and the ranks' result files."""
+def _outcome(run_dir: Path, code: int, wall_s: float, records: list[dict], stop_signal: int | None) -> TrainOutcome:
+    """What the run did, from torchrun's exit code, rank 0's step records and the ranks' result files. A run
+    the ranks stopped cleanly on a signal (step finished, checkpoint written) ends 128 + the signal, as a
+    shell reports it: 130 for SIGINT (Ctrl-C), 143 for SIGTERM (the launcher's, or the ranks' own when
+    something else sent it to them); 0 only when every requested step was done."""
     outcome = TrainOutcome(code, wall_time_s=wall_s)
     if records:
         outcome.steps_run = len(records)
@@ -506,8 +543,9 @@ def _outcome(run_dir: Path, code: int, wall_s: float, records: list[dict]) -> Tr
     if result.exists():
         info = json.loads(result.read_text())
         outcome.steps_done, outcome.stopped = info["steps_done"], info["stopped"]
-        if outcome.stopped:
-            outcome.returncode = 0  # a clean stop on SIGTERM, checkpoint written
+        if outcome.stopped:  # a clean stop: the step finished, the checkpoint written
+            sig = signal.Signals(stop_signal) if stop_signal is not None else signal.SIGTERM
+            outcome.returncode, outcome.stop_signal = 128 + int(sig), sig.name
     for path in sorted(run_dir.glob("error-rank*.json")):
         outcome.errors.append(json.loads(path.read_text()))
     return outcome

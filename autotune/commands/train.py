@@ -68,7 +68,7 @@ def run(
             global_batch_size=global_batch_size,
             on_step=on_step if console.is_terminal else None,
         )
-    if outcome.returncode != 0:
+    if outcome.returncode != 0 and not outcome.stopped:
         console.print(f"[red]training failed[/red]: {escape(outcome.error)}")  # gloo writes "[/path:line]"
         return 1
     if not outcome.rank0_here:  # a machine of a multi-node run without rank 0: its ranks ended cleanly
@@ -78,10 +78,12 @@ def run(
             highlight=False,
             soft_wrap=True,
         )
-        return 0
-    how = "stopped by SIGTERM/Ctrl-C" if outcome.stopped else "done"
+        return outcome.returncode
+    how = f"stopped by {outcome.stop_signal}" if outcome.stopped else "done"
     where = f"; checkpoint in {escape(str(checkpoint_dir))}" if checkpoint_dir else ""
     console.print(f"training {how} after step {outcome.steps_done}{where}", highlight=False)
+    if outcome.stopped and checkpoint_dir:
+        console.print("  the same command with --resume continues from it", highlight=False)
     if outcome.steps_run:
         console.print(
             f"  {outcome.steps_run} steps in {outcome.wall_time_s:.1f} s (torchrun start-up included), "
@@ -91,4 +93,4 @@ def run(
             highlight=False,
             soft_wrap=True,
         )
-    return 0
+    return outcome.returncode  # 0 when every step is done; 130 / 143 when stopped by SIGINT / SIGTERM

@@ -182,3 +182,31 @@ def test_real_process_prints_one_line(files) -> None:
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "layers sum to 31" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--nnode", "2"], "train: --nnode: is not a torchrun option (did you mean --nnodes?)"),
+        (["--nnodes=2", "--nproc-per-node"], "torchrun: --nproc-per-node: needs a value"),
+        (["--module"], "train: --module: is not a torchrun option"),
+        (["stray"], "train: stray: is not an option of train or torchrun"),
+    ],
+)
+def test_train_refuses_a_torchrun_typo_before_launching(tmp_path, extra, message) -> None:
+    """An argument ``train`` passes through to torchrun that torchrun does not know is one line, exit 2, in
+    seconds: torchrun's own parser takes ``--nnode 2`` as ``--nnodes 2`` and waited ten minutes for a second
+    machine before it printed a traceback."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "micro_batch_size": 1,
+                "pipelines": [{"num_microbatches": 8, "stages": [{"devices": ["cpu:0"], "layers": 4}]}],
+            }
+        )
+    )
+    cmd = [sys.executable, "-m", "autotune.cli", "train", "--cluster", "cpu-2", "--model", "tiny"]
+    cmd += ["--config", str(plan), "--steps", "2", *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    _assert_one_line(r.returncode, r.stderr, message)

@@ -187,11 +187,12 @@ def _slow_train_after_one_step(tmp_path: Path, ckpt: Path, metrics: Path, **pope
     return proc, cfg
 
 
-def _stopped_cleanly(proc: subprocess.Popen, ckpt: Path, metrics: Path) -> int:
-    """The run finished its step, checkpointed it and exited 0: the number of steps it logged."""
+def _stopped_cleanly(proc: subprocess.Popen, ckpt: Path, metrics: Path, sig: signal.Signals) -> int:
+    """The run finished its step, checkpointed it and exited 128 + the signal (130 for Ctrl-C, 143 for
+    SIGTERM: a scheduler tells it from a finished run): the number of steps it logged."""
     output, _ = proc.communicate(timeout=240)  # the step in flight (10x slowed), its checkpoint, the exit
-    assert proc.returncode == 0, output
-    assert "stopped by SIGTERM/Ctrl-C" in output
+    assert proc.returncode == 128 + sig, output
+    assert f"stopped by {sig.name}" in output and "--resume continues from it" in output
     assert "Traceback" not in output and "SignalException" not in output, output  # torchrun's own, once
     k = len(read_losses(metrics))
     assert 1 <= k < STEPS, output
@@ -207,10 +208,10 @@ def test_sigterm_checkpoint_then_resume_matches_uninterrupted_run(two_stage_run,
         "step-00000006",
     ]
     ckpt, stopped = tmp_path / "ckpt", tmp_path / "stopped.jsonl"
-    # 1. stopped by SIGTERM once it has done a step: it finishes the step, checkpoints, exits 0
+    # 1. stopped by SIGTERM once it has done a step: it finishes the step, checkpoints, exits 143
     proc, cfg = _slow_train_after_one_step(tmp_path, ckpt, stopped)
     proc.send_signal(signal.SIGTERM)
-    k = _stopped_cleanly(proc, ckpt, stopped)
+    k = _stopped_cleanly(proc, ckpt, stopped, signal.SIGTERM)
     # 2. resume on the normal cluster, appending to the same metrics file
     # (and log the resumed steps to a real MLflow SQLite store)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -240,7 +241,7 @@ def test_sigterm_checkpoint_then_resume_matches_uninterrupted_run(two_stage_run,
 
 def test_ctrl_c_checkpoints_like_sigterm_and_leaves_no_rank(tmp_path):
     """Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the run must still finish
-    its step, checkpoint and exit 0, not die with its ranks mid-step."""
+    its step, checkpoint and exit 130, not die with its ranks mid-step."""
     import os
 
     from proc_scan import processes_with
@@ -254,7 +255,7 @@ def test_ctrl_c_checkpoints_like_sigterm_and_leaves_no_rank(tmp_path):
         env=dict(os.environ, AUTOTUNE_TEST_TAG=f"ctrl-c-{tmp_path.name}"),
     )
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the launcher's whole process group
-    _stopped_cleanly(proc, ckpt, metrics)
+    _stopped_cleanly(proc, ckpt, metrics, signal.SIGINT)
     assert not processes_with(f"AUTOTUNE_TEST_TAG=ctrl-c-{tmp_path.name}"), "a rank outlived the launcher"
 
 
