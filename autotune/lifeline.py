@@ -117,6 +117,27 @@ def stop_signals_end(kill: Callable[[], None], reraise: bool = True) -> Iterator
                 signal.raise_signal(sig)
 
 
+def start_spawned(process) -> None:
+    """``process.start()`` for a ``multiprocessing`` spawn-context process whose target is in this package,
+    without re-running the caller's ``__main__`` in the child. Spawn re-imports the parent's main script
+    in the child, so a library user's ``tune.py`` without an ``if __name__ == "__main__":`` guard would run
+    its search again there and fail ("An attempt has been made to start a new process before the current
+    process has finished its bootstrapping phase"); autotune's children need nothing from it. CPython's
+    spawn reads the main module's ``__spec__`` and ``__file__`` when the process starts: both are hidden
+    for that moment."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            main.__dict__["__spec__"] = None
+        process.start()
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
+
+
 def kill_all(procs: list[subprocess.Popen]) -> None:
     """SIGKILL every child in ``procs`` not reaped yet (signal-handler safe: no wait, no lock)."""
     for p in list(procs):

@@ -84,7 +84,9 @@ class BackgroundTracker:
             daemon=True,
             args=(tracking_uri, experiment, description, self._calls, self._replies, os.getpid()),
         )
-        self._proc.start()
+        from autotune.lifeline import start_spawned
+
+        start_spawned(self._proc)  # a library user's script without a __main__ guard is not run again there
         self.tracking_uri = tracking_uri or DEFAULT_TRACKING_URI
         self.experiment = experiment
         self.experiment_id: str | None = None

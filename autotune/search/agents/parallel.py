@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Any
 
+from autotune.lifeline import start_spawned
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.space import SearchSpace
 
@@ -110,7 +111,7 @@ def run_workers(
         for i in range(workers)
     ]
     for p in procs:
-        p.start()
+        start_spawned(p)  # a library user's script without a __main__ guard is not run again there
 
     def ours(trial) -> bool:
         return str(trial.user_attrs.get("worker", "")).rsplit(":", 1)[-1] in tokens
