@@ -365,8 +365,12 @@ class CalibratingEvaluator:
 
     def evaluate(self, config: ParallelConfig) -> Measurement:
         measured = self.inner.evaluate(config)
+        self.observe(config, measured)
+        return measured
+
+    def observe(self, config: ParallelConfig, measured: Measurement) -> None:
+        """Refit the corrections with one measurement of ``config`` (``evaluate`` does this for its runs)."""
         before = len(self.calibrator.observations)
         self.calibrator.update(config, measured)
         if len(self.calibrator.observations) > before:
             self._simulator = self.calibrator.corrected_simulator()
-        return measured

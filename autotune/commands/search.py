@@ -32,7 +32,7 @@ def run(
     from rich.console import Console
 
     from autotune import prechecks
-    from autotune.planning.space import parse_restrictions
+    from autotune.planning.vocabulary import parse_restrictions
     from autotune.search.tracking import quiet_libraries
 
     narrowed = parse_restrictions(restrict or [])  # a malformed --restrict: one line, before any work
@@ -42,6 +42,8 @@ def run(
     console = Console(stderr=True)
     started = time.monotonic()
     shown = _Progress(console, method, budget)
+    if backend == "real":  # each real run: predicted vs measured, the simulator's error, repeats
+        _print_real_runs(console)
     from autotune.search.api import tune
 
     with shown.progress:
@@ -79,6 +81,22 @@ def run(
             )
             raise SystemExit(130) from None
     return _report(console, result, budget, time.monotonic() - started, output)
+
+
+def _print_real_runs(console) -> None:
+    """Print ``autotune.search.screen``'s line per real run above the progress bar."""
+    import logging
+
+    from rich.markup import escape
+
+    class ToConsole(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("real run "):
+                console.print(escape(record.getMessage()), highlight=False)
+
+    logger = logging.getLogger("autotune.search.screen")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(ToConsole())
 
 
 class _Progress:
@@ -146,6 +164,10 @@ def _report(console, result, budget: int, elapsed: float, output: Path | None) -
         highlight=False,
     )
     _print_result(out, result)
+    if result.real_runs:
+        from autotune.search.screen import real_run_summary
+
+        console.print(real_run_summary(result.real_runs), highlight=False, soft_wrap=True)
     if output is not None:
         output.write_text(json.dumps(result.output_document(), indent=2) + "\n")
         out.print(f"best config written to [bold]{escape(str(output))}[/bold]", soft_wrap=True)

@@ -68,8 +68,10 @@ from autotune.planning.vocabulary import (
     apportion,
     group_speed,
     head_extra_layers,
+    mixed_pipelines,
     node_classes,
     powers_of_two_upto,
+    same_choice,
     valid_tp,
 )
 from autotune.specs import (
@@ -155,7 +157,7 @@ class SearchSpace:
             for name, allowed in restrict.items():
                 if name not in by_name:
                     raise SpecError("search space", name, f"unknown dimension (the space has {', '.join(by_name)})")
-                kept = tuple(c for c in by_name[name].choices if any(_same_choice(c, a) for a in allowed))
+                kept = tuple(c for c in by_name[name].choices if any(same_choice(c, a) for a in allowed))
                 if not kept:
                     raise SpecError(
                         "search space",
@@ -272,7 +274,7 @@ class SearchSpace:
             if params["assign"] == "grouped":
                 pipes = [groups[p * pp : (p + 1) * pp] for p in range(dp)]
             else:
-                pipes = self._mixed_pipelines(groups, dp)
+                pipes = mixed_pipelines(groups, dp)
         if params["order"] == "slow-first":
             pipes = [list(reversed(p)) for p in pipes]
         if params["schedule"] == "interleaved-1f1b" and pp == 1:
@@ -370,26 +372,6 @@ class SearchSpace:
             )
         except SpecError as e:
             return str(e)
-
-    @staticmethod
-    def _mixed_pipelines(groups: list[TPGroup], dp: int) -> list[list[TPGroup]]:
-        """Identical replicas: each pipeline takes a contiguous run of every class's groups, fastest
-        class first; quotas per class are g_c // dp plus a round-robin share of the remainders."""
-        by_class: dict[str, list[TPGroup]] = {}
-        for g in groups:
-            by_class.setdefault(g.node_class, []).append(g)
-        pipes: list[list[TPGroup]] = [[] for _ in range(dp)]
-        turn = 0
-        for members in by_class.values():
-            quota = [len(members) // dp] * dp
-            for _ in range(len(members) % dp):
-                quota[turn % dp] += 1
-                turn += 1
-            start = 0
-            for p in range(dp):
-                pipes[p].extend(members[start : start + quota[p]])
-                start += quota[p]
-        return pipes
 
     def split_layers(self, speeds: Sequence[float], alpha: float, quantum: int = 1) -> list[int] | None:
         """Layers per stage proportional to speed^alpha, the LM head's work counted on the last stage."""
@@ -650,29 +632,3 @@ class SearchSpace:
     def params_of(self, config: ParallelConfig) -> dict[str, Any]:
         """Flat, MLflow-friendly parameters of any plan (``autotune.planning.plan_params``)."""
         return plan_params.params_of(self.cluster, self.model, config)
-
-
-def _same_choice(choice: Any, value: Any) -> bool:
-    """Whether ``value`` (of ``restrict``) names ``choice``: equal, or its text as a command line writes it
-    (``true`` / ``false``, ``2``, ``0.5``, ``bandwidth``)."""
-    if not isinstance(value, str) or isinstance(choice, str):
-        return choice == value
-    text = value.strip().lower()
-    if isinstance(choice, bool):
-        return text == str(choice).lower()
-    try:
-        return float(text) == float(choice)
-    except (TypeError, ValueError):
-        return False
-
-
-def parse_restrictions(items: Sequence[str]) -> dict[str, list[str]]:
-    """``--restrict name=value[,value...]`` (repeatable) as ``restrict``: the values stay text, which
-    ``SearchSpace`` matches against each dimension's choices. A malformed item is one clear error."""
-    out: dict[str, list[str]] = {}
-    for item in items:
-        name, sep, values = item.partition("=")
-        if not sep or not name.strip() or not values.strip():
-            raise SpecError("--restrict", "", f"{item!r} is not name=value[,value...] (e.g. --restrict pp=2,4)")
-        out.setdefault(name.strip(), []).extend(v.strip() for v in values.split(",") if v.strip())
-    return out

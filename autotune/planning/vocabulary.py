@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.errors import SpecError
 from autotune.simulator.cost_model import CostModel
 from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
 
@@ -156,6 +157,26 @@ def node_classes(cluster: ClusterSpec) -> tuple[NodeClass, ...]:
     return tuple(classes)
 
 
+def mixed_pipelines(groups: list[TPGroup], dp: int) -> list[list[TPGroup]]:
+    """Identical replicas: each pipeline takes a contiguous run of every class's groups, fastest
+    class first; quotas per class are g_c // dp plus a round-robin share of the remainders."""
+    by_class: dict[str, list[TPGroup]] = {}
+    for g in groups:
+        by_class.setdefault(g.node_class, []).append(g)
+    pipes: list[list[TPGroup]] = [[] for _ in range(dp)]
+    turn = 0
+    for members in by_class.values():
+        quota = [len(members) // dp] * dp
+        for _ in range(len(members) % dp):
+            quota[turn % dp] += 1
+            turn += 1
+        start = 0
+        for p in range(dp):
+            pipes[p].extend(members[start : start + quota[p]])
+            start += quota[p]
+    return pipes
+
+
 def group_speed(cluster: ClusterSpec, devices: Sequence[str]) -> float:
     """Nominal compute of a tensor-parallel group: tp x its device's peak (slowed down as the node says)."""
     node = cluster.node_of(devices[0])
@@ -191,3 +212,29 @@ class SpaceContext:
     @property
     def dimensions(self) -> tuple[Dimension, ...]:
         return tuple(self.dims.values())
+
+
+def same_choice(choice: Any, value: Any) -> bool:
+    """Whether ``value`` (of ``restrict``) names ``choice``: equal, or its text as a command line writes it
+    (``true`` / ``false``, ``2``, ``0.5``, ``bandwidth``)."""
+    if not isinstance(value, str) or isinstance(choice, str):
+        return choice == value
+    text = value.strip().lower()
+    if isinstance(choice, bool):
+        return text == str(choice).lower()
+    try:
+        return float(text) == float(choice)
+    except (TypeError, ValueError):
+        return False
+
+
+def parse_restrictions(items: Sequence[str]) -> dict[str, list[str]]:
+    """``--restrict name=value[,value...]`` (repeatable) as ``restrict``: the values stay text, which
+    ``SearchSpace`` matches against each dimension's choices. A malformed item is one clear error."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name.strip() or not values.strip():
+            raise SpecError("--restrict", "", f"{item!r} is not name=value[,value...] (e.g. --restrict pp=2,4)")
+        out.setdefault(name.strip(), []).extend(v.strip() for v in values.split(",") if v.strip())
+    return out

@@ -157,7 +157,7 @@ def tune(
         best_before = budgeted.best.score if budgeted.best is not None else 0.0
         on_start(tracker.parent_id if tracker else "", budgeted.used, best_before)
     summary = _search(req, space, budgeted, tracker, study, screen, say)
-    return _result(req, budgeted, tracker, summary)
+    return _result(req, budgeted, tracker, summary, tuple(screen.reports) if screen is not None else ())
 
 
 @dataclass(frozen=True)
@@ -506,7 +506,9 @@ def _finish_record(
     )
 
 
-def _result(req: SearchRequest, budgeted: BudgetedEvaluator, tracker, summary: SearchSummary) -> TuneResult:
+def _result(
+    req: SearchRequest, budgeted: BudgetedEvaluator, tracker, summary: SearchSummary, real_runs: tuple = ()
+) -> TuneResult:
     best = _best_with_timeline(budgeted)
     where = f"{req.cluster.name} / {req.model.name}"
     if best is None:
@@ -540,6 +542,7 @@ def _result(req: SearchRequest, budgeted: BudgetedEvaluator, tracker, summary: S
         memory_screened=budgeted.memory_screened,
         summary=summary,
         experiment_id=(getattr(tracker, "experiment_id", "") or "") if tracker else "",
+        real_runs=real_runs,
     )
 
 

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.search.screen import RealRun
 from autotune.search.summary import SearchSummary
 from autotune.specs import Measurement, ParallelConfig
 
@@ -33,6 +34,8 @@ class TuneResult:
     memory_screened: int = 0  # of those, the plans the memory model alone answered oom (memory first)
     summary: SearchSummary | None = None  # top plans, found at, speed, oom counts, speedup vs uniform
     experiment_id: str = ""
+    #: ``backend="real"``: each plan's real run(s) against the corrected simulator's prediction before them
+    real_runs: tuple[RealRun, ...] = ()
 
     @property
     def run_url(self) -> str:
@@ -63,6 +66,7 @@ class TuneResult:
             "memory_screened": self.memory_screened,
             "summary": self.summary.to_dict() if self.summary is not None else None,
             "experiment_id": self.experiment_id,
+            "real_runs": [r.to_dict() for r in self.real_runs],
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -89,6 +93,7 @@ class TuneResult:
             memory_screened=int(d.get("memory_screened", 0)),
             summary=SearchSummary.from_dict(d["summary"]) if d.get("summary") else None,
             experiment_id=d.get("experiment_id", ""),
+            real_runs=tuple(RealRun.from_dict(r) for r in d.get("real_runs", ())),
         )
 
     def output_document(self) -> dict[str, Any]:

@@ -17,6 +17,13 @@ screens the plans the agent asks for next.
   only when every device type it uses has been in a real run (an uncalibrated type's speed is still
   the profile's guess, possibly off by far more than a common factor).
 
+Noisy real runs (a loaded machine's step times move by 15-40% between runs): when a run disagrees with
+the corrected simulator's prediction by more than the noise seen so far explains, the plan is measured
+again, and a third time when those two runs disagree by more than that noise; the plan's measurement is
+then the median run, and the spread of its runs feeds the noise estimate (``RealRun``, ``noise``).
+Repeats of one plan are not new plans: they do not count against ``--budget``. Each real run is logged
+(predicted vs measured, the error, the runs and their spread) and kept in ``reports``.
+
 ``keep_fraction = 0.5`` (default) keeps every plan the corrected simulator puts within 2x of the best
 measured one: the fidelity experiment's worst time error after a few runs is well below that, so a
 plan pruned on speed is very unlikely to have been the best.
@@ -37,6 +44,10 @@ log = logging.getLogger(__name__)
 
 MIN_REAL_RUNS = 2
 KEEP_FRACTION = 0.5
+#: the run-to-run spread assumed before two runs of one plan were seen (relative, max/min - 1)
+DEFAULT_NOISE = 0.10
+#: runs of one plan at most (the first and up to two repeats)
+MAX_RUNS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +57,77 @@ class PredictionError:
     config: ParallelConfig
     time_error: float  # |predicted - measured| / measured iteration time
     memory_error: float | None  # mean over devices of |predicted - measured| / measured peak memory
+
+
+@dataclass(frozen=True, slots=True)
+class RealRun:
+    """What one plan's real run(s) gave against the corrected simulator's prediction before them."""
+
+    index: int  # 1, 2, ... in the order the plans were run
+    config: ParallelConfig
+    predicted_s: float | None  # the corrected simulator's iteration time before the run (None: no prediction)
+    measured_s: float  # the plan's measured iteration time (the median of its runs), 0 when it did not run
+    runs_s: tuple[float, ...]  # every run's iteration time
+    status: str
+
+    @property
+    def error(self) -> float | None:
+        """(predicted - measured) / measured, signed."""
+        if self.predicted_s is None or self.measured_s <= 0:
+            return None
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def spread(self) -> float | None:
+        """max / min - 1 over the plan's runs (None with one run)."""
+        ok = [t for t in self.runs_s if t > 0]
+        return max(ok) / min(ok) - 1.0 if len(ok) > 1 else None
+
+    def line(self) -> str:
+        err = f"{100 * self.error:+.1f}%" if self.error is not None else "-"
+        pred = f"{self.predicted_s:.3f} s" if self.predicted_s is not None else "-"
+        runs = "" if len(self.runs_s) == 1 else f", {len(self.runs_s)} runs spread {100 * self.spread:.0f}%"
+        if self.status != "ok":
+            return f"real run {self.index}: {self.status}, predicted {pred}"
+        return f"real run {self.index}: predicted {pred}, measured {self.measured_s:.3f} s (simulator {err}{runs})"
+
+    def to_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "predicted_s": self.predicted_s,
+            "measured_s": self.measured_s,
+            "runs_s": list(self.runs_s),
+            "status": self.status,
+            "config": self.config.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RealRun:
+        return cls(
+            int(d["index"]),
+            ParallelConfig.from_dict(d["config"], source="real run"),
+            None if d.get("predicted_s") is None else float(d["predicted_s"]),
+            float(d["measured_s"]),
+            tuple(float(t) for t in d.get("runs_s", ())),
+            str(d.get("status", "ok")),
+        )
+
+
+def real_run_summary(reports: list[RealRun] | tuple[RealRun, ...]) -> str:
+    """One line on the simulator's error over the real runs and their noise (empty without real runs)."""
+    errors = [abs(r.error) for r in reports if r.error is not None]
+    if not errors:
+        return ""
+    spreads = [r.spread for r in reports if r.spread is not None]
+    noise = (
+        f"; {len(spreads)} plans measured again, run-to-run spread {100 * min(spreads):.0f}-{100 * max(spreads):.0f}%"
+        if spreads
+        else ""
+    )
+    return (
+        f"simulator error before each real run (corrected by the runs before it): mean "
+        f"{100 * sum(errors) / len(errors):.1f}%, max {100 * max(errors):.1f}% over {len(errors)} runs{noise}"
+    )
 
 
 class CalibrationScreen:
@@ -70,6 +152,8 @@ class CalibrationScreen:
         self.keep_fraction = keep_fraction
         self.real_runs: list[ParallelConfig] = []  # every plan handed to the real evaluator, in order
         self.errors: dict[ParallelConfig, PredictionError] = {}
+        self.reports: list[RealRun] = []  # one per plan run for real, in order
+        self.spreads: list[float] = []  # run-to-run spread of each plan measured more than once
 
     @property
     def simulator(self):
@@ -96,6 +180,15 @@ class CalibrationScreen:
         plan the runner cannot run is invalid before any screening or real run."""
         return self.calibrating.check(config)
 
+    @property
+    def noise(self) -> float:
+        """The run-to-run spread seen so far (the median over plans measured more than once), else
+        ``DEFAULT_NOISE``."""
+        if not self.spreads:
+            return DEFAULT_NOISE
+        ordered = sorted(self.spreads)
+        return ordered[len(ordered) // 2]
+
     def evaluate(self, config: ParallelConfig) -> Measurement:
         try:
             predicted = self.simulator.evaluate(config)
@@ -103,7 +196,12 @@ class CalibrationScreen:
             log.warning("no prediction for %s: %s", config.describe(), e)
             predicted = None
         self.real_runs.append(config)
-        measured = self.calibrating.evaluate(config)
+        runs = self._runs(config, predicted)
+        ok = sorted((m for m in runs if m.ok and m.iteration_time_s > 0), key=lambda m: m.iteration_time_s)
+        measured = ok[len(ok) // 2] if ok else runs[0]
+        if len(ok) > 1:
+            self.spreads.append(ok[-1].iteration_time_s / ok[0].iteration_time_s - 1.0)
+        self.calibrating.observe(config, measured)
         if predicted is not None and predicted.ok and measured.ok and measured.iteration_time_s > 0:
             t = abs(predicted.iteration_time_s - measured.iteration_time_s) / measured.iteration_time_s
             mem = [
@@ -112,7 +210,34 @@ class CalibrationScreen:
                 if g > 0 and d in predicted.peak_memory_GiB
             ]
             self.errors[config] = PredictionError(config, t, sum(mem) / len(mem) if mem else None)
+        report = RealRun(
+            len(self.reports) + 1,
+            config,
+            predicted.iteration_time_s if predicted is not None and predicted.ok else None,
+            measured.iteration_time_s if measured.ok else 0.0,
+            tuple(m.iteration_time_s for m in runs),
+            "ok" if measured.ok else measured.status if not measured.oom else "oom",
+        )
+        self.reports.append(report)
+        log.info("%s", report.line())
         return measured
+
+    def _runs(self, config: ParallelConfig, predicted: Measurement | None) -> list[Measurement]:
+        """The plan's real runs: one; a second when it disagrees with the prediction by more than twice the
+        noise seen (and 10%); a third when those two disagree by more than twice the noise (and 5%)."""
+        real = self.calibrating.inner
+        runs = [real.evaluate(config)]
+        first = runs[0]
+        if not (first.ok and predicted is not None and predicted.ok and first.iteration_time_s > 0):
+            return runs
+        error = abs(predicted.iteration_time_s - first.iteration_time_s) / first.iteration_time_s
+        if error <= max(0.10, 2 * self.noise):
+            return runs
+        runs.append(real.evaluate(config))
+        times = [m.iteration_time_s for m in runs if m.ok and m.iteration_time_s > 0]
+        if len(times) == 2 and max(times) / min(times) - 1.0 > max(0.05, 2 * self.noise) and len(runs) < MAX_RUNS:
+            runs.append(real.evaluate(config))
+        return runs
 
     # -- the screen --------------------------------------------------------------------------------
     def screen(self, config: ParallelConfig, best: Evaluation | None) -> Measurement | None:

@@ -25,14 +25,17 @@ PIPELINE_PLANS = {"roundpipe": [False]}
 
 
 class Recording:
-    """The evaluator standing in for the real runs (the datasheet simulator), remembering its calls."""
+    """The evaluator standing in for the real runs (the datasheet simulator), remembering the plans it ran
+    (``calls``, each once, in order) and every run (``runs``: a plan far from its prediction runs again)."""
 
     def __init__(self, inner) -> None:
         self.inner, self.cluster, self.model = inner, inner.cluster, inner.model
-        self.calls = []
+        self.calls, self.runs = [], []
 
     def evaluate(self, config):
-        self.calls.append(config)
+        self.runs.append(config)
+        if config not in self.calls:
+            self.calls.append(config)
         return self.inner.evaluate(config)
 
 
@@ -72,6 +75,8 @@ def test_screen_prunes_oom_and_clearly_worse_plans_without_spending_budget():
 
     assert b.used == budget == len(real.calls) == len(screen.real_runs)
     assert [ev.config for ev in b.history] == real.calls  # the history holds exactly the real runs
+    # the 3x-wrong profile's first predictions are far off: those plans ran twice (equal runs: no third)
+    assert len(real.runs) > len(real.calls) and all(len(r.runs_s) <= 2 for r in screen.reports)
     assert b.screened and all(ev.measurement.status == PRUNED and ev.score == 0.0 for ev in b.screened)
     assert not {ev.config for ev in b.screened} & set(real.calls)
     # memory first: the memory model answers from the first plan on (oom, no real run); nothing is

@@ -201,6 +201,33 @@ def test_real_backend_smoke_one_profiled_run(tmp_path):
     m = result.best_measurement
     assert m.status == "ok", m.error
     assert m.tokens_per_s > 0 and m.iteration_time_s > 0
+    (run,) = result.real_runs  # predicted before the run, measured (the median when it was run again)
+    assert run.predicted_s > 0 and run.measured_s == m.iteration_time_s and 1 <= len(run.runs_s) <= 3
+    assert type(result).from_json(result.to_json()).real_runs == result.real_runs
+
+
+def test_real_backend_prints_predicted_against_measured_per_run_and_at_the_end(tmp_path):
+    """``search --backend real`` says, per real run, what the corrected simulator predicted and what was
+    measured (and the spread when the plan was measured again), and at the end the simulator's error."""
+    r = cli(
+        "search",
+        "--cluster",
+        "cpu-2",
+        "--model",
+        "tiny",
+        "--method",
+        "random",
+        "--budget",
+        "2",
+        "--backend",
+        "real",
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("real run ")]
+    assert len(lines) == 2 and all("predicted" in line and "measured" in line for line in lines), r.stderr
+    assert "simulator error before each real run (corrected by the runs before it): mean" in r.stderr
 
 
 @pytest.mark.slow

@@ -172,7 +172,7 @@ def test_heuristic_params_decode_and_use_every_class(big):
 def test_restrict_matches_command_line_text_to_each_dimensions_choices():
     """``--restrict`` gives text: ``false`` names False, ``2`` names 2, ``0.5`` names 0.5; the space keeps
     the restriction as its own values, and a malformed item is refused."""
-    from autotune.planning.space import parse_restrictions
+    from autotune.planning.vocabulary import parse_restrictions
 
     cluster, model = load_cluster("mixed-a100-v100"), load_model("gpt2-xl")
     text = parse_restrictions(["pp=2,4", "layer_split=0.5", "roundpipe=false", "pp=8"])

@@ -175,3 +175,49 @@ def parallel_config_env(space: SearchSpace):
     from envs.parallel_config import ParallelConfigEnv
 
     return ParallelConfigEnv(space, Simulator(space.cluster, space.model), max_steps=8)
+
+
+class _NoisyMachine:
+    """A stand-in for the real runner on a loaded machine: each run of a plan takes the simulator's time
+    times the next factor of ``factors`` (what a real run's noise does to the measurement)."""
+
+    def __init__(self, cluster, model, factors):
+        from autotune.simulator import Simulator
+
+        self.cluster, self.model = cluster, model
+        self.sim = Simulator(cluster, model)
+        self.factors = list(factors)
+        self.runs = 0
+
+    def evaluate(self, config):
+        from dataclasses import replace
+
+        m = self.sim.evaluate(config)
+        f = self.factors[self.runs % len(self.factors)]
+        self.runs += 1
+        return replace(m, iteration_time_s=m.iteration_time_s * f, tokens_per_s=m.tokens_per_s / f)
+
+
+def test_a_real_run_far_from_its_prediction_is_measured_again_and_the_median_kept():
+    """A run 40% off the prediction is repeated; two runs that disagree by more than the noise seen get a
+    third; the plan's measurement is the median run and its spread is reported. A run the prediction
+    explains is not repeated."""
+    from autotune.loading import load_cluster, load_model
+    from autotune.planning.space import SearchSpace
+    from autotune.search.screen import CalibrationScreen
+    from autotune.simulator import Simulator
+
+    cluster, model = load_cluster("mixed-a100-v100"), load_model("gpt2-xl")
+    config = SearchSpace(cluster, model).decode(SearchSpace(cluster, model).heuristic_params()[0]).config
+    machine = _NoisyMachine(cluster, model, [1.4, 1.0, 1.2])
+    screen = CalibrationScreen(machine, Simulator(cluster, model))
+    m = screen.evaluate(config)
+    predicted = Simulator(cluster, model).evaluate(config).iteration_time_s
+    (report,) = screen.reports
+    assert machine.runs == 3 and m.iteration_time_s == pytest.approx(1.2 * predicted)  # the median of 1.4, 1.0, 1.2
+    assert report.spread == pytest.approx(0.4) and report.error == pytest.approx(1 / 1.2 - 1)
+    assert "3 runs spread 40%" in report.line() and screen.noise == pytest.approx(0.4)
+    quiet = _NoisyMachine(cluster, model, [1.02])
+    calm = CalibrationScreen(quiet, Simulator(cluster, model))
+    calm.evaluate(config)
+    assert quiet.runs == 1 and calm.reports[0].spread is None
