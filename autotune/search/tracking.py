@@ -61,10 +61,13 @@ BEST_ARTIFACT = "best_config.json"
 RESUME_TAG = "autotune.resume_key"
 PARAMS_TAG = "autotune.params"  # the child's params as JSON: a half-written child is completed from it
 WORKER_TAG = "autotune.worker"
+EVALUATED_MS_TAG = "autotune.evaluated_ms"  # a plan's run: when it was logged, ms since the epoch
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # the UI opens on training runs
 _MAX_TAG = 8000
 _MAX_PARAM = 500
-_FAILED_STATUSES = ("failed", "timeout")  # a real run that crashed: the only FAILED children
+_FAILED_STATUSES = ("failed", "timeout")
+#: plans' runs are dated this long before their experiment was created (``SearchTracker._child_start_ms``)
+CHILD_EPOCH_S = 7 * 24 * 3600  # a real run that crashed: the only FAILED children
 
 
 def experiment_name(cluster_name: str, model_name: str) -> str:
@@ -295,6 +298,7 @@ class SearchTracker:
         self._curve_logged = 0  # steps of the best_tokens_per_s curve already in the parent run
         self._best = 0.0
         self._prior_wall_s = 0.0  # wall time of the runs this one resumes
+        self._experiment_created_ms: int | None = None
 
     # -- parent ------------------------------------------------------------------------------------
     def run_exists(self, run_id: str) -> bool:
@@ -344,7 +348,8 @@ class SearchTracker:
         for child in self._children():
             key = child.data.tags.get("autotune.config_key", "")
             if child.info.status == "RUNNING":
-                if not workers.abandoned(child.data.tags.get(WORKER_TAG), child.info.start_time / 1000, now):
+                began_ms = float(child.data.tags.get(EVALUATED_MS_TAG, child.info.start_time))
+                if not workers.abandoned(child.data.tags.get(WORKER_TAG), began_ms / 1000, now):
                     self._logged.add(key)  # another live search is writing it right now
                     continue
                 if not self._complete_child(child):
@@ -440,7 +445,12 @@ class SearchTracker:
             tags["error"] = m.error[:_MAX_TAG]
         if len(text) <= _MAX_TAG:
             tags[CONFIG_TAG] = text
-        child = self.client.create_run(self.experiment_id, run_name=child_run_name(self.method, ev), tags=tags)
+        tags["autotune.evaluated_at"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now / 1000))
+        tags[EVALUATED_MS_TAG] = str(now)  # the real time (the run's start_time dates it for the UI's order)
+        started = self._child_start_ms(ev.index)
+        child = self.client.create_run(
+            self.experiment_id, start_time=started, run_name=child_run_name(self.method, ev), tags=tags
+        )
         self.client.log_batch(
             child.info.run_id,
             metrics=[Metric(k, float(v), now, 0) for k, v in _metrics_of(m).items()],
@@ -451,12 +461,26 @@ class SearchTracker:
                 path = Path(tmp) / "config.json"
                 path.write_text(ev.config.to_json())
                 self.client.log_artifact(child.info.run_id, str(path))
-        self.client.set_terminated(child.info.run_id, "FAILED" if m.status in _FAILED_STATUSES else "FINISHED")
+        status = "FAILED" if m.status in _FAILED_STATUSES else "FINISHED"
+        self.client.set_terminated(child.info.run_id, status, end_time=started + max(1, int(1000 * m.iteration_time_s)))
         self._logged.add(key)
         if pruned:
             return
         self._best = max(self._best, m.score())
         self._curve.append((ev.index, self._best))
+        if self._curve_logged == 0 and len(self._curve) == 1:
+            # the parent's first metric: the MLflow UI's compare view plots a search's first metric by default
+            self.client.log_batch(self.parent_id, metrics=[Metric("best_tokens_per_s", self._best, now, 1)])
+            self._curve_logged = 1
+
+    def _child_start_ms(self, index: int) -> int:
+        """A plan's run is dated before every search of the experiment (``CHILD_EPOCH_S`` before the
+        experiment was created, plus its evaluation index in ms), so the MLflow UI, which lists runs newest
+        first 100 at a time, shows every search (parent run) on its first page and the plans under them;
+        the real time of the evaluation is the tag ``autotune.evaluated_at``."""
+        if self._experiment_created_ms is None:
+            self._experiment_created_ms = int(self.client.get_experiment(self.experiment_id).creation_time or 0)
+        return max(0, self._experiment_created_ms - 1000 * CHILD_EPOCH_S) + int(index)
 
     def log_parent_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
         from mlflow.entities import Metric
