@@ -245,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     if "dp" in methods:
         dp1 = float(np.median([rel(n, "dp", 1) for n in names]))
         print(f"{'dp plan (B=1)':18s}{dp1:8.3f}")
+    print("\nWhich method at which budget (the highest median; within 0.005 of it listed too):")
+    for k, b in enumerate(BUDGETS):
+        top = max(summary[m]["rel"][k] for m in methods)
+        print(f"  B={b}: {', '.join(m for m in methods if summary[m]['rel'][k] >= top - 0.005)} ({top:.3f})")
     print(f"\nPer scenario, budget 20 / budget 50 ({', '.join(methods)}), evals to 98% (rl):")
     for n in names:
         r = results[n]
