@@ -374,7 +374,7 @@ class CostModel:
                     measured = prof.layer_timing(self.model, mbs, len(devices), recompute=recompute)
                     kept = measured.activation_bytes if measured is not None else None
                 # the CPU runner's measured process baseline is part of what it reports as allocated (RSS
-                # growth); a GPU's is outside the allocator and joins the device view (_device_view)
+                # growth); a GPU's is outside the allocator and joins the device view (device_view)
                 if self.node[devices[0]].device.name == "cpu":
                     baseline = prof.memory_baseline_GiB or 0.0
                 per_param = prof.state_bytes_per_param
