@@ -48,7 +48,7 @@ def test_gpu_check_names_gpus_and_says_so_without_cuda() -> None:
     import torch
 
     root = REPO
-    sys.path.insert(0, str(root / "experiments"))
+    sys.path.insert(0, str(root / "scripts"))
     try:
         import gpu_check
     finally:
@@ -62,7 +62,7 @@ def test_gpu_check_names_gpus_and_says_so_without_cuda() -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here: `make gpu-check` runs the real check (test_gpu_check_on_cuda)")
     out = subprocess.run(
-        [sys.executable, str(root / "experiments" / "gpu_check.py")], capture_output=True, text=True, timeout=120
+        [sys.executable, str(root / "scripts" / "gpu_check.py")], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and "no CUDA device here" in out.stdout
 
@@ -79,7 +79,7 @@ def test_gpu_check_on_cuda(tmp_path) -> None:
         pytest.skip("needs a CUDA device")
     root = REPO
     out = subprocess.run(
-        [sys.executable, str(root / "experiments" / "gpu_check.py"), "--out", str(tmp_path / "r.json")],
+        [sys.executable, str(root / "scripts" / "gpu_check.py"), "--out", str(tmp_path / "r.json")],
         capture_output=True,
         text=True,
         timeout=900,

@@ -177,7 +177,7 @@ def test_gpu_roundpipe_plan_measures_and_trains(tmp_path):
 
     if not library_installed():
         pytest.skip(f"needs the roundpipe extra ({EXTRA_HINT})")
-    sys.path.insert(0, str(ROOT / "experiments"))
+    sys.path.insert(0, str(ROOT / "scripts"))
     import roundpipe_gpu_check as check
 
     result = check.tiny_checks(tmp_path)
