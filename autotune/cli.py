@@ -26,7 +26,7 @@ app = typer.Typer(
 
 def _flags_take_no_value() -> None:
     """typer 0.29's help shows ``<bool>`` beside a flag (``--json <bool>``) as if it took a value:
-    show nothing there for flags (``tests/test_cli_usage.py`` checks every command's help)."""
+    show nothing there for flags (``tests/integration/cli/test_cli_usage.py`` checks every command's help)."""
     from typer.core import TyperOption
 
     shown = TyperOption.display_type_rich

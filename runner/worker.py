@@ -6,7 +6,7 @@ the result to ``<out_dir>/result.json``; a rank that fails writes ``<out_dir>/er
 and exits 1, so the launcher can say which rank failed and why.
 
 Test-only fault injection: ``AUTOTUNE_FAULT=raise:rank1`` makes rank 1 raise before its first step,
-``AUTOTUNE_FAULT=hang:rank1`` makes it sleep forever. Used by tests/test_runner_faults.py; never set
+``AUTOTUNE_FAULT=hang:rank1`` makes it sleep forever. Used by tests/integration/runner/test_runner_faults.py; never set
 it otherwise.
 """
 

@@ -7,7 +7,7 @@ what the original does so a test can check the converted file does the same.
 ONLY for a zip you made yourself: ``MaskablePPO.load`` unpickles its entries, which runs whatever code
 they hold. autotune itself never reads such a file (``autotune.policy.policy_file``).
 
-The reference records, on the fixed scenario of tests/test_pretrained_policy.py (mixed-h100-a100-32,
+The reference records, on the fixed scenario of tests/unit/policy/test_pretrained_policy.py (mixed-h100-a100-32,
 llama2-13b, global batch 256) and two held-out scenarios: every (observation, mask) the original policy
 was asked about during ``run_pretrained`` walks (budget 12, seeds 0-2), its greedy move and action
 probabilities, and each walk's sequence of evaluated plans.

@@ -14,7 +14,7 @@ then:
     .venv/bin/python scripts/roundpipe_gpu_check.py [--out DIR] [--skip-large]
 
 Prints one JSON object (also written to ``DIR/roundpipe_gpu_check.json``); exit 1 when a check fails.
-``tests/test_roundpipe_runner.py::test_gpu_roundpipe_plan_measures_and_trains`` runs part 1.
+``tests/unit/runner/test_roundpipe_runner.py::test_gpu_roundpipe_plan_measures_and_trains`` runs part 1.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ command a test started would ignore the SIGINT the test sends it: the launcher a
 then waited out the run (``test_stopping_the_launcher_kills_the_ranks[default-2]``, ``test_ctrl_c_says_how_
 to_resume_and_fresh_starts_over`` failed on every such fresh-clone ``make test``). The suite gives SIGINT
 back its Python default here: a handler is reset to the default action by exec, so children start as
-they would from a terminal (``tests/test_suite_signals.py``).
+they would from a terminal (``tests/integration/cli/test_suite_signals.py``).
 """
 
 from __future__ import annotations

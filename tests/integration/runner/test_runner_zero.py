@@ -1,7 +1,7 @@
 """The runner's ZeRO sharding and CPU offload (runner.zero): real gloo runs against single-process
 training, exact resume from sharded checkpoints, and the plan shapes it refuses before launch.
 
-Tolerance as in tests/test_runner_distributed.py: the same fp32 math in another summation order
+Tolerance as in tests/integration/runner/test_runner_distributed.py: the same fp32 math in another summation order
 (reduce-scatter + all-gather instead of all-reduce, per-micro-batch accumulation in the shard)."""
 
 from __future__ import annotations

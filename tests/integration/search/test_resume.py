@@ -1,6 +1,6 @@
 """Every search method resumes after ``kill -9``: a re-run with the same arguments reopens the one MLflow
 parent run, evaluates only the rest of the budget and ends with exactly ``--budget`` distinct child
-runs, the parent FINISHED (optuna's own kill test is in tests/test_search_cli.py)."""
+runs, the parent FINISHED (optuna's own kill test is in tests/integration/search/test_search_cli.py)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ TINY = dict(
     batch_split=[0.0, 1.0],
     zero=[0],
     offload=["none"],
-)  # the agents on a small space (ZeRO / offload: tests/test_zero_search.py)
+)  # the agents on a small space (ZeRO / offload: tests/unit/planning/test_zero_search.py)
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ FAST = 1e15  # GB/s: a link or memory so fast its time vanishes
 def _plain_cost_terms(monkeypatch):
     """These tests compose compute, schedule, alpha-beta communication and the allocator's memory by
     hand; the datasheet terms on top of them (the host's fixed cost per pass, NCCL-like collectives, the
-    device's memory view) are checked on their own in tests/test_fidelity_terms.py, so they are set to
+    device's memory view) are checked on their own in tests/unit/simulator/test_fidelity_terms.py, so they are set to
     nothing here."""
     import autotune.simulator.cost_model as sim_module
     import autotune.simulator.data_parallel as iteration_module
