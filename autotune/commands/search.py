@@ -92,10 +92,12 @@ def _print_real_runs(console) -> None:
     class ToConsole(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             if record.getMessage().startswith("real run "):
-                console.print(escape(record.getMessage()), highlight=False)
+                console.print(escape(record.getMessage()), highlight=False, soft_wrap=True)
 
     logger = logging.getLogger("autotune.search.screen")
     logger.setLevel(logging.INFO)
+    for old in [h for h in logger.handlers if type(h).__name__ == "ToConsole"]:  # an earlier search's, same process
+        logger.removeHandler(old)
     logger.addHandler(ToConsole())
 
 
