@@ -329,12 +329,11 @@ def train(
             _drop_rows_after(Path(metrics_out), checkpoint.step_of(resume_from))  # they are trained again
         run_dir = make_run_dir("autotune-train-")
         try:
-            return _launch(
+            job_path = _write_job(
                 run_dir,
                 cluster,
                 model,
                 config,
-                layout,
                 steps=steps,
                 seed=seed,
                 checkpoint_dir=checkpoint_dir,
@@ -343,6 +342,13 @@ def train(
                 metrics_out=metrics_out,
                 data=data,
                 tracking_uri=tracking_uri,
+                log_steps=on_step is None,
+            )
+            return _launch(
+                run_dir,
+                job_path,
+                config,
+                layout,
                 torchrun_args=torchrun_args,
                 timeout_s=timeout_s,
                 quiet=quiet,
@@ -393,41 +399,19 @@ def _ranks_of(pid: int) -> list[int]:
 
 def _launch(
     run_dir: Path,
-    cluster,
-    model,
+    job_path: Path,
     config,
     layout,
     *,
-    steps,
-    seed,
-    checkpoint_dir,
-    checkpoint_every,
-    resume_from,
-    metrics_out,
-    data,
-    tracking_uri,
     torchrun_args,
     timeout_s,
     quiet,
     on_step=None,
 ) -> TrainOutcome:
+    """Run torchrun on ``job_path`` (written by ``_write_job``) and wait for it, forwarding Ctrl-C and
+    SIGTERM to the ranks so that they checkpoint; rank 0's steps are read from ``run_dir``."""
     from runner.launch import worker_env
 
-    job_path = _write_job(
-        run_dir,
-        cluster,
-        model,
-        config,
-        steps,
-        seed,
-        checkpoint_dir,
-        checkpoint_every,
-        resume_from,
-        metrics_out,
-        data,
-        tracking_uri,
-        on_step,
-    )
     cmd = torchrun_command(layout.world_size, job_path, torchrun_args or [])
     out = subprocess.DEVNULL if quiet else None
     # its own session: a terminal's Ctrl-C reaches only this process, which decides what the ranks get;
@@ -491,6 +475,7 @@ def _write_job(
     cluster,
     model,
     config,
+    *,
     steps,
     seed,
     checkpoint_dir,
@@ -499,7 +484,7 @@ def _write_job(
     metrics_out,
     data,
     tracking_uri,
-    on_step,
+    log_steps: bool,
 ) -> Path:
     """The job file every rank reads (``runner.jobs.make_job``), written into the run directory."""
     from runner.jobs import make_job
@@ -521,7 +506,7 @@ def _write_job(
         pg_timeout_s=1800,
     )
     job["progress_out"] = str(run_dir / "progress.jsonl")  # rank 0's steps, for on_step and the summary
-    job["log_steps"] = on_step is None
+    job["log_steps"] = log_steps  # rank 0 logs each step unless on_step hears of them
     job_path = run_dir / "job.json"
     job_path.write_text(json.dumps(job))
     return job_path
