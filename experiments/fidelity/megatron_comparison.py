@@ -69,6 +69,28 @@ def selene(num_gpus: int):
     )
 
 
+def gpt(params, heads: int, hidden: int, layers: int, batch: int, precision: str, source: str):
+    """A GPT of Megatron-LM's papers: GeLU MLP 4h wide, vocabulary 51,200, sequence 2048, dropout 0.1, and
+    attention "standard" (2021 Megatron-LM stored the attention scores)."""
+    return model_from_dict(
+        dict(
+            name=f"gpt-{params}B",
+            num_layers=layers,
+            hidden_size=hidden,
+            num_heads=heads,
+            ffn_hidden_size=4 * hidden,
+            mlp="gelu",
+            vocab_size=VOCAB,
+            seq_len=SEQ,
+            global_batch_size=batch,
+            precision=precision,
+            attention="standard",
+            dropout=0.1,
+        ),
+        source,
+    )
+
+
 def plan(
     cluster,
     layers: int,
@@ -125,23 +147,7 @@ def korthikanti() -> list[float]:
     )
     errors = []
     for params, heads, hidden, layers, tp, pp, gpus, batch, mbs, mfu_pub, _hfu_pub in KORTHIKANTI:
-        model = model_from_dict(
-            dict(
-                name=f"gpt-{params}B",
-                num_layers=layers,
-                hidden_size=hidden,
-                num_heads=heads,
-                ffn_hidden_size=4 * hidden,
-                mlp="gelu",
-                vocab_size=VOCAB,
-                seq_len=SEQ,
-                global_batch_size=batch,
-                precision="bf16",
-                attention="standard",
-                dropout=0.1,
-            ),
-            "korthikanti",
-        )
+        model = gpt(params, heads, hidden, layers, batch, "bf16", "korthikanti")
         cluster = selene(gpus)
         m = Simulator(cluster, model).evaluate(plan(cluster, layers, tp, pp, batch, "1f1b", 1, mbs, "selective", True))
         if not m.ok:
@@ -175,25 +181,9 @@ def main() -> None:
     for params, heads, hidden, layers, tp, pp, gpus, batch, published, aggregate in TABLE_1:
         # transcription check: per-GPU x GPUs matches the aggregate column (both rounded in the paper)
         assert abs(published * gpus / 1000 - aggregate) / aggregate < 0.01, params
-        model = model_from_dict(
-            dict(
-                name=f"gpt-{params}B",
-                num_layers=layers,
-                hidden_size=hidden,
-                num_heads=heads,
-                ffn_hidden_size=4 * hidden,
-                mlp="gelu",
-                vocab_size=VOCAB,
-                seq_len=SEQ,
-                global_batch_size=batch,
-                precision="fp16",
-                attention="standard",
-                dropout=0.1,
-            ),
-            "table-1",
-        )
+        model = gpt(params, heads, hidden, layers, batch, "fp16", "table-1")
         cluster = selene(gpus)
-        sim = Simulator(cluster, model)  # attention "standard": 2021 Megatron-LM stored the attention scores
+        sim = Simulator(cluster, model)
         flops = megatron_flops_per_iteration(model, recompute=True)
         # and the model shape gives the parameter count of the first column (12 l h^2 + embeddings)
         assert (
