@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from simulator_cases import FAST, GPT
 
 from autotune import SpecError
 from autotune.catalog import GPU_CATALOG
@@ -13,23 +14,6 @@ from autotune.loading import cluster_from_dict, model_from_dict
 from autotune.simulator import Simulator
 from autotune.simulator.memory import GiB, layer_activation_bytes, layer_input_bytes
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
-
-# Korthikanti et al. 2022's setting: GPT shapes, 16-bit, scores stored, dropout on
-GPT = dict(
-    name="gpt",
-    num_layers=8,
-    hidden_size=256,
-    num_heads=8,
-    ffn_hidden_size=1024,
-    mlp="gelu",
-    vocab_size=512,
-    seq_len=128,
-    global_batch_size=16,
-    precision="bf16",
-    attention="standard",
-    dropout=0.1,
-)
-FAST = 1e15
 
 
 def _model(**kw):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from simulator_cases import FAST, GPT
 
 import autotune
 from autotune import SpecError, load_cluster, load_model
@@ -16,24 +17,6 @@ from autotune.simulator.efficiency import HALF_SIZE, PEAK_FRACTION, DeviceRates
 from autotune.simulator.flops import layer_forward_flops, model_flops_per_token
 from autotune.simulator.memory import GiB, layer_activation_bytes, usable_memory_GiB
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
-
-# GPT-shaped (f = 4h, no GQA, GeLU) so the published formulas apply verbatim; 16-bit, scores stored and
-# dropout on, as in Korthikanti et al. 2022
-GPT = dict(
-    name="gpt",
-    num_layers=8,
-    hidden_size=256,
-    num_heads=8,
-    ffn_hidden_size=1024,
-    mlp="gelu",
-    vocab_size=512,
-    seq_len=128,
-    global_batch_size=16,
-    precision="bf16",
-    attention="standard",
-    dropout=0.1,
-)
-FAST = 1e15  # GB/s: a link or memory so fast its time vanishes
 
 
 @pytest.fixture(autouse=True)
