@@ -36,7 +36,7 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, wait_s: float = 30.0) -> None:
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, wait_s: float = 30.0) -> None:
     """Stop ``proc`` and everything in its process group (it was started in a session of its own)."""
     if proc.poll() is None:
         try:
@@ -53,6 +53,22 @@ def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, wait_s: float = 30.
         pass
     if proc.poll() is None:
         proc.wait(10)
+
+
+def wait_for_health(base_url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait until ``{base_url}/health`` answers 200 (an MLflow server, ``autotune ui``): True, or False when
+    ``proc`` exits or ``timeout_s`` passes first."""
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            return False
+        time.sleep(0.5)
 
 
 def _pg_bin(name: str) -> str | None:
@@ -136,7 +152,7 @@ def postgres_server() -> Iterator[str]:
                 time.sleep(0.3)
         yield f"postgresql://autotune@127.0.0.1:{port}/optuna"
     finally:
-        _stop(proc, signal.SIGINT)  # SIGINT: PostgreSQL's fast shutdown
+        stop(proc, signal.SIGINT)  # SIGINT: PostgreSQL's fast shutdown
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -171,19 +187,10 @@ def mlflow_server(root: Path, start_timeout_s: float = 180.0) -> Iterator[str]:
     )
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + start_timeout_s  # 15-30 s on an idle 2-core machine
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                log.flush()
-                raise RuntimeError(f"mlflow server did not answer /health: {(root / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.5)
+        if not wait_for_health(uri, proc, start_timeout_s):  # 15-30 s on an idle 2-core machine
+            log.flush()
+            raise RuntimeError(f"mlflow server did not answer /health: {(root / 'server.log').read_text()[-2000:]}")
         yield uri
     finally:
-        _stop(proc)
+        stop(proc)
         log.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from paths import REPO
 from proc_scan import kill_test_processes, processes_with
+from servers import free_port
 
 REPO = REPO
 PLAN = {
@@ -176,18 +177,12 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "SIGINT"])
 def test_ui_server_dies_with_autotune_ui(tmp_path, sig):
     """SIGINT to ``autotune ui`` alone (``kill -INT``, not a terminal's Ctrl-C to the whole group): it used
     to wait for ever on a server nobody had stopped; now it stops it and exits 0."""
     tag, env = tagged_env(tmp_path)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         autotune("ui", "--port", str(port), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"),
         cwd=tmp_path,

@@ -8,6 +8,7 @@ import socket
 import sys
 
 import pytest
+from servers import free_port
 
 from autotune import cli
 
@@ -36,12 +37,6 @@ def refused(code: int, err: str, *needles: str) -> None:
     assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
     for needle in needles:
         assert needle in err, err
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SEARCH = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--method", "random", "--budget", "3"]
@@ -79,7 +74,7 @@ SEARCH = ["search", "--cluster", "mixed-a100-v100", "--model", "gpt2-xl", "--met
 )
 def test_search_prechecks(capsys, monkeypatch, tmp_path, extra, message):
     (tmp_path / "notes.txt").write_text("not a database\n")
-    port = str(_free_port())
+    port = str(free_port())
     code, err = run_cli(capsys, monkeypatch, tmp_path, *SEARCH, *[x.format(port=port) for x in extra])
     refused(code, err, message.format(port=port))
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "optuna.db").exists()  # no work started
@@ -159,7 +154,7 @@ def test_ui_exits_1_when_its_server_stops_by_itself(capsys, monkeypatch, tmp_pat
     import autotune.commands.ui as ui
 
     monkeypatch.setattr(ui, "command", lambda uri, port: [sys.executable, "-c", "raise SystemExit(0)"])
-    code, err = run_cli(capsys, monkeypatch, tmp_path, "ui", "--port", str(_free_port()))
+    code, err = run_cli(capsys, monkeypatch, tmp_path, "ui", "--port", str(free_port()))
     assert code == 1 and "the MLflow UI server stopped by itself (exit code 0)" in err, err
 
 

@@ -9,17 +9,15 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 
 import pytest
 from paths import REPO
+from servers import free_port, stop, wait_for_health
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 pytestmark = [
@@ -51,12 +49,6 @@ def _dom(url: str) -> str:
     return r.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_experiment_page_lists_every_search_and_compare_opens_on_best_tokens_per_s(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -78,7 +70,7 @@ def test_the_experiment_page_lists_every_search_and_compare_opens_on_best_tokens
     client = MlflowClient(uri)
     exp = results[0].experiment_id
     assert len(client.search_runs([exp], max_results=1000)) > 100
-    port = _free_port()
+    port = free_port()
     ui = subprocess.Popen(
         [sys.executable, "-m", "autotune.cli", "ui", "--tracking-uri", uri, "--port", str(port)],
         env=dict(os.environ, PYTHONPATH=str(REPO)),
@@ -88,16 +80,7 @@ def test_the_experiment_page_lists_every_search_and_compare_opens_on_best_tokens
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert ui.poll() is None and time.time() < deadline, "autotune ui did not answer /health"
-            time.sleep(0.5)
+        assert wait_for_health(base, ui, 240), "autotune ui did not answer /health"
         page = _dom(f"{base}/#/experiments/{exp}?{MLFLOW_UI_TRAINING_VIEW}")
         shown = set(re.findall(r"(optuna|random|uniform|dp), \d+ plans, seed 0 \(simulator\)", page))
         assert shown == {m for m, _ in SEARCHES}, f"searches on the experiment page: {sorted(shown)}"
@@ -109,8 +92,4 @@ def test_the_experiment_page_lists_every_search_and_compare_opens_on_best_tokens
         selected = re.sub(r"<[^>]*>", " ", compare[compare.index("Metrics:") :][:4000]).split()
         assert selected[1] == "best_tokens_per_s", selected[:6]
     finally:
-        os.killpg(ui.pid, signal.SIGTERM)
-        try:
-            ui.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(ui.pid, signal.SIGKILL)
+        stop(ui)
