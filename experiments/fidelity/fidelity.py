@@ -328,7 +328,7 @@ def main() -> None:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+        help="a tiny run that checks the script still works (tests/integration/experiments/test_experiments.py runs it)",
     )
     args = ap.parse_args()
     if args.quick:

@@ -232,7 +232,7 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a tiny run that checks the script still works (tests/integration/test_experiments.py runs it)",
+        help="a tiny run that checks the script still works (tests/integration/experiments/test_experiments.py runs it)",
     )
     args = parser.parse_args()
     if args.quick:
