@@ -1,7 +1,7 @@
 """Fidelity of the calibrated simulator against real profiled runs on this machine's CPU ranks.
 
-    .venv/bin/python experiments/fidelity/fidelity.py [--repeats 2] [--steps 3] [--out experiments/fidelity_results.json]
-    .venv/bin/python experiments/fidelity/fidelity.py --from-json experiments/fidelity_results.json   # re-analyse
+    .venv/bin/python experiments/fidelity/fidelity.py [--repeats 2] [--steps 3] [--out experiments/out/fidelity_results.json]
+    .venv/bin/python experiments/fidelity/fidelity.py --from-json experiments/out/fidelity_results.json   # re-analyse
 
 1. ``autotune profile --cluster experiments/fidelity/fidelity_cluster.yaml --model M`` for M in tiny, small.
 2. For each of 19 plans (1-4 ranks, 1-4 stages, uneven splits, 2 replicas, 2-way tensor parallel stages,
