@@ -301,34 +301,36 @@ class Simulator:
 
     def _out_of_memory(self, st: _Stages) -> Measurement | None:
         """The ``oom`` measurement when a device or a node's host memory does not hold its part, else None."""
+        error = self._oom_error(st)
+        if error is None:
+            return None
+        return Measurement(
+            tokens_per_s=0.0,
+            iteration_time_s=0.0,
+            oom=True,
+            peak_memory_GiB=st.peak,
+            status="oom",
+            host_memory_GiB=st.host,
+            allocated_memory_GiB=st.allocated,
+            error=error,
+        )
+
+    def _oom_error(self, st: _Stages) -> str | None:
+        """What does not fit: the first device over its memory, else the first node's host over its own."""
         if st.oom_devices:
             d = st.oom_devices[0]
             cap = self.costs.node[d].device.memory_GiB
-            return Measurement(
-                tokens_per_s=0.0,
-                iteration_time_s=0.0,
-                oom=True,
-                peak_memory_GiB=st.peak,
-                status="oom",
-                host_memory_GiB=st.host,
-                allocated_memory_GiB=st.allocated,
-                error=f"{len(st.oom_devices)} device(s) out of memory, e.g. {d} needs "
+            return (
+                f"{len(st.oom_devices)} device(s) out of memory, e.g. {d} needs "
                 f"{st.peak[d]:.1f} GiB of {cap:g} GiB ({st.allocated[d]:.1f} GiB of tensors "
-                "at the peak, the rest CUDA context, library buffers and the allocator's pool)",
+                "at the peak, the rest CUDA context, library buffers and the allocator's pool)"
             )
         for name, gib in st.host.items():
             cap = self.costs.node_spec[name].host.memory_GiB
             if gib > cap:
-                return Measurement(
-                    tokens_per_s=0.0,
-                    iteration_time_s=0.0,
-                    oom=True,
-                    peak_memory_GiB=st.peak,
-                    status="oom",
-                    host_memory_GiB=st.host,
-                    allocated_memory_GiB=st.allocated,
-                    error=f"host memory of node {name!r} out of memory: offloaded state needs "
-                    f"{gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)",
+                return (
+                    f"host memory of node {name!r} out of memory: offloaded state needs "
+                    f"{gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)"
                 )
         return None
 
