@@ -36,7 +36,7 @@ from autotune.search.methods import run_agent
 from autotune.search.result import TuneResult
 from autotune.search.screen import log_prediction_error
 from autotune.search.summary import SearchSummary
-from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
+from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
 
 log = logging.getLogger(__name__)
 
@@ -387,19 +387,14 @@ def _recover_study(study, space: SearchSpace, budgeted: BudgetedEvaluator) -> No
         log.info("optuna: recovered %d evaluated plans from MLflow into the study", added)
     now = time.time()
     for t in shared_study.evaluated_trials(study):
-        if "config" not in t.user_attrs:
+        found = shared_study.trial_evaluation(t)
+        if found is None or found[0] in budgeted:
             continue
-        config = ParallelConfig.from_dict(t.user_attrs["config"], source=f"trial {t.number}")
-        if config in budgeted:
-            continue
-        raw = t.user_attrs.get("measurement") or {
-            "tokens_per_s": t.value or 0.0,
-            "status": t.user_attrs.get("status", "ok"),
-        }
+        config, m = found
         if abandoned(t.user_attrs.get("worker"), t.user_attrs.get("heartbeat"), now):
-            budgeted.record(config, Measurement.from_dict(raw), t.params)
+            budgeted.record(config, m, t.params)
         else:
-            budgeted.preload(config, Measurement.from_dict(raw), t.params)
+            budgeted.preload(config, m, t.params)
 
 
 def _search(

@@ -174,16 +174,10 @@ class SharedStudy:
         params = {k: v for k, v in t.params.items() if k in self.dists}
         if set(params) == set(self.dists) and all(v in self.dists[k].choices for k, v in params.items()):
             self.add_local(params, t.value or 0.0)
-        if evaluator is None or "config" not in t.user_attrs:
+        found = trial_evaluation(t) if evaluator is not None else None
+        if found is None or found[0] in evaluator:
             return
-        config = ParallelConfig.from_dict(t.user_attrs["config"], source=f"trial {t.number}")
-        if config in evaluator:
-            return
-        raw = t.user_attrs.get("measurement") or {
-            "tokens_per_s": t.value or 0.0,
-            "status": t.user_attrs.get("status", "ok"),
-        }
-        m = Measurement.from_dict(raw)
+        config, m = found
         if notify is not None and notify(t):
             evaluator.record(config, m, params)
         else:
@@ -400,6 +394,19 @@ def evaluated_trials(study) -> list:
     if isinstance(study, SharedStudy):
         study = study.study
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.user_attrs.get("evaluated")]
+
+
+def trial_evaluation(t) -> tuple[ParallelConfig, Measurement] | None:
+    """The plan an evaluated trial ran and what it measured (its ``measurement`` attribute, else its value
+    and status); None for a trial without a plan."""
+    if "config" not in t.user_attrs:
+        return None
+    config = ParallelConfig.from_dict(t.user_attrs["config"], source=f"trial {t.number}")
+    raw = t.user_attrs.get("measurement") or {
+        "tokens_per_s": t.value or 0.0,
+        "status": t.user_attrs.get("status", "ok"),
+    }
+    return config, Measurement.from_dict(raw)
 
 
 def sync_from_evaluator(study: SharedStudy, space: SearchSpace, evaluator: BudgetedEvaluator) -> int:
