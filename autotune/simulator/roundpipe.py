@@ -488,9 +488,8 @@ def _pool_plans(costs: CostModel, config: ParallelConfig):
         ) / GiB
         host[node.name] = host.get(node.name, 0.0) + host_gib
         plans.append((rp, node, stages, m_pass))
-    if oom:
-        d = oom[0]
-        cap = cluster.device(d).memory_GiB
+    error = _oom_error(cluster, oom, peak, host)
+    if error is not None:
         return Measurement(
             tokens_per_s=0.0,
             iteration_time_s=0.0,
@@ -498,24 +497,29 @@ def _pool_plans(costs: CostModel, config: ParallelConfig):
             peak_memory_GiB=peak,
             status="oom",
             host_memory_GiB=host,
-            error=f"{len(oom)} device(s) out of memory, e.g. {d} needs {peak[d]:.1f} GiB of {cap:g} GiB "
+            error=error,
+        )
+    return peak, host, plans
+
+
+def _oom_error(cluster, oom: list[str], peak: dict[str, float], host: dict[str, float]) -> str | None:
+    """What does not fit: the first GPU over its memory, else the first node's host over its own."""
+    if oom:
+        d = oom[0]
+        cap = cluster.device(d).memory_GiB
+        return (
+            f"{len(oom)} device(s) out of memory, e.g. {d} needs {peak[d]:.1f} GiB of {cap:g} GiB "
             f"(usable {usable_memory_GiB(cap):.1f}) for its largest stage and the one prefetched "
-            "behind it: smaller stages, recompute_grain 'layer' or a smaller micro_batch_size",
+            "behind it: smaller stages, recompute_grain 'layer' or a smaller micro_batch_size"
         )
     for name, gib in host.items():
         cap = next(n for n in cluster.nodes if n.name == name).host.memory_GiB
         if gib > cap:
-            return Measurement(
-                tokens_per_s=0.0,
-                iteration_time_s=0.0,
-                oom=True,
-                peak_memory_GiB=peak,
-                status="oom",
-                host_memory_GiB=host,
-                error=f"host memory of node {name!r} out of memory: RoundPipe's state and kept "
-                f"activations need {gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)",
+            return (
+                f"host memory of node {name!r} out of memory: RoundPipe's state and kept "
+                f"activations need {gib:.1f} GiB of its {cap:g} GiB (host.memory_GiB)"
             )
-    return peak, host, plans
+    return None
 
 
 def _iteration(
