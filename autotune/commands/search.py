@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+from autotune.commands.progress_bar import step_bar
+
 
 def run(
     cluster: str,
@@ -105,22 +107,9 @@ class _Progress:
     """The live progress bar of one search: evaluations done, the best so far, what is being opened."""
 
     def __init__(self, console, method: str, budget: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         self.console, self.budget = console, budget
         self.best, self.done = 0.0, 0
-        self.progress = Progress(
-            TextColumn("[bold]{task.fields[method]}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[what]}"),
-            TimeElapsedColumn(),
-            console=console,
-            # drawn on a terminal only, and erased at the end: an error stays one line,
-            # and the summary line below says how it went
-            transient=True,
-            disable=not console.is_terminal,
-        )
+        self.progress = step_bar(console, "[bold]{task.fields[method]}")
         self.task = self.progress.add_task(
             "search",
             total=budget,

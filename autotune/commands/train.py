@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.commands.progress_bar import step_bar
+
 
 def run(
     cluster: str,
@@ -26,19 +28,9 @@ def run(
 ) -> int:
     from rich.console import Console
     from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
-    progress = Progress(
-        TextColumn("[bold]train"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[what]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    )
+    progress = step_bar(console, "[bold]train")
     with progress:
         task = progress.add_task("train", total=steps, what="loading torch")
         from runner.train import train
