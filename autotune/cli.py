@@ -45,8 +45,11 @@ def _flags_take_no_value() -> None:
 _flags_take_no_value()
 
 ClusterOpt = typer.Option(..., "--cluster", help="Cluster YAML path or preset name.")
-ModelOpt = typer.Option(..., "--model", help="Model YAML path or preset name.")
+ModelOpt = typer.Option(
+    ..., "--model", help="Model YAML path, preset name, or a Hugging Face config.json (or its directory)."
+)
 GbsOpt = typer.Option(None, "--global-batch-size", help="Override the model's global batch size (sequences).")
+SeqLenOpt = typer.Option(None, "--seq-len", help="Override the model's training sequence length (tokens).")
 ExperimentOpt = typer.Option(
     None, "--experiment", help="MLflow experiment (default: the one of the most recent search)."
 )  # compare, best
@@ -73,6 +76,34 @@ def _root(
     """Find and run the fastest training plan for an LLM on a mixed GPU cluster."""
 
 
+def _model(model: str, global_batch_size: int | None, seq_len: int | None):
+    """``--model`` as the command takes it: a Hugging Face config read here (its parameter count, what
+    filled the values the file does not hold and what is not modelled said on stderr), a file or preset
+    with ``--seq-len`` applied, else the reference itself (the command loads it)."""
+    from autotune.loading import load_hf_model, load_model
+
+    hf = load_hf_model(model, seq_len, global_batch_size)
+    if hf is None:
+        return model if seq_len is None else load_model(model, global_batch_size, seq_len)
+    from rich.console import Console
+    from rich.markup import escape
+
+    err = Console(stderr=True, highlight=False)
+    m = hf.model
+    active = f", {m.active_params / 1e9:.2f}B active" if m.is_moe else ""
+    err.print(
+        escape(
+            f"model {m.name} ({hf.family}): {m.num_params / 1e9:.3f}B parameters{active}; "
+            f"the config implies {hf.implied_params / 1e9:.3f}B"
+        )
+    )
+    for note in hf.notes:
+        err.print(escape(f"  {note}"))
+    for warning in hf.warnings:
+        err.print(f"  [yellow]not modelled:[/yellow] {escape(warning)}")
+    return m
+
+
 def _run(module: str, **kwargs) -> None:
     try:
         code = importlib.import_module(f"autotune.commands.{module}").run(**kwargs)
@@ -89,6 +120,7 @@ def simulate(
     model: str = ModelOpt,
     config: Path = typer.Option(..., "--config", help="Parallel config JSON."),
     global_batch_size: int | None = GbsOpt,
+    seq_len: int | None = SeqLenOpt,
     profile: Path | None = typer.Option(None, "--profile", help="Calibration profile from `autotune profile`."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
@@ -96,7 +128,7 @@ def simulate(
     _run(
         "simulate",
         cluster=cluster,
-        model=model,
+        model=_model(model, global_batch_size, seq_len),
         config=config,
         global_batch_size=global_batch_size,
         profile=profile,
@@ -110,6 +142,7 @@ def measure(
     model: str = ModelOpt,
     config: Path = typer.Option(..., "--config", help="Parallel config JSON."),
     global_batch_size: int | None = GbsOpt,
+    seq_len: int | None = SeqLenOpt,
     steps: int = typer.Option(3, "--steps", help="Timed steps (after warm-up)."),
     warmup: int = typer.Option(1, "--warmup", help="Warm-up steps, not timed."),
     timeout: float = typer.Option(300.0, "--timeout", help="Wall-clock limit for the whole run, seconds."),
@@ -119,7 +152,7 @@ def measure(
     _run(
         "measure",
         cluster=cluster,
-        model=model,
+        model=_model(model, global_batch_size, seq_len),
         config=config,
         global_batch_size=global_batch_size,
         steps=steps,
@@ -147,6 +180,7 @@ def search(
     method: str = typer.Option("optuna", "--method", help="rl | optuna | random | uniform | exhaustive | dp"),
     budget: int = typer.Option(100, "--budget", help="Number of evaluated plans."),
     global_batch_size: int | None = GbsOpt,
+    seq_len: int | None = SeqLenOpt,
     backend: str = typer.Option("sim", "--backend", help="sim (simulator) or real (profiled runs)."),
     seed: int = typer.Option(
         0, "--seed", help="Seed of the method's random choices (0 to 2**32-1); another seed is another search."
@@ -206,7 +240,7 @@ def search(
     _run(
         "search",
         cluster=cluster,
-        model=model,
+        model=_model(model, global_batch_size, seq_len),
         method=method,
         budget=budget,
         global_batch_size=global_batch_size,
@@ -255,6 +289,7 @@ def train(
     model: str = ModelOpt,
     config: Path = typer.Option(..., "--config", help="Parallel config JSON (e.g. from search --output)."),
     global_batch_size: int | None = GbsOpt,
+    seq_len: int | None = SeqLenOpt,
     steps: int = typer.Option(
         10, "--steps", help="Train until this optimizer step (a resumed run counts the steps before its checkpoint)."
     ),
@@ -281,7 +316,7 @@ def train(
     _run(
         "train",
         cluster=cluster,
-        model=model,
+        model=_model(model, global_batch_size, seq_len),
         config=config,
         global_batch_size=global_batch_size,
         steps=steps,

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from autotune.catalog import CLUSTER_PRESETS, GPU_CATALOG, MODEL_PRESETS
 from autotune.documents import read_document
 from autotune.errors import SpecError, shown
+from autotune.hf_config import HFModel, hf_config_path, model_from_hf
 from autotune.specs import (
     MAX_DEVICES,
     ClusterSpec,
@@ -255,6 +256,18 @@ _MODEL_OPTIONAL = {"name", "num_kv_heads", "mlp", "precision", "attention", "dro
 # optional mixture-of-experts fields (SPEC.md "Extensions")
 _MOE_MODEL_FIELDS = {"num_experts", "experts_per_token", "expert_ffn_hidden_size", "moe_layer_every"}
 _MODEL_FIELDS |= _MOE_MODEL_FIELDS
+# optional architecture details of Hugging Face families (SPEC.md "Extensions, second set")
+_DETAIL_MODEL_FIELDS = {
+    "head_dim",
+    "bias",
+    "tied_embeddings",
+    "learned_positions",
+    "sliding_window",
+    "shared_expert_ffn_hidden_size",
+    "first_dense_layers",
+}
+_MODEL_FIELDS |= _DETAIL_MODEL_FIELDS
+_MODEL_OPTIONAL |= _DETAIL_MODEL_FIELDS
 
 
 def model_from_dict(data: Mapping[str, Any], source: str, default_name: str = "model") -> ModelSpec:
@@ -269,8 +282,33 @@ def model_from_dict(data: Mapping[str, Any], source: str, default_name: str = "m
         raise SpecError(source, e.field, e.rule) from None
 
 
-def load_model(ref: PathLike | ModelSpec, global_batch_size: int | None = None) -> ModelSpec:
-    """A model from a YAML/JSON path or a preset name; ``global_batch_size`` overrides the file's."""
+def load_hf_model(ref: PathLike, seq_len: int | None = None, global_batch_size: int | None = None) -> HFModel | None:
+    """The model of a Hugging Face ``config.json`` (``ref`` the file or its directory), with what the
+    reading decided (``autotune.hf_config``); None when ``ref`` is no such config."""
+    if isinstance(ref, ModelSpec):
+        return None
+    path = hf_config_path(ref)
+    if path is None:
+        return None
+    if seq_len is not None:
+        positive("--seq-len", "", seq_len, integer=True, maximum=limit_of("seq_len"))
+    if global_batch_size is not None:
+        positive("--global-batch-size", "", global_batch_size, integer=True, maximum=limit_of("global_batch_size"))
+    return _cached(
+        f"hf-model-{seq_len}-{global_batch_size}",
+        path,
+        lambda: model_from_hf(_read_mapping(path), str(path), seq_len, global_batch_size),
+    )
+
+
+def load_model(
+    ref: PathLike | ModelSpec, global_batch_size: int | None = None, seq_len: int | None = None
+) -> ModelSpec:
+    """A model from a YAML/JSON path, a Hugging Face ``config.json`` (or its directory) or a preset
+    name; ``global_batch_size`` and ``seq_len`` override the file's."""
+    hf = load_hf_model(ref, seq_len, global_batch_size)
+    if hf is not None:
+        return hf.model
     if isinstance(ref, ModelSpec):
         model = ref
     elif not _is_path(ref):
@@ -281,12 +319,24 @@ def load_model(ref: PathLike | ModelSpec, global_batch_size: int | None = None) 
         model = model_from_dict({"name": str(ref), **MODEL_PRESETS[str(ref)]}, f"preset {shown(ref)}")
     else:
         path = Path(ref)
+        if path.is_dir():
+            raise SpecError(
+                str(path), "", "is a directory without config.json (a Hugging Face model directory holds one)"
+            )
         model = _cached("model", path, lambda: model_from_dict(_read_mapping(path), str(path), default_name=path.stem))
     if global_batch_size is not None:
         if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
             raise SpecError("--global-batch-size", "", f"must be a positive integer, got {shown(global_batch_size)}")
         positive("--global-batch-size", "", global_batch_size, integer=True, maximum=limit_of("global_batch_size"))
         model = model.with_global_batch_size(global_batch_size)
+    if seq_len is not None and seq_len != model.seq_len:
+        from dataclasses import replace
+
+        positive("--seq-len", "", seq_len, integer=True, maximum=limit_of("seq_len"))
+        try:
+            model = replace(model, seq_len=seq_len)
+        except SpecError as e:
+            raise SpecError("--seq-len", e.field, e.rule) from None
     return model
 
 

@@ -85,6 +85,30 @@ def uses_cuda(cluster: ClusterSpec, config: ParallelConfig, cuda_available: bool
     return bool(gpus)
 
 
+#: model fields the runner's decoder (runner/model.py) does not build yet, with what they are
+RUNNER_MISSING_FIELDS = {
+    "bias": "linear-layer biases",
+    "tied_embeddings": "a tied LM head",
+    "learned_positions": "learned position embeddings",
+    "sliding_window": "sliding-window attention",
+    "shared_expert_ffn_hidden_size": "shared experts",
+}
+
+
+def check_model_supported(model: ModelSpec) -> None:
+    """Refuse, in one line, a model the runner's decoder would build differently from its spec."""
+    defaults = {"bias": "none", "tied_embeddings": False}
+    for name, what in RUNNER_MISSING_FIELDS.items():
+        value = getattr(model, name)
+        if value != defaults.get(name, 0):
+            raise SpecError(
+                "runner",
+                f"model.{name}",
+                f"the runner's model has no {what} yet (got {value!r}); search, simulate and export take this "
+                "model, `autotune train` does not",
+            )
+
+
 def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, schedule_check: bool = True) -> Layout:
     """Everything that can be checked before launching: validity, runner support, CUDA presence. A roundpipe
     plan gets ``runner.roundpipe_run.preflight`` (one process for its pool, CUDA and the library)."""
@@ -92,6 +116,7 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, sc
         from runner.roundpipe_run import preflight as roundpipe_preflight
 
         return roundpipe_preflight(cluster, model, config)  # type: ignore[return-value]
+    check_model_supported(model)
     layout = build_layout(cluster, model, config)
     for p, pipe in enumerate(config.pipelines):
         modes = {st.sequence_parallel and st.tp > 1 for st in pipe.stages}

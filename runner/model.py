@@ -75,15 +75,15 @@ def attention_core(
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        h, kv = spec.hidden_size, spec.kv_hidden_size
+        h, q, kv = spec.hidden_size, spec.q_hidden_size, spec.kv_hidden_size
         self.head_dim = spec.head_dim
         self.standard = spec.attention == "standard"
         self.dropout = spec.dropout
         self.selective = False  # StageChunk sets it: checkpoint the attention core only
-        self.q_proj = nn.Linear(h, h, bias=False)
+        self.q_proj = nn.Linear(h, q, bias=False)
         self.k_proj = nn.Linear(h, kv, bias=False)
         self.v_proj = nn.Linear(h, kv, bias=False)
-        self.o_proj = nn.Linear(h, h, bias=False)
+        self.o_proj = nn.Linear(q, h, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape

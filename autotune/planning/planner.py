@@ -364,11 +364,7 @@ class Planner:
         per_stage: dict[tuple[int, int], float] = {}
         for x, y in zip(cuts_sorted, cuts_sorted[1:]):
             owners = [bisect.bisect_right(st, x) - 1 for st in starts]
-            params = (
-                (y - x) * model.params_per_layer
-                + (model.embedding_params if x == 0 else 0)
-                + (model.embedding_params + model.hidden_size if y == L else 0)
-            )
+            params = (y - x) * model.params_per_layer + model.end_params(x == 0, y == L)
             devs = tuple(pipes[r][s][0] for r, s in enumerate(owners))
             key = (devs, params, ring)
             t = self._ring.get(key)

@@ -33,11 +33,7 @@ def segments(model: ModelSpec, config: ParallelConfig) -> list[tuple[tuple[int, 
     segments: list[tuple[tuple[int, ...], float]] = []
     for x, y in zip(cuts_sorted, cuts_sorted[1:]):
         owners = tuple(bisect.bisect_right(st, x) - 1 for st in starts)
-        params = (y - x) * model.params_per_layer
-        if x == 0:
-            params += model.embedding_params
-        if y == L:
-            params += model.embedding_params + model.hidden_size
+        params = (y - x) * model.params_per_layer + model.end_params(x == 0, y == L)
         if segments and segments[-1][0] == owners:
             segments[-1] = (owners, segments[-1][1] + params)
         else:

@@ -55,15 +55,16 @@ def layer_matmuls(model: ModelSpec, micro_batch_size: int, tp: int) -> tuple[Mat
     keeps one (replicated) key/value head.
     """
     b, s, h, f = micro_batch_size, model.seq_len, model.hidden_size, model.ffn_hidden_size
+    q, keys = model.q_hidden_size, model.attended_keys()
     tokens = b * s
     heads = model.num_heads // tp
     kv_dev = max(model.kv_hidden_size // tp, model.head_dim)
     up = 2 * f if model.mlp == "swiglu" else f  # SwiGLU: gate and up projections, fused
     return (
-        Matmul(tokens, h // tp + 2 * kv_dev, h),  # Q, K, V projections
-        Matmul(s, s, model.head_dim, b * heads),  # scores Q K^T, per sequence and head
-        Matmul(s, model.head_dim, s, b * heads),  # probabilities times V
-        Matmul(tokens, h, h // tp),  # output projection
+        Matmul(tokens, q // tp + 2 * kv_dev, h),  # Q, K, V projections
+        Matmul(s, keys, model.head_dim, b * heads),  # scores Q K^T, per sequence and head
+        Matmul(s, model.head_dim, keys, b * heads),  # probabilities times V
+        Matmul(tokens, h, q // tp),  # output projection
         Matmul(tokens, up // tp, h),  # MLP up (and gate)
         Matmul(tokens, h, f // tp),  # MLP down
     )
@@ -88,8 +89,8 @@ def model_flops_per_token(model: ModelSpec) -> float:
     ``N`` counts the routed experts only (``ModelSpec.active_params``): a token passes through
     ``experts_per_token`` of them (plus the router), not all.
     """
-    n = model.active_params - model.embedding_params
-    return 6.0 * n + 12.0 * model.num_layers * model.hidden_size * model.seq_len
+    n = model.num_layers * model.active_params_per_layer + model.embedding_params + model.norm_params  # blocks, head
+    return 6.0 * n + 12.0 * model.num_layers * model.q_hidden_size * model.attended_keys()
 
 
 def megatron_flops_per_iteration(model: ModelSpec, recompute: bool = True) -> float:

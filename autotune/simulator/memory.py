@@ -74,7 +74,7 @@ def layer_activation_bytes(
     a, hkv = model.num_heads, model.kv_hidden_size
     mlp_inner = (3 if model.mlp == "swiglu" else 2) * e * f
     replicated = (4 * e + 2 * d) * h
-    split = e * h + 2 * e * hkv + e * h + mlp_inner
+    split = e * model.q_hidden_size + 2 * e * hkv + e * model.q_hidden_size + mlp_inner
     stored_scores = model.attention == "standard" and not selective
     scores = (e + d * (1 + e)) * a * s * s * b / tp if stored_scores else 0.0
     if sequence_parallel and tp > 1:
@@ -96,12 +96,7 @@ def layer_input_bytes(
 
 def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> float:
     """Parameters one device of a stage holds (its 1/tp share)."""
-    params = layers * model.params_per_layer
-    if first:
-        params += model.embedding_params
-    if last:
-        params += model.embedding_params + model.hidden_size  # untied LM head + final norm
-    return params / tp
+    return (layers * model.params_per_layer + model.end_params(first, last)) / tp
 
 
 def stage_activation_bytes(

@@ -78,11 +78,16 @@ def moe_mlp_matmuls(model: ModelSpec, micro_batch_size: int, tp: int, ep: int) -
     local = E // ep
     rows = max(1, math.ceil(CAPACITY_FACTOR * ep * tokens * k / E))
     up = 2 * f if model.mlp == "swiglu" else f
-    return (
+    routed = (
         Matmul(tokens, E, h),  # router logits
         Matmul(rows, -(-up // tp), h, local),  # expert up (and gate), per local expert
         Matmul(rows, h, -(-f // tp), local),  # expert down
     )
+    g = model.shared_expert_ffn_hidden_size  # the shared experts: a dense MLP every token passes
+    if not g:
+        return routed
+    shared_up = 2 * g if model.mlp == "swiglu" else g
+    return routed + (Matmul(tokens, -(-shared_up // tp), h), Matmul(tokens, h, -(-g // tp)))
 
 
 def layer_matmul_s(
@@ -108,6 +113,7 @@ def activation_delta_per_token(model: ModelSpec, tp: int) -> float:
     per = 6 if model.mlp == "swiglu" else 4
     dense_inner = per * model.ffn_hidden_size / tp
     moe = 8.0 * E + k * c * (2 * h + 2 * h + per * model.expert_ffn_hidden_size / tp)
+    moe += per * model.shared_expert_ffn_hidden_size / tp
     return model.moe_layer_fraction * (moe - dense_inner)
 
 
@@ -253,12 +259,7 @@ def _segments(model: ModelSpec, config: ParallelConfig, pipelines: tuple[int, ..
 
 
 def _shared_params(model: ModelSpec, x: int, y: int) -> float:
-    params = (y - x) * model.shared_params_per_layer
-    if x == 0:
-        params += model.embedding_params
-    if y == model.num_layers:
-        params += model.embedding_params + model.hidden_size
-    return params
+    return (y - x) * model.shared_params_per_layer + model.end_params(x == 0, y == model.num_layers)
 
 
 def _expert_params(model: ModelSpec, x: int, y: int) -> float:

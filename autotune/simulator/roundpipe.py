@@ -122,8 +122,8 @@ def pass_stages(costs: CostModel, rp: RoundPipeStages, mbs: int, device: str) ->
     # one chunk's logits in the model's precision, fp32 softmax and its gradient (memory.py's rule)
     logits = (w + 8.0) * min(s * mbs, LOSS_CHUNK_TOKENS) * model.vocab_size
     P = model.params_per_layer * w
-    emb = model.embedding_params * w
-    head = (model.embedding_params + model.hidden_size) * w
+    emb = model.end_params(True, False) * w
+    head = model.end_params(False, True) * w
     layer_grain = rp.recompute_grain == "layer"
     fwd = rp.forward_ranges(L)[:-1]
     bwd = rp.backward_ranges(L)[:-1]

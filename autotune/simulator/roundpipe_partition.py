@@ -116,9 +116,9 @@ def unit_profile(costs: CostModel, device: str, mbs: int) -> tuple[list[float], 
     lf, lb, lbr, ef, eb, hf, hb = costs.unit_costs(device, mbs)
     L = model.num_layers
     w = model.bytes_per_element
-    emb = model.embedding_params * w
+    emb = model.end_params(True, False) * w
     block = model.params_per_layer * w
-    head = (model.embedding_params + model.hidden_size) * w
+    head = model.end_params(False, True) * w
     fwd = [ef] + [lf] * L + [hf]
     bwd = [ef + eb] + [lbr] * L + [hf + hb]
     fb = [emb] + [block] * L + [head]

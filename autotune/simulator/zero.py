@@ -124,10 +124,11 @@ def working_bytes(
 def stage_units(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> list[float]:
     """Parameters of each unit of a stage on one of its ``tp`` devices, in forward order: the embedding
     on the first stage, its blocks, the final norm + LM head on the last."""
-    units = [model.embedding_params / tp] if first else []
+    embedding = model.end_params(True, False) if first else 0
+    units = [embedding / tp] if first else []
     units += [model.params_per_layer / tp] * layers
     if last:
-        units.append((model.embedding_params + model.hidden_size) / tp)
+        units.append((model.end_params(first, True) - embedding) / tp)
     return units
 
 

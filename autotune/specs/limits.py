@@ -21,6 +21,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 #: per-stage CPU offload: nothing, optimizer state + master weights (ZeRO-Offload), everything (ZeRO-Infinity)
 OFFLOAD_MODES = ("none", "optimizer", "all")
 PRECISIONS = ("bf16", "fp16", "fp32")  # fp32: fp32 tensors, TF32 matmuls where the GPU has them
+BIAS_KINDS = ("none", "qkv", "all")  # which linear layers (and norms) carry biases
 ATTENTION_KINDS = ("flash", "standard")  # flash: fused, scores never stored; standard: scores stored
 RECOMPUTE_MODES = (False, True, "selective")  # none, full, attention core only (Korthikanti et al. 2022)
 #: an inline GPU without its own TF32 / FP32 peaks gets ``peak_tflops`` divided by these (the ratios of the
@@ -50,6 +51,11 @@ LIMITS: dict[str, float] = {
     "experts_per_token": 4096,
     "expert_ffn_hidden_size": 1_048_576,
     "moe_layer_every": 2048,
+    "head_dim": 65_536,
+    "learned_positions": 4_194_304,
+    "sliding_window": 4_194_304,
+    "shared_expert_ffn_hidden_size": 1_048_576,
+    "first_dense_layers": 2048,
     # plan
     "expert_parallel": 16_384,
     "sync_every_steps": 1_000_000,

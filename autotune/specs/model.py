@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.errors import SpecError, shown
-from autotune.specs.limits import ATTENTION_KINDS, MLP_KINDS, PRECISIONS, positive
+from autotune.specs.limits import ATTENTION_KINDS, BIAS_KINDS, MLP_KINDS, PRECISIONS, positive
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,14 @@ class ModelSpec:
     precision: str = "bf16"  # bf16 | fp16 (16-bit mixed precision) | fp32 (TF32 matmuls where available)
     attention: str = "flash"  # flash (fused, scores never stored) | standard (scores stored)
     dropout: float = 0.0  # dropout probability on attention probabilities and residual branches
+    # what Hugging Face families add (SPEC.md "Extensions, second set"; docs/formats.md "Architecture details")
+    head_dim: int = 0  # width of one attention head [hidden_size // num_heads]
+    bias: str = "none"  # none (Llama) | qkv (Qwen2: Q, K, V projections) | all (GPT-2, NeoX: every linear and norm)
+    tied_embeddings: bool = False  # the LM head is the input embedding (one matrix held; a pipeline keeps a copy)
+    learned_positions: int = 0  # rows of a learned position embedding (GPT-2); 0 = rotary or none
+    sliding_window: int = 0  # each token attends to the last sliding_window tokens; 0 = all before it
+    shared_expert_ffn_hidden_size: int = 0  # width of the MLP every token passes in an MoE block (DeepSeek, Qwen-MoE)
+    first_dense_layers: int = 0  # the first blocks stay dense in an MoE model (DeepSeek's first_k_dense_replace)
 
     def __post_init__(self) -> None:
         where = f"model {shown(self.name)}"
@@ -47,10 +55,14 @@ class ModelSpec:
         if self.num_kv_heads == 0:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         positive(where, "num_kv_heads", self.num_kv_heads, integer=True)
-        if self.hidden_size % self.num_heads:
-            raise SpecError(
-                where, "hidden_size", f"must be divisible by num_heads ({self.hidden_size} % {self.num_heads} != 0)"
-            )
+        positive(where, "head_dim", self.head_dim, integer=True, strict=False)
+        if self.head_dim == 0:
+            if self.hidden_size % self.num_heads:
+                raise SpecError(
+                    where, "hidden_size", f"must be divisible by num_heads ({self.hidden_size} % {self.num_heads} != 0)"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        _validate_details(self, where)
         if self.num_heads % self.num_kv_heads:
             raise SpecError(
                 where, "num_kv_heads", f"must divide num_heads ({self.num_heads} % {self.num_kv_heads} != 0)"
@@ -73,8 +85,16 @@ class ModelSpec:
         return 4 if self.precision == "fp32" else 2
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def q_hidden_size(self) -> int:
+        """Width of the queries (and of the attention output): ``num_heads * head_dim``."""
+        return self.num_heads * self.head_dim
+
+    def attended_keys(self) -> int:
+        """Keys one query attends to, counted as a full causal attention counts them (``seq_len``, every
+        position, the convention of Megatron's FLOP count); a sliding window of ``w < seq_len`` keeps
+        ``2 w - w^2 / s`` of them (the same 2x over the computed share as full causal attention)."""
+        s, w = self.seq_len, self.sliding_window
+        return s if w == 0 or w >= s else int(round(2 * w - w * w / s))
 
     # -- mixture of experts ------------------------------------------------------------------------
     # A MoE block is a dense block whose MLP is replaced by a router (h x E) and E expert MLPs of width
@@ -87,12 +107,16 @@ class ModelSpec:
         return self.num_experts > 0
 
     def is_moe_layer(self, layer: int) -> bool:
-        """Block ``layer`` (0-based) is an MoE block: every ``moe_layer_every``-th block, the last of each run."""
-        return self.is_moe and (layer + 1) % self.moe_layer_every == 0
+        """Block ``layer`` (0-based) is an MoE block: every ``moe_layer_every``-th block, the last of each
+        run, after the ``first_dense_layers``."""
+        return self.is_moe and layer >= self.first_dense_layers and (layer + 1) % self.moe_layer_every == 0
 
     @property
     def num_moe_layers(self) -> int:
-        return self.num_layers // self.moe_layer_every if self.is_moe else 0
+        if not self.is_moe:
+            return 0
+        every, first = self.moe_layer_every, self.first_dense_layers
+        return self.num_layers // every - first // every
 
     @property
     def moe_layer_fraction(self) -> float:
@@ -106,27 +130,39 @@ class ModelSpec:
     @property
     def expert_params(self) -> int:
         """Weights of one expert MLP in one MoE block."""
-        return self.mlp_matrices * self.hidden_size * self.expert_ffn_hidden_size if self.is_moe else 0
+        return self.mlp_params(self.expert_ffn_hidden_size) if self.is_moe else 0
 
     @property
     def router_params(self) -> int:
         return self.hidden_size * self.num_experts
 
     @property
+    def norm_params(self) -> int:
+        """One norm's weights: a scale (RMSNorm), and a shift with ``bias: all`` (LayerNorm)."""
+        return self.hidden_size * (2 if self.bias == "all" else 1)
+
+    @property
     def attention_params(self) -> int:
-        """Q, O, K, V projections and the block's two norms."""
-        h = self.hidden_size
-        return h * h * 2 + h * self.kv_hidden_size * 2 + 2 * h
+        """Q, K, V, O projections (with their biases where the family has them) and the block's two norms."""
+        h, q, kv = self.hidden_size, self.q_hidden_size, self.kv_hidden_size
+        bias = {"none": 0, "qkv": q + 2 * kv, "all": q + 2 * kv + h}[self.bias]
+        return h * q * 2 + h * kv * 2 + bias + 2 * self.norm_params
+
+    def mlp_params(self, width: int) -> int:
+        """One MLP of ``width`` (a dense block's, an expert, the shared experts), biases included where
+        the family has them."""
+        bias = (self.mlp_matrices - 1) * width + self.hidden_size if self.bias == "all" and width else 0
+        return self.mlp_matrices * self.hidden_size * width + bias
 
     @property
     def dense_block_params(self) -> int:
         """Weights of one dense block (attention, norms, MLP)."""
-        return self.attention_params + self.mlp_matrices * self.hidden_size * self.ffn_hidden_size
+        return self.attention_params + self.mlp_params(self.ffn_hidden_size)
 
     @property
     def moe_block_shared_params(self) -> int:
-        """Weights of one MoE block besides its experts: attention, norms, router."""
-        return self.attention_params + self.router_params
+        """Weights of one MoE block besides its routed experts: attention, norms, router, shared experts."""
+        return self.attention_params + self.router_params + self.mlp_params(self.shared_expert_ffn_hidden_size)
 
     @property
     def expert_params_per_layer(self) -> float:
@@ -166,17 +202,27 @@ class ModelSpec:
 
     @property
     def embedding_params(self) -> int:
+        """The token embedding (the LM head's matrix has the same shape)."""
         return self.vocab_size * self.hidden_size
+
+    def end_params(self, first: bool, last: bool) -> int:
+        """Weights a pipeline stage holds besides its blocks: the embeddings (token and learned positions)
+        on the first stage, the final norm and the LM head on the last. A tied head is the embedding
+        itself on a stage that has both, and a copy (Megatron-LM's) on a last stage that does not."""
+        params = self.embedding_params + self.hidden_size * self.learned_positions if first else 0
+        if last:
+            params += self.norm_params + (0 if self.tied_embeddings and first else self.embedding_params)
+        return params
 
     @property
     def num_params(self) -> int:
-        """Total weights with an untied LM head: embedding + blocks (every expert) + final norm + head."""
-        return int(round(self.embedding_params * 2 + self.num_layers * self.params_per_layer + self.hidden_size))
+        """Total weights: embeddings + blocks (every expert) + final norm + LM head (once if tied)."""
+        return int(round(self.end_params(True, True) + self.num_layers * self.params_per_layer))
 
     @property
     def active_params(self) -> int:
         """Weights one token passes through (routed experts only): Mixtral's "active parameters"."""
-        return int(round(self.embedding_params * 2 + self.num_layers * self.active_params_per_layer + self.hidden_size))
+        return int(round(self.end_params(True, True) + self.num_layers * self.active_params_per_layer))
 
     def with_global_batch_size(self, global_batch_size: int | None) -> ModelSpec:
         if global_batch_size is None:
@@ -184,6 +230,26 @@ class ModelSpec:
         from dataclasses import replace
 
         return replace(self, global_batch_size=global_batch_size)
+
+
+def _validate_details(model: ModelSpec, where: str) -> None:
+    """The rules of the fields Hugging Face families add."""
+    if model.bias not in BIAS_KINDS:
+        raise SpecError(where, "bias", f"must be one of {', '.join(BIAS_KINDS)}, got {shown(model.bias)}")
+    if not isinstance(model.tied_embeddings, bool):
+        raise SpecError(where, "tied_embeddings", f"must be true or false, got {shown(model.tied_embeddings)}")
+    for name in ("learned_positions", "sliding_window", "shared_expert_ffn_hidden_size", "first_dense_layers"):
+        positive(where, name, getattr(model, name), integer=True, strict=False)
+    if 0 < model.learned_positions < model.seq_len:
+        raise SpecError(
+            where,
+            "learned_positions",
+            f"{model.learned_positions} positions cannot embed sequences of seq_len={model.seq_len}",
+        )
+    if not model.is_moe:
+        for name in ("shared_expert_ffn_hidden_size", "first_dense_layers"):
+            if getattr(model, name):
+                raise SpecError(where, name, "applies only to mixture-of-experts models (num_experts > 0)")
 
 
 def _validate_experts(model: ModelSpec, where: str) -> None:
@@ -213,6 +279,12 @@ def _validate_experts(model: ModelSpec, where: str) -> None:
             "experts_per_token",
             f"top-{model.experts_per_token} routing needs at least that many "
             f"experts, num_experts is {model.num_experts}",
+        )
+    if model.first_dense_layers >= model.num_layers:
+        raise SpecError(
+            where,
+            "first_dense_layers",
+            f"{model.first_dense_layers} >= num_layers={model.num_layers}: the model would have no MoE block",
         )
     if model.moe_layer_every > model.num_layers:
         raise SpecError(
