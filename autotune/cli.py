@@ -225,6 +225,12 @@ def search(
         help="Start this search over instead of resuming it (the earlier "
         "one stays in the MLflow store and the Optuna storage).",
     ),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help="Only plans this engine runs: torchtitan | megatron | deepspeed (docs/engines.md); the summary "
+        "says how much faster the best plan without it is.",
+    ),
     restrict: list[str] = typer.Option(
         [],
         "--restrict",
@@ -258,6 +264,30 @@ def search(
         run_timeout=run_timeout,
         fresh=fresh,
         restrict=restrict,
+        engine=engine,
+    )
+
+
+@app.command()
+def export(
+    plan: Path = typer.Argument(..., help="Plan JSON (search --output, or autotune best)."),
+    to: str = typer.Option(..., "--to", help="torchtitan | megatron | deepspeed"),
+    cluster: str | None = typer.Option(None, "--cluster", help="Check the plan against this cluster first."),
+    model: str | None = typer.Option(
+        None, "--model", help="Add the model's shape (YAML, preset or Hugging Face config.json)."
+    ),
+    global_batch_size: int | None = GbsOpt,
+    seq_len: int | None = SeqLenOpt,
+    output: Path | None = typer.Option(None, "--output", help="Write here instead of standard output."),
+) -> None:
+    """Write the plan as the engine's own configuration; exit 2 naming the part the engine cannot run."""
+    _run(
+        "export",
+        plan=plan,
+        engine=to,
+        cluster=cluster,
+        model=_model(model, global_batch_size, seq_len) if model is not None else None,
+        output=output,
     )
 
 
@@ -329,6 +359,15 @@ def train(
         seed=seed,
         torchrun_args=list(ctx.args),
     )
+
+
+@app.command()
+def discover(
+    output: Path = typer.Option(Path("cluster.yaml"), "--output", help="Where to write the cluster file."),
+    name: str = typer.Option("discovered", "--name", help="The cluster's name in the file."),
+) -> None:
+    """Write the cluster file of this machine (under torchrun on several machines: all of them, links measured)."""
+    _run("discover", output=output, name=name)
 
 
 @app.command()

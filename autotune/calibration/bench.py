@@ -453,8 +453,11 @@ def bench_links(sizes: list[int] | None = None, repeats: int = 12, timeout_s: fl
     args = [sys.executable, "-m", "autotune.calibration.bench", str(port), ",".join(map(str, sizes)), str(repeats)]
     from autotune.lifeline import child_env, communicate_all
 
+    # a pair of its own, not a part of a torchrun job this may run in (autotune discover under torchrun)
+    torchrun = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in child_env().items() if k not in torchrun and not k.startswith("TORCHELASTIC_")}
     procs = [
-        subprocess.Popen(args + [str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+        subprocess.Popen(args + [str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for r in range(2)
     ]
     try:  # killed and reaped however it ends; Ctrl-C raised only after that (lifeline.stop_signals_end)

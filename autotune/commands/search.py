@@ -30,6 +30,7 @@ def run(
     run_timeout: float = 300.0,
     fresh: bool = False,
     restrict: list[str] | None = None,
+    engine: str | None = None,
 ) -> int:
     from rich.console import Console
 
@@ -38,6 +39,10 @@ def run(
     from autotune.search.tracking import quiet_libraries
 
     narrowed = parse_restrictions(restrict or [])  # a malformed --restrict: one line, before any work
+    if engine is not None:
+        from autotune.engines import restrictions
+
+        restrictions(engine)  # an unknown --engine: one line, before any work
     if output is not None:
         prechecks.writable_file(output, "--output")  # before the search, not after it
     quiet_libraries()
@@ -73,6 +78,7 @@ def run(
                 on_start=shown.on_start,
                 on_status=shown.on_status,
                 run_timeout_s=run_timeout,
+                engine=engine,
             )
         except KeyboardInterrupt:
             shown.progress.stop()
@@ -82,7 +88,47 @@ def run(
                 highlight=False,
             )
             raise SystemExit(130) from None
-    return _report(console, result, budget, time.monotonic() - started, output)
+    code = _report(console, result, budget, time.monotonic() - started, output)
+    if engine is not None and result.best_measurement.ok:
+        _print_unrestricted(console, cluster, model, global_batch_size, profile, engine, result)
+    return code
+
+
+#: evaluations of the unrestricted dp search ``--engine`` compares with (1-6 CPU seconds)
+UNRESTRICTED_BUDGET = 20
+
+
+def _print_unrestricted(console, cluster, model, global_batch_size, profile, engine: str, result) -> None:
+    """How much faster the best plan without ``--engine`` is: the dp planner on the whole space, not
+    recorded (``UNRESTRICTED_BUDGET`` simulator evaluations)."""
+    from autotune.engines import ENGINES, check
+    from autotune.search.api import tune
+
+    free = tune(
+        cluster,
+        model,
+        method="dp",
+        budget=UNRESTRICTED_BUDGET,
+        global_batch_size=global_batch_size,
+        profile=profile,
+        track=False,
+    )
+    ours, theirs = result.best_measurement.tokens_per_s, free.best_measurement.tokens_per_s
+    name = ENGINES[engine].NAME
+    if not free.best_measurement.ok or theirs <= ours:
+        console.print(
+            f"without --engine: dp finds no faster plan in {UNRESTRICTED_BUDGET} evaluations; {name} runs the best one",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
+    reason = check(engine, free.best_config) or "it is outside this search's budget"
+    console.print(
+        f"without --engine: dp's best plan in {UNRESTRICTED_BUDGET} evaluations, {escape(free.best_config.describe())}, "
+        f"is {theirs / ours:.2f}x faster ({theirs:,.0f} tokens/s); {name} cannot run it: {escape(reason)}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _print_real_runs(console) -> None:

@@ -50,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from autotune.engines import check as engine_check
+from autotune.engines import restrict as engine_restrict
 from autotune.errors import SpecError
 from autotune.planning import mixed_space, moe_space, plan_params, roundpipe_space, uniform
 from autotune.planning.vocabulary import (
@@ -98,8 +100,12 @@ class SearchSpace:
         max_mbs: int = 32,
         restrict: Mapping[str, Sequence[Any]] | None = None,
         max_sync_every: int = 1,
+        engine: str | None = None,
     ) -> None:
         self.cluster = cluster
+        #: only plans this engine runs (``autotune.engines``): its restrictions narrow the dimensions, its
+        #: check makes the rest of its refusals invalid proposals
+        self.engine = engine
         self.model = model
         self.max_sync_every = max_sync_every
         self.restrict = {k: list(v) for k, v in (restrict or {}).items()}
@@ -152,6 +158,8 @@ class SearchSpace:
             for name, choices, ordinal in mixed_space.dimensions(cluster, model, len(self.node_classes) > 1)
         ]
         dims += roundpipe_space.dimensions(self.node_classes, cluster)  # RoundPipe's plans, where a node qualifies
+        if engine is not None:  # the engine's narrowings where they leave a choice (the user's own win)
+            restrict = engine_restrict(engine, {d.name: d.choices for d in dims}, restrict or {})
         if restrict:
             by_name = {d.name: d for d in dims}
             for name, allowed in restrict.items():
@@ -398,6 +406,10 @@ class SearchSpace:
         outside = roundpipe_space.restriction(self.restrict, config)  # restrict={"roundpipe": [True]} or [False]
         if outside is not None:
             return outside
+        if self.engine is not None:
+            refused = engine_check(self.engine, config)
+            if refused is not None:
+                return f"--engine {self.engine}: {refused}"
         for p, pipe in enumerate(config.pipelines):
             for s, stage in enumerate(pipe.stages):
                 for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):

@@ -59,6 +59,7 @@ def study_variant(
     start: str,
     profile: str | Path | None,
     global_batch_size: int | None,
+    engine: str | None = None,
 ) -> str:
     """The part of a default Optuna study name that keeps different searches of one cluster and model
     apart (another backend, a restricted space, another start, a profile, another global batch size):
@@ -73,6 +74,7 @@ def study_variant(
         ("start", start, "dp"),
         ("profile", None if profile is None else str(profile), None),
         ("global_batch_size", global_batch_size, None),
+        ("engine", engine, None),
     )
     parts = [(key, value) for key, value, default in given if value != default]
     if not parts:
@@ -109,6 +111,7 @@ def tune(
     background_record: bool | None = None,
     run_timeout_s: float = 300.0,
     fresh: bool = False,
+    engine: str | None = None,
 ) -> TuneResult:
     """Search ``budget`` distinct plans with ``method``; log the search to MLflow; return the best.
 
@@ -127,6 +130,8 @@ def tune(
     A re-run with the same arguments resumes the search (its Optuna study, or for the other methods
     the MLflow parent run with the same resume key); ``fresh=True`` starts a new one instead (a new
     study generation ``<name>__fresh<k>``, a new parent run; the earlier ones stay where they are).
+    ``engine`` (``torchtitan``, ``megatron``, ``deepspeed``): only plans that engine runs
+    (``autotune.engines``; the others are invalid proposals, not evaluated).
     ``start="dp"`` (default) makes ``optuna`` and ``rl`` evaluate the structured planner's best 3 plans
     first (``autotune.planning.planner``; 3 evaluations of the budget), so they start from them: TPE
     sees them as trials, and the rl walk starts from the best when it beats rl's own start plans;
@@ -143,8 +148,8 @@ def tune(
         log.warning("--max-sync-every %d has no effect: model %r is dense (MoE only)", max_sync_every, model_spec.name)
     name = experiment or f"{cluster_spec.name}__{model_spec.name}"
     args = (method, budget, backend, seed, global_batch_size, tracking_uri, name, storage, profile, workers, policy)
-    space = SearchSpace(cluster_spec, model_spec, restrict=restrict, max_sync_every=max_sync_every)
-    rest = (study_name, dict(space.restrict), start, max_sync_every, run_timeout_s, fresh)
+    space = SearchSpace(cluster_spec, model_spec, restrict=restrict, max_sync_every=max_sync_every, engine=engine)
+    rest = (study_name, dict(space.restrict), start, max_sync_every, run_timeout_s, fresh, engine)
     req = SearchRequest(cluster_spec, model_spec, *args, *rest)
     inner, screen = _evaluator(req, evaluator)
     say = on_status or (lambda text: None)
@@ -183,6 +188,7 @@ class SearchRequest:
     max_sync_every: int
     run_timeout_s: float
     fresh: bool
+    engine: str | None = None
 
     def resume_key(self) -> str:
         """The key a re-run of the same search (any method but optuna) finds its MLflow parent by."""
@@ -199,13 +205,14 @@ class SearchRequest:
             str(self.policy),
             str(self.profile),
             self.max_sync_every,
+            *((self.engine,) if self.engine else ()),
         )
 
     def variant(self) -> str:
         """What sets this search apart from the default one of its method, budget and seed: its start, its
         restriction, its profile, its global batch (empty for the default search); in its run name and in
         ``autotune compare``."""
-        parts = []
+        parts = [f"engine {self.engine}"] if self.engine else []
         if self.method in ("optuna", "rl") and self.start != "dp":
             parts.append(f"start {self.start}")
         if self.restrict:
@@ -323,7 +330,7 @@ def _open_study(req: SearchRequest, space: SearchSpace, say: Callable[[str], Non
     sync = f"__sync{req.max_sync_every}" if req.max_sync_every > 1 and req.model.is_moe else ""  # its own space
     name = req.study_name or (
         f"{req.experiment}__optuna__seed{req.seed}{sync}"
-        f"{study_variant(req.backend, req.restrict, req.start, req.profile, req.global_batch_size)}"
+        f"{study_variant(req.backend, req.restrict, req.start, req.profile, req.global_batch_size, req.engine)}"
     )
     storage = req.storage or optuna_storage.default_storage()
     say(f"opening the Optuna study {name} in {storage}")

@@ -40,6 +40,7 @@ def worker_main(
     max_sync_every: int = 1,
     parent_pid: int | None = None,
     run_timeout_s: float = 300.0,
+    engine: str | None = None,
 ) -> None:
     """One worker process: the Optuna agent on the shared study until it holds ``budget`` plans.
     It dies with the search process ``parent_pid`` (``autotune.lifeline``), even when that is killed."""
@@ -57,7 +58,7 @@ def worker_main(
     from autotune.search.agents.tpe import run_optuna
 
     torch.set_num_threads(1)
-    space = SearchSpace(cluster, model, restrict=restrict, max_sync_every=max_sync_every)
+    space = SearchSpace(cluster, model, restrict=restrict, max_sync_every=max_sync_every, engine=engine)
     inner = make_evaluator(cluster, model, backend, profile, run_timeout_s=run_timeout_s)
     # memory first: real runs are screened by the simulator's memory model of the same profile
     memory = None if hasattr(inner, "memory_check") else make_evaluator(cluster, model, "sim", profile)
@@ -106,6 +107,7 @@ def run_workers(
                 space.max_sync_every,
                 os.getpid(),
                 run_timeout_s,
+                space.engine,
             ),
         )
         for i in range(workers)

@@ -6,10 +6,10 @@ import json
 from dataclasses import replace
 
 import pytest
+from paths import EXAMPLES
 
 from autotune.errors import SpecError
 from autotune.loading import load_hf_model, load_model
-from tests.paths import EXAMPLES
 
 HF = EXAMPLES / "hf"
 

@@ -1,0 +1,37 @@
+"""``autotune export --to ENGINE PLAN``: the plan as torchtitan's, Megatron-LM's or DeepSpeed's own
+configuration (``autotune.engines``); one line and exit 2 when the engine cannot run it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def run(plan: Path, engine: str, cluster: str | None, model, output: Path | None) -> int:
+    from autotune import engines, prechecks
+    from autotune.loading import load_cluster, load_config, load_model
+
+    config = load_config(plan)
+    model_spec = load_model(model) if model is not None else None
+    if cluster is not None and model_spec is not None:
+        config.validate(load_cluster(cluster), model_spec, source=str(plan))
+    elif cluster is not None:
+        cluster_spec = load_cluster(cluster)
+        missing = sorted(set(config.devices) - set(cluster_spec.device_ids()))
+        if missing:
+            from autotune.errors import SpecError
+
+            raise SpecError(str(plan), "devices", f"not in cluster {cluster_spec.name}: {', '.join(missing[:8])}")
+    if output is not None:
+        prechecks.writable_file(output, "--output")
+    text = engines.export(engine, config, model_spec)  # Inexpressible: one line, exit 2 (autotune.cli)
+    if output is None:
+        print(text, end="")
+    else:
+        output.write_text(text)
+        from rich.console import Console
+        from rich.markup import escape
+
+        Console(stderr=True, highlight=False).print(
+            escape(f"{engines.ENGINES[engine].NAME} configuration written to {output}")
+        )
+    return 0

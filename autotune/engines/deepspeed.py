@@ -1,0 +1,100 @@
+"""DeepSpeed (0.16+): a plan as a DeepSpeed config JSON, pipeline partition included.
+
+The grid (``autotune.engines.grid``) maps to ``train_micro_batch_size_per_gpu``,
+``gradient_accumulation_steps`` (the micro-batches per replica and step) and ``train_batch_size``;
+``zero_optimization.stage`` with ``offload_optimizer`` / ``offload_param`` on the CPU; a pipeline to the
+``pipeline`` section (``stages``, ``partition: "uniform"``, ``activation_checkpoint_interval``: 1 with
+full recomputation) that ``PipelineModule(num_stages=..., partition_method="uniform")`` reads, with
+every stage holding the same number of blocks; tensor parallelism to ``tensor_parallel.autotp_size``
+(AutoTP training). What DeepSpeed cannot run, ``refusal`` names: an uneven layer split (its
+``PipelineModule`` partitions uniformly or by parameter count, not by a given list), GPipe and
+interleaved schedules, ZeRO 2 / 3 with a pipeline, AutoTP with a pipeline or with ZeRO 3, selective
+checkpointing, sequence parallelism, expert parallelism (set in the model's DeepSpeed-MoE layers).
+"""
+
+from __future__ import annotations
+
+import json
+
+from autotune.engines.grid import EngineGrid
+from autotune.specs import ModelSpec
+
+NAME = "DeepSpeed"
+RESTRICTIONS = {"schedule": ["1f1b"], "layer_split": [0.0], "seq_parallel": [False], "expert_parallel": [1]}
+
+
+def refusal(grid: EngineGrid) -> str | None:
+    if grid.pp > 1 and not grid.even_layers:
+        split = "/".join(map(str, grid.stage_layers))
+        return f"layers split {split} over the stages: {NAME}'s PipelineModule gives every stage the same number"
+    if grid.pp > 1 and grid.schedule != "1f1b":
+        return f"schedule {grid.schedule}: {NAME}'s pipeline engine runs its own 1F1B schedule only"
+    if grid.pp > 1 and grid.zero >= 2:
+        return f"zero {grid.zero} with {grid.pp} pipeline stages: {NAME}'s pipeline engine takes zero 0 or 1"
+    if grid.tp > 1 and (grid.pp > 1 or grid.zero == 3):
+        return f"tensor parallelism with {'a pipeline' if grid.pp > 1 else 'zero 3'}: {NAME}'s AutoTP training does not run it"
+    if grid.offload == "optimizer" and grid.zero == 0:
+        return f"offload optimizer without zero: {NAME} offloads the optimizer state ZeRO shards"
+    if grid.offload == "all" and grid.zero < 3:
+        return f"offload all with zero {grid.zero}: {NAME} offloads parameters under zero 3 only"
+    if grid.recompute == "selective":
+        return f"recompute selective (Megatron's attention core): {NAME} checkpoints whole layers"
+    if grid.sequence_parallel:
+        return f"sequence parallelism (Megatron's): {NAME}'s Ulysses is a different scheme"
+    if grid.expert_parallel > 1:
+        return f"expert parallelism: {NAME} sets it in the model's MoE layers (ep_size), not in its config"
+    return None
+
+
+def render(grid: EngineGrid, model: ModelSpec | None, header: list[str]) -> str:
+    doc: dict[str, object] = {
+        "train_batch_size": grid.global_batch_size,
+        "train_micro_batch_size_per_gpu": grid.micro_batch_size,
+        "gradient_accumulation_steps": grid.num_microbatches,
+    }
+    precision = model.precision if model is not None else "bf16"
+    if precision in ("bf16", "fp16"):
+        doc[precision] = {"enabled": True}
+    zero: dict[str, object] = {"stage": grid.zero}
+    if grid.offload in ("optimizer", "all"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if grid.offload == "all":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    doc["zero_optimization"] = zero
+    if grid.tp > 1:
+        doc["tensor_parallel"] = {"autotp_size": grid.tp}
+    if grid.pp > 1:
+        doc["pipeline"] = {
+            "stages": grid.pp,
+            "partition": "uniform",
+            "activation_checkpoint_interval": 1 if grid.recompute is True else 0,
+        }
+    elif grid.recompute is True:
+        doc["activation_checkpointing"] = {"partition_activations": False, "number_checkpoints": sum(grid.chunk_layers)}
+    # what the plan says beyond DeepSpeed's own keys (DeepSpeed ignores keys it does not know)
+    doc["autotune"] = {"plan": header, "layers": sum(grid.chunk_layers)}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def parse(text: str) -> EngineGrid:
+    doc = json.loads(text)
+    mbs, gas = doc["train_micro_batch_size_per_gpu"], doc["gradient_accumulation_steps"]
+    pipe = doc.get("pipeline", {})
+    pp, tp = pipe.get("stages", 1), doc.get("tensor_parallel", {}).get("autotp_size", 1)
+    zero = doc.get("zero_optimization", {})
+    offload = "all" if "offload_param" in zero else ("optimizer" if "offload_optimizer" in zero else "none")
+    recompute = bool(pipe.get("activation_checkpoint_interval")) or "activation_checkpointing" in doc
+    layers = doc.get("autotune", {}).get("layers", 0)
+    return EngineGrid(
+        dp=doc["train_batch_size"] // (mbs * gas),
+        pp=pp,
+        tp=tp,
+        vpp=1,
+        micro_batch_size=mbs,
+        num_microbatches=gas,
+        chunk_layers=(layers // pp,) * pp,
+        schedule="1f1b",
+        recompute=recompute,
+        zero=zero.get("stage", 0),
+        offload=offload,
+    )

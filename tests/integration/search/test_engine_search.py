@@ -1,0 +1,28 @@
+"""``--engine``: every method's best plan at small budgets is one the engine's exporter accepts."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune import engines
+from autotune.search.api import tune
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("engine", list(engines.ENGINES))
+@pytest.mark.parametrize("method", ["dp", "optuna", "rl"])
+def test_the_best_plan_of_an_engine_search_exports(engine, method, tmp_path):
+    result = tune(
+        "mixed-a100-v100",
+        "llama2-7b",
+        method=method,
+        budget=8,
+        global_batch_size=64,
+        track=False,
+        storage=f"{tmp_path}/optuna.journal" if method == "optuna" else None,
+        engine=engine,
+    )
+    assert result.best_measurement.ok, result.best_measurement.error
+    assert engines.check(engine, result.best_config) is None
+    engines.export(engine, result.best_config)

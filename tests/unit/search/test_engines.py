@@ -1,0 +1,226 @@
+"""Plans as torchtitan / Megatron-LM / DeepSpeed configurations: round trips, refusals naming the part,
+and a search space kept to the plans an engine runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import tomllib
+
+from autotune import engines
+from autotune.engines import megatron, torchtitan
+from autotune.loading import load_cluster, load_model
+from autotune.planning.space import SearchSpace
+from autotune.specs import ParallelConfig
+
+
+def plan(pipelines, mbs=1, schedule="1f1b", zero=0, virtual_stages=1, **extra) -> ParallelConfig:
+    return ParallelConfig.from_dict(
+        {
+            "micro_batch_size": mbs,
+            "schedule": schedule,
+            "zero": zero,
+            "virtual_stages": virtual_stages,
+            "pipelines": pipelines,
+            **extra,
+        }
+    )
+
+
+def stage(devices, layers, **kw):
+    return {"devices": devices, "layers": layers, **kw}
+
+
+# dp 2 x pp 2 x tp 2 of uneven layers 20/12 on the SPEC cluster (a100 stages first, v100 second)
+UNEVEN = plan(
+    [
+        {"num_microbatches": 32, "stages": [stage(["a100:0", "a100:1"], 20), stage(["v100:0", "v100:1"], 12)]},
+        {"num_microbatches": 32, "stages": [stage(["a100:2", "a100:3"], 20), stage(["v100:2", "v100:3"], 12)]},
+    ],
+    mbs=2,
+)
+EVEN_ZERO1 = plan(
+    [{"num_microbatches": 16, "stages": [stage([f"a100:{i}"], 8, recompute=True) for i in range(4)]}]
+    + [{"num_microbatches": 16, "stages": [stage([f"v100:{i}"], 8, recompute=True) for i in range(4)]}],
+    mbs=4,
+    zero=1,
+)
+INTERLEAVED = plan(
+    [{"num_microbatches": 8, "stages": [stage(["a100:0"], 16), stage(["a100:1"], 16)]}],
+    mbs=16,
+    schedule="interleaved-1f1b",
+    virtual_stages=2,
+)
+FSDP = plan(
+    [
+        {"num_microbatches": 32, "stages": [stage([d], 32, offload="all")]}
+        for d in ("a100:0", "a100:1", "a100:2", "a100:3")
+    ],
+    mbs=1,
+    zero=3,
+)
+TP_SP = plan(
+    [
+        {
+            "num_microbatches": 64,
+            "stages": [stage(["a100:0", "a100:1", "a100:2", "a100:3"], 32, sequence_parallel=True)],
+        },
+        {
+            "num_microbatches": 64,
+            "stages": [stage(["v100:0", "v100:1", "v100:2", "v100:3"], 32, sequence_parallel=True)],
+        },
+    ],
+    mbs=1,
+    zero=2,
+)
+
+RUNS = {
+    "megatron": [UNEVEN, EVEN_ZERO1, INTERLEAVED],
+    "torchtitan": [INTERLEAVED, FSDP, TP_SP],
+    "deepspeed": [EVEN_ZERO1, FSDP],
+}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return load_cluster("mixed-a100-v100")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("llama2-7b", global_batch_size=128)
+
+
+@pytest.mark.parametrize(("engine", "index"), [(e, i) for e, plans in RUNS.items() for i in range(len(plans))])
+def test_export_round_trips(engine, index, cluster, model):
+    config = RUNS[engine][index]
+    config.validate(cluster, model)
+    text = engines.export(engine, config, model)
+    assert engines.parse(engine, text) == engines.grid(engine, config)
+
+
+def test_megatron_writes_the_uneven_split_as_its_pipeline_layout(model):
+    text = engines.export("megatron", UNEVEN, model)
+    assert "--pipeline-model-parallel-layout 'Et*20|t*12L'" in text
+    assert "--tensor-model-parallel-size 2" in text and "--global-batch-size 128" in text
+    assert "# a100:0 a100:1 a100:2 a100:3 v100:0 v100:1 v100:2 v100:3" in text  # rank r's device
+    assert "--num-query-groups" not in text and "--swiglu" in text  # llama2-7b: no GQA
+    assert megatron.parse_layout("Et*3|(tt|)*29,m|L") == (3,) + (2,) * 29 + (0, 0)
+
+
+def test_megatron_interleaving_lists_chunk_zero_of_every_stage_first():
+    assert megatron.layout(engines.grid("megatron", INTERLEAVED)) == "Et*8|t*8|t*8|t*8L"
+
+
+def test_torchtitan_module_split_and_fsdp(model):
+    doc = tomllib.loads(engines.export("torchtitan", INTERLEAVED, model))
+    parts = doc["parallelism"]["module_fqns_per_model_part"]
+    assert parts[0][:2] == ["tok_embeddings", "layers.0"] and parts[-1][-2:] == ["norm", "output"]
+    assert [len([m for m in p if m.startswith("layers.")]) for p in parts] == [8, 8, 8, 8]
+    assert doc["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    fsdp = tomllib.loads(engines.export("torchtitan", FSDP, model))
+    assert fsdp["parallelism"]["data_parallel_shard_degree"] == 4
+    assert fsdp["parallelism"]["fsdp_reshard_after_forward"] == "always"
+    assert fsdp["training"]["enable_cpu_offload"] is True
+    assert fsdp["training"]["local_batch_size"] == 1 and fsdp["training"]["global_batch_size"] == 128
+
+
+def test_deepspeed_json(model):
+    doc = json.loads(engines.export("deepspeed", EVEN_ZERO1, model))
+    assert doc["train_batch_size"] == 128 and doc["gradient_accumulation_steps"] == 16
+    assert doc["pipeline"] == {"stages": 4, "partition": "uniform", "activation_checkpoint_interval": 1}
+    assert doc["zero_optimization"] == {"stage": 1} and doc["bf16"] == {"enabled": True}
+
+
+UNEVEN_BATCH = plan(
+    [
+        {"num_microbatches": 40, "stages": [stage(["a100:0"], 32)]},
+        {"num_microbatches": 24, "stages": [stage(["v100:0"], 32)]},
+    ],
+    mbs=2,
+)
+PER_STAGE_TP = plan(
+    [{"num_microbatches": 64, "stages": [stage(["a100:0"], 20), stage(["v100:0", "v100:1"], 12)]}], mbs=2
+)
+MIXED_STAGE = plan(
+    [
+        {
+            "num_microbatches": 64,
+            "stages": [
+                {
+                    "layers": 32,
+                    "ranks": [
+                        {"devices": ["a100:0"], "num_microbatches": 40},
+                        {"devices": ["v100:0"], "num_microbatches": 24},
+                    ],
+                }
+            ],
+        }
+    ],
+    mbs=2,
+)
+
+
+@pytest.mark.parametrize(
+    ("engine", "config", "part"),
+    [
+        (
+            "megatron",
+            UNEVEN_BATCH,
+            "replica 1 has 24 micro-batches, replica 0 has 40: Megatron-LM gives every replica the same",
+        ),
+        ("torchtitan", PER_STAGE_TP, "tensor-parallel degrees 1/2 over its stages: torchtitan has one"),
+        ("deepspeed", MIXED_STAGE, "mixed-GPU stage of 2 data-parallel ranks (micro-batch shares 40/24)"),
+        ("deepspeed", UNEVEN, "layers split 20/12 over the stages"),
+        ("torchtitan", EVEN_ZERO1, "zero 1 (optimizer state sharded alone)"),
+        ("torchtitan", UNEVEN, "tensor parallelism without sequence parallelism"),
+        ("megatron", FSDP, "offload all (parameters in host memory)"),
+        ("deepspeed", INTERLEAVED, "schedule interleaved-1f1b"),
+    ],
+)
+def test_a_plan_the_engine_cannot_run_is_refused_naming_the_part(engine, config, part, model):
+    assert part in engines.check(engine, config)
+    with pytest.raises(engines.Inexpressible) as refused:
+        engines.export(engine, config, model)
+    assert part in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_unknown_engine_is_one_line():
+    from autotune.errors import SpecError
+
+    with pytest.raises(SpecError, match="--engine: must be one of torchtitan, megatron, deepspeed"):
+        engines.check("jax", UNEVEN)
+
+
+@pytest.mark.parametrize("engine", list(engines.ENGINES))
+def test_a_space_kept_to_an_engine_accepts_only_plans_it_exports(engine, cluster, model):
+    import numpy as np
+
+    space = SearchSpace(cluster, model, engine=engine)
+    free = SearchSpace(cluster, model)
+    assert "roundpipe" not in {d.name for d in space.dimensions}  # its dimensions are narrowed first
+    rng = np.random.default_rng(0)
+    refused = 0
+    for _ in range(300):  # the whole space's plans: those the engine's space accepts export
+        config = free.decode(free.sample(rng)).config
+        if config is None or free.check(config) is not None:
+            continue
+        if space.check(config) is None:
+            engines.export(engine, config, model)
+        else:
+            refused += 1
+    assert refused > 0  # the unrestricted space holds plans the engine cannot run
+    kept = 0
+    for _ in range(300):  # and its own space holds plans it runs
+        config = space.decode(space.sample(rng)).config
+        if config is not None and space.check(config) is None:
+            kept += 1
+            engines.export(engine, config, model)
+    assert kept > 0
+
+
+def test_torchtitan_config_parses_as_toml_with_comment_header(model):
+    text = engines.export("torchtitan", FSDP, model)
+    assert text.startswith("# torchtitan configuration of the autotune plan")
+    assert torchtitan.parse(text).zero == 3
