@@ -90,11 +90,11 @@ def _model(model: str, global_batch_size: int | None, seq_len: int | None):
 
     err = Console(stderr=True, highlight=False)
     m = hf.model
-    active = f", {m.active_params / 1e9:.2f}B active" if m.is_moe else ""
+    active = f", {_count(m.active_params)} active" if m.is_moe else ""
     err.print(
         escape(
-            f"model {m.name} ({hf.family}): {m.num_params / 1e9:.3f}B parameters{active}; "
-            f"the config implies {hf.implied_params / 1e9:.3f}B"
+            f"model {m.name} ({hf.family}): {_count(m.num_params)} parameters{active}; "
+            f"the config implies {_count(hf.implied_params)}"
         )
     )
     for note in hf.notes:
@@ -102,6 +102,11 @@ def _model(model: str, global_batch_size: int | None, seq_len: int | None):
     for warning in hf.warnings:
         err.print(f"  [yellow]not modelled:[/yellow] {escape(warning)}")
     return m
+
+
+def _count(n: int) -> str:
+    """A parameter count as model cards write it: 8.030B, 124.4M, 98,304."""
+    return f"{n / 1e9:.3f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
 
 
 def _run(module: str, **kwargs) -> None:

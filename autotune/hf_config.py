@@ -99,7 +99,8 @@ def model_from_hf(
             f"global batch {global_batch_size:,} sequences (~{DEFAULT_BATCH_TOKENS / 1e6:.0f}M tokens a step; "
             "--global-batch-size sets it)"
         )
-    name = str(data.get("_name_or_path") or "") or Path(source).parent.name or family
+    path = Path(source)
+    name = str(data.get("_name_or_path") or "") or (path.parent.name if path.name == "config.json" else path.stem)
     try:
         model = ModelSpec(name=name[-128:], seq_len=seq_len, global_batch_size=global_batch_size, **fields)
     except SpecError as e:
