@@ -294,6 +294,7 @@ MODEL_PRESETS: dict[str, dict] = {
         vocab_size=32000,
         seq_len=4096,
         global_batch_size=512,
+        rms_norm_eps=1e-5,
     ),
     "llama2-13b": dict(
         num_layers=40,
@@ -304,6 +305,7 @@ MODEL_PRESETS: dict[str, dict] = {
         vocab_size=32000,
         seq_len=4096,
         global_batch_size=512,
+        rms_norm_eps=1e-5,
     ),
     "llama2-70b": dict(
         num_layers=80,
@@ -315,6 +317,7 @@ MODEL_PRESETS: dict[str, dict] = {
         vocab_size=32000,
         seq_len=4096,
         global_batch_size=1024,
+        rms_norm_eps=1e-5,
     ),
     # Meta Llama 3 8B model card / config.json
     "llama3-8b": dict(
@@ -327,6 +330,8 @@ MODEL_PRESETS: dict[str, dict] = {
         vocab_size=128256,
         seq_len=8192,
         global_batch_size=512,
+        rms_norm_eps=1e-5,
+        rope_theta=500_000.0,
     ),
     # Qwen/Qwen3-1.7B config.json: hidden 2048, 28 layers, 16 heads, 8 kv heads, intermediate 6144, vocab 151936
     # (RoundPipe's published 8 x RTX-4090 runs; tied embeddings are not modelled: one more 311M-parameter
@@ -386,6 +391,8 @@ MODEL_PRESETS: dict[str, dict] = {
         num_experts=8,
         experts_per_token=2,
         expert_ffn_hidden_size=14336,
+        rms_norm_eps=1e-5,
+        rope_theta=1_000_000.0,
     ),
     # SPES-2B (Zhang et al. 2026, arXiv 2602.11543, "Pretraining A Large Language Model using Distributed
     # GPUs"; github.com/zjr2000/SPES): an OLMoE-architecture MoE trained on 16 standalone 48 GB L40S GPUs.

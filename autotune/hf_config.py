@@ -185,6 +185,10 @@ def _fields(family: str, r: _Reader) -> tuple[dict[str, Any], list[str]]:
             warnings.append("use_parallel_residual: attention and MLP in parallel is not modelled (time: a little)")
         return fields, warnings
     fields["mlp"] = "swiglu"  # every other family here has a gated MLP (gate, up, down)
+    rope = r.data.get("rope_parameters") or r.data.get("rope_scaling") or {}
+    rope = rope if isinstance(rope, Mapping) else {}
+    fields["rope_theta"] = r.number("rope_theta", 0.0) or float(rope.get("rope_theta") or 10_000.0)
+    fields["rms_norm_eps"] = r.number("rms_norm_eps", 1e-6)
     fields["dropout"] = r.number("attention_dropout")
     if family in ("qwen2", "qwen2_moe"):
         fields["bias"] = "qkv"
@@ -194,10 +198,15 @@ def _fields(family: str, r: _Reader) -> tuple[dict[str, Any], list[str]]:
     _sliding_window(family, r, fields, warnings)
     if family in MOE_FAMILIES:
         _experts(family, r, fields, warnings)
-    if family in ("qwen3", "qwen3_moe", "olmoe"):
-        warnings.append("query/key norms are not modelled (time: a few elementwise passes a block)")
-    if r.has("rope_scaling"):
-        warnings.append("rope_scaling: changes neither time nor memory (not modelled)")
+    if family in ("qwen3", "qwen3_moe"):
+        fields["qk_norm"] = True
+    if family == "olmoe":
+        warnings.append("query/key norms over the whole projection are not modelled (time: a few elementwise passes)")
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        warnings.append(
+            f"rope type {shown(rope.get('rope_type', rope.get('type')))}: changes neither time nor memory; "
+            "the runner computes default rotary positions"
+        )
     return fields, warnings
 
 

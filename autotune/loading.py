@@ -265,6 +265,9 @@ _DETAIL_MODEL_FIELDS = {
     "sliding_window",
     "shared_expert_ffn_hidden_size",
     "first_dense_layers",
+    "qk_norm",
+    "rope_theta",
+    "rms_norm_eps",
 }
 _MODEL_FIELDS |= _DETAIL_MODEL_FIELDS
 _MODEL_OPTIONAL |= _DETAIL_MODEL_FIELDS

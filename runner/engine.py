@@ -54,6 +54,8 @@ class RankModel(nn.Module):
         for chunk in chunks:
             if chunk.embed is not None:
                 self.embed = chunk.embed
+                if chunk.positions is not None:  # learned positions travel with the embedding
+                    self.positions = chunk.positions
             for key, block in chunk.blocks.items():
                 self.blocks[key] = block
             if chunk.head is not None:
@@ -64,7 +66,7 @@ class RankModel(nn.Module):
         """Parameters of a holder key (``Layout``): ``embed``, ``layer<i>`` (an MoE block's: all but its
         experts), ``layer<i>.expert<e>`` or ``head`` (norm + head)."""
         if key == EMBED_KEY:
-            mods = [self.embed]
+            mods = [self.embed] + ([self.positions] if hasattr(self, "positions") else [])
         elif key == HEAD_KEY:
             mods = [self.norm, self.head]
         else:
@@ -156,6 +158,13 @@ class StepResult:
 def check_supported(plan: RankPlan, model: ModelSpec) -> None:
     """Plan shapes the runner cannot run, beyond ``ParallelConfig.validate`` and ``build_layout``."""
     tp = plan.tp_degree
+    if tp > 1 and model.qk_norm:
+        raise SpecError(
+            "runner",
+            f"pipelines[{plan.pipeline}].stages[{plan.stage}].devices",
+            "qk_norm with tensor parallelism is not run by the runner (each rank's heads would train the "
+            "shared query/key norm apart)",
+        )
     if tp > 1 and model.num_kv_heads % tp:
         raise SpecError(
             "runner",

@@ -85,28 +85,23 @@ def uses_cuda(cluster: ClusterSpec, config: ParallelConfig, cuda_available: bool
     return bool(gpus)
 
 
-#: model fields the runner's decoder (runner/model.py) does not build yet, with what they are
-RUNNER_MISSING_FIELDS = {
-    "bias": "linear-layer biases",
-    "tied_embeddings": "a tied LM head",
-    "learned_positions": "learned position embeddings",
-    "sliding_window": "sliding-window attention",
-    "shared_expert_ffn_hidden_size": "shared experts",
-}
-
-
-def check_model_supported(model: ModelSpec) -> None:
-    """Refuse, in one line, a model the runner's decoder would build differently from its spec."""
-    defaults = {"bias": "none", "tied_embeddings": False}
-    for name, what in RUNNER_MISSING_FIELDS.items():
-        value = getattr(model, name)
-        if value != defaults.get(name, 0):
-            raise SpecError(
-                "runner",
-                f"model.{name}",
-                f"the runner's model has no {what} yet (got {value!r}); search, simulate and export take this "
-                "model, `autotune train` does not",
-            )
+def check_model_supported(model: ModelSpec, config: ParallelConfig) -> None:
+    """Refuse, in one line, a model the runner's decoder (runner/model.py) would build differently from
+    its spec: shared experts, and a tied head on another rank than the embedding."""
+    if model.shared_expert_ffn_hidden_size:
+        raise SpecError(
+            "runner",
+            "model.shared_expert_ffn_hidden_size",
+            "the runner's MoE blocks have no shared experts yet; search, simulate and export take this model, "
+            "`autotune train` does not",
+        )
+    if model.tied_embeddings and (config.virtual_stages > 1 or any(len(p.stages) > 1 for p in config.pipelines)):
+        raise SpecError(
+            "runner",
+            "model.tied_embeddings",
+            "a tied LM head on another stage than the embedding is not run by the runner (it keeps one "
+            "matrix); use a plan of one-stage pipelines",
+        )
 
 
 def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, schedule_check: bool = True) -> Layout:
@@ -116,7 +111,7 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, sc
         from runner.roundpipe_run import preflight as roundpipe_preflight
 
         return roundpipe_preflight(cluster, model, config)  # type: ignore[return-value]
-    check_model_supported(model)
+    check_model_supported(model, config)
     layout = build_layout(cluster, model, config)
     for p, pipe in enumerate(config.pipelines):
         modes = {st.sequence_parallel and st.tp > 1 for st in pipe.stages}

@@ -9,7 +9,12 @@
   only the block's input is kept), ``"selective"`` checkpoints only the attention core (``Q K^T``,
   softmax, dropout, ``P V``; Korthikanti et al. 2022): Q, K and V are kept, the scores are recomputed.
 - ``mlp: gelu`` is GPT-2's two-matrix MLP with LayerNorm; ``mlp: swiglu`` is Llama's three-matrix
-  MLP with RMSNorm. No biases (Llama); untied LM head (``ModelSpec.num_params`` counts it).
+  MLP with RMSNorm (``rms_norm_eps``). Positions: rotary embeddings on queries and keys (Llama's
+  half-split rotation, base ``rope_theta``), or a learned position embedding (``learned_positions``).
+  Biases as ``bias`` says (none: Llama; qkv: Qwen2; all: GPT-2); ``qk_norm``: an RMSNorm over each query
+  and key head before the rotation (Qwen3); ``sliding_window``: each token attends to the last
+  ``sliding_window`` positions (Mistral). A tied LM head multiplies by the embedding (one chunk holds
+  both; the runner refuses a tied model whose embedding and head are on different ranks).
 - Precision: weights, gradients and optimizer state are fp32. ``precision: bf16`` on CUDA runs the
   forward under ``torch.autocast(bfloat16)`` (matmuls and attention in 16 bits; the engine sets
   ``StageChunk.autocast_dtype``); ``fp32`` uses TF32 matmuls on CUDA (the worker allows them). On CPU
@@ -51,24 +56,61 @@ class RMSNorm(nn.Module):
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
-    return RMSNorm(spec.hidden_size) if spec.mlp == "swiglu" else nn.LayerNorm(spec.hidden_size, bias=False)
+    if spec.mlp == "swiglu":
+        return RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+    return nn.LayerNorm(spec.hidden_size, bias=spec.bias == "all")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of ``(batch, heads, seq, head_dim)`` queries and keys at positions
+    ``0 .. seq-1``: Llama's rotation of the two halves of each head (frequencies in fp32)."""
+    t, d = q.shape[-2], q.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=q.device).float() / d)
+    freqs = torch.arange(t, device=q.device, dtype=torch.float32)[:, None] * inv[None, :]
+    angles = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _window_mask(t: int, window: int, device) -> torch.Tensor:
+    """``True`` where a query (row) attends to a key (column): the key is not later and ``i - j < window``."""
+    i = torch.arange(t, device=device)
+    offset = i[:, None] - i[None, :]
+    return (offset >= 0) & (offset < window)
 
 
 def attention_core(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, standard: bool, dropout: float, training: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    standard: bool,
+    dropout: float,
+    training: bool,
+    window: int = 0,
 ) -> torch.Tensor:
     """Causal attention of ``(batch, heads, seq, head_dim)`` tensors: fused SDPA, or the written-out
-    ``softmax(Q K^T / sqrt(d)) V`` whose scores autograd keeps (``standard``)."""
+    ``softmax(Q K^T / sqrt(d)) V`` whose scores autograd keeps (``standard``); ``window`` > 0 and shorter
+    than the sequence: each query sees only the last ``window`` keys."""
     p = dropout if training else 0.0
+    t = q.shape[-2]
+    mask = _window_mask(t, window, q.device) if 0 < window < t else None
     if not standard:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=k.shape[1] != q.shape[1])
+        gqa = k.shape[1] != q.shape[1]
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=gqa)
     if k.shape[1] != q.shape[1]:  # grouped-query attention: repeat each key/value head for its query heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    t = q.shape[-2]
     scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
-    probs = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
+    hidden = ~mask if mask is not None else torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
     return F.dropout(probs, p) @ v
 
 
@@ -80,18 +122,29 @@ class Attention(nn.Module):
         self.standard = spec.attention == "standard"
         self.dropout = spec.dropout
         self.selective = False  # StageChunk sets it: checkpoint the attention core only
-        self.q_proj = nn.Linear(h, q, bias=False)
-        self.k_proj = nn.Linear(h, kv, bias=False)
-        self.v_proj = nn.Linear(h, kv, bias=False)
-        self.o_proj = nn.Linear(q, h, bias=False)
+        self.rope_theta = spec.rope_theta if not spec.learned_positions else 0.0
+        self.window = spec.sliding_window
+        qkv_bias = spec.bias in ("qkv", "all")
+        self.q_proj = nn.Linear(h, q, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, kv, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, kv, bias=qkv_bias)
+        self.o_proj = nn.Linear(q, h, bias=spec.bias == "all")
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
+            self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
-        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, -1, self.head_dim)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        kwargs = dict(standard=self.standard, dropout=self.dropout, training=self.training)
+        if self.rope_theta:
+            q, k = rotary(q, k, self.rope_theta)
+        kwargs = dict(standard=self.standard, dropout=self.dropout, training=self.training, window=self.window)
         if self.selective and torch.is_grad_enabled():
             y = checkpoint(attention_core, q, k, v, use_reentrant=False, **kwargs)
         else:
@@ -104,10 +157,11 @@ class MLP(nn.Module):
         super().__init__()
         h, f = spec.hidden_size, spec.ffn_hidden_size
         self.swiglu = spec.mlp == "swiglu"
-        self.up_proj = nn.Linear(h, f, bias=False)
+        bias = spec.bias == "all"
+        self.up_proj = nn.Linear(h, f, bias=bias)
         if self.swiglu:
-            self.gate_proj = nn.Linear(h, f, bias=False)
-        self.down_proj = nn.Linear(f, h, bias=False)
+            self.gate_proj = nn.Linear(h, f, bias=bias)
+        self.down_proj = nn.Linear(f, h, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
@@ -154,6 +208,8 @@ def _init_(module: nn.Module, seed: int, skip: str | None = None) -> None:
                 continue
             if p.dim() >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * INIT_STD)
+            elif name.endswith("bias"):
+                p.zero_()
             else:
                 p.fill_(1.0)
 
@@ -187,11 +243,22 @@ class StageChunk(nn.Module):
         self.autocast_dtype: torch.dtype | None = None  # set by the engine for bf16 on CUDA
         self.sequence_mesh = None  # sequence parallelism: the tensor-parallel mesh (runner.engine)
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size) if first else None
+        self.positions = (
+            nn.Embedding(spec.learned_positions, spec.hidden_size) if first and spec.learned_positions else None
+        )
         self.blocks = nn.ModuleDict({str(i): Block(spec, i, experts) for i in self.layer_ids})
         self.norm = _norm(spec) if last else None
-        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) if last else None
+        self.head: nn.Module | None = None
+        if last:
+            self.head = (
+                TiedHead(self.embed)
+                if spec.tied_embeddings and first
+                else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+            )
         if self.embed is not None:
             _init_(self.embed, seed * 7919 + _EMBED_SEED)
+        if self.positions is not None:
+            _init_(self.positions, seed * 7919 + _EMBED_SEED + 1)
         for i in self.layer_ids:
             block = self.blocks[str(i)]
             if spec.is_moe_layer(i):  # the shared part from the layer's seed, every expert from its own
@@ -205,7 +272,7 @@ class StageChunk(nn.Module):
             block.attn.selective = recompute == "selective"
         if self.head is not None:
             _init_(self.head, seed * 7919 + _HEAD_SEED)
-            self.norm.weight.data.fill_(1.0)
+            _init_(self.norm, 0)  # scale 1, shift 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.autocast_dtype is not None:  # bf16 on CUDA: matmuls in 16 bits, weights and optimizer fp32
@@ -215,7 +282,10 @@ class StageChunk(nn.Module):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
+            t = x.shape[1]
             x = self.embed(x)
+            if self.positions is not None:
+                x = x + self.positions(torch.arange(t, device=x.device))
             if self.dropout > 0 and self.training:
                 x = F.dropout(x, self.dropout)
             if self.sequence_mesh is not None:  # this rank's part of the sequence from here on
@@ -230,6 +300,18 @@ class StageChunk(nn.Module):
                 x = _redistribute(x, self.sequence_mesh, "gather")
             x = self.head(self.norm(x))
         return x
+
+
+class TiedHead(nn.Module):
+    """The LM head of a tied model: the logits multiply by the embedding's matrix (held, not registered:
+    the weight has one name, ``embed.weight``, and one gradient)."""
+
+    def __init__(self, embed: nn.Embedding) -> None:
+        super().__init__()
+        object.__setattr__(self, "embed", embed)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.embed.weight)
 
 
 def _redistribute(x: torch.Tensor, mesh, to: str) -> torch.Tensor:

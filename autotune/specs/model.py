@@ -38,6 +38,10 @@ class ModelSpec:
     sliding_window: int = 0  # each token attends to the last sliding_window tokens; 0 = all before it
     shared_expert_ffn_hidden_size: int = 0  # width of the MLP every token passes in an MoE block (DeepSeek, Qwen-MoE)
     first_dense_layers: int = 0  # the first blocks stay dense in an MoE model (DeepSeek's first_k_dense_replace)
+    qk_norm: bool = False  # RMSNorm over each query and key head before the rotation (Qwen3)
+    # what the runner computes with and the simulator does not need
+    rope_theta: float = 10_000.0  # base of the rotary embedding's frequencies
+    rms_norm_eps: float = 1e-6  # epsilon of RMSNorm (mlp: swiglu)
 
     def __post_init__(self) -> None:
         where = f"model {shown(self.name)}"
@@ -146,7 +150,8 @@ class ModelSpec:
         """Q, K, V, O projections (with their biases where the family has them) and the block's two norms."""
         h, q, kv = self.hidden_size, self.q_hidden_size, self.kv_hidden_size
         bias = {"none": 0, "qkv": q + 2 * kv, "all": q + 2 * kv + h}[self.bias]
-        return h * q * 2 + h * kv * 2 + bias + 2 * self.norm_params
+        qk_norms = 2 * self.head_dim if self.qk_norm else 0
+        return h * q * 2 + h * kv * 2 + bias + 2 * self.norm_params + qk_norms
 
     def mlp_params(self, width: int) -> int:
         """One MLP of ``width`` (a dense block's, an expert, the shared experts), biases included where
@@ -236,8 +241,11 @@ def _validate_details(model: ModelSpec, where: str) -> None:
     """The rules of the fields Hugging Face families add."""
     if model.bias not in BIAS_KINDS:
         raise SpecError(where, "bias", f"must be one of {', '.join(BIAS_KINDS)}, got {shown(model.bias)}")
-    if not isinstance(model.tied_embeddings, bool):
-        raise SpecError(where, "tied_embeddings", f"must be true or false, got {shown(model.tied_embeddings)}")
+    for name in ("tied_embeddings", "qk_norm"):
+        if not isinstance(getattr(model, name), bool):
+            raise SpecError(where, name, f"must be true or false, got {shown(getattr(model, name))}")
+    positive(where, "rope_theta", model.rope_theta)
+    positive(where, "rms_norm_eps", model.rms_norm_eps, maximum=1.0)
     for name in ("learned_positions", "sliding_window", "shared_expert_ffn_hidden_size", "first_dense_layers"):
         positive(where, name, getattr(model, name), integer=True, strict=False)
     if 0 < model.learned_positions < model.seq_len:

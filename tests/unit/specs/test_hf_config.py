@@ -53,9 +53,8 @@ def test_qwen3_counts_its_explicit_head_dim(name):
     assert m.head_dim == 128 and m.q_hidden_size == m.num_heads * 128
     embeddings = m.embedding_params * (1 if m.tied_embeddings else 2)
     assert m.num_params - embeddings == pytest.approx(NON_EMBEDDING[name], rel=0.005)
-    # the per-head query/key norms are the only weights the config implies that autotune leaves out
-    assert hf.implied_params - m.num_params == m.num_layers * 2 * m.head_dim
-    assert any("query/key norms" in w for w in hf.warnings)
+    # the per-head query/key norms are counted: nothing the config implies is left out
+    assert m.qk_norm and hf.implied_params == m.num_params and not hf.warnings
 
 
 @pytest.mark.parametrize(("name", "preset"), [("llama-2-7b", "llama2-7b"), ("llama-3-8b", "llama3-8b")])
