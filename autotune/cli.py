@@ -76,12 +76,14 @@ def _root(
     """Find and run the fastest training plan for an LLM on a mixed GPU cluster."""
 
 
-def _model(model: str, global_batch_size: int | None, seq_len: int | None):
+def _model(model: str | None, global_batch_size: int | None, seq_len: int | None):
     """``--model`` as the command takes it: a Hugging Face config read here (its parameter count, what
     filled the values the file does not hold and what is not modelled said on stderr), a file or preset
     with ``--seq-len`` applied, else the reference itself (the command loads it)."""
     from autotune.loading import load_hf_model, load_model
 
+    if model is None:  # train without --model or --init-from: the runner says what is missing
+        return None
     hf = load_hf_model(model, seq_len, global_batch_size)
     if hf is None:
         return model if seq_len is None else load_model(model, global_batch_size, seq_len)
@@ -321,7 +323,11 @@ def best(
 def train(
     ctx: typer.Context,
     cluster: str = ClusterOpt,
-    model: str = ModelOpt,
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help="Model YAML path, preset name, or a Hugging Face config.json (or its directory); default: --init-from.",
+    ),
     config: Path = typer.Option(..., "--config", help="Parallel config JSON (e.g. from search --output)."),
     global_batch_size: int | None = GbsOpt,
     seq_len: int | None = SeqLenOpt,
@@ -340,9 +346,26 @@ def train(
         help="Continue from the checkpoint in --checkpoint-dir (the one 'latest' names, else the newest complete one).",
     ),
     metrics_out: Path | None = typer.Option(None, "--metrics-out", help="Append one JSON line per step."),
-    data: Path | None = typer.Option(None, "--data", help="Text file (byte-level tokens); default synthetic."),
+    data: Path | None = typer.Option(
+        None,
+        "--data",
+        help="Text file, JSONL file or a directory of them, tokenized with --init-from's tokenizer (without "
+        "one: a text file as bytes); default synthetic.",
+    ),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="Also log steps to MLflow."),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and the synthetic data."),
+    init_from: Path | None = typer.Option(
+        None, "--init-from", help="Start from this Hugging Face checkpoint directory (config, safetensors, tokenizer)."
+    ),
+    save_hf: Path | None = typer.Option(
+        None, "--save-hf", help="Write the trained model here as a Hugging Face checkpoint directory."
+    ),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW)."),
+    warmup_steps: int = typer.Option(0, "--warmup-steps", help="Steps of linear warm-up from 0."),
+    lr_schedule: str = typer.Option("constant", "--lr-schedule", help="After warm-up: constant | cosine | linear."),
+    min_lr_ratio: float = typer.Option(0.0, "--min-lr-ratio", help="cosine / linear end at this fraction of --lr."),
+    weight_decay: float = typer.Option(0.1, "--weight-decay", help="AdamW weight decay."),
+    clip_grad_norm: float = typer.Option(0.0, "--clip-grad-norm", help="Clip the global gradient norm (0: off)."),
 ) -> None:
     """Train the model with a plan on torch.distributed (torchrun); extra args go to torchrun.
 
@@ -351,7 +374,7 @@ def train(
     _run(
         "train",
         cluster=cluster,
-        model=_model(model, global_batch_size, seq_len),
+        model=_model(model or (str(init_from) if init_from else None), global_batch_size, seq_len),
         config=config,
         global_batch_size=global_batch_size,
         steps=steps,
@@ -363,6 +386,16 @@ def train(
         tracking_uri=tracking_uri,
         seed=seed,
         torchrun_args=list(ctx.args),
+        init_from=init_from,
+        save_hf=save_hf,
+        settings=dict(
+            lr=lr,
+            warmup_steps=warmup_steps,
+            schedule=lr_schedule,
+            min_lr_ratio=min_lr_ratio,
+            weight_decay=weight_decay,
+            clip_grad_norm=clip_grad_norm,
+        ),
     )
 
 

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 LATEST = "latest"
 LOCK = ".lock"
 METADATA = ".metadata"
+SETTINGS = "train_settings.json"
 
 
 class CheckpointError(RuntimeError):
@@ -212,6 +213,10 @@ def save(directory: str | Path, engine, step: int) -> Path:
             checkpoint_id=str(path),
         )
     torch.save({"torch": torch.get_rng_state()}, path / f"rng-rank{engine.rank}.pt")
+    if engine.rank == 0:  # the optimizer options the run trains with (runner.optim.TrainSettings)
+        import json
+
+        (path / SETTINGS).write_text(json.dumps(engine.settings.to_dict()) + "\n")
     dist.barrier()
     if engine.rank == 0:
         tmp = directory / f".{LATEST}.tmp"
@@ -256,8 +261,38 @@ def load(path: Path, engine) -> int:
         optim_state_dict={"state": _unwrap(engine, state["optim"]), "param_groups": optim_sd["param_groups"]},
     )
     _load_rng(path, engine)
+    _compare_settings(path, engine)
     log.info("resumed from %s (step %d)", path, state["step"])
     return int(state["step"])
+
+
+def _compare_settings(path: Path, engine) -> None:
+    import json
+
+    saved = path / SETTINGS
+    if engine.rank == 0 and saved.is_file():
+        before = json.loads(saved.read_text())
+        if before != engine.settings.to_dict():
+            log.warning(
+                "resuming with other training settings than %s was trained with: %s, now %s",
+                path,
+                before,
+                engine.settings.to_dict(),
+            )
+
+
+def full_weights(path: Path, model, seed: int = 0) -> dict:
+    """The whole model's weights (global names, full tensors) from checkpoint ``path``, read in this one
+    process: DCP reassembles every rank's shards (tensor-parallel ones included) into the full shapes."""
+    import warnings
+
+    from runner.model import build_full_model
+
+    state = {"model": dict(build_full_model(model, seed).state_dict())}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        _dcp_load(state, path)
+    return state["model"]
 
 
 def _load_rng(path: Path, engine) -> None:

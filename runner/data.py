@@ -4,6 +4,12 @@
   (``t[k+1] = (t[k] + stride) mod vocab``), so the loss visibly falls; no downloads.
 - Text file: the file's bytes are the tokens (byte-level, vocab 256); each sequence is a window at a
   random offset. Needs ``vocab_size >= 256``.
+- With a tokenizer (a Hugging Face checkpoint directory's ``tokenizer.json``, ``train --init-from``):
+  ``--data`` is a text file, a JSONL file (one document per line, its ``"text"``), or a directory of
+  them (``*.txt``, ``*.jsonl``, in name order), each document tokenized and followed by the end-of-text
+  token, all packed into one stream cut into sequences of ``seq_len + 1`` tokens. Step ``k`` takes
+  sequences ``k * B .. k * B + B - 1`` (modulo their number: another epoch), so the data position is the
+  step a checkpoint stores, and a resumed run continues exactly.
 
 ``global_batch(step)`` returns ``(global_batch_size, seq_len + 1)`` int64 tokens; a pipeline takes its
 rows, inputs are ``[:, :-1]`` and targets ``[:, 1:]``.
@@ -23,11 +29,22 @@ _MAX_STRIDE = 7
 
 
 class TokenSource:
-    def __init__(self, model: ModelSpec, seed: int = 0, text_path: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        seed: int = 0,
+        text_path: str | Path | None = None,
+        tokenizer: str | Path | None = None,
+    ) -> None:
         self.model = model
         self.seed = seed
         self.text: torch.Tensor | None = None
-        if text_path is not None:
+        self.packed: torch.Tensor | None = None  # (sequences, seq_len + 1) with a tokenizer
+        if text_path is not None and tokenizer is not None:
+            from runner.corpus import packed_sequences
+
+            self.packed = packed_sequences(Path(text_path), Path(tokenizer), model)
+        elif text_path is not None:
             path = Path(text_path)
             if model.vocab_size < BYTE_VOCAB:
                 raise SpecError(
@@ -50,6 +67,9 @@ class TokenSource:
 
     def global_batch(self, step: int) -> torch.Tensor:
         b, t = self.model.global_batch_size, self.model.seq_len + 1
+        if self.packed is not None:
+            rows = (torch.arange(b) + step * b) % len(self.packed)
+            return self.packed[rows]
         gen = self._generator(step)
         if self.text is not None:
             starts = torch.randint(0, len(self.text) - t + 1, (b,), generator=gen)

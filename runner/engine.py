@@ -28,13 +28,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.tensor import DTensor
 
 from autotune.errors import SpecError
 from autotune.specs import ModelSpec
 from runner.data import TokenSource
 from runner.layout import EMBED_KEY, HEAD_KEY, Layout, RankPlan
 from runner.model import StageChunk, lm_loss
-from runner.optim import local_tensor, make_optimizer
+from runner.optim import TrainSettings, local_tensor, make_optimizer, set_lr
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +243,8 @@ class Engine:
         schedule: str,
         seed: int,
         tokens: TokenSource,
+        settings: TrainSettings | None = None,
+        init_from: str | None = None,
     ) -> None:
         self.layout = layout
         self.plan = layout.ranks[rank]
@@ -264,6 +267,10 @@ class Engine:
             ).to(device)
             for c in self.plan.chunks
         ]
+        if init_from:  # a Hugging Face checkpoint: this rank reads its chunks' tensors (runner.hf_checkpoint)
+            from runner.hf_checkpoint import load_weights
+
+            load_weights(self.chunks, init_from)
         if device.type == "cuda" and model.precision == "bf16":
             for chunk in self.chunks:
                 chunk.autocast_dtype = torch.bfloat16
@@ -286,19 +293,25 @@ class Engine:
 
             self.expert_sync = setup_experts(self.chunks, self.module.params_of, layout, rank)
         self.grad_groups: list[tuple[dist.ProcessGroup | None, list[nn.Parameter]]] = []
+        self.settings = settings or TrainSettings()
+        self.copies: dict[nn.Parameter, int] = {}  # gradient clipping (``_clip_gradients``)
         self.zero = None
         if layout.sharded:  # ZeRO sharding / CPU offload: runner.zero keeps the optimizer and the gradients
             from runner.zero import ShardedState
 
             self.zero = ShardedState(layout, rank, self.module, device)
             self.optimizer = self.zero.optimizer
+            for g in self.optimizer.param_groups:
+                g["weight_decay"] = self.settings.weight_decay
         else:
-            self.optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad])
+            self.optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad], self.settings)
             for ranks, keys in layout.grad_groups().items() if self.expert_sync is None else ():
                 group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
                 if rank in ranks:
                     params = [p for key in sorted(keys) for p in self.module.params_of(key)]
                     self.grad_groups.append((group, params))
+                    for p in params:  # ranks holding this very tensor: its share of the global norm
+                        self.copies[p] = len(ranks) * (1 if isinstance(p, DTensor) else self.plan.tp_degree)
 
         # 3. stages and schedule
         self._build_schedule(layout, model, device, schedule)
@@ -398,7 +411,25 @@ class Engine:
         self._recorder = recorder
         return recorder
 
-    def step(self, step_index: int, stop_requested: bool = False) -> StepResult:
+    def _clip_gradients(self, max_norm: float) -> float:
+        """Scale every gradient so their global L2 norm (over all ranks, each tensor counted once: a copy
+        held by ``n`` ranks adds ``1/n`` of its square) is at most ``max_norm``; the norm before."""
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        grads = []
+        for p, copies in self.copies.items():
+            if p.grad is not None:
+                g = local_tensor(p.grad)
+                grads.append(g)
+                sq += g.double().pow(2).sum() / copies
+        dist.all_reduce(sq)
+        norm = float(sq.sqrt())
+        scale = max_norm / (norm + 1e-6)
+        if scale < 1.0:
+            for g in grads:
+                g.mul_(scale)
+        return norm
+
+    def step(self, step_index: int, stop_requested: bool = False, lr: float | None = None) -> StepResult:
         recorder, self._recorder = getattr(self, "_recorder", None), None
         if recorder:
             recorder.t_ref = time.perf_counter()
@@ -421,11 +452,15 @@ class Engine:
                 return_outputs=False,
             )
         t_sync = time.perf_counter()
+        if lr is not None:  # the schedule's rate for this step (runner.optim.TrainSettings)
+            set_lr(self.optimizer, lr)
         if self.zero is not None:  # gradient sync, sharded step and write-back in one (runner.zero)
             self.zero.finish_step()
             t_opt = time.perf_counter()
         else:
             self._sync_gradients()
+            if self.settings.clip_grad_norm > 0:
+                self._clip_gradients(self.settings.clip_grad_norm)
             t_opt = time.perf_counter()
             self.optimizer.step()
         if self.expert_sync is not None:  # send updated experts / SPES synchronisation (runner.moe)

@@ -130,7 +130,7 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, sc
                     f"needs seq_len={model.seq_len} divisible by the tensor-parallel degree {stage.tp}",
                 )
     for plan in layout.ranks:
-        if plan.tp_degree > 1 and model.num_kv_heads % plan.tp_degree:
+        if plan.tp_degree > 1:
             from runner.engine import check_supported  # torch import only when needed
 
             check_supported(plan, model)

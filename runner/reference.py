@@ -3,25 +3,46 @@ loss curve must match (same seed, same data, same AdamW), used by the equivalenc
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from autotune.loading import load_model
 from autotune.specs import ModelSpec
 from runner.data import TokenSource
+from runner.hf_checkpoint import load_weights
 from runner.model import build_full_model, lm_loss
-from runner.optim import make_optimizer
+from runner.optim import TrainSettings, make_optimizer, set_lr
 
 
-def reference_losses(model: str | ModelSpec, steps: int, seed: int = 0) -> list[float]:
-    """The loss of each of ``steps`` optimizer steps of one process training ``model``."""
+def reference_losses(
+    model: str | ModelSpec,
+    steps: int,
+    seed: int = 0,
+    settings: TrainSettings | None = None,
+    init_from: str | Path | None = None,
+    data: str | Path | None = None,
+) -> list[float]:
+    """The loss of each of ``steps`` optimizer steps of one process training ``model`` (with ``settings``:
+    the schedule's learning rate and ``torch.nn.utils.clip_grad_norm_``; ``init_from``: a Hugging Face
+    checkpoint's weights, whose tokenizer reads ``data``)."""
+    import torch
+
     spec = load_model(model)
-    tokens = TokenSource(spec, seed)
+    settings = settings or TrainSettings()
+    tokenizer = init_from if init_from is not None and data is not None else None
+    tokens = TokenSource(spec, seed, data, tokenizer)
     net = build_full_model(spec, seed)
-    opt = make_optimizer(net.parameters())
+    if init_from is not None:
+        load_weights([net], init_from)
+    opt = make_optimizer(net.parameters(), settings)
     out = []
     for step in range(steps):
         opt.zero_grad()
         x, y = tokens.pipeline_batch(step, 0, spec.global_batch_size)
         loss = lm_loss(net(x), y)
         loss.backward()
+        if settings.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), settings.clip_grad_norm)
+        set_lr(opt, settings.lr_at(step, steps))
         opt.step()
         out.append(loss.item())
     return out

@@ -60,10 +60,22 @@ def train_rank(
     from runner import checkpoint
     from runner.data import TokenSource
     from runner.engine import Engine
+    from runner.optim import TrainSettings
 
     seed = int(job.get("seed", 0))
-    tokens = TokenSource(model, seed, job.get("data"))
-    engine = Engine(layout, model, rank, device, schedule=config.schedule, seed=seed, tokens=tokens)
+    settings = TrainSettings(**job.get("settings", {}))
+    tokens = TokenSource(model, seed, job.get("data"), job.get("tokenizer"))
+    engine = Engine(
+        layout,
+        model,
+        rank,
+        device,
+        schedule=config.schedule,
+        seed=seed,
+        tokens=tokens,
+        settings=settings,
+        init_from=job.get("init_from"),
+    )
     ckpt_dir = job.get("checkpoint_dir")
     every = int(job.get("checkpoint_every") or 0)
     start = 0
@@ -86,7 +98,8 @@ def train_rank(
     saved_at = start if start else -1
     try:
         for index in range(start, int(job["steps"])):
-            result = engine.step(index, stop_requested=stop["requested"])
+            lr = settings.lr_at(index, int(job["steps"]))
+            result = engine.step(index, stop_requested=stop["requested"], lr=lr)
             done = index + 1
             record = {"step": done, "loss": result.loss, "tokens_per_s": tokens_per_step / result.time_s}
             if rank == 0:
@@ -134,6 +147,7 @@ class TrainOutcome:
     wall_time_s: float = 0.0  # launch to exit, torchrun's start-up included
     rank0_here: bool = True  # False on the machines of a multi-node run that do not run rank 0 (no step report)
     stop_signal: str = ""  # "SIGINT" / "SIGTERM" when stopped before the requested steps (returncode 130 / 143)
+    saved_hf: str = ""  # --save-hf: the Hugging Face checkpoint directory written
 
     @property
     def error(self) -> str:
@@ -282,6 +296,9 @@ def train(
     timeout_s: float | None = None,
     quiet: bool = False,
     on_step: Callable[[dict], None] | None = None,
+    init_from: str | Path | None = None,
+    save_hf: str | Path | None = None,
+    settings=None,
 ) -> TrainOutcome:
     """Train ``model`` under ``config`` for ``steps`` optimizer steps on torchrun-launched ranks.
 
@@ -289,35 +306,29 @@ def train(
     job after that many seconds. ``on_step(record)`` hears of each step rank 0 finishes
     (``{"step", "loss", "tokens_per_s"}``; rank 0 on this machine only), and rank 0 then leaves the
     per-step log lines to it. The outcome sums the run up (steps, mean tokens/s, final loss, wall time).
+    ``init_from`` (a Hugging Face checkpoint directory; also the model when ``model`` is None),
+    ``save_hf`` and ``settings`` (``runner.optim.TrainSettings``): ``runner.finetune``.
     """
     from runner.data import TokenSource
+    from runner.finetune import FineTuning
     from runner.jobs import preflight
 
     check_torchrun_args(torchrun_args or [])
     cluster = load_cluster(cluster)
-    model = load_model(model, global_batch_size)
+    if model is None and init_from is None:
+        raise SpecError("train", "", "give --model, or --init-from a Hugging Face checkpoint directory")
+    model = load_model(model if model is not None else str(init_from), global_batch_size)
     config = load_config(config)
     layout = preflight(cluster, model, config)
+    tuning = FineTuning.of(init_from, save_hf, settings)
+    tuning.check(model, config, layout)
     if config.is_roundpipe:
         from runner.roundpipe_run import refuse_checkpoints
 
         refuse_checkpoints(checkpoint_dir, resume)
-    if steps < 1:
-        raise SpecError("--steps", "", f"must be >= 1, got {steps}")
-    if checkpoint_every < 0:
-        raise SpecError("--checkpoint-every", "", f"must be >= 0, got {checkpoint_every}")
-    if resume and checkpoint_dir is None:
-        raise SpecError("--resume", "", "needs --checkpoint-dir")
-    from autotune import prechecks
-
-    prechecks.seed(seed)
-    if metrics_out is not None:
-        prechecks.writable_file(metrics_out, "--metrics-out")
-    if checkpoint_dir is not None:
-        prechecks.writable_dir(checkpoint_dir, "--checkpoint-dir")
-    prechecks.tracking_uri(tracking_uri)
-    if data is not None:
-        TokenSource(model, seed, data)  # checks the file and the vocabulary now, with a clear error
+    _check_options(steps, checkpoint_every, resume, checkpoint_dir, seed, metrics_out, tracking_uri)
+    if data is not None:  # checks the file, the tokenizer and the vocabulary now, with a clear error
+        TokenSource(model, seed, data, tuning.tokenizer)
     from runner import checkpoint
     from runner.launch import make_run_dir
 
@@ -328,6 +339,8 @@ def train(
         if resume_from is not None and metrics_out is not None:
             _drop_rows_after(Path(metrics_out), checkpoint.step_of(resume_from))  # they are trained again
         run_dir = make_run_dir("autotune-train-")
+        # --save-hf converts the last checkpoint: without --checkpoint-dir, one in the run directory
+        ckpt_dir = checkpoint_dir if checkpoint_dir is not None or save_hf is None else run_dir / "checkpoints"
         try:
             job_path = _write_job(
                 run_dir,
@@ -336,15 +349,16 @@ def train(
                 config,
                 steps=steps,
                 seed=seed,
-                checkpoint_dir=checkpoint_dir,
+                checkpoint_dir=ckpt_dir,
                 checkpoint_every=checkpoint_every,
                 resume_from=resume_from,
                 metrics_out=metrics_out,
                 data=data,
                 tracking_uri=tracking_uri,
                 log_steps=on_step is None,
+                tuning=tuning,
             )
-            return _launch(
+            outcome = _launch(
                 run_dir,
                 job_path,
                 config,
@@ -354,6 +368,9 @@ def train(
                 quiet=quiet,
                 on_step=on_step,
             )
+            if tuning.save_hf is not None and outcome.returncode == 0 and _node_rank(torchrun_args) == 0:
+                outcome.saved_hf = str(tuning.write_hf(Path(ckpt_dir), model, seed))
+            return outcome
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
     finally:
@@ -470,6 +487,24 @@ def _launch(
     return _outcome(run_dir, code, time.monotonic() - started, progress.records, interrupts.get("signal"))
 
 
+def _check_options(steps, checkpoint_every, resume, checkpoint_dir, seed, metrics_out, tracking_uri) -> None:
+    """``train``'s own options, each refused in one line before anything starts."""
+    if steps < 1:
+        raise SpecError("--steps", "", f"must be >= 1, got {steps}")
+    if checkpoint_every < 0:
+        raise SpecError("--checkpoint-every", "", f"must be >= 0, got {checkpoint_every}")
+    if resume and checkpoint_dir is None:
+        raise SpecError("--resume", "", "needs --checkpoint-dir")
+    from autotune import prechecks
+
+    prechecks.seed(seed)
+    if metrics_out is not None:
+        prechecks.writable_file(metrics_out, "--metrics-out")
+    if checkpoint_dir is not None:
+        prechecks.writable_dir(checkpoint_dir, "--checkpoint-dir")
+    prechecks.tracking_uri(tracking_uri)
+
+
 def _write_job(
     run_dir: Path,
     cluster,
@@ -485,6 +520,7 @@ def _write_job(
     data,
     tracking_uri,
     log_steps: bool,
+    tuning=None,
 ) -> Path:
     """The job file every rank reads (``runner.jobs.make_job``), written into the run directory."""
     from runner.jobs import make_job
@@ -505,6 +541,10 @@ def _write_job(
         tracking_uri=tracking_uri,
         pg_timeout_s=1800,
     )
+    if tuning is not None:
+        job["settings"] = tuning.settings.to_dict()
+        job["init_from"] = str(tuning.init_from) if tuning.init_from else None
+        job["tokenizer"] = str(tuning.tokenizer) if tuning.tokenizer and data else None
     job["progress_out"] = str(run_dir / "progress.jsonl")  # rank 0's steps, for on_step and the summary
     job["log_steps"] = log_steps  # rank 0 logs each step unless on_step hears of them
     job_path = run_dir / "job.json"

@@ -49,7 +49,7 @@ def tiny_model(family: str, out: Path, seed: int = 0) -> Path:
 
     config = AutoConfig.for_model(family, **SHAPE, **FAMILIES[family])
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # biases are zero at init: make them count
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:

@@ -25,9 +25,16 @@ def run(
     tracking_uri: str | None,
     seed: int,
     torchrun_args: list[str],
+    init_from: Path | None = None,
+    save_hf: Path | None = None,
+    settings: dict | None = None,
 ) -> int:
     from rich.console import Console
     from rich.markup import escape
+
+    from runner.optim import TrainSettings
+
+    train_settings = TrainSettings(**(settings or {}))  # a bad option: one line, before torch loads
 
     console = Console(stderr=True)
     progress = step_bar(console, "[bold]train")
@@ -59,6 +66,9 @@ def run(
             torchrun_args=torchrun_args,
             global_batch_size=global_batch_size,
             on_step=on_step if console.is_terminal else None,
+            init_from=init_from,
+            save_hf=save_hf,
+            settings=train_settings,
         )
     if outcome.returncode != 0 and not outcome.stopped:
         console.print(f"[red]training failed[/red]: {escape(outcome.error)}")  # gloo writes "[/path:line]"
@@ -76,6 +86,10 @@ def run(
     console.print(f"training {how} after step {outcome.steps_done}{where}", highlight=False)
     if outcome.stopped and checkpoint_dir:
         console.print("  the same command with --resume continues from it", highlight=False)
+    if outcome.saved_hf:
+        console.print(
+            f"  Hugging Face checkpoint written to {escape(outcome.saved_hf)}", highlight=False, soft_wrap=True
+        )
     if outcome.steps_run:
         console.print(
             f"  {outcome.steps_run} steps in {outcome.wall_time_s:.1f} s (torchrun start-up included), "

@@ -31,7 +31,7 @@ def test_runner_logits_equal_transformers(family, checkpoints):
 
     path = checkpoints[family]
     spec = load_hf_model(path, seq_len=32, global_batch_size=4).model
-    reference = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     ids = torch.randint(0, spec.vocab_size, (4, spec.seq_len), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = reference(input_ids=ids).logits

@@ -1,0 +1,147 @@
+"""Fine-tuning a Hugging Face checkpoint with ``autotune train``: ``--init-from`` a tiny Llama built locally,
+``--data`` tokenized with its tokenizer, the optimizer settings, under pipeline and data-parallel plans:
+the same losses as one process, an exact resume after a SIGTERM, and a ``--save-hf`` directory that
+``transformers`` loads with the runner's logits."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hf_models import CORPUS, tiny_model
+
+from autotune.loading import load_hf_model
+from runner.optim import TrainSettings
+from runner.reference import reference_losses
+from runner.train import train
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+torch.set_num_threads(1)
+
+STEPS = 6
+RTOL = 1e-5  # the equivalence tests' tolerance (tests/integration/runner/test_runner_distributed.py)
+SETTINGS = TrainSettings(lr=3e-3, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1, clip_grad_norm=0.5)
+OPTIONS = ["--lr", "3e-3", "--warmup-steps", "2", "--lr-schedule", "cosine", "--min-lr-ratio", "0.1"]
+OPTIONS += ["--clip-grad-norm", "0.5"]
+TWO_STAGES = {
+    "micro_batch_size": 2,
+    "schedule": "1f1b",
+    "pipelines": [
+        {
+            "num_microbatches": 4,
+            "stages": [{"devices": ["cpu:0"], "layers": 1}, {"devices": ["cpu:1"], "layers": 3}],
+        }
+    ],
+}
+# two pipelines of two stages, uneven layers and an uneven 5 + 3 batch split
+TWO_BY_TWO = {
+    "micro_batch_size": 1,
+    "schedule": "1f1b",
+    "pipelines": [
+        {"num_microbatches": 5, "stages": [{"devices": ["cpu:0"], "layers": 3}, {"devices": ["cpu:1"], "layers": 1}]},
+        {"num_microbatches": 3, "stages": [{"devices": ["cpu:2"], "layers": 1}, {"devices": ["cpu:3"], "layers": 3}]},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path]:
+    directory = tmp_path_factory.mktemp("finetune")
+    corpus = directory / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": line}) + "\n" for line in CORPUS * 4))
+    return tiny_model("llama", directory / "tiny"), corpus
+
+
+def _model(path: Path):
+    return load_hf_model(path, seq_len=32, global_batch_size=8).model
+
+
+def _losses(path: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(("cluster", "plan"), [("cpu-2", TWO_STAGES), ("cpu-4", TWO_BY_TWO)], ids=["2-stages", "2x2"])
+def test_finetuning_trains_like_a_single_process(cluster, plan, tiny, tmp_path):
+    checkpoint, corpus = tiny
+    model = _model(checkpoint)
+    reference = reference_losses(model, STEPS, settings=SETTINGS, init_from=checkpoint, data=corpus)
+    metrics = tmp_path / "m.jsonl"
+    outcome = train(
+        cluster,
+        model,
+        plan,
+        steps=STEPS,
+        metrics_out=metrics,
+        data=corpus,
+        init_from=checkpoint,
+        settings=SETTINGS,
+        quiet=True,
+        timeout_s=600,
+    )
+    assert outcome.returncode == 0, outcome.error
+    torch.testing.assert_close(torch.tensor(_losses(metrics)), torch.tensor(reference), rtol=RTOL, atol=0)
+    assert reference[-1] < reference[0]  # the schedule and the data train the checkpoint further
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from autotune.cli import main; main()", *args]
+
+
+def test_stop_resume_and_save_a_checkpoint_transformers_loads(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from runner import checkpoint as ckpt_files
+    from runner.model import StageChunk
+
+    checkpoint, corpus = tiny
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(TWO_STAGES))
+    common = ["--config", str(plan), "--init-from", str(checkpoint), "--global-batch-size", "8", "--seq-len", "32"]
+    common += ["--data", str(corpus), "--steps", str(STEPS), *OPTIONS]
+    # the uninterrupted run
+    whole = tmp_path / "whole.jsonl"
+    done = subprocess.run(
+        _cli("train", "--cluster", "cpu-2", *common, "--metrics-out", str(whole)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    # the same run 10x slower, stopped by SIGTERM after its first step, then resumed on the normal cluster
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("nodes: [{name: cpu, gpu: cpu, count: 2, slowdown: 10}]\nnetwork: {bandwidth_GBps: 5}\n")
+    ckpt, stopped, out = tmp_path / "ckpt", tmp_path / "stopped.jsonl", tmp_path / "hf-out"
+    run = _cli("train", *common, "--checkpoint-dir", str(ckpt), "--metrics-out", str(stopped), "--save-hf", str(out))
+    proc = subprocess.Popen(
+        [*run[:4], "--cluster", str(slow), *run[4:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + 300
+    while not (stopped.exists() and stopped.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 143, output
+    assert not (out / "model.safetensors").exists()  # a stopped run writes no Hugging Face checkpoint
+    resumed = subprocess.run(
+        [*run[:4], "--cluster", "cpu-2", *run[4:], "--resume"], capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert _losses(stopped) == _losses(whole)  # same data, same state, same schedule: the identical curve
+    assert f"Hugging Face checkpoint written to {out}" in resumed.stderr
+    # transformers loads it; its logits are the runner's (the last checkpoint's weights in the runner's model)
+    model = _model(checkpoint)
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    runner = StageChunk(model, range(model.num_layers), first=True, last=True, seed=0)
+    runner.load_state_dict(ckpt_files.full_weights(ckpt_files.latest(ckpt), model))
+    ids = torch.randint(0, model.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = runner.eval()(ids)
+        torch.testing.assert_close(hf(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
+    assert (out / "tokenizer.json").is_file() and json.loads((out / "config.json").read_text())["model_type"] == "llama"
