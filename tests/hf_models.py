@@ -1,59 +1,17 @@
-"""Tiny Hugging Face models of each family the runner loads, built locally with ``transformers`` (random
-weights from a seed, a byte-level BPE tokenizer trained on a few lines): no hub access."""
+"""Tiny Hugging Face models of each family the runner loads, built locally by ``scripts/tiny_hf_model.py``
+(``transformers``: random weights from a seed, a BPE tokenizer trained on a few lines): no hub access."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib.util
 
-CORPUS = [
-    "autotune finds the fastest plan for a mixed cluster of GPUs.",
-    "The simulator predicts each plan; the runner trains the best one.",
-    "Pipelines, tensor parallelism and ZeRO share the work between devices.",
-    "A fast card takes more layers, a slow card takes fewer.",
-] * 8
+from paths import REPO
 
-SHAPE = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=320,
-    max_position_embeddings=64,
-)
-FAMILIES = {
-    "llama": dict(tie_word_embeddings=False, rms_norm_eps=1e-5),
-    "mistral": dict(tie_word_embeddings=False, sliding_window=16),  # a window shorter than the sequence
-    "qwen2": dict(tie_word_embeddings=True),  # qkv biases, tied head
-    "qwen3": dict(tie_word_embeddings=False, head_dim=32),  # per-head query/key norms, head_dim != hidden / heads
-}
+_spec = importlib.util.spec_from_file_location("tiny_hf_model", REPO / "scripts" / "tiny_hf_model.py")
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
 
-
-def tokenizer_files(out: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False)
-    tok.train_from_iterator(CORPUS, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
-    fast.save_pretrained(str(out))
-
-
-def tiny_model(family: str, out: Path, seed: int = 0) -> Path:
-    """A tiny ``family`` checkpoint (config, safetensors, tokenizer) in ``out``."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(family, **SHAPE, **FAMILIES[family])
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # biases are zero at init: make them count
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(str(out))
-    tokenizer_files(out, SHAPE["vocab_size"])
-    return out
+CORPUS = _module.CORPUS
+FAMILIES = _module.FAMILIES
+tiny_model = _module.tiny_model
+write_corpus = _module.write_corpus
