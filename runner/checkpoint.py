@@ -52,6 +52,11 @@ def _complete(path: Path) -> bool:
     return path.is_dir() and (path / METADATA).is_file() and path.name.startswith("step-") and path.name[5:].isdigit()
 
 
+def complete_steps(directory: str | Path) -> list[Path]:
+    """The complete checkpoints in ``directory``, oldest first."""
+    return sorted((p for p in Path(directory).glob("step-*") if _complete(p)), key=step_of)
+
+
 def latest(directory: str | Path) -> Path | None:
     """The checkpoint ``latest`` names, when it exists and is complete."""
     marker = Path(directory) / LATEST

@@ -69,7 +69,8 @@ class FineTuning:
             raise SpecError("train", "", "RoundPipe plans train with the default settings and random weights only")
 
     def write_hf(self, checkpoint_dir: Path, model: ModelSpec, seed: int) -> Path | None:
-        """The last checkpoint in ``checkpoint_dir`` as a Hugging Face checkpoint in ``save_hf``."""
+        """The last checkpoint in ``checkpoint_dir`` as a Hugging Face checkpoint in ``save_hf``, and each
+        earlier one not written yet in ``save_hf/checkpoint-<step>`` (Hugging Face Trainer's layout)."""
         if self.save_hf is None:
             return None
         from runner import checkpoint, hf_checkpoint
@@ -77,6 +78,10 @@ class FineTuning:
         last = checkpoint.latest(checkpoint_dir)
         if last is None:
             raise SpecError("--save-hf", "", f"no complete checkpoint in {checkpoint_dir} to write")
+        for earlier in checkpoint.complete_steps(checkpoint_dir):
+            out = self.save_hf / f"checkpoint-{checkpoint.step_of(earlier)}"
+            if checkpoint.step_of(earlier) < checkpoint.step_of(last) and not out.exists():
+                hf_checkpoint.save(checkpoint.full_weights(earlier, model, seed), model, out, self.init_from)
         weights = checkpoint.full_weights(last, model, seed)
         out = hf_checkpoint.save(weights, model, self.save_hf, self.init_from)
         log.info("Hugging Face checkpoint of step %d written to %s", checkpoint.step_of(last), out)

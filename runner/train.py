@@ -368,7 +368,8 @@ def train(
                 quiet=quiet,
                 on_step=on_step,
             )
-            if tuning.save_hf is not None and outcome.returncode == 0 and _node_rank(torchrun_args) == 0:
+            finished = outcome.returncode == 0 or (outcome.stopped and not outcome.errors)  # a clean stop too
+            if tuning.save_hf is not None and finished and _node_rank(torchrun_args) == 0:
                 outcome.saved_hf = str(tuning.write_hf(Path(ckpt_dir), model, seed))
             return outcome
         finally:

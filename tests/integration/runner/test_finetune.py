@@ -118,6 +118,7 @@ def test_stop_resume_and_save_a_checkpoint_transformers_loads(tiny, tmp_path):
     slow.write_text("nodes: [{name: cpu, gpu: cpu, count: 2, slowdown: 10}]\nnetwork: {bandwidth_GBps: 5}\n")
     ckpt, stopped, out = tmp_path / "ckpt", tmp_path / "stopped.jsonl", tmp_path / "hf-out"
     run = _cli("train", *common, "--checkpoint-dir", str(ckpt), "--metrics-out", str(stopped), "--save-hf", str(out))
+    run += ["--checkpoint-every", "2"]
     proc = subprocess.Popen(
         [*run[:4], "--cluster", str(slow), *run[4:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -128,7 +129,7 @@ def test_stop_resume_and_save_a_checkpoint_transformers_loads(tiny, tmp_path):
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=240)
     assert proc.returncode == 143, output
-    assert not (out / "model.safetensors").exists()  # a stopped run writes no Hugging Face checkpoint
+    assert (out / "model.safetensors").is_file()  # a clean stop writes the step it stopped at too
     resumed = subprocess.run(
         [*run[:4], "--cluster", "cpu-2", *run[4:], "--resume"], capture_output=True, text=True, timeout=600
     )
@@ -145,3 +146,7 @@ def test_stop_resume_and_save_a_checkpoint_transformers_loads(tiny, tmp_path):
         expected = runner.eval()(ids)
         torch.testing.assert_close(hf(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
     assert (out / "tokenizer.json").is_file() and json.loads((out / "config.json").read_text())["model_type"] == "llama"
+    # each earlier checkpoint as its own Hugging Face directory (the stopped step's included)
+    earlier = sorted(p.name for p in out.glob("checkpoint-*"))
+    assert "checkpoint-2" in earlier and f"checkpoint-{STEPS}" not in earlier
+    assert AutoModelForCausalLM.from_pretrained(str(out / "checkpoint-2")) is not None
