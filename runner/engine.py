@@ -154,6 +154,7 @@ class StepResult:
     loss: float
     stop: bool
     time_s: float
+    grad_norm: float | None = None  # the global gradient norm before clipping (with --clip-grad-norm)
 
 
 def check_supported(plan: RankPlan, model: ModelSpec) -> None:
@@ -311,7 +312,8 @@ class Engine:
                     params = [p for key in sorted(keys) for p in self.module.params_of(key)]
                     self.grad_groups.append((group, params))
                     for p in params:  # ranks holding this very tensor: its share of the global norm
-                        self.copies[p] = len(ranks) * (1 if isinstance(p, DTensor) else self.plan.tp_degree)
+                        sharded = isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
+                        self.copies[p] = len(ranks) * (1 if sharded else self.plan.tp_degree)
 
         # 3. stages and schedule
         self._build_schedule(layout, model, device, schedule)
@@ -452,6 +454,7 @@ class Engine:
                 return_outputs=False,
             )
         t_sync = time.perf_counter()
+        grad_norm = None
         if lr is not None:  # the schedule's rate for this step (runner.optim.TrainSettings)
             set_lr(self.optimizer, lr)
         if self.zero is not None:  # gradient sync, sharded step and write-back in one (runner.zero)
@@ -460,7 +463,7 @@ class Engine:
         else:
             self._sync_gradients()
             if self.settings.clip_grad_norm > 0:
-                self._clip_gradients(self.settings.clip_grad_norm)
+                grad_norm = self._clip_gradients(self.settings.clip_grad_norm)
             t_opt = time.perf_counter()
             self.optimizer.step()
         if self.expert_sync is not None:  # send updated experts / SPES synchronisation (runner.moe)
@@ -479,4 +482,4 @@ class Engine:
             contrib = float(torch.stack([loss.detach().float() for loss in losses]).mean()) * self.plan.grad_weight
         t = torch.tensor([contrib, 1.0 if stop_requested else 0.0], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
-        return StepResult(loss=float(t[0]), stop=bool(t[1] > 0), time_s=time.perf_counter() - t0)
+        return StepResult(float(t[0]), bool(t[1] > 0), time.perf_counter() - t0, grad_norm)

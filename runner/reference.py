@@ -20,10 +20,11 @@ def reference_losses(
     settings: TrainSettings | None = None,
     init_from: str | Path | None = None,
     data: str | Path | None = None,
+    grad_norms: list[float] | None = None,
 ) -> list[float]:
     """The loss of each of ``steps`` optimizer steps of one process training ``model`` (with ``settings``:
     the schedule's learning rate and ``torch.nn.utils.clip_grad_norm_``; ``init_from``: a Hugging Face
-    checkpoint's weights, whose tokenizer reads ``data``)."""
+    checkpoint's weights, whose tokenizer reads ``data``; ``grad_norms``: gets each step's norm before clipping)."""
     import torch
 
     spec = load_model(model)
@@ -41,7 +42,9 @@ def reference_losses(
         loss = lm_loss(net(x), y)
         loss.backward()
         if settings.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), settings.clip_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(net.parameters(), settings.clip_grad_norm)
+            if grad_norms is not None:
+                grad_norms.append(float(norm))
         set_lr(opt, settings.lr_at(step, steps))
         opt.step()
         out.append(loss.item())

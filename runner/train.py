@@ -102,6 +102,8 @@ def train_rank(
             result = engine.step(index, stop_requested=stop["requested"], lr=lr)
             done = index + 1
             record = {"step": done, "loss": result.loss, "tokens_per_s": tokens_per_step / result.time_s}
+            if result.grad_norm is not None:
+                record["grad_norm"] = result.grad_norm
             if rank == 0:
                 if job.get("log_steps", True):
                     log.info("step %d loss %.4f %.0f tokens/s", done, result.loss, record["tokens_per_s"])

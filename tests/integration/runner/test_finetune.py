@@ -49,6 +49,13 @@ TWO_BY_TWO = {
     ],
 }
 
+# one stage on a tensor-parallel pair: clipping counts sharded and replicated weights once each
+TENSOR_PARALLEL = {
+    "micro_batch_size": 2,
+    "schedule": "1f1b",
+    "pipelines": [{"num_microbatches": 4, "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": 4}]}],
+}
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> tuple[Path, Path]:
@@ -66,17 +73,22 @@ def _losses(path: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize(("cluster", "plan"), [("cpu-2", TWO_STAGES), ("cpu-4", TWO_BY_TWO)], ids=["2-stages", "2x2"])
-def test_finetuning_trains_like_a_single_process(cluster, plan, tiny, tmp_path):
+@pytest.mark.parametrize(
+    ("cluster", "plan", "steps"),
+    [("cpu-2", TWO_STAGES, STEPS), ("cpu-4", TWO_BY_TWO, STEPS), ("cpu-2", TENSOR_PARALLEL, 3)],
+    ids=["2-stages", "2x2", "tp2"],  # DTensor on gloo is slow on CPU: 3 steps
+)
+def test_finetuning_trains_like_a_single_process(cluster, plan, steps, tiny, tmp_path):
     checkpoint, corpus = tiny
     model = _model(checkpoint)
-    reference = reference_losses(model, STEPS, settings=SETTINGS, init_from=checkpoint, data=corpus)
+    norms: list[float] = []
+    reference = reference_losses(model, steps, settings=SETTINGS, init_from=checkpoint, data=corpus, grad_norms=norms)
     metrics = tmp_path / "m.jsonl"
     outcome = train(
         cluster,
         model,
         plan,
-        steps=STEPS,
+        steps=steps,
         metrics_out=metrics,
         data=corpus,
         init_from=checkpoint,
@@ -86,6 +98,10 @@ def test_finetuning_trains_like_a_single_process(cluster, plan, tiny, tmp_path):
     )
     assert outcome.returncode == 0, outcome.error
     torch.testing.assert_close(torch.tensor(_losses(metrics)), torch.tensor(reference), rtol=RTOL, atol=0)
+    # the global gradient norm the plan clipped with is the single process's (each tensor counted once)
+    measured = [json.loads(line)["grad_norm"] for line in metrics.read_text().splitlines()]
+    torch.testing.assert_close(torch.tensor(measured), torch.tensor(norms), rtol=RTOL, atol=0)
+    assert min(norms) > SETTINGS.clip_grad_norm  # clipping was active on every step
     assert reference[-1] < reference[0]  # the schedule and the data train the checkpoint further
 
 
