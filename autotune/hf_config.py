@@ -61,7 +61,8 @@ def hf_config_path(ref: str | Path) -> Path | None:
         return path / "config.json" if (path / "config.json").is_file() else None
     if path.suffix == ".json" and path.is_file():
         try:
-            head = json.loads(path.read_text(encoding="utf-8", errors="replace")[: 2**20])
+            with path.open("rb") as f:  # a config is a few KiB: a larger file is not one
+                head = json.loads(f.read(2**20).decode("utf-8", errors="replace"))
         except ValueError:
             return None  # not JSON: the model-file reader reports it
         if isinstance(head, dict) and ("model_type" in head or "architectures" in head):
