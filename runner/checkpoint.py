@@ -140,14 +140,36 @@ def _peer(engine) -> str | None:
     return f"group{engine.plan.expert_group}" if engine.layout.sync_every_steps > 1 else None
 
 
+def _holder_key(name: str) -> str:
+    """The ``Layout`` key of weight ``name`` (``blocks.3.attn.q_proj.weight`` -> ``layer3``)."""
+    from runner.layout import EMBED_KEY, HEAD_KEY
+
+    if name.startswith("blocks."):
+        return "layer" + name.split(".", 2)[1]
+    return EMBED_KEY if name.startswith(("embed.", "positions.")) else HEAD_KEY
+
+
+def _renamed(engine, tree: dict, back: bool = False) -> dict:
+    """A weight that replicas shard with different tensor-parallel degrees (``runner.reshard``) is stored
+    once per degree, ``<name>@tp<d>``: DCP keeps one layout per name (a resumed run has the same plan)."""
+    mixed = getattr(engine.layout, "resharded", lambda: {})()
+    if not mixed:
+        return tree
+    tag = f"@tp{engine.plan.tp_degree}"
+    if back:
+        return {k.removesuffix(tag): v for k, v in tree.items()}
+    return {k + tag if _holder_key(k) in mixed else k: v for k, v in tree.items()}
+
+
 def _wrap(engine, tree):
+    tree = _renamed(engine, tree)
     peer = _peer(engine)
     return tree if peer is None else {peer: tree}
 
 
 def _unwrap(engine, tree):
     peer = _peer(engine)
-    return tree if peer is None else tree[peer]
+    return _renamed(engine, tree if peer is None else tree[peer], back=True)
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -293,11 +315,15 @@ def full_weights(path: Path, model, seed: int = 0) -> dict:
 
     from runner.model import build_full_model
 
-    state = {"model": dict(build_full_model(model, seed).state_dict())}
+    full = dict(build_full_model(model, seed).state_dict())
+    # a weight stored once per tensor-parallel degree (``_renamed``): any of its copies has the full values
+    stored = {k.removeprefix("model.") for k in _reader(path).read_metadata().state_dict_metadata}
+    names = {k: k if k in stored else next((s for s in sorted(stored) if s.startswith(k + "@tp")), k) for k in full}
+    state = {"model": {names[k]: v for k, v in full.items()}}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         _dcp_load(state, path)
-    return state["model"]
+    return {k: state["model"][names[k]] for k in full}
 
 
 def _load_rng(path: Path, engine) -> None:

@@ -314,6 +314,14 @@ class Engine:
                     for p in params:  # ranks holding this very tensor: its share of the global norm
                         sharded = isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
                         self.copies[p] = len(ranks) * (1 if sharded else self.plan.tp_degree)
+            # weights replicas shard with different tensor-parallel degrees (runner.reshard)
+            self.reshard = None
+            if self.expert_sync is None and layout.resharded():
+                from runner.reshard import ReshardedGradients
+
+                names = {p: n for n, p in self.module.named_parameters()}
+                self.reshard = ReshardedGradients(layout, rank, self.module.params_of, names)
+                self.copies.update(self.reshard.copies)
 
         # 3. stages and schedule
         self._build_schedule(layout, model, device, schedule)
@@ -386,6 +394,8 @@ class Engine:
         if self.expert_sync is not None:
             self.expert_sync.sync_gradients()
             return
+        if getattr(self, "reshard", None) is not None:
+            self.reshard.sync(self.plan.grad_weight)
         w = 1.0 if self.mixed is not None else self.plan.grad_weight  # runner.mixed weighs each micro-batch
         for group, params in self.grad_groups:
             for p in params:

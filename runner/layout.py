@@ -131,17 +131,45 @@ class Layout:
             groups.setdefault((r.pipeline, r.stage, r.stage_rank), []).append(r.rank)
         return tuple(tuple(v) for _, v in sorted(groups.items()) if len(v) > 1)
 
+    def _degrees(self) -> dict[str, set[int]]:
+        degrees: dict[str, set[int]] = {}
+        for r in self.ranks:
+            for key in r.holds():
+                degrees.setdefault(key, set()).add(r.tp_degree)
+        return degrees
+
     def grad_groups(self) -> dict[tuple[int, ...], tuple[str, ...]]:
         """Ranks that hold the same weights (one per pipeline, same tensor-parallel shard) -> those
-        weight keys. Each group all-reduces exactly the gradients of its keys."""
+        weight keys. Each group all-reduces exactly the gradients of its keys. Keys that replicas shard
+        with different tensor-parallel degrees are ``resharded``'s instead."""
+        mixed = {k for k, d in self._degrees().items() if len(d) > 1}
         holders: dict[tuple[str, int], list[int]] = {}
         for r in self.ranks:
             for key in r.holds():
-                holders.setdefault((key, r.tp_index), []).append(r.rank)
+                if key not in mixed:
+                    holders.setdefault((key, r.tp_index), []).append(r.rank)
         groups: dict[tuple[int, ...], list[str]] = {}
         for (key, _), ranks in holders.items():
             groups.setdefault(tuple(sorted(ranks)), []).append(key)
         return {g: tuple(keys) for g, keys in sorted(groups.items())}
+
+    def resharded(self) -> dict[str, tuple[int, tuple[tuple[int, ...], ...], tuple[int, ...]]]:
+        """Keys whose replicas shard them with different tensor-parallel degrees (powers of two) -> (``t``
+        the largest degree, for each of the ``t`` equal parts of a sharded weight the ranks holding it,
+        one per replica, and every rank holding the key). A replica of degree ``d`` keeps parts
+        ``i t/d .. (i+1) t/d - 1`` on its tensor-parallel rank ``i``: each part's gradient is all-reduced
+        among its holders, a replicated weight's among every holder (``runner.engine``)."""
+        out = {}
+        for key, degrees in sorted(self._degrees().items()):
+            if len(degrees) < 2:
+                continue
+            t = max(degrees)
+            holders = [r for r in self.ranks if key in r.holds()]
+            parts = tuple(
+                tuple(sorted(r.rank for r in holders if r.tp_index == c // (t // r.tp_degree))) for c in range(t)
+            )
+            out[key] = (t, parts, tuple(sorted(r.rank for r in holders)))
+        return out
 
     def expert_parallel_groups(self) -> tuple[tuple[int, ...], ...]:
         """Ranks that exchange tokens by all-to-all: per expert-parallel group, stage and tensor-parallel
@@ -373,8 +401,22 @@ def check_sharded_layout(layout: Layout) -> None:
             )
 
 
+def _resharding_refused(config: ParallelConfig) -> str | None:
+    """Why replicas that shard a layer differently cannot average its gradients (``Layout.resharded``)
+    in this plan, or None."""
+    if config.zero or config.offloads:
+        return "with ZeRO sharding or offload"
+    if config.has_mixed_stages:
+        return "with mixed-GPU stages"
+    if config.expert_parallel > 1 or config.sync_every_steps > 1 or any(p.trains_experts for p in config.pipelines):
+        return "with expert parallelism or SPES"
+    return None
+
+
 def check_tensor_parallel_plan(config: ParallelConfig) -> None:
-    """One tensor-parallel degree per pipeline, and the same degree for a layer in every replica."""
+    """One tensor-parallel degree per pipeline; a layer sharded the same way in every replica unless the
+    plan's gradients can be resharded (``Layout.resharded``)."""
+    refused = _resharding_refused(config)
     tp_of_layer: dict[int, tuple[int, int]] = {}
     for p, pipe in enumerate(config.pipelines):
         degrees = {r.tp for s in pipe.stages for r in s.ranks_of(pipe.num_microbatches)}
@@ -389,13 +431,12 @@ def check_tensor_parallel_plan(config: ParallelConfig) -> None:
         for s, stage in enumerate(pipe.stages):
             for layer in (i for c in range(config.virtual_stages) for i in chunk_layers[(s, c)]):
                 seen = tp_of_layer.setdefault(layer, (stage.tp, p))
-                if seen[0] != stage.tp:
+                if seen[0] != stage.tp and refused:
                     raise SpecError(
                         "runner",
                         f"pipelines[{p}].stages[{s}].devices",
                         f"layer {layer} has tensor-parallel degree {stage.tp} here but {seen[0]} in "
-                        f"pipeline {seen[1]}; replicas must shard a layer the same way to average "
-                        "its gradients",
+                        f"pipeline {seen[1]}: replicas that shard a layer differently are not run {refused}",
                     )
 
 
@@ -419,7 +460,7 @@ def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[Rank
         )
     for key in (EMBED_KEY, HEAD_KEY):
         degrees = {(r.tp_degree) for r in ranks if key in r.holds()}
-        if len(degrees) > 1:
+        if len(degrees) > 1 and _resharding_refused(config):
             raise SpecError(
                 "runner",
                 "pipelines",

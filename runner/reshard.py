@@ -1,0 +1,101 @@
+"""Averaging the gradients of weights that replicas shard with different tensor-parallel degrees
+(``Layout.resharded``): a replica at tp 2 beside one at tp 1 over the same layers (Metis, Sailor: each GPU
+type at its own degree).
+
+A sharded weight (a ``DTensor`` split along one dimension) is cut into ``t`` equal parts, ``t`` the
+largest degree among its holders; the rank of a degree-``d`` replica with tensor-parallel index ``i``
+holds parts ``i t/d .. (i+1) t/d - 1``. Each part's gradient is all-reduced among the ranks holding it,
+one per replica (each weighted by its replica's share of the batch): every rank moves only its own
+shard, as the simulator's data-parallel term counts a stage's devices together. A weight every
+tensor-parallel rank holds whole (norms, embedding, head) is all-reduced among every holder, each
+weighted by its replica's share over the replica's degree (its ranks hold the same gradient). One
+flat all-reduce per group and step, the groups in one global order on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from runner.optim import local_tensor
+
+#: the dimension ``runner.engine.apply_tensor_parallel`` shards each block weight along (column-parallel
+#: projections and their biases: 0; row-parallel projections: 1, their biases stay whole)
+SHARD_DIM = {
+    "attn.q_proj.weight": 0,
+    "attn.k_proj.weight": 0,
+    "attn.v_proj.weight": 0,
+    "attn.q_proj.bias": 0,
+    "attn.k_proj.bias": 0,
+    "attn.v_proj.bias": 0,
+    "mlp.up_proj.weight": 0,
+    "mlp.gate_proj.weight": 0,
+    "mlp.up_proj.bias": 0,
+    "mlp.gate_proj.bias": 0,
+    "attn.o_proj.weight": 1,
+    "mlp.down_proj.weight": 1,
+}
+
+
+def shard_dim(name: str, p: nn.Parameter) -> int | None:
+    """The dimension a tensor-parallel replica splits weight ``name`` along (None: held whole), the same
+    on a replica of degree 1, which holds every part."""
+    dim = SHARD_DIM.get(name.split(".", 2)[-1]) if name.startswith("blocks.") else None
+    if isinstance(p, DTensor):  # the placement tensor parallelism gave it must agree
+        placed = next((pl.dim for pl in p.placements if pl.is_shard()), None)
+        assert placed == dim, f"{name}: sharded along {placed}, the resharding expects {dim}"
+    return dim
+
+
+class ReshardedGradients:
+    def __init__(
+        self, layout, rank: int, params_of: Callable[[str], list[nn.Parameter]], names: dict[nn.Parameter, str]
+    ) -> None:
+        plan = layout.ranks[rank]
+        groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
+        #: (group members, [(tensor piece getter, weight factor)]) filled per key below
+        self.pieces: dict[tuple[int, ...], list[tuple[nn.Parameter, int | None, int, int]]] = {}
+        self.copies: dict[nn.Parameter, int] = {}  # ranks holding each of this rank's tensors (gradient clipping)
+        for key, (t, parts, holders) in layout.resharded().items():
+            for members in (*parts, holders):  # every rank creates every group, in the same order
+                if members not in groups:
+                    groups[members] = dist.new_group(list(members)) if len(members) > 1 else None
+            if rank not in holders:
+                continue
+            per_rank = t // plan.tp_degree
+            mine = range(plan.tp_index * per_rank, (plan.tp_index + 1) * per_rank)
+            for p in params_of(key):
+                dim = shard_dim(names[p], p)
+                if dim is None:  # held whole by every tensor-parallel rank
+                    self.pieces.setdefault(holders, []).append((p, None, 0, 1))
+                    self.copies[p] = len(holders)
+                    continue
+                for k, c in enumerate(mine):
+                    self.pieces.setdefault(parts[c], []).append((p, dim, k, per_rank))
+                self.copies[p] = len(parts[mine[0]])
+        self.groups = {m: groups[m] for m in self.pieces}
+        self.tp = plan.tp_degree
+
+    def sync(self, weight: float) -> None:
+        """All-reduce this rank's pieces, weighted: ``weight`` (its replica's share of the batch) for a
+        part of a sharded weight, ``weight / tp`` for a weight its tensor-parallel ranks all hold."""
+        for members in sorted(self.pieces):
+            views = []
+            for p, dim, k, n in self.pieces[members]:
+                if p.grad is None:  # a weight the schedule did not touch still takes part in the sum
+                    p.grad = torch.zeros_like(p)
+                g = local_tensor(p.grad)
+                views.append(
+                    (g if dim is None else g.chunk(n, dim)[k], weight if dim is not None else weight / self.tp)
+                )
+            flat = torch.cat([v.reshape(-1) * w for v, w in views])
+            if self.groups[members] is not None:
+                dist.all_reduce(flat, group=self.groups[members])
+            offset = 0
+            for v, _ in views:
+                v.copy_(flat[offset : offset + v.numel()].view_as(v))
+                offset += v.numel()
