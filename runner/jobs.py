@@ -104,7 +104,13 @@ def check_model_supported(model: ModelSpec, config: ParallelConfig) -> None:
         )
 
 
-def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, schedule_check: bool = True) -> Layout:
+def preflight(
+    cluster: ClusterSpec,
+    model: ModelSpec,
+    config: ParallelConfig,
+    schedule_check: bool = True,
+    assume_cuda: bool = False,
+) -> Layout:
     """Everything that can be checked before launching: validity, runner support, CUDA presence. A roundpipe
     plan gets ``runner.roundpipe_run.preflight`` (one process for its pool, CUDA and the library)."""
     if config.is_roundpipe:
@@ -158,7 +164,7 @@ def preflight(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, sc
                 )
     import torch
 
-    if uses_cuda(cluster, config, torch.cuda.is_available()) and model.precision == "fp16":
+    if uses_cuda(cluster, config, assume_cuda or torch.cuda.is_available()) and model.precision == "fp16":
         raise SpecError(
             "runner",
             "precision",

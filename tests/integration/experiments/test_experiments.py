@@ -29,6 +29,7 @@ QUICK = {
     "experiments/quality/memory_first.py": [],
     "experiments/quality/mixed_stages.py": [],
     "experiments/quality/roundpipe_bench.py": [],
+    "experiments/quality/runnable.py": [],
     "experiments/quality/sailor_planner_comparison.py": [],
     "experiments/quality/spes_benchmark.py": [],
     "experiments/speed/bench_planner.py": [],
