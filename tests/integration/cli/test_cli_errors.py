@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_cli
 from paths import REPO
 from spec_cases import CLUSTER_RULES, CONFIG_RULES, MODEL_RULES, SPEC_CLUSTER, SPEC_CONFIG, bad_config
-
-from autotune import cli
 
 MODEL_OK = (
     "num_layers: 4\nhidden_size: 64\nnum_heads: 4\nffn_hidden_size: 256\nvocab_size: 256\nseq_len: 64\n"
@@ -20,17 +19,7 @@ MODEL_OK = (
 
 
 def _simulate(capsys, *args: str) -> tuple[int, str, str]:
-    argv = sys.argv
-    sys.argv = ["autotune", "simulate", *args]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_cli(capsys, "simulate", *args)
 
 
 def _assert_one_line(code: int, err: str, message: str) -> None:

@@ -11,26 +11,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_run import run_cli
 from paths import EXAMPLES, REPO
-
-from autotune import cli
 
 AUTOTUNE = str(Path(sys.executable).parent / "autotune")
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
-def _cli(capsys, *args: str) -> tuple[int, str, str]:
-    argv = sys.argv
-    sys.argv = ["autotune", *args]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = argv
-    out = capsys.readouterr()
-    return code, out.out, out.err
+_cli = run_cli
 
 
 def test_a_hugging_face_config_is_the_model_with_its_parameter_count(capsys):

@@ -7,10 +7,9 @@ import json
 import socket
 import sys
 
+import cli_run
 import pytest
 from servers import free_port
-
-from autotune import cli
 
 PLAN = {
     "micro_batch_size": 2,
@@ -23,13 +22,8 @@ PLAN = {
 
 def run_cli(capsys, monkeypatch, tmp_path, *args: str) -> tuple[int, str]:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["autotune", *args])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    return code, capsys.readouterr().err
+    code, _, err = cli_run.run_cli(capsys, *args)
+    return code, err
 
 
 def refused(code: int, err: str, *needles: str) -> None:

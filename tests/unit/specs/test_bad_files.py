@@ -8,6 +8,7 @@ import re
 import sys
 
 import pytest
+from cli_run import run_cli
 from paths import REPO
 
 from autotune import cli
@@ -46,9 +47,8 @@ def simulate(capsys, tmp_path, cluster=None, model=None, config=None, extra=()) 
         p.write_bytes(doc if isinstance(doc, bytes) else json.dumps(doc).encode())
         return str(p)
 
-    argv = sys.argv
-    sys.argv = [
-        "autotune",
+    code, _, err = run_cli(
+        capsys,
         "simulate",
         "--cluster",
         path("cluster.json", cluster, CLUSTER),
@@ -57,15 +57,8 @@ def simulate(capsys, tmp_path, cluster=None, model=None, config=None, extra=()) 
         "--config",
         path("plan.json", config, PLAN),
         *extra,
-    ]
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = argv
-    return code, capsys.readouterr().err
+    )
+    return code, err
 
 
 def one_line(code: int, err: str, *needles: str) -> None:
