@@ -57,7 +57,8 @@ class ReshardedGradients:
     ) -> None:
         plan = layout.ranks[rank]
         groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
-        #: (group members, [(tensor piece getter, weight factor)]) filled per key below
+        #: group members -> this rank's pieces they all-reduce: (weight, the dimension it is split along or None,
+        #: which of its local shard's pieces, how many pieces)
         self.pieces: dict[tuple[int, ...], list[tuple[nn.Parameter, int | None, int, int]]] = {}
         self.copies: dict[nn.Parameter, int] = {}  # ranks holding each of this rank's tensors (gradient clipping)
         for key, (t, parts, holders) in layout.resharded().items():
