@@ -42,7 +42,7 @@ and ``Simulator(..., profile=...)`` read it. The file is JSON::
 - ``layers``: per-transformer-layer times for one micro-batch of ``micro_batch_size`` sequences on a
   tensor-parallel group of ``tp`` such devices, tensor-parallel communication included; with
   ``"recompute": true`` the backward includes the recomputed forward, with ``"selective"`` the
-  recomputed attention core (default false). When a stage matches an entry exactly (shape,
+  recomputed attention core, with ``"selective-op"`` the rerun non-matmul ops (default false). When a stage matches an entry exactly (shape,
   micro-batch, tp), the simulator uses it instead of the FLOP model; a recomputing stage without a
   ``recompute: true`` entry uses ``forward_s + backward_s`` as backward. An entry may also name the
   model ``precision`` and ``attention`` it was measured with; it then matches only models with
@@ -518,8 +518,10 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         }
         kv = _integer(source, f"{lf}.num_kv_heads", lr.get("num_kv_heads", lr["num_heads"]))
         recompute = lr.get("recompute", False)
-        if not (isinstance(recompute, bool) or recompute == "selective"):
-            raise SpecError(source, f"{lf}.recompute", f'must be true, false or "selective", got {shown(recompute)}')
+        if not (isinstance(recompute, bool) or recompute in ("selective", "selective-op")):
+            raise SpecError(
+                source, f"{lf}.recompute", f'must be true, false, "selective" or "selective-op", got {shown(recompute)}'
+            )
         act = lr.get("activation_bytes")
         if act is not None:
             act = _number(source, f"{lf}.activation_bytes", act, positive=False)

@@ -75,6 +75,7 @@ from autotune.planning import mixed_space, roundpipe_space
 from autotune.planning.budget import BudgetedEvaluator, BudgetExhausted
 from autotune.planning.space import INTERLEAVED_CHUNKS, Params, SearchSpace, apportion
 from autotune.specs import SCHEDULES, Measurement, ParallelConfig
+from autotune.specs.recompute import rerun_fraction
 from envs.layout import (
     CLASS_FEATURES,
     FAIL_PENALTY,
@@ -523,7 +524,7 @@ class ParallelConfigEnv(gym.Env):
                 min(used, 1.5) / 1.5,
                 g_speeds[i] / max_speed,
                 math.log2(s.tp) / 3.0,
-                float(s.recompute),
+                rerun_fraction(s.recompute),
                 link,
                 min(dev.memory_GiB / 160.0, 1.0),
             )

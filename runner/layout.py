@@ -53,7 +53,7 @@ class RankPlan:
     tp_index: int
     tp_degree: int
     chunks: tuple[ChunkPlan, ...]
-    recompute: bool | str  # False, True (full) or "selective"
+    recompute: bool | str  # a mode of autotune.specs.recompute
     slowdown: float
     num_microbatches: int
     batch_offset: int  # first sequence of this pipeline in the global batch

@@ -8,6 +8,9 @@
 - Recomputation per chunk: ``True`` checkpoints every block (``torch.utils.checkpoint``, non-reentrant:
   only the block's input is kept), ``"selective"`` checkpoints only the attention core (``Q K^T``,
   softmax, dropout, ``P V``; Korthikanti et al. 2022): Q, K and V are kept, the scores are recomputed.
+  ``"selective-op"`` checkpoints every block keeping the outputs of its matmuls and fused attention
+  (torch's selective checkpointing with torchtitan's policy: norms, activations and products are
+  rerun); ``"every-N"`` checkpoints the N-th, 2N-th, ... block of the chunk whole.
 - ``mlp: gelu`` is GPT-2's two-matrix MLP with LayerNorm; ``mlp: swiglu`` is Llama's three-matrix
   MLP with RMSNorm (``rms_norm_eps``). Positions: rotary embeddings on queries and keys (Llama's
   half-split rotation, base ``rope_theta``), or a learned position embedding (``learned_positions``).
@@ -40,6 +43,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autotune.specs import ModelSpec
+from autotune.specs.recompute import is_checkpointed
 
 INIT_STD = 0.02  # GPT-2 / nanoGPT initialiser
 _EMBED_SEED, _HEAD_SEED = 1_000_003, 2_000_003
@@ -238,7 +242,7 @@ class StageChunk(nn.Module):
     ) -> None:
         super().__init__()
         self.layer_ids = tuple(layers)
-        self.recompute = recompute is True  # whole blocks; "selective" is set on each block's attention
+        self.recompute = recompute  # a mode of autotune.specs.recompute; "selective" is set on each attention
         self.dropout = spec.dropout
         self.autocast_dtype: torch.dtype | None = None  # set by the engine for bf16 on CUDA
         self.sequence_mesh = None  # sequence parallelism: the tensor-parallel mesh (runner.engine)
@@ -290,16 +294,47 @@ class StageChunk(nn.Module):
                 x = F.dropout(x, self.dropout)
             if self.sequence_mesh is not None:  # this rank's part of the sequence from here on
                 x = _redistribute(x, self.sequence_mesh, "shard")
-        for block in self.blocks.values():
-            if self.recompute and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+        for position, block in enumerate(self.blocks.values()):
+            x = checkpointed(block, x, self.recompute, position) if torch.is_grad_enabled() else block(x)
         if self.head is not None:
             if self.sequence_mesh is not None:  # the whole sequence again for the (replicated) head
                 x = _redistribute(x, self.sequence_mesh, "gather")
             x = self.head(self.norm(x))
         return x
+
+
+#: the ops whose outputs per-op selective checkpointing keeps (matmuls and fused attention; torchtitan's list)
+_SAVED_OPS = (
+    "aten.mm.default",
+    "aten.addmm.default",
+    "aten.bmm.default",
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+)
+
+
+def _keep_matmuls(ctx, op, *args, **kwargs):
+    """``"selective-op"``'s policy: keep the outputs of ``_SAVED_OPS``, rerun every other op."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if str(op) in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def checkpointed(block: nn.Module, x: torch.Tensor, mode: bool | str, position: int) -> torch.Tensor:
+    """``block(x)`` under the stage's recompute ``mode`` (``autotune.specs.recompute``), the block being the
+    ``position``-th of its chunk: fully recomputed (``true``, every N-th block under ``"every-N"``),
+    per-op selective (``"selective-op"``), or as is (``"selective"`` sits inside the attention)."""
+    if is_checkpointed(mode, position):
+        return checkpoint(block, x, use_reentrant=False)
+    if mode == "selective-op":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        return checkpoint(
+            block, x, use_reentrant=False, context_fn=lambda: create_selective_checkpoint_contexts(_keep_matmuls)
+        )
+    return block(x)
 
 
 class TiedHead(nn.Module):

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from autotune.commands.progress_bar import step_bar
+from autotune.specs.recompute import label as recompute_label
 
 
 def run(
@@ -279,7 +280,7 @@ def _print_result(out, result) -> None:
                 str(s),
                 escape(", ".join(stage.devices)),
                 str(stage.layers),
-                "selective" if stage.selective_recompute else "yes" if stage.recompute else "",
+                recompute_label(stage.recompute),
             ]
             if offloads:
                 row.append(stage.offload)

@@ -9,6 +9,7 @@ from autotune.loading import load_cluster, load_config, load_model
 from autotune.profile import CalibrationProfile
 from autotune.simulator import Simulator
 from autotune.simulator.memory import usable_memory_GiB
+from autotune.specs.recompute import label as recompute_label
 
 
 def run(
@@ -103,7 +104,7 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
                     f"{s}.{k}" if st.mixed else str(s),
                     devices,
                     str(st.layers),
-                    "selective" if st.selective_recompute else "yes" if st.recompute else "no",
+                    recompute_label(st.recompute) or "no",
                     st.offload,
                     busy,
                     mem,

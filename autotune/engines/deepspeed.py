@@ -20,7 +20,13 @@ from autotune.engines.grid import EngineGrid
 from autotune.specs import ModelSpec
 
 NAME = "DeepSpeed"
-RESTRICTIONS = {"schedule": ["1f1b"], "layer_split": [0.0], "seq_parallel": [False], "expert_parallel": [1]}
+RESTRICTIONS = {
+    "schedule": ["1f1b"],
+    "layer_split": [0.0],
+    "seq_parallel": [False],
+    "expert_parallel": [1],
+    "recompute": ["none", "all", "low-memory"],
+}
 
 
 def refusal(grid: EngineGrid) -> str | None:
@@ -39,6 +45,8 @@ def refusal(grid: EngineGrid) -> str | None:
         return f"offload all with zero {grid.zero}: {NAME} offloads parameters under zero 3 only"
     if grid.recompute == "selective":
         return f"recompute selective (Megatron's attention core): {NAME} checkpoints whole layers"
+    if grid.recompute not in (False, True):
+        return f"recompute {grid.recompute} (torchtitan's): {NAME} checkpoints every layer or none"
     if grid.sequence_parallel:
         return f"sequence parallelism (Megatron's): {NAME}'s Ulysses is a different scheme"
     if grid.expert_parallel > 1:

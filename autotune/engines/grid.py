@@ -36,7 +36,7 @@ class EngineGrid:
     num_microbatches: int  # per replica and step (gradient accumulation)
     chunk_layers: tuple[int, ...]
     schedule: str  # 1f1b | gpipe | interleaved-1f1b
-    recompute: bool | str = False  # False | True (full) | "selective"
+    recompute: bool | str = False  # a mode of autotune.specs.recompute
     sequence_parallel: bool = False
     zero: int = 0
     offload: str = "none"

@@ -21,13 +21,18 @@ from autotune.errors import SpecError
 from autotune.specs import ModelSpec
 
 NAME = "Megatron-LM"
-RESTRICTIONS = {"schedule": ["1f1b", "interleaved-1f1b"]}
+RESTRICTIONS = {"schedule": ["1f1b", "interleaved-1f1b"], "recompute": ["none", "all", "low-memory", "selective"]}
 _SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 
 
 def refusal(grid: EngineGrid) -> str | None:
     if grid.pp > 1 and grid.schedule == "gpipe":
         return f"schedule gpipe: {NAME} runs 1F1B and interleaved 1F1B only"
+    if grid.recompute not in (False, True, "selective"):
+        return (
+            f"recompute {grid.recompute} (torchtitan's): {NAME} recomputes whole layers (full) or the attention "
+            "core (selective)"
+        )
     if grid.zero >= 2 and grid.pp > 1:
         return f"zero {grid.zero} with {grid.pp} pipeline stages: {NAME}'s FSDP does not run with pipeline parallelism"
     if grid.offload == "all":

@@ -20,9 +20,10 @@ import tomllib
 
 from autotune.engines.grid import EngineGrid
 from autotune.specs import ModelSpec
+from autotune.specs.recompute import every_n
 
 NAME = "torchtitan"
-RESTRICTIONS = {"zero": [0, 2, 3]}
+RESTRICTIONS = {"zero": [0, 2, 3], "recompute": ["none", "all", "selective-op", "every-2"]}
 _SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved-1f1b": "Interleaved1F1B"}
 
 
@@ -90,8 +91,32 @@ def render(grid: EngineGrid, model: ModelSpec | None, header: list[str]) -> str:
     par["module_fqns_per_model_part"] = module_parts(grid)
     par["expert_parallel_degree"] = grid.expert_parallel
     lines += ["", "[parallelism]"] + [f"{k} = {_value(v)}" for k, v in par.items()]
-    lines += ["", "[activation_checkpoint]", f'mode = "{"full" if grid.recompute is True else "none"}"']
+    lines += ["", "[activation_checkpoint]"] + activation_checkpoint(grid.recompute)
     return "\n".join(lines) + "\n"
+
+
+def activation_checkpoint(recompute: bool | str) -> list[str]:
+    """The ``[activation_checkpoint]`` lines: ``mode`` none | full | selective, and for selective its
+    ``selective_ac_option`` (``op`` per op, or the layer frequency N of every-N)."""
+    if recompute is True:
+        return ['mode = "full"']
+    if recompute == "selective-op":
+        return ['mode = "selective"', 'selective_ac_option = "op"']
+    n = every_n(recompute)
+    if n:
+        return ['mode = "selective"', f'selective_ac_option = "{n}"']
+    return ['mode = "none"']
+
+
+def recompute_of(section: dict) -> bool | str:
+    """The plan's recompute mode of an ``[activation_checkpoint]`` section (``activation_checkpoint``'s inverse)."""
+    mode = section.get("mode", "none")
+    if mode == "full":
+        return True
+    if mode == "selective":
+        option = str(section.get("selective_ac_option", "2"))
+        return "selective-op" if option == "op" else f"every-{option}"
+    return False
 
 
 def parse(text: str) -> EngineGrid:
@@ -121,7 +146,7 @@ def parse(text: str) -> EngineGrid:
         num_microbatches=nmb,
         chunk_layers=chunks or (),
         schedule=schedule if pp > 1 else "1f1b",
-        recompute=doc.get("activation_checkpoint", {}).get("mode") == "full",
+        recompute=recompute_of(doc.get("activation_checkpoint", {})),
         sequence_parallel=tp > 1,
         zero=zero,
         offload="all" if training.get("enable_cpu_offload") else "none",

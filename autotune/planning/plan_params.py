@@ -7,6 +7,7 @@ from typing import Any
 
 from autotune.planning import mixed_space, roundpipe_space
 from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
+from autotune.specs.recompute import label as recompute_label
 
 
 def params_of(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig) -> dict[str, Any]:
@@ -24,6 +25,7 @@ def params_of(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig) ->
         "microbatches": "-".join(str(p.num_microbatches) for p in pipes),
         "recompute_stages": sum(s.full_recompute for p in pipes for s in p.stages),
         "selective_stages": sum(s.selective_recompute for p in pipes for s in p.stages),
+        "recompute": ",".join(sorted({recompute_label(s.recompute) or "none" for p in pipes for s in p.stages})),
         "seq_parallel_stages": sum(s.sequence_parallel and s.tp > 1 for p in pipes for s in p.stages),
         "zero": config.zero,
         "offload": ",".join(sorted({s.offload for p in pipes for s in p.stages})),

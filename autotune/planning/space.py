@@ -22,6 +22,8 @@ Every method searches instead over a small set of *dimensions*, each a finite li
                    the largest used device), and for models with ``attention: standard``
                    ``selective`` (every stage recomputes the attention core only; with fused attention
                    it would equal ``none``).
+                   ``selective-op`` (torchtitan's per-op checkpointing: matmul outputs kept) and ``every-2``
+                   (torchtitan's per-layer checkpointing: every second block of a chunk fully recomputed).
 ``seq_parallel``   sequence parallelism in every tensor-parallel stage (``False`` / ``True``), when some
                    class can take a tensor-parallel degree above 1.
 ``zero``           ZeRO / FSDP stage 0-3 across the data-parallel peers (0 when the plan has one replica and
@@ -61,6 +63,7 @@ from autotune.planning.vocabulary import (
     INTERLEAVED_CHUNKS,
     ORDERS,
     SPLIT_EXPONENTS,
+    TORCHTITAN_RECOMPUTE,
     Decoded,
     Dimension,
     NodeClass,
@@ -141,6 +144,7 @@ class SearchSpace:
             ("none", "all")
             + (("low-memory",) if len(memories) > 1 else ())
             + (("selective",) if model.attention == "standard" else ())
+            + TORCHTITAN_RECOMPUTE
         )
         dims.append(Dimension("recompute", modes))
         if any(t > 1 for d in dims if d.name.startswith("tp.") for t in d.choices):
@@ -354,8 +358,8 @@ class SearchSpace:
                     self.context,
                     g,
                     n,
-                    "selective"
-                    if mode == "selective"
+                    mode
+                    if mode in ("selective",) + TORCHTITAN_RECOMPUTE
                     else mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem),
                     offload,
                     m,

@@ -22,7 +22,10 @@ EXHAUSTIVE_LIMIT = 100_000
 INTERLEAVED_CHUNKS = 2
 ASSIGNMENTS = ("grouped", "mixed")
 ORDERS = ("fast-first", "slow-first")
-RECOMPUTE_MODES = ("none", "all", "low-memory", "selective")
+#: torchtitan's activation-checkpointing modes the space offers (``autotune.specs.recompute``); every-2 is
+#: torchtitan's default per-layer frequency
+TORCHTITAN_RECOMPUTE = ("selective-op", "every-2")
+RECOMPUTE_MODES = ("none", "all", "low-memory", "selective") + TORCHTITAN_RECOMPUTE
 SPLIT_EXPONENTS = (0.0, 0.5, 1.0)
 #: dimensions added after the first layout; a params dict without them (an older Optuna study, a
 #: stored start) decodes with these defaults

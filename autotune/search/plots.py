@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from autotune.specs import Measurement, ParallelConfig
+from autotune.specs.recompute import flag as recompute_flag
 
 _KINDS = (
     ("forward", "#4C72B0"),
@@ -81,7 +82,7 @@ def timeline_png(config: ParallelConfig, measurement: Measurement, path: Path, t
                 f"r{r} s{s}  {_device_range(stage.devices)}"
                 + (f" (tp {tp})" if tp > 1 else "")
                 + f"  {stage.layers} layers"
-                + (" R" if stage.recompute else "")
+                + recompute_flag(stage.recompute)
             )
             rows.append((r, s, stage.devices[0], label))
     row_of = {dev: i for i, (_, _, dev, _) in enumerate(rows)}

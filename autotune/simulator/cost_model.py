@@ -35,6 +35,7 @@ from autotune.simulator.memory import GiB, layer_activation_bytes, stage_params,
 from autotune.simulator.overheads import NO_HOST_COST, host_cost
 from autotune.simulator.zero import stage_states, state_bytes_for
 from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, NodeSpec
+from autotune.specs.recompute import checkpointed_blocks, every_n
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +157,7 @@ class CostModel:
         """Seconds per micro-batch on ``device`` without tensor parallelism: (block forward, block backward,
         block backward with recomputation, embedding forward, embedding backward, head forward, head
         backward), calibrated by the profile where it has them (``autotune.simulator.roundpipe``)."""
-        lf, lb, lbr, _, ef, eb, hf, hb, _ = self.layer_costs(self.rate_key[device], 1, mbs, _NO_LINK)
+        lf, lb, lbr, _, _, ef, eb, hf, hb, _ = self.layer_costs(self.rate_key[device], 1, mbs, _NO_LINK)
         return lf, lb, lbr, ef, eb, hf, hb
 
     @property
@@ -235,6 +236,9 @@ class CostModel:
         layer_br = layer_b + layer_f
         # selective recomputation reruns the attention core forward: its matmuls and its score traffic
         layer_bs = layer_b + (attn_mm + score_f if model.attention == "standard" else 0.0)
+        # per-op selective (torchtitan) reruns the forward's ops that are not matmuls: the element-wise
+        # traffic and, with standard attention, the softmax over the kept scores
+        layer_bo = layer_b + elementwise + score_f
         # embedding: gather rows and write the output (2 e s b h bytes); vocab-parallel: one all-reduce
         emb_f = rates.memory_s(2.0 * act_bytes) + tp_ar
         emb_b = rates.memory_s(2.0 * act_bytes)
@@ -250,6 +254,7 @@ class CostModel:
         hc = host_cost(rates.device.name, tp) if rates.slowdown == 1.0 else NO_HOST_COST
         layer_f, layer_b = max(layer_f, hc.layer_forward_s), max(layer_b, hc.layer_backward_s)
         layer_br, layer_bs = max(layer_br, hc.layer_forward_s + hc.layer_backward_s), max(layer_bs, hc.layer_backward_s)
+        layer_bo = max(layer_bo, hc.layer_backward_s)
         emb_f, emb_b = max(emb_f, hc.embedding_forward_s), max(emb_b, hc.embedding_backward_s)
         head_f, head_b = max(head_f, hc.head_forward_s), max(head_b, hc.head_backward_s)
         prof = rates.profile
@@ -260,20 +265,25 @@ class CostModel:
             if measured is not None:
                 layer_f, layer_b = measured.forward_s * sd, measured.backward_s * sd
                 layer_br = layer_f + layer_b
-                layer_bs = layer_b + (layer_bs - layer_b) * (layer_f / (mm + elementwise + score_f + 2 * tp_ar))
+                scale = layer_f / (mm + elementwise + score_f + 2 * tp_ar)
+                layer_bs = layer_b + (layer_bs - layer_b) * scale
+                layer_bo = layer_b + (layer_bo - layer_b) * scale
             measured = prof.layer_timing(model, mbs, tp, recompute=True) if not model.is_moe else None
             if measured is not None:
                 layer_br = measured.backward_s * sd
             measured = prof.layer_timing(model, mbs, tp, recompute="selective") if not model.is_moe else None
             if measured is not None:
                 layer_bs = measured.backward_s * sd
+            measured = prof.layer_timing(model, mbs, tp, recompute="selective-op") if not model.is_moe else None
+            if measured is not None:
+                layer_bo = measured.backward_s * sd
             edge = prof.edge_timing(model, mbs, tp)
             if edge is not None:
                 emb_f, emb_b = edge.embedding_forward_s * sd, edge.embedding_backward_s * sd
                 head_f, head_b = edge.head_forward_s * sd, edge.head_backward_s * sd
             if prof.optimizer_s_per_param is not None:
                 opt = prof.optimizer_s_per_param * rates.slowdown
-        out = (layer_f, layer_b, layer_br, layer_bs, emb_f, emb_b, head_f, head_b, opt)
+        out = (layer_f, layer_b, layer_br, layer_bs, layer_bo, emb_f, emb_b, head_f, head_b, opt)
         self._layer_cache[key] = out
         return out
 
@@ -301,18 +311,20 @@ class CostModel:
         durs = [0.0] * (2 * v)
         opt_s = 0.0
         for rk in sorted({self.rate_key[d] for d in devices}):  # mixed types: the slowest sets the pace
-            lf, lb, lbr, lbs, ef, eb, hf, hb, opt = self.layer_costs(
+            lf, lb, lbr, lbs, lbo, ef, eb, hf, hb, opt = self.layer_costs(
                 rk, tp, mbs, link, sp, ep, self.group_kind(devices)
             )
-            lback = lbr if recompute is True else lbs if recompute == "selective" else lb
+            lback = {True: lbr, "selective": lbs, "selective-op": lbo}.get(recompute, lb)
             # a profile's measured pipeline-runtime cost per micro-batch and stage chunk (calibration)
             prof = self.rates[rk].profile
             ovh = (prof.microbatch_overhead_s or 0.0) * self.rates[rk].slowdown / 2 if prof is not None else 0.0
             # and its measured fixed cost of tensor-parallel collectives per layer (calibration)
             tp_ovh = prof.tensor_parallel_overhead_s(tp) / 2 if prof is not None and tp > 1 else 0.0
+            # every-N: the N-th blocks of each chunk rerun their forward
+            rerun = checkpointed_blocks(recompute, round(lpc)) if recompute is not True else 0
             for c in range(v):
                 f = lpc * (lf + tp_ovh) + ovh
-                b = lpc * (lback + tp_ovh) + ovh
+                b = lpc * (lback + tp_ovh) + rerun * lf + ovh
                 if first and c == 0:
                     f += ef
                     b += eb
@@ -370,8 +382,9 @@ class CostModel:
                 dense = not self.model.is_moe  # a profile measures dense blocks only
                 measured = prof.layer_timing(self.model, mbs, len(devices)) if dense else None
                 full = measured.activation_bytes if measured is not None else None
-                if recompute and dense:
-                    measured = prof.layer_timing(self.model, mbs, len(devices), recompute=recompute)
+                if recompute and dense:  # every-N keeps what full recomputation keeps in its N-th blocks
+                    rc = recompute if every_n(recompute) is None else True
+                    measured = prof.layer_timing(self.model, mbs, len(devices), recompute=rc)
                     kept = measured.activation_bytes if measured is not None else None
                 # the CPU runner's measured process baseline is part of what it reports as allocated (RSS
                 # growth); a GPU's is outside the allocator and joins the device view (device_view)

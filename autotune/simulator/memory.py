@@ -25,6 +25,14 @@
 - Sequence parallelism (``sequence_parallel``, Korthikanti Sec. 4.2.2) splits the replicated part
   along the sequence as well: ``s b h (34 / t + 5 a s / (h t))``, and ``34 s b h / t`` with selective
   recomputation (Table 2).
+- Per-op selective checkpointing (``recompute: "selective-op"``, torchtitan's) keeps the layer's input and
+  the outputs of its matmuls: replicated ``3 e h`` (the input, the attention output projection's and the
+  MLP's last matmul's outputs; the input split along the sequence with sequence parallelism), split
+  across ``t`` Q, K, V ``e (h_q + 2 h_kv)``, the attention output ``e h_q``, the MLP's first matmuls
+  ``e f`` (GeLU) or ``2 e f`` (SwiGLU), and with standard attention the ``Q K^T`` output ``e a s^2 b``;
+  norms, activation functions, softmax and dropout are rebuilt for one layer in its backward.
+- Every-N checkpointing (``"every-N"``) keeps the input of every N-th block of a chunk and full
+  activations of the others (``autotune.specs.recompute``).
 - Full recomputation keeps only each layer's input (``e s b h``, ``/ t`` with sequence parallelism)
   and rebuilds one layer's full activations during its backward.
 - The schedule decides how many micro-batches' activations a stage holds at once (1F1B: ``min(m, p - i)``
@@ -46,6 +54,7 @@ from __future__ import annotations
 
 from autotune.simulator.moe import activation_delta_per_token
 from autotune.specs import ModelSpec
+from autotune.specs.recompute import checkpointed_blocks
 
 GiB = float(2**30)
 BYTES_PER_PARAM_STATE = 16  # Rajbhandari et al. 2020 (ZeRO), mixed-precision Adam: 2 + 2 + 12
@@ -84,6 +93,26 @@ def layer_activation_bytes(
     return s * b * (replicated + split / tp + moe_blocks) + scores
 
 
+def layer_op_kept_bytes(
+    model: ModelSpec,
+    micro_batch_size: int,
+    tp: int,
+    sequence_parallel: bool = False,
+    elem_bytes: int | None = None,
+) -> float:
+    """What per-op selective checkpointing (``"selective-op"``) keeps per layer: its input and its
+    matmuls' outputs (module docstring). MoE blocks keep what they keep without it."""
+    e = model.bytes_per_element if elem_bytes is None else elem_bytes
+    s, b, h, f = model.seq_len, micro_batch_size, model.hidden_size, model.ffn_hidden_size
+    replicated_input = e * h / (tp if sequence_parallel and tp > 1 else 1)
+    replicated = replicated_input + 2 * e * h
+    mlp_first = (2 if model.mlp == "swiglu" else 1) * e * f
+    split = e * (model.q_hidden_size + 2 * model.kv_hidden_size) + e * model.q_hidden_size + mlp_first
+    scores = e * model.num_heads * s * s * b / tp if model.attention == "standard" else 0.0
+    moe_blocks = activation_delta_per_token(model, tp) * e / 2
+    return s * b * (replicated + split / tp + moe_blocks) + scores
+
+
 def layer_input_bytes(
     model: ModelSpec, micro_batch_size: int, tp: int = 1, sequence_parallel: bool = False, elem_bytes: int | None = None
 ) -> float:
@@ -115,7 +144,7 @@ def stage_activation_bytes(
     elem_bytes: int | None = None,
 ) -> float:
     """Peak activation bytes of one device of a stage holding ``in_flight_chunks`` chunk activations.
-    ``recompute``: ``False``, ``True`` (full) or ``"selective"``. ``measured_full_bytes`` /
+    ``recompute``: a mode of ``autotune.specs.recompute``. ``measured_full_bytes`` /
     ``measured_kept_bytes`` (a calibration profile's per-layer ``activation_bytes`` without / with
     recomputation) replace the formulas when given."""
     e = model.bytes_per_element if elem_bytes is None else elem_bytes
@@ -123,20 +152,31 @@ def stage_activation_bytes(
     full = layer_activation_bytes(model, micro_batch_size, tp, sequence_parallel=sequence_parallel, elem_bytes=e)
     if measured_full_bytes is not None:
         full = measured_full_bytes
-    if recompute is True:
+    n_full = checkpointed_blocks(recompute, round(layers_per_chunk))
+    if n_full and recompute is not True:  # every-N: the N-th blocks keep inputs, the others everything
+        kept = (
+            layer_input_bytes(model, micro_batch_size, tp, sequence_parallel, e)
+            if measured_kept_bytes is None
+            else measured_kept_bytes
+        )
+        per_chunk = n_full * kept + (layers_per_chunk - n_full) * full
+        total = in_flight_chunks * per_chunk + full
+    elif recompute is True:
         kept = (
             layer_input_bytes(model, micro_batch_size, tp, sequence_parallel, e)
             if measured_kept_bytes is None
             else measured_kept_bytes
         )
         total = in_flight_chunks * layers_per_chunk * kept + (full if layers else 0.0)
-    elif recompute == "selective":
-        kept = (
-            layer_activation_bytes(model, micro_batch_size, tp, True, sequence_parallel, e)
-            if measured_kept_bytes is None
-            else measured_kept_bytes
-        )
-        # the backward rebuilds one layer's attention core on top of what the others keep
+    elif recompute in ("selective", "selective-op"):
+        if measured_kept_bytes is not None:
+            kept = measured_kept_bytes
+        elif recompute == "selective":
+            kept = layer_activation_bytes(model, micro_batch_size, tp, True, sequence_parallel, e)
+        else:
+            kept = layer_op_kept_bytes(model, micro_batch_size, tp, sequence_parallel, e)
+        kept = min(kept, full)
+        # the backward rebuilds one layer's recomputed part on top of what the others keep
         total = in_flight_chunks * layers_per_chunk * kept + ((full - kept) if layers else 0.0)
     else:
         total = in_flight_chunks * layers_per_chunk * full

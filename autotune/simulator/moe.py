@@ -139,10 +139,11 @@ def alltoall_s(nbytes: float, ep: int, tp: int, bandwidth_GBps: float, latency_u
     return (ep - 1) * latency_us * 1e-6 + tp * nbytes / (bandwidth_GBps * 1e9)
 
 
-def alltoalls_per_layer(recompute: bool) -> tuple[int, int]:
+def alltoalls_per_layer(recomputed_fraction: float) -> tuple[float, float]:
     """(forward, backward) all-to-alls per MoE block and micro-batch: dispatch + combine forward, their
-    gradients backward, and the forward's two again under full recomputation."""
-    return 2, (4 if recompute else 2)
+    gradients backward, and the forward's two again for the fraction of blocks fully recomputed (1 under
+    full recomputation, 1/N under every-N; selective modes keep the exchanged tokens)."""
+    return 2.0, 2.0 + 2.0 * recomputed_fraction
 
 
 # --------------------------------------------------------------------------------------------------

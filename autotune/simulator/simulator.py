@@ -38,6 +38,7 @@ from autotune.simulator.mixed_stages import Unit, compile_pipeline, pipeline_uni
 from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, run_program
 from autotune.simulator.zero import peer_degrees
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig, TimelineEvent
+from autotune.specs.recompute import checkpointed_blocks
 
 log = logging.getLogger(__name__)
 
@@ -482,7 +483,8 @@ class Simulator:
                 durs = [max(stage_costs[r][s][0][i] for r in group) for i in range(2 * v)]
                 bw, lat = self.costs.dp_bandwidth(tuple(config.pipelines[r].stages[s].devices for r in group))
                 a2a = moe.alltoall_s(nbytes, ep, st.tp, bw, lat)
-                fwd, bwd = moe.alltoalls_per_layer(st.recompute is True)  # selective: attention only
+                per_chunk = round(st.layers / v)
+                fwd, bwd = moe.alltoalls_per_layer(checkpointed_blocks(st.recompute, per_chunk) / max(per_chunk, 1))
                 blocks = st.layers / v * model.moe_layer_fraction  # MoE blocks per chunk
                 for c in range(v):
                     durs[2 * c] += blocks * fwd * a2a

@@ -23,7 +23,7 @@ OFFLOAD_MODES = ("none", "optimizer", "all")
 PRECISIONS = ("bf16", "fp16", "fp32")  # fp32: fp32 tensors, TF32 matmuls where the GPU has them
 BIAS_KINDS = ("none", "qkv", "all")  # which linear layers (and norms) carry biases
 ATTENTION_KINDS = ("flash", "standard")  # flash: fused, scores never stored; standard: scores stored
-RECOMPUTE_MODES = (False, True, "selective")  # none, full, attention core only (Korthikanti et al. 2022)
+RECOMPUTE_MODES = (False, True, "selective", "selective-op")  # and "every-N": autotune.specs.recompute
 #: an inline GPU without its own TF32 / FP32 peaks gets ``peak_tflops`` divided by these (the ratios of the
 #: A100 and H100 datasheets: TF32 dense = half the 16-bit dense rate, FP32 = 1/16 of it)
 DEFAULT_TF32_RATIO, DEFAULT_FP32_RATIO = 2.0, 16.0

@@ -17,14 +17,16 @@ from autotune.specs.cluster import ClusterSpec
 from autotune.specs.limits import ALL_SCHEDULES, OFFLOAD_MODES, ROUNDPIPE, ZERO_STAGES, positive
 from autotune.specs.mixed_stage import RankConfig
 from autotune.specs.model import ModelSpec
+from autotune.specs.recompute import flag as recompute_flag
+from autotune.specs.recompute import recompute_problem
 from autotune.specs.roundpipe import RoundPipeStages
 
 
 @dataclass(frozen=True, slots=True)
 class StageConfig:
     """One pipeline stage. ``recompute``: ``False``, ``True`` (full: keep each layer's input, recompute the
-    layer in the backward) or ``"selective"`` (recompute only the attention core, Korthikanti et al.
-    2022). ``sequence_parallel``: Megatron's sequence parallelism inside the stage's tensor-parallel
+    layer in the backward), ``"selective"`` (recompute only the attention core, Korthikanti et al.
+    2022), ``"selective-op"`` or ``"every-N"`` (torchtitan's; ``autotune.specs.recompute``). ``sequence_parallel``: Megatron's sequence parallelism inside the stage's tensor-parallel
     group (norms and dropout split along the sequence; reduce-scatter + all-gather instead of
     all-reduce); no effect on a one-device stage.
 
@@ -175,10 +177,9 @@ class ParallelConfig:
                     raise SpecError(
                         where, f"{f}.offload", f"must be one of {', '.join(OFFLOAD_MODES)}, got {shown(stage.offload)}"
                     )
-                if not (isinstance(stage.recompute, bool) or stage.recompute == "selective"):
-                    raise SpecError(
-                        where, f"{f}.recompute", f'must be true, false or "selective", got {shown(stage.recompute)}'
-                    )
+                bad = recompute_problem(stage.recompute)
+                if bad is not None:
+                    raise SpecError(where, f"{f}.recompute", bad)
                 if not isinstance(stage.sequence_parallel, bool):
                     raise SpecError(
                         where, f"{f}.sequence_parallel", f"must be true or false, got {shown(stage.sequence_parallel)}"
@@ -623,9 +624,8 @@ def _validate_expert_plan(config: ParallelConfig, model: ModelSpec, source: str)
 
 
 def _stage_flags(stage: StageConfig) -> str:
-    """`` R`` full recomputation, `` S`` selective, `` SP`` sequence parallel (``describe``)."""
-    flags = " R" if stage.full_recompute else " S" if stage.selective_recompute else ""
-    return flags + (" SP" if stage.sequence_parallel else "")
+    """The recompute flag (``recompute.flag``), `` SP`` sequence parallel (``describe``)."""
+    return recompute_flag(stage.recompute) + (" SP" if stage.sequence_parallel else "")
 
 
 def iter_stages(config: ParallelConfig) -> Iterator[tuple[int, int, StageConfig]]:

@@ -1,4 +1,4 @@
-"""The runner trains the fidelity terms' plans like one process (sequence parallelism, selective recomputation), and ``make gpu-check`` names its GPUs (or says there is no CUDA)."""
+"""The runner trains the fidelity terms' plans like one process (sequence parallelism, the recompute modes), and ``make gpu-check`` names its GPUs (or says there is no CUDA)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,41 @@ def test_runner_sequence_parallel_and_selective_recompute_train_like_a_single_pr
                 "stages": [
                     {"devices": ["cpu:0", "cpu:1"], "layers": 2, "recompute": "selective", "sequence_parallel": True},
                     {"devices": ["cpu:2", "cpu:3"], "layers": 2, "recompute": True, "sequence_parallel": True},
+                ],
+            }
+        ],
+    }
+    steps = 6
+    out = train("cpu-4", "tiny", config, steps=steps, metrics_out=tmp_path / "m.jsonl", quiet=True, timeout_s=300)
+    assert out.returncode == 0, out.error
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses("tiny", steps)), rtol=1e-6, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_runner_torchtitan_checkpointing_modes_train_like_a_single_process(tmp_path) -> None:
+    """torchtitan's per-op checkpointing on a tensor-parallel stage with sequence parallelism and its
+    every-2 checkpointing on the next (tensor-parallel, 3 blocks: the second recomputed) train the losses of one process."""
+    import torch
+
+    from runner.reference import reference_losses
+    from runner.train import train
+
+    config = {
+        "micro_batch_size": 1,
+        "schedule": "1f1b",
+        "pipelines": [
+            {
+                "num_microbatches": 8,
+                "stages": [
+                    {
+                        "devices": ["cpu:0", "cpu:1"],
+                        "layers": 1,
+                        "recompute": "selective-op",
+                        "sequence_parallel": True,
+                    },
+                    {"devices": ["cpu:2", "cpu:3"], "layers": 3, "recompute": "every-2", "sequence_parallel": True},
                 ],
             }
         ],

@@ -75,9 +75,25 @@ TP_SP = plan(
     zero=2,
 )
 
+# torchtitan's checkpointing modes on every stage (``autotune.specs.recompute``)
+FSDP_OP = plan(
+    [
+        {"num_microbatches": 32, "stages": [stage([d], 32, recompute="selective-op")]}
+        for d in ("a100:0", "a100:1", "a100:2", "a100:3")
+    ],
+    mbs=1,
+    zero=3,
+)
+EVEN_EVERY2 = plan(
+    [{"num_microbatches": 16, "stages": [stage([f"a100:{i}"], 8, recompute="every-2") for i in range(4)]}]
+    + [{"num_microbatches": 16, "stages": [stage([f"v100:{i}"], 8, recompute="every-2") for i in range(4)]}],
+    mbs=4,
+    zero=0,
+)
+
 RUNS = {
     "megatron": [UNEVEN, EVEN_ZERO1, INTERLEAVED],
-    "torchtitan": [INTERLEAVED, FSDP, TP_SP],
+    "torchtitan": [INTERLEAVED, FSDP, TP_SP, FSDP_OP, EVEN_EVERY2],
     "deepspeed": [EVEN_ZERO1, FSDP],
 }
 
@@ -124,6 +140,14 @@ def test_torchtitan_module_split_and_fsdp(model):
     assert fsdp["parallelism"]["fsdp_reshard_after_forward"] == "always"
     assert fsdp["training"]["enable_cpu_offload"] is True
     assert fsdp["training"]["local_batch_size"] == 1 and fsdp["training"]["global_batch_size"] == 128
+
+
+def test_torchtitan_writes_its_selective_checkpointing(model):
+    op = tomllib.loads(engines.export("torchtitan", FSDP_OP, model))["activation_checkpoint"]
+    assert op == {"mode": "selective", "selective_ac_option": "op"}
+    layer = tomllib.loads(engines.export("torchtitan", EVEN_EVERY2, model))["activation_checkpoint"]
+    assert layer == {"mode": "selective", "selective_ac_option": "2"}
+    assert tomllib.loads(engines.export("torchtitan", FSDP, model))["activation_checkpoint"] == {"mode": "none"}
 
 
 def test_deepspeed_json(model):
@@ -177,6 +201,8 @@ MIXED_STAGE = plan(
         ("torchtitan", UNEVEN, "tensor parallelism without sequence parallelism"),
         ("megatron", FSDP, "offload all (parameters in host memory)"),
         ("deepspeed", INTERLEAVED, "schedule interleaved-1f1b"),
+        ("megatron", FSDP_OP, "recompute selective-op (torchtitan's): Megatron-LM recomputes whole layers"),
+        ("deepspeed", EVEN_EVERY2, "recompute every-2 (torchtitan's): DeepSpeed checkpoints every layer or none"),
     ],
 )
 def test_a_plan_the_engine_cannot_run_is_refused_naming_the_part(engine, config, part, model):
