@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from autotune.commands.progress_bar import step_bar
+from autotune.simulator.error_bar import describe as describe_error
 from autotune.specs.recompute import label as recompute_label
 
 
@@ -227,6 +228,8 @@ def _print_result(out, result) -> None:
     summary = Table(title=escape(f"best plan: {result.method} on {result.cluster} / {result.model}"), show_header=False)
     summary.add_row("tokens/s", f"{m.tokens_per_s:,.0f}")
     summary.add_row("iteration time", f"{m.iteration_time_s:.3f} s")
+    if m.expected_error:
+        summary.add_row("expected error", escape(describe_error(m.expected_error, m.error_terms)))
     summary.add_row("MFU", f"{m.mfu:.1%}")
     summary.add_row("pipeline bubble" if result.backend == "sim" else "idle (measured)", f"{m.bubble_fraction:.1%}")
     summary.add_row("peak memory", f"{max(m.peak_memory_GiB.values(), default=0.0):.1f} GiB")

@@ -8,6 +8,7 @@ from pathlib import Path
 from autotune.loading import load_cluster, load_config, load_model
 from autotune.profile import CalibrationProfile
 from autotune.simulator import Simulator
+from autotune.simulator.error_bar import describe as describe_error
 from autotune.simulator.memory import usable_memory_GiB
 from autotune.specs.recompute import label as recompute_label
 
@@ -49,6 +50,7 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
     if result.ok:
         summary.add_row("tokens/s", f"{result.tokens_per_s:,.0f}")
         summary.add_row("iteration time", f"{result.iteration_time_s:.3f} s")
+        summary.add_row("expected error", escape(describe_error(result.expected_error, result.error_terms)))
         summary.add_row("MFU", f"{result.mfu:.1%}")
         summary.add_row("pipeline bubble", f"{result.bubble_fraction:.1%}")
     else:

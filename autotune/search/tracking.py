@@ -218,6 +218,7 @@ def _metrics_of(m: Measurement) -> dict[str, float]:
         "bubble_fraction": m.bubble_fraction,
         "peak_memory_max_GiB": peak,
         "ok": float(m.ok),
+        "expected_error": m.expected_error,
     }
 
 

@@ -28,11 +28,11 @@ never raises for a bad plan: invalid plans come back with status ``invalid``, pl
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autotune.errors import SpecError
 from autotune.profile import CalibrationProfile
-from autotune.simulator import data_parallel, moe, roundpipe
+from autotune.simulator import data_parallel, error_bar, moe, roundpipe
 from autotune.simulator.cost_model import CostModel
 from autotune.simulator.mixed_stages import Unit, compile_pipeline, pipeline_units, shares_key
 from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, run_program
@@ -110,8 +110,14 @@ class Simulator:
                         f"the number of stages ({pipe.num_microbatches} % {len(pipe.stages)} != 0), "
                         "as in Megatron-LM",
                     )
-        if config.is_roundpipe:  # RoundPipe's dispatch schedule: its own module
-            return roundpipe.simulate(self.costs, config, timeline)
+        if config.is_roundpipe:  # RoundPipe's dispatch schedule: its own module; the bar of its GPUs' class
+            m = roundpipe.simulate(self.costs, config, timeline)
+            if not m.ok:
+                return m
+            rates = {self.costs.rates[self.costs.rate_key[d]] for d in config.devices}
+            bars = [error_bar.compute_error(r.device.name, self.model.precision, r.profile is not None) for r in rates]
+            expected, terms = error_bar.combine([max(bars)[::-1]])
+            return replace(m, expected_error=expected, error_terms=terms)
         try:
             return self._simulate(config, timeline)
         except ScheduleDeadlock as e:
@@ -246,7 +252,48 @@ class Simulator:
         iteration *= stretch
         # -- SPES: one synchronisation every sync_every_steps steps, amortised ------------------------
         iteration += sync_s / config.sync_every_steps
-        return self._measurement(config, st, stage_costs, slowest, stretch, iteration, sync_s, events)
+        m = self._measurement(config, st, stage_costs, slowest, stretch, iteration, sync_s, events)
+        if not m.ok:
+            return m
+        expected, terms = self._error_bar(config, st, stage_costs, finish, slowest[0], iteration)
+        return replace(m, expected_error=expected, error_terms=terms)
+
+    def _error_bar(
+        self, config: ParallelConfig, st: _Stages, stage_costs: list, finish: list, makespan: float, iteration: float
+    ) -> tuple[float, tuple[str, ...]]:
+        """The prediction's expected relative error (``autotune.simulator.error_bar``): the schedule rerun
+        with each device class's passes stretched by that class's error, then with the sends between nodes
+        stretched by the network's; the exposed data-parallel synchronisation stretched by its link's."""
+        costs, out = self.costs, []
+        classes: dict[str, list[tuple[int, int]]] = {}
+        for r, units in enumerate(st.units):
+            for u, unit in enumerate(units):
+                classes.setdefault(costs.rate_key[unit.view.devices[0]], []).append((r, u))
+        for rk, members in classes.items():
+            rates = costs.rates[rk]
+            sigma, label = error_bar.compute_error(rates.device.name, self.model.precision, rates.profile is not None)
+            scaled = [list(row) for row in stage_costs]
+            for r, u in members:
+                durs, params, opt = scaled[r][u]
+                scaled[r][u] = ([d * (1.0 + sigma) for d in durs], params, opt * (1.0 + sigma))
+            out.append((label, (self._pipelines(config, scaled, st, None)[1][0] - makespan) / iteration))
+        nodes = {costs.node[d].name: costs.node[d] for d in config.devices}
+        slowest = min((n.network for n in nodes.values()), key=lambda link: link.bandwidth_GBps)
+        sigma, label = error_bar.network_error(slowest.bandwidth_GBps)
+        if len(nodes) > 1:
+            stretched = self._pipelines(config, stage_costs, st, None, network_scale=1.0 + sigma)[1][0]
+            out.append((label, (stretched - makespan) / iteration))
+        if len(config.pipelines) > 1 or config.has_mixed_stages:  # the synchronisation past the last step
+            done = max(f + c[2] for row, costs_r in zip(finish, stage_costs) for f, c in zip(row, costs_r))
+            exposed = max(0.0, iteration - done - self._step_overhead_s)
+            across = any(
+                len({costs.node[p.stages[s].devices[0]].name for p in config.pipelines if len(p.stages) > s}) > 1
+                for s in range(max(len(p.stages) for p in config.pipelines))
+            )
+            if not across:
+                sigma, label = error_bar.NETWORK_ERROR_VALIDATED, "links inside a node"
+            out.append((label, sigma * exposed / iteration))
+        return error_bar.combine(out)
 
     def _stage_pass(self, config: ParallelConfig) -> _Stages:
         """Every unit's (a stage's rank: ``mixed_stages``) costs and memory, replica by replica."""
@@ -336,10 +383,15 @@ class Simulator:
         return None
 
     def _pipelines(
-        self, config: ParallelConfig, stage_costs: list, st: _Stages, events: list[TimelineEvent] | None
+        self,
+        config: ParallelConfig,
+        stage_costs: list,
+        st: _Stages,
+        events: list[TimelineEvent] | None,
+        network_scale: float = 1.0,
     ) -> tuple[list[tuple[float, ...]], tuple[float, int]]:
         """Each replica's schedule: when each unit is free after its last backward, and the slowest
-        replica (its makespan, its index)."""
+        replica (its makespan, its index). ``network_scale`` stretches the sends between nodes (error bar)."""
         mbs, v, schedule = config.micro_batch_size, config.virtual_stages, config.schedule
         finish: list[tuple[float, ...]] = []
         slowest = (-1.0, 0)
@@ -367,6 +419,14 @@ class Simulator:
                         mbs,
                         pipe.stages[(s + 1) % p].sequence_parallel,
                     )
+            if network_scale != 1.0:
+                for i, (kind, s, k_src, k_dst) in enumerate(comp.transfers):
+                    other = s - 1 if kind == FORWARD else (s + 1) % p
+                    if (
+                        self.costs.node[ranks[other][k_src].devices[0]].name
+                        != self.costs.node[ranks[s][k_dst].devices[0]].name
+                    ):
+                        comms[1 + i] *= network_scale
             if self.costs.node[pipe.stages[0].devices[0]].device.name != "cpu":  # NCCL sends block the sender
                 durs, comms = self._blocking_sends(comp, durs, comms)
             if events is not None:

@@ -40,6 +40,10 @@ class Measurement:
     #: not known. ``peak_memory_GiB`` is the device's view (nvidia-smi: plus CUDA context, library buffers
     #: and the allocator's pool).
     allocated_memory_GiB: Mapping[str, float] = field(default_factory=dict)
+    #: the simulator's prediction only: the expected relative error of ``iteration_time_s`` (e.g. 0.12) and
+    #: the terms that dominate it (``autotune.simulator.error_bar``); 0 and () for a measured run
+    expected_error: float = 0.0
+    error_terms: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -67,6 +71,9 @@ class Measurement:
             out["sync_time_s"] = self.sync_time_s
         if self.allocated_memory_GiB:
             out["allocated_memory_GiB"] = dict(self.allocated_memory_GiB)
+        if self.expected_error:
+            out["expected_error"] = self.expected_error
+            out["error_terms"] = list(self.error_terms)
         if timeline:
             out["timeline"] = [[e.device, e.op, e.start_s, e.end_s] for e in self.timeline]
         return out
@@ -89,6 +96,8 @@ class Measurement:
             host_memory_GiB={str(k): float(v) for k, v in dict(data.get("host_memory_GiB", {})).items()},
             sync_time_s=float(data.get("sync_time_s", 0.0)),
             allocated_memory_GiB={str(k): float(v) for k, v in dict(data.get("allocated_memory_GiB", {})).items()},
+            expected_error=float(data.get("expected_error", 0.0)),
+            error_terms=tuple(str(t) for t in data.get("error_terms", ())),
         )
 
     @classmethod

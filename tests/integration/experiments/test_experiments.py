@@ -16,6 +16,7 @@ from paths import REPO
 #: script -> extra arguments of its quick run (``--quick`` is always given)
 QUICK = {
     "experiments/fidelity/closed_loop.py": [],
+    "experiments/fidelity/error_bars.py": [],
     "experiments/fidelity/fidelity.py": ["--out", "{tmp}/fidelity_results.json"],
     "experiments/fidelity/megatron_comparison.py": [],
     "experiments/fidelity/roundpipe_published.py": [],
