@@ -8,9 +8,9 @@
 - Recomputation per chunk: ``True`` checkpoints every block (``torch.utils.checkpoint``, non-reentrant:
   only the block's input is kept), ``"selective"`` checkpoints only the attention core (``Q K^T``,
   softmax, dropout, ``P V``; Korthikanti et al. 2022): Q, K and V are kept, the scores are recomputed.
-  ``"selective-op"`` checkpoints every block keeping the outputs of its matmuls and fused attention
-  (torch's selective checkpointing with torchtitan's policy: norms, activations and products are
-  rerun); ``"every-N"`` checkpoints the N-th, 2N-th, ... block of the chunk whole.
+  ``"selective-op"`` checkpoints every block keeping the outputs of every other linear-layer matmul (the
+  1st, 3rd, ...: Q, V, the MLP's first, SwiGLU's down) and of fused attention (torch's selective
+  checkpointing with torchtitan's policy: the other matmuls, norms, activations and products are rerun); ``"every-N"`` checkpoints the N-th, 2N-th, ... block of the chunk whole.
 - ``mlp: gelu`` is GPT-2's two-matrix MLP with LayerNorm; ``mlp: swiglu`` is Llama's three-matrix
   MLP with RMSNorm (``rms_norm_eps``). Positions: rotary embeddings on queries and keys (Llama's
   half-split rotation, base ``rope_theta``), or a learned position embedding (``learned_positions``).
@@ -303,11 +303,10 @@ class StageChunk(nn.Module):
         return x
 
 
-#: the ops whose outputs per-op selective checkpointing keeps (matmuls and fused attention; torchtitan's list)
-_SAVED_OPS = (
-    "aten.mm.default",
-    "aten.addmm.default",
-    "aten.bmm.default",
+#: the linear layers' matmuls (counted in order: every second one is recomputed) and the fused attention
+#: ops whose outputs per-op selective checkpointing keeps (torchtitan's ``_save_list``)
+_MATMULS = ("aten.mm.default", "aten.addmm.default")
+_SAVED_OPS = _MATMULS + (
     "aten._scaled_dot_product_flash_attention.default",
     "aten._scaled_dot_product_efficient_attention.default",
     "aten._scaled_dot_product_flash_attention_for_cpu.default",
@@ -315,11 +314,23 @@ _SAVED_OPS = (
 )
 
 
-def _keep_matmuls(ctx, op, *args, **kwargs):
-    """``"selective-op"``'s policy: keep the outputs of ``_SAVED_OPS``, rerun every other op."""
+def _op_policy():
+    """``"selective-op"``'s policy for one block's forward (and its recomputation), torchtitan's: keep the
+    outputs of ``_SAVED_OPS`` except every second linear-layer matmul (the 2nd, 4th, ... of the block),
+    rerun every other op."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    return CheckpointPolicy.MUST_SAVE if str(op) in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    count = {False: 0, True: 0}  # matmuls seen in the forward / in the recomputation
+
+    def policy(ctx, op, *args, **kwargs):
+        name = str(op)
+        if name in _MATMULS:
+            count[ctx.is_recompute] += 1
+            if count[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if name in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
 
 
 def checkpointed(block: nn.Module, x: torch.Tensor, mode: bool | str, position: int) -> torch.Tensor:
@@ -332,7 +343,7 @@ def checkpointed(block: nn.Module, x: torch.Tensor, mode: bool | str, position: 
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         return checkpoint(
-            block, x, use_reentrant=False, context_fn=lambda: create_selective_checkpoint_contexts(_keep_matmuls)
+            block, x, use_reentrant=False, context_fn=lambda: create_selective_checkpoint_contexts(_op_policy())
         )
     return block(x)
 

@@ -22,7 +22,7 @@ Every method searches instead over a small set of *dimensions*, each a finite li
                    the largest used device), and for models with ``attention: standard``
                    ``selective`` (every stage recomputes the attention core only; with fused attention
                    it would equal ``none``).
-                   ``selective-op`` (torchtitan's per-op checkpointing: matmul outputs kept) and ``every-2``
+                   ``selective-op`` (torchtitan's per-op checkpointing: every other matmul's output kept) and ``every-2``
                    (torchtitan's per-layer checkpointing: every second block of a chunk fully recomputed).
 ``seq_parallel``   sequence parallelism in every tensor-parallel stage (``False`` / ``True``), when some
                    class can take a tensor-parallel degree above 1.

@@ -30,7 +30,13 @@ from autotune.simulator.backward import backward_ratio
 from autotune.simulator.collectives import collective_s, intra_node_kind, send_s
 from autotune.simulator.device_memory import device_memory
 from autotune.simulator.efficiency import DeviceRates
-from autotune.simulator.flops import head_matmul, layer_matmuls, model_flops_per_token, score_traffic_bytes
+from autotune.simulator.flops import (
+    head_matmul,
+    layer_matmuls,
+    model_flops_per_token,
+    op_recomputed_matmuls,
+    score_traffic_bytes,
+)
 from autotune.simulator.memory import GiB, layer_activation_bytes, stage_params, stage_peak_GiB
 from autotune.simulator.overheads import NO_HOST_COST, host_cost
 from autotune.simulator.zero import stage_states, state_bytes_for
@@ -236,9 +242,10 @@ class CostModel:
         layer_br = layer_b + layer_f
         # selective recomputation reruns the attention core forward: its matmuls and its score traffic
         layer_bs = layer_b + (attn_mm + score_f if model.attention == "standard" else 0.0)
-        # per-op selective (torchtitan) reruns the forward's ops that are not matmuls: the element-wise
-        # traffic and, with standard attention, the softmax over the kept scores
-        layer_bo = layer_b + elementwise + score_f
+        # per-op selective (torchtitan's policy) reruns every second linear matmul, the element-wise traffic
+        # and, with standard attention, the attention core and its score traffic
+        reruns = op_recomputed_matmuls(model, mbs, tp)
+        layer_bo = layer_b + elementwise + score_f + (0.0 if model.is_moe else sum(rates.matmul_s(m) for m in reruns))
         # embedding: gather rows and write the output (2 e s b h bytes); vocab-parallel: one all-reduce
         emb_f = rates.memory_s(2.0 * act_bytes) + tp_ar
         emb_b = rates.memory_s(2.0 * act_bytes)

@@ -70,6 +70,19 @@ def layer_matmuls(model: ModelSpec, micro_batch_size: int, tp: int) -> tuple[Mat
     )
 
 
+def op_recomputed_matmuls(model: ModelSpec, micro_batch_size: int, tp: int) -> tuple[Matmul, ...]:
+    """The matmuls per-op selective checkpointing (``"selective-op"``) reruns in a layer's backward: every
+    second linear layer (K, the output projection, SwiGLU's up or GeLU's down) and, with standard
+    attention, the attention core (its batched matmuls are not kept)."""
+    b, s, h, f = micro_batch_size, model.seq_len, model.hidden_size, model.ffn_hidden_size
+    tokens = b * s
+    mms = layer_matmuls(model, micro_batch_size, tp)
+    kv_dev = max(model.kv_hidden_size // tp, model.head_dim)
+    second_mlp = Matmul(tokens, f // tp, h) if model.mlp == "swiglu" else mms[5]
+    core = (mms[1], mms[2]) if model.attention == "standard" else ()
+    return (Matmul(tokens, kv_dev, h), mms[3], second_mlp) + core
+
+
 def layer_forward_flops(model: ModelSpec, micro_batch_size: int) -> float:
     """Forward FLOPs of one layer for one micro-batch on one device (no tensor parallelism)."""
     return sum(mm.flops for mm in layer_matmuls(model, micro_batch_size, 1))

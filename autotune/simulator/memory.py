@@ -25,12 +25,14 @@
 - Sequence parallelism (``sequence_parallel``, Korthikanti Sec. 4.2.2) splits the replicated part
   along the sequence as well: ``s b h (34 / t + 5 a s / (h t))``, and ``34 s b h / t`` with selective
   recomputation (Table 2).
-- Per-op selective checkpointing (``recompute: "selective-op"``, torchtitan's) keeps the layer's input and
-  the outputs of its matmuls: replicated ``3 e h`` (the input, the attention output projection's and the
-  MLP's last matmul's outputs; the input split along the sequence with sequence parallelism), split
-  across ``t`` Q, K, V ``e (h_q + 2 h_kv)``, the attention output ``e h_q``, the MLP's first matmuls
-  ``e f`` (GeLU) or ``2 e f`` (SwiGLU), and with standard attention the ``Q K^T`` output ``e a s^2 b``;
-  norms, activation functions, softmax and dropout are rebuilt for one layer in its backward.
+- Per-op selective checkpointing (``recompute: "selective-op"``, torchtitan's policy) keeps the layer's
+  input and the outputs of every other linear-layer matmul in forward order (Q, K, V, output projection,
+  then the MLP's gate, up, down or fc1, fc2: the 1st, 3rd, 5th, 7th are kept) and of fused attention:
+  replicated ``e h`` (the input, split along the sequence with sequence parallelism) plus, with SwiGLU,
+  ``e h`` (the down projection's output); split across ``t`` Q ``e h_q``, V ``e h_kv``, the MLP's first
+  matmul ``e f`` and with flash attention its output ``e h_q``. Standard attention keeps nothing of its
+  core (batched matmuls are not on the list). K, the output projection, the second MLP matmul, norms,
+  activation functions and softmax are rebuilt for one layer in its backward.
 - Every-N checkpointing (``"every-N"``) keeps the input of every N-th block of a chunk and full
   activations of the others (``autotune.specs.recompute``).
 - Full recomputation keeps only each layer's input (``e s b h``, ``/ t`` with sequence parallelism)
@@ -100,17 +102,16 @@ def layer_op_kept_bytes(
     sequence_parallel: bool = False,
     elem_bytes: int | None = None,
 ) -> float:
-    """What per-op selective checkpointing (``"selective-op"``) keeps per layer: its input and its
-    matmuls' outputs (module docstring). MoE blocks keep what they keep without it."""
+    """What per-op selective checkpointing (``"selective-op"``) keeps per layer: its input and every other
+    matmul's output (module docstring). MoE blocks keep what they keep without it."""
     e = model.bytes_per_element if elem_bytes is None else elem_bytes
     s, b, h, f = model.seq_len, micro_batch_size, model.hidden_size, model.ffn_hidden_size
-    replicated_input = e * h / (tp if sequence_parallel and tp > 1 else 1)
-    replicated = replicated_input + 2 * e * h
-    mlp_first = (2 if model.mlp == "swiglu" else 1) * e * f
-    split = e * (model.q_hidden_size + 2 * model.kv_hidden_size) + e * model.q_hidden_size + mlp_first
-    scores = e * model.num_heads * s * s * b / tp if model.attention == "standard" else 0.0
+    swiglu = model.mlp == "swiglu"
+    replicated = e * h / (tp if sequence_parallel and tp > 1 else 1) + (e * h if swiglu else 0.0)
+    attention_out = e * model.q_hidden_size if model.attention == "flash" else 0.0
+    split = e * model.q_hidden_size + e * model.kv_hidden_size + attention_out + e * f
     moe_blocks = activation_delta_per_token(model, tp) * e / 2
-    return s * b * (replicated + split / tp + moe_blocks) + scores
+    return s * b * (replicated + split / tp + moe_blocks)
 
 
 def layer_input_bytes(

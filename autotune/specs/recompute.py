@@ -5,7 +5,8 @@
 - ``"selective"``: Megatron's selective recomputation (Korthikanti et al. 2022): the attention core
   (``Q K^T``, softmax, dropout, ``P V``) is rerun; with fused attention it changes nothing.
 - ``"selective-op"``: torchtitan's per-op selective activation checkpointing: the outputs of the block's
-  matrix multiplications (and of fused attention) are kept, every other op of the block (norms,
+  matrix multiplications (every other one of its linear layers, in forward order, as torchtitan's policy
+  keeps them) and of fused attention are kept; every other op of the block (the other matmuls, norms,
   activation functions, element-wise products, softmax) is rerun from them in the backward.
 - ``"every-N"`` (an integer N >= 2): torchtitan's per-layer selective checkpointing: every N-th block of
   each model chunk (the N-th, 2N-th, ... counting from its first block) is fully recomputed, the others

@@ -21,6 +21,7 @@ QUICK = {
     "experiments/fidelity/megatron_comparison.py": [],
     "experiments/fidelity/roundpipe_published.py": [],
     "experiments/fidelity/sailor_validation.py": [],
+    "experiments/fidelity/torchtitan_published.py": [],
     "experiments/fidelity/zero_offload.py": [],
     "experiments/quality/bench_zero.py": [],
     "experiments/quality/compare_methods.py": [],

@@ -4,6 +4,8 @@ format takes and refuses them in one line."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -44,11 +46,21 @@ def kept_bytes(chunk: StageChunk, x: torch.Tensor) -> int:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     cached: dict[int, int] = {}
+    matmuls = [0]
+
+    per_block = 7 if chunk.blocks["0"].mlp.swiglu else 6  # Q, K, V, output, (gate,) up, down
+
+    def keep(name: str) -> bool:
+        """torchtitan's rule, counted here independently: every second linear matmul of a block is not kept."""
+        if name in ("aten.mm.default", "aten.addmm.default"):
+            matmuls[0] += 1
+            return (matmuls[0] - 1) % per_block % 2 == 0
+        return True
 
     class Record(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if chunk.recompute == "selective-op" and str(func) in _SAVED_OPS:
+            if chunk.recompute == "selective-op" and str(func) in _SAVED_OPS and keep(str(func)):
                 for t in out if isinstance(out, tuple) else (out,):
                     if isinstance(t, torch.Tensor):
                         cached[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
@@ -61,8 +73,9 @@ def kept_bytes(chunk: StageChunk, x: torch.Tensor) -> int:
 
 @pytest.mark.parametrize(("mlp", "attention"), [("swiglu", "flash"), ("gelu", "standard"), ("swiglu", "standard")])
 def test_selective_op_keeps_what_the_simulator_counts(mlp: str, attention: str) -> None:
-    """The runner's per-op checkpointing keeps each block's input and its matmuls' outputs: the
-    simulator's ``layer_op_kept_bytes`` to within fused attention's log-sum-exp (``a s b`` fp32 values)."""
+    """The runner's per-op checkpointing keeps each block's input and every other matmul's output (and
+    fused attention's): the simulator's ``layer_op_kept_bytes`` to within fused attention's log-sum-exp
+    (``a s b`` fp32 values)."""
     m = spec(mlp, attention)
     chunk = StageChunk(m, range(4), first=False, last=False, seed=1, recompute="selective-op")
     measured = kept_bytes(chunk, torch.randn(2, m.seq_len, m.hidden_size, requires_grad=True)) / 4
@@ -106,7 +119,9 @@ def test_stage_memory_of_the_new_modes_by_hand() -> None:
     tp 1. Without recomputation it keeps 4h (two norm inputs, attention and MLP inputs) + 3h (Q, K, V)
     + h (the output projection's input) + 2f (GeLU's input and the second matrix's input) = 16h
     elements per token; per-op checkpointing keeps 3h (input, both projections' outputs) + 3h (Q, K,
-    V) + h (attention output) + f (the first MLP matmul's output) = 11h."""
+    V) + h (attention output) + f (the first MLP matmul's output) = 11h if every matmul's output were
+    kept; torchtitan's policy keeps every other one (Q and V, not K; fc1, not fc2): h (input) + h (Q)
+    + h (V) + h (attention output) + 4h (fc1) = 8h."""
     m = ModelSpec(
         name="g",
         num_layers=8,
@@ -121,7 +136,7 @@ def test_stage_memory_of_the_new_modes_by_hand() -> None:
     )
     sbh = 2048 * 1024
     full = sbh * 2 * (4 + 1 + 2 + 1 + 8)  # norms/attn/MLP inputs 4h, Q h, K V 2h, o-proj input h, MLP 2f = 8h
-    op = sbh * 2 * (3 + 3 + 1 + 4)  # input + two projections' outputs 3h, Q K V 3h, attention out h, fc1 f = 4h
+    op = sbh * 2 * (1 + 1 + 1 + 1 + 4)  # input, Q, V, attention output, fc1
     assert layer_activation_bytes(m, 1, 1) == full
     assert layer_op_kept_bytes(m, 1, 1) == op
     inp = sbh * 2
@@ -129,8 +144,10 @@ def test_stage_memory_of_the_new_modes_by_hand() -> None:
     assert stage_activation_bytes(m, 1, 1, 8, "selective-op", 3, 1, False, False) == 3 * 8 * op + (full - op)
     assert stage_activation_bytes(m, 1, 1, 8, "every-2", 3, 1, False, False) == 3 * (4 * inp + 4 * full) + full
     assert stage_activation_bytes(m, 1, 1, 8, "every-4", 3, 1, False, False) == 3 * (2 * inp + 6 * full) + full
-    # sequence parallelism over tp 2 splits the kept input only; the projections' outputs stay whole
-    assert layer_op_kept_bytes(m, 1, 2, sequence_parallel=True) == sbh * 2 * (0.5 + 2 + (3 + 1 + 4) / 2)
+    # sequence parallelism over tp 2 splits the kept input; Q, V, attention output and fc1 are split by tp
+    assert layer_op_kept_bytes(m, 1, 2, sequence_parallel=True) == sbh * 2 * (0.5 + (1 + 1 + 1 + 4) / 2)
+    swiglu = replace(m, mlp="swiglu", num_kv_heads=4)  # kv 256 wide; SwiGLU also keeps its down output
+    assert layer_op_kept_bytes(swiglu, 1, 1) == 2048 * 2 * (1024 + 1024 + 256 + 1024 + 4096 + 1024)
 
 
 def test_the_plan_format_takes_the_new_modes_and_refuses_bad_ones() -> None:
@@ -151,3 +168,21 @@ def test_the_plan_format_takes_the_new_modes_and_refuses_bad_ones() -> None:
         with pytest.raises(SpecError, match=r"recompute: must be true, false, \"selective\", \"selective-op\""):
             plan(bad)
         assert recompute_problem(bad) is not None
+
+
+def test_the_runner_policy_keeps_every_other_matmul_of_a_block_and_fused_attention() -> None:
+    """``runner.model._op_policy`` on a SwiGLU block's op sequence: Q kept, K rerun, V kept, attention kept,
+    output projection rerun, gate kept, up rerun, down kept; its recomputation counts afresh."""
+    from types import SimpleNamespace
+
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from runner.model import _op_policy
+
+    mm, sdpa, add = "aten.mm.default", "aten._scaled_dot_product_flash_attention_for_cpu.default", "aten.add.Tensor"
+    ops = [mm, mm, mm, sdpa, mm, add, mm, mm, mm]
+    policy = _op_policy()
+    for recompute in (False, True):
+        ctx = SimpleNamespace(is_recompute=recompute)
+        saved = [policy(ctx, op) == CheckpointPolicy.MUST_SAVE for op in ops]
+        assert saved == [True, False, True, True, False, False, True, False, True]
