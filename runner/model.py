@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from autotune.simulator.flops import model_flops_per_token
 from autotune.specs import ModelSpec
 from autotune.specs.recompute import is_checkpointed
 
@@ -382,7 +383,7 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def flops_per_token(spec: ModelSpec) -> float:
-    """Training FLOPs per token: 6 N (forward + backward matmuls, N = non-embedding weights + LM head)
-    plus attention scores 12 L h s (PaLM, Chowdhery et al. 2022, appendix B). MoE: routed experts only."""
-    n = spec.num_layers * spec.active_params_per_layer + spec.embedding_params  # head matmul; the lookup is free
-    return 6.0 * n + 12.0 * spec.num_layers * spec.hidden_size * spec.seq_len
+    """Training FLOPs per token for MFU: the simulator's ``model_flops_per_token`` (PaLM's ``6 N + 12 L h s``
+    with the model's query width, sliding window and MoE routing), so ``measure`` and ``simulate`` report
+    MFU by one formula."""
+    return model_flops_per_token(spec)
