@@ -9,9 +9,11 @@ Parallelism: pipeline stages with uneven layer counts (``torch.distributed.pipel
 interleaved 1F1B); pipelines are data-parallel replicas whose gradients are all-reduced among
 exactly the ranks holding each weight, weighted by each replica's share of the global batch; a
 stage with several devices is tensor-parallel (DTensor ``parallelize_module``, Megatron-style
-column/row split; runs on gloo and NCCL). Not supported, with a clear error: stages of one
-pipeline with different tensor-parallel degrees, a layer sharded differently by two replicas, and
-a tensor-parallel degree that does not divide ``num_kv_heads``.
+column/row split; runs on gloo and NCCL). Stages of one pipeline at different tensor-parallel
+degrees run on ``runner.mixed`` (hand-offs of ``autotune.specs.handoff``), replicas at different degrees
+average their gradients part by part (``runner.reshard``). Not supported, with a clear error:
+interleaving stages of different degrees, and a tensor-parallel degree that does not divide
+``num_kv_heads``.
 
 Emulated slowdown: a ``cpu`` node with ``slowdown: f`` in the cluster file makes its ranks sleep
 ``(f - 1)`` times their measured forward/backward compute after each one, to test heterogeneous

@@ -8,9 +8,10 @@ average gradients across replicas, step AdamW. Reads like torchtitan's train loo
    the schedule the config names (``Schedule1F1B``, ``ScheduleGPipe``, ``ScheduleInterleaved1F1B``).
 4. ``step``: schedule -> weighted gradient all-reduce per holder group -> AdamW -> global loss.
 
-A plan with a stage of several data-parallel ranks (Zorse) runs every pipeline on ``runner.mixed`` in
-place of step 3 (its own per-rank orders and hand-offs; each micro-batch's loss weighted by its part of
-the global batch, so the holders' all-reduce is a plain sum).
+A plan with a stage of several data-parallel ranks (Zorse), or with stages of different tensor-parallel
+degrees in one pipeline, runs every pipeline on ``runner.mixed`` in place of step 3 (its own per-rank
+orders and hand-offs; each micro-batch's loss weighted by its part of the global batch, so the holders'
+all-reduce is a plain sum).
 
 Gradient weighting: each schedule averages its micro-batch losses (``scale_grads``), so a pipeline's
 gradient is that of the mean loss over its own ``B_p`` sequences. The global loss is the mean over
@@ -330,7 +331,7 @@ class Engine:
         """The rank's pipeline stages and the schedule the plan names (``runner.mixed`` for mixed stages)."""
         cuda = device.type == "cuda"
         self.mixed = None
-        if layout.mixed:  # stages of several ranks: every pipeline runs runner.mixed's orders and hand-offs
+        if layout.mixed:  # mixed or uneven stages: every pipeline runs runner.mixed's orders and hand-offs
             from runner.mixed import MixedPipeline
 
             self.mixed = MixedPipeline(layout, self.plan, self.chunks[0], model, device, schedule)
@@ -394,9 +395,9 @@ class Engine:
         if self.expert_sync is not None:
             self.expert_sync.sync_gradients()
             return
-        if getattr(self, "reshard", None) is not None:
-            self.reshard.sync(self.plan.grad_weight)
         w = 1.0 if self.mixed is not None else self.plan.grad_weight  # runner.mixed weighs each micro-batch
+        if getattr(self, "reshard", None) is not None:
+            self.reshard.sync(w)
         for group, params in self.grad_groups:
             for p in params:
                 if p.grad is None:  # a weight the schedule did not touch still takes part in the sum

@@ -120,14 +120,6 @@ def preflight(
     check_model_supported(model, config)
     layout = build_layout(cluster, model, config)
     for p, pipe in enumerate(config.pipelines):
-        modes = {st.sequence_parallel and st.tp > 1 for st in pipe.stages}
-        if len(modes) > 1:
-            raise SpecError(
-                "runner",
-                f"pipelines[{p}].stages",
-                "sequence_parallel must be the same on every stage of a pipeline in the runner "
-                "(a stage's output is split along the sequence with it, whole without)",
-            )
         for s, stage in enumerate(pipe.stages):
             if stage.sequence_parallel and stage.tp > 1 and model.seq_len % stage.tp:
                 raise SpecError(

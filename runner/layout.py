@@ -103,7 +103,9 @@ class RankPlan:
 class Layout:
     ranks: tuple[RankPlan, ...]
     sync_every_steps: int = 1  # SPES (runner.moe): replicas synchronise every this many steps
-    mixed: bool = False  # some stage has several data-parallel ranks: every pipeline runs on runner.mixed
+    # some stage has several data-parallel ranks, or the stages of a pipeline hold the activation differently
+    # (tensor-parallel degree, sequence parallelism): every pipeline runs on runner.mixed
+    mixed: bool = False
     zero: int = 0  # the plan's ZeRO stage (runner.zero)
     total_microbatches: int = 0  # over all pipelines: the gradient of a micro-batch counts 1 / this
 
@@ -249,7 +251,7 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     layout = Layout(
         tuple(ranks),
         config.sync_every_steps,
-        config.has_mixed_stages,
+        config.has_mixed_stages or uneven_handoffs(config),
         config.zero,
         sum(p.num_microbatches for p in config.pipelines),
     )
@@ -413,20 +415,32 @@ def _resharding_refused(config: ParallelConfig) -> str | None:
     return None
 
 
+def uneven_handoffs(config: ParallelConfig) -> bool:
+    """Whether the stages of some pipeline hold the activation differently (tensor-parallel degree or
+    sequence parallelism): their hand-offs are ``autotune.specs.handoff``'s, run by ``runner.mixed``."""
+    for pipe in config.pipelines:
+        layouts = {
+            (r.tp, s.sequence_parallel and r.tp > 1) for s in pipe.stages for r in s.ranks_of(pipe.num_microbatches)
+        }
+        if len(layouts) > 1:
+            return True
+    return False
+
+
 def check_tensor_parallel_plan(config: ParallelConfig) -> None:
-    """One tensor-parallel degree per pipeline; a layer sharded the same way in every replica unless the
-    plan's gradients can be resharded (``Layout.resharded``)."""
+    """Stages of different tensor-parallel degrees in one pipeline run without interleaving; a layer
+    sharded the same way in every replica unless the plan's gradients can be resharded
+    (``Layout.resharded``)."""
     refused = _resharding_refused(config)
     tp_of_layer: dict[int, tuple[int, int]] = {}
+    if config.virtual_stages > 1 and uneven_handoffs(config):
+        raise SpecError(
+            "runner",
+            "virtual_stages",
+            "interleaved-1f1b with stages of different tensor-parallel degrees (or sequence parallelism) in "
+            "one pipeline is not run by the runner: use 1f1b or gpipe, or one layout for every stage",
+        )
     for p, pipe in enumerate(config.pipelines):
-        degrees = {r.tp for s in pipe.stages for r in s.ranks_of(pipe.num_microbatches)}
-        if len(degrees) > 1:
-            raise SpecError(
-                "runner",
-                f"pipelines[{p}].stages",
-                f"stages of one pipeline with different tensor-parallel degrees {sorted(degrees)} "
-                "are not supported by the runner (activations would need resharding between stages)",
-            )
         chunk_layers = _chunk_layers(pipe, config.virtual_stages)
         for s, stage in enumerate(pipe.stages):
             for layer in (i for c in range(config.virtual_stages) for i in chunk_layers[(s, c)]):

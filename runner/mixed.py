@@ -1,14 +1,21 @@
-"""Pipelines whose stages have several data-parallel ranks (Zorse), run on plain torch.distributed.
+"""Pipelines whose stages have several data-parallel ranks (Zorse) or hold the activation differently
+(per-stage tensor parallelism, Sailor), run on plain torch.distributed.
 
-``torch.distributed.pipelining`` wires each stage to one previous and one next rank, so a plan with a stage of
-several ranks (``ranks`` in the plan, ``autotune.specs.mixed_stage``) runs here instead, every pipeline of it:
+``torch.distributed.pipelining`` wires each stage to one previous and one next rank of the same
+tensor-parallel index, so a plan with a stage of several ranks (``ranks`` in the plan,
+``autotune.specs.mixed_stage``) or with stages of different tensor-parallel degrees or sequence parallelism in
+one pipeline (``runner.layout.uneven_handoffs``) runs here instead, every pipeline of it:
 
 - each rank runs its micro-batches in the order ``stage_ranks.rank_orders`` gives it (the simulator's
   orders: the stage's 1F1B or GPipe order restricted to the micro-batches ``microbatch_owners`` assigns to
   the rank, round-robin by share);
 - hand-offs: the activation of micro-batch ``j`` goes from its owner in stage ``s`` to its owner in stage
-  ``s + 1`` (``dist.isend`` / ``dist.recv`` tagged by micro-batch and direction), its gradient back the same
-  way, so stages of different width exchange with the right partner for each micro-batch;
+  ``s + 1`` (``dist.isend`` / ``dist.irecv`` tagged by micro-batch and direction), its gradient back the same
+  way, so stages of different width exchange with the right partner for each micro-batch; between the
+  owners' tensor-parallel ranks the pieces go as ``autotune.specs.handoff`` gives them (rank ``i`` to rank
+  ``i`` for the same layout; tp 2 to tp 1: rank 0 sends the activation, the gradient goes back to both;
+  with sequence parallelism each receiver gets the parts of the sequence it holds), the transfers the
+  simulator times;
 - gradient weighting: the last stage back-propagates each micro-batch's mean loss times ``mbs / B`` (its
   part of the global batch of ``B`` sequences), so the gradient a rank accumulates is its share's part of
   the global-mean gradient (a rank running ``k`` of the step's micro-batches contributes ``k mbs / B`` of it)
@@ -34,6 +41,7 @@ import time
 from typing import TYPE_CHECKING
 
 from autotune.specs import ModelSpec
+from autotune.specs.handoff import Transfer, handoff, held_parts
 from autotune.specs.mixed_stage import BACKWARD, FORWARD, microbatch_owners, rank_orders
 from runner.layout import Layout, RankPlan
 
@@ -91,8 +99,9 @@ class MixedPipeline:
         self.chunk = chunk
         mine = [r for r in layout.ranks if r.pipeline == plan.pipeline]
         num_stages = 1 + max(r.stage for r in mine)
-        # rank id of (stage, stage_rank), and the shares of every stage of this pipeline
-        self.peer = {(r.stage, r.stage_rank): r.rank for r in mine}
+        # rank id of (stage, stage_rank, tp_index); how each stage rank holds the activation; every stage's shares
+        self.peer = {(r.stage, r.stage_rank, r.tp_index): r.rank for r in mine}
+        self.held = {(r.stage, r.stage_rank): (r.tp_degree, r.sequence_parallel) for r in mine}
         shares = []
         for s in range(num_stages):
             ranks = sorted({(r.stage_rank, r.share) for r in mine if r.stage == s})
@@ -100,26 +109,57 @@ class MixedPipeline:
         self.owners = [microbatch_owners(k) for k in shares]
         self.order = rank_orders(schedule, shares)[plan.stage][plan.stage_rank]
         self.stage, self.num_stages = plan.stage, num_stages
+        self.me = (plan.stage_rank, plan.tp_index, plan.tp_degree, plan.sequence_parallel)
         self.clock = MixedClock(plan.slowdown, device.type == "cuda")
         spec = model
         self.mbs = plan.batch_size // plan.num_microbatches
-        self.shape = (self.mbs, spec.seq_len, spec.hidden_size)
+        self.seq_len, self.hidden = spec.seq_len, spec.hidden_size
         self.scale = self.mbs / spec.global_batch_size  # each micro-batch's part of the global mean loss
 
-    def _partner(self, stage: int, j: int) -> int:
-        return self.peer[(stage, self.owners[stage][j])]
+    def _transfers(self, other: int, j: int, incoming: bool) -> list[tuple[int, Transfer]]:
+        """This rank's transfers with stage ``other``'s owner of micro-batch ``j``: (the peer's rank id, the
+        transfer); ``incoming``: the ones this rank receives (an activation from the previous stage, a
+        gradient from the next), else the ones it sends."""
+        k = self.owners[other][j]
+        tp, sp = self.held[(other, k)]
+        _, index, my_tp, my_sp = self.me
+        if incoming:
+            return [(self.peer[(other, k, t.src)], t) for t in handoff(tp, sp, my_tp, my_sp) if t.dst == index]
+        return [(self.peer[(other, k, t.dst)], t) for t in handoff(my_tp, my_sp, tp, sp) if t.src == index]
+
+    def _receive(self, other: int, j: int, tag: int) -> torch.Tensor:
+        """This rank's part of micro-batch ``j``'s activation (or gradient) from stage ``other``: its pieces,
+        received and joined along the sequence."""
+        import torch
+        import torch.distributed as dist
+
+        pieces = []
+        for src, t in self._transfers(other, j, incoming=True):  # in sequence order
+            first, end = t.tokens(self.seq_len)
+            buf = torch.empty((self.mbs, end - first, self.hidden), dtype=torch.float32, device=self.device)
+            dist.recv(buf, src=src, tag=tag)
+            pieces.append(buf)
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+
+    def _send(self, tensor: torch.Tensor, other: int, j: int, tag: int, sends: list) -> None:
+        """Send the parts of ``tensor`` (this rank's part of the sequence) that stage ``other``'s ranks need."""
+        import torch.distributed as dist
+
+        _, index, my_tp, my_sp = self.me
+        for dst, t in self._transfers(other, j, incoming=False):
+            first, end = t.tokens(self.seq_len)
+            held = held_parts(my_tp, my_sp, index, t.parts)[0] * self.seq_len // t.parts
+            msg = tensor[:, first - held : end - held].detach().float().contiguous()
+            sends.append((msg, dist.isend(msg, dst=dst, tag=tag)))
 
     def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> list[torch.Tensor]:
         """Run this rank's forwards and backwards of one step; the last stage returns its micro-batches'
         (unscaled) mean losses. Gradients accumulate in the chunk's parameters (sum over micro-batches,
         each already weighted by ``mbs / B``)."""
-        import torch
-        import torch.distributed as dist
-
         from runner.model import lm_loss
 
         s, first, last = self.stage, self.stage == 0, self.stage == self.num_stages - 1
-        device, mbs = self.device, self.mbs
+        mbs = self.mbs
         inputs: dict[int, torch.Tensor] = {}
         outputs: dict[int, torch.Tensor] = {}
         losses: list[torch.Tensor] = []
@@ -130,8 +170,7 @@ class MixedPipeline:
                 if first:
                     inp = x[j * mbs : (j + 1) * mbs]
                 else:
-                    inp = torch.empty(self.shape, dtype=torch.float32, device=device)
-                    dist.recv(inp, src=self._partner(s - 1, j), tag=2 * j)
+                    inp = self._receive(s - 1, j, tag=2 * j)
                     inp.requires_grad_()
                     inputs[j] = inp
                 t0 = self.clock.now()  # the receive's wait is not compute
@@ -142,8 +181,7 @@ class MixedPipeline:
                     outputs[j] = loss * self.scale
                 else:
                     outputs[j] = out
-                    msg = out.detach().float().contiguous()
-                    sends.append((msg, dist.isend(msg, dst=self._partner(s + 1, j), tag=2 * j)))
+                    self._send(out, s + 1, j, 2 * j, sends)
                 self.clock.done(FORWARD, j, t0)
             else:
                 out = outputs.pop(j)
@@ -151,14 +189,11 @@ class MixedPipeline:
                     t0 = self.clock.now()
                     out.backward()
                 else:
-                    grad = torch.empty(self.shape, dtype=torch.float32, device=device)
-                    dist.recv(grad, src=self._partner(s + 1, j), tag=2 * j + 1)
+                    grad = self._receive(s + 1, j, tag=2 * j + 1)
                     t0 = self.clock.now()
                     out.backward(grad.to(out.dtype))
                 if not first:
-                    inp = inputs.pop(j)
-                    msg = inp.grad.contiguous()
-                    sends.append((msg, dist.isend(msg, dst=self._partner(s - 1, j), tag=2 * j + 1)))
+                    self._send(inputs.pop(j).grad, s - 1, j, 2 * j + 1, sends)
                 self.clock.done(BACKWARD, j, t0)
         for _, work in sends:  # each message kept alive until its send completed
             work.wait()

@@ -41,6 +41,7 @@ from autotune.simulator.memory import GiB, layer_activation_bytes, stage_params,
 from autotune.simulator.overheads import NO_HOST_COST, host_cost
 from autotune.simulator.zero import stage_states, state_bytes_for
 from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, NodeSpec
+from autotune.specs.handoff import busiest_fraction, handoff
 from autotune.specs.recompute import checkpointed_blocks, every_n
 
 
@@ -429,27 +430,32 @@ class CostModel:
             self._memory_cache[key] = hit
         return hit
 
-    def p2p(self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int, sp: bool = False) -> float:
-        """One activation (or its gradient) from stage ``src`` to stage ``dst``: each tensor-parallel rank
-        sends the ``e b s h`` tensor to its peer (``1 / tp`` of it with sequence parallelism, where the
-        stage output is split along the sequence). Between nodes the ``tp`` ranks' sends share their
-        node's network bandwidth; NCCL-like costs per link kind (``collectives.send_s``)."""
-        key = (src[0], dst[0], mbs, sp and len(src) > 1, len(src))
+    def p2p(
+        self, src: tuple[str, ...], dst: tuple[str, ...], mbs: int, sp: bool = False, dst_sp: bool | None = None
+    ) -> float:
+        """One activation (or its gradient) from stage ``src`` to stage ``dst`` (``sp``, ``dst_sp``: their
+        sequence parallelism; ``dst_sp`` defaults to ``sp``): the transfers ``autotune.specs.handoff`` gives
+        between their tensor-parallel ranks, the ``e b s h`` tensor or the parts of its sequence each
+        receiver needs. Over per-rank links the busiest rank sets the time; between nodes every transfer
+        from the sending node shares its network bandwidth; NCCL-like costs per link kind
+        (``collectives.send_s``)."""
+        dst_sp = sp if dst_sp is None else dst_sp
+        key = (src[0], dst[0], mbs, len(src), len(dst), sp and len(src) > 1, dst_sp and len(dst) > 1)
         hit = self._p2p_cache.get(key)
         if hit is None:
             e = self.rates[self.rate_key[src[0]]].elem_bytes
-            nbytes = e * mbs * self.model.seq_len * self.model.hidden_size
-            if key[3]:
-                nbytes /= len(src)
+            whole = e * mbs * self.model.seq_len * self.model.hidden_size
+            transfers = handoff(len(src), sp, len(dst), dst_sp)
             link = self._eff.link(src[0], dst[0])
             a, b = self.node[src[0]], self.node[dst[0]]
             if a.device.name == "cpu":
-                kind = "host"
+                kind, nbytes = "host", whole * busiest_fraction(transfers)
             elif a.name == b.name:
                 kind = intra_node_kind(link.bandwidth_GBps, a.device.name)
-            else:
+                nbytes = whole * busiest_fraction(transfers)
+            else:  # the sending node's ranks share its NIC
                 kind = "network"
-                nbytes *= sum(1 for d in src if self.node[d].name == a.name)  # the node's ranks share its NIC
+                nbytes = whole * sum(t.fraction for t in transfers if self.node[src[t.src]].name == a.name)
             hit = send_s(nbytes, link.bandwidth_GBps, link.latency_us, kind)
             self._p2p_cache[key] = hit
         return hit

@@ -410,7 +410,11 @@ class Simulator:
             for i, (kind, s, k_src, k_dst) in enumerate(comp.transfers):
                 if kind == FORWARD and (s > 0 or v > 1):  # activations from the previous (virtual) stage
                     comms[1 + i] = self.costs.p2p(
-                        ranks[s - 1][k_src].devices, ranks[s][k_dst].devices, mbs, pipe.stages[s - 1].sequence_parallel
+                        ranks[s - 1][k_src].devices,
+                        ranks[s][k_dst].devices,
+                        mbs,
+                        pipe.stages[s - 1].sequence_parallel,
+                        pipe.stages[s].sequence_parallel,
                     )
                 elif kind != FORWARD and (s < p - 1 or v > 1):  # gradients from the next one
                     comms[1 + i] = self.costs.p2p(
@@ -418,6 +422,7 @@ class Simulator:
                         ranks[s][k_dst].devices,
                         mbs,
                         pipe.stages[(s + 1) % p].sequence_parallel,
+                        pipe.stages[s].sequence_parallel,
                     )
             if network_scale != 1.0:
                 for i, (kind, s, k_src, k_dst) in enumerate(comp.transfers):

@@ -66,10 +66,12 @@ def test_invalid_plan_is_a_measurement_not_an_exception():
     )
     m = RealEvaluator("cpu-2", "tiny").evaluate(bad)
     assert m.status == "invalid" and "layers sum to 3" in m.error
-    # valid, but the runner cannot run it: stages of one pipeline with different tensor-parallel degrees
+    # valid, but the runner cannot run it: interleaving stages of different tensor-parallel degrees
     mixed_tp = ParallelConfig.from_dict(
         {
             "micro_batch_size": 2,
+            "schedule": "interleaved-1f1b",
+            "virtual_stages": 2,
             "pipelines": [
                 {
                     "num_microbatches": 4,
@@ -79,7 +81,7 @@ def test_invalid_plan_is_a_measurement_not_an_exception():
         }
     )
     m = RealEvaluator("cpu-4", "tiny").evaluate(mixed_tp)
-    assert m.status == "failed" and "different tensor-parallel degrees" in m.error
+    assert m.status == "failed" and "interleaved-1f1b with stages of different tensor-parallel degrees" in m.error
 
 
 def test_process_scan_sees_a_live_tagged_process(tag):

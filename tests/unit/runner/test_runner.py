@@ -65,8 +65,10 @@ def test_unsupported_and_invalid_plans_raise_spec_errors():
     with pytest.raises(SpecError, match="layers sum to 3"):
         build_layout(load_cluster("cpu-2"), tiny, cfg([{"num_microbatches": 8, "stages": [stage(["cpu:0"], 3)]}]))
     mixed_tp = cfg([{"num_microbatches": 8, "stages": [stage(["cpu:0", "cpu:1"], 2), stage(["cpu:2"], 2)]}])
-    with pytest.raises(SpecError, match="different tensor-parallel degrees"):
-        build_layout(load_cluster("cpu-4"), tiny, mixed_tp)
+    assert build_layout(load_cluster("cpu-4"), tiny, mixed_tp).mixed  # runs on runner.mixed's hand-offs
+    interleaved = ParallelConfig.from_dict({**mixed_tp.to_dict(), "schedule": "interleaved-1f1b", "virtual_stages": 2})
+    with pytest.raises(SpecError, match="interleaved-1f1b with stages of different tensor-parallel degrees"):
+        build_layout(load_cluster("cpu-4"), tiny, interleaved)
 
 
 def test_gpu_plan_without_cuda_is_a_clear_error():
@@ -251,6 +253,8 @@ def test_real_evaluator_check_names_plans_the_runner_cannot_run_without_launchin
     mixed_tp = ParallelConfig.from_dict(
         {
             "micro_batch_size": 2,
+            "schedule": "interleaved-1f1b",
+            "virtual_stages": 2,
             "pipelines": [
                 {
                     "num_microbatches": 4,
@@ -271,7 +275,7 @@ def test_real_evaluator_check_names_plans_the_runner_cannot_run_without_launchin
         }
     )
     assert "needs at least as many micro-batches as stages: 1 < 2" in real.check(one_microbatch)
-    assert "different tensor-parallel degrees" in real.check(mixed_tp)
+    assert "interleaved-1f1b with stages of different tensor-parallel degrees" in real.check(mixed_tp)
     assert real.check(fine) is None
 
     budgeted = BudgetedEvaluator(real, SearchSpace(real.cluster, real.model), budget=2)
