@@ -343,16 +343,6 @@ def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
         )
     for p, pipe in enumerate(config.pipelines):
         for s, stage in enumerate(pipe.stages):
-            for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
-                if rank.tp > 1:
-                    where = f"pipelines[{p}].stages[{s}]." + (f"ranks[{k}].devices" if stage.ranks else "devices")
-                    raise SpecError(
-                        "runner",
-                        where,
-                        "tensor parallelism in a plan with stages of several ranks is "
-                        "simulated and searched but not run by the runner: give each "
-                        "rank one device",
-                    )
             if stage.offload != "none":
                 raise SpecError(
                     "runner",
@@ -408,8 +398,6 @@ def _resharding_refused(config: ParallelConfig) -> str | None:
     in this plan, or None."""
     if config.zero or config.offloads:
         return "with ZeRO sharding or offload"
-    if config.has_mixed_stages:
-        return "with mixed-GPU stages"
     if config.expert_parallel > 1 or config.sync_every_steps > 1 or any(p.trains_experts for p in config.pipelines):
         return "with expert parallelism or SPES"
     return None
@@ -443,15 +431,16 @@ def check_tensor_parallel_plan(config: ParallelConfig) -> None:
     for p, pipe in enumerate(config.pipelines):
         chunk_layers = _chunk_layers(pipe, config.virtual_stages)
         for s, stage in enumerate(pipe.stages):
-            for layer in (i for c in range(config.virtual_stages) for i in chunk_layers[(s, c)]):
-                seen = tp_of_layer.setdefault(layer, (stage.tp, p))
-                if seen[0] != stage.tp and refused:
-                    raise SpecError(
-                        "runner",
-                        f"pipelines[{p}].stages[{s}].devices",
-                        f"layer {layer} has tensor-parallel degree {stage.tp} here but {seen[0]} in "
-                        f"pipeline {seen[1]}: replicas that shard a layer differently are not run {refused}",
-                    )
+            for rank in stage.ranks_of(pipe.num_microbatches):
+                for layer in (i for c in range(config.virtual_stages) for i in chunk_layers[(s, c)]):
+                    seen = tp_of_layer.setdefault(layer, (rank.tp, p))
+                    if seen[0] != rank.tp and refused:
+                        raise SpecError(
+                            "runner",
+                            f"pipelines[{p}].stages[{s}].devices",
+                            f"layer {layer} has tensor-parallel degree {rank.tp} here but {seen[0]} in "
+                            f"pipeline {seen[1]}: ranks that shard a layer differently are not run {refused}",
+                        )
 
 
 def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[RankPlan]) -> None:

@@ -31,9 +31,10 @@ one pipeline (``runner.layout.uneven_handoffs``) runs here instead, every pipeli
   the hand-offs). The shards are summed in issue order, so runs are deterministic and resume bit-exact.
 
 ``slowdown`` is emulated as in ``runner.engine.TimedStage`` (sleep ``slowdown - 1`` times each measured
-forward / backward). Not run here (refused before launch, ``runner.layout.check_mixed_plan``): ZeRO-3, CPU offload and tensor
-parallelism inside plans with mixed stages (all three simulated and searched).
-"""
+forward / backward). A rank of a mixed stage may be tensor-parallel at its own degree (its layer's
+gradients averaged part by part, ``runner.reshard``). Not run here (refused before launch,
+``runner.layout.check_mixed_plan``): ZeRO-3 and CPU offload in plans with mixed stages (both simulated and
+searched)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 (``autotune.policy.scenarios.heldout_scenarios``) the best plan of dp, optuna and rl at ``--budget``
 (simulator, seed 0, not recorded) goes through ``autotune train``'s pre-flight (``runner.jobs.preflight``,
 CUDA assumed present: these are GPU clusters); printed per scenario and method: ``ok`` or the reason it is
-refused (RoundPipe plans: ``roundpipe`` (checked on a CUDA machine only)), then the counts.
+refused (RoundPipe plans go through the RoundPipe pre-flight with CUDA, the GPUs and the library assumed),
+then the counts.
 
     nice -n 15 .venv/bin/python experiments/quality/runnable.py --budget 20
 """
@@ -23,9 +24,14 @@ METHODS = ("dp", "optuna", "rl")
 def verdict(scenario, config) -> str:
     from runner.jobs import preflight
 
-    if config.is_roundpipe:
-        return "roundpipe"
     try:
+        if config.is_roundpipe:  # its own pre-flight, with CUDA, enough GPUs and the library assumed present
+            from runner.roundpipe_run import preflight as roundpipe_preflight
+
+            roundpipe_preflight(
+                scenario.cluster, scenario.model, config, cuda_available=True, gpu_count=64, library=True
+            )
+            return "ok (roundpipe: on a CUDA machine with the roundpipe library)"
         preflight(scenario.cluster, scenario.model, config, assume_cuda=True)
     except SpecError as e:
         return e.rule
@@ -52,7 +58,7 @@ def main() -> None:
                 s.cluster, s.model, method=m, budget=budget, track=False, storage=storage if m == "optuna" else None
             )
             why = verdict(s, r.best_config) if r.best_measurement.ok else "no plan fits"
-            counts[(m, why == "ok")] += 1
+            counts[(m, why.startswith("ok"))] += 1
             print(f"{s.name:<20} {m:<7} {why[:110]}")
     for m in METHODS:
         total = counts[(m, True)] + counts[(m, False)]

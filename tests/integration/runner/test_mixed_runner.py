@@ -104,6 +104,7 @@ def test_layout_places_each_rank_of_a_mixed_stage_with_its_share():
 
 
 def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_field():
+    """ZeRO 3, offload, and ZeRO with ranks of a stage at different tensor-parallel degrees."""
     with pytest.raises(
         SpecError,
         match=r"zero.*zero 3 with stages of several ranks.*not run by the runner.*"
@@ -138,8 +139,9 @@ def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_
             }
         ],
     }
-    with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.ranks\[0\]\.devices.*tensor parallelism"):
-        layout_of(tp, 2, 1)
+    assert layout_of(tp, 2, 1).mixed  # ranks at tp 2 and tp 1 run (tests/integration/runner/test_per_stage_tp.py)
+    with pytest.raises(SpecError, match=r"ranks that shard a layer differently are not run with ZeRO"):
+        layout_of({**tp, "zero": 1}, 2, 1)
 
 
 def test_zero_1_and_2_shard_a_mixed_stage_among_its_ranks_and_the_replicas():

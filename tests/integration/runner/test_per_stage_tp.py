@@ -68,3 +68,35 @@ def test_a_stage_at_tp1_then_a_sequence_parallel_tp2_stage_train_like_one_proces
     assert out.returncode == 0, out.error
     got = [r["loss"] for r in _records(tmp_path / "m.jsonl")]
     torch.testing.assert_close(torch.tensor(got), torch.tensor(reference), rtol=RTOL, atol=0)
+
+
+def test_a_mixed_stage_of_a_tp2_rank_and_a_tp1_rank_trains_like_one_process(tmp_path):
+    """Zorse's mixed stage with tensor parallelism inside: its two data-parallel ranks shard the layer
+    differently (their gradients averaged part by part, ``runner.reshard``) and hand off to a tp 1 stage."""
+    steps = 3
+    plan = _plan(
+        {
+            "layers": 1,
+            "ranks": [
+                {"devices": ["cpu:0", "cpu:1"], "num_microbatches": 3},
+                {"devices": ["cpu:2"], "num_microbatches": 1},
+            ],
+        },
+        {"devices": ["cpu:3"], "layers": 1},
+    )
+    norms: list[float] = []
+    reference = reference_losses(LLAMA, steps, settings=SETTINGS, grad_norms=norms)
+    out = train(
+        "cpu-4",
+        LLAMA,
+        plan,
+        steps=steps,
+        settings=SETTINGS,
+        metrics_out=tmp_path / "m.jsonl",
+        quiet=True,
+        timeout_s=600,
+    )
+    assert out.returncode == 0, out.error
+    got = _records(tmp_path / "m.jsonl")
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in got]), torch.tensor(reference), rtol=RTOL, atol=0)
+    torch.testing.assert_close(torch.tensor([r["grad_norm"] for r in got]), torch.tensor(norms), rtol=RTOL, atol=0)
