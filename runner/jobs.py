@@ -6,6 +6,7 @@ travel to worker processes), the mode (``profile`` or ``train``) and that mode's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -163,3 +164,31 @@ def preflight(
             "fp16 training needs loss scaling, which the runner does not implement; use bf16 (or fp32) on CUDA",
         )
     return layout
+
+
+def plan_limits(cluster: ClusterSpec, model: ModelSpec) -> Callable[[ParallelConfig], str | None] | None:
+    """The runner's limits as a search keeps to them (``autotune search`` on the simulator backend): for a
+    plan, why ``autotune train`` would refuse it (its pre-flight with CUDA, the GPUs and the RoundPipe
+    library assumed present), None when it runs it. None for a model the runner does not train at all
+    (shared experts, fp16): every plan would be refused, so the search is not limited."""
+    if model.shared_expert_ffn_hidden_size or model.precision == "fp16":
+        return None
+    gpus = max(n.count for n in cluster.nodes)
+
+    def refusal(config: ParallelConfig) -> str | None:
+        try:
+            if config.is_roundpipe:
+                from runner.roundpipe_run import preflight as roundpipe_preflight
+
+                roundpipe_preflight(cluster, model, config, cuda_available=True, gpu_count=gpus, library=True)
+            else:
+                preflight(cluster, model, config, assume_cuda=True)
+        except SpecError as e:
+            return (
+                f"the runner does not run it ({e.field}): {e.rule}"
+                if e.field
+                else f"the runner does not run it: {e.rule}"
+            )
+        return None
+
+    return refusal

@@ -15,14 +15,19 @@ from pathlib import Path
 from typing import Any
 
 PINNED = Path(__file__).parent / "data" / "pinned_behaviour.json"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# the MoE search is SPES's: Mixtral on mixed-consumer-16 fits only with plans the runner does not run, which
+# the search leaves out (it answers with an error naming --engine)
 SEARCH_SCENARIOS = (
     ("mixed-a100-v100", "gpt2-xl"),
     ("mixed-h100-a100-32", "llama2-13b"),
-    ("mixed-consumer-16", "mixtral-8x7b"),
+    (str(EXAMPLES / "spes-16-internet.yaml"), "spes-2b"),
 )
 SEARCH_METHODS = (("dp", 6), ("random", 12), ("optuna", 12), ("rl", 12), ("uniform", 8))
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-SWEEP_SCENARIOS = SEARCH_SCENARIOS + (
+SWEEP_SCENARIOS = (
+    ("mixed-a100-v100", "gpt2-xl"),
+    ("mixed-h100-a100-32", "llama2-13b"),
+    ("mixed-consumer-16", "mixtral-8x7b"),
     (str(EXAMPLES / "8x4090.yaml"), "llama2-13b"),
     (str(EXAMPLES / "spes-16-internet.yaml"), "spes-2b"),
     ("cpu-hetero", "tiny"),
@@ -38,11 +43,11 @@ def searches(scenarios=SEARCH_SCENARIOS, methods=SEARCH_METHODS) -> list[dict[st
     with tempfile.TemporaryDirectory() as tmp:
         for cluster, model in scenarios:
             for method, budget in methods:
-                storage = {"storage": f"sqlite:///{tmp}/{cluster}.db"} if method == "optuna" else {}
+                storage = {"storage": f"sqlite:///{tmp}/{Path(cluster).stem}.db"} if method == "optuna" else {}
                 r = tune(cluster, model, method=method, budget=budget, seed=SEED, track=False, **storage)
                 out.append(
                     {
-                        "cluster": cluster,
+                        "cluster": Path(cluster).name,  # a preset's name, an example file's name
                         "model": model,
                         "method": method,
                         "budget": budget,

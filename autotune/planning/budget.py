@@ -2,8 +2,9 @@
 
 ``BudgetedEvaluator`` is a ``CachedEvaluator`` that every agent (and the env) calls. It checks the
 plan against the search space first, then against the evaluator's own ``check(config)`` where it has
-one (the real runner's unsupported plan shapes; an invalid plan is answered ``status="invalid"`` without
-an evaluation), serves repeats from the cache, refuses a new plan once the budget is spent
+one (the real runner's unsupported plan shapes), then against ``limits(config)`` where given (the
+runner's limits on the simulator backend, ``runner.jobs.plan_limits``; an invalid plan is answered
+``status="invalid"`` without an evaluation), serves repeats from the cache, refuses a new plan once the budget is spent
 (``BudgetExhausted``), keeps the history of evaluations in order and tells listeners (MLflow, the
 progress bar) about each new one.
 
@@ -77,6 +78,7 @@ class BudgetedEvaluator(CachedEvaluator):
         max_screened: int | None = None,
         memory_first: bool = True,
         memory_model=None,
+        limits: Callable[[ParallelConfig], str | None] | None = None,
     ) -> None:
         super().__init__(inner)
         if budget < 1:
@@ -84,6 +86,8 @@ class BudgetedEvaluator(CachedEvaluator):
 
             raise SpecError("search", "budget", f"must be >= 1, got {budget}")
         self.space = space
+        self.limits = limits  # plans beyond them are invalid proposals: why, or None
+        self.limited: list[str] = []  # why each plan beyond ``limits`` was refused, in order
         self.budget = budget
         self.listeners = list(listeners or [])
         self.watchers: list[Listener] = []  # hear of every counted evaluation, preloaded ones too
@@ -150,6 +154,10 @@ class BudgetedEvaluator(CachedEvaluator):
         reason = self.space.check(config)
         if reason is None and (backend_check := getattr(self.inner, "check", None)) is not None:
             reason = backend_check(config)  # e.g. a plan shape the real runner cannot run
+        if reason is None and self.limits is not None:
+            reason = self.limits(config)
+            if reason is not None:
+                self.limited.append(reason)
         if reason is not None:
             self.invalid += 1
             return Measurement.failure("invalid", reason)

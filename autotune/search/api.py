@@ -37,6 +37,7 @@ from autotune.search.result import TuneResult
 from autotune.search.screen import log_prediction_error
 from autotune.search.summary import SearchSummary
 from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
+from runner.jobs import plan_limits
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +347,11 @@ def _open_record(req: SearchRequest, space: SearchSpace, inner: Evaluator, scree
         listeners.append(lambda ev: tracker.log_evaluation(ev, space.params_of(ev.config)))
         if screen is not None:
             listeners.append(lambda ev: log_prediction_error(tracker, screen, ev))
-    budgeted = BudgetedEvaluator(inner, space, req.budget, listeners, screen=screen.screen if screen else None)
+    # the simulator's searches keep to what `autotune train` runs (--engine: to that engine's plans instead)
+    limits = plan_limits(req.cluster, req.model) if req.backend == "sim" and req.engine is None else None
+    budgeted = BudgetedEvaluator(
+        inner, space, req.budget, listeners, screen=screen.screen if screen else None, limits=limits
+    )
     if tracker is not None:
         tags = {
             "autotune.method": req.method,
@@ -514,6 +519,12 @@ def _result(
     best = _best_with_timeline(budgeted)
     where = f"{req.cluster.name} / {req.model.name}"
     if best is None:
+        limited = (
+            f"; {len(budgeted.limited)} other plans were left out as `autotune train` does not run them (--engine "
+            f"torchtitan, megatron or deepspeed plans for an engine instead; first: {budgeted.limited[0]})"
+            if budgeted.limited
+            else ""
+        )
         if budgeted.memory_screened:
             raise SpecError(
                 "search",
@@ -521,10 +532,12 @@ def _result(
                 f"no plan fits: the memory model says all {len(budgeted.screened)} "
                 f"plans {req.method} tried on {where} run out of memory (the most "
                 f"memory-frugal plan of the space included); try a smaller model, "
-                f"micro-batch or more devices",
+                f"micro-batch or more devices{limited}",
             )
         raise SpecError(
-            "search", "space", f"no plan was evaluated: the space of {where} has no valid plan the method could reach"
+            "search",
+            "space",
+            f"no plan was evaluated: the space of {where} has no valid plan the method could reach{limited}",
         )
     return TuneResult(
         best_config=best.config,

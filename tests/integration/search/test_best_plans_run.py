@@ -1,0 +1,83 @@
+"""No search returns a plan `autotune train` refuses: on a small cluster of each plan family, the best plan of
+dp, optuna and rl at small budgets passes the runner's pre-flight (CUDA, the GPUs and the RoundPipe library
+assumed present: these are GPU clusters). Before the runner's limits bounded the search, the memory-tight
+family's best plans (offload ``all`` with tensor parallelism) and the MoE family's (ZeRO-3 or tensor
+parallelism inside MoE blocks) were refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.catalog import GPU_CATALOG, MODEL_PRESETS
+from autotune.errors import SpecError
+from autotune.loading import load_cluster, load_model
+from autotune.search.api import tune
+from autotune.specs import ClusterSpec, LinkSpec, ModelSpec, NodeSpec
+from runner.jobs import plan_limits
+
+pytestmark = pytest.mark.slow
+torch.set_num_threads(1)
+
+NET = LinkSpec(3.125, 20.0)
+
+
+def _nodes(prefix: str, gpu: str, count: int) -> list[NodeSpec]:
+    return [NodeSpec(f"{prefix}-0", GPU_CATALOG[gpu], count, LinkSpec(16.0, 5.0), NET)]
+
+
+def _preset(name: str, gbs: int) -> ModelSpec:
+    return ModelSpec(
+        name=name, global_batch_size=gbs, **{k: v for k, v in MODEL_PRESETS[name].items() if k != "global_batch_size"}
+    )
+
+
+FAMILIES = {
+    # pipelines over two GPU types (per-stage tp, uneven replicas)
+    "pipelines": (
+        ClusterSpec("a100-a10g", tuple(_nodes("a100", "A100-40GB", 4) + _nodes("a10g", "A10G", 4))),
+        "llama2-7b",
+    ),
+    # memory-tight consumer cards: ZeRO and offload
+    "tight": (ClusterSpec("3090-t4", tuple(_nodes("rtx", "RTX-3090", 4) + _nodes("t4", "T4", 4))), "llama2-7b"),
+    # Zorse's kind of machine: mixed-GPU stages
+    "mixed-stages": (
+        ClusterSpec(
+            "zorse", tuple(_nodes("l4", "L4", 2) + _nodes("a6000", "A6000", 1) + _nodes("v100", "V100-32GB", 1))
+        ),
+        "gpt2-xl",
+    ),
+    # RoundPipe on consumer GPUs, SPES over the internet
+    "roundpipe": (load_cluster("examples/8x4090.yaml"), "llama3-8b"),
+    "spes": (load_cluster("examples/spes-16-internet.yaml"), "spes-2b"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_best_plan_of_every_method_passes_the_runners_preflight(family, tmp_path):
+    cluster, model_name = FAMILIES[family]
+    model = load_model(model_name) if model_name == "spes-2b" else _preset(model_name, 64)
+    refusal = plan_limits(cluster, model)
+    assert refusal is not None
+    for method in ("dp", "optuna", "rl"):
+        storage = str(tmp_path / "optuna.journal") if method == "optuna" else None
+        result = tune(cluster, model, method=method, budget=5, track=False, storage=storage)
+        assert result.best_measurement.ok, (method, result.best_measurement.error)
+        assert refusal(result.best_config) is None, (method, refusal(result.best_config))
+
+
+def test_a_model_the_runner_cannot_fit_is_one_clear_error_naming_the_runners_limit():
+    """Mixtral-8x7B on 8 A100 + 8 V100 fits only with ZeRO-3 or tensor parallelism inside its MoE blocks,
+    which the runner does not run: the search says so and names --engine instead of returning such a plan."""
+    with pytest.raises(SpecError, match=r"`autotune train` does not run them \(--engine torchtitan"):
+        tune(load_cluster("mixed-a100-v100"), load_model("mixtral-8x7b"), method="dp", budget=5, track=False)
+    # the runner's limits bound only the default search: torchtitan runs it with ZeRO-3 (FSDP)
+    plan = tune(
+        load_cluster("mixed-a100-v100"),
+        load_model("mixtral-8x7b"),
+        method="dp",
+        budget=5,
+        track=False,
+        engine="torchtitan",
+    )
+    assert plan.best_measurement.ok and plan.best_config.zero == 3
