@@ -518,7 +518,7 @@ def _result(
 ) -> TuneResult:
     best = _best_with_timeline(budgeted)
     where = f"{req.cluster.name} / {req.model.name}"
-    if best is None:
+    if best is None or not best.measurement.ok:  # nothing evaluated, or nothing that ran and fits
         limited = (
             f"; {len(budgeted.limited)} other plans were left out as `autotune train` does not run them (--engine "
             f"torchtitan, megatron or deepspeed plans for an engine instead; first: {budgeted.limited[0]})"
@@ -533,6 +533,13 @@ def _result(
                 f"plans {req.method} tried on {where} run out of memory (the most "
                 f"memory-frugal plan of the space included); try a smaller model, "
                 f"micro-batch or more devices{limited}",
+            )
+        if best is not None:
+            raise SpecError(
+                "search",
+                "plan",
+                f"no plan ran: none of the {budgeted.used} plans {req.method} evaluated on {where} is a plan "
+                f"that runs and fits (the best: {best.measurement.status}, {best.measurement.error}){limited}",
             )
         raise SpecError(
             "search",

@@ -81,3 +81,16 @@ def test_a_model_the_runner_cannot_fit_is_one_clear_error_naming_the_runners_lim
         engine="torchtitan",
     )
     assert plan.best_measurement.ok and plan.best_config.zero == 3
+
+
+def test_a_search_whose_plans_all_fail_answers_an_error_not_a_plan_of_zero_tokens_per_s():
+    """Issue 26's fleet, 2 x 8 A100-40GB + 8 RTX-4090, with Mixtral-8x7B: rl's walk ended on RoundPipe plans the
+    simulator answers ``invalid`` (a stage over half the host limit), and the search used to return one of
+    them as its best plan at 0 tokens/s."""
+    net = LinkSpec(3.125, 10.0)
+    nodes = [NodeSpec(f"a100-{k}", GPU_CATALOG["A100-40GB"], 8, LinkSpec(300.0, 2.0), net) for k in range(2)]
+    cluster = ClusterSpec(
+        "a100x16-4090x8", tuple(nodes + [NodeSpec("rtx-0", GPU_CATALOG["RTX-4090"], 8, LinkSpec(16.0, 5.0), net)])
+    )
+    with pytest.raises(SpecError, match=r"no plan (fits|ran)"):
+        tune(cluster, _preset("mixtral-8x7b", 256), method="rl", budget=20, track=False)
