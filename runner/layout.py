@@ -330,8 +330,8 @@ def _pipeline_ranks(
 
 
 def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
-    """Plan shapes with mixed stages the runner does not run (the specs already refuse interleaving, MoE
-    expert parallelism and SPES with them)."""
+    """Plan shapes with mixed stages the runner does not run: ZeRO-3 (the specs already refuse interleaving,
+    MoE expert parallelism and SPES with them)."""
     if config.zero >= 3:
         raise SpecError(
             "runner",
@@ -341,14 +341,6 @@ def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
             "rank's calls with a slow rank's and hold both to one pace): use zero 1 "
             "or 2 to run this plan",
         )
-    for p, pipe in enumerate(config.pipelines):
-        for s, stage in enumerate(pipe.stages):
-            if stage.offload != "none":
-                raise SpecError(
-                    "runner",
-                    f"pipelines[{p}].stages[{s}].offload",
-                    "offload in a plan with stages of several ranks is not run by the runner",
-                )
 
 
 def check_sharded_layout(layout: Layout) -> None:

@@ -32,9 +32,9 @@ one pipeline (``runner.layout.uneven_handoffs``) runs here instead, every pipeli
 
 ``slowdown`` is emulated as in ``runner.engine.TimedStage`` (sleep ``slowdown - 1`` times each measured
 forward / backward). A rank of a mixed stage may be tensor-parallel at its own degree (its layer's
-gradients averaged part by part, ``runner.reshard``). Not run here (refused before launch,
-``runner.layout.check_mixed_plan``): ZeRO-3 and CPU offload in plans with mixed stages (both simulated and
-searched)."""
+gradients averaged part by part, ``runner.reshard``), and offload its stage's state (``runner.zero``). Not
+run here (refused before launch, ``runner.layout.check_mixed_plan``): ZeRO-3 in plans with mixed stages
+(simulated and searched)."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ def test_layout_places_each_rank_of_a_mixed_stage_with_its_share():
 
 
 def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_field():
-    """ZeRO 3, offload, and ZeRO with ranks of a stage at different tensor-parallel degrees."""
+    """ZeRO 3, and ZeRO with ranks of a stage at different tensor-parallel degrees."""
     with pytest.raises(
         SpecError,
         match=r"zero.*zero 3 with stages of several ranks.*not run by the runner.*"
@@ -123,8 +123,7 @@ def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_
             }
         ],
     }
-    with pytest.raises(SpecError, match=r"pipelines\[0\]\.stages\[0\]\.offload.*not run by the runner"):
-        layout_of(offload, 2, 1)
+    assert layout_of(offload, 2, 1).sharded  # offload runs (test_offload_in_a_mixed_stage_...)
     tp = {
         "micro_batch_size": 2,
         "pipelines": [
@@ -234,4 +233,42 @@ def test_zero_over_a_mixed_stage_beside_a_second_replica_trains_like_a_single_pr
     import torch
 
     losses = run({**PLAN_REPLICA, "zero": zero}, cluster_yaml(tmp_path, 3, 2), tmp_path)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
+
+
+def _offloaded(plan: dict, modes: dict[tuple[int, int], str]) -> dict:
+    """``plan`` with stage ``(p, s)``'s offload set to ``modes[(p, s)]``."""
+    pipes = []
+    for p, pipe in enumerate(plan["pipelines"]):
+        stages = [{**st, "offload": modes.get((p, s), "none")} for s, st in enumerate(pipe["stages"])]
+        pipes.append({**pipe, "stages": stages})
+    return {**plan, "pipelines": pipes}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_offload_in_a_mixed_stage_trains_like_a_single_process_and_resumes_bit_exact(reference, tmp_path):
+    """The 5/3 stage's parameters streamed from host memory (offload all) under ZeRO-2: single-process loss,
+    exact resume."""
+    import torch
+
+    plan = _offloaded({**PLAN_5_3, "zero": 2}, {(0, 0): "all", (0, 1): "optimizer"})
+    cluster = cluster_yaml(tmp_path, 2, 1)
+    full = tmp_path / "full"
+    full.mkdir()
+    losses = run(plan, cluster, full)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
+    part = tmp_path / "part"
+    part.mkdir()
+    run(plan, cluster, part, steps=3, checkpoint_dir=part / "ckpt")
+    assert run(plan, cluster, part, checkpoint_dir=part / "ckpt", resume=True) == losses
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_offload_in_a_mixed_stage_beside_a_second_replica_trains_like_a_single_process(reference, tmp_path):
+    import torch
+
+    plan = _offloaded({**PLAN_REPLICA, "zero": 1}, {(0, 1): "optimizer", (1, 0): "all"})
+    losses = run(plan, cluster_yaml(tmp_path, 3, 2), tmp_path)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
