@@ -236,7 +236,7 @@ def search(
         None,
         "--engine",
         help="Only plans this engine runs: torchtitan | megatron | deepspeed (docs/engines.md); the summary "
-        "says how much faster the best plan without it is.",
+        "says how much faster the best plan without it is. Without it: only plans `autotune train` runs.",
     ),
     restrict: list[str] = typer.Option(
         [],
