@@ -10,7 +10,7 @@ one pipeline (``runner.layout.uneven_handoffs``) runs here instead, every pipeli
   orders: the stage's 1F1B or GPipe order restricted to the micro-batches ``microbatch_owners`` assigns to
   the rank, round-robin by share);
 - hand-offs: the activation of micro-batch ``j`` goes from its owner in stage ``s`` to its owner in stage
-  ``s + 1`` (``dist.isend`` / ``dist.irecv`` tagged by micro-batch and direction), its gradient back the same
+  ``s + 1`` (``dist.isend`` / ``dist.recv`` tagged by micro-batch and direction), its gradient back the same
   way, so stages of different width exchange with the right partner for each micro-batch; between the
   owners' tensor-parallel ranks the pieces go as ``autotune.specs.handoff`` gives them (rank ``i`` to rank
   ``i`` for the same layout; tp 2 to tp 1: rank 0 sends the activation, the gradient goes back to both;

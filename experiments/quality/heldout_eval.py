@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         if args.json:  # after every scenario, so a run stopped early keeps what it finished (--load reads it)
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps({"summary": {}, "results": results}, default=float))
 
     # -- tables --------------------------------------------------------------------------------------
