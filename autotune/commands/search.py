@@ -358,7 +358,9 @@ def _print_summary(out, result) -> None:
             if result.memory_screened
             else ""
         )
-        + f", {s.failed} failed, {s.invalid} invalid proposals (free: not evaluated)",
+        + f", {s.failed} failed, {s.invalid} invalid proposals (free: not evaluated"
+        + (f"; {s.runner_limited} of them plans `autotune train` does not run" if s.runner_limited else "")
+        + ")",
     ]
     if s.speedup_vs_uniform is not None:
         grid = (

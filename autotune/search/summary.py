@@ -34,6 +34,7 @@ class SearchSummary:
     uniform_best_tokens_per_s: float | None = None
     uniform_evaluations: int = 0
     uniform_grid: int = 0  # plans in the uniform grid (the baseline sees min(grid, budget) of them)
+    runner_limited: int = 0  # of ``invalid``: plans `autotune train` does not run (``runner.jobs.plan_limits``)
 
     @property
     def speedup_vs_uniform(self) -> float | None:
@@ -48,6 +49,7 @@ class SearchSummary:
             "oom_plans": float(self.oom),
             "failed_plans": float(self.failed),
             "invalid_proposals": float(self.invalid),
+            "runner_limited_proposals": float(self.runner_limited),
             "wall_time_s": self.wall_time_s,
             "evaluations_per_s": self.evaluations_per_s,
         }
@@ -65,6 +67,7 @@ class SearchSummary:
             "oom": self.oom,
             "failed": self.failed,
             "invalid": self.invalid,
+            "runner_limited": self.runner_limited,
             "wall_time_s": self.wall_time_s,
             "evaluations_per_s": self.evaluations_per_s,
             "top": [
@@ -102,6 +105,7 @@ class SearchSummary:
             uniform_best_tokens_per_s=d.get("uniform_best_tokens_per_s"),
             uniform_evaluations=int(d.get("uniform_evaluations", 0)),
             uniform_grid=int(d.get("uniform_grid", 0)),
+            runner_limited=int(d.get("runner_limited", 0)),
         )
 
 
@@ -123,6 +127,7 @@ def summarize(
         oom=sum(ev.measurement.oom for ev in history),
         failed=sum(ev.measurement.status in ("failed", "timeout") for ev in history),
         invalid=budgeted.invalid,
+        runner_limited=len(budgeted.limited),
         wall_time_s=wall_time_s,
         evaluations_per_s=new / wall_time_s if wall_time_s > 0 else 0.0,
         top=top,
