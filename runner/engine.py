@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 from autotune.errors import SpecError
 from autotune.specs import ModelSpec
 from runner.data import TokenSource
-from runner.layout import EMBED_KEY, HEAD_KEY, Layout, RankPlan
+from runner.layout import EMBED_KEY, HEAD_KEY, Layout, check_supported
 from runner.model import StageChunk, lm_loss
 from runner.optim import TrainSettings, local_tensor, make_optimizer, set_lr
 
@@ -156,25 +156,6 @@ class StepResult:
     stop: bool
     time_s: float
     grad_norm: float | None = None  # the global gradient norm before clipping (with --clip-grad-norm)
-
-
-def check_supported(plan: RankPlan, model: ModelSpec) -> None:
-    """Plan shapes the runner cannot run, beyond ``ParallelConfig.validate`` and ``build_layout``."""
-    tp = plan.tp_degree
-    if tp > 1 and model.qk_norm:
-        raise SpecError(
-            "runner",
-            f"pipelines[{plan.pipeline}].stages[{plan.stage}].devices",
-            "qk_norm with tensor parallelism is not run by the runner (each rank's heads would train the "
-            "shared query/key norm apart)",
-        )
-    if tp > 1 and model.num_kv_heads % tp:
-        raise SpecError(
-            "runner",
-            f"pipelines[{plan.pipeline}].stages[{plan.stage}].devices",
-            f"tensor-parallel degree {tp} must divide num_kv_heads={model.num_kv_heads} in the runner "
-            "(replicating key/value heads across tensor-parallel ranks is not implemented)",
-        )
 
 
 def apply_tensor_parallel(

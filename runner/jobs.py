@@ -13,7 +13,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.loading import cluster_from_dict, model_from_dict
 from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
-from runner.layout import Layout, build_layout
+from runner.layout import Layout, build_layout, check_supported
 
 
 def cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
@@ -130,8 +130,6 @@ def preflight(
                 )
     for plan in layout.ranks:
         if plan.tp_degree > 1:
-            from runner.engine import check_supported  # torch import only when needed
-
             check_supported(plan, model)
     if config.schedule == "1f1b" and not layout.mixed:  # runner.mixed runs its own orders
         for p, pipe in enumerate(config.pipelines):
@@ -155,15 +153,19 @@ def preflight(
                     f"interleaved-1f1b in torch.distributed.pipelining needs num_microbatches to be a "
                     f"multiple of num_microbatches // stages = {rounds}, got {pipe.num_microbatches}",
                 )
-    import torch
-
-    if uses_cuda(cluster, config, assume_cuda or torch.cuda.is_available()) and model.precision == "fp16":
+    if uses_cuda(cluster, config, assume_cuda or _cuda_available()) and model.precision == "fp16":
         raise SpecError(
             "runner",
             "precision",
             "fp16 training needs loss scaling, which the runner does not implement; use bf16 (or fp32) on CUDA",
         )
     return layout
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def plan_limits(cluster: ClusterSpec, model: ModelSpec) -> Callable[[ParallelConfig], str | None] | None:

@@ -462,3 +462,22 @@ def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[Rank
                 f"the {key} sits on stages of different tensor-parallel degrees {sorted(degrees)}; "
                 "replicas must shard it the same way",
             )
+
+
+def check_supported(plan: RankPlan, model: ModelSpec) -> None:
+    """Plan shapes the runner cannot run, beyond ``ParallelConfig.validate`` and ``build_layout``."""
+    tp = plan.tp_degree
+    if tp > 1 and model.qk_norm:
+        raise SpecError(
+            "runner",
+            f"pipelines[{plan.pipeline}].stages[{plan.stage}].devices",
+            "qk_norm with tensor parallelism is not run by the runner (each rank's heads would train the "
+            "shared query/key norm apart)",
+        )
+    if tp > 1 and model.num_kv_heads % tp:
+        raise SpecError(
+            "runner",
+            f"pipelines[{plan.pipeline}].stages[{plan.stage}].devices",
+            f"tensor-parallel degree {tp} must divide num_kv_heads={model.num_kv_heads} in the runner "
+            "(replicating key/value heads across tensor-parallel ranks is not implemented)",
+        )
