@@ -4,8 +4,8 @@
 plan against the search space first, then against the evaluator's own ``check(config)`` where it has
 one (the real runner's unsupported plan shapes), then against ``limits(config)`` where given (the
 runner's limits on the simulator backend, ``runner.jobs.plan_limits``; an invalid plan is answered
-``status="invalid"`` without an evaluation), serves repeats from the cache, refuses a new plan once the budget is spent
-(``BudgetExhausted``), keeps the history of evaluations in order and tells listeners (MLflow, the
+``status="invalid"`` without an evaluation), serves repeats from the cache, refuses a new plan once the
+budget is spent (``BudgetExhausted``), keeps the history of evaluations in order and tells listeners (MLflow, the
 progress bar) about each new one.
 
 An optional ``screen`` (``--backend real``: ``autotune.search.screen.CalibrationScreen``) is asked
