@@ -518,7 +518,8 @@ def _result(
 ) -> TuneResult:
     best = _best_with_timeline(budgeted)
     where = f"{req.cluster.name} / {req.model.name}"
-    if best is None or not best.measurement.ok:  # nothing evaluated, or nothing that ran and fits
+    # nothing evaluated, or (simulator) nothing valid that fits; a real search returns its failed run (what happened)
+    if best is None or (req.backend == "sim" and not best.measurement.ok):
         limited = (
             f"; {len(budgeted.limited)} other plans were left out as `autotune train` does not run them (--engine "
             f"torchtitan, megatron or deepspeed plans for an engine instead; first: {budgeted.limited[0]})"
