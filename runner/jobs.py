@@ -175,22 +175,29 @@ def plan_limits(cluster: ClusterSpec, model: ModelSpec) -> Callable[[ParallelCon
     (shared experts, fp16): every plan would be refused, so the search is not limited."""
     if model.shared_expert_ffn_hidden_size or model.precision == "fp16":
         return None
-    gpus = max(n.count for n in cluster.nodes)
 
     def refusal(config: ParallelConfig) -> str | None:
-        try:
-            if config.is_roundpipe:
-                from runner.roundpipe_run import preflight as roundpipe_preflight
-
-                roundpipe_preflight(cluster, model, config, cuda_available=True, gpu_count=gpus, library=True)
-            else:
-                preflight(cluster, model, config, assume_cuda=True)
-        except SpecError as e:
-            return (
-                f"the runner does not run it ({e.field}): {e.rule}"
-                if e.field
-                else f"the runner does not run it: {e.rule}"
-            )
-        return None
+        e = preflight_refusal(cluster, model, config)
+        if e is None:
+            return None
+        return (
+            f"the runner does not run it ({e.field}): {e.rule}" if e.field else f"the runner does not run it: {e.rule}"
+        )
 
     return refusal
+
+
+def preflight_refusal(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig) -> SpecError | None:
+    """What ``autotune train``'s pre-flight says of ``config`` on a machine with CUDA, the cluster's GPUs and
+    the RoundPipe library (a RoundPipe plan through its own pre-flight): the refusal, or None."""
+    try:
+        if config.is_roundpipe:
+            from runner.roundpipe_run import preflight as roundpipe_preflight
+
+            gpus = max(n.count for n in cluster.nodes)
+            roundpipe_preflight(cluster, model, config, cuda_available=True, gpu_count=gpus, library=True)
+        else:
+            preflight(cluster, model, config, assume_cuda=True)
+    except SpecError as e:
+        return e
+    return None

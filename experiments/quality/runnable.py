@@ -14,7 +14,6 @@ import argparse
 import tempfile
 from collections import Counter
 
-from autotune.errors import SpecError
 from autotune.policy.scenarios import heldout_scenarios
 from autotune.search.api import tune
 
@@ -22,20 +21,12 @@ METHODS = ("dp", "optuna", "rl")
 
 
 def verdict(scenario, config) -> str:
-    from runner.jobs import preflight
+    from runner.jobs import preflight_refusal  # the pre-flight the search's runner limits ask
 
-    try:
-        if config.is_roundpipe:  # its own pre-flight, with CUDA, enough GPUs and the library assumed present
-            from runner.roundpipe_run import preflight as roundpipe_preflight
-
-            roundpipe_preflight(
-                scenario.cluster, scenario.model, config, cuda_available=True, gpu_count=64, library=True
-            )
-            return "ok (roundpipe: on a CUDA machine with the roundpipe library)"
-        preflight(scenario.cluster, scenario.model, config, assume_cuda=True)
-    except SpecError as e:
-        return e.rule
-    return "ok"
+    refused = preflight_refusal(scenario.cluster, scenario.model, config)
+    if refused is not None:
+        return refused.rule
+    return "ok (roundpipe: on a CUDA machine with the roundpipe library)" if config.is_roundpipe else "ok"
 
 
 def main() -> None:
