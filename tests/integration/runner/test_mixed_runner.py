@@ -172,6 +172,22 @@ def run(config: dict, cluster: Path, directory: Path, steps: int = STEPS, **kw) 
     return read_losses(metrics)
 
 
+def trains_like_one_process_and_resumes(plan: dict, cluster: Path, tmp: Path, reference: list[float]) -> list[float]:
+    """Run ``plan`` for STEPS steps (single-process loss), then 3 steps with a checkpoint and a resume to STEPS:
+    the identical curve. The losses of the whole run."""
+    import torch
+
+    full = tmp / "full"
+    full.mkdir()
+    losses = run(plan, cluster, full)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
+    part = tmp / "part"
+    part.mkdir()
+    run(plan, cluster, part, steps=3, checkpoint_dir=part / "ckpt")
+    assert run(plan, cluster, part, checkpoint_dir=part / "ckpt", resume=True) == losses
+    return losses
+
+
 @pytest.fixture(scope="module")
 def reference() -> list[float]:
     from runner.reference import reference_losses
@@ -182,20 +198,9 @@ def reference() -> list[float]:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_5_3_mixed_stage_trains_like_a_single_process_and_resumes_bit_exact(reference, tmp_path):
-    import torch
-
-    cluster = cluster_yaml(tmp_path, 2, 1)
-    full = tmp_path / "full"
-    full.mkdir()
-    losses = run(PLAN_5_3, cluster, full)
-    assert len(losses) == STEPS and losses[-1] < losses[0]
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
     # stop after 3 steps (checkpoint at the end), resume to 6: the identical curve
-    part = tmp_path / "part"
-    part.mkdir()
-    run(PLAN_5_3, cluster, part, steps=3, checkpoint_dir=part / "ckpt")
-    resumed = run(PLAN_5_3, cluster, part, checkpoint_dir=part / "ckpt", resume=True)
-    assert resumed == losses
+    losses = trains_like_one_process_and_resumes(PLAN_5_3, cluster_yaml(tmp_path, 2, 1), tmp_path, reference)
+    assert len(losses) == STEPS and losses[-1] < losses[0]
 
 
 @pytest.mark.slow
@@ -212,18 +217,7 @@ def test_mixed_stage_beside_a_second_replica_trains_like_a_single_process(refere
 def test_zero_2_over_a_mixed_stage_trains_like_a_single_process_and_resumes_bit_exact(reference, tmp_path):
     """ZeRO-2 across the 5/3 stage's two ranks (asynchronous per-micro-batch reduce-scatters, the 3-share rank
     padding two): single-process loss; stop + sharded checkpoint + resume gives the identical curve."""
-    import torch
-
-    plan = {**PLAN_5_3, "zero": 2}
-    cluster = cluster_yaml(tmp_path, 2, 1)
-    full = tmp_path / "full"
-    full.mkdir()
-    losses = run(plan, cluster, full)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
-    part = tmp_path / "part"
-    part.mkdir()
-    run(plan, cluster, part, steps=3, checkpoint_dir=part / "ckpt")
-    assert run(plan, cluster, part, checkpoint_dir=part / "ckpt", resume=True) == losses
+    trains_like_one_process_and_resumes({**PLAN_5_3, "zero": 2}, cluster_yaml(tmp_path, 2, 1), tmp_path, reference)
 
 
 @pytest.mark.slow
@@ -250,18 +244,8 @@ def _offloaded(plan: dict, modes: dict[tuple[int, int], str]) -> dict:
 def test_offload_in_a_mixed_stage_trains_like_a_single_process_and_resumes_bit_exact(reference, tmp_path):
     """The 5/3 stage's parameters streamed from host memory (offload all) under ZeRO-2: single-process loss,
     exact resume."""
-    import torch
-
     plan = _offloaded({**PLAN_5_3, "zero": 2}, {(0, 0): "all", (0, 1): "optimizer"})
-    cluster = cluster_yaml(tmp_path, 2, 1)
-    full = tmp_path / "full"
-    full.mkdir()
-    losses = run(plan, cluster, full)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
-    part = tmp_path / "part"
-    part.mkdir()
-    run(plan, cluster, part, steps=3, checkpoint_dir=part / "ckpt")
-    assert run(plan, cluster, part, checkpoint_dir=part / "ckpt", resume=True) == losses
+    trains_like_one_process_and_resumes(plan, cluster_yaml(tmp_path, 2, 1), tmp_path, reference)
 
 
 @pytest.mark.slow
