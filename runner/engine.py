@@ -315,7 +315,14 @@ class Engine:
         if layout.mixed:  # mixed or uneven stages: every pipeline runs runner.mixed's orders and hand-offs
             from runner.mixed import MixedPipeline
 
-            self.mixed = MixedPipeline(layout, self.plan, self.chunks[0], model, device, schedule)
+            if self.plan.layerwise:  # Zorse's layer-wise execution on the same hand-offs
+                from runner.layerwise import LayerwisePipeline
+
+                self.mixed = LayerwisePipeline(
+                    layout, self.plan, self.chunks[0], model, device, schedule, offload=self.plan.offload
+                )
+            else:
+                self.mixed = MixedPipeline(layout, self.plan, self.chunks[0], model, device, schedule)
             self.stages = [self.mixed.clock]
             return
         static = {}

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from autotune.errors import SpecError
 from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
+from autotune.specs.execution import LAYERWISE
 
 EMBED_KEY, HEAD_KEY = "embed", "head"
 
@@ -73,6 +74,7 @@ class RankPlan:
     stage_rank: int = 0
     share: int = 0
     offload: str = "none"  # the stage's CPU offload (runner.zero)
+    layerwise: bool = False  # the pipeline runs Zorse's layer-wise execution (runner.layerwise)
 
     @property
     def first(self) -> bool:
@@ -238,7 +240,8 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     Raises SpecError for an invalid plan and for plan shapes the runner does not support.
     """
     config.validate(cluster, model)
-    if config.has_mixed_stages:
+    layerwise = any(p.execution == LAYERWISE for p in config.pipelines)
+    if config.has_mixed_stages or layerwise:
         check_mixed_plan(config, model)
     check_tensor_parallel_plan(config)
     ranks: list[RankPlan] = []
@@ -251,7 +254,7 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     layout = Layout(
         tuple(ranks),
         config.sync_every_steps,
-        config.has_mixed_stages or uneven_handoffs(config),
+        config.has_mixed_stages or uneven_handoffs(config) or layerwise,
         config.zero,
         sum(p.num_microbatches for p in config.pipelines),
     )
@@ -320,6 +323,7 @@ def _pipeline_ranks(
                         stage_rank=k,
                         share=stage_rank.num_microbatches,
                         offload=stage.offload,
+                        layerwise=pipe.execution == LAYERWISE,
                     )
                 )
     return ranks
@@ -330,17 +334,35 @@ def _pipeline_ranks(
 
 
 def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
-    """Plan shapes with mixed stages the runner does not run: ZeRO-3 (the specs already refuse interleaving,
-    MoE expert parallelism and SPES with them)."""
+    """Plan shapes with mixed stages or layer-wise execution (both run on ``runner.mixed``'s orders) the
+    runner does not run: ZeRO-3 (the specs already refuse interleaving, MoE expert parallelism and SPES
+    with mixed stages); layer-wise execution of MoE models or with tensor parallelism."""
+    what = "stages of several ranks" if config.has_mixed_stages else "layer-wise execution"
     if config.zero >= 3:
         raise SpecError(
             "runner",
             "zero",
-            f"zero {config.zero} with stages of several ranks is simulated and searched "
+            f"zero {config.zero} with {what} is simulated and searched "
             "but not run by the runner (its per-use all-gathers would pair a fast "
             "rank's calls with a slow rank's and hold both to one pace): use zero 1 "
             "or 2 to run this plan",
         )
+    for p, pipe in enumerate(config.pipelines):
+        if pipe.execution != LAYERWISE:
+            continue
+        if model.is_moe or config.spes:
+            raise SpecError(
+                "runner",
+                f"pipelines[{p}].execution",
+                "layer-wise execution of MoE or SPES plans is simulated and searched but not run by the runner",
+            )
+        if any(st.tp > 1 for st in pipe.stages):
+            raise SpecError(
+                "runner",
+                f"pipelines[{p}].execution",
+                "layer-wise execution with tensor parallelism is simulated and searched but not run by the "
+                "runner: use one device per rank",
+            )
 
 
 def check_sharded_layout(layout: Layout) -> None:

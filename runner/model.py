@@ -35,7 +35,8 @@ plan: gradient sync groups and checkpoints key on it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -286,22 +287,36 @@ class StageChunk(nn.Module):
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
-            t = x.shape[1]
-            x = self.embed(x)
-            if self.positions is not None:
-                x = x + self.positions(torch.arange(t, device=x.device))
-            if self.dropout > 0 and self.training:
-                x = F.dropout(x, self.dropout)
-            if self.sequence_mesh is not None:  # this rank's part of the sequence from here on
-                x = _redistribute(x, self.sequence_mesh, "shard")
-        for position, block in enumerate(self.blocks.values()):
-            x = checkpointed(block, x, self.recompute, position) if torch.is_grad_enabled() else block(x)
-        if self.head is not None:
-            if self.sequence_mesh is not None:  # the whole sequence again for the (replicated) head
-                x = _redistribute(x, self.sequence_mesh, "gather")
-            x = self.head(self.norm(x))
+        for piece in self.pieces():
+            x = piece(x)
         return x
+
+    def pieces(self) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+        """The chunk's forward as its layers in order, ``forward`` being their composition: the embedding
+        (first chunk), each block under the chunk's recompute mode, the final norm + LM head (last chunk).
+        Layer-wise execution (``runner.layerwise``) runs them one at a time over all micro-batches."""
+        out: list[Callable[[torch.Tensor], torch.Tensor]] = [self._embed] if self.embed is not None else []
+        out += [partial(self._block, position, block) for position, block in enumerate(self.blocks.values())]
+        return out + ([self._head] if self.head is not None else [])
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        x = self.embed(x)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(t, device=x.device))
+        if self.dropout > 0 and self.training:
+            x = F.dropout(x, self.dropout)
+        if self.sequence_mesh is not None:  # this rank's part of the sequence from here on
+            x = _redistribute(x, self.sequence_mesh, "shard")
+        return x
+
+    def _block(self, position: int, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return checkpointed(block, x, self.recompute, position) if torch.is_grad_enabled() else block(x)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_mesh is not None:  # the whole sequence again for the (replicated) head
+            x = _redistribute(x, self.sequence_mesh, "gather")
+        return self.head(self.norm(x))
 
 
 #: the linear layers' matmuls (counted in order: every second one is recomputed) and the fused attention

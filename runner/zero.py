@@ -246,7 +246,7 @@ class Unit:
                     p.grad = None
             if self.scatter_per_mb:
                 part = torch.empty(self.shard, device=self.device)
-                if self.asynchronous and self.offload == "none":
+                if self.asynchronous:
                     work = dist.reduce_scatter_tensor(part, g, group=self.rs_group, async_op=True)
                     self._pending.append((work, part, g))  # g kept alive until the call completed
                     self._drain(wait=False)
@@ -266,7 +266,10 @@ class Unit:
         while self._pending and (wait or self._pending[0][0].is_completed()):
             work, part, _ = self._pending.pop(0)
             work.wait()
-            self.acc.add_(part)
+            if self.offload != "none":  # the shard accumulates in host memory
+                self._down(part, self.acc, add=True)
+            else:
+                self.acc.add_(part)
 
     # -- the step ----------------------------------------------------------------------------------
     def begin_step(self) -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import bisect
 
-from autotune.simulator import moe
+from autotune.simulator import layerwise, moe
 from autotune.simulator import zero as zr
 from autotune.simulator.collectives import collective_s
 from autotune.simulator.cost_model import CostModel
 from autotune.simulator.zero import state_bytes_for
 from autotune.specs import ModelSpec, ParallelConfig, TimelineEvent
+from autotune.specs.execution import LAYERWISE
 
 
 def segments(model: ModelSpec, config: ParallelConfig) -> list[tuple[tuple[int, ...], float]]:
@@ -156,7 +157,9 @@ def sharded_costs(
             ring = rings.get((r, u), (1.0, 0.0))
             node = costs.node[st.devices[0]].name
             host = hosts[node]
+            spread = unit.share if pipe.execution == LAYERWISE else 0  # layer-wise: traffic once per step
             key = (
+                spread,
                 st.devices,
                 st.layers,
                 s == 0,
@@ -178,7 +181,14 @@ def sharded_costs(
                 for c in range(v):
                     parts = zr.stage_units(model, per_chunk, tp, s == 0 and c == 0, s == p - 1 and c == v - 1)
                     comm = zr.chunk_comm(parts, config.zero, st.offload, dp, ring, host, split)
+                    if spread:
+                        comm = comm.spread(spread)
                     new[2 * c], new[2 * c + 1] = comm.apply(durs[2 * c], durs[2 * c + 1])
+                if spread and st.offload != "none":  # its activations to host memory and back
+                    first, last = s == 0, s == p - 1
+                    mbs = config.micro_batch_size
+                    act = layerwise.activation_transfer_s(costs, st, first, last, mbs, v, dp, config.zero, host)
+                    new = [max(t, act) for t in new]
                 per_param = opt_s / params if params else 0.0
                 opt = zr.optimizer_s(
                     params,

@@ -53,6 +53,9 @@ class PipelineProgram:
     stage_units: tuple[tuple[int, ...], ...]
     sources: tuple[tuple[int, int], ...]
     sends: tuple[int, ...]
+    #: per duration slot, the fraction of the unit's per-micro-batch pass it is (empty: 1 each; layer-wise
+    #: execution, ``autotune.simulator.layerwise``)
+    scales: tuple[float, ...] = ()
 
     # ``schedule.run_program`` reads these two names
     @property

@@ -29,15 +29,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from autotune.errors import SpecError
 from autotune.profile import CalibrationProfile
-from autotune.simulator import data_parallel, error_bar, moe, roundpipe
+from autotune.simulator import data_parallel, error_bar, layerwise, moe, roundpipe
 from autotune.simulator.cost_model import CostModel
 from autotune.simulator.mixed_stages import Unit, compile_pipeline, pipeline_units, shares_key
 from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, run_program
 from autotune.simulator.zero import peer_degrees
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig, TimelineEvent
+from autotune.specs.execution import MICROBATCH
 from autotune.specs.recompute import checkpointed_blocks
 
 log = logging.getLogger(__name__)
@@ -303,7 +305,13 @@ class Simulator:
         ep = config.expert_parallel
         for r, pipe in enumerate(config.pipelines):
             p = len(pipe.stages)
-            comp = compile_pipeline(config.schedule, p, pipe.num_microbatches, v, shares_key(pipe))
+            if pipe.execution == MICROBATCH:
+                comp = compile_pipeline(config.schedule, p, pipe.num_microbatches, v, shares_key(pipe))
+                stage_memory_GiB = costs.stage_memory_GiB
+            else:  # Zorse's layer-wise execution (autotune.simulator.layerwise)
+                shares = shares_key(pipe) or tuple((pipe.num_microbatches,) for _ in pipe.stages)
+                comp = layerwise.compile_layerwise(pipe.num_microbatches, tuple(s.layers for s in pipe.stages), shares)
+                stage_memory_GiB = partial(layerwise.stage_memory_GiB, costs)
             st.compiled.append(comp)
             st.units.append(pipeline_units(pipe))
             row = []
@@ -316,7 +324,7 @@ class Simulator:
                     view.devices, view.layers, view.recompute, first, last, mbs, v, ep, view.sequence_parallel
                 )
                 dp = st.peers[(r, s)]
-                gib, host_gib = costs.stage_memory_GiB(
+                gib, host_gib = stage_memory_GiB(
                     view.devices,
                     view.layers,
                     view.recompute,
@@ -404,7 +412,8 @@ class Simulator:
                 max((hand_off.get(d, 0.0) for d in unit.view.devices), default=0.0) / 2 if p > 1 else 0.0
                 for unit in st.units[r]
             ]
-            durs = [costs[u][0][i] + extra[u] for u, i in comp.sources]
+            scales = comp.scales or (1.0,) * len(comp.sources)  # layer-wise: each operation's part of a pass
+            durs = [(costs[u][0][i] + extra[u]) * f for (u, i), f in zip(comp.sources, scales)]
             comms = [0.0] * (1 + len(comp.transfers))
             ranks = [pipe.stage_ranks(s) for s in range(p)]
             for i, (kind, s, k_src, k_dst) in enumerate(comp.transfers):
@@ -439,7 +448,7 @@ class Simulator:
                 self._pipeline_events(events, comp, st.units[r], end, durs, v)
                 free_t = tuple(free)
             else:
-                key = (schedule, pipe.num_microbatches, v, comp.units, tuple(durs), tuple(comms))
+                key = (schedule, pipe.execution, pipe.num_microbatches, v, comp.units, tuple(durs), tuple(comms))
                 free_t = self._pipeline_cache.get(key)
                 if free_t is None:
                     free_t = tuple(run_program(comp, durs, comms)[1])
@@ -595,5 +604,6 @@ class Simulator:
         for k, ((_, _, _, di), u, (kind, c, j)) in enumerate(zip(comp.program, comp.unit_of, comp.labels)):
             t1 = end[k + 1]
             t0 = t1 - durs[di]
-            name = ("F" if kind == FORWARD else "B") + str(j) + (f".c{c}" if v > 1 else "")
+            # a layer-wise stage's middle layers over all its micro-batches: "F*" / "B*"
+            name = ("F" if kind == FORWARD else "B") + (str(j) if j >= 0 else "*") + (f".c{c}" if v > 1 else "")
             events.extend(TimelineEvent(d, name, t0, t1) for d in units[u].view.devices)

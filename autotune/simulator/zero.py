@@ -252,6 +252,12 @@ class ChunkComm:
     def apply(self, forward_s: float, backward_s: float) -> tuple[float, float]:
         return max(forward_s, self.forward_s), max(backward_s, self.weights_s, self.grads_s)
 
+    def spread(self, microbatches: int) -> ChunkComm:
+        """Traffic that happens once per iteration (layer-wise execution: each layer's gathers and
+        reduce-scatters once for all micro-batches), as its share per micro-batch."""
+        n = max(1, microbatches)
+        return ChunkComm(self.forward_s / n, self.weights_s / n, self.grads_s / n)
+
 
 def chunk_comm(
     units: list[float],

@@ -14,6 +14,7 @@ from typing import Any
 from autotune.errors import SpecError, shown
 from autotune.specs import mixed_stage, roundpipe
 from autotune.specs.cluster import ClusterSpec
+from autotune.specs.execution import MICROBATCH, check_execution
 from autotune.specs.limits import ALL_SCHEDULES, OFFLOAD_MODES, ROUNDPIPE, ZERO_STAGES, positive
 from autotune.specs.mixed_stage import RankConfig
 from autotune.specs.model import ModelSpec
@@ -81,6 +82,8 @@ class PipelineConfig:
     trains_experts: tuple[int, ...] | None = None
     #: schedule "roundpipe": the device pool and the partitions (``autotune.specs.roundpipe``); stages is empty
     roundpipe: RoundPipeStages | None = None
+    #: "microbatch" or Zorse's "layerwise" (``autotune.specs.execution``)
+    execution: str = MICROBATCH
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -134,6 +137,7 @@ class ParallelConfig:
             raise SpecError(where, "pipelines", "must list at least one pipeline")
         for p, pipe in enumerate(self.pipelines):
             positive(where, f"pipelines[{p}].num_microbatches", pipe.num_microbatches, integer=True)
+            check_execution(pipe.execution, self.schedule, where, f"pipelines[{p}].execution")
             if pipe.trains_experts is not None:
                 te = pipe.trains_experts
                 if not isinstance(te, tuple) or not all(
@@ -350,6 +354,8 @@ class ParallelConfig:
             pipe: dict[str, Any] = {"num_microbatches": p.num_microbatches}
             if p.trains_experts is not None:
                 pipe["trains_experts"] = list(p.trains_experts)
+            if p.execution != MICROBATCH:
+                pipe["execution"] = p.execution
             if p.roundpipe is not None:
                 pipe.update(roundpipe.pipeline_to_dict(p.num_microbatches, p.roundpipe))
             else:
@@ -438,7 +444,7 @@ class ParallelConfig:
                 )
             if "num_microbatches" not in raw:
                 raise SpecError(source, f"pipelines[{p}].num_microbatches", "is required")
-            extra = set(raw) - {"num_microbatches", "stages", "trains_experts"}
+            extra = set(raw) - {"num_microbatches", "stages", "trains_experts", "execution"}
             if extra:
                 raise SpecError(source, f"pipelines[{p}].{sorted(extra, key=str)[0]}", "unknown field")
             pipelines.append(
@@ -446,6 +452,7 @@ class ParallelConfig:
                     raw["num_microbatches"],
                     tuple(stages),
                     _trains_experts_from(raw.get("trains_experts", "all"), source, p),
+                    execution=raw.get("execution", MICROBATCH),
                 )
             )
         try:
@@ -483,7 +490,8 @@ class ParallelConfig:
                 for s in p.stages
             )
             experts = "" if p.trains_experts is None else f" E={_ranges(p.trains_experts)}"
-            parts.append(f"[{stages}] m={p.num_microbatches}{experts}")
+            lw = " layerwise" if p.execution != MICROBATCH else ""
+            parts.append(f"[{stages}] m={p.num_microbatches}{experts}{lw}")
         zero = f"zero={self.zero} " if self.zero else ""
         moe = (f"ep={self.expert_parallel} " if self.expert_parallel != 1 else "") + (
             f"sync={self.sync_every_steps} " if self.sync_every_steps != 1 else ""

@@ -9,32 +9,13 @@ two ranks of the 5/3 stage equal weight changes the step-2 loss by ~1e-3 relativ
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from mixed_runs import RTOL, STEPS, cluster_yaml, rank, run, trains_like_one_process_and_resumes
 
 from autotune.errors import SpecError
 from autotune.loading import cluster_from_dict, load_model
 from autotune.specs import ParallelConfig
 from runner.layout import build_layout
-
-STEPS = 6
-RTOL = 1e-5
-
-
-def cluster_yaml(tmp: Path, fast: int, slow: int) -> Path:
-    path = tmp / "cluster.yaml"
-    path.write_text(
-        f"nodes: [{{name: fast, gpu: cpu, count: {fast}}}, "
-        f"{{name: slow, gpu: cpu, count: {slow}, slowdown: 2}}]\nnetwork: {{bandwidth_GBps: 5}}\n"
-    )
-    return path
-
-
-def rank(device: str, m: int) -> dict:
-    return {"devices": [device], "num_microbatches": m}
-
 
 # the issue's plan: stage 0 = two ranks of different speed with shares 5/3, stage 1 = one rank
 PLAN_5_3 = {
@@ -157,35 +138,6 @@ def test_zero_1_and_2_shard_a_mixed_stage_among_its_ranks_and_the_replicas():
 
 # --------------------------------------------------------------------------------------------------
 # real runs (gloo)
-
-
-def read_losses(path: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
-
-
-def run(config: dict, cluster: Path, directory: Path, steps: int = STEPS, **kw) -> list[float]:
-    from runner.train import train
-
-    metrics = directory / "m.jsonl"
-    outcome = train(str(cluster), "tiny", config, steps=steps, metrics_out=metrics, quiet=True, timeout_s=300, **kw)
-    assert outcome.returncode == 0, outcome.error
-    return read_losses(metrics)
-
-
-def trains_like_one_process_and_resumes(plan: dict, cluster: Path, tmp: Path, reference: list[float]) -> list[float]:
-    """Run ``plan`` for STEPS steps (single-process loss), then 3 steps with a checkpoint and a resume to STEPS:
-    the identical curve. The losses of the whole run."""
-    import torch
-
-    full = tmp / "full"
-    full.mkdir()
-    losses = run(plan, cluster, full)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
-    part = tmp / "part"
-    part.mkdir()
-    run(plan, cluster, part, steps=3, checkpoint_dir=part / "ckpt")
-    assert run(plan, cluster, part, checkpoint_dir=part / "ckpt", resume=True) == losses
-    return losses
 
 
 @pytest.fixture(scope="module")
