@@ -27,6 +27,7 @@ GRID_RESTRICTIONS: dict[str, list] = {
     "stage_ranks": [1],
     "trains_experts": ["all"],
     "sync_every": [1],
+    "execution": ["microbatch"],
 }
 
 

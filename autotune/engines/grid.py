@@ -76,6 +76,10 @@ def grid_of(config: ParallelConfig, engine: str) -> EngineGrid:
         )
     first = config.pipelines[0]
     for p, pipe in enumerate(config.pipelines):
+        if pipe.execution != "microbatch":
+            raise Inexpressible(
+                engine, f"pipeline {p} runs Zorse's layer-wise execution: {engine} runs one micro-batch at a time"
+            )
         for s, stage in enumerate(pipe.stages):
             if stage.ranks:
                 shares = "/".join(str(r.num_microbatches) for r in stage.ranks)

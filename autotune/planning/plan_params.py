@@ -29,6 +29,7 @@ def params_of(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig) ->
         "seq_parallel_stages": sum(s.sequence_parallel and s.tp > 1 for p in pipes for s in p.stages),
         "zero": config.zero,
         "offload": ",".join(sorted({s.offload for p in pipes for s in p.stages})),
+        "execution": ",".join(sorted({p.execution for p in pipes})),
         "devices_used": len(config.devices),
         "devices_idle": cluster.num_devices - len(config.devices),
         **(_moe_params_of(config) if model.is_moe else {}),

@@ -7,8 +7,7 @@ Every method searches instead over a small set of *dimensions*, each a finite li
 ``tp.<class>``     tensor-parallel degree on each node class (power of 2 dividing heads and ffn; a TP
                    group never leaves its node). A node class is a set of identical nodes.
 ``use.<class>``    whether that node class takes part at all (idle devices), only with several classes.
-``pp``             stages per pipeline. Replicas = as many as the TP groups allow; the slowest
-                   left-over groups stay idle.
+``pp``             stages per pipeline; replicas: as many as the TP groups allow (the slowest left over idle).
 ``assign``         ``grouped``: pipelines are cut from the TP groups sorted by speed (homogeneous
                    pipelines, stages node-adjacent); ``mixed``: every pipeline takes one group from
                    each speed tier (identical replicas of a heterogeneous pipeline).
@@ -18,23 +17,18 @@ Every method searches instead over a small set of *dimensions*, each a finite li
 ``batch_split``    exponent b: micro-batches per replica proportional to (replica speed)^b.
 ``mbs``            micro-batch size (divides the global batch).
 ``schedule``       ``1f1b``, ``gpipe`` or ``interleaved-1f1b`` (two virtual stages).
-``recompute``      ``none``, ``all``, ``low-memory`` (stages whose devices have less memory than
-                   the largest used device), and for models with ``attention: standard``
-                   ``selective`` (every stage recomputes the attention core only; with fused attention
-                   it would equal ``none``).
-                   ``selective-op`` (torchtitan's per-op checkpointing: every other matmul's output kept) and ``every-2``
-                   (torchtitan's per-layer checkpointing: every second block of a chunk fully recomputed).
-``seq_parallel``   sequence parallelism in every tensor-parallel stage (``False`` / ``True``), when some
-                   class can take a tensor-parallel degree above 1.
-``zero``           ZeRO / FSDP stage 0-3 across the data-parallel peers (0 when the plan has one replica and
-                   one rank per stage: sharding among no peers is the same plan).
+``recompute``      ``none``, ``all``, ``low-memory`` (stages with less memory than the largest used device),
+                   ``selective`` (Megatron's attention core; models with ``attention: standard`` only),
+                   torchtitan's ``selective-op`` and ``every-2`` (``autotune.specs.recompute``).
+``seq_parallel``   sequence parallelism in every tensor-parallel stage, when some class can have tp > 1.
+``zero``           ZeRO / FSDP stage 0-3 across the data-parallel peers (0 without peers: the same plan).
 ``offload``        ``none``, ``optimizer`` or ``all``: every stage's CPU offload (host memory).
+``execution``      ``microbatch`` or Zorse's ``layerwise`` (``autotune.specs.execution``), every pipeline; only
+                   with ZeRO-2/3 or offload (the traffic it batches per layer), else the same plan.
 ``expert_parallel``, ``trains_experts``, ``sync_every``: MoE models only (``autotune.planning.moe_space``):
-                   expert parallelism, SPES's expert subsets per replica group, and the sync period up
-                   to ``max_sync_every``. A dense model's space has none of them.
-``stage_ranks``    several node classes only (``autotune.planning.mixed_space``): Zorse's stages of 1, 2, 4
-                   or 8 data-parallel ranks (mixed GPU types, micro-batch shares by per-layer latency), or
-                   ``bandwidth``: GPUs grouped into stages by cutting the cluster's bandwidth graph.
+                   expert parallelism, SPES's expert subsets per replica group, the sync period.
+``stage_ranks``    several node classes only (``autotune.planning.mixed_space``): Zorse's stages of 1-8 ranks
+                   (mixed GPU types, shares by per-layer latency) or cut on the bandwidth graph.
 
 ``SearchSpace.decode(params)`` turns one choice per dimension into a valid ``ParallelConfig`` or the
 reason it cannot. ``SearchSpace.check(config)`` says whether *any* plan (also one edited by the env)
@@ -73,6 +67,7 @@ from autotune.planning.vocabulary import (
     apportion,
     group_speed,
     head_extra_layers,
+    layerwise_pays,
     mixed_pipelines,
     node_classes,
     powers_of_two_upto,
@@ -88,6 +83,7 @@ from autotune.specs import (
     ParallelConfig,
     PipelineConfig,
 )
+from autotune.specs.execution import EXECUTIONS, MICROBATCH
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +147,7 @@ class SearchSpace:
             dims.append(Dimension("seq_parallel", (False, True)))
         dims.append(Dimension("zero", ZERO_STAGES, ordinal=True))
         dims.append(Dimension("offload", OFFLOAD_MODES, ordinal=True))  # ordered by host-memory use
+        dims.append(Dimension("execution", EXECUTIONS))
         # mixture of experts: expert parallelism, SPES expert subsets and sync period (autotune.planning.moe_space)
         dims += [
             Dimension(name, choices, ordinal)
@@ -181,6 +178,8 @@ class SearchSpace:
             # the restriction as the space's own values (a command line gives "false" for False, "2" for 2)
             self.restrict = {name: list(by_name[name].choices) for name in restrict}
         dims = roundpipe_space.drop_if_off(dims)  # restricted to pipeline plans: no roundpipe dimensions at all
+        if not layerwise_pays(*(next(d.choices for d in dims if d.name == n) for n in ("zero", "offload"))):
+            dims = [d for d in dims if d.name != "execution"]  # layer-wise execution would be the same plans
         self.dimensions: tuple[Dimension, ...] = tuple(dims)
         self._dims = {d.name: d for d in dims}
         #: what the feature families are given (``vocabulary.SpaceContext``): values, not this space
@@ -350,6 +349,7 @@ class SearchSpace:
         # no peers (one replica, one rank per stage): zero k is the zero-0 plan; a stage of several ranks
         # has its ranks as peers (mixed_space.has_peers)
         zero = int(params.get("zero", 0)) if dp > 1 or mixed_space.has_peers(pipes) else 0
+        execution = str(params.get("execution", MICROBATCH)) if layerwise_pays((zero,), (offload,)) else MICROBATCH
         max_mem = max(g.memory_GiB for pipe in pipes for g in pipe)
         pipelines = []
         for pipe, split, m, experts in zip(pipes, layer_splits, mbs_split, trains):
@@ -371,7 +371,7 @@ class SearchSpace:
             bad = next((st for st in stages if isinstance(st, str)), None)
             if bad is not None:
                 return bad
-            pipelines.append(PipelineConfig(m, stages, experts))
+            pipelines.append(PipelineConfig(m, stages, experts, execution=execution))
         try:
             return ParallelConfig(
                 mbs,
@@ -541,9 +541,8 @@ class SearchSpace:
                             break
                 if len(self.node_classes) == 1:
                     break
-        for params in candidates:
-            params.setdefault("zero", pick("zero", 0))
-            params.setdefault("offload", pick("offload", "none"))
+        for params in candidates:  # zero 0, no offload, micro-batch execution (DEFAULTED_DIMENSIONS)
+            params.update({k: pick(k, v) for k, v in DEFAULTED_DIMENSIONS.items() if k in self._dims})
         candidates += mixed_space.start_params(self.context, candidates)
         # tight: even the deepest pipeline at the smallest TP degree leaves no room (the first start's rule)
         tight = not any(

@@ -29,7 +29,7 @@ RECOMPUTE_MODES = ("none", "all", "low-memory", "selective") + TORCHTITAN_RECOMP
 SPLIT_EXPONENTS = (0.0, 0.5, 1.0)
 #: dimensions added after the first layout; a params dict without them (an older Optuna study, a
 #: stored start) decodes with these defaults
-DEFAULTED_DIMENSIONS = {"zero": 0, "offload": "none"}
+DEFAULTED_DIMENSIONS = {"zero": 0, "offload": "none", "execution": "microbatch"}
 
 Params = dict[str, Any]
 
@@ -241,3 +241,9 @@ def parse_restrictions(items: Sequence[str]) -> dict[str, list[str]]:
             raise SpecError("--restrict", "", f"{item!r} is not name=value[,value...] (e.g. --restrict pp=2,4)")
         out.setdefault(name.strip(), []).extend(v.strip() for v in values.split(",") if v.strip())
     return out
+
+
+def layerwise_pays(zero: Sequence[int], offload: Sequence[str]) -> bool:
+    """Whether Zorse's layer-wise execution can differ from micro-batch execution among these choices: it
+    batches ZeRO-2/3's and offload's per-layer traffic per iteration (``autotune.specs.execution``)."""
+    return any(z >= 2 for z in zero) or any(o != "none" for o in offload)

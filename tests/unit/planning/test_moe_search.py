@@ -125,22 +125,31 @@ def test_every_method_searches_the_moe_space(method: str) -> None:
     from autotune.search.api import tune
 
     cluster = internet(8)
-    # pipeline plans only: one node's RoundPipe (no network at all) is a different answer to the slow link
-    result = tune(
-        cluster,
-        MODEL,
-        method=method,
-        budget=12,
-        track=False,
-        max_sync_every=10,
-        start="heuristic",
-        storage="memory" if method == "optuna" else None,
-        restrict={"roundpipe": [False]},
-    )
-    assert result.best_measurement.ok
-    if method != "uniform":  # the Megatron-style baseline synchronises every step
-        # on a 1 Gbit/s internet, training locally for 10 steps between syncs wins
-        assert result.best_config.sync_every_steps > 1, result.best_config.describe()
+
+    def best(seed: int):
+        # pipeline plans only: one node's RoundPipe (no network at all) is a different answer to the slow link
+        result = tune(
+            cluster,
+            MODEL,
+            method=method,
+            budget=12,
+            track=False,
+            max_sync_every=10,
+            start="heuristic",
+            storage="memory" if method == "optuna" else None,
+            restrict={"roundpipe": [False]},
+            seed=seed,
+        )
+        assert result.best_measurement.ok
+        return result.best_config
+
+    if method == "uniform":  # the Megatron-style baseline synchronises every step
+        best(0)
+    elif method == "random":  # 12 draws find a synchronise-every-few-steps plan in 7-8 of seeds 0-11 (measured)
+        assert sum(best(seed).sync_every_steps > 1 for seed in range(6)) >= 3
+    else:  # on a 1 Gbit/s internet, training locally for 10 steps between syncs wins
+        config = best(0)
+        assert config.sync_every_steps > 1, config.describe()
 
 
 def test_max_sync_every_one_keeps_plans_synchronous() -> None:

@@ -59,7 +59,8 @@ def test_the_start_plan_is_what_roundpipe_picks_with_its_defaults(box):
 
 
 def test_exhaustive_counts_each_kind_of_plan_once(box):
-    space, _ = box
+    # micro-batch execution only: with layer-wise execution too the space exceeds exhaustive's limit
+    space = SearchSpace(box[0].cluster, box[0].model, restrict={"execution": ["microbatch"]})
     pipeline = [d for d in space.dimensions if d.name not in rs.DIMENSION_NAMES]
     rp = [d for d in space.dimensions if d.name in rs.DIMENSION_NAMES[1:] or d.name == "mbs"]
     assert space.size == np.prod([len(d.choices) for d in pipeline]) + np.prod([len(d.choices) for d in rp])

@@ -143,7 +143,14 @@ def test_enumerate_small_space_is_distinct_and_valid():
     space = SearchSpace(
         load_cluster("cpu-hetero"),
         load_model("tiny"),
-        restrict={"schedule": ["1f1b"], "recompute": ["none"], "mbs": [1, 2], "zero": [0, 3], "offload": ["none"]},
+        restrict={
+            "schedule": ["1f1b"],
+            "recompute": ["none"],
+            "mbs": [1, 2],
+            "zero": [0, 3],
+            "offload": ["none"],
+            "execution": ["microbatch"],
+        },
     )
     plans = space.enumerate()
     configs = [c for _, c in plans]

@@ -108,3 +108,26 @@ def test_the_old_policy_layout_is_a_prefix_and_the_shipped_policy_walks_to_fitti
     ev = BudgetedEvaluator(sim, space, 12)
     run_pretrained(space, ev, 0, policy=load_policy())
     assert ev.used == 12 and ev.best is not None and ev.best.measurement.ok
+
+
+def test_layerwise_execution_is_a_dimension_where_zero_or_offload_can_be_chosen(box13):
+    """Zorse's layer-wise execution batches ZeRO-2/3's and offload's traffic per layer; without them it is
+    the micro-batch plan itself, so the space decodes it so and drops the dimension when neither can be chosen."""
+    from autotune.engines import check
+
+    space, sim = box13
+    assert {d.name: d.choices for d in space.dimensions}["execution"] == ("microbatch", "layerwise")
+    params = dict(space.heuristic_params()[0], pp=1)
+    assert params["execution"] == "microbatch"  # the starts are micro-batch plans
+    layerwise = space.decode(dict(params, zero=2, offload="optimizer", execution="layerwise")).config
+    assert layerwise is not None and {p.execution for p in layerwise.pipelines} == {"layerwise"}
+    assert sim.evaluate(layerwise).status in ("ok", "oom")
+    assert space.params_of(layerwise)["execution"] == "layerwise"
+    assert "layer-wise execution" in check("torchtitan", layerwise)
+    plain = space.decode(dict(params, zero=0, offload="none", execution="layerwise")).config
+    assert plain == space.decode(dict(params, zero=0, offload="none", execution="microbatch")).config
+    assert {p.execution for p in plain.pipelines} == {"microbatch"}
+    unsharded = SearchSpace(space.cluster, space.model, restrict={"zero": [0, 1], "offload": ["none"]})
+    assert "execution" not in {d.name for d in unsharded.dimensions}
+    torchtitan = SearchSpace(space.cluster, space.model, engine="torchtitan")
+    assert {d.name: d.choices for d in torchtitan.dimensions}.get("execution", ("microbatch",)) == ("microbatch",)
