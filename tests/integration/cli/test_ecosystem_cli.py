@@ -86,6 +86,17 @@ def test_export_of_a_plan_the_engine_cannot_run_is_one_line_exit_2(capsys):
     assert code == 2 and "--engine: must be one of torchtitan, megatron, deepspeed" in err
 
 
+def test_the_readme_layerwise_example_simulates_and_no_engine_exports_it(capsys):
+    plan = str(EXAMPLES / "layerwise-plan.json")
+    cluster = str(EXAMPLES / "cpu-fast-slow.yaml")
+    code, out, err = _cli(capsys, "simulate", "--cluster", cluster, "--model", "tiny", "--config", plan, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["status"] == "ok" and result["expected_error"] > 0
+    code, out, err = _cli(capsys, "export", "--to", "torchtitan", plan)
+    assert code == 2 and "layer-wise execution" in err and err.count("\n") == 1, err
+
+
 def _simulate_on(capsys, cluster_file: Path, tmp_path: Path) -> dict:
     """A plan over every device of the discovered cluster (one stage each), simulated."""
     doc = yaml.safe_load(cluster_file.read_text())

@@ -27,6 +27,7 @@ QUICK = {
     "experiments/quality/compare_methods.py": [],
     "experiments/quality/dp_start_plans.py": [],
     "experiments/quality/engine_cost.py": [],
+    "experiments/quality/layerwise.py": [],
     "experiments/quality/heldout_eval.py": ["--json", "{tmp}/heldout.json"],
     "experiments/quality/memory_first.py": [],
     "experiments/quality/mixed_stages.py": [],
