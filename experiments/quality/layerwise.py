@@ -47,14 +47,16 @@ CLUSTERS = {
     "mixed-a100-v100": None,  # preset: 4 A100-80GB + 4 V100-32GB
     "mixed-consumer-16": None,  # preset: 8 A100-80GB + 2 x 4 RTX-4090, 10 Gbit/s
 }
+#: (cluster, model, global batch in sequences: the preset's 512 or a fine-tuning size of 32)
 CASES = [
-    ("3x4-over-1GBps", "llama2-7b"),
-    ("3x4-over-1GBps", "gpt2-xl"),
-    ("a100x2+t4x4", "llama2-7b"),
-    ("mixed-a100-v100", "llama2-13b"),
-    ("mixed-consumer-16", "llama2-7b"),
+    ("3x4-over-1GBps", "llama2-7b", 512),
+    ("3x4-over-1GBps", "llama2-7b", 32),
+    ("3x4-over-1GBps", "gpt2-xl", 32),
+    ("a100x2+t4x4", "llama2-7b", 32),
+    ("mixed-a100-v100", "llama2-13b", 512),
+    ("mixed-consumer-16", "llama2-7b", 32),
 ]
-QUICK_CASES = [("a100x2+t4x4", "gpt2-xl")]
+QUICK_CASES = [("a100x2+t4x4", "gpt2-xl", 32)]
 
 
 def cluster_of(name: str):
@@ -106,8 +108,8 @@ def search_part(cases, method: str, budget: int, seed: int) -> list[dict]:
     from autotune.simulator import Simulator
 
     rows = []
-    for cluster_name, model_name in cases:
-        cluster, model = cluster_of(cluster_name), load_model(model_name)
+    for cluster_name, model_name, batch in cases:
+        cluster, model = cluster_of(cluster_name), load_model(model_name, global_batch_size=batch)
         sim = Simulator(cluster, model)
         t0 = time.perf_counter()
         best = {}
@@ -128,7 +130,9 @@ def search_part(cases, method: str, budget: int, seed: int) -> list[dict]:
                 )
             plans[label] = recorder.plans
         # the micro-batch search's best plan where layer-wise execution can differ, run layer-wise
-        candidates = sorted((m.tokens_per_s, c) for c, m in plans["microbatch"] if m.ok and shardable(c))
+        candidates = sorted(
+            ((m.tokens_per_s, c) for c, m in plans["microbatch"] if m.ok and shardable(c)), key=lambda t: t[0]
+        )
         flipped = None
         if candidates:
             tps, config = candidates[-1]
@@ -153,6 +157,7 @@ def search_part(cases, method: str, budget: int, seed: int) -> list[dict]:
             {
                 "cluster": cluster_name,
                 "model": model_name,
+                "global_batch_size": batch,
                 "without_layerwise": best["microbatch"].best_measurement.tokens_per_s,
                 "with_layerwise": best["all"].best_measurement.tokens_per_s,
                 "best_is_layerwise": any(p.execution == "layerwise" for p in whole.pipelines),
@@ -165,7 +170,7 @@ def search_part(cases, method: str, budget: int, seed: int) -> list[dict]:
         )
         r = rows[-1]
         print(
-            f"{cluster_name:18s} {model_name:10s}: without {r['without_layerwise']:>9,.0f}  with "
+            f"{cluster_name:18s} {model_name:10s} gbs {batch:3d}: without {r['without_layerwise']:>9,.0f}  with "
             f"{r['with_layerwise']:>9,.0f} tokens/s ({r['with_layerwise'] / r['without_layerwise'] - 1:+.1%}); "
             f"best layer-wise: {'yes' if r['best_is_layerwise'] else 'no'}; "
             f"{r['layerwise_evaluated']} layer-wise plans evaluated ({r['seconds']:.0f} s)",
