@@ -319,7 +319,14 @@ class Engine:
                 from runner.layerwise import LayerwisePipeline
 
                 self.mixed = LayerwisePipeline(
-                    layout, self.plan, self.chunks[0], model, device, schedule, offload=self.plan.offload
+                    layout,
+                    self.plan,
+                    self.chunks[0],
+                    model,
+                    device,
+                    schedule,
+                    offload=self.plan.offload,
+                    zero=self.zero,
                 )
             else:
                 self.mixed = MixedPipeline(layout, self.plan, self.chunks[0], model, device, schedule)

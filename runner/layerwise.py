@@ -13,10 +13,12 @@ norm + LM head) over all of its micro-batches, as Zorse's ``PipelineScheduleGpip
   every other layer takes the gradient of the layer after it, the first sends each gradient back.
 
 Hand-offs, partners, slowdown emulation and gradient weighting are ``runner.mixed``'s (``MixedPipeline``),
-so stages of several data-parallel ranks (each with its own share) run layer-wise too. ZeRO-1/2's hooks
-(``runner.zero``) fire per layer and micro-batch as they do under micro-batch execution: the gradients and
-the step equal single-process training; the once-per-layer batching of the collectives that makes
-layer-wise execution pay off on GPUs is the simulator's (``autotune.simulator.layerwise``), not done here.
+so stages of several data-parallel ranks (each with its own share) run layer-wise too. Sharded or streamed
+parameters (``runner.zero``: ZeRO-3, offload ``all``) are gathered once per layer and pass (``Unit.hold``)
+and kept through all of the rank's micro-batches, as Zorse does: every holder of a layer gathers it
+exactly twice per step (forward, backward) in layer order, whatever its share, so ZeRO-3 runs here even
+beside ranks with other shares. Gradients are still reduce-scattered per micro-batch (asynchronously, as
+``runner.mixed`` issues them); the step equals single-process training.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import contextlib
 import torch
 
 from autotune.specs.mixed_stage import BACKWARD, FORWARD
+from runner.layout import EMBED_KEY, HEAD_KEY
 from runner.mixed import MixedPipeline
 from runner.model import lm_loss
 
@@ -33,10 +36,27 @@ from runner.model import lm_loss
 class LayerwisePipeline(MixedPipeline):
     """One rank's part of a layer-wise pipeline (same construction as ``MixedPipeline``)."""
 
-    def __init__(self, *args, offload: str = "none", **kwargs) -> None:
+    def __init__(self, *args, offload: str = "none", zero=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.offload = offload
         self.mine = [j for j, owner in enumerate(self.owners[self.stage]) if owner == self.me[0]]
+        chunk = self.chunk
+        keys = ([EMBED_KEY] if chunk.embed is not None else []) + [f"layer{i}" for i in chunk.blocks]
+        keys += [HEAD_KEY] if chunk.head is not None else []
+        # each layer's sharded / streamed state (runner.zero): gathered once per pass, not per micro-batch
+        self.units = [zero.unit(k) if zero is not None else None for k in keys]
+
+    @contextlib.contextmanager
+    def _held(self, i: int):
+        """Layer ``i``'s parameters gathered for all of its micro-batches (ZeRO-3, offload ``all``)."""
+        unit = self.units[i]
+        if unit is not None:
+            unit.hold()
+        try:
+            yield
+        finally:
+            if unit is not None:
+                unit.release()
 
     def _context(self):
         """Autocast as the chunk's forward uses it, and host memory for saved tensors with offload."""
@@ -52,51 +72,60 @@ class LayerwisePipeline(MixedPipeline):
     def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> list[torch.Tensor]:
         """Run this rank's layers of one step; the last stage returns its micro-batches' (unscaled) mean
         losses in micro-batch order. Gradients accumulate in the chunk's parameters as in ``MixedPipeline``."""
-        s, first, last = self.stage, self.stage == 0, self.stage == self.num_stages - 1
-        mbs = self.mbs
         pieces = self.chunk.pieces()
-        current: dict[int, torch.Tensor] = {j: x[j * mbs : (j + 1) * mbs] for j in self.mine} if first else {}
+        mbs = self.mbs
+        current = {j: x[j * mbs : (j + 1) * mbs] for j in self.mine} if self.stage == 0 else {}
         saved: list[dict[int, tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in pieces]
         losses: dict[int, torch.Tensor] = {}
-        sends = []
-        top = len(pieces) - 1
+        sends: list = []
         for i, piece in enumerate(pieces):
-            for j in self.mine:
-                if i == 0 and not first:
-                    inp = self._receive(s - 1, j, tag=2 * j)
-                else:
-                    inp = current[j]
-                if inp.is_floating_point():  # a leaf: the backward runs this layer on its own
-                    inp = inp.detach().requires_grad_()
-                t0 = self.clock.now()
-                with self._context():
-                    out = piece(inp)
-                    if i == top and last:
-                        loss = lm_loss(out, y[j * mbs : (j + 1) * mbs])
-                        losses[j] = loss.detach()
-                        out = loss * self.scale
-                if i == top and not last:
-                    self._send(out, s + 1, j, 2 * j, sends)
-                saved[i][j] = (inp, out)
-                current[j] = out
-                self.clock.done(FORWARD, j, t0)
+            with self._held(i):
+                self._forward_layer(i, piece, current, saved, losses, sends, y)
         grads: dict[int, torch.Tensor] = {}
-        for i in range(top, -1, -1):
-            for j in reversed(self.mine):
-                inp, out = saved[i].pop(j)
-                if i == top and last:
-                    grad = None
-                elif i == top:
-                    grad = self._receive(s + 1, j, tag=2 * j + 1).to(out.dtype)
-                else:
-                    grad = grads.pop(j)
-                t0 = self.clock.now()
-                out.backward(grad)
-                if i > 0:
-                    grads[j] = inp.grad
-                elif not first:
-                    self._send(inp.grad, s - 1, j, 2 * j + 1, sends)
-                self.clock.done(BACKWARD, j, t0)
+        for i in range(len(pieces) - 1, -1, -1):
+            with self._held(i):
+                self._backward_layer(i, saved, grads, sends)
         for _, work in sends:  # each message kept alive until its send completed
             work.wait()
         return [losses[j] for j in sorted(losses)]
+
+    def _forward_layer(self, i: int, piece, current: dict, saved: list, losses: dict, sends: list, y) -> None:
+        """Layer ``i`` over the rank's micro-batches, in order; the last layer sends each on (or takes its loss)."""
+        s, mbs = self.stage, self.mbs
+        top, last = len(saved) - 1, self.stage == self.num_stages - 1
+        for j in self.mine:
+            inp = self._receive(s - 1, j, tag=2 * j) if i == 0 and s > 0 else current[j]
+            if inp.is_floating_point():  # a leaf: the backward runs this layer on its own
+                inp = inp.detach().requires_grad_()
+            t0 = self.clock.now()
+            with self._context():
+                out = piece(inp)
+                if i == top and last:
+                    loss = lm_loss(out, y[j * mbs : (j + 1) * mbs])
+                    losses[j] = loss.detach()
+                    out = loss * self.scale
+            if i == top and not last:
+                self._send(out, s + 1, j, 2 * j, sends)
+            saved[i][j] = (inp, out)
+            current[j] = out
+            self.clock.done(FORWARD, j, t0)
+
+    def _backward_layer(self, i: int, saved: list, grads: dict, sends: list) -> None:
+        """Layer ``i``'s backward over the rank's micro-batches, last first; the first layer sends each
+        gradient back."""
+        s, top, last = self.stage, len(saved) - 1, self.stage == self.num_stages - 1
+        for j in reversed(self.mine):
+            inp, out = saved[i].pop(j)
+            if i == top and last:
+                grad = None
+            elif i == top:
+                grad = self._receive(s + 1, j, tag=2 * j + 1).to(out.dtype)
+            else:
+                grad = grads.pop(j)
+            t0 = self.clock.now()
+            out.backward(grad)
+            if i > 0:
+                grads[j] = inp.grad
+            elif s > 0:
+                self._send(inp.grad, s - 1, j, 2 * j + 1, sends)
+            self.clock.done(BACKWARD, j, t0)

@@ -335,17 +335,18 @@ def _pipeline_ranks(
 
 def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
     """Plan shapes with mixed stages or layer-wise execution (both run on ``runner.mixed``'s orders) the
-    runner does not run: ZeRO-3 (the specs already refuse interleaving, MoE expert parallelism and SPES
-    with mixed stages); layer-wise execution of MoE models or with tensor parallelism."""
-    what = "stages of several ranks" if config.has_mixed_stages else "layer-wise execution"
-    if config.zero >= 3:
+    runner does not run: ZeRO-3 unless every pipeline is layer-wise (then every holder gathers a layer
+    once per pass, in layer order, whatever its share; the specs already refuse interleaving, MoE expert
+    parallelism and SPES with mixed stages); layer-wise execution of MoE models or with tensor parallelism."""
+    if config.zero >= 3 and not all(p.execution == LAYERWISE for p in config.pipelines):
+        what = "stages of several ranks" if config.has_mixed_stages else "layer-wise execution in some pipelines"
         raise SpecError(
             "runner",
             "zero",
             f"zero {config.zero} with {what} is simulated and searched "
             "but not run by the runner (its per-use all-gathers would pair a fast "
             "rank's calls with a slow rank's and hold both to one pace): use zero 1 "
-            "or 2 to run this plan",
+            "or 2, or layer-wise execution in every pipeline (one gather per layer), to run this plan",
         )
     for p, pipe in enumerate(config.pipelines):
         if pipe.execution != LAYERWISE:

@@ -34,7 +34,7 @@ one pipeline (``runner.layout.uneven_handoffs``) runs here instead, every pipeli
 forward / backward). A rank of a mixed stage may be tensor-parallel at its own degree (its layer's
 gradients averaged part by part, ``runner.reshard``), and offload its stage's state (``runner.zero``). Not
 run here (refused before launch, ``runner.layout.check_mixed_plan``): ZeRO-3 in plans with mixed stages
-(simulated and searched)."""
+under micro-batch execution (``runner.layerwise`` runs it, gathering each layer once per pass)."""
 
 from __future__ import annotations
 

@@ -145,6 +145,7 @@ class Unit:
             del flat, mine
         self.gathered = False
         self.backward_pending = False
+        self.held = False  # layer-wise execution: gathered once for all micro-batches (``hold`` / ``release``)
         self._seen = 0
         self.factor = 1.0  # per-micro-batch gradient weight (set by ShardedState)
         self._handles = []
@@ -207,9 +208,23 @@ class Unit:
     def _after_forward(self, module, args, output):
         if isinstance(output, torch.Tensor) and output.requires_grad:
             output.register_hook(self._before_backward)
-        if not self.backward_pending:  # not a recomputation inside the unit's backward
+        if not self.backward_pending and not self.held:  # not a recomputation inside the unit's backward
             self._free()
         return output
+
+    def hold(self) -> None:
+        """Gather the unit's parameters and keep them through every micro-batch of one layer-wise pass
+        (``runner.layerwise``): one all-gather per layer and pass instead of one per micro-batch."""
+        if self.streamed:
+            self.gather()
+            self.held = True
+
+    def release(self) -> None:
+        """Free what ``hold`` kept (after the layer's last micro-batch)."""
+        if self.held:
+            self.held = False
+            self.backward_pending = False
+            self._free()
 
     def _before_backward(self, grad):
         self.backward_pending = True
@@ -222,7 +237,7 @@ class Unit:
             return
         self._seen = 0
         self.reduce_microbatch()
-        if self.streamed:
+        if self.streamed and not self.held:
             self.backward_pending = False
             self._free()
 
@@ -396,6 +411,10 @@ class ShardedState:
     def streamed(self) -> bool:
         return any(u.streamed for u in self.units)
 
+    def unit(self, key: str) -> Unit | None:
+        """This rank's unit of weight key ``key`` (``embed``, ``layer<i>``, ``head``), if it holds one."""
+        return next((u for u in self.units if u.key == key), None)
+
     def host_bytes(self) -> int:
         return sum(u.host_bytes() for u in self.units)
 
@@ -408,12 +427,13 @@ class ShardedState:
         write the weights back."""
         pads = max((u.pads for u in self.units), default=0)
         with torch.no_grad():
+            gathers = not self.plan.layerwise  # layer-wise: every holder gathers once per layer and pass
             for i in range(pads):  # replay a micro-batch's collective order (check_sharded_layout: single stage)
                 for u in self.units:  # forward: first unit to last
-                    if i < u.pads and u.gathers:
+                    if i < u.pads and u.gathers and gathers:
                         u.pad_gather()
                 for u in reversed(self.units):  # backward: last unit to first
-                    if i < u.pads and u.gathers:
+                    if i < u.pads and u.gathers and gathers:
                         u.pad_gather()
                     if i < u.pads and u.scatter_per_mb:
                         u.reduce_microbatch(pad=True)

@@ -68,20 +68,21 @@ def _layout(config: dict, fast: int, slow: int, model: str = "tiny"):
 
 
 def test_layerwise_ranks_run_on_the_mixed_pipeline_and_what_is_not_run_is_refused():
+    """ZeRO-3 runs when every pipeline is layer-wise (each holder gathers a layer once per pass); not
+    beside a micro-batch pipeline, and not with tensor parallelism."""
     layout = _layout(PLAN, 2, 1)
     assert layout.mixed and all(r.layerwise for r in layout.ranks)
     assert [(r.device_id, r.share) for r in layout.ranks] == [("fast:0", 5), ("slow:0", 3), ("fast:1", 8)]
-    with pytest.raises(SpecError, match=r"zero 3 with stages of several ranks"):
-        _layout({**PLAN, "zero": 3}, 2, 1)
+    assert _layout({**PLAN, "zero": 3}, 2, 1).sharded  # every pipeline layer-wise: one gather per layer
     replicas = {
         "micro_batch_size": 1,
         "zero": 3,
         "pipelines": [
-            {"num_microbatches": 4, "execution": "layerwise", "stages": [{"devices": [d], "layers": 4}]}
-            for d in ("fast:0", "fast:1")
+            {"num_microbatches": 4, "execution": execution, "stages": [{"devices": [d], "layers": 4}]}
+            for d, execution in (("fast:0", "layerwise"), ("fast:1", "microbatch"))
         ],
     }
-    with pytest.raises(SpecError, match=r"zero 3 with layer-wise execution is simulated and searched"):
+    with pytest.raises(SpecError, match=r"zero 3 with layer-wise execution in some pipelines is simulated"):
         _layout(replicas, 2, 1)
     tp = {**replicas, "zero": 0, "pipelines": [replicas["pipelines"][0] | {"num_microbatches": 4}]}
     tp["pipelines"][0]["stages"] = [{"devices": ["fast:0", "fast:1"], "layers": 2}]
@@ -116,4 +117,34 @@ def test_layerwise_replicas_of_different_shapes_under_zero1_train_like_a_single_
     import torch
 
     losses = run({**PLAN_REPLICA, "zero": 1}, cluster_yaml(tmp_path, 3, 2), tmp_path)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_layerwise_zero3_gathers_once_per_layer_in_a_mixed_stage_and_resumes_bit_exact(reference, tmp_path):
+    """Ranks with 5 and 3 micro-batches share ZeRO-3 shards: gathered per micro-batch, their blocking
+    all-gathers would not pair up (layer-wise execution pads none); gathered once per layer they do."""
+    trains_like_one_process_and_resumes({**PLAN, "zero": 3}, cluster_yaml(tmp_path, 2, 1), tmp_path, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_layerwise_zero3_over_replicas_of_different_splits_and_shares_trains_like_a_single_process(reference, tmp_path):
+    import torch
+
+    plan = {
+        "micro_batch_size": 1,
+        "schedule": "gpipe",
+        "zero": 3,
+        "pipelines": [
+            {
+                "num_microbatches": 5,
+                "execution": "layerwise",
+                "stages": [{"devices": ["fast:0"], "layers": 1}, {"devices": ["fast:1"], "layers": 3}],
+            },
+            {"num_microbatches": 3, "execution": "layerwise", "stages": [{"devices": ["slow:0"], "layers": 4}]},
+        ],
+    }
+    losses = run(plan, cluster_yaml(tmp_path, 2, 1), tmp_path)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
