@@ -13,12 +13,13 @@ norm + LM head) over all of its micro-batches, as Zorse's ``PipelineScheduleGpip
   every other layer takes the gradient of the layer after it, the first sends each gradient back.
 
 Hand-offs, partners, slowdown emulation and gradient weighting are ``runner.mixed``'s (``MixedPipeline``),
-so stages of several data-parallel ranks (each with its own share) run layer-wise too. Sharded or streamed
-parameters (``runner.zero``: ZeRO-3, offload ``all``) are gathered once per layer and pass (``Unit.hold``)
-and kept through all of the rank's micro-batches, as Zorse does: every holder of a layer gathers it
-exactly twice per step (forward, backward) in layer order, whatever its share, so ZeRO-3 runs here even
-beside ranks with other shares. Gradients are still reduce-scattered per micro-batch (asynchronously, as
-``runner.mixed`` issues them); the step equals single-process training.
+so stages of several data-parallel ranks (each with its own share) run layer-wise too. Each layer's sharded
+or streamed parameters (``runner.zero``: ZeRO-3, offload ``all``) are gathered once per pass and kept
+through all of the rank's micro-batches (``Unit.hold``, as Zorse does), and its gradient, summed over the
+rank's micro-batches, is reduce-scattered (or sent to host memory) once, after the layer's backward. Every
+holder of a layer thus makes two gathers and one reduction per step, in layer order, whatever its share:
+ZeRO-2/3 run here beside ranks with other shares, with the collectives the simulator counts
+(``autotune.simulator.layerwise``). The step equals single-process training.
 """
 
 from __future__ import annotations

@@ -338,8 +338,17 @@ def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
     runner does not run: ZeRO-3 unless every pipeline is layer-wise (then every holder gathers a layer
     once per pass, in layer order, whatever its share; the specs already refuse interleaving, MoE expert
     parallelism and SPES with mixed stages); layer-wise execution of MoE models or with tensor parallelism."""
-    if config.zero >= 3 and not all(p.execution == LAYERWISE for p in config.pipelines):
-        what = "stages of several ranks" if config.has_mixed_stages else "layer-wise execution in some pipelines"
+    layerwise = [p.execution == LAYERWISE for p in config.pipelines]
+    if config.zero >= 2 and any(layerwise) and not all(layerwise):
+        raise SpecError(
+            "runner",
+            "zero",
+            f"zero {config.zero} with layer-wise execution in some pipelines only is not run by the runner (a "
+            "layer-wise holder gathers and reduces a layer once per pass, a micro-batch one once per "
+            "micro-batch: their collectives would not pair up): make every pipeline layer-wise, or use zero 1",
+        )
+    if config.zero >= 3 and not all(layerwise):
+        what = "stages of several ranks"
         raise SpecError(
             "runner",
             "zero",

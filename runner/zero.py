@@ -145,7 +145,8 @@ class Unit:
             del flat, mine
         self.gathered = False
         self.backward_pending = False
-        self.held = False  # layer-wise execution: gathered once for all micro-batches (``hold`` / ``release``)
+        self.held = False  # layer-wise execution: one gather and one reduction per pass (``hold`` / ``release``)
+        self._accumulated = False
         self._seen = 0
         self.factor = 1.0  # per-micro-batch gradient weight (set by ShardedState)
         self._handles = []
@@ -213,16 +214,24 @@ class Unit:
         return output
 
     def hold(self) -> None:
-        """Gather the unit's parameters and keep them through every micro-batch of one layer-wise pass
-        (``runner.layerwise``): one all-gather per layer and pass instead of one per micro-batch."""
+        """Keep the unit through every micro-batch of one layer-wise pass (``runner.layerwise``): its
+        parameters gathered once (streamed units) and its gradient summed over the micro-batches, to be
+        reduce-scattered (or sent to host memory) once, at ``release``."""
         if self.streamed:
             self.gather()
-            self.held = True
+        self.held = True
+        self._accumulated = False
 
     def release(self) -> None:
-        """Free what ``hold`` kept (after the layer's last micro-batch)."""
-        if self.held:
-            self.held = False
+        """End ``hold`` after the layer's last micro-batch: a backward pass's gradient goes out once, the
+        parameters are freed."""
+        if not self.held:
+            return
+        self.held = False
+        if self._accumulated:
+            self._accumulated = False
+            self.reduce_microbatch()
+        if self.streamed:
             self.backward_pending = False
             self._free()
 
@@ -236,8 +245,11 @@ class Unit:
         if self._seen < len(self.params):
             return
         self._seen = 0
+        if self.held:  # layer-wise: summed in the parameters' gradients until ``release``
+            self._accumulated = True
+            return
         self.reduce_microbatch()
-        if self.streamed and not self.held:
+        if self.streamed:
             self.backward_pending = False
             self._free()
 
@@ -427,13 +439,14 @@ class ShardedState:
         write the weights back."""
         pads = max((u.pads for u in self.units), default=0)
         with torch.no_grad():
-            gathers = not self.plan.layerwise  # layer-wise: every holder gathers once per layer and pass
+            if self.plan.layerwise:  # every holder gathers and reduces once per layer and pass: nothing to pad
+                pads = 0
             for i in range(pads):  # replay a micro-batch's collective order (check_sharded_layout: single stage)
                 for u in self.units:  # forward: first unit to last
-                    if i < u.pads and u.gathers and gathers:
+                    if i < u.pads and u.gathers:
                         u.pad_gather()
                 for u in reversed(self.units):  # backward: last unit to first
-                    if i < u.pads and u.gathers and gathers:
+                    if i < u.pads and u.gathers:
                         u.pad_gather()
                     if i < u.pads and u.scatter_per_mb:
                         u.reduce_microbatch(pad=True)

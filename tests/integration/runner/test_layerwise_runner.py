@@ -82,7 +82,9 @@ def test_layerwise_ranks_run_on_the_mixed_pipeline_and_what_is_not_run_is_refuse
             for d, execution in (("fast:0", "layerwise"), ("fast:1", "microbatch"))
         ],
     }
-    with pytest.raises(SpecError, match=r"zero 3 with layer-wise execution in some pipelines is simulated"):
+    with pytest.raises(
+        SpecError, match=r"zero 3 with layer-wise execution in some pipelines only is not run by the runner"
+    ):
         _layout(replicas, 2, 1)
     tp = {**replicas, "zero": 0, "pipelines": [replicas["pipelines"][0] | {"num_microbatches": 4}]}
     tp["pipelines"][0]["stages"] = [{"devices": ["fast:0", "fast:1"], "layers": 2}]
