@@ -337,7 +337,8 @@ def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
     """Plan shapes with mixed stages or layer-wise execution (both run on ``runner.mixed``'s orders) the
     runner does not run: ZeRO-3 unless every pipeline is layer-wise (then every holder gathers a layer
     once per pass, in layer order, whatever its share; the specs already refuse interleaving, MoE expert
-    parallelism and SPES with mixed stages); layer-wise execution of MoE models or with tensor parallelism."""
+    parallelism and SPES with mixed stages); ZeRO-2/3 with only some pipelines layer-wise; layer-wise
+    execution of MoE models or with tensor parallelism."""
     layerwise = [p.execution == LAYERWISE for p in config.pipelines]
     if config.zero >= 2 and any(layerwise) and not all(layerwise):
         raise SpecError(
@@ -348,11 +349,10 @@ def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
             "micro-batch: their collectives would not pair up): make every pipeline layer-wise, or use zero 1",
         )
     if config.zero >= 3 and not all(layerwise):
-        what = "stages of several ranks"
         raise SpecError(
             "runner",
             "zero",
-            f"zero {config.zero} with {what} is simulated and searched "
+            f"zero {config.zero} with stages of several ranks is simulated and searched "
             "but not run by the runner (its per-use all-gathers would pair a fast "
             "rank's calls with a slow rank's and hold both to one pace): use zero 1 "
             "or 2, or layer-wise execution in every pipeline (one gather per layer), to run this plan",
