@@ -33,7 +33,9 @@ shapes (``runner.layout.check_sharded_layout``; zero 1 runs there, its collectiv
 stages issue zero 2's reduce-scatters asynchronously instead, ``runner.mixed``), and tensor
 parallelism with zero 3 or ``all`` (the flat-buffer views do not apply to DTensor shards). Single-stage
 replicas may differ in micro-batches: the padding calls replay a micro-batch's order (forward
-gathers first to last unit, then per unit from the last: gather, reduce-scatter).
+gathers first to last unit, then per unit from the last: gather, reduce-scatter). Under layer-wise
+execution (``runner.layerwise``) a unit is held for a whole pass (``Unit.hold``): gathered once, its
+gradient summed over the micro-batches and reduced once, so every holder makes the same calls and none pads.
 
 Offload: host tensors live on the CPU (pinned when the device is CUDA) and every move between host and
 device is an explicit copy (``_up`` / ``_down``); on the CPU runner device and host are the same memory
