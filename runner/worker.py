@@ -163,6 +163,9 @@ def run(job: dict, rank: int, world: int, local_rank: int) -> None:
             train_rank(job, layout, model, config, rank, device, fault=_inject_fault)
         else:
             raise ValueError(f"unknown job mode {job['mode']!r}")
+        # every rank done: leave together, so no rank tears its connections down while a peer still
+        # finishes its last point-to-point transfer (a finished run once exited 1 at teardown)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
