@@ -29,7 +29,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from autotune.simulator.cost_model import CostModel
-from autotune.simulator.mixed_stages import PipelineProgram
+from autotune.simulator.mixed_stages import PipelineProgram, transfer_slots
 from autotune.simulator.schedule import BACKWARD, FORWARD, ScheduleDeadlock
 from autotune.simulator.zero import transfer_s
 from autotune.specs import StageConfig
@@ -43,16 +43,7 @@ def compile_layerwise(m: int, layers: tuple[int, ...], shares: tuple[tuple[int, 
     p = len(layers)
     units = tuple((s, k) for s in range(p) for k in range(len(shares[s])))
     owners = [microbatch_owners(k) for k in shares]
-    slot: dict[tuple[int, int, int, int], int] = {}
-    for s in range(p):  # compile_schedule's slots first, as mixed_stages.compile_pipeline numbers them
-        slot[(FORWARD, s, 0, 0)] = 1 + s
-        slot[(BACKWARD, s, 0, 0)] = 1 + p + s
-    for s in range(1, p):
-        for j in range(m):
-            slot.setdefault((FORWARD, s, owners[s - 1][j], owners[s][j]), 1 + len(slot))
-    for s in range(p - 1):
-        for j in range(m):
-            slot.setdefault((BACKWARD, s, owners[s + 1][j], owners[s][j]), 1 + len(slot))
+    slot, transfers = transfer_slots(p, m, owners)  # numbered as mixed_stages.compile_pipeline numbers them
     # per unit: (kind, micro-batch or -1, the operation it waits for, its receive slot, its send slot, scale,
     # whether it finishes the micro-batch on this stage)
     ops: list[list[tuple[int, int, tuple | None, int, int, float, bool]]] = []
@@ -104,9 +95,6 @@ def compile_layerwise(m: int, layers: tuple[int, ...], shares: tuple[tuple[int, 
                 progressed = True
         if not progressed:  # cannot happen: every stage's inputs come from a stage that has none pending
             raise ScheduleDeadlock(f"layerwise pipeline with layers {layers} and shares {shares} deadlocks")
-    transfers = [None] * len(slot)
-    for key, i in slot.items():
-        transfers[i - 1] = key
     index = {u: i for i, u in enumerate(units)}
     sources, sends, scales = [(0, 0)] * len(duration), [0] * len(duration), [1.0] * len(duration)
     for (u, kind, send, scale), i in duration.items():
@@ -119,7 +107,7 @@ def compile_layerwise(m: int, layers: tuple[int, ...], shares: tuple[tuple[int, 
         tuple(labels),
         tuple(last),
         tuple(len([j for j in range(m) if owners[s][j] == k]) for s, k in units),
-        tuple(transfers),  # type: ignore[arg-type]
+        transfers,
         tuple(tuple(index[(s, k)] for k in range(len(shares[s]))) for s in range(p)),
         tuple(sources),
         tuple(sends),

@@ -87,6 +87,25 @@ def _from_compiled(comp: CompiledSchedule, v: int) -> PipelineProgram:
     )
 
 
+def transfer_slots(
+    p: int, m: int, owners: list[tuple[int, ...]]
+) -> tuple[dict[tuple[int, int, int, int], int], tuple[tuple[int, int, int, int], ...]]:
+    """The transfer slots of a pipeline of ``p`` stages and ``m`` micro-batches whose micro-batch ``j`` is
+    owned by rank ``owners[s][j]`` of stage ``s``: (transfer -> its slot, 1-based; the transfers in slot
+    order). ``compile_schedule``'s slots first (rank 0 to rank 0), then every other pair that occurs."""
+    slot: dict[tuple[int, int, int, int], int] = {}
+    for s in range(p):
+        slot[(FORWARD, s, 0, 0)] = 1 + s
+        slot[(BACKWARD, s, 0, 0)] = 1 + p + s
+    for s in range(1, p):
+        for j in range(m):
+            slot.setdefault((FORWARD, s, owners[s - 1][j], owners[s][j]), 1 + len(slot))
+    for s in range(p - 1):
+        for j in range(m):
+            slot.setdefault((BACKWARD, s, owners[s + 1][j], owners[s][j]), 1 + len(slot))
+    return slot, tuple(sorted(slot, key=slot.__getitem__))
+
+
 @lru_cache(maxsize=512)
 def compile_pipeline(
     schedule: str, p: int, m: int, v: int = 1, shares: tuple[tuple[int, ...], ...] | None = None
@@ -101,16 +120,7 @@ def compile_pipeline(
     index = {u: i for i, u in enumerate(units)}
     owners = [microbatch_owners(k) for k in shares]
     orders = rank_orders(schedule, shares)
-    slot: dict[tuple[int, int, int, int], int] = {}  # transfer -> its slot (1-based)
-    for s in range(p):  # compile_schedule's slots for rank 0 -> rank 0, then every other pair that occurs
-        slot[(FORWARD, s, 0, 0)] = 1 + s
-        slot[(BACKWARD, s, 0, 0)] = 1 + p + s
-    for s in range(1, p):
-        for j in range(m):
-            slot.setdefault((FORWARD, s, owners[s - 1][j], owners[s][j]), 1 + len(slot))
-    for s in range(p - 1):
-        for j in range(m):
-            slot.setdefault((BACKWARD, s, owners[s + 1][j], owners[s][j]), 1 + len(slot))
+    slot, transfers = transfer_slots(p, m, owners)
     duration: dict[tuple[int, int, int], int] = {}  # (unit, kind, send slot) -> duration slot
     op_id: dict[tuple[int, int, int], int] = {}
     program: list[tuple[int, int, int, int]] = []
@@ -160,9 +170,6 @@ def compile_pipeline(
             live += 1 if kind == FORWARD else -1
             peak = max(peak, live)
         in_flight.append(peak)
-    transfers = [None] * len(slot)
-    for key, i in slot.items():
-        transfers[i - 1] = key
     stage_units = tuple(tuple(index[(s, k)] for k in range(len(shares[s]))) for s in range(p))
     sources = [(0, 0)] * len(duration)
     sends = [0] * len(duration)
@@ -176,7 +183,7 @@ def compile_pipeline(
         tuple(labels),
         tuple(last),
         tuple(in_flight),
-        tuple(transfers),
+        transfers,
         stage_units,
         tuple(sources),
         tuple(sends),
