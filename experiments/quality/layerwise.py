@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mixed_stages import CLUSTERS as MIXED_CLUSTERS
+
 from autotune.loading import cluster_from_dict, load_cluster, load_model
 
 QUIET = True
@@ -36,14 +38,7 @@ CLUSTERS = {
         ],
         "network": {"bandwidth_GBps": 1.0, "latency_us": 50},
     },
-    # 2 A100-80GB (NVLink) + 4 T4 (16 GB, PCIe), 100 Gbit/s between the nodes
-    "a100x2+t4x4": {
-        "nodes": [
-            {"name": "a100", "gpu": "A100-80GB", "count": 2, "intra_node": {"bandwidth_GBps": 300, "latency_us": 2}},
-            {"name": "t4", "gpu": "T4", "count": 4, "intra_node": {"bandwidth_GBps": 16, "latency_us": 5}},
-        ],
-        "network": {"bandwidth_GBps": 12.5, "latency_us": 10},
-    },
+    "a100x2+t4x4": MIXED_CLUSTERS["a100x2+t4x4"],  # mixed_stages.py's: 2 A100-80GB + 4 T4, 100 Gbit/s
     "mixed-a100-v100": None,  # preset: 4 A100-80GB + 4 V100-32GB
     "mixed-consumer-16": None,  # preset: 8 A100-80GB + 2 x 4 RTX-4090, 10 Gbit/s
 }
