@@ -35,18 +35,22 @@ Plan families it enumerates (every micro-batch size of the space):
 - ``sharded-dp`` (``autotune.planning.sharded_dp``): DeepSpeed-style ZeRO data parallelism, every
   tensor-parallel group one replica of the whole model, with the zero stage and offload that fit; these
   few plans are timed by the simulator itself (a one-stage replica has no pipeline to compose).
+- memory-state variants of the first two (``autotune.planning.state_variants``, below): the same pipelines
+  with ZeRO, offload, sequence parallelism or less recomputation, family e.g. ``mixed+zero3+offload-all``.
 
 The first two families multiply their choices per node class; a cluster of many different standalone nodes
 (15 classes: 5^15 per-class combinations) would never finish, so past ``MAX_COMBINATIONS`` the
 per-class family is a beam search over the classes (the ``BEAM_WIDTH`` best partial plans kept), and
 past ``MAX_MIXED_TP_CHOICES`` the mixed family varies one class's tp degree at a time.
 
-When no plan fits the devices this way (a model too big for pipeline and tensor parallelism alone),
-the planner composes again with every stage's optimizer offloaded, then with everything offloaded
-(``offload`` of the space's offload dimension, memory from the simulator's offload terms with no
-sharding credit; the plans it builds shard ZeRO-3 across their replicas, so host memory holds one
-copy of the state), ranking them by the same composed time, which leaves out the offload and ZeRO
-traffic: the evaluator that runs each plan charges it.
+The composition runs once per offload mode of the space (``none``; then ``optimizer`` and ``all`` at the
+smallest micro-batch size, memory from the simulator's offload terms with no sharding credit; the plans they
+build shard ZeRO-3 across their replicas, so host memory holds one copy of the state). Over the best
+structures of each (``STRUCTURES_PER_PASS``), the family ``state_variants`` tries every ZeRO stage, offload
+mode (the structure's and the lighter ones), sequence parallelism and recomputation that the memory model
+says fits, timed by the simulator itself (the composed time leaves out ZeRO and offload traffic), at most
+``MAX_STATE_SIMULATIONS`` plans (fewer past 512 GPUs). Its plans are ranked by that simulated time among
+the composed ones; when nothing fits without offload, the offload modes' composed plans are kept too.
 
 The best few per family and micro-batch size, ranked by the composed time, are what ``run_dp`` sends
 to the real evaluator (the full simulator or real runs) within the budget. ``plan_candidates`` is
@@ -66,7 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.planning import sharded_dp
+from autotune.planning import sharded_dp, state_variants
 from autotune.planning.candidate import Candidate
 from autotune.planning.space import SearchSpace, valid_tp
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
@@ -85,6 +89,13 @@ MAX_COMBINATIONS = 3125
 BEAM_WIDTH = 64
 #: tp-degree combinations of the mixed family tried exhaustively at most (2 per class: 6 classes)
 MAX_MIXED_TP_CHOICES = 64
+#: composed plans per offload mode whose memory-state variants are timed (``state_variants``), and the most
+#: plans those variants time in all (about 1-50 ms each)
+STRUCTURES_PER_PASS = 6
+MAX_STATE_SIMULATIONS = 64
+STATE_SIMULATION_DEVICES = 32768  # fewer on large clusters (a plan's simulation grows with its devices)
+#: micro-batch sizes the offload modes compose (the smallest first: offload is for plans that need memory)
+OFFLOAD_MBS_CHOICES = 1
 _BISECT_STEPS = 60
 _BISECT_TOLERANCE = 1e-7  # relative, on the bottleneck / finish time
 
@@ -135,6 +146,7 @@ class Planner:
         self._partitions: dict[tuple, Template | None] = {}
         self._ring: dict[tuple, float] = {}
         self.composed = 0  # plans composed by the last ``plan`` call
+        self._composed_all = 0
         self.offload = "none"  # offload of every stage of the plans composed (``plan``'s memory fallback)
 
     # -- per-stage coefficients -------------------------------------------------------------------
@@ -529,31 +541,45 @@ class Planner:
         return (pow2 + rest)[:MAX_MBS_CHOICES]
 
     def plan(self, limit: int = 64) -> list[Candidate]:
-        """Distinct valid plans, best composed time first (at most ``limit``); when none fits, the
-        same with the optimizer offloaded, then with everything offloaded (module docstring); the
-        sharded data-parallel plans (``sharded_dp.candidates``) ranked among them."""
+        """Distinct valid plans, best estimate first (at most ``limit``): the plans composed without offload
+        (composed time), the memory-state variants of the best composed per offload mode
+        (``state_variants``: ZeRO, offload, sequence parallelism, recomputation; simulated time) and the
+        sharded data-parallel plans (``sharded_dp.candidates``, simulated time)."""
         offloads = [o for o in ("none", "optimizer", "all") if o in self.space._dims["offload"].choices]
-        out: list[Candidate] = []
+        passes: dict[str, list[Candidate]] = {}
+        self._composed_all = 0
         for offload in offloads:
             self.offload = offload
-            out = self._plan(limit)
-            if out:
-                break
+            # the offload passes compose at the smallest micro-batch sizes only: their plans are for memory
+            passes[offload] = self._plan(limit if offload == "none" else STRUCTURES_PER_PASS, OFFLOAD_MBS_CHOICES)
         self.offload = "none"
-        composed = {c.config for c in out}
+        self.composed = self._composed_all
+        # the best structures of every pass in turn, so that each pass's best are timed within the cap
+        rounds = itertools.zip_longest(*(p[:STRUCTURES_PER_PASS] for p in passes.values()))
+        structures = [c for row in rounds for c in row if c is not None]
+        cap = min(MAX_STATE_SIMULATIONS, max(16, STATE_SIMULATION_DEVICES // self.space.cluster.num_devices))
+        varied = state_variants.variants(self.space, self.sim, structures, cap)
+        out = list(passes.get("none", [])) + varied
+        if not passes.get("none"):  # nothing fits without offload: the offload passes' plans, composed time
+            out += next((p for p in passes.values() if p), [])
+        seen, unique = set(), []
+        for c in sorted(out, key=lambda c: c.estimate_s):
+            if c.config not in seen:
+                seen.add(c.config)
+                unique.append(c)
         kinds = [(k.node_class, k.tp, k.groups, k.speed_tflops) for k in self.kinds]
-        sharded = [c for c in sharded_dp.candidates(self.space, self.sim, kinds) if c.config not in composed]
-        return sorted(out + sharded, key=lambda c: c.estimate_s)[:limit]
+        sharded = [c for c in sharded_dp.candidates(self.space, self.sim, kinds) if c.config not in seen]
+        return sorted(unique + sharded, key=lambda c: c.estimate_s)[:limit]
 
-    def _plan(self, limit: int) -> list[Candidate]:
+    def _plan(self, limit: int, mbs_choices: int | None = None) -> list[Candidate]:
         t0 = time.perf_counter()
         drafts: list[_Draft] = []
-        for mbs in self._mbs_choices():
+        for mbs in self._mbs_choices()[: None if self.offload == "none" else mbs_choices]:
             homogeneous = self._homogeneous(mbs)
             drafts += self._per_class(mbs, homogeneous)
             drafts += self._mixed(mbs, homogeneous)
         drafts.sort(key=lambda d: d.estimate_s)
-        self.composed = len(drafts)
+        self._composed_all += len(drafts)
         out, seen = [], set()
         for d in drafts:
             config = self._build(d.types, d.mbs)
@@ -563,8 +589,9 @@ class Planner:
             if len(out) >= limit:
                 break
         log.info(
-            "dp: %d plans composed in %.2f s; best estimate %.3f s",
+            "dp: %d plans composed (offload %s) in %.2f s; best estimate %.3f s",
             len(drafts),
+            self.offload,
             time.perf_counter() - t0,
             out[0].estimate_s if out else float("nan"),
         )
