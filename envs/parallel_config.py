@@ -73,8 +73,9 @@ from gymnasium import spaces
 from autotune.evaluator import CachedEvaluator, Evaluator
 from autotune.planning import mixed_space, roundpipe_space
 from autotune.planning.budget import BudgetedEvaluator, BudgetExhausted
+from autotune.planning.encoding import ANCHOR, STATE_DIMENSIONS, sync_params
 from autotune.planning.space import INTERLEAVED_CHUNKS, Params, SearchSpace, apportion
-from autotune.specs import SCHEDULES, Measurement, ParallelConfig
+from autotune.specs import Measurement, ParallelConfig
 from autotune.specs.recompute import rerun_fraction
 from envs.layout import (
     CLASS_FEATURES,
@@ -467,8 +468,9 @@ class ParallelConfigEnv(gym.Env):
             value = dim.choices[i]
         if value not in dim.choices:
             return None
-        params = dict(self.params)
-        params[name] = value
+        params = dict(self.params, **{name: value})
+        if name not in STATE_DIMENSIONS:  # a structural move: an anchored plan (SearchSpace.encode) no longer applies
+            params.pop(ANCHOR, None)
         decoded = self.space.decode(params)
         return (decoded.config, params) if decoded.ok else None
 
@@ -640,10 +642,3 @@ class ParallelConfigEnv(gym.Env):
         }
         info.update(extra)
         return info
-
-
-def sync_params(params: Params, config: ParallelConfig) -> None:
-    """Keep a plan's encoding in step with fine edits: its micro-batch size and (pipeline plans) schedule."""
-    params["mbs"] = config.micro_batch_size
-    if config.schedule in SCHEDULES:
-        params["schedule"] = config.schedule

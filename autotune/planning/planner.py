@@ -93,6 +93,8 @@ MAX_MIXED_TP_CHOICES = 64
 #: plans those variants time in all (about 1-50 ms each)
 STRUCTURES_PER_PASS = 6
 MAX_STATE_SIMULATIONS = 64
+#: the sharded data-parallel plans' variants timed (those plans come with their best ZeRO stage and offload)
+SHARDED_SIMULATIONS = 16
 STATE_SIMULATION_DEVICES = 32768  # fewer on large clusters (a plan's simulation grows with its devices)
 #: micro-batch sizes the offload modes compose (the smallest first: offload is for plans that need memory)
 OFFLOAD_MBS_CHOICES = 1
@@ -569,6 +571,7 @@ class Planner:
                 unique.append(c)
         kinds = [(k.node_class, k.tp, k.groups, k.speed_tflops) for k in self.kinds]
         sharded = [c for c in sharded_dp.candidates(self.space, self.sim, kinds) if c.config not in seen]
+        sharded += state_variants.variants(self.space, self.sim, sharded, SHARDED_SIMULATIONS)  # layer-wise among them
         return sorted(unique + sharded, key=lambda c: c.estimate_s)[:limit]
 
     def _plan(self, limit: int, mbs_choices: int | None = None) -> list[Candidate]:

@@ -46,10 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from autotune.engines import check as engine_check
 from autotune.engines import restrict as engine_restrict
 from autotune.errors import SpecError
-from autotune.planning import mixed_space, moe_space, plan_params, roundpipe_space, uniform
+from autotune.planning import encoding, mixed_space, moe_space, plan_params, roundpipe_space, uniform, validity
 from autotune.planning.vocabulary import (
     ASSIGNMENTS,
     DEFAULTED_DIMENSIONS,
@@ -184,6 +183,8 @@ class SearchSpace:
         self._dims = {d.name: d for d in dims}
         #: what the feature families are given (``vocabulary.SpaceContext``): values, not this space
         self.context = SpaceContext(cluster, model, self.node_classes, self._dims, self.restrict)
+        #: plans encoded as points (``encode``): anchor key -> (plan, its nearest point)
+        self._anchors: dict[str, tuple[ParallelConfig, Params]] = {}
 
     # -- structure ---------------------------------------------------------------------------------
     def node_class(self, name: str) -> NodeClass:
@@ -237,7 +238,14 @@ class SearchSpace:
 
     # -- decoding ----------------------------------------------------------------------------------
     def decode(self, params: Mapping[str, Any]) -> Decoded:
-        """One choice per dimension -> a valid ParallelConfig, or the reason there is none."""
+        """One choice per dimension -> a valid ParallelConfig, or the reason there is none (an anchored point
+        of ``encode``: its plan, with the state choices that differ applied)."""
+        anchored = self._anchors.get(str(params.get(encoding.ANCHOR)))
+        if anchored is not None:
+            config = encoding.decode_anchored(self.context, *anchored, params)
+            if config is not None:
+                reason = config if isinstance(config, str) else self.check(config)
+                return Decoded(None, reason) if reason else Decoded(config, "")
         missing = [
             d.name
             for d in self.dimensions
@@ -402,33 +410,9 @@ class SearchSpace:
 
     # -- validity of any plan ------------------------------------------------------------------------
     def check(self, config: ParallelConfig) -> str | None:
-        """None when ``config`` is a valid plan of this cluster and model, else the broken rule."""
-        try:
-            config.validate(self.cluster, self.model)
-        except SpecError as e:
-            return f"{e.field}: {e.rule}" if e.field else e.rule
-        outside = roundpipe_space.restriction(self.restrict, config)  # restrict={"roundpipe": [True]} or [False]
-        if outside is not None:
-            return outside
-        if self.engine is not None:
-            refused = engine_check(self.engine, config)
-            if refused is not None:
-                return f"--engine {self.engine}: {refused}"
-        for p, pipe in enumerate(config.pipelines):
-            for s, stage in enumerate(pipe.stages):
-                for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
-                    nodes = {self.cluster.node_of(d).name for d in rank.devices}
-                    if len(nodes) > 1:
-                        where = f"pipelines[{p}].stages[{s}]" + (f".ranks[{k}]" if stage.ranks else "")
-                        return f"{where}: TP group spans nodes {sorted(nodes)}"
-                if stage.layers < 1:
-                    return f"pipelines[{p}].stages[{s}]: has no layers"
-            if config.schedule == "interleaved-1f1b" and pipe.num_microbatches % len(pipe.stages):
-                return (
-                    f"pipelines[{p}].num_microbatches: interleaved-1f1b needs a multiple of the "
-                    f"{len(pipe.stages)} stages, got {pipe.num_microbatches} (Megatron-LM)"
-                )
-        return None
+        """None when ``config`` is a valid plan of this cluster and model, else the broken rule
+        (``autotune.planning.validity``)."""
+        return validity.check(self.cluster, self.model, self.restrict, self.engine, config)
 
     # -- sampling and enumeration ---------------------------------------------------------------------
     def sample(self, rng: np.random.Generator) -> Params:
@@ -642,6 +626,14 @@ class SearchSpace:
     def uniform_plans(self) -> list[ParallelConfig]:
         """The heterogeneity-blind baseline grid (``autotune.planning.uniform``)."""
         return uniform.uniform_plans(self.context, self.check)
+
+    def encode(self, config: ParallelConfig) -> Params:
+        """Any plan as a point of this space (``autotune.planning.encoding``): its nearest point and its
+        anchor, so that decoding gives the plan back and moving a state dimension changes only that choice."""
+        point = encoding.nearest(self.context, config)
+        key = encoding.key_of(config)
+        self._anchors[key] = (config, point)
+        return dict(point, **{encoding.ANCHOR: key})
 
     # -- describing plans --------------------------------------------------------------------------------
     def params_of(self, config: ParallelConfig) -> dict[str, Any]:

@@ -14,7 +14,9 @@ per plan, every combination of
 - ``zero``: each ZeRO stage of the space (only with data-parallel peers);
 - ``offload``: the plan's own mode (the composition's, every stage) and the lighter ones;
 - ``seq_parallel``: on and off where a stage has tensor parallelism and the space offers it;
-- recomputation: the composition's choice, and none at all where it recomputes,
+- recomputation: the composition's choice, and none at all where it recomputes;
+- ``execution``: Zorse's layer-wise execution too, for plans of one-stage replicas with ZeRO-2/3 or offload
+  (on a pipeline it serialises the stages),
 
 keeps those the memory model says fit (``Simulator.memory_estimate``, about 1 ms), times them with the
 simulator itself (the traffic the composition leaves out: ZeRO gathers, offload copies) until
@@ -31,13 +33,15 @@ from dataclasses import replace
 
 from autotune.planning.candidate import Candidate
 from autotune.planning.space import SearchSpace
+from autotune.planning.vocabulary import layerwise_pays
 from autotune.specs import OFFLOAD_MODES, ParallelConfig
-from autotune.specs.execution import MICROBATCH
+from autotune.specs.execution import LAYERWISE, MICROBATCH
 
 
-def choices(space: SearchSpace, config: ParallelConfig) -> Iterator[tuple[int, str, bool, bool]]:
-    """(zero, offload, sequence parallelism, keep the composition's recomputation) of every variant of
-    ``config`` the space has, the plan's own choices first."""
+def choices(space: SearchSpace, config: ParallelConfig) -> Iterator[tuple[int, str, bool, bool, str]]:
+    """(zero, offload, sequence parallelism, keep the composition's recomputation, execution) of every
+    variant of ``config`` the space has, the plan's own choices first; layer-wise execution only for plans
+    of one-stage replicas (it serialises a pipeline's stages, RESULTS.md "Layer-wise execution")."""
     dims = space._dims
     peers = len(config.pipelines) > 1 or any(s.mixed for p in config.pipelines for s in p.stages)
     zeros = [config.zero] + [z for z in dims["zero"].choices if peers and z != config.zero]
@@ -46,10 +50,17 @@ def choices(space: SearchSpace, config: ParallelConfig) -> Iterator[tuple[int, s
     tp = any(s.tp > 1 for p in config.pipelines for s in p.stages)
     sps = (False, True) if tp and "seq_parallel" in dims else (False,)
     rcs = (True, False) if any(s.recompute for p in config.pipelines for s in p.stages) else (True,)
-    yield from itertools.product(zeros, offloads, sps, rcs)
+    one_stage = all(len(p.stages) == 1 for p in config.pipelines)
+    layerwise = one_stage and "execution" in dims and LAYERWISE in dims["execution"].choices
+    executions = (MICROBATCH, LAYERWISE) if layerwise else (MICROBATCH,)
+    for z, o, sp, rc, ex in itertools.product(zeros, offloads, sps, rcs, executions):
+        if ex == MICROBATCH or layerwise_pays((z,), (o,)):
+            yield z, o, sp, rc, ex
 
 
-def apply(config: ParallelConfig, zero: int, offload: str, sp: bool, keep_recompute: bool) -> ParallelConfig:
+def apply(
+    config: ParallelConfig, zero: int, offload: str, sp: bool, keep_recompute: bool, execution: str = MICROBATCH
+) -> ParallelConfig:
     """``config`` with these memory-state choices (``offload`` for every stage)."""
     pipes = tuple(
         replace(
@@ -63,7 +74,7 @@ def apply(config: ParallelConfig, zero: int, offload: str, sp: bool, keep_recomp
                 )
                 for s in p.stages
             ),
-            execution=MICROBATCH,
+            execution=execution,
         )
         for p in config.pipelines
     )
@@ -80,6 +91,8 @@ def label(family: str, config: ParallelConfig, base: ParallelConfig) -> str:
         s.recompute for p in config.pipelines for s in p.stages
     ):
         parts.append("no-recompute")
+    if config.pipelines[0].execution == LAYERWISE:
+        parts.append("layerwise")
     return "+".join(parts)
 
 
@@ -89,10 +102,10 @@ def variants(space: SearchSpace, sim, structures: Sequence[Candidate], max_simul
     out, timed, seen = [], 0, set()
     for cand in structures:
         best: Candidate | None = None
-        for z, o, sp, rc in choices(space, cand.config):
+        for z, o, sp, rc, ex in choices(space, cand.config):
             if timed >= max_simulations:
                 break
-            config = apply(cand.config, z, o, sp, rc)
+            config = apply(cand.config, z, o, sp, rc, ex)
             if config in seen or space.check(config) is not None:
                 continue
             seen.add(config)

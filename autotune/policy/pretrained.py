@@ -26,8 +26,10 @@ On a new scenario ``run_pretrained`` (``--method rl``, the shipped policy by def
 speed-proportional plans of ``SearchSpace.heuristic_params`` (evaluated in order until one runs),
 then lets the policy pick each next plan greedily (argmax over the unmasked moves). When the
 neighbourhood of the best plan is used up or the walk stalls, it restarts from a random valid plan.
-When the search already holds a better plan than those starts (``autotune.tune`` evaluates the
-structured planner's best plans first by default), the walk starts from the best of them instead.
+When the search already holds plans that are points of the space (``autotune.tune`` evaluates the
+structured planner's best plans first by default, each anchored by ``SearchSpace.encode``) and the best of
+them beats its own starts, the walk continues from it, and its moves edit that plan: a state move (ZeRO,
+offload, recomputation, ...) changes only that choice, a fine edit re-anchors, a structural move re-decodes.
 ``fine_tune=True`` instead keeps learning (PPO updates, sampled actions) on the evaluations of this
 search until the budget is spent. Every evaluation goes through the ``BudgetedEvaluator`` the caller
 passes in (simulator or real profiled runs), so the budget rule is the one every method shares.
@@ -45,11 +47,13 @@ import numpy as np
 
 from autotune.evaluator import CachedEvaluator, Evaluator
 from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.encoding import ANCHOR, sync_params
 from autotune.planning.space import Params, SearchSpace
 from autotune.policy.scenarios import Scenario, draw_scenario, training_rng
+from autotune.policy.starts import start_candidates, with_frugal_start
 from autotune.specs import Measurement, ParallelConfig
 from envs.layout import ACTIONS, FULL_ACTIONS, ZERO_ACTIONS, actions_for, observation_features
-from envs.parallel_config import ParallelConfigEnv, sync_params
+from envs.parallel_config import ParallelConfigEnv
 
 log = logging.getLogger(__name__)
 
@@ -68,145 +72,6 @@ FINE_TUNE_STEPS = 16
 def default_policy_path() -> Path:
     """The policy shipped with the package (``autotune/data/policy.safetensors``)."""
     return Path(__file__).resolve().parent.parent / "data" / "policy.safetensors"
-
-
-def estimated_memory_fraction(space: SearchSpace, config: ParallelConfig) -> float:
-    """A rough, evaluator-free estimate of the fullest device's memory use / capacity.
-
-    Weights, gradients and Adam states: 16 bytes per parameter (Rajbhandari et al. 2020, ZeRO sec.
-    3.1) split over the TP group; activations per layer and micro-batch s*b*h*(10 + 24/t + 5*a*s/(h*t))
-    bytes (Korthikanti et al. 2022, eq. 2), or 2*s*b*h with recomputation (only the layer input is
-    kept), times the micro-batches in flight on the stage (p - i under 1F1B, all of them under GPipe).
-    Used only to order the start plans; the evaluator decides what fits.
-    """
-    model = space.model
-    s, h, a = model.seq_len, model.hidden_size, model.num_heads
-    b = config.micro_batch_size
-    worst = 0.0
-    for pipe in config.pipelines:
-        p = len(pipe.stages)
-        for i, st in enumerate(pipe.stages):
-            t = st.tp
-            params = st.layers * model.params_per_layer
-            if i == 0:
-                params += model.embedding_params
-            if i == p - 1:
-                params += model.embedding_params
-            weights = 16 * params / t
-            per_layer = 2 * s * b * h if st.recompute else s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-            in_flight = pipe.num_microbatches if config.schedule == "gpipe" else min(p - i, pipe.num_microbatches)
-            act = st.layers * per_layer * in_flight
-            capacity = min(space.cluster.device(d).memory_GiB for d in st.devices) * 2**30
-            worst = max(worst, (weights + act) / capacity)
-    return worst
-
-
-def estimated_iteration_s(space: SearchSpace, config: ParallelConfig) -> float:
-    """A rough, evaluator-free iteration time, only to rank start plans (the evaluator decides).
-
-    Per stage and micro-batch: 6 x block params + 12 x s x h flops per token and layer (fwd + bwd,
-    Narayanan et al. 2021, appendix) at half the group's peak, plus Megatron's four TP all-reduces
-    of the b x s x h activations (Shoeybi et al. 2019) over the node link, plus the activation and
-    gradient transfer to the next stage. A replica takes (m + p - 1) x its slowest stage (1F1B/GPipe
-    bubble); then a ring all-reduce of each stage's 16-bit gradients among the replicas, over the
-    network when they sit on different nodes.
-    """
-    model, cluster = space.model, space.cluster
-    s, h, b = model.seq_len, model.hidden_size, config.micro_batch_size
-    tokens = s * b
-    layer_flops = tokens * (6 * model.active_params_per_layer + 12 * s * h)  # MoE: routed experts only
-    act_bytes = 2 * tokens * h
-    worst = 0.0
-    for pipe in config.pipelines:
-        p = len(pipe.stages)
-        slowest = 0.0
-        for i, st in enumerate(pipe.stages):
-            node = cluster.node_of(st.devices[0])
-            rate = st.tp * 0.5 * node.device.peak_tflops * 1e12 / node.slowdown
-            flops = st.layers * layer_flops * (4 / 3 if st.recompute else 1.0)
-            if i == p - 1:
-                flops += 6 * tokens * h * model.vocab_size
-            t = flops / rate
-            if st.tp > 1:
-                t += 4 * st.layers * act_bytes * 2 * (st.tp - 1) / st.tp / (node.intra_node.bandwidth_GBps * 1e9)
-            if i + 1 < p:
-                t += 2 * act_bytes / (cluster.link(st.devices[0], pipe.stages[i + 1].devices[0]).bandwidth_GBps * 1e9)
-            slowest = max(slowest, t)
-        worst = max(worst, (pipe.num_microbatches + p - 1) * slowest)
-    dp = len(config.pipelines)
-    allreduce = 0.0
-    if dp > 1:
-        # each stage's gradients (16-bit) ring-all-reduced among the replicas; rings that leave a node
-        # share its network link with every other stage of that node
-        nic_bytes: dict[str, float] = {}
-        nic_bw: dict[str, float] = {}
-        first = config.pipelines[0]
-        for k, st in enumerate(first.stages):
-            params = st.layers * model.params_per_layer + (
-                model.embedding_params if k in (0, len(first.stages) - 1) else 0
-            )
-            ring = 2 * 2 * params * (dp - 1) / dp
-            peers = [p.stages[min(k, len(p.stages) - 1)].devices[0] for p in config.pipelines]
-            nodes = {cluster.node_of(d).name: cluster.node_of(d) for d in peers}
-            if len(nodes) == 1:
-                node = next(iter(nodes.values()))
-                allreduce = max(allreduce, ring / st.tp / (node.intra_node.bandwidth_GBps * 1e9))
-            else:
-                for name, node in nodes.items():
-                    nic_bytes[name] = nic_bytes.get(name, 0.0) + ring
-                    nic_bw[name] = node.network.bandwidth_GBps * 1e9
-        for name, nbytes in nic_bytes.items():
-            allreduce = max(allreduce, nbytes / nic_bw[name])
-    return worst + allreduce / config.sync_every_steps  # SPES: one exchange every sync_every_steps steps
-
-
-def start_candidates(space: SearchSpace, limit: int = 8) -> list[Params]:
-    """Start plans from ``SearchSpace.heuristic_params`` (speed-proportional layers and batch) and their
-    variants: pipeline depths that leave 1, 2 or 4 replicas besides the heuristic's own (on slow
-    networks data parallelism costs more than a deep pipeline), with and without recomputation.
-    Plans estimated to fit (``estimated_memory_fraction`` < 0.85) come first, fastest by
-    ``estimated_iteration_s`` first; then the rest by estimated memory."""
-    recompute = [r for r in ("none", "all") if r in space._dims["recompute"].choices]
-    pps = space._dims["pp"].choices
-    seen: set[ParallelConfig] = set()
-    scored: list[tuple[int, float, Params]] = []
-    for base in space.heuristic_params():
-        tp_by_class = {c.name: int(base[f"tp.{c.name}"]) for c in space.node_classes}
-        used = {c.name: bool(base.get(f"use.{c.name}", True)) for c in space.node_classes}
-        groups = len(space.tp_groups(tp_by_class, used))
-        depths = {base["pp"]}
-        for dp in (1, 2, 4):
-            fitting = [p for p in pps if groups // p == dp]
-            if fitting:
-                depths.add(fitting[0])
-        for pp in sorted(depths):
-            for r in recompute:
-                params = dict(base, pp=pp, recompute=r)
-                decoded = space.decode(params)
-                if not decoded.ok or decoded.config in seen:
-                    continue
-                seen.add(decoded.config)  # type: ignore[arg-type]
-                frac = estimated_memory_fraction(space, decoded.config)  # type: ignore[arg-type]
-                if frac < 0.85:
-                    scored.append((0, estimated_iteration_s(space, decoded.config), params))  # type: ignore[arg-type]
-                else:
-                    scored.append((1, frac, params))
-    scored.sort(key=lambda x: x[:2])
-    return [params for *_, params in scored[:limit]]
-
-
-def with_frugal_start(space: SearchSpace, starts: list[Params], evaluator=None) -> list[Params]:
-    """``starts`` and, last, the space's most memory-frugal plan (``autotune.planning.memory_first``) when
-    it is not among them: the walk reaches it when no earlier start fits (memory first)."""
-    from autotune.planning.memory_first import frugal_start
-
-    frugal = frugal_start(space, evaluator)
-    if frugal is None:
-        return list(starts)
-    config = space.decode(frugal).config
-    if any(space.decode(p).config == config for p in starts):
-        return list(starts)
-    return list(starts) + [frugal]
 
 
 class SearchEnv(ParallelConfigEnv):
@@ -243,14 +108,24 @@ class SearchEnv(ParallelConfigEnv):
     # -- placing the walk ----------------------------------------------------------------------------
     def place(self, params: Params, config: ParallelConfig, measurement: Measurement) -> None:
         """Make ``config`` (already evaluated as ``measurement``) the walk's current plan."""
-        self.params = dict(params)
-        sync_params(self.params, config)
+        self.params = self._following(params, config)
         self.config, self.measurement = config, measurement
         self.score = measurement.score()
         self.best_score = max(self.best_score, self.score)
         self._overflow = 0.0 if measurement.ok else self._relative_overflow(config, measurement)
         self._tried.add(config)
         self._candidates = None
+
+    def _following(self, params: Params, config: ParallelConfig) -> Params:
+        """The walk's params for ``config``: ``params``' dimensions (and anchor) in step with fine edits; a fine
+        edit of an anchored plan (``SearchSpace.encode``, e.g. dp's start) anchors at the edited plan, so that
+        the next move of a dimension keeps the edit."""
+        names = {d.name for d in self.space.dimensions} | {ANCHOR}
+        out = {k: v for k, v in params.items() if k in names}
+        if ANCHOR in out and self.space.decode(out).config != config:
+            return self.space.encode(config)
+        sync_params(out, config)
+        return out
 
     def _relative_overflow(self, config: ParallelConfig, m: Measurement) -> float:
         if not m.peak_memory_GiB:
@@ -325,8 +200,7 @@ class SearchEnv(ParallelConfigEnv):
                     gain = math.log(self._overflow / over) if math.isfinite(self._overflow) else 1.0
                     reward, moved = OVERFLOW_REWARD_WEIGHT * float(min(gain, 1.0)), True
         if moved:
-            self.params, self.config, self.measurement = dict(params), config, m
-            sync_params(self.params, config)
+            self.params, self.config, self.measurement = self._following(params, config), config, m
             self.score = m.score()
             self.best_score = max(self.best_score, self.score)
             self._overflow = 0.0 if m.ok else self._relative_overflow(config, m)
@@ -532,6 +406,7 @@ def run_pretrained(
     env = SearchEnv(
         space, evaluator, max_steps=10**9, exclude_evaluated=True, actions=FULL_ACTIONS if full else actions_for(space)
     )
+    names = {d.name for d in space.dimensions}
     obs, _ = env.reset(seed=seed)
     if starts > 1 and env.score > 0:
         best = (env.score, env.params)
@@ -550,8 +425,9 @@ def run_pretrained(
         obs, _ = env.reset(seed=seed, options={"params": best[1]})
     prior = evaluator.best  # e.g. the structured planner's plan (``tune(start="dp")``)
     if prior is not None and prior.score > env.score and prior.config != env.config:
-        # a plan of the encoding (e.g. RoundPipe's start) brings its own choices; others keep the walk's
-        own = set(prior.params) >= {d.name for d in space.dimensions}
+        # a point of the space (dp's plans are anchored points: ``SearchSpace.encode``; RoundPipe's start)
+        # brings its own choices, so the walk's moves edit that plan; others keep the walk's
+        own = set(prior.params) >= names
         env.place(prior.params if own else env.params, prior.config, prior.measurement)
         obs = env._observation()
     moves = 0

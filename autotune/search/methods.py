@@ -35,7 +35,9 @@ def _dp_start(
     for cand in plan_candidates(space, budgeted, limit=4 * plans):
         if len(out) >= plans or (budgeted.exhausted and cand.config not in budgeted):
             break
-        m = evaluate(cand.config, {"dp_family": cand.family, "dp_estimate_s": round(cand.estimate_s, 6)})
+        # the plan as a point of the space (``SearchSpace.encode``): a walk that starts from it moves from it
+        params = {**space.encode(cand.config), "dp_family": cand.family, "dp_estimate_s": round(cand.estimate_s, 6)}
+        m = evaluate(cand.config, params)
         if m is not None and m.status not in ("invalid", PRUNED):  # screened out by the memory model: no start
             out.append((cand.config, m))
     return out

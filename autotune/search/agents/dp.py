@@ -24,9 +24,8 @@ def run_dp(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0) -> N
     for rank, cand in enumerate(candidates):
         if evaluator.exhausted:
             break
-        evaluator.evaluate(
-            cand.config, {"dp_rank": rank, "dp_family": cand.family, "dp_estimate_s": round(cand.estimate_s, 6)}
-        )
+        meta = {"dp_rank": rank, "dp_family": cand.family, "dp_estimate_s": round(cand.estimate_s, 6)}
+        evaluator.evaluate(cand.config, {**space.encode(cand.config), **meta})
     if not evaluator.exhausted and not any(ev.measurement.ok for ev in evaluator.history):
         # memory first: nothing the planner composed runs; the space's most memory-frugal plan
         from autotune.planning.memory_first import frugal_start

@@ -54,7 +54,7 @@ def test_every_variant_is_a_valid_plan_that_fits_and_never_offloads_more_than_it
     planner.offload = "none"
     assert structures
     for cand in structures:
-        for z, o, _sp, _rc in state_variants.choices(space, cand.config):
+        for z, o, _sp, _rc, _ex in state_variants.choices(space, cand.config):
             assert OFFLOAD_MODES.index(o) <= OFFLOAD_MODES.index("optimizer")
             assert z in space._dims["zero"].choices
     out = state_variants.variants(space, sim, structures, max_simulations=40)
