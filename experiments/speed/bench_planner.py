@@ -2,9 +2,10 @@
 
 For 128, 512 and 1,024 GPUs (equal numbers of H100-80GB, A100-40GB, L4 and A10G, 8 per node, 400 Gbit/s
 between nodes), the wall time of ``Planner.plan`` on one core (the composition of every candidate plan
-from per-stage costs, before any full simulation; CPU time of this process, which load on the machine
-does not inflate, and wall time), the number of plans composed, the best composed
-iteration time, and the full simulator's time for that plan (how far the composition is off).
+from per-stage costs for every offload mode, and the simulations of the best structures' memory-state
+variants, ``autotune.planning.state_variants``; CPU time of this process, which load on the machine does
+not inflate, and wall time), the number of plans composed, the best plan's estimate (its composed
+iteration time, or its simulated time for a state variant), and the full simulator's time for that plan.
 
     python experiments/speed/bench_planner.py            # --sizes 128 512 1024 --model llama2-70b
 """
@@ -52,7 +53,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     print(
-        "| GPUs | model | planning CPU time (s) | wall (s) | plans composed | best composed (s) | "
+        "| GPUs | model | planning CPU time (s) | wall (s) | plans composed | best estimate (s) | "
         "simulated (s) | plan |"
     )
     print("|---|---|---|---|---|---|---|---|")
