@@ -93,8 +93,9 @@ MAX_MIXED_TP_CHOICES = 64
 #: plans those variants time in all (about 1-50 ms each)
 STRUCTURES_PER_PASS = 6
 MAX_STATE_SIMULATIONS = 64
-#: the sharded data-parallel plans' variants timed (those plans come with their best ZeRO stage and offload)
-SHARDED_SIMULATIONS = 16
+#: the sharded data-parallel plans' variants timed (recomputation and layer-wise execution pay there: ZeRO-3
+#: with torchtitan's selective-op and layer-wise execution is the best plan of 20 workstation GPUs)
+SHARDED_SIMULATIONS = 64
 STATE_SIMULATION_DEVICES = 32768  # fewer on large clusters (a plan's simulation grows with its devices)
 #: micro-batch sizes the offload modes compose (the smallest first: offload is for plans that need memory)
 OFFLOAD_MBS_CHOICES = 1
@@ -571,7 +572,7 @@ class Planner:
                 unique.append(c)
         kinds = [(k.node_class, k.tp, k.groups, k.speed_tflops) for k in self.kinds]
         sharded = [c for c in sharded_dp.candidates(self.space, self.sim, kinds) if c.config not in seen]
-        sharded += state_variants.variants(self.space, self.sim, sharded, SHARDED_SIMULATIONS)  # layer-wise among them
+        sharded += state_variants.variants(self.space, self.sim, sharded, SHARDED_SIMULATIONS)
         return sorted(unique + sharded, key=lambda c: c.estimate_s)[:limit]
 
     def _plan(self, limit: int, mbs_choices: int | None = None) -> list[Candidate]:

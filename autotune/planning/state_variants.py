@@ -14,7 +14,8 @@ per plan, every combination of
 - ``zero``: each ZeRO stage of the space (only with data-parallel peers);
 - ``offload``: the plan's own mode (the composition's, every stage) and the lighter ones;
 - ``seq_parallel``: on and off where a stage has tensor parallelism and the space offers it;
-- recomputation: the composition's choice, and none at all where it recomputes;
+- recomputation: the composition's choice, none at all where it recomputes, and Megatron's ``selective``
+  and torchtitan's ``selective-op`` and ``every-2`` on every stage where the space has them;
 - ``execution``: Zorse's layer-wise execution too, for plans of one-stage replicas with ZeRO-2/3 or offload
   (on a pipeline it serialises the stages),
 
@@ -37,19 +38,31 @@ from autotune.planning.vocabulary import layerwise_pays
 from autotune.specs import OFFLOAD_MODES, ParallelConfig
 from autotune.specs.execution import LAYERWISE, MICROBATCH
 
+#: recomputation as the composition chose it, stage by stage
+KEEP = "keep"
+#: recomputation modes tried on every stage where the space has them
+PARTIAL_RECOMPUTE = ("selective", "selective-op", "every-2")
 
-def choices(space: SearchSpace, config: ParallelConfig) -> Iterator[tuple[int, str, bool, bool, str]]:
-    """(zero, offload, sequence parallelism, keep the composition's recomputation, execution) of every
+
+def choices(
+    space: SearchSpace, config: ParallelConfig, sharding: bool = True
+) -> Iterator[tuple[int, str, bool, bool | str, str]]:
+    """(zero, offload, sequence parallelism, recomputation (``KEEP``, False or a mode), execution) of every
     variant of ``config`` the space has, the plan's own choices first; layer-wise execution only for plans
-    of one-stage replicas (it serialises a pipeline's stages, RESULTS.md "Layer-wise execution")."""
+    of one-stage replicas (it serialises a pipeline's stages, RESULTS.md "Layer-wise execution"); with
+    ``sharding`` False, only the plan's own ZeRO stage and offload."""
     dims = space._dims
     peers = len(config.pipelines) > 1 or any(s.mixed for p in config.pipelines for s in p.stages)
-    zeros = [config.zero] + [z for z in dims["zero"].choices if peers and z != config.zero]
+    zeros = [config.zero] + [z for z in dims["zero"].choices if sharding and peers and z != config.zero]
     heaviest = max(OFFLOAD_MODES.index(s.offload) for p in config.pipelines for s in p.stages)
-    offloads = [OFFLOAD_MODES[heaviest]] + [o for o in dims["offload"].choices if OFFLOAD_MODES.index(o) < heaviest]
+    lighter = [o for o in dims["offload"].choices if sharding and OFFLOAD_MODES.index(o) < heaviest]
+    offloads = [OFFLOAD_MODES[heaviest]] + lighter
     tp = any(s.tp > 1 for p in config.pipelines for s in p.stages)
     sps = (False, True) if tp and "seq_parallel" in dims else (False,)
-    rcs = (True, False) if any(s.recompute for p in config.pipelines for s in p.stages) else (True,)
+    # the composition's recomputation (KEEP), none where it recomputes, and the partial modes of the space
+    # (Megatron's selective, torchtitan's selective-op and every-2) on every stage
+    partial = [m for m in dims["recompute"].choices if m in PARTIAL_RECOMPUTE]
+    rcs = [KEEP] + ([False] if any(s.recompute for p in config.pipelines for s in p.stages) else []) + partial
     one_stage = all(len(p.stages) == 1 for p in config.pipelines)
     layerwise = one_stage and "execution" in dims and LAYERWISE in dims["execution"].choices
     executions = (MICROBATCH, LAYERWISE) if layerwise else (MICROBATCH,)
@@ -59,9 +72,10 @@ def choices(space: SearchSpace, config: ParallelConfig) -> Iterator[tuple[int, s
 
 
 def apply(
-    config: ParallelConfig, zero: int, offload: str, sp: bool, keep_recompute: bool, execution: str = MICROBATCH
+    config: ParallelConfig, zero: int, offload: str, sp: bool, recompute: bool | str, execution: str = MICROBATCH
 ) -> ParallelConfig:
-    """``config`` with these memory-state choices (``offload`` for every stage)."""
+    """``config`` with these memory-state choices (``offload`` for every stage; ``recompute`` for every stage
+    unless it is ``KEEP``, the composition's per-stage choice)."""
     pipes = tuple(
         replace(
             p,
@@ -70,7 +84,7 @@ def apply(
                     s,
                     offload=offload,
                     sequence_parallel=sp and s.tp > 1,
-                    recompute=s.recompute if keep_recompute else False,
+                    recompute=s.recompute if recompute == KEEP else recompute,
                 )
                 for s in p.stages
             ),
@@ -91,33 +105,40 @@ def label(family: str, config: ParallelConfig, base: ParallelConfig) -> str:
         s.recompute for p in config.pipelines for s in p.stages
     ):
         parts.append("no-recompute")
+    modes = {s.recompute for p in config.pipelines for s in p.stages}
+    if len(modes) == 1 and next(iter(modes)) in PARTIAL_RECOMPUTE:
+        parts.append(f"recompute-{next(iter(modes))}")
     if config.pipelines[0].execution == LAYERWISE:
         parts.append("layerwise")
     return "+".join(parts)
 
 
-def variants(space: SearchSpace, sim, structures: Sequence[Candidate], max_simulations: int) -> list[Candidate]:
+def variants(
+    space: SearchSpace, sim, structures: Sequence[Candidate], max_simulations: int, sharding: bool = True
+) -> list[Candidate]:
     """Each structure's fastest memory-state variant that fits (module docstring), timed by ``sim`` (a
-    ``Simulator``: ``memory_estimate``, ``evaluate``), at most ``max_simulations`` plans timed in all."""
-    out, timed, seen = [], 0, set()
-    for cand in structures:
-        best: Candidate | None = None
-        for z, o, sp, rc, ex in choices(space, cand.config):
-            if timed >= max_simulations:
-                break
-            config = apply(cand.config, z, o, sp, rc, ex)
-            if config in seen or space.check(config) is not None:
-                continue
-            seen.add(config)
-            memory = sim.memory_estimate(config)
-            if memory is None or not memory.ok:
-                continue
-            m = sim.evaluate(config)
-            timed += 1
-            if m.ok and (best is None or m.iteration_time_s < best.estimate_s):
-                best = Candidate(config, m.iteration_time_s, label(cand.family, config, cand.config))
-        if best is not None:
-            out.append(best)
-        if timed >= max_simulations:
-            break
-    return out
+    ``Simulator``: ``memory_estimate``, ``evaluate``), at most ``max_simulations`` plans timed in all: first
+    every structure's variants with the composition's recomputation or none, then those with the partial
+    modes (so that the cap leaves no structure untried for them). ``sharding=False`` keeps each structure's
+    ZeRO stage and offload (plans that come with the best of them: ``sharded_dp``)."""
+    best: dict[int, Candidate] = {}
+    timed, seen = 0, set()
+    for partial in (False, True):
+        for i, cand in enumerate(structures):
+            for z, o, sp, rc, ex in choices(space, cand.config, sharding):
+                if (rc in PARTIAL_RECOMPUTE) != partial:
+                    continue
+                if timed >= max_simulations:
+                    break
+                config = apply(cand.config, z, o, sp, rc, ex)
+                if config in seen or space.check(config) is not None:
+                    continue
+                seen.add(config)
+                memory = sim.memory_estimate(config)
+                if memory is None or not memory.ok:
+                    continue
+                m = sim.evaluate(config)
+                timed += 1
+                if m.ok and (i not in best or m.iteration_time_s < best[i].estimate_s):
+                    best[i] = Candidate(config, m.iteration_time_s, label(cand.family, config, cand.config))
+    return [best[i] for i in sorted(best)]

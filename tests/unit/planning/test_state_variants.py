@@ -86,3 +86,28 @@ def test_a_plan_without_peers_keeps_zero_0_and_the_simulation_cap_holds():
 
     state_variants.variants(space, Counting(cluster, model), structures, max_simulations=5)
     assert len(calls) == 5
+
+
+def test_layerwise_only_for_one_stage_replicas_and_partial_recomputation_from_the_space():
+    from autotune.specs.execution import LAYERWISE
+
+    cluster, model = _consumer_8()
+    space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
+    planner = Planner(space, sim)
+    planner.offload = "all"
+    structures = planner._plan(6, 1)
+    planner.offload = "none"
+    multi = [c for c in structures if len(c.config.pipelines[0].stages) > 1]
+    assert multi
+    for cand in multi:
+        assert all(ex != LAYERWISE for *_, ex in state_variants.choices(space, cand.config))
+    one_stage = [c for c in planner.plan(64) if c.family.startswith("sharded-dp")]
+    assert one_stage
+    got = list(state_variants.choices(space, one_stage[0].config))
+    assert any(ex == LAYERWISE for *_, ex in got)
+    modes = {rc for _, _, _, rc, _ in got}
+    assert {m for m in state_variants.PARTIAL_RECOMPUTE if m in space._dims["recompute"].choices} <= modes
+    restricted = SearchSpace(cluster, model, restrict={"recompute": ["none", "all"]})
+    assert not {rc for _, _, _, rc, _ in state_variants.choices(restricted, one_stage[0].config)} & set(
+        state_variants.PARTIAL_RECOMPUTE
+    )
