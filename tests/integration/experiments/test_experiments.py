@@ -34,6 +34,7 @@ QUICK = {
     "experiments/quality/roundpipe_bench.py": [],
     "experiments/quality/runnable.py": [],
     "experiments/quality/sailor_planner_comparison.py": [],
+    "experiments/quality/zorse_comparison.py": [],
     "experiments/quality/spes_benchmark.py": [],
     "experiments/speed/bench_planner.py": [],
     "experiments/speed/bench_runner.py": [],
