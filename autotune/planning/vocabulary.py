@@ -203,10 +203,16 @@ class SpaceContext:
         """The family's cache called ``name`` (created empty on first use)."""
         return self.caches.setdefault(name, {})
 
+    def calibrate(self, costs: CostModel) -> None:
+        """Price units with ``costs`` (the search's profile-calibrated cost model) instead of the datasheet's:
+        Zorse's micro-batch shares then follow the measured per-layer latency. Drops what was cached."""
+        self.caches.clear()
+        self.caches["costs"] = costs
+
     @property
     def costs(self) -> CostModel:
-        """The datasheet cost model (no profile: the space estimates, the evaluator measures), built on
-        first use."""
+        """The cost model the families price units with: the datasheet's (the space estimates, the evaluator
+        measures), built on first use, unless ``calibrate`` gave the search's calibrated one."""
         hit = self.caches.get("costs")
         if hit is None:
             hit = self.caches["costs"] = CostModel(self.cluster, self.model)

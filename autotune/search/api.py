@@ -153,6 +153,7 @@ def tune(
     rest = (study_name, dict(space.restrict), start, max_sync_every, run_timeout_s, fresh, engine)
     req = SearchRequest(cluster_spec, model_spec, *args, *rest)
     inner, screen = _evaluator(req, evaluator)
+    _calibrate(space, inner)
     say = on_status or (lambda text: None)
     tracker = _open_tracker(req, background_record, say) if track else None
     study = _open_study(req, space, say) if method == "optuna" else None
@@ -164,6 +165,16 @@ def tune(
         on_start(tracker.parent_id if tracker else "", budgeted.used, best_before)
     summary = _search(req, space, budgeted, tracker, study, screen, say)
     return _result(req, budgeted, tracker, summary, tuple(screen.reports) if screen is not None else ())
+
+
+def _calibrate(space: SearchSpace, evaluator) -> None:
+    """With a profile (``--profile``, or a simulator built with one), the space's families price their units
+    (Zorse's per-rank shares) with the profile's measured per-layer times, as the evaluator does."""
+    from autotune.planning.planner import simulator_of
+
+    sim = simulator_of(evaluator)
+    if sim is not None and sim.profile is not None:
+        space.context.calibrate(sim.costs)
 
 
 @dataclass(frozen=True)

@@ -201,3 +201,47 @@ def test_env_share_moves_shift_micro_batches_between_a_stages_ranks(space):
             assert sum(r.num_microbatches for r in st.ranks) == pipe.num_microbatches
     obs, reward, *_ = env.step(a)
     assert env.config == toward and obs.shape == env.observation_space.shape
+
+
+def test_with_a_profile_the_shares_follow_the_measured_layer_times():
+    """Two cards with the same datasheet split 6 + 6; a profile that measures one 3x slower per layer makes
+    a search (``tune``) with that profile split 9 + 3 (Zorse's rule on the calibrated latency)."""
+    from autotune.profile import CalibrationProfile, DeviceProfile, LayerTiming
+    from autotune.search.api import tune
+
+    gpu = lambda name: dict(name=name, peak_tflops=100, memory_GiB=40, memory_bandwidth_GBps=2000)  # noqa: E731
+    cluster = cluster_from_dict(
+        {
+            "name": "t",
+            "nodes": [{"name": "f", "count": 1, "gpu": gpu("F")}, {"name": "m", "count": 1, "gpu": gpu("M")}],
+            "network": {"bandwidth_GBps": 10},
+        },
+        "t",
+    )
+    model = load_model("tiny", 12)
+    space = SearchSpace(cluster, model)
+    assert mixed_space.zorse_shares(space.context, [["f:0"], ["m:0"]], 12, 1) == [6, 6]
+
+    def timing(device: str, seconds: float) -> DeviceProfile:
+        m = model
+        layer = LayerTiming(
+            m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_hidden_size, m.mlp, m.seq_len, 1, 1, seconds, 2 * seconds
+        )
+        return DeviceProfile(device, (), layers=(layer,))
+
+    profile = CalibrationProfile((timing("F", 0.01), timing("M", 0.03)), cluster="t")
+    sim = Simulator(cluster, model, profile=profile)
+    seen = []
+    tune(
+        cluster,
+        model,
+        method="random",
+        budget=4,
+        track=False,
+        evaluator=sim,
+        restrict={"mbs": [1], "stage_ranks": [2], "pp": [1], "roundpipe": [False]},
+        on_evaluation=lambda ev: seen.append(ev.config),
+    )
+    ranks = [st.ranks for cfg in seen for p in cfg.pipelines for st in p.stages if st.mixed]
+    assert ranks, [c.describe() for c in seen]
+    assert all(sorted(r.num_microbatches for r in rs) == [3, 9] for rs in ranks)
