@@ -17,7 +17,9 @@ per plan, every combination of
 - recomputation: the composition's choice, none at all where it recomputes, and Megatron's ``selective``
   and torchtitan's ``selective-op`` and ``every-2`` on every stage where the space has them;
 - ``execution``: Zorse's layer-wise execution too, for plans of one-stage replicas with ZeRO-2/3 or offload
-  (on a pipeline it serialises the stages),
+  (on a pipeline it serialises the stages);
+- ``schedule``: Megatron-LM's interleaved 1F1B (two chunks per stage) where the layer split and the
+  micro-batches allow it,
 
 keeps those the memory model says fit (``Simulator.memory_estimate``, about 1 ms), times them with the
 simulator itself (the traffic the composition leaves out: ZeRO gathers, offload copies) until
@@ -30,27 +32,41 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from autotune.planning.candidate import Candidate
 from autotune.planning.space import SearchSpace
-from autotune.planning.vocabulary import layerwise_pays
+from autotune.planning.vocabulary import INTERLEAVED_CHUNKS, layerwise_pays
 from autotune.specs import OFFLOAD_MODES, ParallelConfig
 from autotune.specs.execution import LAYERWISE, MICROBATCH
 
+INTERLEAVED = "interleaved-1f1b"
 #: recomputation as the composition chose it, stage by stage
 KEEP = "keep"
 #: recomputation modes tried on every stage where the space has them
 PARTIAL_RECOMPUTE = ("selective", "selective-op", "every-2")
 
 
-def choices(
-    space: SearchSpace, config: ParallelConfig, sharding: bool = True
-) -> Iterator[tuple[int, str, bool, bool | str, str]]:
-    """(zero, offload, sequence parallelism, recomputation (``KEEP``, False or a mode), execution) of every
-    variant of ``config`` the space has, the plan's own choices first; layer-wise execution only for plans
-    of one-stage replicas (it serialises a pipeline's stages, RESULTS.md "Layer-wise execution"); with
-    ``sharding`` False, only the plan's own ZeRO stage and offload."""
+@dataclass(frozen=True, slots=True)
+class State:
+    """One memory-state choice for a composed plan: ZeRO stage, offload mode (every stage), sequence
+    parallelism, recomputation (``KEEP``: the composition's per stage; False; or a mode for every stage),
+    execution and schedule."""
+
+    zero: int
+    offload: str
+    sequence_parallel: bool
+    recompute: bool | str
+    execution: str = MICROBATCH
+    schedule: str = ""  # "": the plan's own
+
+
+def choices(space: SearchSpace, config: ParallelConfig, sharding: bool = True) -> Iterator[State]:
+    """Every memory-state choice for ``config`` the space has, the plan's own first; layer-wise execution
+    only for plans of one-stage replicas (it serialises a pipeline's stages, RESULTS.md "Layer-wise
+    execution"), Megatron's interleaved schedule only for pipelines whose stages hold an even number of
+    layers and whose micro-batches divide by their depth; with ``sharding`` False, only the plan's own ZeRO
+    stage and offload."""
     dims = space._dims
     peers = len(config.pipelines) > 1 or any(s.mixed for p in config.pipelines for s in p.stages)
     zeros = [config.zero] + [z for z in dims["zero"].choices if sharding and peers and z != config.zero]
@@ -66,33 +82,43 @@ def choices(
     one_stage = all(len(p.stages) == 1 for p in config.pipelines)
     layerwise = one_stage and "execution" in dims and LAYERWISE in dims["execution"].choices
     executions = (MICROBATCH, LAYERWISE) if layerwise else (MICROBATCH,)
-    for z, o, sp, rc, ex in itertools.product(zeros, offloads, sps, rcs, executions):
+    interleaves = (
+        not one_stage
+        and INTERLEAVED in dims["schedule"].choices
+        and config.schedule != INTERLEAVED
+        and all(
+            p.num_microbatches % len(p.stages) == 0 and all(s.layers % INTERLEAVED_CHUNKS == 0 for s in p.stages)
+            for p in config.pipelines
+        )
+    )
+    schedules = ("", INTERLEAVED) if interleaves else ("",)
+    for z, o, sp, rc, ex, sched in itertools.product(zeros, offloads, sps, rcs, executions, schedules):
         if ex == MICROBATCH or layerwise_pays((z,), (o,)):
-            yield z, o, sp, rc, ex
+            yield State(z, o, sp, rc, ex, sched)
 
 
-def apply(
-    config: ParallelConfig, zero: int, offload: str, sp: bool, recompute: bool | str, execution: str = MICROBATCH
-) -> ParallelConfig:
-    """``config`` with these memory-state choices (``offload`` for every stage; ``recompute`` for every stage
-    unless it is ``KEEP``, the composition's per-stage choice)."""
+def apply(config: ParallelConfig, state: State) -> ParallelConfig:
+    """``config`` with the memory-state choice ``state``."""
     pipes = tuple(
         replace(
             p,
             stages=tuple(
                 replace(
                     s,
-                    offload=offload,
-                    sequence_parallel=sp and s.tp > 1,
-                    recompute=s.recompute if recompute == KEEP else recompute,
+                    offload=state.offload,
+                    sequence_parallel=state.sequence_parallel and s.tp > 1,
+                    recompute=s.recompute if state.recompute == KEEP else state.recompute,
                 )
                 for s in p.stages
             ),
-            execution=execution,
+            execution=state.execution,
         )
         for p in config.pipelines
     )
-    return replace(config, pipelines=pipes, zero=zero)
+    out = replace(config, pipelines=pipes, zero=state.zero)
+    if state.schedule == INTERLEAVED:
+        out = replace(out, schedule=INTERLEAVED, virtual_stages=INTERLEAVED_CHUNKS)
+    return out
 
 
 def label(family: str, config: ParallelConfig, base: ParallelConfig) -> str:
@@ -110,6 +136,8 @@ def label(family: str, config: ParallelConfig, base: ParallelConfig) -> str:
         parts.append(f"recompute-{next(iter(modes))}")
     if config.pipelines[0].execution == LAYERWISE:
         parts.append("layerwise")
+    if config.schedule == INTERLEAVED and base.schedule != INTERLEAVED:
+        parts.append("interleaved")
     return "+".join(parts)
 
 
@@ -119,18 +147,18 @@ def variants(
     """Each structure's fastest memory-state variant that fits (module docstring), timed by ``sim`` (a
     ``Simulator``: ``memory_estimate``, ``evaluate``), at most ``max_simulations`` plans timed in all: first
     every structure's variants with the composition's recomputation or none, then those with the partial
-    modes (so that the cap leaves no structure untried for them). ``sharding=False`` keeps each structure's
+    modes or the interleaved schedule (so that the cap leaves no structure untried for them). ``sharding=False`` keeps each structure's
     ZeRO stage and offload (plans that come with the best of them: ``sharded_dp``)."""
     best: dict[int, Candidate] = {}
     timed, seen = 0, set()
     for partial in (False, True):
         for i, cand in enumerate(structures):
-            for z, o, sp, rc, ex in choices(space, cand.config, sharding):
-                if (rc in PARTIAL_RECOMPUTE) != partial:
+            for state in choices(space, cand.config, sharding):
+                if (state.recompute in PARTIAL_RECOMPUTE or state.schedule == INTERLEAVED) != partial:
                     continue
                 if timed >= max_simulations:
                     break
-                config = apply(cand.config, z, o, sp, rc, ex)
+                config = apply(cand.config, state)
                 if config in seen or space.check(config) is not None:
                     continue
                 seen.add(config)

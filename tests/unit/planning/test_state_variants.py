@@ -54,9 +54,9 @@ def test_every_variant_is_a_valid_plan_that_fits_and_never_offloads_more_than_it
     planner.offload = "none"
     assert structures
     for cand in structures:
-        for z, o, _sp, _rc, _ex in state_variants.choices(space, cand.config):
-            assert OFFLOAD_MODES.index(o) <= OFFLOAD_MODES.index("optimizer")
-            assert z in space._dims["zero"].choices
+        for state in state_variants.choices(space, cand.config):
+            assert OFFLOAD_MODES.index(state.offload) <= OFFLOAD_MODES.index("optimizer")
+            assert state.zero in space._dims["zero"].choices
     out = state_variants.variants(space, sim, structures, max_simulations=40)
     assert out
     for cand in out:
@@ -76,7 +76,7 @@ def test_a_plan_without_peers_keeps_zero_0_and_the_simulation_cap_holds():
         c for c in structures if len(c.config.pipelines) == 1 and not any(s.mixed for s in c.config.pipelines[0].stages)
     ]
     for cand in single:
-        assert {z for z, *_ in state_variants.choices(space, cand.config)} == {cand.config.zero}
+        assert {st.zero for st in state_variants.choices(space, cand.config)} == {cand.config.zero}
     calls = []
 
     class Counting(Simulator):
@@ -100,14 +100,35 @@ def test_layerwise_only_for_one_stage_replicas_and_partial_recomputation_from_th
     multi = [c for c in structures if len(c.config.pipelines[0].stages) > 1]
     assert multi
     for cand in multi:
-        assert all(ex != LAYERWISE for *_, ex in state_variants.choices(space, cand.config))
+        assert all(st.execution != LAYERWISE for st in state_variants.choices(space, cand.config))
     one_stage = [c for c in planner.plan(64) if c.family.startswith("sharded-dp")]
     assert one_stage
     got = list(state_variants.choices(space, one_stage[0].config))
-    assert any(ex == LAYERWISE for *_, ex in got)
-    modes = {rc for _, _, _, rc, _ in got}
+    assert any(st.execution == LAYERWISE for st in got)
+    modes = {st.recompute for st in got}
     assert {m for m in state_variants.PARTIAL_RECOMPUTE if m in space._dims["recompute"].choices} <= modes
     restricted = SearchSpace(cluster, model, restrict={"recompute": ["none", "all"]})
-    assert not {rc for _, _, _, rc, _ in state_variants.choices(restricted, one_stage[0].config)} & set(
+    assert not {st.recompute for st in state_variants.choices(restricted, one_stage[0].config)} & set(
         state_variants.PARTIAL_RECOMPUTE
     )
+
+
+def test_the_interleaved_schedule_where_the_split_allows_it():
+    from autotune import load_cluster
+    from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
+
+    cluster, model = load_cluster("mixed-a100-v100"), load_model("gpt2-xl")  # 48 layers
+    space = SearchSpace(cluster, model)
+    even = ParallelConfig(
+        2, (PipelineConfig(model.global_batch_size // 2, (StageConfig(("a100:0",), 24), StageConfig(("a100:1",), 24))),)
+    )
+    odd = ParallelConfig(
+        2, (PipelineConfig(model.global_batch_size // 2, (StageConfig(("a100:0",), 25), StageConfig(("a100:1",), 23))),)
+    )
+    states = [st for st in state_variants.choices(space, even) if st.schedule == state_variants.INTERLEAVED]
+    assert states
+    config = state_variants.apply(even, states[0])
+    assert (config.schedule, config.virtual_stages) == ("interleaved-1f1b", 2)
+    assert space.check(config) is None
+    assert "interleaved" in state_variants.label("mixed", config, even)
+    assert all(st.schedule != state_variants.INTERLEAVED for st in state_variants.choices(space, odd))
