@@ -150,7 +150,7 @@ class Planner:
         self._ring: dict[tuple, float] = {}
         self.composed = 0  # plans composed by the last ``plan`` call
         self._composed_all = 0
-        self.offload = "none"  # offload of every stage of the plans composed (``plan``'s memory fallback)
+        self.offload = "none"  # offload of every stage of the plans being composed (one pass of ``plan``)
 
     # -- per-stage coefficients -------------------------------------------------------------------
     def _coefficients(self, k: int, mbs: int, recompute: bool, first: bool, last: bool) -> tuple[float, ...]:
@@ -565,15 +565,15 @@ class Planner:
         out = list(passes.get("none", [])) + varied
         if not passes.get("none"):  # nothing fits without offload: the offload passes' plans, composed time
             out += next((p for p in passes.values() if p), [])
+        kinds = [(k.node_class, k.tp, k.groups, k.speed_tflops) for k in self.kinds]
+        sharded = sharded_dp.candidates(self.space, self.sim, kinds)
+        out += sharded + state_variants.variants(self.space, self.sim, sharded, SHARDED_SIMULATIONS)
         seen, unique = set(), []
-        for c in sorted(out, key=lambda c: c.estimate_s):
+        for c in sorted(out, key=lambda c: c.estimate_s):  # a plan found twice: its better estimate
             if c.config not in seen:
                 seen.add(c.config)
                 unique.append(c)
-        kinds = [(k.node_class, k.tp, k.groups, k.speed_tflops) for k in self.kinds]
-        sharded = [c for c in sharded_dp.candidates(self.space, self.sim, kinds) if c.config not in seen]
-        sharded += state_variants.variants(self.space, self.sim, sharded, SHARDED_SIMULATIONS)
-        return sorted(unique + sharded, key=lambda c: c.estimate_s)[:limit]
+        return unique[:limit]
 
     def _plan(self, limit: int, mbs_choices: int | None = None) -> list[Candidate]:
         t0 = time.perf_counter()

@@ -31,6 +31,7 @@ QUICK = {
     "experiments/quality/heldout_eval.py": ["--json", "{tmp}/heldout.json"],
     "experiments/quality/memory_first.py": [],
     "experiments/quality/mixed_stages.py": [],
+    "experiments/quality/perturbed_reality.py": [],
     "experiments/quality/roundpipe_bench.py": [],
     "experiments/quality/runnable.py": [],
     "experiments/quality/sailor_planner_comparison.py": [],

@@ -132,3 +132,13 @@ def test_the_interleaved_schedule_where_the_split_allows_it():
     assert space.check(config) is None
     assert "interleaved" in state_variants.label("mixed", config, even)
     assert all(st.schedule != state_variants.INTERLEAVED for st in state_variants.choices(space, odd))
+
+
+def test_the_planner_returns_each_plan_once():
+    from autotune import load_cluster
+
+    # here a composed plan's best variant is one the sharded or composed families also return
+    cluster, model = load_cluster("mixed-a100-v100"), load_model("gpt2-xl")
+    cands = Planner(SearchSpace(cluster, model), Simulator(cluster, model)).plan(64)
+    assert len({c.config for c in cands}) == len(cands)
+    assert [c.estimate_s for c in cands] == sorted(c.estimate_s for c in cands)
