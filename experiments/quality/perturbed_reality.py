@@ -48,7 +48,12 @@ from autotune.specs import ClusterSpec, LinkSpec, Measurement, ParallelConfig
 
 TARGET = 0.98
 MEMORY_ERROR = 0.10
-METHODS = (("sim order", "dp", "sim"), ("optuna", "optuna", "sim"), ("loop dp", "dp", "real"), ("loop optuna", "optuna", "real"))
+METHODS = (
+    ("sim order", "dp", "sim"),
+    ("optuna", "optuna", "sim"),
+    ("loop dp", "dp", "real"),
+    ("loop optuna", "optuna", "real"),
+)
 
 
 def perturbed(cluster: ClusterSpec, precision: str, rng: np.random.Generator) -> ClusterSpec:
@@ -148,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                 k = runs_to_target(curves[name], best)
                 results[name].append(k)
                 line.append(f"{name} {k if k is not None else '>' + str(args.budget)}")
-            print(f"{s.name:18s} draw {draw}: true best {best:,.0f} tokens/s; runs to 98%: " + ", ".join(line), flush=True)
+            print(
+                f"{s.name:18s} draw {draw}: true best {best:,.0f} tokens/s; runs to 98%: " + ", ".join(line), flush=True
+            )
     n = len(next(iter(results.values())))
     print(f"\n{n} draws, budget {args.budget} real runs, {time.time() - t0:.0f} s")
     print(f"{'method':<12s} {'median':>7s} {'p90':>6s} {'<=1':>6s} {'<=3':>6s} {'<=10':>6s}")
