@@ -32,12 +32,12 @@ from typing import Any
 from autotune.planning import mixed_space, roundpipe_space
 from autotune.planning.vocabulary import (
     INTERLEAVED_CHUNKS,
-    TORCHTITAN_RECOMPUTE,
     Params,
     SpaceContext,
     apportion,
     layerwise_pays,
     same_choice,
+    stage_recompute,
 )
 from autotune.specs import OFFLOAD_MODES, SCHEDULES, ParallelConfig
 from autotune.specs.execution import MICROBATCH
@@ -170,13 +170,11 @@ def apply_state(ctx: SpaceContext, config: ParallelConfig, changed: Mapping[str,
     stage_changes: dict[str, Any] = {}
     if "recompute" in changed:
         mode = str(changed["recompute"])
-        max_mem = max(ctx.cluster.device(d).memory_GiB for p in pipes for d in p.devices)
+        memory = {d: ctx.cluster.device(d).memory_GiB for p in pipes for d in p.devices}
+        max_mem = max(memory.values())
 
         def flag(stage) -> bool | str:
-            if mode in ("selective",) + TORCHTITAN_RECOMPUTE:
-                return mode
-            low = min(ctx.cluster.device(d).memory_GiB for d in stage.devices) < max_mem
-            return mode == "all" or (mode == "low-memory" and low)
+            return stage_recompute(mode, min(memory[d] for d in stage.devices), max_mem)
 
         pipes = [replace(p, stages=tuple(replace(s, recompute=flag(s)) for s in p.stages)) for p in pipes]
     if "seq_parallel" in changed:

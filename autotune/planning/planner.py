@@ -149,8 +149,7 @@ class Planner:
         self._partitions: dict[tuple, Template | None] = {}
         self._ring: dict[tuple, float] = {}
         self.composed = 0  # plans composed by the last ``plan`` call
-        self._composed_all = 0
-        self.offload = "none"  # offload of every stage of the plans being composed (one pass of ``plan``)
+        self.offload = "none"  # offload of every stage of the plans being composed (``compose``)
 
     # -- per-stage coefficients -------------------------------------------------------------------
     def _coefficients(self, k: int, mbs: int, recompute: bool, first: bool, last: bool) -> tuple[float, ...]:
@@ -549,14 +548,12 @@ class Planner:
         (``state_variants``: ZeRO, offload, sequence parallelism, recomputation; simulated time) and the
         sharded data-parallel plans (``sharded_dp.candidates``, simulated time)."""
         offloads = [o for o in ("none", "optimizer", "all") if o in self.space._dims["offload"].choices]
-        passes: dict[str, list[Candidate]] = {}
-        self._composed_all = 0
-        for offload in offloads:
-            self.offload = offload
-            # the offload passes compose at the smallest micro-batch sizes only: their plans are for memory
-            passes[offload] = self._plan(limit if offload == "none" else STRUCTURES_PER_PASS, OFFLOAD_MBS_CHOICES)
-        self.offload = "none"
-        self.composed = self._composed_all
+        self.composed = 0
+        # the offload passes compose at the smallest micro-batch sizes only: their plans are for memory
+        passes = {
+            o: self.compose(o, limit) if o == "none" else self.compose(o, STRUCTURES_PER_PASS, OFFLOAD_MBS_CHOICES)
+            for o in offloads
+        }
         # the best structures of every pass in turn, so that each pass's best are timed within the cap
         rounds = itertools.zip_longest(*(p[:STRUCTURES_PER_PASS] for p in passes.values()))
         structures = [c for row in rounds for c in row if c is not None]
@@ -575,15 +572,24 @@ class Planner:
                 unique.append(c)
         return unique[:limit]
 
-    def _plan(self, limit: int, mbs_choices: int | None = None) -> list[Candidate]:
+    def compose(self, offload: str, limit: int, mbs_choices: int | None = None) -> list[Candidate]:
+        """The best ``limit`` distinct plans composed with every stage's ``offload``, at the first
+        ``mbs_choices`` micro-batch sizes (all by default), best composed time first."""
+        self.offload = offload
+        try:
+            return self._plan(limit, mbs_choices)
+        finally:
+            self.offload = "none"
+
+    def _plan(self, limit: int, mbs_choices: int | None) -> list[Candidate]:
         t0 = time.perf_counter()
         drafts: list[_Draft] = []
-        for mbs in self._mbs_choices()[: None if self.offload == "none" else mbs_choices]:
+        for mbs in self._mbs_choices()[:mbs_choices]:
             homogeneous = self._homogeneous(mbs)
             drafts += self._per_class(mbs, homogeneous)
             drafts += self._mixed(mbs, homogeneous)
         drafts.sort(key=lambda d: d.estimate_s)
-        self._composed_all += len(drafts)
+        self.composed += len(drafts)
         out, seen = [], set()
         for d in drafts:
             config = self._build(d.types, d.mbs)

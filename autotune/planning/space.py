@@ -71,6 +71,7 @@ from autotune.planning.vocabulary import (
     node_classes,
     powers_of_two_upto,
     same_choice,
+    stage_recompute,
     valid_tp,
 )
 from autotune.specs import (
@@ -366,9 +367,7 @@ class SearchSpace:
                     self.context,
                     g,
                     n,
-                    mode
-                    if mode in ("selective",) + TORCHTITAN_RECOMPUTE
-                    else mode == "all" or (mode == "low-memory" and g.memory_GiB < max_mem),
+                    stage_recompute(mode, g.memory_GiB, max_mem),
                     offload,
                     m,
                     mbs,

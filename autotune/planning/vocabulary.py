@@ -249,6 +249,15 @@ def parse_restrictions(items: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
+def stage_recompute(mode: str, memory_GiB: float, max_memory_GiB: float) -> bool | str:
+    """A stage's recomputation under the space's ``recompute`` choice ``mode``: a partial mode (Megatron's
+    ``selective``, torchtitan's) as it is; ``all``; ``low-memory`` for a stage with less memory than the
+    plan's largest device (``memory_GiB < max_memory_GiB``); else none."""
+    if mode in ("selective",) + TORCHTITAN_RECOMPUTE:
+        return mode
+    return mode == "all" or (mode == "low-memory" and memory_GiB < max_memory_GiB)
+
+
 def layerwise_pays(zero: Sequence[int], offload: Sequence[str]) -> bool:
     """Whether Zorse's layer-wise execution can differ from micro-batch execution among these choices: it
     batches ZeRO-2/3's and offload's per-layer traffic per iteration (``autotune.specs.execution``)."""

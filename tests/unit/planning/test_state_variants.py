@@ -32,8 +32,7 @@ def test_a_state_variant_beats_every_plan_the_composition_builds_without_offload
     space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
     planner = Planner(space, sim)
     best = planner.plan(10)[0]
-    planner.offload = "none"
-    composed = planner._plan(30)
+    composed = planner.compose("none", 30)
     assert composed, "the composition alone builds plans that fit here"
     fastest_composed = min(sim.evaluate(c.config).iteration_time_s for c in composed)
     m = sim.evaluate(best.config)
@@ -49,9 +48,7 @@ def test_every_variant_is_a_valid_plan_that_fits_and_never_offloads_more_than_it
     cluster, model = _consumer_8()
     space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
     planner = Planner(space, sim)
-    planner.offload = "optimizer"
-    structures = planner._plan(4, 1)
-    planner.offload = "none"
+    structures = planner.compose("optimizer", 4, 1)
     assert structures
     for cand in structures:
         for state in state_variants.choices(space, cand.config):
@@ -69,9 +66,7 @@ def test_a_plan_without_peers_keeps_zero_0_and_the_simulation_cap_holds():
     cluster, model = _consumer_8()
     space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
     planner = Planner(space, sim)
-    planner.offload = "all"
-    structures = planner._plan(6, 1)
-    planner.offload = "none"
+    structures = planner.compose("all", 6, 1)
     single = [
         c for c in structures if len(c.config.pipelines) == 1 and not any(s.mixed for s in c.config.pipelines[0].stages)
     ]
@@ -94,9 +89,7 @@ def test_layerwise_only_for_one_stage_replicas_and_partial_recomputation_from_th
     cluster, model = _consumer_8()
     space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
     planner = Planner(space, sim)
-    planner.offload = "all"
-    structures = planner._plan(6, 1)
-    planner.offload = "none"
+    structures = planner.compose("all", 6, 1)
     multi = [c for c in structures if len(c.config.pipelines[0].stages) > 1]
     assert multi
     for cand in multi:
