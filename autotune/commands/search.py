@@ -134,7 +134,8 @@ def _print_unrestricted(console, cluster, model, global_batch_size, profile, eng
 
 
 def _print_real_runs(console) -> None:
-    """Print ``autotune.search.screen``'s line per real run above the progress bar."""
+    """Print ``autotune.search.screen``'s line per real run, and why the chooser of real runs stopped,
+    above the progress bar."""
     import logging
 
     from rich.markup import escape
@@ -144,11 +145,12 @@ def _print_real_runs(console) -> None:
             if record.getMessage().startswith("real run "):
                 console.print(escape(record.getMessage()), highlight=False, soft_wrap=True)
 
-    logger = logging.getLogger("autotune.search.screen")
-    logger.setLevel(logging.INFO)
-    for old in [h for h in logger.handlers if type(h).__name__ == "ToConsole"]:  # an earlier search's, same process
-        logger.removeHandler(old)
-    logger.addHandler(ToConsole())
+    for name in ("autotune.search.screen", "autotune.search.agents.acquire"):  # the runs, why the chooser stopped
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        for old in [h for h in logger.handlers if type(h).__name__ == "ToConsole"]:  # an earlier search's
+            logger.removeHandler(old)
+        logger.addHandler(ToConsole())
 
 
 class _Progress:

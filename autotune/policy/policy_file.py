@@ -62,6 +62,15 @@ HYPERPARAMETERS = {
 }
 
 
+def _layouts() -> dict[str, tuple[int, int]]:
+    """(observations, moves) of every env a policy file may be trained on: the walk's layouts
+    (``envs.layout.LAYOUTS``, today's last) and the chooser of real runs (``envs.acquisition``)."""
+    from envs.acquisition import LAYOUT, MAX_CANDIDATES, OBSERVATIONS
+    from envs.layout import LAYOUTS
+
+    return {LAYOUT: (OBSERVATIONS, MAX_CANDIDATES), **LAYOUTS}
+
+
 def _refuse(path: Path, rule: str) -> SpecError:
     return SpecError(str(path), "policy", rule)
 
@@ -165,32 +174,31 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
         raise _refuse(path, f"net_arch must list 1 to {MAX_LAYERS} layer widths of 1 to {MAX_WIDTH}")
     if meta.get("activation") not in ACTIVATIONS:
         raise _refuse(path, f"activation must be one of {', '.join(ACTIVATIONS)}")
-    from envs.layout import LAYOUTS
-
+    layouts = _layouts()
     # today's layout, or an older one it extends (a prefix: the policy sees the features and moves it knows)
     if meta["version"] >= 2:
         layout = meta.get("layout")
-        if not isinstance(layout, str) or layout not in LAYOUTS:
+        if not isinstance(layout, str) or layout not in layouts:
             raise _refuse(
                 path,
                 f"trained on env layout {str(layout)[:40]!r}, which this autotune does not know "
-                f"(it reads {', '.join(LAYOUTS)}; retrain with scripts/train_policy.py)",
+                f"(it reads {', '.join(layouts)}; retrain with scripts/train_policy.py)",
             )
-        if (meta.get("obs_dim"), meta.get("n_actions")) != LAYOUTS[layout]:
+        if (meta.get("obs_dim"), meta.get("n_actions")) != layouts[layout]:
             raise _refuse(
                 path,
-                f"layout {layout!r} has {LAYOUTS[layout][0]} observations and {LAYOUTS[layout][1]} "
+                f"layout {layout!r} has {layouts[layout][0]} observations and {layouts[layout][1]} "
                 f"moves; the file says {str(meta.get('obs_dim'))[:12]} and "
                 f"{str(meta.get('n_actions'))[:12]}",
             )
-    if (meta.get("obs_dim"), meta.get("n_actions")) not in set(LAYOUTS.values()):
-        obs_dim, n_actions = LAYOUTS[list(LAYOUTS)[-1]]
+    if (meta.get("obs_dim"), meta.get("n_actions")) not in set(layouts.values()):
+        obs_dim, n_actions = layouts[list(layouts)[-1]]
         raise _refuse(
             path,
             f"trained for {str(meta.get('obs_dim'))[:12]} observations and "
             f"{str(meta.get('n_actions'))[:12]} moves; this autotune's env has {obs_dim} and "
             f"{n_actions} (or an older layout: "
-            + ", ".join(f"{o} and {a}" for o, a in list(LAYOUTS.values())[:-1])
+            + ", ".join(f"{o} and {a}" for o, a in list(layouts.values())[:-1])
             + "; retrain with scripts/train_policy.py)",
         )
     hyper = meta.get("hyperparameters", {})
@@ -252,14 +260,13 @@ def describe(model, **extra: Any) -> dict[str, Any]:
         "clip_range": float(clip(1.0)) if callable(clip) else float(clip),
         "n_epochs": int(model.n_epochs),
     }
-    from envs.layout import LAYOUTS
-
+    layouts = _layouts()
     sizes = (int(model.observation_space.shape[0]), int(model.action_space.n))
-    layout = next((name for name, dims in LAYOUTS.items() if dims == sizes), None)
+    layout = next((name for name, dims in layouts.items() if dims == sizes), None)
     if layout is None:
         raise ValueError(
             f"the model's {sizes[0]} observations and {sizes[1]} moves are no env layout "
-            f"({', '.join(f'{k}: {v}' for k, v in LAYOUTS.items())})"
+            f"({', '.join(f'{k}: {v}' for k, v in layouts.items())})"
         )
     return {
         "format": FORMAT,
@@ -298,17 +305,29 @@ def _load_weights(path: Path, policy, tensors: dict[str, np.ndarray]) -> None:
     policy.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in tensors.items()})
 
 
+def _policy_class(meta: Mapping[str, Any]):
+    """The network a file's layout names: the chooser of real runs' (``candidate_policy``) or SB3's MLP."""
+    from envs.acquisition import LAYOUT
+
+    if meta.get("layout") == LAYOUT:
+        from autotune.policy.candidate_policy import CandidatePolicy
+
+        return CandidatePolicy
+    from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+
+    return MaskableActorCriticPolicy
+
+
 def load_policy_network(path: str | Path):
     """A ``MaskableActorCriticPolicy`` (CPU, eval mode) with the file's weights: ``predict(obs,
     action_masks=mask, deterministic=True)`` gives the policy's move."""
     import gymnasium as gym
     import torch
-    from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 
     path = Path(path)
     tensors, meta = read(path)
     obs = gym.spaces.Box(-1.0, 1.0, shape=(meta["obs_dim"],), dtype=np.float32)
-    policy = MaskableActorCriticPolicy(
+    policy = _policy_class(meta)(
         obs,
         gym.spaces.Discrete(meta["n_actions"]),
         lambda _: 0.0,

@@ -289,11 +289,11 @@ def _check_arguments(
         prechecks.optuna_storage(storage)
     if policy is not None and method != "rl":
         raise SpecError("--policy", "", f"applies to --method rl only, not {method}")
-    if method == "rl" and str(policy) != "scratch":  # a bad policy file is refused before any work
+    if method == "rl" and str(policy) not in ("scratch", "greedy-gain"):  # a bad policy file: before any work
         from autotune.policy import policy_file
-        from autotune.policy.pretrained import default_policy_path
+        from autotune.search.agents.acquire import policy_for
 
-        policy_file.read(policy if policy is not None else default_policy_path())
+        policy_file.read(policy_for(policy, backend))
 
 
 def _evaluator(req: SearchRequest, evaluator: Evaluator | None):

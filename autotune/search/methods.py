@@ -43,6 +43,12 @@ def _dp_start(
     return out
 
 
+def _acquisition(kw: dict[str, Any]) -> bool:
+    from autotune.search.agents.acquire import uses_acquisition
+
+    return uses_acquisition(kw.get("policy"), kw.get("backend", "sim"))
+
+
 def run_agent(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, **kw: Any) -> None:
     from autotune.search import workers as worker_ids
 
@@ -73,7 +79,8 @@ def _run_method(
     method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, worker: str, **kw: Any
 ) -> None:
     _roundpipe_start(space, budgeted, kw.get("study") if method == "optuna" else None, worker)
-    if method in ("optuna", "rl") and kw.get("start", "dp") == "dp":
+    acquire = method == "rl" and _acquisition(kw)
+    if method in ("optuna", "rl") and kw.get("start", "dp") == "dp" and not acquire:  # the chooser starts itself
         study = kw.get("study") if method == "optuna" else None
         if study is not None:  # the study stays the budget's memory (see SharedStudy.evaluate_outside)
             _dp_start(
@@ -102,6 +109,11 @@ def _run_method(
             parallel.run_workers(space, budgeted, seed, **kw)
         else:
             tpe.run_optuna(space, budgeted, seed, study=kw["study"], worker=worker)
+    elif acquire:
+        from autotune.search.agents.acquire import STOP_GAIN, run_acquire
+
+        stop = STOP_GAIN if kw.get("backend") == "real" else None
+        run_acquire(space, budgeted, seed, policy_path=kw.get("policy"), stop_gain=stop)
     elif method == "rl":
         from autotune.search.agents import rl
 

@@ -1,0 +1,170 @@
+"""What the real runs so far say about the plans not run yet: a posterior over the simulator's errors.
+
+A prediction is off by its terms' errors (``autotune.simulator.error_bar``): each GPU class's compute, the
+network of each GPU class's nodes, the links inside a node, and a common factor (the runner's overheads, which move
+every plan alike). A plan's log iteration time is its predicted log time plus ``J @ z``: ``z`` the terms'
+log errors, ``J`` the plan's sensitivity to each (measured by simulating the plan with that term stretched,
+so a term the schedule hides contributes little). The prior of ``z`` is the error bars (``TERMS``); every
+real run is one noisy linear observation of ``z`` (Gaussian conditioning), so a run on one plan moves the
+prediction of every plan that shares its terms, by how much it shares them.
+
+``CandidateTable`` holds the candidates' predictions, error bars, memory headroom and sensitivities (values
+only: built once per search, ``candidate_table``); ``Posterior`` is the running belief. The learned chooser
+of real runs (``envs.acquisition``) reads its mean and spread; ``expected_gain`` is the stopping rule's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autotune.simulator.error_bar import compute_error, network_error
+from autotune.simulator.perturbation import MEMORY_ERROR, ClusterErrors, perturb
+from autotune.specs import ParallelConfig
+
+#: relative stretch of one term when measuring a plan's sensitivity to it
+STRETCH = 0.25
+#: prior spread of the common factor (the runner's overheads, the framework: every plan alike)
+COMMON_ERROR = 0.5
+#: spread a run keeps that no term explains (run-to-run noise, the linearisation)
+RUN_NOISE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateTable:
+    """The candidates of one search and what the nominal simulator says of them (arrays over candidates)."""
+
+    configs: tuple[ParallelConfig, ...]  # () in a training set read back from arrays
+    predicted_s: np.ndarray  # (K,) predicted iteration time
+    expected_error: np.ndarray  # (K,) the prediction's error bar
+    headroom: np.ndarray  # (K,) 1 - the fullest device's predicted peak / its usable memory
+    sensitivity: np.ndarray  # (K, T) d log time / d log term
+    prior_sigma: np.ndarray  # (T,) the terms' error bars
+    terms: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.predicted_s)
+
+
+def _terms(cluster, precision: str, calibrated: frozenset[str]) -> list[tuple[str, float, ClusterErrors]]:
+    """(name, prior spread, the errors that stretch that term by ``STRETCH``) of every term."""
+    f = 1.0 + STRETCH
+    out = []
+    for name in dict.fromkeys(n.device.name for n in cluster.nodes):
+        sigma = compute_error(name, precision, name in calibrated)[0]
+        out.append((f"compute on {name}", sigma, ClusterErrors(compute_time={name: f})))
+    if len(cluster.nodes) > 1:  # one term per GPU class's nodes: their links may be off each their own way
+        for name in dict.fromkeys(n.device.name for n in cluster.nodes):
+            nodes = [n for n in cluster.nodes if n.device.name == name]
+            slowest = min(n.network.bandwidth_GBps for n in nodes)
+            out.append(
+                (
+                    f"network of the {name} nodes",
+                    network_error(slowest)[0],
+                    ClusterErrors(network_bandwidth={n.name: 1.0 / f for n in nodes}),
+                )
+            )
+    slowest = min(n.intra_node.bandwidth_GBps for n in cluster.nodes)
+    out.append(
+        (
+            "links inside nodes",
+            network_error(slowest)[0],
+            ClusterErrors(intra_node_bandwidth={n.name: 1.0 / f for n in cluster.nodes}),
+        )
+    )
+    return out
+
+
+def candidate_table(
+    cluster, model, configs: Sequence[ParallelConfig], simulator_factory, calibrated: frozenset[str] = frozenset()
+) -> CandidateTable:
+    """The table of ``configs`` that the nominal simulator says run, fastest predicted first:
+    ``simulator_factory(cluster)`` gives
+    a simulator of a cluster (the profile's, when the search has one); ``calibrated``: the GPU classes the
+    profile measured (their smaller error bar)."""
+    nominal = simulator_factory(cluster)
+    ms = [nominal.evaluate(c) for c in configs]
+    keep = sorted((i for i, m in enumerate(ms) if m.ok), key=lambda i: ms[i].iteration_time_s)  # fastest first
+    configs = tuple(configs[i] for i in keep)
+    ms = [ms[i] for i in keep]
+    predicted = np.array([m.iteration_time_s for m in ms], dtype=float)
+    terms = _terms(cluster, model.precision, calibrated)
+    sens = np.ones((len(configs), len(terms) + 1))  # the common factor: every plan alike
+    for t, (_, _, errors) in enumerate(terms):
+        sim = simulator_factory(perturb(cluster, errors))
+        for i, c in enumerate(configs):
+            m = sim.evaluate(c)
+            stretched = m.iteration_time_s if m.ok else predicted[i]
+            sens[i, t + 1] = max(0.0, math.log(stretched / predicted[i]) / math.log(1.0 + STRETCH))
+    headroom = np.array([1.0 - nominal.memory_use(m) for m in ms], dtype=float)
+    return CandidateTable(
+        configs,
+        predicted,
+        np.array([m.expected_error for m in ms], dtype=float),
+        headroom,
+        sens,
+        np.array([COMMON_ERROR] + [s for _, s, _ in terms], dtype=float),
+        ("common",) + tuple(name for name, _, _ in terms),
+    )
+
+
+class Posterior:
+    """The belief over the terms' log errors after the real runs so far (module docstring)."""
+
+    def __init__(self, table: CandidateTable, noise: float = RUN_NOISE) -> None:
+        self.table = table
+        self.noise = noise
+        self.run = np.zeros(len(table), dtype=bool)
+        self.failed = np.zeros(len(table), dtype=bool)
+        self.measured_s = np.full(len(table), np.nan)
+        self._rows: list[int] = []
+        self._update()
+
+    def observe(self, index: int, measured_s: float | None) -> None:
+        """Candidate ``index`` ran: its iteration time, or None when it did not run (out of memory, failed)."""
+        self.run[index] = True
+        if measured_s is None or not measured_s > 0:
+            self.failed[index] = True
+        else:
+            self.measured_s[index] = measured_s
+            self._rows.append(index)
+        self._update()
+
+    def _update(self) -> None:
+        t = self.table
+        prior = np.diag(t.prior_sigma**2)
+        if not self._rows:
+            mean, cov = np.zeros(len(t.prior_sigma)), prior
+        else:
+            a = t.sensitivity[self._rows]
+            y = np.log(self.measured_s[self._rows] / t.predicted_s[self._rows])
+            s = a @ prior @ a.T + self.noise**2 * np.eye(len(self._rows))
+            gain = prior @ a.T @ np.linalg.inv(s)
+            mean, cov = gain @ y, prior - gain @ a @ prior
+        self.mean_log_s = np.log(t.predicted_s) + t.sensitivity @ mean
+        self.std_log_s = np.sqrt(np.maximum(np.einsum("kt,ts,ks->k", t.sensitivity, cov, t.sensitivity), 0.0))
+        self.std_log_s = np.sqrt(self.std_log_s**2 + self.noise**2)
+
+    @property
+    def best_measured_s(self) -> float | None:
+        ok = self.measured_s[~np.isnan(self.measured_s)]
+        return float(ok.min()) if ok.size else None
+
+    def fit_probability(self) -> np.ndarray:
+        """Per candidate, the chance it fits in memory when the usable memory is off by ``MEMORY_ERROR``."""
+        used = np.clip(1.0 - self.table.headroom, 1e-6, None)
+        return 0.5 * (1.0 + np.vectorize(math.erf)(-np.log(used) / MEMORY_ERROR / math.sqrt(2)))
+
+    def expected_gain(self) -> np.ndarray:
+        """Per candidate, E[max(0, log best measured - log time)]: the expected log-time improvement of
+        running it (0 for a run candidate; against the best posterior mean before any run)."""
+        best = self.best_measured_s
+        ref = math.log(best) if best is not None else float(self.mean_log_s.min())
+        z = (ref - self.mean_log_s) / self.std_log_s
+        phi = np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi)
+        cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2)))
+        gain = (ref - self.mean_log_s) * cdf + self.std_log_s * phi
+        return np.where(self.run, 0.0, np.maximum(gain, 0.0))

@@ -1,0 +1,163 @@
+"""``rl`` on real runs: the learned chooser of which candidate plan to run next (``envs.acquisition``).
+
+The planner's candidates (at most ``MAX_CANDIDATES``, within every limit the search keeps) are predicted by
+the nominal simulator (the profile's, when the search has one) with their error bars and sensitivities
+(``autotune.planning.posterior.candidate_table``). Before each run the policy (MaskablePPO, trained offline
+across scenarios with the simulator's errors randomised: ``scripts/train_acquisition.py``, shipped as
+``autotune/data/acquisition.safetensors``) picks the next candidate from the posterior every run so far
+refitted; the run goes through the search's ``BudgetedEvaluator`` like any method's. The closed loop's speed
+screen (``autotune.search.screen``: a plan the corrected simulator puts below half the best is not run) is off
+while it chooses: it would overrule the chooser's exploration with the very simulator the runs correct (the
+memory model still screens, and every run still refits the correction).
+
+Stopping rule (``stop_gain``, on by default for ``--backend real``): once a plan ran, the search stops when
+no candidate left is expected to beat the best measured plan by ``STOP_GAIN`` (``Posterior.expected_gain``
+times its chance to fit in memory), and says so; ``--budget`` stays the cap. Plans already evaluated (a
+resumed search) are candidates too, read back free, and inform the posterior.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.posterior import Posterior, candidate_table
+from autotune.planning.space import SearchSpace
+from autotune.specs import ParallelConfig
+
+log = logging.getLogger(__name__)
+
+#: stop when no candidate is expected to shorten the best measured iteration by this much (log time)
+STOP_GAIN = 0.01
+#: ``policy_path`` meaning "no learned policy: the greedy expected gain of the posterior" (an ablation)
+GREEDY = "greedy-gain"
+
+
+def default_acquisition_path() -> Path:
+    return Path(__file__).resolve().parents[2] / "data" / "acquisition.safetensors"
+
+
+def policy_for(policy: str | Path | None, backend: str) -> Path:
+    """The policy file ``rl`` reads: ``policy``, else the real-run chooser's on ``--backend real`` and the
+    walk's on the simulator."""
+    if policy is not None:
+        return Path(policy)
+    if backend == "real":
+        return default_acquisition_path()
+    from autotune.policy.pretrained import default_policy_path
+
+    return Path(default_policy_path())
+
+
+def uses_acquisition(policy: str | Path | None, backend: str) -> bool:
+    """True when ``rl`` runs this module's chooser: ``--backend real`` without ``--policy``, ``--policy
+    greedy-gain``, or a policy file of the chooser's layout (``envs.acquisition.LAYOUT``)."""
+    if str(policy) == GREEDY:
+        return True
+    if str(policy) == "scratch":
+        return False
+    from autotune.policy import policy_file
+    from envs.acquisition import LAYOUT
+
+    return policy_file.read(policy_for(policy, backend))[1].get("layout") == LAYOUT
+
+
+def _refused(budgeted: BudgetedEvaluator, config: ParallelConfig) -> bool:
+    """True when ``budgeted`` would refuse ``config`` without running it (its space, backend or limits)."""
+    if budgeted.space.check(config) is not None:
+        return True
+    check = getattr(budgeted.inner, "check", None)
+    if check is not None and check(config) is not None:
+        return True
+    return budgeted.limits is not None and budgeted.limits(config) is not None
+
+
+def candidates(space: SearchSpace, budgeted: BudgetedEvaluator, sim, limit: int) -> list[ParallelConfig]:
+    from autotune.planning.planner import Planner
+
+    out = []
+    for cand in Planner(space, sim).plan(2 * limit):
+        if not _refused(budgeted, cand.config):
+            out.append(cand.config)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def run_acquire(
+    space: SearchSpace,
+    budgeted: BudgetedEvaluator,
+    seed: int = 0,
+    policy_path: str | Path | None = None,
+    stop_gain: float | None = None,
+) -> str:
+    """Spend ``budgeted`` on the candidates the policy picks (module docstring); returns why it stopped."""
+    from autotune.planning.planner import simulator_of
+    from autotune.simulator import Simulator
+    from envs.acquisition import MAX_CANDIDATES
+
+    sim = simulator_of(budgeted)
+    profile = sim.profile if sim is not None else None
+    calibrated = frozenset(
+        n.device.name for n in space.cluster.nodes if profile is not None and profile.device(n.device.name)
+    )
+    nominal = Simulator(space.cluster, space.model, profile=profile)
+    # what already ran (a start plan, a resumed search) is a candidate too: its measurement informs the rest
+    ran = list(dict.fromkeys(ev.config for ev in budgeted.history))[: MAX_CANDIDATES // 2]
+    configs = ran + [c for c in candidates(space, budgeted, nominal, MAX_CANDIDATES) if c not in ran]
+    configs = configs[:MAX_CANDIDATES]
+    table = candidate_table(
+        space.cluster, space.model, configs, lambda c: Simulator(c, space.model, profile=profile), calibrated
+    )
+    if not len(table):
+        return "no candidate plan fits the simulator's memory model"
+    choose = _chooser(policy_path)
+    screen, budgeted.screen = budgeted.screen, None  # the chooser decides what runs (the memory model still screens)
+    try:
+        return _spend(space, budgeted, table, choose, stop_gain)
+    finally:
+        budgeted.screen = screen
+
+
+def _spend(space: SearchSpace, budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None) -> str:
+    post = Posterior(table)
+    for i, c in enumerate(table.configs):  # plans already run: read back free
+        if c in budgeted:
+            _observe(post, i, budgeted.evaluate(c))
+    runs = 0
+    while True:
+        if post.run.all():
+            reason = f"every one of the {len(table)} candidate plans ran"
+            break
+        if budgeted.exhausted:
+            reason = f"the budget of {budgeted.budget} runs is spent"
+            break
+        gain = float((post.expected_gain() * post.fit_probability()).max())
+        if stop_gain is not None and post.best_measured_s is not None and gain < stop_gain:
+            reason = (
+                f"no plan left is expected to beat the best measured one by {stop_gain:.0%} "
+                f"(largest expected gain {gain:.1%})"
+            )
+            break
+        i = choose(post, runs, budgeted.budget)
+        config = table.configs[i]
+        params = {**space.encode(config), "acquisition_rank": i, "predicted_s": round(float(table.predicted_s[i]), 6)}
+        _observe(post, i, budgeted.evaluate(config, params))
+        runs += 1
+    log.info("real runs stopped after %d of %d: %s", budgeted.used, budgeted.budget, reason)
+    return reason
+
+
+def _observe(post: Posterior, i: int, m) -> None:
+    post.observe(i, m.iteration_time_s if m.ok else None)  # out of memory, failed or screened: no time
+
+
+def _chooser(policy_path):
+    from autotune.policy.acquisition_training import greedy_gain, policy_chooser
+
+    if str(policy_path) == GREEDY:
+        return greedy_gain
+    from autotune.policy.policy_file import load_policy_network
+
+    return policy_chooser(load_policy_network(policy_path or default_acquisition_path()))

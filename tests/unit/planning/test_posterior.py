@@ -1,0 +1,126 @@
+"""The simulator's errors as reality may have them, and what real runs say about the plans not run yet."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from simulator_cases import two_nodes
+
+from autotune import load_model
+from autotune.planning.posterior import CandidateTable, Posterior, candidate_table
+from autotune.simulator import Simulator
+from autotune.simulator.perturbation import ClusterErrors, draw_errors, perturb
+from autotune.specs import ParallelConfig
+from envs.acquisition import MAX_CANDIDATES, OBSERVATIONS, Episode, RealRunsEnv
+
+PIPELINE = ParallelConfig.from_dict(
+    {
+        "micro_batch_size": 1,
+        "pipelines": [
+            {"num_microbatches": 16, "stages": [{"devices": ["a:0"], "layers": 24}, {"devices": ["b:0"], "layers": 24}]}
+        ],
+    }
+)
+ONE_GPU = ParallelConfig.from_dict(
+    {"micro_batch_size": 1, "pipelines": [{"num_microbatches": 16, "stages": [{"devices": ["a:0"], "layers": 48}]}]}
+)
+
+
+def test_perturb_scales_compute_memory_and_links_as_drawn() -> None:
+    model = load_model("gpt2-xl", global_batch_size=16)
+    cluster = two_nodes(100.0)
+    nominal = Simulator(cluster, model).evaluate(ONE_GPU)
+    slow = Simulator(perturb(cluster, ClusterErrors(compute_time={"A100-80GB": 2.0})), model).evaluate(ONE_GPU)
+    assert nominal.ok and slow.ok
+    assert 1.7 < slow.iteration_time_s / nominal.iteration_time_s <= 2.01  # compute-bound: nearly all of it
+    small = perturb(cluster, ClusterErrors(memory={"A100-80GB": 0.1}, network_bandwidth={"a": 0.5}))
+    assert small.nodes[0].device.memory_GiB == pytest.approx(cluster.nodes[0].device.memory_GiB * 0.1)
+    assert small.nodes[0].network.bandwidth_GBps == pytest.approx(50.0)
+    assert small.nodes[0].network.latency_us == pytest.approx(40.0)
+    assert small.nodes[1].network.bandwidth_GBps == pytest.approx(100.0)  # a node it does not name: as given
+    assert Simulator(small, model).evaluate(ONE_GPU).oom
+
+    a = draw_errors(cluster, "bf16", np.random.default_rng(3))
+    assert a == draw_errors(cluster, "bf16", np.random.default_rng(3))  # reproducible
+    assert set(a.compute_time) == {"A100-80GB"} and set(a.network_bandwidth) == {"a", "b"}
+
+
+def _table(sensitivity, prior_sigma, predicted=(1.0, 2.0), headroom=(0.5, 0.5)) -> CandidateTable:
+    k = len(predicted)
+    return CandidateTable(
+        (),
+        np.array(predicted, dtype=float),
+        np.full(k, 0.1),
+        np.array(headroom, dtype=float),
+        np.array(sensitivity, dtype=float),
+        np.array(prior_sigma, dtype=float),
+        tuple(f"t{i}" for i in range(len(prior_sigma))),
+    )
+
+
+def test_a_run_moves_the_plans_that_share_its_terms_by_hand() -> None:
+    """Candidate 0 depends on terms 0 and 1, candidate 1 on term 0 only. Measuring 0 at e^y its
+    prediction: z's posterior mean is Sigma A^T (A Sigma A^T + n^2)^-1 y = (a^2, b^2) y / (a^2 + b^2 + n^2)."""
+    a, b, n, y = 0.3, 0.4, 0.05, 0.2
+    post = Posterior(_table([[1.0, 1.0], [1.0, 0.0]], [a, b]), noise=n)
+    assert post.mean_log_s == pytest.approx(np.log([1.0, 2.0]))
+    assert post.std_log_s == pytest.approx([math.sqrt(a * a + b * b + n * n), math.sqrt(a * a + n * n)])
+    post.observe(0, math.exp(y) * 1.0)
+    s = a * a + b * b + n * n
+    assert post.mean_log_s[1] == pytest.approx(math.log(2.0) + a * a * y / s)
+    # the variance of term 0 shrinks by a^4 / s
+    assert post.std_log_s[1] == pytest.approx(math.sqrt(a * a - a**4 / s + n * n))
+    assert post.best_measured_s == pytest.approx(math.exp(y))
+    # a failed run says nothing about time
+    post.observe(1, None)
+    assert post.failed[1] and post.run.all() and post.best_measured_s == pytest.approx(math.exp(y))
+
+
+def test_expected_gain_and_fit_probability_by_hand() -> None:
+    post = Posterior(_table([[1.0], [1.0]], [0.0], predicted=(1.0, 1.0), headroom=(0.0, 0.5)), noise=0.1)
+    post.observe(0, 1.0)
+    # candidate 1: mean log time = log best, spread 0.1 -> E[max(0, -X)] = 0.1 * phi(0)
+    assert post.expected_gain() == pytest.approx([0.0, 0.1 / math.sqrt(2 * math.pi)])
+    # a plan using all its memory fits half the time; one with half of it spare nearly always
+    fit = post.fit_probability()
+    assert fit[0] == pytest.approx(0.5) and fit[1] > 0.999
+
+
+def test_candidate_table_measures_the_network_sensitivity_where_the_network_matters() -> None:
+    model = load_model("gpt2-xl", global_batch_size=16)
+    tables = {
+        bw: candidate_table(two_nodes(bw), model, [PIPELINE, ONE_GPU], lambda c: Simulator(c, model))
+        for bw in (100.0, 0.125)
+    }
+    for table in tables.values():
+        assert table.terms == ("common", "compute on A100-80GB", "network of the A100-80GB nodes", "links inside nodes")
+        assert list(table.predicted_s) == sorted(table.predicted_s)  # fastest first
+        assert np.all(table.sensitivity[:, 0] == 1.0)
+    slow, fast = tables[0.125], tables[100.0]
+    pipe_slow = slow.configs.index(PIPELINE)
+    pipe_fast = fast.configs.index(PIPELINE)
+    one = fast.configs.index(ONE_GPU)
+    assert slow.sensitivity[pipe_slow, 2] > 2 * fast.sensitivity[pipe_fast, 2]
+    assert fast.sensitivity[one, 2] == 0.0  # one GPU sends nothing over the network
+    assert 0.8 < fast.sensitivity[one, 1] <= 1.02  # and is compute-bound
+    assert slow.prior_sigma[2] > fast.prior_sigma[2]
+
+
+def test_the_env_rewards_minus_the_regret_of_each_run_and_masks_what_ran() -> None:
+    table = _table([[1.0], [1.0], [1.0]], [0.3], predicted=(1.0, 1.1, 1.2), headroom=(0.5, 0.5, 0.5))
+    env = RealRunsEnv([Episode(table, np.array([1.6, 0.8, math.nan]))], budget=2)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (OBSERVATIONS,) and env.observation_space.contains(obs)
+    assert list(env.action_masks()) == [True, True, True] + [False] * (MAX_CANDIDATES - 3)
+    obs, reward, done, _, _ = env.step(0)
+    assert reward == pytest.approx(0.8 / 1.6 - 1.0) and not done
+    assert not env.action_masks()[0]
+    with pytest.raises(ValueError, match="not open"):
+        env.step(0)
+    obs, reward, done, _, _ = env.step(1)
+    assert reward == 0.0 and done  # the best plan ran; the budget of 2 is spent
+    env.reset()
+    _, reward, _, _, _ = env.step(2)
+    assert reward == -1.0  # nothing ran yet

@@ -1,0 +1,83 @@
+"""``rl`` on real runs: the learned chooser spends the budget on the planner's candidates, stops and says why."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from simulator_cases import two_nodes
+
+from autotune import load_model, tune
+from autotune.evaluator import Evaluator
+from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.space import SearchSpace
+from autotune.policy import policy_file
+from autotune.search.agents.acquire import GREEDY, default_acquisition_path, run_acquire, uses_acquisition
+from autotune.simulator import Simulator
+from autotune.simulator.perturbation import ClusterErrors, perturb
+from envs.acquisition import LAYOUT, MAX_CANDIDATES, OBSERVATIONS
+
+
+class Reality(Evaluator):
+    """Real runs: the simulator of a perturbed cluster (not a ``Simulator``: no search ranks plans by it)."""
+
+    def __init__(self, nominal, real, model) -> None:
+        self.cluster, self.model = nominal, model
+        self._truth = Simulator(real, model)
+        self.runs = 0
+
+    def evaluate(self, config):
+        self.runs += 1
+        return self._truth.evaluate(config)
+
+
+MODEL = load_model("gpt2-xl", global_batch_size=16)
+CLUSTER = two_nodes(1.0)
+SLOW_NETWORK = perturb(CLUSTER, ClusterErrors(network_bandwidth={"a": 0.05, "b": 0.05}))
+
+
+def test_the_shipped_chooser_is_a_policy_file_of_its_layout() -> None:
+    _, meta = policy_file.read(default_acquisition_path())
+    assert meta["layout"] == LAYOUT and (meta["obs_dim"], meta["n_actions"]) == (OBSERVATIONS, MAX_CANDIDATES)
+    assert uses_acquisition(None, "real") and not uses_acquisition(None, "sim")
+    assert uses_acquisition(default_acquisition_path(), "sim") and uses_acquisition(GREEDY, "sim")
+
+
+@pytest.mark.parametrize("policy", [None, GREEDY])
+def test_rl_on_real_runs_stops_within_the_budget_and_says_why(policy, caplog) -> None:
+    reality = Reality(CLUSTER, SLOW_NETWORK, MODEL)
+    with caplog.at_level(logging.INFO, logger="autotune.search.agents.acquire"):
+        result = tune(
+            CLUSTER,
+            MODEL,
+            method="rl",
+            budget=8,
+            backend="real",
+            policy=policy,
+            track=False,
+            storage="memory",
+            evaluator=reality,
+        )
+    # a plan the corrected simulator mispredicts is run again (``autotune.search.screen``): not a new plan
+    assert 1 <= result.evaluations <= 8 and result.evaluations <= reality.runs <= 3 * result.evaluations
+    assert result.best_measurement.ok
+    stopped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("real runs stopped after")]
+    assert len(stopped) == 1, stopped
+    assert any(why in stopped[0] for why in ("expected to beat", "budget of 8", "candidate plans ran"))
+
+
+def test_a_resumed_chooser_reads_back_what_ran_and_spends_only_the_rest() -> None:
+    space = SearchSpace(CLUSTER, MODEL)
+    first = BudgetedEvaluator(Reality(CLUSTER, SLOW_NETWORK, MODEL), space, 3)
+    run_acquire(space, first, policy_path=GREEDY)
+    ran = [(ev.config, ev.measurement) for ev in first.history]
+    assert len(ran) == 3
+    reality = Reality(CLUSTER, SLOW_NETWORK, MODEL)
+    again = BudgetedEvaluator(reality, space, 5)
+    for config, m in ran:
+        again.preload(config, m)
+    run_acquire(space, again, policy_path=GREEDY)
+    assert reality.runs <= 2 and again.used <= 5
+    assert not {ev.config for ev in again.history[3:]} & {c for c, _ in ran}  # nothing run twice
+    assert np.isclose(again.best.score, max(first.best.score, again.best.score))
