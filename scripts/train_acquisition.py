@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=12, help="perturbed realities per scenario")
     ap.add_argument("--steps", type=int, default=200_000)
     ap.add_argument("--validate-every", type=int, default=20_000)
+    ap.add_argument("--n-steps", type=int, default=1024, help="env steps per PPO rollout")
     ap.add_argument("--warm-epochs", type=int, default=40, help="supervised warm start first (0: none)")
     ap.add_argument("--teacher", default="greedy", choices=("greedy", "ranking"), help="what the warm start imitates")
     ap.add_argument("--lr", type=float, default=1e-4, help="PPO's learning rate")
@@ -87,10 +89,20 @@ def main(argv: list[str] | None = None) -> int:
         warm_epochs=args.warm_epochs,
         teacher=args.teacher,
         learning_rate=args.lr,
+        n_steps=args.n_steps,
     )
     for row in record["validation"]:
         print(f"policy @{row['steps']:>7d} {row}", flush=True)
-    record.update(baselines=baselines, load_average=os.getloadavg(), args=vars(args))
+    load = os.getloadavg()
+    record.update(
+        baselines=baselines,
+        load_average=load,
+        args=vars(args),
+        command="python " + " ".join(sys.argv),
+        timesteps=record["steps"],  # the keys experiments/quality/heldout_eval.py prints
+        train_time_s=record["wall_s"],
+        cpu=f"{os.cpu_count()} CPU cores, torch 1 thread, load average {load[0]:.1f} at the end",
+    )
     Path(args.output).with_suffix(".json").write_text(json.dumps(record, indent=1))
     print(
         f"{record['steps']} steps, {record['cpu_s']} CPU s, {record['wall_s']} s; best validation regret "

@@ -353,6 +353,7 @@ class CalibratingEvaluator:
         self.model = inner.model
         self.calibrator = OnlineCalibrator(simulator)
         self._simulator = simulator
+        self.start_simulator = simulator  # as the search began: no run's correction in it
 
     @property
     def simulator(self):

@@ -161,6 +161,11 @@ class CalibrationScreen:
         return self.calibrating.simulator
 
     @property
+    def start_simulator(self):
+        """The simulator the search began with (the profile's, no run's correction)."""
+        return self.calibrating.start_simulator
+
+    @property
     def calibrator(self):
         return self.calibrating.calibrator
 

@@ -97,7 +97,9 @@ def run_acquire(
     from autotune.simulator import Simulator
     from envs.acquisition import MAX_CANDIDATES
 
-    sim = simulator_of(budgeted)
+    # the simulator the search began with: the runs' corrections are the posterior's to make, and a corrected
+    # profile would pass for a measured one (its small error bars)
+    sim = getattr(budgeted.inner, "start_simulator", None) or simulator_of(budgeted)
     profile = sim.profile if sim is not None else None
     calibrated = frozenset(
         n.device.name for n in space.cluster.nodes if profile is not None and profile.device(n.device.name)
@@ -125,7 +127,6 @@ def _spend(space: SearchSpace, budgeted: BudgetedEvaluator, table, choose, stop_
     for i, c in enumerate(table.configs):  # plans already run: read back free
         if c in budgeted:
             _observe(post, i, budgeted.evaluate(c))
-    runs = 0
     while True:
         if post.run.all():
             reason = f"every one of the {len(table)} candidate plans ran"
@@ -140,11 +141,10 @@ def _spend(space: SearchSpace, budgeted: BudgetedEvaluator, table, choose, stop_
                 f"(largest expected gain {gain:.1%})"
             )
             break
-        i = choose(post, runs, budgeted.budget)
+        i = choose(post, int(post.run.sum()), budgeted.budget)
         config = table.configs[i]
         params = {**space.encode(config), "acquisition_rank": i, "predicted_s": round(float(table.predicted_s[i]), 6)}
         _observe(post, i, budgeted.evaluate(config, params))
-        runs += 1
     log.info("real runs stopped after %d of %d: %s", budgeted.used, budgeted.budget, reason)
     return reason
 

@@ -32,6 +32,7 @@ QUICK = {
     "experiments/quality/memory_first.py": [],
     "experiments/quality/mixed_stages.py": [],
     "experiments/quality/perturbed_reality.py": [],
+    "experiments/quality/real_runs_cpu.py": [],
     "experiments/quality/roundpipe_bench.py": [],
     "experiments/quality/runnable.py": [],
     "experiments/quality/sailor_planner_comparison.py": [],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from simulator_cases import two_nodes
@@ -13,6 +14,7 @@ from autotune.planning.posterior import CandidateTable, Posterior, candidate_tab
 from autotune.simulator import Simulator
 from autotune.simulator.perturbation import ClusterErrors, draw_errors, perturb
 from autotune.specs import ParallelConfig
+from envs import REAL_RUNS_ENV_ID
 from envs.acquisition import MAX_CANDIDATES, OBSERVATIONS, Episode, RealRunsEnv
 
 PIPELINE = ParallelConfig.from_dict(
@@ -124,3 +126,5 @@ def test_the_env_rewards_minus_the_regret_of_each_run_and_masks_what_ran() -> No
     env.reset()
     _, reward, _, _, _ = env.step(2)
     assert reward == -1.0  # nothing ran yet
+    made = gym.make(REAL_RUNS_ENV_ID, episodes=env.episodes, budget=2)
+    assert made.reset(seed=1)[0].shape == (OBSERVATIONS,)

@@ -81,3 +81,28 @@ def test_a_resumed_chooser_reads_back_what_ran_and_spends_only_the_rest() -> Non
     assert reality.runs <= 2 and again.used <= 5
     assert not {ev.config for ev in again.history[3:]} & {c for c, _ in ran}  # nothing run twice
     assert np.isclose(again.best.score, max(first.best.score, again.best.score))
+
+
+def test_the_chooser_predicts_with_the_simulator_the_search_began_with(monkeypatch) -> None:
+    """On real runs the closed loop corrects its simulator after every run; the chooser's table must come from
+    the uncorrected one (a corrected profile would pass for a measured one, with its small error bars)."""
+    from autotune.search import screen as screen_module
+    from autotune.search.agents import acquire
+
+    screen = screen_module.CalibrationScreen(Reality(CLUSTER, SLOW_NETWORK, MODEL), Simulator(CLUSTER, MODEL))
+    space = SearchSpace(CLUSTER, MODEL)
+    budgeted = BudgetedEvaluator(screen, space, 4, screen=screen.screen)
+    first = acquire.candidates(space, budgeted, Simulator(CLUSTER, MODEL), 4)[0]
+    budgeted.evaluate(first)
+    assert screen.simulator.profile is not None and screen.start_simulator.profile is None  # corrected by the run
+    seen = []
+    real_table = acquire.candidate_table
+
+    def spy(cluster, model, configs, factory, calibrated=frozenset()):
+        seen.append(calibrated)
+        return real_table(cluster, model, configs, factory, calibrated)
+
+    monkeypatch.setattr(acquire, "candidate_table", spy)
+    run_acquire(space, budgeted, policy_path=GREEDY)
+    assert seen == [frozenset()]  # no GPU class counts as profiled
+    assert budgeted.screen == screen.screen  # the speed screen is back once the chooser is done
