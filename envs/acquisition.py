@@ -23,7 +23,7 @@ import numpy as np
 
 from autotune.planning.posterior import CandidateTable, Posterior
 
-MAX_CANDIDATES = 32
+MAX_CANDIDATES = 64
 #: the layout name policy files of this env carry (``autotune.policy.policy_file``)
 LAYOUT = "acquisition"
 CANDIDATE_FEATURES = (
