@@ -207,7 +207,12 @@ def search(
     ),
     profile: Path | None = typer.Option(None, "--profile", help="Calibration profile for the simulator."),
     workers: int = typer.Option(1, "--workers", help="Optuna worker processes on one study."),
-    policy: Path | None = typer.Option(None, "--policy", help="RL policy file (default: the shipped one)."),
+    policy: Path | None = typer.Option(
+        None,
+        "--policy",
+        help="RL policy file (default: the shipped one: the walk's on the simulator, the chooser of real runs' "
+        "with --backend real); greedy-gain: the chooser's fixed rule; scratch: learn online.",
+    ),
     start: str = typer.Option(
         "dp",
         "--start",

@@ -142,7 +142,7 @@ def _print_real_runs(console) -> None:
 
     class ToConsole(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if record.getMessage().startswith("real run "):
+            if record.getMessage().startswith(("real run ", "real runs stopped")):
                 console.print(escape(record.getMessage()), highlight=False, soft_wrap=True)
 
     for name in ("autotune.search.screen", "autotune.search.agents.acquire"):  # the runs, why the chooser stopped

@@ -230,6 +230,21 @@ def test_real_backend_prints_predicted_against_measured_per_run_and_at_the_end(t
     assert "simulator error before each real run (corrected by the runs before it): mean" in r.stderr
 
 
+def test_rl_on_real_runs_says_why_it_stopped_and_a_rerun_resumes_without_new_runs(tmp_path):
+    """``search --method rl --backend real`` is the chooser of real runs: it says after its last run why it
+    stopped; the same command again resumes from the MLflow record and runs nothing new."""
+    args = ("search", "--cluster", "cpu-hetero", "--model", "tiny", "--method", "rl", "--budget", "3")
+    r = cli(*args, "--backend", "real", cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ran = [line for line in r.stderr.splitlines() if line.startswith("real run ")]
+    stopped = [line for line in r.stderr.splitlines() if line.startswith("real runs stopped after ")]
+    assert 1 <= len(ran) <= 3 and len(stopped) == 1, r.stderr
+    again = cli(*args, "--backend", "real", cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert not [line for line in again.stderr.splitlines() if line.startswith("real run ")], again.stderr
+    assert f"real runs stopped after {len(ran)} of 3" in again.stderr
+
+
 @pytest.mark.slow
 def test_two_workers_share_one_study_and_one_budget(tmp_path):
     import optuna
