@@ -145,8 +145,8 @@ class Posterior:
             gain = prior @ a.T @ np.linalg.inv(s)
             mean, cov = gain @ y, prior - gain @ a @ prior
         self.mean_log_s = np.log(t.predicted_s) + t.sensitivity @ mean
-        self.std_log_s = np.sqrt(np.maximum(np.einsum("kt,ts,ks->k", t.sensitivity, cov, t.sensitivity), 0.0))
-        self.std_log_s = np.sqrt(self.std_log_s**2 + self.noise**2)
+        var = np.maximum(np.einsum("kt,ts,ks->k", t.sensitivity, cov, t.sensitivity), 0.0)
+        self.std_log_s = np.sqrt(var + self.noise**2)  # a run of it would also carry the run's own noise
 
     @property
     def best_measured_s(self) -> float | None:
