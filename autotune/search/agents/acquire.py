@@ -5,7 +5,10 @@ the nominal simulator (the profile's, when the search has one) with their error 
 (``autotune.planning.posterior.candidate_table``). Before each run the policy (MaskablePPO, trained offline
 across scenarios with the simulator's errors randomised: ``scripts/train_acquisition.py``, shipped as
 ``autotune/data/acquisition.safetensors``) picks the next candidate from the posterior every run so far
-refitted; the run goes through the search's ``BudgetedEvaluator`` like any method's. The closed loop's speed
+refitted; the run goes through the search's ``BudgetedEvaluator`` like any method's. After the first measured
+run, the candidates are re-planned once with the simulator the closed loop corrected with it (the plans it puts
+first join the table; what ran stays, its measurements kept): a simulator far off on this cluster ranks plans
+the corrected one would never put in its first 64. The closed loop's speed
 screen (``autotune.search.screen``: a plan the corrected simulator puts below half the best is not run) is off
 while it chooses: it would overrule the chooser's exploration with the very simulator the runs correct (the
 memory model still screens, and every run still refits the correction).
@@ -105,29 +108,56 @@ def run_acquire(
         n.device.name for n in space.cluster.nodes if profile is not None and profile.device(n.device.name)
     )
     nominal = Simulator(space.cluster, space.model, profile=profile)
-    # what already ran (a start plan, a resumed search) is a candidate too: its measurement informs the rest
-    ran = list(dict.fromkeys(ev.config for ev in budgeted.history))[: MAX_CANDIDATES // 2]
-    configs = ran + [c for c in candidates(space, budgeted, nominal, MAX_CANDIDATES) if c not in ran]
-    configs = configs[:MAX_CANDIDATES]
-    table = candidate_table(
-        space.cluster, space.model, configs, lambda c: Simulator(c, space.model, profile=profile), calibrated
-    )
+
+    def table_from(planner_sim):
+        """The table of what already ran (a start plan, a resumed search: its measurements inform the rest)
+        and the plans ``planner_sim``'s planner puts first, predicted by the search's starting simulator."""
+        ran = list(dict.fromkeys(ev.config for ev in budgeted.history))[: MAX_CANDIDATES // 2]
+        configs = ran + [c for c in candidates(space, budgeted, planner_sim, MAX_CANDIDATES) if c not in ran]
+        return candidate_table(
+            space.cluster,
+            space.model,
+            configs[:MAX_CANDIDATES],
+            lambda c: Simulator(c, space.model, profile=profile),
+            calibrated,
+        )
+
+    def replan():
+        """The table of the plans the simulator corrected by the runs so far puts first (the closed loop's,
+        ``autotune.search.screen``), or None when there is none (the simulator backend)."""
+        corrected = simulator_of(budgeted)
+        return table_from(corrected) if corrected is not None and corrected is not sim else None
+
+    table = table_from(nominal)
     if not len(table):
         return "no candidate plan fits the simulator's memory model"
     choose = _chooser(policy_path)
     screen, budgeted.screen = budgeted.screen, None  # the chooser decides what runs (the memory model still screens)
     try:
-        return _spend(space, budgeted, table, choose, stop_gain)
+        return _spend(budgeted, table, choose, stop_gain, replan)
     finally:
         budgeted.screen = screen
 
 
-def _spend(space: SearchSpace, budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None) -> str:
+def _posterior(table, budgeted: BudgetedEvaluator) -> Posterior:
+    """The posterior of ``table`` given the plans of it already run (read back free)."""
     post = Posterior(table)
-    for i, c in enumerate(table.configs):  # plans already run: read back free
+    for i, c in enumerate(table.configs):
         if c in budgeted:
             _observe(post, i, budgeted.evaluate(c))
+    return post
+
+
+def _spend(budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None, replan) -> str:
+    space = budgeted.space
+    post = _posterior(table, budgeted)
+    replanned = False
     while True:
+        if not replanned and post.best_measured_s is not None:  # once: the first run corrected the simulator
+            replanned = True
+            fresh = replan()
+            if fresh is not None and len(fresh):
+                table, post = fresh, _posterior(fresh, budgeted)
         if post.run.all():
             reason = f"every one of the {len(table)} candidate plans ran"
             break

@@ -83,9 +83,12 @@ def test_a_resumed_chooser_reads_back_what_ran_and_spends_only_the_rest() -> Non
     assert np.isclose(again.best.score, max(first.best.score, again.best.score))
 
 
-def test_the_chooser_predicts_with_the_simulator_the_search_began_with(monkeypatch) -> None:
-    """On real runs the closed loop corrects its simulator after every run; the chooser's table must come from
-    the uncorrected one (a corrected profile would pass for a measured one, with its small error bars)."""
+def test_the_chooser_predicts_with_the_simulator_the_search_began_with_and_replans_with_the_corrected_one(
+    monkeypatch,
+) -> None:
+    """On real runs the closed loop corrects its simulator after every run; the chooser's predictions must come
+    from the uncorrected one (a corrected profile would pass for a measured one, with its small error bars),
+    while its candidates are re-planned once with the corrected one (plans it puts first join the table)."""
     from autotune.search import screen as screen_module
     from autotune.search.agents import acquire
 
@@ -95,14 +98,18 @@ def test_the_chooser_predicts_with_the_simulator_the_search_began_with(monkeypat
     first = acquire.candidates(space, budgeted, Simulator(CLUSTER, MODEL), 4)[0]
     budgeted.evaluate(first)
     assert screen.simulator.profile is not None and screen.start_simulator.profile is None  # corrected by the run
+    corrected_first = acquire.candidates(space, budgeted, screen.simulator, 64)
     seen = []
     real_table = acquire.candidate_table
 
     def spy(cluster, model, configs, factory, calibrated=frozenset()):
-        seen.append(calibrated)
+        seen.append((list(configs), calibrated, factory(cluster).profile))
         return real_table(cluster, model, configs, factory, calibrated)
 
     monkeypatch.setattr(acquire, "candidate_table", spy)
     run_acquire(space, budgeted, policy_path=GREEDY)
-    assert seen == [frozenset()]  # no GPU class counts as profiled
+    assert len(seen) == 2  # the start, then once more after the first measured run
+    assert all(calibrated == frozenset() and profile is None for _, calibrated, profile in seen)  # no class profiled
+    assert seen[0][0][0] == first and seen[1][0][0] == first  # what ran stays a candidate
+    assert set(corrected_first[:8]) <= set(seen[1][0])  # the corrected planner's first plans joined
     assert budgeted.screen == screen.screen  # the speed screen is back once the chooser is done
