@@ -18,6 +18,8 @@ for a live search (``autotune.search.agents.acquire``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gymnasium as gym
 import numpy as np
 
@@ -42,13 +44,20 @@ OBSERVATIONS = MAX_CANDIDATES * len(CANDIDATE_FEATURES) + len(GLOBAL_FEATURES)
 DEFAULT_BUDGET = 10
 
 
+@dataclass(frozen=True, slots=True)
 class Episode:
     """One training search: the candidates' table and what each really takes (NaN: does not run)."""
 
-    def __init__(self, table: CandidateTable, truth_s: np.ndarray, name: str = "") -> None:
-        if len(table) > MAX_CANDIDATES or len(truth_s) != len(table):
-            raise ValueError(f"{len(table)} candidates and {len(truth_s)} true times (at most {MAX_CANDIDATES})")
-        self.table, self.truth_s, self.name = table, np.asarray(truth_s, dtype=float), name
+    table: CandidateTable
+    truth_s: np.ndarray
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.table) > MAX_CANDIDATES or len(self.truth_s) != len(self.table):
+            raise ValueError(
+                f"{len(self.table)} candidates and {len(self.truth_s)} true times (at most {MAX_CANDIDATES})"
+            )
+        object.__setattr__(self, "truth_s", np.asarray(self.truth_s, dtype=float))
 
     @property
     def best_s(self) -> float:
