@@ -19,13 +19,17 @@ GPT = dict(
 FAST = 1e15  # GB/s: a link or memory so fast its time vanishes
 
 
-def two_nodes(network_GBps: float):
+def two_nodes(network_GBps: float):  # the error-bar, posterior and chooser tests
     """Two nodes of one A100-80GB each (``a:0``, ``b:0``) joined by ``network_GBps``."""
     from autotune.loading import cluster_from_dict
 
     node = {"gpu": "A100-80GB", "count": 1, "intra_node": {"bandwidth_GBps": 300, "latency_us": 2}}
     net = {"bandwidth_GBps": network_GBps, "latency_us": 20}
     return cluster_from_dict(
-        {"name": "two", "nodes": [{**node, "name": "a", "network": net}, {**node, "name": "b", "network": net}]},
+        {
+            "name": "two",
+            "nodes": [{**node, "name": "a", "network": net}, {**node, "name": "b", "network": net}],
+            "network": net,
+        },
         "two",
     )

@@ -140,6 +140,21 @@ class BudgetedEvaluator(CachedEvaluator):
         """True when evaluating ``config`` would spend one unit of budget."""
         return config not in self
 
+    def refusal(self, config: ParallelConfig) -> str | None:
+        """Why ``config`` would be refused without an evaluation (its space, the backend, the search's
+        limits), or None."""
+        return self._refusal(config)[0]
+
+    def _refusal(self, config: ParallelConfig) -> tuple[str | None, bool]:
+        """(why, whether ``limits`` said it)."""
+        reason = self.space.check(config)
+        if reason is None and (backend_check := getattr(self.inner, "check", None)) is not None:
+            reason = backend_check(config)  # e.g. a plan shape the real runner cannot run
+        if reason is None and self.limits is not None:
+            reason = self.limits(config)
+            return reason, reason is not None
+        return reason, False
+
     # -- evaluating --------------------------------------------------------------------------------
     def evaluate(
         self,
@@ -151,13 +166,9 @@ class BudgetedEvaluator(CachedEvaluator):
         before any listener hears of it (the Optuna agent writes its study there first)."""
         if config in self:
             return super().evaluate(config)
-        reason = self.space.check(config)
-        if reason is None and (backend_check := getattr(self.inner, "check", None)) is not None:
-            reason = backend_check(config)  # e.g. a plan shape the real runner cannot run
-        if reason is None and self.limits is not None:
-            reason = self.limits(config)
-            if reason is not None:
-                self.limited.append(reason)
+        reason, by_limits = self._refusal(config)
+        if by_limits:
+            self.limited.append(reason)
         if reason is not None:
             self.invalid += 1
             return Measurement.failure("invalid", reason)

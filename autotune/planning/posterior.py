@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autotune.planning.planner import Planner
 from autotune.simulator.error_bar import compute_error, network_error
 from autotune.simulator.perturbation import MEMORY_ERROR, ClusterErrors, perturb
 from autotune.specs import ParallelConfig
@@ -111,6 +112,18 @@ def candidate_table(
     )
 
 
+def first_plans(space, sim, refused, limit: int) -> list[ParallelConfig]:
+    """The structured planner's first ``limit`` plans for ``space``, costed by ``sim``, that ``refused``
+    (config -> why, or None) lets through (it plans twice as many to fill them)."""
+    out = []
+    for cand in Planner(space, sim).plan(2 * limit):
+        if refused(cand.config) is None:
+            out.append(cand.config)
+        if len(out) >= limit:
+            break
+    return out
+
+
 class Posterior:
     """The belief over the terms' log errors after the real runs so far (module docstring)."""
 
@@ -156,7 +169,7 @@ class Posterior:
     def fit_probability(self) -> np.ndarray:
         """Per candidate, the chance it fits in memory when the usable memory is off by ``MEMORY_ERROR``."""
         used = np.clip(1.0 - self.table.headroom, 1e-6, None)
-        return 0.5 * (1.0 + np.vectorize(math.erf)(-np.log(used) / MEMORY_ERROR / math.sqrt(2)))
+        return _normal_cdf(-np.log(used) / MEMORY_ERROR)
 
     def expected_gain(self) -> np.ndarray:
         """Per candidate, E[max(0, log best measured - log time)]: the expected log-time improvement of
@@ -165,6 +178,9 @@ class Posterior:
         ref = math.log(best) if best is not None else float(self.mean_log_s.min())
         z = (ref - self.mean_log_s) / self.std_log_s
         phi = np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi)
-        cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2)))
-        gain = (ref - self.mean_log_s) * cdf + self.std_log_s * phi
+        gain = (ref - self.mean_log_s) * _normal_cdf(z) + self.std_log_s * phi
         return np.where(self.run, 0.0, np.maximum(gain, 0.0))
+
+
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2)))

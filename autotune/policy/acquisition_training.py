@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.planning.posterior import CandidateTable, Posterior, candidate_table
+from autotune.planning.posterior import CandidateTable, Posterior, candidate_table, first_plans
 from autotune.simulator.perturbation import draw_errors, perturb
 from envs.acquisition import DEFAULT_BUDGET, MAX_CANDIDATES, Episode, RealRunsEnv, mask, observe
 
@@ -38,8 +38,8 @@ TARGET = 0.98
 def scenario_candidates(cluster, model, limit: int = MAX_CANDIDATES, refused=None) -> list:
     """The planner's plans for the scenario, fastest composed first, within the runner's limits (``refused``:
     config -> reason or None; default the runner's ``plan_limits``), at most ``limit``."""
-    from autotune.planning.planner import plan_candidates
     from autotune.planning.space import SearchSpace
+    from autotune.simulator import Simulator
 
     space = SearchSpace(cluster, model)
     if refused is None:
@@ -47,13 +47,7 @@ def scenario_candidates(cluster, model, limit: int = MAX_CANDIDATES, refused=Non
 
         limits = plan_limits(cluster, model)
         refused = limits if limits is not None else (lambda c: None)
-    out = []
-    for cand in plan_candidates(space, None, limit=2 * limit):
-        if space.check(cand.config) is None and refused(cand.config) is None:
-            out.append(cand.config)
-        if len(out) >= limit:
-            break
-    return out
+    return first_plans(space, Simulator(cluster, model), lambda c: space.check(c) or refused(c), limit)
 
 
 def scenario_episodes(scenario, draws: int, rng: np.random.Generator) -> list[Episode]:
@@ -126,24 +120,20 @@ def policy_chooser(policy) -> Chooser:
 
 
 def play(episode: Episode, choose: Chooser, budget: int = DEFAULT_BUDGET) -> list[float]:
-    """Best true time found / true best after each of ``budget`` runs (0 while nothing ran)."""
-    post = Posterior(episode.table)
-    best, curve = math.inf, []
-    for runs in range(budget):
-        if post.run.all():
-            curve.append(curve[-1] if curve else 0.0)
-            continue
-        a = choose(post, runs, budget)
-        t = episode.truth_s[a]
-        post.observe(a, None if np.isnan(t) else float(t))
-        if not np.isnan(t):
-            best = min(best, float(t))
-        curve.append(episode.best_s / best if math.isfinite(best) else 0.0)
-    return curve
+    """Best true time found / true best after each of ``budget`` runs (0 while nothing ran): the env's
+    reward + 1 at each step (``RealRunsEnv``), the last value kept once every candidate ran."""
+    env = RealRunsEnv([episode], budget=budget)
+    env.reset()
+    curve, done = [], False
+    while not done:
+        _, reward, done, _, _ = env.step(choose(env.post, env.runs, budget))
+        curve.append(1.0 + reward)
+    return curve + [curve[-1]] * (budget - len(curve))
 
 
-def runs_to_target(curve: list[float]) -> int | None:
-    return next((i + 1 for i, v in enumerate(curve) if v >= TARGET), None)
+def runs_to_target(curve: list[float], best: float = 1.0) -> int | None:
+    """The first run (1-based) whose best-so-far reaches ``TARGET`` of ``best``; None when none does."""
+    return next((i + 1 for i, v in enumerate(curve) if v >= TARGET * best), None)
 
 
 def score(episodes: list[Episode], choose: Chooser, budget: int = DEFAULT_BUDGET) -> dict[str, float]:

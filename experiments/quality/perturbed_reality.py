@@ -41,6 +41,7 @@ import numpy as np
 from autotune.evaluator import Evaluator
 from autotune.planning.planner import plan_candidates
 from autotune.planning.space import SearchSpace
+from autotune.policy.acquisition_training import runs_to_target
 from autotune.policy.scenarios import heldout_scenarios
 from autotune.search.api import tune
 from autotune.simulator import Simulator
@@ -48,7 +49,6 @@ from autotune.simulator.perturbation import draw_errors, perturb
 from autotune.specs import ClusterSpec, Measurement, ParallelConfig
 from runner.jobs import plan_limits
 
-TARGET = 0.98
 METHODS = (  # (name, --method, --backend, --policy)
     ("sim order", "dp", "sim", None),
     ("optuna", "optuna", "sim", None),
@@ -82,11 +82,6 @@ class Reality(Evaluator):
 
     def evaluate(self, config: ParallelConfig) -> Measurement:
         return self._truth.evaluate(config)
-
-
-def runs_to_target(curve: list[float], best: float) -> int | None:
-    """The first run (1-based) whose best-so-far reaches ``TARGET`` of ``best``; None when none does."""
-    return next((i + 1 for i, v in enumerate(curve) if v >= TARGET * best), None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,9 +25,8 @@ import logging
 from pathlib import Path
 
 from autotune.planning.budget import BudgetedEvaluator
-from autotune.planning.posterior import Posterior, candidate_table
+from autotune.planning.posterior import Posterior, candidate_table, first_plans
 from autotune.planning.space import SearchSpace
-from autotune.specs import ParallelConfig
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +55,8 @@ def policy_for(policy: str | Path | None, backend: str) -> Path:
 def uses_acquisition(policy: str | Path | None, backend: str) -> bool:
     """True when ``rl`` runs this module's chooser: ``--backend real`` without ``--policy``, ``--policy
     greedy-gain``, or a policy file of the chooser's layout (``envs.acquisition.LAYOUT``)."""
+    if policy is None:  # the shipped files: the chooser's on real runs, the walk's on the simulator
+        return backend == "real"
     if str(policy) == GREEDY:
         return True
     if str(policy) == "scratch":
@@ -64,28 +65,6 @@ def uses_acquisition(policy: str | Path | None, backend: str) -> bool:
     from envs.acquisition import LAYOUT
 
     return policy_file.read(policy_for(policy, backend))[1].get("layout") == LAYOUT
-
-
-def _refused(budgeted: BudgetedEvaluator, config: ParallelConfig) -> bool:
-    """True when ``budgeted`` would refuse ``config`` without running it (its space, backend or limits)."""
-    if budgeted.space.check(config) is not None:
-        return True
-    check = getattr(budgeted.inner, "check", None)
-    if check is not None and check(config) is not None:
-        return True
-    return budgeted.limits is not None and budgeted.limits(config) is not None
-
-
-def candidates(space: SearchSpace, budgeted: BudgetedEvaluator, sim, limit: int) -> list[ParallelConfig]:
-    from autotune.planning.planner import Planner
-
-    out = []
-    for cand in Planner(space, sim).plan(2 * limit):
-        if not _refused(budgeted, cand.config):
-            out.append(cand.config)
-        if len(out) >= limit:
-            break
-    return out
 
 
 def run_acquire(
@@ -113,7 +92,8 @@ def run_acquire(
         """The table of what already ran (a start plan, a resumed search: its measurements inform the rest)
         and the plans ``planner_sim``'s planner puts first, predicted by the search's starting simulator."""
         ran = list(dict.fromkeys(ev.config for ev in budgeted.history))[: MAX_CANDIDATES // 2]
-        configs = ran + [c for c in candidates(space, budgeted, planner_sim, MAX_CANDIDATES) if c not in ran]
+        planned = first_plans(space, planner_sim, budgeted.refusal, MAX_CANDIDATES)
+        configs = ran + [c for c in planned if c not in ran]
         return candidate_table(
             space.cluster,
             space.model,

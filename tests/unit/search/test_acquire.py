@@ -11,6 +11,7 @@ from simulator_cases import two_nodes
 from autotune import load_model, tune
 from autotune.evaluator import Evaluator
 from autotune.planning.budget import BudgetedEvaluator
+from autotune.planning.posterior import first_plans
 from autotune.planning.space import SearchSpace
 from autotune.policy import policy_file
 from autotune.search.agents.acquire import GREEDY, default_acquisition_path, run_acquire, uses_acquisition
@@ -95,10 +96,10 @@ def test_the_chooser_predicts_with_the_simulator_the_search_began_with_and_repla
     screen = screen_module.CalibrationScreen(Reality(CLUSTER, SLOW_NETWORK, MODEL), Simulator(CLUSTER, MODEL))
     space = SearchSpace(CLUSTER, MODEL)
     budgeted = BudgetedEvaluator(screen, space, 4, screen=screen.screen)
-    first = acquire.candidates(space, budgeted, Simulator(CLUSTER, MODEL), 4)[0]
+    first = first_plans(space, Simulator(CLUSTER, MODEL), budgeted.refusal, 4)[0]
     budgeted.evaluate(first)
     assert screen.simulator.profile is not None and screen.start_simulator.profile is None  # corrected by the run
-    corrected_first = acquire.candidates(space, budgeted, screen.simulator, 64)
+    corrected_first = first_plans(space, screen.simulator, budgeted.refusal, 64)
     seen = []
     real_table = acquire.candidate_table
 

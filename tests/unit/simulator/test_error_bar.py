@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from simulator_cases import two_nodes
 
 from autotune import load_model
-from autotune.loading import cluster_from_dict
 from autotune.simulator import Simulator
 from autotune.simulator import error_bar as eb
 from autotune.specs import Measurement, ParallelConfig
@@ -40,21 +40,6 @@ def test_combine_adds_in_quadrature_and_names_the_largest() -> None:
     assert eb.combine([("a", 0.02), ("a", 0.01)]) == (pytest.approx(0.03), ("a",))
     assert eb.describe(0.123, ("network at 0.1 GB/s",)) == "±12% (mostly network at 0.1 GB/s)"
     assert eb.describe(0.0, ()) == "not estimated"
-
-
-def two_nodes(network_GBps: float):
-    node = {"gpu": "A100-80GB", "count": 1, "intra_node": {"bandwidth_GBps": 300, "latency_us": 2}}
-    return cluster_from_dict(
-        {
-            "name": "two",
-            "nodes": [
-                {**node, "name": "a", "network": {"bandwidth_GBps": network_GBps, "latency_us": 20}},
-                {**node, "name": "b", "network": {"bandwidth_GBps": network_GBps, "latency_us": 20}},
-            ],
-            "network": {"bandwidth_GBps": network_GBps, "latency_us": 20},
-        },
-        "two",
-    )
 
 
 PIPELINE = ParallelConfig.from_dict(
