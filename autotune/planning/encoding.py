@@ -123,8 +123,11 @@ def nearest(ctx: SpaceContext, config: ParallelConfig) -> Params:
                 trains_experts=_pick(ctx, "trains_experts", trains),
                 sync_every=_pick(ctx, "sync_every", config.sync_every_steps),
             )
-        if "stage_ranks" in dims:
-            out["stage_ranks"] = _pick(ctx, "stage_ranks", widest)
+        if "stage_ranks" in dims:  # stages of unequal or unlisted widths: Zorse's bandwidth cut
+            widths = {len(s.ranks) or 1 for p in config.pipelines for s in p.stages}
+            listed = len(widths) == 1 and widest in dims["stage_ranks"].choices
+            cut = mixed_space.BANDWIDTH if mixed_space.BANDWIDTH in dims["stage_ranks"].choices else widest
+            out["stage_ranks"] = _pick(ctx, "stage_ranks", widest if listed else cut)
         out.update(roundpipe_space.off_params(dims))
     for name, dim in dims.items():  # anything else (RoundPipe's knobs of a pipeline plan): its first choice
         out.setdefault(name, dim.choices[0])

@@ -37,19 +37,18 @@ Plan families it enumerates (every micro-batch size of the space):
   few plans are timed by the simulator itself (a one-stage replica has no pipeline to compose).
 - memory-state variants of the first two (``autotune.planning.state_variants``, below): the same pipelines
   with ZeRO, offload, sequence parallelism or less recomputation, family e.g. ``mixed+zero3+offload-all``.
+- ``mixed-stages`` (``autotune.planning.mixed_stages``): Zorse's stages of several ranks of different types
+  around the best plans of the others, timed by the simulator, and their memory-state variants.
 
-The first two families multiply their choices per node class; a cluster of many different standalone nodes
-(15 classes: 5^15 per-class combinations) would never finish, so past ``MAX_COMBINATIONS`` the
-per-class family is a beam search over the classes (the ``BEAM_WIDTH`` best partial plans kept), and
+The first two families multiply their choices per node class: past ``MAX_COMBINATIONS`` (15 standalone
+nodes: 5^15) the per-class family is a beam search over the classes (the ``BEAM_WIDTH`` best partial plans),
 past ``MAX_MIXED_TP_CHOICES`` the mixed family varies one class's tp degree at a time.
 
-The composition runs once per offload mode of the space (``none``; then ``optimizer`` and ``all`` at the
-smallest micro-batch size, memory from the simulator's offload terms with no sharding credit; the plans they
-build shard ZeRO-3 across their replicas, so host memory holds one copy of the state). Over the best
-structures of each (``STRUCTURES_PER_PASS``), the family ``state_variants`` tries every ZeRO stage, offload
-mode (the structure's and the lighter ones), sequence parallelism and recomputation that the memory model
-says fits, timed by the simulator itself (the composed time leaves out ZeRO and offload traffic), at most
-``MAX_STATE_SIMULATIONS`` plans (fewer past 512 GPUs). Its plans are ranked by that simulated time among
+The composition runs once per offload mode of the space (``none``; ``optimizer`` and ``all`` at the smallest
+micro-batch size, their plans ZeRO-3 across replicas). Over the best structures of each
+(``STRUCTURES_PER_PASS``), ``state_variants`` tries every ZeRO stage, offload mode, sequence parallelism and
+recomputation the memory model says fits, timed by the simulator (the composed time leaves out ZeRO and
+offload traffic), at most ``MAX_STATE_SIMULATIONS`` plans (fewer past 512 GPUs), ranked by that time among
 the composed ones; when nothing fits without offload, the offload modes' composed plans are kept too.
 
 The best few per family and micro-batch size, ranked by the composed time, are what ``run_dp`` sends
@@ -70,7 +69,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.planning import sharded_dp, state_variants
+from autotune.planning import mixed_stages, sharded_dp, state_variants
 from autotune.planning.candidate import Candidate
 from autotune.planning.space import SearchSpace, valid_tp
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
@@ -565,12 +564,12 @@ class Planner:
         kinds = [(k.node_class, k.tp, k.groups, k.speed_tflops) for k in self.kinds]
         sharded = sharded_dp.candidates(self.space, self.sim, kinds)
         out += sharded + state_variants.variants(self.space, self.sim, sharded, SHARDED_SIMULATIONS)
-        seen, unique = set(), []
-        for c in sorted(out, key=lambda c: c.estimate_s):  # a plan found twice: its better estimate
-            if c.config not in seen:
-                seen.add(c.config)
-                unique.append(c)
-        return unique[:limit]
+        unique = _distinct(out)
+        # Zorse's stages of several ranks around the best plans so far, then their memory-state variants
+        calls = mixed_stages.simulations(self.space.cluster.num_devices)
+        mixed = mixed_stages.candidates(self.space, self.sim, unique, calls)
+        mixed += state_variants.variants(self.space, self.sim, mixed[: mixed_stages.VARIED], calls // 2)
+        return _distinct(unique + mixed)[:limit]
 
     def compose(self, offload: str, limit: int, mbs_choices: int | None = None) -> list[Candidate]:
         """The best ``limit`` distinct plans composed with every stage's ``offload``, at the first
@@ -606,6 +605,16 @@ class Planner:
             out[0].estimate_s if out else float("nan"),
         )
         return out
+
+
+def _distinct(candidates: list[Candidate]) -> list[Candidate]:
+    """Distinct plans, best estimate first (a plan found twice: its better estimate)."""
+    seen, unique = set(), []
+    for c in sorted(candidates, key=lambda c: c.estimate_s):
+        if c.config not in seen:
+            seen.add(c.config)
+            unique.append(c)
+    return unique
 
 
 @dataclass(slots=True)

@@ -84,6 +84,7 @@ def choices(space: SearchSpace, config: ParallelConfig, sharding: bool = True) -
     executions = (MICROBATCH, LAYERWISE) if layerwise else (MICROBATCH,)
     interleaves = (
         not one_stage
+        and not config.has_mixed_stages  # Megatron's chunks over stages of one rank only (specs.mixed_stage)
         and INTERLEAVED in dims["schedule"].choices
         and config.schedule != INTERLEAVED
         and all(
