@@ -14,3 +14,13 @@ class Candidate:
     config: ParallelConfig
     estimate_s: float
     family: str
+
+
+def distinct(candidates: list[Candidate]) -> list[Candidate]:
+    """Distinct plans, best estimate first (a plan found twice: its better estimate)."""
+    seen, unique = set(), []
+    for c in sorted(candidates, key=lambda c: c.estimate_s):
+        if c.config not in seen:
+            seen.add(c.config)
+            unique.append(c)
+    return unique

@@ -134,6 +134,24 @@ def nearest(ctx: SpaceContext, config: ParallelConfig) -> Params:
     return {name: out[name] for name in dims}
 
 
+def base_points(ctx: SpaceContext, configs, limit: int) -> list[Params]:
+    """The points (``nearest``) of the first ``limit`` of ``configs`` (best first) that differ in their
+    tensor-parallel degrees, the node classes they use or their micro-batch size; RoundPipe plans skipped.
+    The planner's families that decode plans around its best ones start from these."""
+    points, keys = [], set()
+    for config in configs:
+        if config.is_roundpipe:
+            continue
+        point = nearest(ctx, config)
+        key = tuple(sorted((k, str(v)) for k, v in point.items() if k.startswith(("tp.", "use.")) or k == "mbs"))
+        if key not in keys:
+            keys.add(key)
+            points.append(point)
+        if len(points) >= limit:
+            break
+    return points
+
+
 def decode_anchored(
     ctx: SpaceContext, config: ParallelConfig, point: Mapping[str, Any], params: Mapping[str, Any]
 ) -> ParallelConfig | str | None:

@@ -59,17 +59,7 @@ def candidates(space: SearchSpace, sim, structures: Sequence[Candidate], max_sim
         return []
     widths = [w for w in dims["stage_ranks"].choices if w != 1]
     states = [(z, o) for z, o in FRUGAL_STATES if z in dims["zero"].choices and o in dims["offload"].choices]
-    bases, seen_bases = [], set()
-    for cand in structures:
-        if cand.config.is_roundpipe:
-            continue
-        point = encoding.nearest(space.context, cand.config)
-        key = tuple(sorted((k, str(v)) for k, v in point.items() if k.startswith(("tp.", "use.")) or k == "mbs"))
-        if key not in seen_bases:
-            seen_bases.add(key)
-            bases.append(point)
-        if len(bases) >= BASES:
-            break
+    bases = encoding.base_points(space.context, [c.config for c in structures], BASES)
     out: list[Candidate] = []
     seen: set = set()
     calls = [0]

@@ -1,17 +1,13 @@
 """The structured planner behind ``--method dp`` (after Sailor, Strati et al. SOSP'25, and Metis,
 Um et al. ATC'24): compose a plan's iteration time from per-stage costs instead of searching blindly.
 
-What it decides: how the GPUs are grouped into tensor-parallel groups (one degree per node class),
-how the groups chain into pipelines, how the layers split over each pipeline's stages (with
-recomputation only on stages that need it to fit), the micro-batch size, and how the micro-batches
-split over unequal replicas.
+It decides the tensor-parallel groups (one degree per node class), how they chain into pipelines, the
+layer split (recomputation only where needed to fit), the micro-batch size and the replicas' batch shares.
 
 How it scores a plan, without running the simulator on whole plans:
 
-1. Per stage: ``CostModel.stage_estimate`` gives forward + backward time per micro-batch and peak
-   memory for a group holding ``l`` layers with ``q`` micro-batches in flight. Both are linear in
-   ``l`` (time) and bilinear in ``l, q`` (memory) for ``l >= 1``, so four queries per
-   (group kind, micro-batch size, recompute, first, last) give exact coefficients.
+1. Per stage: ``CostModel.stage_estimate`` (time per micro-batch, peak memory for ``l`` layers with ``q``
+   micro-batches in flight: linear in ``l``, bilinear in ``l, q``; four queries give exact coefficients).
 2. Per pipeline (an ordered list of group kinds): the layer split that minimises the slowest stage,
    by bisection on the bottleneck time ``B``: stage ``i`` can hold the most layers whose time is at
    most ``B`` and whose memory fits with ``min(m, p - i)`` micro-batches in flight (1F1B), with or
@@ -21,8 +17,7 @@ How it scores a plan, without running the simulator on whole plans:
    activation transfers along the pipeline), the 1F1B makespan.
 3. Per plan (a set of replicas): the micro-batches split so that the replicas finish together
    (bisection on the finish time ``T``: a replica with ``(c, S)`` finishes ``m = (T - S) / c + 1``
-   micro-batches by ``T``), plus the data-parallel gradient all-reduce of the largest stage
-   (``CostModel.allreduce_time_s``, the simulator's ring model) and the optimizer step.
+   micro-batches by ``T``), plus the gradient all-reduce (the simulator's ring) and the optimizer step.
 
 Plan families it enumerates (every micro-batch size of the space):
 
@@ -37,8 +32,9 @@ Plan families it enumerates (every micro-batch size of the space):
   few plans are timed by the simulator itself (a one-stage replica has no pipeline to compose).
 - memory-state variants of the first two (``autotune.planning.state_variants``, below): the same pipelines
   with ZeRO, offload, sequence parallelism or less recomputation, family e.g. ``mixed+zero3+offload-all``.
-- ``mixed-stages`` (``autotune.planning.mixed_stages``): Zorse's stages of several ranks of different types
-  around the best plans of the others, timed by the simulator, and their memory-state variants.
+- ``mixed-stages`` (Zorse's stages of several ranks of different types) and ``moe`` (SPES's expert subsets
+  and sync period), decoded around the best plans of the others; then the best plans' layer split corrected
+  by the simulator (``autotune.planning.refine``).
 
 The first two families multiply their choices per node class: past ``MAX_COMBINATIONS`` (15 standalone
 nodes: 5^15) the per-class family is a beam search over the classes (the ``BEAM_WIDTH`` best partial plans),
@@ -69,8 +65,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.planning import mixed_stages, sharded_dp, state_variants
+from autotune.planning import sharded_dp, state_variants
 from autotune.planning.candidate import Candidate
+from autotune.planning.refine import refine
 from autotune.planning.space import SearchSpace, valid_tp
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 
@@ -88,8 +85,7 @@ MAX_COMBINATIONS = 3125
 BEAM_WIDTH = 64
 #: tp-degree combinations of the mixed family tried exhaustively at most (2 per class: 6 classes)
 MAX_MIXED_TP_CHOICES = 64
-#: composed plans per offload mode whose memory-state variants are timed (``state_variants``), and the most
-#: plans those variants time in all (about 1-50 ms each)
+#: composed plans per offload mode given memory-state variants, and the most variants timed (1-50 ms each)
 STRUCTURES_PER_PASS = 6
 MAX_STATE_SIMULATIONS = 64
 #: the sharded data-parallel plans' variants timed (recomputation and layer-wise execution pay there: ZeRO-3
@@ -564,12 +560,7 @@ class Planner:
         kinds = [(k.node_class, k.tp, k.groups, k.speed_tflops) for k in self.kinds]
         sharded = sharded_dp.candidates(self.space, self.sim, kinds)
         out += sharded + state_variants.variants(self.space, self.sim, sharded, SHARDED_SIMULATIONS)
-        unique = _distinct(out)
-        # Zorse's stages of several ranks around the best plans so far, then their memory-state variants
-        calls = mixed_stages.simulations(self.space.cluster.num_devices)
-        mixed = mixed_stages.candidates(self.space, self.sim, unique, calls)
-        mixed += state_variants.variants(self.space, self.sim, mixed[: mixed_stages.VARIED], calls // 2)
-        return _distinct(unique + mixed)[:limit]
+        return refine(self.space, self.sim, out)[:limit]  # the families around these, the split corrected
 
     def compose(self, offload: str, limit: int, mbs_choices: int | None = None) -> list[Candidate]:
         """The best ``limit`` distinct plans composed with every stage's ``offload``, at the first
@@ -607,16 +598,6 @@ class Planner:
         return out
 
 
-def _distinct(candidates: list[Candidate]) -> list[Candidate]:
-    """Distinct plans, best estimate first (a plan found twice: its better estimate)."""
-    seen, unique = set(), []
-    for c in sorted(candidates, key=lambda c: c.estimate_s):
-        if c.config not in seen:
-            seen.add(c.config)
-            unique.append(c)
-    return unique
-
-
 @dataclass(slots=True)
 class _Draft:
     estimate_s: float
@@ -639,11 +620,15 @@ def simulator_of(evaluator):
 
 
 def plan_candidates(space: SearchSpace, evaluator=None, limit: int = 64) -> list[Candidate]:
-    """The planner's plans for ``space``, costed by the simulator behind ``evaluator`` (its profile
+    """The planner's first ``limit`` plans for ``space`` that ``evaluator`` would not refuse (its
+    ``refusal``, where it has one: the runner's limits), costed by the simulator behind it (its profile
     included) or, when there is none (real runs), by the datasheet simulator."""
     sim = simulator_of(evaluator)
     if sim is None:
         from autotune.simulator import Simulator
 
         sim = Simulator(space.cluster, space.model)
-    return Planner(space, sim).plan(limit)
+    refusal = getattr(evaluator, "refusal", None)
+    if refusal is None:
+        return Planner(space, sim).plan(limit)
+    return [c for c in Planner(space, sim).plan(4 * limit) if refusal(c.config) is None][:limit]
