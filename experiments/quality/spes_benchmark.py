@@ -17,7 +17,7 @@ every H steps). It also prints what the SPES paper reports where it reports it: 
 55 GB centrally vs about 35 GB with SPES for the 2B model on 16 GPUs) and communication per round
 (up to one third less than DiLoCo), as summarised in the public reviews of the paper.
 
-    python experiments/quality/spes_benchmark.py [--budget 150] [--methods exhaustive,optuna,rl,random] [--syncs 1,10,100]
+    python experiments/quality/spes_benchmark.py [--budget 150] [--methods exhaustive,dp,optuna,rl,random] [--syncs 1,10,100]
                                        [--clusters internet,nvlink] [--json out.json]
 """
 
@@ -123,7 +123,7 @@ def row(name: str, m, cfg) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=int, default=150)
-    ap.add_argument("--methods", default="exhaustive,optuna,rl,random")
+    ap.add_argument("--methods", default="exhaustive,dp,optuna,rl,random")
     ap.add_argument("--syncs", default="1,10,100")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--clusters", default=",".join(CLUSTERS), help="which of: " + ", ".join(CLUSTERS))
