@@ -67,8 +67,9 @@ def test_move_layer_keeps_every_pipeline_alike_and_refuses_to_empty_a_stage():
 def test_the_planners_last_step_adds_the_corrected_plan_ahead_of_its_source():
     from autotune.planning.refine import refine
 
-    # without Zorse's stages (whose family would bring faster plans of its own to correct first)
-    space, sim = SearchSpace(CLUSTER, MODEL, restrict={"stage_ranks": [1]}), Simulator(CLUSTER, MODEL)
+    # without Zorse's stages and RoundPipe (whose families would bring faster plans of their own to correct first)
+    space = SearchSpace(CLUSTER, MODEL, restrict={"stage_ranks": [1], "roundpipe": [False]})
+    sim = Simulator(CLUSTER, MODEL)
     config = _even_split()
     out = refine(space, sim, [Candidate(config, sim.evaluate(config).iteration_time_s, "test")])
     families = [c.family for c in out]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from autotune import load_model
 from autotune.loading import cluster_from_dict
-from autotune.planning import state_variants
+from autotune.planning import sharded_dp, state_variants
 from autotune.planning.planner import Planner
 from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
@@ -94,7 +94,8 @@ def test_layerwise_only_for_one_stage_replicas_and_partial_recomputation_from_th
     assert multi
     for cand in multi:
         assert all(st.execution != LAYERWISE for st in state_variants.choices(space, cand.config))
-    one_stage = [c for c in planner.plan(64) if c.family.startswith("sharded-dp")]
+    kinds = [(k.node_class, k.tp, k.groups, k.speed_tflops) for k in planner.kinds]
+    one_stage = sharded_dp.candidates(space, sim, kinds)
     assert one_stage
     got = list(state_variants.choices(space, one_stage[0].config))
     assert any(st.execution == LAYERWISE for st in got)
