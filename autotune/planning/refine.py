@@ -7,13 +7,14 @@ the simulator's correction of the best plans' layer split.
   of several ranks of different types (``mixed_stages``), SPES's expert subsets, expert parallelism and
   sync period (``moe_plans``) and RoundPipe's settings around its own pick (``roundpipe_plans``), each with
   the memory-state variants of its fastest few (``state_variants``; none for RoundPipe);
-- the best ``REBALANCED`` plans of all with their layer split moved towards the simulated bottleneck
-  (``rebalance``; fewer plans and steps on large clusters, where one simulation costs more).
+- the best ``REBALANCED`` plans of all at their fastest other micro-batch size (``micro_batches``), then the
+  best of all with their layer split moved towards the simulated bottleneck (``rebalance``; fewer plans and
+  steps on large clusters, where one simulation costs more).
 """
 
 from __future__ import annotations
 
-from autotune.planning import mixed_stages, moe_plans, roundpipe_plans, state_variants
+from autotune.planning import micro_batches, mixed_stages, moe_plans, roundpipe_plans, state_variants
 from autotune.planning.candidate import Candidate, distinct
 from autotune.planning.rebalance import rebalance
 from autotune.planning.space import SearchSpace
@@ -41,5 +42,7 @@ def refine(space: SearchSpace, sim, candidates: list[Candidate]) -> list[Candida
     total = min(REBALANCED * (MAX_STEPS + 1), SIMULATION_DEVICES // n)
     plans = min(REBALANCED, total // 3)  # each: its own simulation and two steps at least
     if plans:
+        for c in distinct(out)[:plans]:
+            out += micro_batches.variants(space, sim, c, total // plans)
         out += [rebalance(space, sim, c, total // plans - 1) for c in distinct(out)[:plans]]
     return distinct(out)
