@@ -34,7 +34,7 @@ Plan families it enumerates (every micro-batch size of the space):
   with ZeRO, offload, sequence parallelism or less recomputation, family e.g. ``mixed+zero3+offload-all``.
 - ``mixed-stages`` (Zorse's stages of several ranks of different types), ``moe`` (SPES's expert subsets and
   sync period) and ``roundpipe`` (RoundPipe's settings), decoded around the best plans of the others; then
-  the best plans' layer split corrected by the simulator (``autotune.planning.refine``).
+  the best plans' micro-batch size and layer split corrected by the simulator (``autotune.planning.refine``).
 
 The first two families multiply their choices per node class: past ``MAX_COMBINATIONS`` (15 standalone
 nodes: 5^15) the per-class family is a beam search over the classes (the ``BEAM_WIDTH`` best partial plans),
