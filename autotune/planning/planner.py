@@ -621,8 +621,9 @@ def simulator_of(evaluator):
 
 def plan_candidates(space: SearchSpace, evaluator=None, limit: int = 64) -> list[Candidate]:
     """The planner's first ``limit`` plans for ``space`` that ``evaluator`` would not refuse (its
-    ``refusal``, where it has one: the runner's limits), costed by the simulator behind it (its profile
-    included) or, when there is none (real runs), by the datasheet simulator."""
+    ``refusal``, where it has one: the runner's limits; the refused ones it evaluates, free, so that it
+    records them as evaluating them would), costed by the simulator behind it (its profile included) or,
+    when there is none (real runs), by the datasheet simulator."""
     sim = simulator_of(evaluator)
     if sim is None:
         from autotune.simulator import Simulator
@@ -631,4 +632,10 @@ def plan_candidates(space: SearchSpace, evaluator=None, limit: int = 64) -> list
     refusal = getattr(evaluator, "refusal", None)
     if refusal is None:
         return Planner(space, sim).plan(limit)
-    return [c for c in Planner(space, sim).plan(4 * limit) if refusal(c.config) is None][:limit]
+    out = []
+    for c in Planner(space, sim).plan(4 * limit):
+        if refusal(c.config) is None:
+            out.append(c)
+        else:
+            evaluator.evaluate(c.config)  # an invalid proposal, free: the search says what it left out
+    return out[:limit]
