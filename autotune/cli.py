@@ -29,8 +29,8 @@ def _flags_take_no_value() -> None:
     show nothing there for flags (``tests/integration/cli/test_cli_usage.py`` checks every command's help)."""
     from typer.core import TyperOption
 
-    shown = TyperOption.display_type_rich
-    if getattr(shown, "_autotune", False):
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "_autotune", False):  # another typer: its help as it is
         return
 
     def display_type_rich(self, ctx):

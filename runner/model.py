@@ -283,7 +283,11 @@ class StageChunk(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.autocast_dtype is not None:  # bf16 on CUDA: matmuls in 16 bits, weights and optimizer fp32
             with torch.autocast(x.device.type, dtype=self.autocast_dtype):
-                return self._forward(x)
+                out = self._forward(x)
+            # what leaves the chunk is fp32 as the pipeline's metadata says (the last chunk's logits come out
+            # of the head's matmul in 16 bits: torch.distributed.pipelining refused them on CUDA) and the
+            # loss is taken in fp32
+            return out.float()
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -283,3 +283,20 @@ def test_real_evaluator_check_names_plans_the_runner_cannot_run_without_launchin
         m = budgeted.evaluate(plan)
         assert m.status == "invalid" and m.score() == 0.0
     assert budgeted.used == 0 and budgeted.invalid == 2
+
+
+def test_chunks_under_bf16_autocast_hand_on_fp32_as_the_pipeline_metadata_says():
+    """bf16 on CUDA runs each chunk under autocast; what leaves a chunk (hidden states, the last chunk's
+    logits) must be fp32, the dtype ``runner.engine`` declares to torch.distributed.pipelining (the head's
+    16-bit logits were refused on an H200: PipeliningShapeError). CPU autocast runs the same code."""
+    model = load_model("tiny")
+    ids = torch.randint(0, model.vocab_size, (2, model.seq_len), generator=torch.Generator().manual_seed(0))
+    first = StageChunk(model, range(2), first=True, last=False, seed=0)
+    last = StageChunk(model, range(2, model.num_layers), first=False, last=True, seed=0)
+    for chunk in (first, last):
+        chunk.autocast_dtype = torch.bfloat16
+    hidden = first(ids)
+    logits = last(hidden)
+    assert hidden.dtype == torch.float32 and logits.dtype == torch.float32
+    lm_loss(logits, ids).backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in first.parameters() if p.requires_grad)
