@@ -1,6 +1,6 @@
 """GPU check: the simulator against real runs on the one CUDA GPU here (``make gpu-check``).
 
-    .venv/bin/python scripts/gpu_check.py [--out gpu_check.json] [--steps 3]
+    .venv/bin/python scripts/gpu_check.py [--out gpu_check.json] [--steps 3] [--model gpt2-xl]
 
 1. Writes a one-node cluster of the GPU found here (its catalog type when ``torch.cuda.get_device_name``
    names one, else an inline GPU with the measured memory) and a small GPT model (12 layers, hidden 768,
@@ -88,7 +88,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="also write the rows as JSON here")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a catalog model (e.g. gpt2-xl) instead of the 12-layer default, at the same global batch 16",
+    )
     args = ap.parse_args()
+    if args.model:
+        from autotune.catalog import MODEL_PRESETS
+
+        if args.model not in MODEL_PRESETS:
+            ap.error(f"--model {args.model}: not a catalog model ({', '.join(sorted(MODEL_PRESETS))})")
+        MODEL.clear()
+        MODEL.update(
+            {**MODEL_PRESETS[args.model], "name": args.model, "global_batch_size": 16},
+        )
     import torch
 
     if not torch.cuda.is_available():
@@ -161,8 +175,11 @@ def main() -> int:
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             meas = {"status": "failed", "error": str(e)}
         rows.append({"plan": label, "simulated": sim, "simulated_with_profile": simp, "measured": meas})
-        print(
-            f"  {label}: measured {meas.get('status')} {meas.get('iteration_time_s', float('nan')):.4f} s", flush=True
+        print(  # each plan as it comes (a run stopped early keeps what it measured)
+            f"  {label}: measured {meas.get('status')} {meas.get('iteration_time_s', float('nan')):.4f} s, "
+            f"simulated {sim.get('iteration_time_s', float('nan')):.4f} s, "
+            f"with the profile {simp.get('iteration_time_s', float('nan')):.4f} s",
+            flush=True,
         )
 
     def one(d: dict, key: str) -> float:

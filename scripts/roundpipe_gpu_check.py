@@ -148,14 +148,14 @@ def tiny_checks(directory: Path) -> dict:
     }
 
 
-def large_check(directory: Path) -> dict:
+def large_check(directory: Path, name: str = "gpt2-xl") -> dict:
     from autotune.loading import load_cluster, load_model
     from autotune.planning.space import SearchSpace
     from autotune.simulator import Simulator
     from runner import profiled_run
 
     cluster = load_cluster(local_cluster(Path(directory)))
-    model = load_model("gpt2-xl", 16)
+    model = load_model(name, 16)
     space = SearchSpace(cluster, model)
     params = space.roundpipe_start()
     if params is None:
@@ -179,6 +179,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--skip-large", action="store_true")
+    parser.add_argument("--large-model", default="gpt2-xl", help="the catalog model of check 2 (default gpt2-xl)")
     args = parser.parse_args()
     import torch
 
@@ -197,8 +198,9 @@ def main() -> int:
         "torch": torch.__version__,
         "tiny": tiny_checks(out_dir),
     }
+    print(json.dumps({"tiny": result["tiny"]}), flush=True)  # before the large check, which may run long
     if not args.skip_large:
-        result["gpt2-xl"] = large_check(out_dir)
+        result[args.large_model] = large_check(out_dir, args.large_model)
     tiny = result["tiny"]
     ok = (
         tiny["measure"]["status"] == "ok"
