@@ -16,6 +16,9 @@ ratio r becomes the time error 1/r - 1), and prints them beside the constants th
 
 torchtitan's published FSDP2 runs (A100-80GB and H100, ``torchtitan_published.py``) set no constant:
 their coverage row is the held-out check of the A100 16-bit bar and of the unvalidated-class default.
+Nor do the runs measured on one H200 (``experiments/data/h200_gpu_check/runs.json``: autotune's own
+runner, eager PyTorch, GPT 125M and gpt2-xl at micro-batch 1-8; and two roundpipe plans through the
+``roundpipe`` library): they check the unvalidated-class default on a GPU with no published run.
 
 Then the coverage: for every end-to-end run above, whether |time error| <= the prediction's own
 ``expected_error``. A bar that is the mean |error| of normally spread errors covers ~58% of runs; far
@@ -142,6 +145,49 @@ def roundpipe(quick: bool) -> list[tuple[str, float, float]]:
     return out
 
 
+H200_RUNS = ROOT / "experiments" / "data" / "h200_gpu_check" / "runs.json"
+
+
+def h200_runs() -> tuple[list[tuple[str, float, float]], list[tuple[str, float, float]]]:
+    """(runner rows, roundpipe rows) of the runs measured on one H200, each simulated again now from the
+    datasheet (time error = simulated / measured iteration time - 1)."""
+    from autotune.loading import cluster_from_dict, load_cluster
+    from autotune.planning.space import SearchSpace
+
+    data = json.loads(H200_RUNS.read_text())
+    models = {k: model_from_dict(v, k) for k, v in data["models"].items()}
+    single = cluster_from_dict(data["cluster_single"], "gpu-check")
+    runner = []
+    for run in data["runner_runs"]:
+        model, plan = models[run["model"]], data["plans"][run["plan"]]
+        mbs = plan["micro_batch_size"]
+        config = ParallelConfig.from_dict(
+            {
+                "micro_batch_size": mbs,
+                "schedule": "1f1b",
+                "pipelines": [
+                    {
+                        "num_microbatches": model.global_batch_size // mbs,
+                        "stages": [{"devices": ["gpu:0"], "layers": model.num_layers, "recompute": plan["recompute"]}],
+                    }
+                ],
+            }
+        )
+        m = Simulator(single, model).evaluate(config)
+        runner.append(
+            (f"{run['model']} {run['plan']}", m.iteration_time_s / run["iteration_time_s"] - 1, m.expected_error)
+        )
+    local = load_cluster(H200_RUNS.parent / "local-cluster.json")
+    rpipe = []
+    for run in data["roundpipe_runs"]:
+        model = models[run["model"]]
+        config = SearchSpace(local, model).decode(SearchSpace(local, model).roundpipe_start()).config
+        assert config.describe() == run["plan"], (config.describe(), run["plan"])  # the plan that ran
+        m = Simulator(local, model).evaluate(config)
+        rpipe.append((f"roundpipe {run['model']}", m.iteration_time_s / run["iteration_time_s"] - 1, m.expected_error))
+    return runner, rpipe
+
+
 def mean_abs(xs) -> float:
     xs = list(xs)
     return statistics.mean(abs(x) for x in xs) if xs else float("nan")
@@ -157,6 +203,7 @@ def main() -> None:
     neo = [(r, e, b) for s, r, e, b in sailor if s == "sailor_gh200_gptneo"]
     v100 = v100_16bit()
     rpipe = roundpipe(args.quick)
+    h200_runner, h200_roundpipe = h200_runs()
     table = [
         (("A100", "16-bit"), "Megatron-LM Table 1 + Korthikanti (end to end)", [e for _, e, _ in meg]),
         (("A100", "fp32"), "Sailor A100-40GB block times", layers.get("A100-40GB", [])),
@@ -185,6 +232,8 @@ def main() -> None:
         "ZeRO-Offload V100": v100,
         "RoundPipe RTX-4090": rpipe,
         "torchtitan FSDP2 (held out)": tt.time_rows(),
+        "autotune runner, 1 x H200 (held out)": h200_runner,
+        "roundpipe lib, 1 x H200 (held out)": h200_roundpipe,
     }
     covered_all = n_all = 0
     for name, rows in sources.items():
@@ -193,11 +242,11 @@ def main() -> None:
         covered = sum(abs(e) <= b for _, e, b in rows)
         covered_all, n_all = covered_all + covered, n_all + len(rows)
         print(
-            f"  {name:32s} n={len(rows):3d}  mean |err| {100 * mean_abs(e for _, e, _ in rows):6.1f}%  "
+            f"  {name:38s} n={len(rows):3d}  mean |err| {100 * mean_abs(e for _, e, _ in rows):6.1f}%  "
             f"mean bar {100 * statistics.mean(b for _, _, b in rows):6.1f}%  covered {covered}/{len(rows)}"
         )
     print(
-        f"  {'all':32s} covered {covered_all}/{n_all} ({covered_all / max(n_all, 1):.0%}; ~58% for a mean-|error| bar)"
+        f"  {'all':38s} covered {covered_all}/{n_all} ({covered_all / max(n_all, 1):.0%}; ~58% for a mean-|error| bar)"
     )
 
 
