@@ -6,7 +6,7 @@ two devices (docs/formats.md, "Cluster").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autotune.errors import SpecError, shown
 from autotune.specs.limits import DEFAULT_FP32_RATIO, DEFAULT_TF32_RATIO, MAX_DEVICES, positive
@@ -160,6 +160,8 @@ class NodeSpec:
 class ClusterSpec:
     name: str
     nodes: tuple[NodeSpec, ...]
+    #: node name -> node, for ``node_of`` (a planner asks it ~10^5 times on 1,024 GPUs)
+    _by_name: dict[str, NodeSpec] = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -175,6 +177,7 @@ class ClusterSpec:
             if node.name in seen:
                 raise SpecError(f"cluster {shown(self.name)}", "nodes", f"node name {shown(node.name)} is used twice")
             seen.add(node.name)
+        object.__setattr__(self, "_by_name", {node.name: node for node in self.nodes})
 
     @property
     def num_devices(self) -> int:
@@ -185,9 +188,9 @@ class ClusterSpec:
 
     def node_of(self, device_id: str) -> NodeSpec:
         node_name, _, index = device_id.rpartition(":")
-        for node in self.nodes:
-            if node.name == node_name and index.isdigit() and int(index) < node.count:
-                return node
+        node = self._by_name.get(node_name)
+        if node is not None and index.isdigit() and int(index) < node.count:
+            return node
         raise SpecError(f"cluster {shown(self.name)}", "devices", f"unknown device id {shown(device_id)}")
 
     def device(self, device_id: str) -> DeviceSpec:

@@ -5,7 +5,8 @@ the nominal simulator (the profile's, when the search has one) with their error 
 (``autotune.planning.posterior.candidate_table``). Before each run the policy (MaskablePPO, trained offline
 across scenarios with the simulator's errors randomised: ``scripts/train_acquisition.py``, shipped as
 ``autotune/data/acquisition.safetensors``) picks the next candidate from the posterior every run so far
-refitted; the run goes through the search's ``BudgetedEvaluator`` like any method's. After the first measured
+refitted (the first run is the planner's first plan, as every method's); the run goes through the search's
+``BudgetedEvaluator`` like any method's. After the first measured
 run, the candidates are re-planned once with the simulator the closed loop corrected with it (the plans it puts
 first join the table; what ran stays, its measurements kept): a simulator far off on this cluster ranks plans
 the corrected one would never put in its first 64. The closed loop's speed
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+
+import numpy as np
 
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.posterior import Posterior, candidate_table, first_plans
@@ -151,7 +154,14 @@ def _spend(budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None, 
                 f"(largest expected gain {gain:.1%})"
             )
             break
-        i = choose(post, int(post.run.sum()), budgeted.budget)
+        # the first run is the planner's first plan, as every other method's: with nothing measured there is
+        # nothing to learn from yet, and that plan is most often the best (perturbed_reality.py: the policy's
+        # own first pick reached 98% of the true best in 24% of draws, the planner's first plan in 31%)
+        i = (
+            int(np.flatnonzero(~post.run)[0])
+            if not post.run.any()
+            else choose(post, int(post.run.sum()), budgeted.budget)
+        )
         config = table.configs[i]
         params = {**space.encode(config), "acquisition_rank": i, "predicted_s": round(float(table.predicted_s[i]), 6)}
         _observe(post, i, budgeted.evaluate(config, params))

@@ -114,3 +114,22 @@ def test_the_chooser_predicts_with_the_simulator_the_search_began_with_and_repla
     assert seen[0][0][0] == first and seen[1][0][0] == first  # what ran stays a candidate
     assert set(corrected_first[:8]) <= set(seen[1][0])  # the corrected planner's first plans joined
     assert budgeted.screen == screen.screen  # the speed screen is back once the chooser is done
+
+
+def test_the_first_run_is_the_planner_s_first_plan_whatever_the_chooser_prefers() -> None:
+    """With nothing measured the chooser runs what every method runs first; its own choices start at run 2
+    (here a chooser that always prefers the last candidate)."""
+    from autotune.planning.posterior import candidate_table
+    from autotune.search.agents import acquire
+
+    space = SearchSpace(CLUSTER, MODEL)
+    budgeted = BudgetedEvaluator(Reality(CLUSTER, SLOW_NETWORK, MODEL), space, 3)
+    plans = first_plans(space, Simulator(CLUSTER, MODEL), budgeted.refusal, 16)
+    table = candidate_table(CLUSTER, MODEL, plans, lambda c: Simulator(c, MODEL))
+
+    def last(post, runs, budget):
+        return int(np.flatnonzero(~post.run)[-1])
+
+    acquire._spend(budgeted, table, last, None, lambda: None)
+    ran = [ev.config for ev in budgeted.history]
+    assert ran == [table.configs[0], table.configs[-1], table.configs[-2]]
