@@ -16,8 +16,9 @@ and that worker (``runner.worker`` -> ``run_job``) builds, from the autotune pla
 
 Each step runs ``accumulation_steps`` calls of ``RoundPipe.forward_backward`` (each on its share of the
 global batch, loss = mean next-token cross entropy over the whole global batch, as every other plan) and
-one asynchronous host optimizer ``step`` (AdamW, the runner's settings, on the fp32 host copy), RoundPipe's
-default: the next step runs on weights one step old. ``memory_limit_GiB`` is not passed to the library:
+one asynchronous host optimizer ``step`` (AdamW with the runner's settings, on the fp32 host copy, through
+RoundPipe's own compiled CPU Adam: ``host_adamw``), RoundPipe's default: the next step runs on weights one step
+old. ``memory_limit_GiB`` is not passed to the library:
 it only shapes RoundPipe's *automatic* partition, and an explicit plan is checked against it by autotune
 (``autotune.specs.roundpipe``, the simulator) before it gets here.
 
@@ -225,7 +226,6 @@ class RoundPipeTrainer:
         from torch import nn
 
         from runner.model import StageChunk
-        from runner.optim import make_optimizer
 
         self.model_spec, self.config, self.tokens = model, config, tokens
         pipe = config.pipelines[0]
@@ -250,7 +250,7 @@ class RoundPipeTrainer:
         self.model = roundpipe.RoundPipe(
             sequential, optim_dtype=torch.float32, name="autotune", model_run_config=self.run_config
         )
-        self.optimizer = make_optimizer(list(self.model.optim_parameters()))
+        self.optimizer = host_adamw(list(self.model.optim_parameters()))
         self.rows_per_pass = self.per_pass * config.micro_batch_size
 
     def _loss(self, logits, targets):
@@ -301,6 +301,26 @@ class RoundPipeTrainer:
         out.append(sum(bwd_ms[fa:fb]) * per_step)  # fused: forward + backward (RoundPipe's "re" + "bwd")
         out += [sum(bwd_ms[a:b]) * per_step for a, b in bwd[1:]]
         return tuple(out)
+
+
+def host_adamw(params):
+    """AdamW with the runner's settings (``runner.optim.ADAMW``) as RoundPipe trains: ``roundpipe.optim.Adam``
+    with decoupled weight decay, its C++ CPU kernel (compiled on first use, cached by torch). torch's own
+    AdamW on the host was the step's bottleneck on an H200 (gpt2-xl: 2.31 s per iteration against 0.59 s of
+    GPU work); on this repository's CPU machine the library's Adam steps 20M parameters 11.6x faster than
+    ``torch.optim.AdamW(foreach=False)`` and agrees with it to 2e-7 (relative) after 6 steps."""
+    import roundpipe.optim
+
+    from runner.optim import ADAMW
+
+    return roundpipe.optim.Adam(
+        params,
+        lr=ADAMW["lr"],
+        betas=ADAMW["betas"],
+        eps=ADAMW["eps"],
+        weight_decay=ADAMW["weight_decay"],
+        decoupled_weight_decay=True,
+    )
 
 
 def run_job(job: dict, cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig, fault) -> None:
