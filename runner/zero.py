@@ -419,7 +419,12 @@ class ShardedState:
             )
             unit.factor = 1.0 if layout.mixed else 1.0 / layout.total_microbatches
             self.units.append(unit)
-        self.optimizer = torch.optim.AdamW([u.master for u in self.units], **ADAMW, foreach=False)
+        masters = [u.master for u in self.units]
+        # state in host memory (offload, and every CPU rank) steps with torch's fused CPU AdamW, as
+        # ZeRO-Offload's CPU Adam: the per-tensor loop stepped 20M parameters 12.5x slower here (0.094 vs 1.18 G
+        # params/s; the two agree to 7e-8 relative after 6 steps); on a GPU the loop, as every other plan
+        host = bool(masters) and all(m.device.type == "cpu" for m in masters)
+        self.optimizer = torch.optim.AdamW(masters, **ADAMW, **({"fused": True} if host else {"foreach": False}))
 
     @property
     def streamed(self) -> bool:
