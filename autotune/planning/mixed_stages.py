@@ -41,6 +41,9 @@ MAX_SIMULATIONS = 160
 SIMULATION_DEVICES = 4096
 #: the family's fastest plans the planner gives memory-state variants (half the family's simulations)
 VARIED = 3
+#: points decoded per simulator call allowed, at most (a decode costs ~0.06 s at 1,024 GPUs, and most points
+#: there decode to a plan already seen or to none with a stage of several ranks)
+DECODES_PER_SIMULATION = 4
 
 
 def simulations(num_devices: int) -> int:
@@ -62,13 +65,13 @@ def candidates(space: SearchSpace, sim, structures: Sequence[Candidate], max_sim
     bases = encoding.base_points(space.context, [c.config for c in structures], BASES)
     out: list[Candidate] = []
     seen: set = set()
-    calls = [0]
+    calls = [0, 0]  # simulator calls, decodes
     for point in bases:
         depths = [point["pp"]] + [d for d in DEPTHS if d in dims["pp"].choices and d != point["pp"]]
         for pp, width, assign, order in itertools.product(
             depths, widths, dims["assign"].choices, dims["order"].choices
         ):
-            if calls[0] >= max_simulations:
+            if calls[0] >= max_simulations or calls[1] >= DECODES_PER_SIMULATION * max_simulations:
                 return sorted(out, key=lambda c: c.estimate_s)
             params = dict(point, stage_ranks=width, assign=assign, order=order, pp=pp)
             config = _fitting(space, sim, params, states, seen, calls, max_simulations - 1)
@@ -85,8 +88,9 @@ def _fitting(space: SearchSpace, sim, params: dict, states: Sequence[tuple[int, 
     """The plan ``params`` decode to with its own memory state, or with the first of ``states`` the memory
     model says fits; None when the point decodes to no new plan with a stage of several ranks, none fits or
     ``calls[0]`` (the memory checks so far, counted there) reaches ``limit``. Adds the plans checked to
-    ``seen``."""
+    ``seen``; counts its decodes in ``calls[1]``."""
     for zero, offload in ((params["zero"], params["offload"]), *states):
+        calls[1] += 1
         config = space.decode(dict(params, zero=zero, offload=offload)).config
         if config is None or config in seen:
             continue
