@@ -307,8 +307,9 @@ def host_adamw(params):
     """AdamW with the runner's settings (``runner.optim.ADAMW``) as RoundPipe trains: ``roundpipe.optim.Adam``
     with decoupled weight decay, its C++ CPU kernel (compiled on first use, cached by torch). torch's own
     AdamW on the host was the step's bottleneck on an H200 (gpt2-xl: 2.31 s per iteration against 0.59 s of
-    GPU work); on this repository's CPU machine the library's Adam steps 20M parameters 11.6x faster than
-    ``torch.optim.AdamW(foreach=False)`` and agrees with it to 2e-7 (relative) after 6 steps."""
+    GPU work); on this repository's 2-core CPU machine the library's Adam steps 20M parameters 7x faster than
+    ``torch.optim.AdamW(foreach=False)`` and agrees with it to 2e-7 (relative) after 6 steps
+    (``experiments/speed/bench_host_adam.py``)."""
     import roundpipe.optim
 
     from runner.optim import ADAMW

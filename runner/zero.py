@@ -421,8 +421,8 @@ class ShardedState:
             self.units.append(unit)
         masters = [u.master for u in self.units]
         # state in host memory (offload, and every CPU rank) steps with torch's fused CPU AdamW, as
-        # ZeRO-Offload's CPU Adam: the per-tensor loop stepped 20M parameters 12.5x slower here (0.094 vs 1.18 G
-        # params/s; the two agree to 7e-8 relative after 6 steps); on a GPU the loop, as every other plan
+        # ZeRO-Offload's CPU Adam: the per-tensor loop steps 20M parameters 7x slower on 2 cores (0.28 vs 2.0 G
+        # params/s, experiments/speed/bench_host_adam.py; they agree to 7e-8 after 6 steps); on a GPU the loop
         host = bool(masters) and all(m.device.type == "cpu" for m in masters)
         self.optimizer = torch.optim.AdamW(masters, **ADAMW, **({"fused": True} if host else {"foreach": False}))
 
