@@ -77,6 +77,21 @@ def catalog_name(device_name: str, memory_GiB: float) -> str | None:
     return None
 
 
+def single_gpu_plan(model: dict, mbs: int, recompute: bool | str) -> dict:
+    """The plan file of one of ``PLANS``: the whole model ``model`` (a model file's fields) as one stage on
+    ``gpu:0``, 1F1B over the global batch (``experiments/fidelity/error_bars.py`` simulates the same plans)."""
+    return {
+        "micro_batch_size": mbs,
+        "schedule": "1f1b",
+        "pipelines": [
+            {
+                "num_microbatches": model["global_batch_size"] // mbs,
+                "stages": [{"devices": ["gpu:0"], "layers": model["num_layers"], "recompute": recompute}],
+            }
+        ],
+    }
+
+
 def run(cmd: list[str], timeout_s: float) -> dict:
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     if out.returncode != 0:
@@ -94,15 +109,13 @@ def main() -> int:
         help="a catalog model (e.g. gpt2-xl) instead of the 12-layer default, at the same global batch 16",
     )
     args = ap.parse_args()
+    spec = MODEL
     if args.model:
         from autotune.catalog import MODEL_PRESETS
 
         if args.model not in MODEL_PRESETS:
             ap.error(f"--model {args.model}: not a catalog model ({', '.join(sorted(MODEL_PRESETS))})")
-        MODEL.clear()
-        MODEL.update(
-            {**MODEL_PRESETS[args.model], "name": args.model, "global_batch_size": 16},
-        )
+        spec = {**MODEL_PRESETS[args.model], "name": args.model, "global_batch_size": MODEL["global_batch_size"]}
     import torch
 
     if not torch.cuda.is_available():
@@ -141,7 +154,7 @@ def main() -> int:
         )
     )
     model = work / "model.json"
-    model.write_text(json.dumps({**MODEL, "precision": "bf16" if bf16 else "fp32"}))
+    model.write_text(json.dumps({**spec, "precision": "bf16" if bf16 else "fp32"}))
     profile = work / "profile.json"
     t0 = time.time()
     # not --quick: that stops at micro-batch 2, and the plans below go to 8 (a GPU profiles them in ~1 min)
@@ -153,20 +166,7 @@ def main() -> int:
     rows = []
     for label, (mbs, recompute) in PLANS.items():
         cfg = work / f"{label.replace(' ', '_')}.json"
-        cfg.write_text(
-            json.dumps(
-                {
-                    "micro_batch_size": mbs,
-                    "schedule": "1f1b",
-                    "pipelines": [
-                        {
-                            "num_microbatches": MODEL["global_batch_size"] // mbs,
-                            "stages": [{"devices": ["gpu:0"], "layers": MODEL["num_layers"], "recompute": recompute}],
-                        }
-                    ],
-                }
-            )
-        )
+        cfg.write_text(json.dumps(single_gpu_plan(spec, mbs, recompute)))
         base = ["--cluster", str(cluster), "--model", str(model), "--config", str(cfg), "--json"]
         sim = run(AUTOTUNE + ["simulate"] + base, timeout_s=60)
         simp = run(AUTOTUNE + ["simulate"] + base + ["--profile", str(profile)], timeout_s=60)

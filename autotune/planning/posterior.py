@@ -161,6 +161,10 @@ class Posterior:
         var = np.maximum(np.einsum("kt,ts,ks->k", t.sensitivity, cov, t.sensitivity), 0.0)
         self.std_log_s = np.sqrt(var + self.noise**2)  # a run of it would also carry the run's own noise
 
+    def first_not_run(self) -> int:
+        """The candidate not run yet that comes first in the table (its order: the simulator's)."""
+        return int(np.flatnonzero(~self.run)[0])
+
     @property
     def best_measured_s(self) -> float | None:
         ok = self.measured_s[~np.isnan(self.measured_s)]

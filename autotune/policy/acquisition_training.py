@@ -96,7 +96,7 @@ Chooser = Callable[[Posterior, int, int], int]  # (posterior, runs so far, budge
 
 def simulator_order(post: Posterior, runs: int, budget: int) -> int:
     """The fastest predicted candidate not run yet (the table is in that order)."""
-    return int(np.flatnonzero(~post.run)[0])
+    return post.first_not_run()
 
 
 def greedy_gain(post: Posterior, runs: int, budget: int) -> int:

@@ -39,7 +39,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "experiments" / "quality"))
+sys.path.insert(0, str(ROOT / "scripts"))
 
+import gpu_check  # noqa: E402
 import megatron_comparison as mc  # noqa: E402
 import roundpipe_published as rp  # noqa: E402
 import sailor_planner_comparison as spc  # noqa: E402
@@ -160,18 +162,8 @@ def h200_runs() -> tuple[list[tuple[str, float, float]], list[tuple[str, float, 
     runner = []
     for run in data["runner_runs"]:
         model, plan = models[run["model"]], data["plans"][run["plan"]]
-        mbs = plan["micro_batch_size"]
         config = ParallelConfig.from_dict(
-            {
-                "micro_batch_size": mbs,
-                "schedule": "1f1b",
-                "pipelines": [
-                    {
-                        "num_microbatches": model.global_batch_size // mbs,
-                        "stages": [{"devices": ["gpu:0"], "layers": model.num_layers, "recompute": plan["recompute"]}],
-                    }
-                ],
-            }
+            gpu_check.single_gpu_plan(data["models"][run["model"]], plan["micro_batch_size"], plan["recompute"])
         )
         m = Simulator(single, model).evaluate(config)
         runner.append(
@@ -181,7 +173,8 @@ def h200_runs() -> tuple[list[tuple[str, float, float]], list[tuple[str, float, 
     rpipe = []
     for run in data["roundpipe_runs"]:
         model = models[run["model"]]
-        config = SearchSpace(local, model).decode(SearchSpace(local, model).roundpipe_start()).config
+        space = SearchSpace(local, model)
+        config = space.decode(space.roundpipe_start()).config
         assert config.describe() == run["plan"], (config.describe(), run["plan"])  # the plan that ran
         m = Simulator(local, model).evaluate(config)
         rpipe.append((f"roundpipe {run['model']}", m.iteration_time_s / run["iteration_time_s"] - 1, m.expected_error))

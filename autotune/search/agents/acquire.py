@@ -25,8 +25,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import numpy as np
-
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.posterior import Posterior, candidate_table, first_plans
 from autotune.planning.space import SearchSpace
@@ -157,11 +155,7 @@ def _spend(budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None, 
         # the first run is the planner's first plan, as every other method's: with nothing measured there is
         # nothing to learn from yet, and that plan is most often the best (perturbed_reality.py: the policy's
         # own first pick reached 98% of the true best in 24% of draws, the planner's first plan in 31%)
-        i = (
-            int(np.flatnonzero(~post.run)[0])
-            if not post.run.any()
-            else choose(post, int(post.run.sum()), budgeted.budget)
-        )
+        i = post.first_not_run() if not post.run.any() else choose(post, int(post.run.sum()), budgeted.budget)
         config = table.configs[i]
         params = {**space.encode(config), "acquisition_rank": i, "predicted_s": round(float(table.predicted_s[i]), 6)}
         _observe(post, i, budgeted.evaluate(config, params))
