@@ -24,14 +24,16 @@ Every method keeps to the runner's limits (``runner.jobs.plan_limits``: reality 
 train`` would), on both backends. The true best of a draw is the best plan under reality within those limits
 among dp's 64 candidates and every plan any method ran. Printed: per method, the real runs to reach 98% of it
 (median and 90th percentile over draws; ">B" when not within the budget), the share of draws that reach it
-within 1, 3 and 10 runs, and the mean real runs spent.
+within 1, 3 and 10 runs, the mean real runs spent, and the share within every budget 1..B. Per draw, each
+method's runs to 98% and the runs it spent (``3/10``); ``--out`` writes them as JSON.
 
-    .venv/bin/python experiments/quality/perturbed_reality.py [--draws 5] [--budget 10]
+    .venv/bin/python experiments/quality/perturbed_reality.py [--draws 5] [--budget 10] [--out FILE.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import time
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=5, help="perturbed realities per scenario")
     ap.add_argument("--budget", type=int, default=10, help="real runs per method")
     ap.add_argument("--only", default=None, help="comma-separated scenario names")
+    ap.add_argument("--out", default=None, help="write every draw's runs to 98%% and runs spent here (JSON)")
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -104,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     results: dict[str, list[int | None]] = {name: [] for name, *_ in METHODS}
     spent: dict[str, list[int]] = {name: [] for name, *_ in METHODS}
+    draws: list[dict] = []
     for s in heldout_scenarios():
         if args.only and s.name not in args.only.split(","):
             continue
@@ -134,12 +138,15 @@ def main(argv: list[str] | None = None) -> int:
             ran |= {c.config for c in plan_candidates(space, None, limit=64)}
             best = max(truth.evaluate(c).score() for c in ran if reality.check(c) is None)
             line = []
+            draws.append({"scenario": s.name, "draw": draw, "true_best_tokens_per_s": best, "methods": {}})
             for name, *_ in METHODS:
                 k = runs_to_target(curves[name], best)
                 results[name].append(k)
-                line.append(f"{name} {k if k is not None else '>' + str(args.budget)}")
+                draws[-1]["methods"][name] = {"runs_to_98": k, "spent": len(curves[name])}
+                line.append(f"{name} {k if k is not None else '>' + str(args.budget)}/{len(curves[name])}")
             print(
-                f"{s.name:18s} draw {draw}: true best {best:,.0f} tokens/s; runs to 98%: " + ", ".join(line), flush=True
+                f"{s.name:18s} draw {draw}: true best {best:,.0f} tokens/s; runs to 98% / spent: " + ", ".join(line),
+                flush=True,
             )
     n = len(next(iter(results.values())))
     print(f"\n{n} draws, budget {args.budget} real runs, {time.time() - t0:.0f} s")
@@ -157,6 +164,18 @@ def main(argv: list[str] | None = None) -> int:
             + " ".join(f"{x:>6.0%}" for x in share)
             + f" {np.mean(spent[name]):>6.1f}"
         )
+    print("\nshare of draws within r real runs")
+    print(f"{'method':<12s} " + " ".join(f"{r:>5d}" for r in range(1, args.budget + 1)))
+    for name, ks in results.items():
+        print(
+            f"{name:<12s} "
+            + " ".join(
+                f"{sum(k is not None and k <= r for k in ks) / len(ks):>5.0%}" for r in range(1, args.budget + 1)
+            )
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"budget": args.budget, "draws": draws}, f, indent=1)
     return 0
 
 
