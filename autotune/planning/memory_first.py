@@ -117,8 +117,9 @@ def frugal_start(space: SearchSpace, evaluator=None) -> Params | None:
 def memory_repairs(space: SearchSpace, params: Params):
     """Encodings that need less memory than ``params``, each one step further than the last:
     recomputation everywhere, then micro-batch size 1, the largest ZeRO stage, the largest offload
-    mode, then every class one tensor-parallel degree wider and the pipeline one depth deeper, until
-    both are at their largest. Used to repair a plan the memory model screened out (``run_optuna``)."""
+    mode, then every class one tensor-parallel degree wider and the pipeline one depth deeper (or, where
+    the wider groups leave too few ranks for that depth, the deepest that decodes), until both are at
+    their largest. Used to repair a plan the memory model screened out (``run_optuna``)."""
     dims = space._dims
     cur = dict(params)
 
@@ -141,9 +142,17 @@ def memory_repairs(space: SearchSpace, params: Params):
     for name in ("zero", "offload", "seq_parallel"):  # memory-saving dimensions, ordered least to most saving
         if moved(name, to_end=True):
             yield dict(cur)
+    pp = dims.get("pp")
     while True:
         wider = [moved(f"tp.{c.name}") for c in space.node_classes]
         deeper = moved("pp")
         if not any(wider) and not deeper:
             return
+        if pp is not None and not space.decode(cur).ok:
+            if not any(wider):  # only deeper, and that does not decode: nothing further saves memory
+                return
+            # wider tensor parallelism leaves fewer ranks for the stages: the deepest pipeline that decodes
+            fits = [d for d in reversed(pp.choices) if space.decode({**cur, "pp": d}).ok]
+            if fits:
+                cur["pp"] = fits[0]
         yield dict(cur)

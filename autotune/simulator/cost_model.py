@@ -37,7 +37,7 @@ from autotune.simulator.flops import (
     op_recomputed_matmuls,
     score_traffic_bytes,
 )
-from autotune.simulator.memory import GiB, layer_activation_bytes, stage_params, stage_peak_GiB
+from autotune.simulator.memory import DEFAULT_ENGINE, GiB, layer_activation_bytes, stage_params, stage_peak_GiB
 from autotune.simulator.overheads import NO_HOST_COST, host_cost
 from autotune.simulator.zero import stage_states, state_bytes_for
 from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, NodeSpec
@@ -96,10 +96,17 @@ class CostModel:
     or not (``flash``).
     """
 
-    def __init__(self, cluster: ClusterSpec, model: ModelSpec, profile: CalibrationProfile | None = None) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        model: ModelSpec,
+        profile: CalibrationProfile | None = None,
+        engine: str = DEFAULT_ENGINE,
+    ) -> None:
         self.cluster = cluster
         self.model = model
         self.profile = profile
+        self.engine = engine  # whose loss memory the last stage holds (autotune.simulator.memory)
         self._eff = _apply_profile(cluster, profile)
         self.node: dict[str, NodeSpec] = {d: n for n in self._eff.nodes for d in n.device_ids()}
         self.node_spec: dict[str, NodeSpec] = {n.name: n for n in self._eff.nodes}
@@ -425,6 +432,7 @@ class CostModel:
                 states_bytes,
                 sp,
                 elem,
+                self.engine,
             )
             hit = (dev, host_GiB)
             self._memory_cache[key] = hit

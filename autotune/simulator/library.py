@@ -11,6 +11,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.loading import load_cluster, load_config, load_model
 from autotune.profile import CalibrationProfile
+from autotune.simulator.memory import DEFAULT_ENGINE, LOSS_BYTES_PER_LOGIT
 from autotune.simulator.simulator import Simulator
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
 
@@ -18,7 +19,10 @@ _SIMULATORS: dict[tuple, Simulator] = {}
 
 
 def _library_simulator(
-    cluster: ClusterSpec, model: ModelSpec, profile: CalibrationProfile | str | Path | None
+    cluster: ClusterSpec,
+    model: ModelSpec,
+    profile: CalibrationProfile | str | Path | None,
+    engine: str = DEFAULT_ENGINE,
 ) -> Simulator:
     """One ``Simulator`` per (cluster, model, profile) for ``simulate``: a caller looping over plans
     gets the simulator's caches instead of a cold simulator per call (a few kept, oldest dropped).
@@ -31,7 +35,7 @@ def _library_simulator(
     else:
         st = os.stat(profile) if os.path.exists(profile) else None
         pkey = ("path", os.path.abspath(profile), st.st_mtime_ns if st else 0, st.st_size if st else 0)
-    key = (cluster, model, pkey)
+    key = (cluster, model, pkey, engine)
     sim = _SIMULATORS.get(key)
     if sim is None:
         prof = (
@@ -39,7 +43,7 @@ def _library_simulator(
             if profile is None or isinstance(profile, CalibrationProfile)
             else CalibrationProfile.load(Path(profile))
         )
-        sim = Simulator(cluster, model, prof)
+        sim = Simulator(cluster, model, prof, engine=engine)
         if len(_SIMULATORS) >= 8:
             _SIMULATORS.pop(next(iter(_SIMULATORS)))
         _SIMULATORS[key] = sim
@@ -53,18 +57,25 @@ def simulate(
     profile: CalibrationProfile | str | Path | None = None,
     global_batch_size: int | None = None,
     timeline: bool = False,
+    engine: str = DEFAULT_ENGINE,
 ) -> Measurement:
     """Simulate one plan (SPEC.md "Library"): the same numbers as ``autotune simulate``.
 
     ``cluster``, ``model`` and ``config`` are paths, preset names or spec objects; ``profile`` a path or a
     ``CalibrationProfile``. Unlike ``Simulator.evaluate``, bad input raises ``SpecError`` naming the
-    file, field and rule.
+    file, field and rule. ``engine``: the engine that runs the plan where engines hold different memory
+    (``autotune.simulator.memory.loss_bytes_per_logit``): ``"autotune"`` (the runner, default),
+    ``"torchtitan"``, ``"megatron"``, ``"deepspeed"``.
     """
+    if engine not in LOSS_BYTES_PER_LOGIT:
+        from autotune.errors import shown
+
+        raise SpecError("engine", "", f"must be one of {', '.join(LOSS_BYTES_PER_LOGIT)}, got {shown(engine)}")
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     cfg = load_config(config)
     cfg.validate(cluster_spec, model_spec, source=str(config) if isinstance(config, (str, Path)) else "config")
-    sim = _library_simulator(cluster_spec, model_spec, profile)
+    sim = _library_simulator(cluster_spec, model_spec, profile, engine)
     result = sim.evaluate_detailed(cfg) if timeline else sim.evaluate(cfg)
     if result.status == "invalid":
         raise SpecError("", "", result.error)

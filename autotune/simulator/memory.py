@@ -43,8 +43,15 @@
 - Mixture-of-experts blocks: ``autotune.simulator.moe`` (router probabilities, dispatched copies, expert
   activations; expert states of the experts a device holds and trains).
 - First stage, with dropout: the embedding's dropout mask per micro-batch in flight (``s b h`` bytes).
-  Last stage: one micro-batch's logits in the model's precision plus their fp32 softmax and gradient
-  (``(e + 8) s b V / t`` bytes: ``10 s b V / t`` in 16 bits).
+  Last stage: one micro-batch's logits at the loss's peak, ``LOSS_BYTES_PER_LOGIT`` by the engine that
+  runs the plan (``loss_bytes_per_logit``; ``s b V / t`` logits). The loss is cross-entropy in fp32
+  (``log_softmax`` saves its 4-byte output); its backward holds that output, the incoming gradient and
+  the outgoing one at once (12 bytes), plus whatever still holds the logits: autotune's runner (the
+  default, ``"autotune"``): 16, torch.distributed.pipelining keeps the last stage's fp32 output for its
+  backward; torchtitan: 12 (``del pred`` before the backward); Megatron-LM / DeepSpeed: ``e + 8``, the
+  logits in the model's precision plus an fp32 softmax and gradient (the rule before engines were told
+  apart, kept for the published Megatron and Sailor runs: not measured). Measured on CPU with the
+  runner's ``lm_loss`` (``experiments/fidelity/loss_peak.py``): 16.1 and 12.1 bytes per logit.
 
 This is the allocator's view (``allocated_memory_GiB``). What the device holds besides (CUDA context,
 library and NCCL buffers, the allocator's pool) and the out-of-memory rule are in
@@ -62,6 +69,24 @@ GiB = float(2**30)
 BYTES_PER_PARAM_STATE = 16  # Rajbhandari et al. 2020 (ZeRO), mixed-precision Adam: 2 + 2 + 12
 RESERVE_GiB = 1.0  # CUDA context + library workspaces + communication buffers
 RESERVE_FRACTION = 0.05  # caching-allocator fragmentation
+
+
+#: bytes per logit at the last stage's peak, by the engine running the plan (None: ``e + 8``)
+LOSS_BYTES_PER_LOGIT: dict[str, float | None] = {
+    "autotune": 16.0,
+    "torchtitan": 12.0,
+    "megatron": None,
+    "deepspeed": None,
+}
+DEFAULT_ENGINE = "autotune"
+
+
+def loss_bytes_per_logit(engine: str, elem_bytes: int) -> float:
+    """Bytes per logit the loss holds at its peak under ``engine`` (the module docstring)."""
+    if engine not in LOSS_BYTES_PER_LOGIT:
+        raise ValueError(f"engine must be one of {', '.join(LOSS_BYTES_PER_LOGIT)}, got {engine!r}")
+    fixed = LOSS_BYTES_PER_LOGIT[engine]
+    return elem_bytes + 8.0 if fixed is None else fixed
 
 
 def usable_memory_GiB(capacity_GiB: float) -> float:
@@ -143,11 +168,12 @@ def stage_activation_bytes(
     measured_kept_bytes: float | None = None,
     sequence_parallel: bool = False,
     elem_bytes: int | None = None,
+    engine: str = DEFAULT_ENGINE,
 ) -> float:
     """Peak activation bytes of one device of a stage holding ``in_flight_chunks`` chunk activations.
     ``recompute``: a mode of ``autotune.specs.recompute``. ``measured_full_bytes`` /
     ``measured_kept_bytes`` (a calibration profile's per-layer ``activation_bytes`` without / with
-    recomputation) replace the formulas when given."""
+    recomputation) replace the formulas when given. ``engine``: whose loss (``loss_bytes_per_logit``)."""
     e = model.bytes_per_element if elem_bytes is None else elem_bytes
     layers_per_chunk = layers / chunks
     full = layer_activation_bytes(model, micro_batch_size, tp, sequence_parallel=sequence_parallel, elem_bytes=e)
@@ -185,7 +211,7 @@ def stage_activation_bytes(
     if first and model.dropout > 0:
         total += -(-in_flight_chunks // chunks) * s * b * model.hidden_size  # embedding dropout mask (chunk 0)
     if last:
-        total += (e + 8.0) * s * b * model.vocab_size / tp  # logits + fp32 softmax + fp32 gradient
+        total += loss_bytes_per_logit(engine, e) * s * b * model.vocab_size / tp  # the loss's peak
     return total
 
 
@@ -207,6 +233,7 @@ def stage_peak_GiB(
     states_bytes: float | None = None,
     sequence_parallel: bool = False,
     elem_bytes: int | None = None,
+    engine: str = DEFAULT_ENGINE,
 ) -> float:
     """``baseline_GiB``: a profile's measured per-process memory besides states and activations;
     ``state_bytes_per_param``: a profile's measured bytes per parameter (default 16, ZeRO's figure);
@@ -229,5 +256,6 @@ def stage_peak_GiB(
         measured_kept_bytes,
         sequence_parallel,
         elem_bytes,
+        engine,
     )
     return (states + activation_factor * acts) / GiB + baseline_GiB

@@ -35,6 +35,7 @@ from autotune.errors import SpecError
 from autotune.profile import CalibrationProfile
 from autotune.simulator import data_parallel, error_bar, layerwise, moe, roundpipe
 from autotune.simulator.cost_model import CostModel
+from autotune.simulator.memory import DEFAULT_ENGINE
 from autotune.simulator.mixed_stages import Unit, compile_pipeline, pipeline_units, shares_key
 from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, run_program
 from autotune.simulator.zero import peer_degrees
@@ -67,6 +68,8 @@ class Simulator:
     ``costs`` is its ``CostModel`` (what each piece costs); the simulator composes those into one
     iteration. ``record_timeline=True`` makes ``evaluate`` also return every operation as a
     ``TimelineEvent`` (slower; the search leaves it off). ``evaluate_detailed`` does that for one call.
+    ``engine``: which engine runs the plan, where engines hold different memory (the loss's logits:
+    ``autotune.simulator.memory.loss_bytes_per_logit``); autotune's runner by default.
     """
 
     def __init__(
@@ -75,12 +78,13 @@ class Simulator:
         model: ModelSpec,
         profile: CalibrationProfile | None = None,
         record_timeline: bool = False,
+        engine: str = DEFAULT_ENGINE,
     ) -> None:
         self.cluster = cluster
         self.model = model
         self.profile = profile
         self.record_timeline = record_timeline
-        self.costs = CostModel(cluster, model, profile)
+        self.costs = CostModel(cluster, model, profile, engine)
         self._step_overhead_s = profile.step_overhead_s if profile is not None else 0.0
         self._rank_curves = profile is not None and any(
             d.pipeline_overhead or d.data_parallel_overhead for d in profile.devices

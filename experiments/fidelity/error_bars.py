@@ -63,14 +63,14 @@ def megatron(quick: bool) -> list[tuple[str, float, float]]:
     for params, heads, hidden, layers, tp, pp, gpus, batch, published, _ in rows:
         model = mc.gpt(params, heads, hidden, layers, batch, "fp16", "table-1")
         cluster = mc.selene(gpus)
-        m = Simulator(cluster, model).evaluate(mc.plan(cluster, layers, tp, pp, batch, "1f1b", 1))
+        m = Simulator(cluster, model, engine="megatron").evaluate(mc.plan(cluster, layers, tp, pp, batch, "1f1b", 1))
         if m.ok:
             rate = megatron_flops_per_iteration(model, recompute=True) / m.iteration_time_s / gpus / 1e12
             out.append((f"narayanan-{params:g}B", published / rate - 1, m.expected_error))
     for params, heads, hidden, layers, tp, pp, gpus, batch, mbs, mfu_pub, _ in [] if quick else mc.KORTHIKANTI:
         model = mc.gpt(params, heads, hidden, layers, batch, "bf16", "korthikanti")
         cluster = mc.selene(gpus)
-        m = Simulator(cluster, model).evaluate(
+        m = Simulator(cluster, model, engine="megatron").evaluate(
             mc.plan(cluster, layers, tp, pp, batch, "1f1b", 1, mbs, "selective", True)
         )
         if m.ok:
@@ -83,7 +83,7 @@ def sailor_layers() -> dict[str, list[float]]:
     """Per GPU: the datasheet block time (forward + backward) against Sailor's measured one, per entry."""
     data = json.loads((ROOT / "experiments" / "data" / "sailor_a100_v100.json").read_text())
     model = model_from_dict(spc.MODEL, "sailor")
-    sim = Simulator(spc.cluster(data, 8, 8), model)
+    sim = Simulator(spc.cluster(data, 8, 8), model, engine="megatron")
     out: dict[str, list[float]] = {}
     for e in data["sailor_layer_profiles"]["entries"]:
         if e["tp"] > spc.GPN:  # a tensor-parallel group larger than a node of Sailor's cluster
@@ -111,7 +111,7 @@ def sailor_runs() -> list[tuple[str, str, float, float]]:
     for section, model, run in sv.runs(data):
         gpn = data["clusters"][run.get("cluster", "clariden-gh200")]["gpus_per_node"]
         cluster = sv.cluster_from(sv.cluster_dict(data, run))
-        m = Simulator(cluster, model_from_dict(sv.model_dict(model, run), "data")).evaluate(
+        m = Simulator(cluster, model_from_dict(sv.model_dict(model, run), "data"), engine="megatron").evaluate(
             ParallelConfig.from_dict(sv.config_dict(run, gpn))
         )
         if m.ok:
@@ -128,7 +128,7 @@ def v100_16bit() -> list[tuple[str, float, float]]:
     cluster = cluster_from_dict(zo.DGX2_V100, "dgx2")
     small = model_from_dict(zo.gpt2(26, 2048, 16, 512, "gpt2-1.4b"), "1.4B")
     for mbs in (16, 8, 4, 2, 1):  # the largest micro-batch that fits, as zero_offload.py
-        m = Simulator(cluster, small).evaluate(zo.single_gpu_plan(26, mbs, 512 // mbs, "none"))
+        m = Simulator(cluster, small, engine="deepspeed").evaluate(zo.single_gpu_plan(26, mbs, 512 // mbs, "none"))
         if m.ok:
             rate = megatron_flops_per_iteration(small, recompute=True) / m.iteration_time_s / 1e12
             return [("zero-offload-pytorch-1.4B", 30.0 / rate - 1, m.expected_error)]
@@ -150,16 +150,19 @@ def roundpipe(quick: bool) -> list[tuple[str, float, float]]:
 H200_RUNS = ROOT / "experiments" / "data" / "h200_gpu_check" / "runs.json"
 
 
-def h200_runs() -> tuple[list[tuple[str, float, float]], list[tuple[str, float, float]]]:
-    """(runner rows, roundpipe rows) of the runs measured on one H200, each simulated again now from the
-    datasheet (time error = simulated / measured iteration time - 1)."""
+def h200_runs() -> tuple[
+    list[tuple[str, float, float]], list[tuple[str, float, float]], list[tuple[str, float, float]]
+]:
+    """(runner rows, roundpipe rows, runner memory rows) of the runs measured on one H200, each simulated
+    again now from the datasheet (time error = simulated / measured iteration time - 1; memory rows: the
+    allocator view's and the device view's error against ``max_memory_allocated`` and the device reading)."""
     from autotune.loading import cluster_from_dict, load_cluster
     from autotune.planning.space import SearchSpace
 
     data = json.loads(H200_RUNS.read_text())
     models = {k: model_from_dict(v, k) for k, v in data["models"].items()}
     single = cluster_from_dict(data["cluster_single"], "gpu-check")
-    runner = []
+    runner, memory = [], []
     for run in data["runner_runs"]:
         model, plan = models[run["model"]], data["plans"][run["plan"]]
         config = ParallelConfig.from_dict(
@@ -169,6 +172,14 @@ def h200_runs() -> tuple[list[tuple[str, float, float]], list[tuple[str, float, 
         runner.append(
             (f"{run['model']} {run['plan']}", m.iteration_time_s / run["iteration_time_s"] - 1, m.expected_error)
         )
+        if "allocated_memory_GiB" in run:
+            memory.append(
+                (
+                    f"{run['model']} {run['plan']}",
+                    max(m.allocated_memory_GiB.values()) / run["allocated_memory_GiB"] - 1,
+                    max(m.peak_memory_GiB.values()) / run["peak_memory_GiB"] - 1,
+                )
+            )
     local = load_cluster(H200_RUNS.parent / "local-cluster.json")
     rpipe = []
     for run in data["roundpipe_runs"]:
@@ -178,7 +189,7 @@ def h200_runs() -> tuple[list[tuple[str, float, float]], list[tuple[str, float, 
         assert config.describe() == run["plan"], (config.describe(), run["plan"])  # the plan that ran
         m = Simulator(local, model).evaluate(config)
         rpipe.append((f"roundpipe {run['model']}", m.iteration_time_s / run["iteration_time_s"] - 1, m.expected_error))
-    return runner, rpipe
+    return runner, rpipe, memory
 
 
 def mean_abs(xs) -> float:
@@ -196,7 +207,7 @@ def main() -> None:
     neo = [(r, e, b) for s, r, e, b in sailor if s == "sailor_gh200_gptneo"]
     v100 = v100_16bit()
     rpipe = roundpipe(args.quick)
-    h200_runner, h200_roundpipe = h200_runs()
+    h200_runner, h200_roundpipe, h200_memory = h200_runs()
     table = [
         (("A100", "16-bit"), "Megatron-LM Table 1 + Korthikanti (end to end)", [e for _, e, _ in meg]),
         (("A100", "fp32"), "Sailor A100-40GB block times", layers.get("A100-40GB", [])),
@@ -240,6 +251,13 @@ def main() -> None:
         )
     print(
         f"  {'all':38s} covered {covered_all}/{n_all} ({covered_all / max(n_all, 1):.0%}; ~58% for a mean-|error| bar)"
+    )
+    print("\nmemory on the H200 (held out; autotune's runner, datasheet): simulated / measured - 1")
+    for name, alloc, device in h200_memory:
+        print(f"  {name:38s} allocator {alloc:+7.1%}  device {device:+7.1%}")
+    print(
+        f"  {'mean |error|':38s} allocator {mean_abs(a for _, a, _ in h200_memory):7.1%}  "
+        f"device {mean_abs(d for _, _, d in h200_memory):7.1%}"
     )
 
 

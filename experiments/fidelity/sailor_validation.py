@@ -245,7 +245,7 @@ def main() -> None:
             "sailor_m": run["sailor_predicted"]["peak_memory_GiB"],
         }
         for variant, prof in (("sim", None), ("prof", profile)):
-            m = simulate(cluster_from(cluster), model_from_dict(mdict, "data"), cfg, profile=prof)
+            m = simulate(cluster_from(cluster), model_from_dict(mdict, "data"), cfg, profile=prof, engine="megatron")
             row[f"{variant}_t"] = m.iteration_time_s
             row[f"{variant}_m"] = max(m.peak_memory_GiB.values())
             row[f"{variant}_oom"] = m.oom
@@ -326,7 +326,7 @@ def fit_backward(data: dict, fit_model: str) -> None:
         saved = simmod.host_cost, simmod.backward_ratio
         simmod.host_cost, simmod.backward_ratio = (lambda gpu, tp: NO_HOST_COST), (lambda *a: None)
         try:
-            sim = simmod.Simulator(cluster_from(cluster_dict(data, run)), m)
+            sim = simmod.Simulator(cluster_from(cluster_dict(data, run)), m, engine="megatron")
             devices = tuple(f"{NODE}:{i}" for i in range(e["tp"]))
             node = sim.costs.node[devices[0]]
             fwd = sim.costs.layer_costs(

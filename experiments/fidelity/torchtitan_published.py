@@ -155,7 +155,9 @@ def time_rows() -> list[tuple[str, float, float]]:
     for gpu, runs, nic in (("A100-80GB", A100_RUNS, 25.0), (H100_96GB, H100_RUNS, 50.0)):
         for name, shape, gpus, mbs, rc, pub_tps, _ in runs:
             cl = cluster(gpu, gpus, nic)
-            r = Simulator(cl, model(name, shape, gpus, mbs)).evaluate(fsdp(cl, shape["num_layers"], mbs, rc))
+            r = Simulator(cl, model(name, shape, gpus, mbs), engine="torchtitan").evaluate(
+                fsdp(cl, shape["num_layers"], mbs, rc)
+            )
             if r.ok and pub_tps:
                 out.append((name, pub_tps / (r.tokens_per_s / gpus) - 1, r.expected_error))
     return out
@@ -173,7 +175,7 @@ def main() -> None:
         for name, shape, gpus, mbs, rc, pub_tps, pub_gib in runs:
             cl = cluster(gpu, gpus, nic)
             m = model(name, shape, gpus, mbs)
-            r = Simulator(cl, m).evaluate(fsdp(cl, shape["num_layers"], mbs, rc))
+            r = Simulator(cl, m, engine="torchtitan").evaluate(fsdp(cl, shape["num_layers"], mbs, rc))
             gpu_name = gpu if isinstance(gpu, str) else gpu["name"]
             context = device_memory(gpu_name).context_GiB
             sim_gib = max(r.peak_memory_GiB.values(), default=0.0) - context
@@ -196,7 +198,7 @@ def main() -> None:
             oom_right.append(right)
             line += ("fits" if r.ok else "OOM") + ("" if right else "  <- published the other way")
             if pub_gib:  # the check: 10% headroom over the published reading must fit
-                headroom = Simulator(cluster(gpu, gpus, nic, 1.1 * pub_gib + context), m).evaluate(
+                headroom = Simulator(cluster(gpu, gpus, nic, 1.1 * pub_gib + context), m, engine="torchtitan").evaluate(
                     fsdp(cl, shape["num_layers"], mbs, rc)
                 )
                 line += f"; with 10% headroom over {pub_gib} GiB: {'fits' if headroom.ok else 'OOM'}"

@@ -120,7 +120,7 @@ def zero_offload() -> None:
     cluster = cluster_from_dict(DGX2_V100, "dgx2")
     print("ZeRO-Offload (Ren et al. 2021), one V100-32GB of a DGX-2, simulated vs published")
     model = model_from_dict(gpt2(50, 4096, 32, 510, "gpt2-10b"), "zero-offload 10B")
-    m = Simulator(cluster, model).evaluate(single_gpu_plan(50, 10, 51, "optimizer"))
+    m = Simulator(cluster, model, engine="deepspeed").evaluate(single_gpu_plan(50, 10, 51, "optimizer"))
     print(f"  10B GPT-2 (50 x 4096, {model.num_params / 1e9:.2f}B parameters), micro-batch 10, offload optimizer:")
     if m.ok:
         tflops = megatron_flops_per_iteration(model, recompute=True) / m.iteration_time_s / 1e12
@@ -132,7 +132,7 @@ def zero_offload() -> None:
     else:
         print(f"    does not run in the simulator: {m.error}")
     for mbs in (8, 4, 2):  # the largest micro-batch that fits in the simulator, batch 512
-        m = Simulator(cluster, model.with_global_batch_size(512)).evaluate(
+        m = Simulator(cluster, model.with_global_batch_size(512), engine="deepspeed").evaluate(
             single_gpu_plan(50, mbs, 512 // mbs, "optimizer")
         )
         if m.ok:
@@ -152,7 +152,7 @@ def zero_offload() -> None:
     # fits, batch 512: isolates the simulator's compute-efficiency error from offload's terms
     small = model_from_dict(gpt2(26, 2048, 16, 512, "gpt2-1.4b"), "1.4B")
     for mbs in (16, 8, 4, 2, 1):
-        mm = Simulator(cluster, small).evaluate(single_gpu_plan(26, mbs, 512 // mbs, "none"))
+        mm = Simulator(cluster, small, engine="deepspeed").evaluate(single_gpu_plan(26, mbs, 512 // mbs, "none"))
         if mm.ok:
             tf_small = megatron_flops_per_iteration(small, recompute=True) / mm.iteration_time_s / 1e12
             print(
@@ -166,13 +166,13 @@ def zero_offload() -> None:
                     f"makes most of the gap)"
                 )
             break
-    base = Simulator(cluster, model).evaluate(single_gpu_plan(50, 10, 51, "none"))
+    base = Simulator(cluster, model, engine="deepspeed").evaluate(single_gpu_plan(50, 10, 51, "none"))
     print(f"    the same plan without offload: {base.status} ({base.error or 'fits'})")
     for offload, hidden, heads, published in (("none", 2048, 16, 1.4), ("optimizer", 4096, 32, 13.0)):
         largest = None
         for layers in range(1, 200):
             model = model_from_dict(gpt2(layers, hidden, heads, 8, "scan"), "scan")
-            m = Simulator(cluster, model).evaluate(single_gpu_plan(layers, 1, 8, offload))
+            m = Simulator(cluster, model, engine="deepspeed").evaluate(single_gpu_plan(layers, 1, 8, offload))
             if not m.ok:
                 break
             largest = (layers, model.num_params)

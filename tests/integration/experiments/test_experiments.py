@@ -18,6 +18,7 @@ QUICK = {
     "experiments/fidelity/closed_loop.py": [],
     "experiments/fidelity/error_bars.py": [],
     "experiments/fidelity/fidelity.py": ["--out", "{tmp}/fidelity_results.json"],
+    "experiments/fidelity/loss_peak.py": [],
     "experiments/fidelity/megatron_comparison.py": [],
     "experiments/fidelity/roundpipe_published.py": [],
     "experiments/fidelity/sailor_validation.py": [],

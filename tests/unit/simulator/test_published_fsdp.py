@@ -63,7 +63,7 @@ def evaluate(device: dict, gpus: int, shape: dict, mbs: int, recompute):
             ],
         }
     )
-    return Simulator(cluster, model).evaluate(plan)
+    return Simulator(cluster, model, engine="torchtitan").evaluate(plan)  # torchtitan's loss (del pred)
 
 
 def test_a_production_run_fits_a_device_with_10_percent_over_its_memory_reading() -> None:
