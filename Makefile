@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/autotune search --cluster mixed-a100-v100 --model gpt2-xl --method optuna --budget 60 --output best.json
+	$(BIN)/autotune search --cluster mixed-a100-v100 --model gpt2-xl --budget 60 --output best.json
 
 # everything CI runs (.ci/run): lint and format, then the unit and the integration tests
 test: lint

@@ -184,7 +184,7 @@ def profile(
 def search(
     cluster: str = ClusterOpt,
     model: str = ModelOpt,
-    method: str = typer.Option("optuna", "--method", help="rl | optuna | random | uniform | exhaustive | dp"),
+    method: str = typer.Option("rl", "--method", help="rl (default) | optuna | random | uniform | exhaustive | dp"),
     budget: int = typer.Option(100, "--budget", help="Number of evaluated plans."),
     global_batch_size: int | None = GbsOpt,
     seq_len: int | None = SeqLenOpt,

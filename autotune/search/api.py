@@ -88,7 +88,7 @@ def study_variant(
 def tune(
     cluster: str | Path | ClusterSpec,
     model: str | Path | ModelSpec,
-    method: str = "optuna",
+    method: str = "rl",
     budget: int = 100,
     backend: str = "sim",
     seed: int = 0,
@@ -278,7 +278,11 @@ def _check_arguments(
     if workers < 1:
         raise SpecError("search", "workers", f"must be >= 1, got {workers}")
     if workers > 1 and method != "optuna":
-        raise SpecError("search", "workers", f"several workers share one Optuna study; --method {method} runs in one")
+        raise SpecError(
+            "search",
+            "workers",
+            f"several workers share one Optuna study (--method optuna); --method {method} runs in one",
+        )
     from autotune import prechecks
 
     prechecks.seed(seed, count=workers)
