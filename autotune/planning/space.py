@@ -551,11 +551,12 @@ class SearchSpace:
         return out
 
     def memory_first_params(self) -> Params:
-        """The smallest-memory plan of the space: every node class used at its largest tensor-parallel
-        degree (splits weights, activations and streamed units), the fewest stages (fewest
-        micro-batches in flight), micro-batch 1, recomputation everywhere, ZeRO-3 and everything in
-        host memory (nothing resident on the devices but the streamed units and activations). If
-        any plan fits the devices, this one does, as far as host memory holds its state."""
+        """The smallest-memory pipeline plan of the space: every node class used at its largest
+        tensor-parallel degree (splits weights, activations and streamed units), the fewest stages
+        (fewest micro-batches in flight), micro-batch 1, recomputation everywhere, ZeRO-3 and everything
+        in host memory (nothing resident on the devices but the streamed units and activations). If any
+        pipeline plan fits the devices, this one does, as far as host memory holds its state. RoundPipe's
+        plans (the loss taken in chunks) can need less; ``roundpipe_start`` is their own start."""
 
         def last(dim: str) -> Any:
             return self._dims[dim].choices[-1]

@@ -30,6 +30,7 @@ from autotune.simulator.backward import backward_ratio
 from autotune.simulator.collectives import collective_s, intra_node_kind, send_s
 from autotune.simulator.device_memory import device_memory
 from autotune.simulator.efficiency import DeviceRates
+from autotune.simulator.engine_terms import DEFAULT_ENGINE, head_group
 from autotune.simulator.flops import (
     head_matmul,
     layer_matmuls,
@@ -37,7 +38,7 @@ from autotune.simulator.flops import (
     op_recomputed_matmuls,
     score_traffic_bytes,
 )
-from autotune.simulator.memory import DEFAULT_ENGINE, GiB, layer_activation_bytes, stage_params, stage_peak_GiB
+from autotune.simulator.memory import GiB, layer_activation_bytes, stage_params, stage_peak_GiB
 from autotune.simulator.overheads import NO_HOST_COST, host_cost
 from autotune.simulator.zero import stage_states, state_bytes_for
 from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, NodeSpec
@@ -106,7 +107,7 @@ class CostModel:
         self.cluster = cluster
         self.model = model
         self.profile = profile
-        self.engine = engine  # whose loss memory the last stage holds (autotune.simulator.memory)
+        self.engine = engine  # the engine running the plan, where engines differ (autotune.simulator.engine_terms)
         self._eff = _apply_profile(cluster, profile)
         self.node: dict[str, NodeSpec] = {d: n for n in self._eff.nodes for d in n.device_ids()}
         self.node_spec: dict[str, NodeSpec] = {n.name: n for n in self._eff.nodes}
@@ -221,7 +222,7 @@ class CostModel:
         model = self.model
         e = rates.elem_bytes
         sp = sp and tp > 1
-        s, h, V = model.seq_len, model.hidden_size, model.vocab_size
+        s, h = model.seq_len, model.hidden_size
         tokens = mbs * s
         act_bytes = e * tokens * h
         # one all-reduce of the b s h activations (with sequence parallelism a reduce-scatter plus an
@@ -254,16 +255,7 @@ class CostModel:
         # and, with standard attention, the attention core and its score traffic
         reruns = op_recomputed_matmuls(model, mbs, tp)
         layer_bo = layer_b + elementwise + score_f + (0.0 if model.is_moe else sum(rates.matmul_s(m) for m in reruns))
-        # embedding: gather rows and write the output (2 e s b h bytes); vocab-parallel: one all-reduce
-        emb_f = rates.memory_s(2.0 * act_bytes) + tp_ar
-        emb_b = rates.memory_s(2.0 * act_bytes)
-        # final norm, logits matmul, vocabulary-parallel cross-entropy (~e + 8 bytes per logit each way:
-        # the logits and their fp32 softmax and gradient; 3 small fp32 all-reduces of b s values)
-        head = rates.matmul_s(head_matmul(model, mbs, tp))
-        logits = tokens * -(-V // tp)
-        ce_ar = 3 * collective_s("allreduce", 4.0 * tokens, tp, link.bandwidth_GBps, link.latency_us, kind)
-        head_f = head + rates.memory_s((e + 8.0) * logits + 2.0 * act_bytes) + ce_ar
-        head_b = 2 * head + rates.memory_s((e + 8.0) * logits + 2.0 * act_bytes) + tp_ar
+        emb_f, emb_b, head_f, head_b = self._end_costs(rates, tp, mbs, link, sp, kind, tp_ar)
         opt = rates.memory_s(OPTIMIZER_BYTES_PER_PARAM)
         # the host issues every pass; small passes wait for it (launch-bound), large ones hide it
         hc = host_cost(rates.device.name, tp) if rates.slowdown == 1.0 else NO_HOST_COST
@@ -302,6 +294,32 @@ class CostModel:
         self._layer_cache[key] = out
         return out
 
+    def _end_costs(
+        self, rates: DeviceRates, tp: int, mbs: int, link: LinkSpec, sp: bool, kind: str, tp_ar: float
+    ) -> tuple[float, float, float, float]:
+        """(embedding forward, embedding backward, head forward, head backward) seconds of one micro-batch
+        (``layer_costs``; ``tp_ar``: one all-reduce of the b s h activations in the tensor-parallel group)."""
+        model, e = self.model, rates.elem_bytes
+        V, tokens = model.vocab_size, mbs * model.seq_len
+        act_bytes = e * tokens * model.hidden_size
+        # the embedding and the head split ``ht`` ways: vocabulary-parallel (ht = tp), or whole on every rank
+        # (ht = 1, autotune's runner: no all-reduce; with sequence parallelism the head gathers the sequence
+        # and the embedding's gradient is gathered back, half an all-reduce each)
+        ht = head_group(self.engine, tp)
+        vocab_ar = tp_ar if ht > 1 else 0.0
+        gather = 0.5 * tp_ar if ht == 1 and sp else 0.0
+        # embedding: gather rows and write the output (2 e s b h bytes); vocab-parallel: one all-reduce
+        emb_f = rates.memory_s(2.0 * act_bytes) + vocab_ar
+        emb_b = rates.memory_s(2.0 * act_bytes) + gather
+        # final norm, logits matmul, cross-entropy (~e + 8 bytes per logit each way: the logits and their
+        # fp32 softmax and gradient; vocabulary-parallel: 3 small fp32 all-reduces of b s values)
+        head = rates.matmul_s(head_matmul(model, mbs, ht))
+        logits = tokens * -(-V // ht)
+        ce_ar = 3 * collective_s("allreduce", 4.0 * tokens, ht, link.bandwidth_GBps, link.latency_us, kind)
+        head_f = head + rates.memory_s((e + 8.0) * logits + 2.0 * act_bytes) + ce_ar + gather
+        head_b = 2 * head + rates.memory_s((e + 8.0) * logits + 2.0 * act_bytes) + vocab_ar
+        return emb_f, emb_b, head_f, head_b
+
     def stage_costs(
         self,
         devices: tuple[str, ...],
@@ -322,7 +340,7 @@ class CostModel:
         tp = len(devices)
         link = self._eff.group_link(devices) if tp > 1 else _NO_LINK
         lpc = layers / v
-        params = stage_params(self.model, layers, tp, first, last)
+        params = stage_params(self.model, layers, tp, first, last, head_group(self.engine, tp))
         durs = [0.0] * (2 * v)
         opt_s = 0.0
         for rk in sorted({self.rate_key[d] for d in devices}):  # mixed types: the slowest sets the pace
@@ -412,7 +430,8 @@ class CostModel:
                 split = state_bytes_for(self.model)
                 if per_param is not None:
                     split = split.scaled_to(per_param)
-                st = stage_states(self.model, layers, len(devices), first, last, dp, zero, offload, split)
+                ht = head_group(self.engine, len(devices))
+                st = stage_states(self.model, layers, len(devices), first, last, dp, zero, offload, split, ht)
                 states_bytes, host_GiB = st.device_bytes + st.working_bytes, st.host_bytes / 2**30
             dev = stage_peak_GiB(
                 self.model,

@@ -12,6 +12,7 @@ from autotune.simulator import layerwise, moe
 from autotune.simulator import zero as zr
 from autotune.simulator.collectives import collective_s
 from autotune.simulator.cost_model import CostModel
+from autotune.simulator.engine_terms import head_group
 from autotune.simulator.zero import state_bytes_for
 from autotune.specs import ModelSpec, ParallelConfig, TimelineEvent
 from autotune.specs.execution import LAYERWISE
@@ -179,7 +180,8 @@ def sharded_costs(
                 new = list(durs)
                 per_chunk = st.layers // v if v > 1 else st.layers
                 for c in range(v):
-                    parts = zr.stage_units(model, per_chunk, tp, s == 0 and c == 0, s == p - 1 and c == v - 1)
+                    ends = (s == 0 and c == 0, s == p - 1 and c == v - 1)
+                    parts = zr.stage_units(model, per_chunk, tp, *ends, head_group(costs.engine, tp))
                     comm = zr.chunk_comm(parts, config.zero, st.offload, dp, ring, host, split)
                     if spread:
                         comm = comm.spread(spread)

@@ -11,7 +11,7 @@ from typing import Any
 from autotune.errors import SpecError
 from autotune.loading import load_cluster, load_config, load_model
 from autotune.profile import CalibrationProfile
-from autotune.simulator.memory import DEFAULT_ENGINE, LOSS_BYTES_PER_LOGIT
+from autotune.simulator.engine_terms import DEFAULT_ENGINE, ENGINE_TERMS
 from autotune.simulator.simulator import Simulator
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig
 
@@ -64,13 +64,13 @@ def simulate(
     ``cluster``, ``model`` and ``config`` are paths, preset names or spec objects; ``profile`` a path or a
     ``CalibrationProfile``. Unlike ``Simulator.evaluate``, bad input raises ``SpecError`` naming the
     file, field and rule. ``engine``: the engine that runs the plan where engines hold different memory
-    (``autotune.simulator.memory.loss_bytes_per_logit``): ``"autotune"`` (the runner, default),
+    (``autotune.simulator.engine_terms``): ``"autotune"`` (the runner, default),
     ``"torchtitan"``, ``"megatron"``, ``"deepspeed"``.
     """
-    if engine not in LOSS_BYTES_PER_LOGIT:
+    if engine not in ENGINE_TERMS:
         from autotune.errors import shown
 
-        raise SpecError("engine", "", f"must be one of {', '.join(LOSS_BYTES_PER_LOGIT)}, got {shown(engine)}")
+        raise SpecError("engine", "", f"must be one of {', '.join(ENGINE_TERMS)}, got {shown(engine)}")
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     cfg = load_config(config)

@@ -43,15 +43,9 @@
 - Mixture-of-experts blocks: ``autotune.simulator.moe`` (router probabilities, dispatched copies, expert
   activations; expert states of the experts a device holds and trains).
 - First stage, with dropout: the embedding's dropout mask per micro-batch in flight (``s b h`` bytes).
-  Last stage: one micro-batch's logits at the loss's peak, ``LOSS_BYTES_PER_LOGIT`` by the engine that
-  runs the plan (``loss_bytes_per_logit``; ``s b V / t`` logits). The loss is cross-entropy in fp32
-  (``log_softmax`` saves its 4-byte output); its backward holds that output, the incoming gradient and
-  the outgoing one at once (12 bytes), plus whatever still holds the logits: autotune's runner (the
-  default, ``"autotune"``): 16, torch.distributed.pipelining keeps the last stage's fp32 output for its
-  backward; torchtitan: 12 (``del pred`` before the backward); Megatron-LM / DeepSpeed: ``e + 8``, the
-  logits in the model's precision plus an fp32 softmax and gradient (the rule before engines were told
-  apart, kept for the published Megatron and Sailor runs: not measured). Measured on CPU with the
-  runner's ``lm_loss`` (``experiments/fidelity/loss_peak.py``): 16.1 and 12.1 bytes per logit.
+  Last stage: one micro-batch's logits at the loss's peak, ``loss_bytes_per_logit`` bytes each, by the
+  engine that runs the plan (``autotune.simulator.engine_terms``): ``s b V / t`` logits where the engine
+  splits the head across the tensor-parallel group, ``s b V`` where it does not (autotune's runner).
 
 This is the allocator's view (``allocated_memory_GiB``). What the device holds besides (CUDA context,
 library and NCCL buffers, the allocator's pool) and the out-of-memory rule are in
@@ -61,6 +55,7 @@ RESERVE_FRACTION * capacity``) is the older, allocator-side form of the same res
 
 from __future__ import annotations
 
+from autotune.simulator.engine_terms import DEFAULT_ENGINE, head_group, loss_bytes_per_logit
 from autotune.simulator.moe import activation_delta_per_token
 from autotune.specs import ModelSpec
 from autotune.specs.recompute import checkpointed_blocks
@@ -69,24 +64,6 @@ GiB = float(2**30)
 BYTES_PER_PARAM_STATE = 16  # Rajbhandari et al. 2020 (ZeRO), mixed-precision Adam: 2 + 2 + 12
 RESERVE_GiB = 1.0  # CUDA context + library workspaces + communication buffers
 RESERVE_FRACTION = 0.05  # caching-allocator fragmentation
-
-
-#: bytes per logit at the last stage's peak, by the engine running the plan (None: ``e + 8``)
-LOSS_BYTES_PER_LOGIT: dict[str, float | None] = {
-    "autotune": 16.0,
-    "torchtitan": 12.0,
-    "megatron": None,
-    "deepspeed": None,
-}
-DEFAULT_ENGINE = "autotune"
-
-
-def loss_bytes_per_logit(engine: str, elem_bytes: int) -> float:
-    """Bytes per logit the loss holds at its peak under ``engine`` (the module docstring)."""
-    if engine not in LOSS_BYTES_PER_LOGIT:
-        raise ValueError(f"engine must be one of {', '.join(LOSS_BYTES_PER_LOGIT)}, got {engine!r}")
-    fixed = LOSS_BYTES_PER_LOGIT[engine]
-    return elem_bytes + 8.0 if fixed is None else fixed
 
 
 def usable_memory_GiB(capacity_GiB: float) -> float:
@@ -149,9 +126,10 @@ def layer_input_bytes(
     return e * model.seq_len * micro_batch_size * model.hidden_size / split
 
 
-def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> float:
-    """Parameters one device of a stage holds (its 1/tp share)."""
-    return (layers * model.params_per_layer + model.end_params(first, last)) / tp
+def stage_params(model: ModelSpec, layers: int, tp: int, first: bool, last: bool, head_tp: int | None = None) -> float:
+    """Parameters one device of a stage holds: its 1/tp share of the blocks, and of the embedding and the
+    head 1/``head_tp`` (default ``tp``; 1 where the engine keeps them whole: ``engine_terms.head_group``)."""
+    return layers * model.params_per_layer / tp + model.end_params(first, last) / (head_tp or tp)
 
 
 def stage_activation_bytes(
@@ -173,7 +151,7 @@ def stage_activation_bytes(
     """Peak activation bytes of one device of a stage holding ``in_flight_chunks`` chunk activations.
     ``recompute``: a mode of ``autotune.specs.recompute``. ``measured_full_bytes`` /
     ``measured_kept_bytes`` (a calibration profile's per-layer ``activation_bytes`` without / with
-    recomputation) replace the formulas when given. ``engine``: whose loss (``loss_bytes_per_logit``)."""
+    recomputation) replace the formulas when given. ``engine``: whose loss and head (``engine_terms``)."""
     e = model.bytes_per_element if elem_bytes is None else elem_bytes
     layers_per_chunk = layers / chunks
     full = layer_activation_bytes(model, micro_batch_size, tp, sequence_parallel=sequence_parallel, elem_bytes=e)
@@ -211,7 +189,7 @@ def stage_activation_bytes(
     if first and model.dropout > 0:
         total += -(-in_flight_chunks // chunks) * s * b * model.hidden_size  # embedding dropout mask (chunk 0)
     if last:
-        total += loss_bytes_per_logit(engine, e) * s * b * model.vocab_size / tp  # the loss's peak
+        total += loss_bytes_per_logit(engine, e) * s * b * model.vocab_size / head_group(engine, tp)  # the loss
     return total
 
 
@@ -241,7 +219,10 @@ def stage_peak_GiB(
     ``states_bytes``: the model-state bytes on the device when sharding or offload change them
     (``autotune.simulator.zero``), in place of bytes per parameter x parameters."""
     per_param = BYTES_PER_PARAM_STATE if state_bytes_per_param is None else state_bytes_per_param
-    states = per_param * stage_params(model, layers, tp, first, last) if states_bytes is None else states_bytes
+    if states_bytes is None:
+        states = per_param * stage_params(model, layers, tp, first, last, head_group(engine, tp))
+    else:
+        states = states_bytes
     acts = stage_activation_bytes(
         model,
         micro_batch_size,

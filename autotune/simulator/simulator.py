@@ -35,7 +35,7 @@ from autotune.errors import SpecError
 from autotune.profile import CalibrationProfile
 from autotune.simulator import data_parallel, error_bar, layerwise, moe, roundpipe
 from autotune.simulator.cost_model import CostModel
-from autotune.simulator.memory import DEFAULT_ENGINE
+from autotune.simulator.engine_terms import DEFAULT_ENGINE
 from autotune.simulator.mixed_stages import Unit, compile_pipeline, pipeline_units, shares_key
 from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, run_program
 from autotune.simulator.zero import peer_degrees
@@ -68,8 +68,8 @@ class Simulator:
     ``costs`` is its ``CostModel`` (what each piece costs); the simulator composes those into one
     iteration. ``record_timeline=True`` makes ``evaluate`` also return every operation as a
     ``TimelineEvent`` (slower; the search leaves it off). ``evaluate_detailed`` does that for one call.
-    ``engine``: which engine runs the plan, where engines hold different memory (the loss's logits:
-    ``autotune.simulator.memory.loss_bytes_per_logit``); autotune's runner by default.
+    ``engine``: which engine runs the plan, where engines differ (the loss's memory, whether the head is
+    split across tensor parallelism: ``autotune.simulator.engine_terms``); autotune's runner by default.
     """
 
     def __init__(

@@ -121,14 +121,18 @@ def working_bytes(
     return 0.0
 
 
-def stage_units(model: ModelSpec, layers: int, tp: int, first: bool, last: bool) -> list[float]:
+def stage_units(
+    model: ModelSpec, layers: int, tp: int, first: bool, last: bool, head_tp: int | None = None
+) -> list[float]:
     """Parameters of each unit of a stage on one of its ``tp`` devices, in forward order: the embedding
-    on the first stage, its blocks, the final norm + LM head on the last."""
+    on the first stage, its blocks, the final norm + LM head on the last. The embedding and the head are
+    split ``head_tp`` ways (default ``tp``; 1 where the engine keeps them whole)."""
+    ht = head_tp or tp
     embedding = model.end_params(True, False) if first else 0
-    units = [embedding / tp] if first else []
+    units = [embedding / ht] if first else []
     units += [model.params_per_layer / tp] * layers
     if last:
-        units.append((model.end_params(first, True) - embedding) / tp)
+        units.append((model.end_params(first, True) - embedding) / ht)
     return units
 
 
@@ -186,8 +190,9 @@ def stage_states(
     zero: int,
     offload: str,
     state: StateBytes = MIXED_PRECISION_ADAM,
+    head_tp: int | None = None,
 ) -> StageStates:
-    units = stage_units(model, layers, tp, first, last)
+    units = stage_units(model, layers, tp, first, last, head_tp)
     params = sum(units)
     device, host = offload_state_bytes(params, dp, zero, offload, state)
     return StageStates(device, working_bytes(units, zero, offload, dp, state), host)

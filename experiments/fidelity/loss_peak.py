@@ -1,4 +1,4 @@
-"""Bytes per logit the loss holds at its peak, measured on CPU: the simulator's ``LOSS_BYTES_PER_LOGIT``.
+"""Bytes per logit the loss holds at its peak, measured on CPU: the simulator's ``loss_bytes_per_logit``.
 
 The last pipeline stage's peak is the loss's backward, where the fp32 cross-entropy holds its saved
 log-softmax output, the incoming gradient and the outgoing one at once. Two ways engines call it:
@@ -63,7 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.tokens, args.vocab = 1024, 8192
-    from autotune.simulator.memory import LOSS_BYTES_PER_LOGIT
+    from autotune.simulator.engine_terms import loss_bytes_per_logit
 
     print(f"{args.tokens} tokens x {args.vocab} vocabulary, bf16 logits, fp32 loss")
     for name, engine, keep in (
@@ -71,7 +71,7 @@ def main() -> None:
         ("torchtitan (del pred)", "torchtitan", False),
     ):
         print(
-            f"{name:32s} measured {measure(args.tokens, args.vocab, keep):5.2f} bytes/logit, simulator {LOSS_BYTES_PER_LOGIT[engine]:.0f}"
+            f"{name:32s} measured {measure(args.tokens, args.vocab, keep):5.2f} bytes/logit, simulator {loss_bytes_per_logit(engine, 2):.0f}"
         )
 
 

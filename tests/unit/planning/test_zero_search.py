@@ -49,11 +49,14 @@ def test_the_memory_first_start_fits_where_nothing_else_does(box13):
     mf = space.decode(first).config
     assert mf.offloads and all(s.recompute for p in mf.pipelines for s in p.stages) and mf.micro_batch_size == 1
     assert sim.evaluate(mf).ok
-    # it is the smallest-memory plan among a sample of the space's plans
+    # it is the smallest-memory pipeline plan among a sample of the space's plans (RoundPipe's, which takes
+    # the loss in chunks and keeps the state in host memory, can need less: it is a start of its own)
     peak = max(sim.evaluate(mf).peak_memory_GiB.values())
     rng = np.random.default_rng(0)
     for _ in range(60):
         _, cfg = space.sample_valid(rng)
+        if cfg.is_roundpipe:
+            continue
         m = sim.evaluate(cfg)
         if m.peak_memory_GiB:
             assert max(m.peak_memory_GiB.values()) >= peak - 1e-9

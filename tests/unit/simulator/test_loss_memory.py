@@ -10,7 +10,8 @@ from paths import REPO
 from autotune.errors import SpecError
 from autotune.loading import model_from_dict
 from autotune.simulator import simulate
-from autotune.simulator.memory import LOSS_BYTES_PER_LOGIT, loss_bytes_per_logit, stage_activation_bytes
+from autotune.simulator.engine_terms import head_group, loss_bytes_per_logit
+from autotune.simulator.memory import stage_activation_bytes, stage_params
 
 MODEL = dict(
     name="m",
@@ -40,7 +41,7 @@ def test_the_last_stage_holds_the_engine_s_loss_bytes_per_logit(precision: str, 
     args = (model, b, tp, 4, False, 1, 1, False)
     last = stage_activation_bytes(*args, True, engine=engine)
     not_last = stage_activation_bytes(*args, False, engine=engine)
-    assert last - not_last == pytest.approx(per_logit * 512 * b * 32000 / tp)
+    assert last - not_last == pytest.approx(per_logit * 512 * b * 32000 / head_group(engine, tp))
 
 
 def test_an_unknown_engine_is_named() -> None:
@@ -56,5 +57,26 @@ def test_the_runner_s_loss_holds_what_the_simulator_says() -> None:
     spec = importlib.util.spec_from_file_location("loss_peak", REPO / "experiments/fidelity/loss_peak.py")
     loss_peak = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loss_peak)
-    assert loss_peak.measure(1024, 16384, keep=True) == pytest.approx(LOSS_BYTES_PER_LOGIT["autotune"], rel=0.1)
-    assert loss_peak.measure(1024, 16384, keep=False) == pytest.approx(LOSS_BYTES_PER_LOGIT["torchtitan"], rel=0.1)
+    assert loss_peak.measure(1024, 16384, keep=True) == pytest.approx(loss_bytes_per_logit("autotune", 2), rel=0.1)
+    assert loss_peak.measure(1024, 16384, keep=False) == pytest.approx(loss_bytes_per_logit("torchtitan", 2), rel=0.1)
+
+
+def test_autotune_s_runner_keeps_the_head_and_its_logits_whole_on_every_tensor_parallel_rank() -> None:
+    """The runner splits the blocks across tensor parallelism, not the embedding and the head
+    (``runner.engine``): a tp-2 last stage holds the whole head's states and the whole logits' loss; a
+    vocabulary-parallel engine (Megatron-LM) half of each."""
+    model = model_from_dict({**MODEL, "precision": "bf16"}, "test")
+    b, s, V, h = 2, 512, 32000, 256
+    runner = stage_activation_bytes(model, b, 2, 4, False, 1, 1, False, True, engine="autotune")
+    blocks = stage_activation_bytes(model, b, 2, 4, False, 1, 1, False, False, engine="autotune")
+    assert runner - blocks == pytest.approx(16 * s * b * V)  # not / 2
+    meg = stage_activation_bytes(model, b, 2, 4, False, 1, 1, False, True, engine="megatron")
+    assert meg - blocks == pytest.approx(10 * s * b * V / 2)
+    head = model.end_params(False, True)
+    assert stage_params(model, 4, 2, False, True, head_group("autotune", 2)) == pytest.approx(
+        4 * model.params_per_layer / 2 + head
+    )
+    assert stage_params(model, 4, 2, False, True, head_group("megatron", 2)) == pytest.approx(
+        (4 * model.params_per_layer + head) / 2
+    )
+    assert head == pytest.approx(V * h + 2 * h, rel=0.01)  # the head and the final norm

@@ -148,8 +148,9 @@ def test_tensor_parallel_splits_compute_and_adds_allreduces() -> None:
     model = model_from_dict(GPT, "gpt")
     bw, lat = 100.0, 5.0
     cluster = _cluster([_node("n", 2, intra=bw, latency_us=lat)])
-    sim = Simulator(cluster, model, _flat_profile(50.0, "X100"))
-    one = Simulator(_cluster([_node("n", 1)]), model, _flat_profile(50.0, "X100"))
+    # Megatron-LM's tensor parallelism: the embedding and the head vocabulary-parallel too
+    sim = Simulator(cluster, model, _flat_profile(50.0, "X100"), engine="megatron")
+    one = Simulator(_cluster([_node("n", 1)]), model, _flat_profile(50.0, "X100"), engine="megatron")
     t1 = one.evaluate(_config([(8, [(["n:0"], 8)])], mbs=2)).iteration_time_s
     t2 = sim.evaluate(_config([(8, [(["n:0", "n:1"], 8)])], mbs=2)).iteration_time_s
     b, s, h = 2, model.seq_len, model.hidden_size
@@ -158,6 +159,13 @@ def test_tensor_parallel_splits_compute_and_adds_allreduces() -> None:
     small = 2 * (2 - 1) / 2 * (4 * b * s) / (bw * 1e9) + 2 * (2 - 1) * lat * 1e-6
     expected = t1 / 2 + 8 * (4 * model.num_layers * ring + 2 * ring + 3 * small)
     assert t2 == pytest.approx(expected, rel=1e-9)
+    # autotune's runner keeps the embedding and the head whole on both ranks: their time is not halved and
+    # they need no all-reduce (the blocks as above)
+    runner = Simulator(cluster, model, _flat_profile(50.0, "X100"))
+    costs = runner.costs
+    alone = costs.layer_costs(costs.rate_key["n:0"], 1, 2, cluster.nodes[0].intra_node)
+    pair = costs.layer_costs(costs.rate_key["n:0"], 2, 2, cluster.nodes[0].intra_node)
+    assert pair[5:9] == pytest.approx(alone[5:9], rel=1e-12)  # embedding and head: forward, backward
 
 
 # -- pipelines end to end -------------------------------------------------------------------------

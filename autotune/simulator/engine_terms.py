@@ -1,0 +1,54 @@
+"""What differs between the engines that run a plan, where the simulator counts it differently.
+
+The simulator predicts autotune's own runner by default (``"autotune"``); the published runs it is
+validated on ran on other engines, so each term below is per engine (``Simulator(..., engine=...)``):
+
+- ``loss_bytes_per_logit``: what the last stage holds per logit at the loss's peak. The loss is
+  cross-entropy in fp32 (``log_softmax`` saves its 4-byte output); its backward holds that output, the
+  incoming gradient and the outgoing one at once (12 bytes), plus whatever still holds the logits.
+  autotune's runner: 16, torch.distributed.pipelining keeps the last stage's fp32 output for its backward;
+  torchtitan: 12 (``del pred`` before the backward). Megatron-LM / DeepSpeed: ``None``, i.e. ``e + 8``
+  (the logits in the model's precision plus an fp32 softmax and gradient: the rule before engines were told
+  apart, kept for the published Megatron and Sailor runs; not measured). Measured on CPU with the runner's
+  ``lm_loss`` (``experiments/fidelity/loss_peak.py``): 16.0 and 12.0 bytes per logit.
+- ``vocab_parallel``: whether the embedding and the LM head are split across a stage's tensor-parallel
+  group (Megatron-LM, DeepSpeed on Megatron, torchtitan's loss-parallel output). autotune's runner applies
+  tensor parallelism to the blocks only (``runner.engine``): every rank of the group holds the whole
+  embedding and head, computes the whole logits and holds their loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTerms:
+    loss_bytes_per_logit: float | None  # None: the model's element size + 8
+    vocab_parallel: bool  # embedding and LM head split across the tensor-parallel group
+
+
+ENGINE_TERMS: dict[str, EngineTerms] = {
+    "autotune": EngineTerms(16.0, False),
+    "torchtitan": EngineTerms(12.0, True),
+    "megatron": EngineTerms(None, True),
+    "deepspeed": EngineTerms(None, True),
+}
+DEFAULT_ENGINE = "autotune"
+
+
+def engine_terms(engine: str) -> EngineTerms:
+    if engine not in ENGINE_TERMS:
+        raise ValueError(f"engine must be one of {', '.join(ENGINE_TERMS)}, got {engine!r}")
+    return ENGINE_TERMS[engine]
+
+
+def loss_bytes_per_logit(engine: str, elem_bytes: int) -> float:
+    """Bytes per logit the loss holds at its peak under ``engine``."""
+    fixed = engine_terms(engine).loss_bytes_per_logit
+    return elem_bytes + 8.0 if fixed is None else fixed
+
+
+def head_group(engine: str, tp: int) -> int:
+    """How many ranks of a ``tp``-wide group split the embedding and the LM head under ``engine``."""
+    return tp if engine_terms(engine).vocab_parallel else 1
