@@ -30,8 +30,21 @@ from autotune.specs import ParallelConfig
 STRETCH = 0.25
 #: prior spread of the common factor (the runner's overheads, the framework: every plan alike)
 COMMON_ERROR = 0.5
-#: spread a run keeps that no term explains (run-to-run noise, the linearisation)
+#: spread a run keeps that no term explains (run-to-run noise, the linearisation): the least assumed
 RUN_NOISE = 0.05
+#: the mean of max/min - 1 over two runs, in standard deviations of a run's log time (2 / sqrt(pi))
+RANGE_OF_TWO = 2.0 / math.sqrt(math.pi)
+
+
+def run_noise(spreads: Sequence[float]) -> float:
+    """The run-to-run spread (standard deviation of log time) the real runs showed: from the median
+    ``max / min - 1`` of the plans run more than once (``autotune.search.screen``), never below
+    ``RUN_NOISE``; ``RUN_NOISE`` before any plan ran twice. On a loaded machine one plan's runs spread
+    15-40%: a posterior that took a run as exact to 5% would stop after two runs."""
+    if not spreads:
+        return RUN_NOISE
+    median = sorted(spreads)[len(spreads) // 2]
+    return max(RUN_NOISE, math.log1p(max(median, 0.0)) / RANGE_OF_TWO)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +173,12 @@ class Posterior:
         self.mean_log_s = np.log(t.predicted_s) + t.sensitivity @ mean
         var = np.maximum(np.einsum("kt,ts,ks->k", t.sensitivity, cov, t.sensitivity), 0.0)
         self.std_log_s = np.sqrt(var + self.noise**2)  # a run of it would also carry the run's own noise
+
+    def set_noise(self, noise: float) -> None:
+        """The run-to-run noise the runs so far showed (``run_noise``): the belief conditioned again."""
+        if noise != self.noise:
+            self.noise = noise
+            self._update()
 
     def first_not_run(self) -> int:
         """The candidate not run yet that comes first in the table (its order: the simulator's)."""

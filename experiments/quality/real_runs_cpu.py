@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cluster", default="cpu-hetero")
     ap.add_argument("--model", default="tiny")
+    ap.add_argument("--plans", action="store_true", help="print every plan each method ran, predicted and measured")
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.budget, args.repeats = 2, 1
     logging.basicConfig(level=logging.ERROR)
+    if args.plans:  # the chooser says why it stopped
+        logging.getLogger("autotune.search.agents.acquire").setLevel(logging.INFO)
     import torch
 
     torch.set_num_threads(1)
@@ -69,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
                 run_timeout_s=300,
             )
             times = [r.measured_s if r.status == "ok" and r.measured_s > 0 else float("inf") for r in result.real_runs]
+            if args.plans:
+                for r in result.real_runs:
+                    pred = f"{r.predicted_s:.3f}" if r.predicted_s else "-"
+                    print(
+                        f"  {name:10s} plan {r.index}: predicted {pred} s, measured {r.measured_s:.3f} s "
+                        f"{r.runs_s} {r.status}  {r.config.describe()}",
+                        flush=True,
+                    )
             found[name] = (times, sum(len(r.runs_s) for r in result.real_runs))
         best = min(min(t, default=float("inf")) for t, _ in found.values())
         for name, (times, n_runs) in found.items():

@@ -16,7 +16,9 @@ memory model still screens, and every run still refits the correction).
 
 Stopping rule (``stop_gain``, on by default for ``--backend real``): once a plan ran, the search stops when
 no candidate left is expected to beat the best measured plan by ``STOP_GAIN`` (``Posterior.expected_gain``
-times its chance to fit in memory), and says so; ``--budget`` stays the cap. Plans already evaluated (a
+times its chance to fit in memory), and says so; ``--budget`` stays the cap. The posterior takes a run to
+be as noisy as the plans run more than once showed (``posterior.run_noise``; the closed loop repeats a plan
+whose run disagrees with its prediction), so on a noisy machine it does not stop on two runs it trusts too much. Plans already evaluated (a
 resumed search) are candidates too, read back free, and inform the posterior.
 """
 
@@ -26,7 +28,7 @@ import logging
 from pathlib import Path
 
 from autotune.planning.budget import BudgetedEvaluator
-from autotune.planning.posterior import Posterior, candidate_table, first_plans
+from autotune.planning.posterior import Posterior, candidate_table, first_plans, run_noise
 from autotune.planning.space import SearchSpace
 
 log = logging.getLogger(__name__)
@@ -139,6 +141,7 @@ def _spend(budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None, 
             fresh = replan()
             if fresh is not None and len(fresh):
                 table, post = fresh, _posterior(fresh, budgeted)
+        post.set_noise(run_noise(getattr(budgeted.inner, "spreads", ())))  # as noisy as the runs showed
         if post.run.all():
             reason = f"every one of the {len(table)} candidate plans ran"
             break
