@@ -32,7 +32,7 @@ def test_a_hugging_face_config_is_the_model_with_its_parameter_count(capsys):
         "--global-batch-size",
         "128",
         "--config",
-        str(EXAMPLES / "llama2-7b-config.json"),
+        str(EXAMPLES / "llama-3-8b-config.json"),
         "--json",
     )
     assert code == 0, err
