@@ -39,6 +39,7 @@ QUICK = {
     "experiments/quality/sailor_planner_comparison.py": [],
     "experiments/quality/zorse_comparison.py": [],
     "experiments/quality/spes_benchmark.py": [],
+    "experiments/quality/stop_rule.py": [],
     "experiments/speed/bench_host_adam.py": [],
     "experiments/speed/bench_planner.py": [],
     "experiments/speed/bench_runner.py": [],
