@@ -39,8 +39,8 @@ RANGE_OF_TWO = 2.0 / math.sqrt(math.pi)
 def run_noise(spreads: Sequence[float]) -> float:
     """The run-to-run spread (standard deviation of log time) the real runs showed: from the median
     ``max / min - 1`` of the plans run more than once (``autotune.search.screen``), never below
-    ``RUN_NOISE``; ``RUN_NOISE`` before any plan ran twice. On a loaded machine one plan's runs spread
-    15-40%: a posterior that took a run as exact to 5% would stop after two runs."""
+    ``RUN_NOISE``; ``RUN_NOISE`` before any plan ran twice (on this loaded machine's CPU ranks one plan's
+    runs spread 2-36%)."""
     if not spreads:
         return RUN_NOISE
     median = sorted(spreads)[len(spreads) // 2]

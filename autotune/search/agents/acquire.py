@@ -18,7 +18,7 @@ Stopping rule (``stop_gain``, on by default for ``--backend real``): once a plan
 no candidate left is expected to beat the best measured plan by ``STOP_GAIN`` (``Posterior.expected_gain``
 times its chance to fit in memory), and says so; ``--budget`` stays the cap. The posterior takes a run to
 be as noisy as the plans run more than once showed (``posterior.run_noise``; the closed loop repeats a plan
-whose run disagrees with its prediction), so on a noisy machine it does not stop on two runs it trusts too much. Plans already evaluated (a
+whose run disagrees with its prediction). Plans already evaluated (a
 resumed search) are candidates too, read back free, and inform the posterior.
 """
 
