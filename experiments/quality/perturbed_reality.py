@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     methods = [m for m in METHODS if args.methods is None or m[0] in args.methods.split(",")]
+    unknown = set(args.methods.split(",")) - {m[0] for m in METHODS} if args.methods else set()
+    if unknown:
+        ap.error(f"--methods: unknown {', '.join(sorted(unknown))} (one of: {', '.join(m[0] for m in METHODS)})")
     earlier = {}
     if args.truth:
         with open(args.truth) as f:
