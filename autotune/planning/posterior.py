@@ -36,15 +36,14 @@ RUN_NOISE = 0.05
 RANGE_OF_TWO = 2.0 / math.sqrt(math.pi)
 
 
-def run_noise(spreads: Sequence[float]) -> float:
+def run_noise(median_spread: float | None) -> float:
     """The run-to-run spread (standard deviation of log time) the real runs showed: from the median
-    ``max / min - 1`` of the plans run more than once (``autotune.search.screen``), never below
-    ``RUN_NOISE``; ``RUN_NOISE`` before any plan ran twice (on this loaded machine's CPU ranks one plan's
-    runs spread 2-36%)."""
-    if not spreads:
+    ``max / min - 1`` of the plans run more than once (``autotune.search.screen.CalibrationScreen.median_spread``),
+    never below ``RUN_NOISE``; ``RUN_NOISE`` before any plan ran twice (None; on this loaded machine's CPU
+    ranks one plan's runs spread 2-36%)."""
+    if median_spread is None:
         return RUN_NOISE
-    median = sorted(spreads)[len(spreads) // 2]
-    return max(RUN_NOISE, math.log1p(max(median, 0.0)) / RANGE_OF_TWO)
+    return max(RUN_NOISE, math.log1p(max(median_spread, 0.0)) / RANGE_OF_TWO)
 
 
 @dataclass(frozen=True, slots=True)

@@ -186,13 +186,18 @@ class CalibrationScreen:
         return self.calibrating.check(config)
 
     @property
-    def noise(self) -> float:
-        """The run-to-run spread seen so far (the median over plans measured more than once), else
-        ``DEFAULT_NOISE``."""
+    def median_spread(self) -> float | None:
+        """The run-to-run spread seen so far: the median over plans measured more than once (None: none)."""
         if not self.spreads:
-            return DEFAULT_NOISE
+            return None
         ordered = sorted(self.spreads)
         return ordered[len(ordered) // 2]
+
+    @property
+    def noise(self) -> float:
+        """``median_spread``, else ``DEFAULT_NOISE``."""
+        spread = self.median_spread
+        return DEFAULT_NOISE if spread is None else spread
 
     def evaluate(self, config: ParallelConfig) -> Measurement:
         try:

@@ -144,7 +144,7 @@ def _spend(budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None, 
             fresh = replan()
             if fresh is not None and len(fresh):
                 table, post = fresh, _posterior(fresh, budgeted)
-        post.set_noise(run_noise(getattr(budgeted.inner, "spreads", ())))  # as noisy as the runs showed
+        post.set_noise(run_noise(getattr(budgeted.inner, "median_spread", None)))  # as noisy as the runs showed
         if post.run.all():
             reason = f"every one of the {len(table)} candidate plans ran"
             break

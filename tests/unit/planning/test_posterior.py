@@ -81,16 +81,16 @@ def test_a_run_moves_the_plans_that_share_its_terms_by_hand() -> None:
 
 
 def test_the_run_noise_is_what_repeated_runs_showed_and_widens_the_belief() -> None:
-    assert run_noise([]) == RUN_NOISE  # nothing ran twice yet
-    assert run_noise([0.0, 0.01]) == RUN_NOISE  # runs that agree: never below the floor
+    assert run_noise(None) == RUN_NOISE  # nothing ran twice yet
+    assert run_noise(0.01) == RUN_NOISE  # runs that agree: never below the floor
     # median max/min - 1 of 36% over the plans run more than once: log(1.36) / (2 / sqrt(pi))
-    assert run_noise([0.1, 0.36, 0.5]) == pytest.approx(math.log(1.36) * math.sqrt(math.pi) / 2)
+    assert run_noise(0.36) == pytest.approx(math.log(1.36) * math.sqrt(math.pi) / 2)
     post = Posterior(_table([[1.0], [1.0]], [0.0], predicted=(1.0, 1.0)), noise=0.05)
     post.observe(0, 1.0)
     narrow = post.expected_gain()[1]
-    post.set_noise(run_noise([0.36]))
-    assert post.std_log_s[1] == pytest.approx(run_noise([0.36]))
-    assert post.expected_gain()[1] == pytest.approx(narrow * run_noise([0.36]) / 0.05)
+    post.set_noise(run_noise(0.36))
+    assert post.std_log_s[1] == pytest.approx(run_noise(0.36))
+    assert post.expected_gain()[1] == pytest.approx(narrow * run_noise(0.36) / 0.05)
 
 
 def test_expected_gain_and_fit_probability_by_hand() -> None:

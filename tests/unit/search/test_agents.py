@@ -217,7 +217,10 @@ def test_a_real_run_far_from_its_prediction_is_measured_again_and_the_median_kep
     assert machine.runs == 3 and m.iteration_time_s == pytest.approx(1.2 * predicted)  # the median of 1.4, 1.0, 1.2
     assert report.spread == pytest.approx(0.4) and report.error == pytest.approx(1 / 1.2 - 1)
     assert "3 runs spread 40%" in report.line() and screen.noise == pytest.approx(0.4)
+    screen.spreads += [0.1, 0.36]  # the median over the plans measured more than once
+    assert screen.median_spread == pytest.approx(0.36) and screen.noise == pytest.approx(0.36)
     quiet = _NoisyMachine(cluster, model, [1.02])
     calm = CalibrationScreen(quiet, Simulator(cluster, model))
     calm.evaluate(config)
     assert quiet.runs == 1 and calm.reports[0].spread is None
+    assert calm.median_spread is None and calm.noise == pytest.approx(0.10)  # nothing measured twice yet
