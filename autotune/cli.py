@@ -210,13 +210,13 @@ def search(
     policy: Path | None = typer.Option(
         None,
         "--policy",
-        help="RL policy file (default: the shipped one: the walk's on the simulator, the chooser of real runs' "
-        "with --backend real); greedy-gain: the chooser's fixed rule; scratch: learn online.",
+        help="rl: the chooser's policy file (default: the shipped one); greedy-gain: the chooser's fixed rule; "
+        "scratch: learn online, editing plans.",
     ),
     start: str = typer.Option(
         "dp",
         "--start",
-        help="Where optuna and rl start: dp (the planner's best 3 "
+        help="Where optuna (and rl --policy scratch) start: dp (the planner's best 3 "
         "plans, 3 evaluations) or heuristic (their own start plans).",
     ),
     max_sync_every: int = typer.Option(

@@ -1,8 +1,7 @@
-"""The env's fixed layout: the observation's features and the move list, per policy layout.
+"""``autotune/ParallelConfig-v0``'s fixed layout: the observation's features and the move list.
 
-A policy file names the layout it was trained on (``LAYOUTS``); each layout's features and moves are a
-prefix of the next, so a policy reads the first features and chooses among the first moves it knows.
-``envs.parallel_config`` documents what each feature and move means.
+The features and moves were appended in groups over time (the first list, then ZeRO's, then the rest); the
+groups stay in that order. ``envs.parallel_config`` documents what each feature and move means.
 """
 
 from __future__ import annotations
@@ -56,9 +55,9 @@ GLOBAL_FEATURES = (
     "head_extra",
     "interleaved_ok",
 )
-#: appended after the first layout (ZeRO sharding and CPU offload)
+#: appended after the first features (ZeRO sharding and CPU offload)
 ZERO_FEATURES = ("zero", "offload_optimizer", "offload_all", "host_memory_used")
-#: appended after the zero layout (issue 16, layout "full"): the memory model's predicted headroom of the
+#: appended after those (issue 16): the memory model's predicted headroom of the
 #: current plan (``Simulator.memory_estimate``: no schedule simulation, so it is defined for a plan whatever
 #: the backend measured), per node-class slot the fullest used device's predicted peak (the device view:
 #: allocator peak, pool, CUDA context) over its capacity, then the fullest device of the plan and the
@@ -67,7 +66,7 @@ HEADROOM_FEATURES = tuple(f"class{c}.predicted_memory" for c in range(MAX_CLASSE
     "predicted_memory_worst",
     "predicted_host_worst",
 )
-#: and the rest of the space the plan sits in (layout "full"): a roundpipe plan, sequence parallelism,
+#: and the rest of the space the plan sits in: a roundpipe plan, sequence parallelism,
 #: mixed-stage width (``stage_ranks`` index), MoE choices (expert parallel index, expert subsets, sync
 #: period index; 0 for a dense model), an MoE model, the cluster's slowest inter-node link (log10 of its
 #: bandwidth in GB/s over 3, log10 of its latency in us over 5; 0 on one node)
@@ -102,7 +101,7 @@ def _build_actions() -> list[tuple]:
 
 ACTIONS: tuple[tuple, ...] = tuple(_build_actions())
 #: moves appended after ``ACTIONS`` when the space is an MoE model's (its MoE dimensions, one step each way);
-#: a dense model's env has exactly ``ACTIONS``, the list the shipped policy was trained on
+#: a dense model's env has none of them
 MOE_ACTIONS: tuple[tuple, ...] = tuple(
     ("dim", d, step) for d in ("expert_parallel", "trains_experts", "sync_every") for step in (+1, -1)
 )
@@ -126,25 +125,17 @@ MIXED_ACTIONS: tuple[tuple, ...] = tuple(("dim", d, step) for d in mixed_space.D
 EXTRA_ACTIONS: tuple[tuple, ...] = tuple(
     ("dim", d, step) for d in ("seq_parallel",) + roundpipe_space.DIMENSION_NAMES for step in (+1, -1)
 )
-#: the fixed move list of layout "full" (issue 16), the same on every cluster and model: a move whose
-#: dimension the space lacks is masked. Every older layout's list is a prefix of it.
+#: the env's default move list, the same on every cluster and model: a move whose dimension the space lacks
+#: is masked
 FULL_ACTIONS: tuple[tuple, ...] = ACTIONS + ZERO_ACTIONS + EXTRA_ACTIONS + MOE_ACTIONS + MIXED_ACTIONS
 FULL_OBSERVATIONS = V1_OBSERVATIONS + len(ZERO_FEATURES) + len(HEADROOM_FEATURES) + len(SPACE_FEATURES)
-#: (observations, moves) of each layout a policy may have been trained on, oldest first; each is a prefix
-#: of the next (a policy reads the first features and chooses among the first moves it knows)
-LAYOUTS = {
-    "v1": (V1_OBSERVATIONS, len(ACTIONS)),
-    "zero": (V1_OBSERVATIONS + len(ZERO_FEATURES), len(ACTIONS) + len(ZERO_ACTIONS)),
-    "full": (FULL_OBSERVATIONS, len(FULL_ACTIONS)),
-}
 
 
 def actions_for(space: SearchSpace, mixed: bool = False) -> tuple[tuple, ...]:
     """The env's move list for ``space``: ``ACTIONS``, plus ``ZERO_ACTIONS`` and ``MOE_ACTIONS`` for the
     dimensions it has, plus with ``mixed`` ``MIXED_ACTIONS`` when it has mixed-stage dimensions and the
-    ``EXTRA_ACTIONS`` (sequence parallelism, RoundPipe) of the dimensions it has (off by default: the
-    older policy layouts were trained on the list without them; the from-scratch RL search turns them
-    on). A policy of layout "full" uses ``FULL_ACTIONS`` instead, the same list on every space."""
+    ``EXTRA_ACTIONS`` (sequence parallelism, RoundPipe) of the dimensions it has (the from-scratch RL
+    search turns them on)."""
     names = {d.name for d in space.dimensions}
     extra = tuple(a for a in EXTRA_ACTIONS if a[1] in names) if mixed else ()
     mixed = MIXED_ACTIONS if mixed and "stage_ranks" in names else ()
@@ -163,7 +154,7 @@ def action_name(a: int, actions: tuple[tuple, ...] = ACTIONS) -> str:
 
 
 def observation_features() -> list[str]:
-    """Every feature of the ``full`` layout, in order."""
+    """Every feature of the observation, in order."""
     names = [f"stage{i}.{f}" for i in range(MAX_STAGES) for f in STAGE_FEATURES]
     names += [f"replica{r}.{f}" for r in range(MAX_REPLICAS) for f in REPLICA_FEATURES]
     names += [f"class{c}.{f}" for c in range(MAX_CLASSES) for f in CLASS_FEATURES]

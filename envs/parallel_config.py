@@ -30,7 +30,6 @@ Moves (a fixed list, the same on every cluster; see ``ACTIONS``):
     re-decode) on every space that has those dimensions (issue 9).
   - MoE models only, appended after those (``MOE_ACTIONS``): ``<dim>+``/``<dim>-`` for
     ``expert_parallel``, ``trains_experts`` and ``sync_every`` (re-decode, as the structure moves).
-    The fixed list is what the shipped policy was trained on (it reads the zero moves' layout as a prefix).
   - With ``actions_for(space, mixed=True)`` (the from-scratch RL search) and a space with mixed-stage
     dimensions (several node classes), appended last (``MIXED_ACTIONS``):
     ``stage_ranks+``/``stage_ranks-`` (re-decode), and ``share k+``/``share k-``: move one
@@ -42,22 +41,16 @@ Observations are fixed-size and normalised, independent of the cluster size: per
 ``MAX_STAGES``, of the slowest replica), per replica slot (up to ``MAX_REPLICAS``), per node class
 slot (up to ``MAX_CLASSES``) and global features; ``observation_features()`` names them.
 
-Layouts (``LAYOUTS``: name -> (observations, moves)), each a prefix of the next, so a policy trained
-on an older one reads the first features and chooses among the first moves it knows
-(``autotune.policy.pretrained``; policy files name their layout, ``autotune.policy.policy_file``):
+Features and moves come in groups (``envs.layout``): the first ones above (``V1_OBSERVATIONS``, ``ACTIONS``),
+then ``ZERO_FEATURES`` (ZeRO stage, offload shares, host memory used) and ``ZERO_ACTIONS``, then
+``HEADROOM_FEATURES`` (the memory model's predicted peak over capacity of the current plan per node-class slot,
+of its fullest device and of its fullest host) and ``SPACE_FEATURES`` (roundpipe, sequence parallelism,
+mixed-stage width, the MoE choices, an MoE model, the slowest inter-node link's bandwidth and latency); the
+default move list is ``FULL_ACTIONS`` = ``ACTIONS`` + ``ZERO_ACTIONS`` + ``EXTRA_ACTIONS`` (sequence
+parallelism, RoundPipe's switch and knobs) + ``MOE_ACTIONS`` + ``MIXED_ACTIONS``, the same list on every cluster
+and model (a move whose dimension the space lacks is masked).
 
-  - ``v1``: ``V1_OBSERVATIONS`` features (stage, replica, class slots and ``GLOBAL_FEATURES``),
-    ``ACTIONS`` (the fixed list above);
-  - ``zero``: + ``ZERO_FEATURES`` (ZeRO stage, offload shares, host memory used), + ``ZERO_ACTIONS``;
-  - ``full`` (issue 16, today's): + ``HEADROOM_FEATURES`` (the memory model's predicted peak over
-    capacity of the current plan per node-class slot, of its fullest device and of its fullest host),
-    + ``SPACE_FEATURES`` (roundpipe, sequence parallelism, mixed-stage width, the MoE choices, an MoE
-    model, the slowest inter-node link's bandwidth and latency); moves ``FULL_ACTIONS`` =
-    ``ACTIONS`` + ``ZERO_ACTIONS`` + ``EXTRA_ACTIONS`` (sequence parallelism, RoundPipe's switch and
-    knobs) + ``MOE_ACTIONS`` + ``MIXED_ACTIONS``, the same list on every cluster and model (a move
-    whose dimension the space lacks is masked). The env's default move list is ``FULL_ACTIONS``.
-
-``observation_features()`` names every feature of the ``full`` layout in order.
+``observation_features()`` names every feature in order.
 """
 
 from __future__ import annotations
@@ -133,7 +126,7 @@ class ParallelConfigEnv(gym.Env):
         self.random_start = random_start
         self.start_from_best = start_from_best
         self.render_mode = render_mode
-        self.actions = FULL_ACTIONS if actions is None else actions  # the fixed list of layout "full"
+        self.actions = FULL_ACTIONS if actions is None else actions  # the same list on every cluster and model
         self.action_space = spaces.Discrete(len(self.actions))
         n_obs = FULL_OBSERVATIONS
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(n_obs,), dtype=np.float32)

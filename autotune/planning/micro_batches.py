@@ -5,7 +5,7 @@ plans (``mixed_stages``, ``moe_plans``) keep the base plan's size. The simulator
 (kernel efficiency and launch overheads per micro-batch, the pipeline's fill, activation memory), so the best
 size of a structure is often another: on ``internet-4node`` (2 nodes of 4 A100 + 2 of 4 RTX-4090 over
 1 Gbit/s) dp's best plan, two mixed stages of 4 A100s at micro-batch 2, runs 8.6% faster at micro-batch 8,
-which rl's walk found in one move and dp did not.
+which a local move from it finds and dp's composition did not.
 
 ``variants(space, sim, candidate, max_simulations)`` edits the plan's micro-batch size as a point of the space
 (``SearchSpace.encode``: the plan itself, micro-batches and per-rank shares rescaled in proportion), keeps

@@ -124,13 +124,16 @@ def candidate_table(
     )
 
 
-def first_plans(space, sim, refused, limit: int) -> list[ParallelConfig]:
+def first_plans(space, sim, refused, limit: int, left_out: list | None = None) -> list[ParallelConfig]:
     """The structured planner's first ``limit`` plans for ``space``, costed by ``sim``, that ``refused``
-    (config -> why, or None) lets through (it plans twice as many to fill them)."""
+    (config -> why, or None) lets through (it plans twice as many to fill them); the ones it refused before
+    the last are appended to ``left_out`` when given."""
     out = []
     for cand in Planner(space, sim).plan(2 * limit):
         if refused(cand.config) is None:
             out.append(cand.config)
+        elif left_out is not None:
+            left_out.append(cand.config)
         if len(out) >= limit:
             break
     return out

@@ -1,10 +1,12 @@
-"""The pretrained RL policy of ``--method rl``: what it is trained on and how it is used.
+"""The learned chooser of ``--method rl``: what it is trained on and how it is stored.
 
 - ``scenarios``: the training (and held-out) distribution of clusters and models;
-- ``pretrained``: the best-first search env the policy is trained and used in, the policy file
-  (``autotune/data/policy.*``, no pickle) and ``run_pretrained``, the walk ``--method rl`` runs.
+- ``acquisition_training``: episodes with the simulator's errors randomised, the chooser's training and its
+  scores (``scripts/train_acquisition.py`` runs it);
+- ``candidate_policy``: the chooser's network (one score per candidate, the same weights for each);
+- ``policy_file``: policy files without pickle (``autotune/data/acquisition.safetensors``).
 
-Training itself is ``scripts/train_policy.py``. Everything here sits on top of what every method
-shares (``autotune.planning.space``, ``autotune.planning.budget``, ``autotune.evaluator``) and of the env
-(``envs``); the shared parts import nothing from here.
+Its use in a search is ``autotune.search.agents.acquire``. Everything here sits on top of what every method
+shares (``autotune.planning``, ``autotune.evaluator``) and of the env (``envs``); the shared parts import
+nothing from here.
 """

@@ -1,6 +1,6 @@
 """Policy files without pickle: MaskablePPO weights as raw tensors (the safetensors layout) plus JSON.
 
-A policy file (``--policy FILE``; the shipped ``autotune/data/policy.safetensors``) is, byte for byte:
+A policy file (``--policy FILE``; the shipped ``autotune/data/acquisition.safetensors``) is, byte for byte:
 
 - 8 bytes: the length N of the header, unsigned little-endian;
 - N bytes: a UTF-8 JSON object. Each tensor is ``name: {"dtype": "F32", "shape": [rows, cols],
@@ -11,11 +11,10 @@ A policy file (``--policy FILE``; the shipped ``autotune/data/policy.safetensors
   ``hyperparameters`` used when fine-tuning;
 - the tensors' raw little-endian bytes, one after the other.
 
-Versions: 1 has no ``layout``; its ``obs_dim`` and ``n_actions`` must be one of the layouts' sizes
-(the shipped policy before issue 16 is layout ``v1``). 2 names its layout, whose sizes it must have.
-Every layout's features and moves are a prefix of the next, so a file of an older layout still loads
-and reads the prefix it knows; a layout or a version this autotune does not know is refused with one
-line (retrain with ``scripts/train_policy.py``).
+Version 2 names its layout (``"acquisition"``: the chooser of ``envs.acquisition``), whose sizes it must
+have. A layout or a version this autotune does not know is refused with one line (retrain with
+``scripts/train_acquisition.py``); among them the files of the retired local-move walk (version 1 and layouts
+``v1``, ``zero``, ``full``), which ``--method rl`` no longer runs.
 
 That is the safetensors format, so the file also opens with the ``safetensors`` library. Reading it
 never runs code: the header is parsed as JSON, the tensors are copied out with ``numpy.frombuffer``,
@@ -39,8 +38,11 @@ from autotune.errors import SpecError
 
 FORMAT = "autotune-policy"
 VERSION = 2
-#: versions this autotune reads (1: no ``layout`` entry, the layout is told by its sizes)
-READABLE_VERSIONS = (1, 2)
+#: versions this autotune reads
+READABLE_VERSIONS = (2,)
+#: layouts of the retired local-move walk (``rl`` before the chooser): named in the refusal of their files
+RETIRED_LAYOUTS = ("v1", "zero", "full")
+RETRAIN = "retrain with scripts/train_acquisition.py"
 METADATA_KEY = "autotune_policy"
 MAX_FILE_BYTES = 64 * 2**20
 MAX_HEADER_BYTES = 1 * 2**20
@@ -63,12 +65,10 @@ HYPERPARAMETERS = {
 
 
 def _layouts() -> dict[str, tuple[int, int]]:
-    """(observations, moves) of every env a policy file may be trained on: the walk's layouts
-    (``envs.layout.LAYOUTS``, today's last) and the chooser of real runs (``envs.acquisition``)."""
+    """(observations, moves) of every env a policy file may be trained on: the chooser's (``envs.acquisition``)."""
     from envs.acquisition import LAYOUT, MAX_CANDIDATES, OBSERVATIONS
-    from envs.layout import LAYOUTS
 
-    return {LAYOUT: (OBSERVATIONS, MAX_CANDIDATES), **LAYOUTS}
+    return {LAYOUT: (OBSERVATIONS, MAX_CANDIDATES)}
 
 
 def _refuse(path: Path, rule: str) -> SpecError:
@@ -156,12 +156,17 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
         raise _refuse(path, f"__metadata__.{METADATA_KEY} is not JSON") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise _refuse(path, f"not an autotune policy file: format must be {FORMAT!r}")
+    if meta.get("version") == 1 or meta.get("layout") in RETIRED_LAYOUTS:
+        raise _refuse(
+            path,
+            "is a policy of the retired local-move walk, which --method rl no longer runs (rl is the chooser of "
+            f"which plan to evaluate next; {RETRAIN}, or leave out --policy for the shipped one)",
+        )
     if meta.get("version") not in READABLE_VERSIONS or isinstance(meta.get("version"), bool):
         raise _refuse(
             path,
             f"policy format version {str(meta.get('version'))[:20]!r}; this autotune reads "
-            f"versions {', '.join(map(str, READABLE_VERSIONS))} (retrain with "
-            f"scripts/train_policy.py)",
+            f"versions {', '.join(map(str, READABLE_VERSIONS))} ({RETRAIN})",
         )
     if meta.get("algorithm") != "MaskablePPO":
         raise _refuse(path, "algorithm must be 'MaskablePPO'")
@@ -175,31 +180,19 @@ def _metadata(path: Path, raw: Any) -> dict[str, Any]:
     if meta.get("activation") not in ACTIVATIONS:
         raise _refuse(path, f"activation must be one of {', '.join(ACTIVATIONS)}")
     layouts = _layouts()
-    # today's layout, or an older one it extends (a prefix: the policy sees the features and moves it knows)
-    if meta["version"] >= 2:
-        layout = meta.get("layout")
-        if not isinstance(layout, str) or layout not in layouts:
-            raise _refuse(
-                path,
-                f"trained on env layout {str(layout)[:40]!r}, which this autotune does not know "
-                f"(it reads {', '.join(layouts)}; retrain with scripts/train_policy.py)",
-            )
-        if (meta.get("obs_dim"), meta.get("n_actions")) != layouts[layout]:
-            raise _refuse(
-                path,
-                f"layout {layout!r} has {layouts[layout][0]} observations and {layouts[layout][1]} "
-                f"moves; the file says {str(meta.get('obs_dim'))[:12]} and "
-                f"{str(meta.get('n_actions'))[:12]}",
-            )
-    if (meta.get("obs_dim"), meta.get("n_actions")) not in set(layouts.values()):
-        obs_dim, n_actions = layouts[list(layouts)[-1]]
+    layout = meta.get("layout")
+    if not isinstance(layout, str) or layout not in layouts:
         raise _refuse(
             path,
-            f"trained for {str(meta.get('obs_dim'))[:12]} observations and "
-            f"{str(meta.get('n_actions'))[:12]} moves; this autotune's env has {obs_dim} and "
-            f"{n_actions} (or an older layout: "
-            + ", ".join(f"{o} and {a}" for o, a in list(layouts.values())[:-1])
-            + "; retrain with scripts/train_policy.py)",
+            f"trained on env layout {str(layout)[:40]!r}, which this autotune does not know "
+            f"(it reads {', '.join(layouts)}; {RETRAIN})",
+        )
+    if (meta.get("obs_dim"), meta.get("n_actions")) != layouts[layout]:
+        raise _refuse(
+            path,
+            f"layout {layout!r} has {layouts[layout][0]} observations and {layouts[layout][1]} "
+            f"moves; the file says {str(meta.get('obs_dim'))[:12]} and "
+            f"{str(meta.get('n_actions'))[:12]}",
         )
     hyper = meta.get("hyperparameters", {})
     if not isinstance(hyper, dict) or not all(
@@ -305,29 +298,19 @@ def _load_weights(path: Path, policy, tensors: dict[str, np.ndarray]) -> None:
     policy.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in tensors.items()})
 
 
-def _policy_class(meta: Mapping[str, Any]):
-    """The network a file's layout names: the chooser of real runs' (``candidate_policy``) or SB3's MLP."""
-    from envs.acquisition import LAYOUT
-
-    if meta.get("layout") == LAYOUT:
-        from autotune.policy.candidate_policy import CandidatePolicy
-
-        return CandidatePolicy
-    from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
-
-    return MaskableActorCriticPolicy
-
-
 def load_policy_network(path: str | Path):
-    """A ``MaskableActorCriticPolicy`` (CPU, eval mode) with the file's weights: ``predict(obs,
-    action_masks=mask, deterministic=True)`` gives the policy's move."""
+    """The chooser's network (``autotune.policy.candidate_policy.CandidatePolicy``, a
+    ``MaskableActorCriticPolicy``; CPU, eval mode) with the file's weights: ``predict(obs,
+    action_masks=mask, deterministic=True)`` gives the policy's choice."""
     import gymnasium as gym
     import torch
+
+    from autotune.policy.candidate_policy import CandidatePolicy
 
     path = Path(path)
     tensors, meta = read(path)
     obs = gym.spaces.Box(-1.0, 1.0, shape=(meta["obs_dim"],), dtype=np.float32)
-    policy = _policy_class(meta)(
+    policy = CandidatePolicy(
         obs,
         gym.spaces.Discrete(meta["n_actions"]),
         lambda _: 0.0,
@@ -337,53 +320,6 @@ def load_policy_network(path: str | Path):
     _load_weights(path, policy, tensors)
     policy.set_training_mode(False)
     return policy
-
-
-def widen(tensors: Mapping[str, np.ndarray], obs_dim: int, n_actions: int) -> dict[str, np.ndarray]:
-    """The weights of a policy of an older layout for a later one (``obs_dim`` features, ``n_actions``
-    moves, each a prefix-extension): the first layers read the appended features with zero weights, and
-    the appended moves get zero weights and the lowest bias of the known moves (so the widened policy
-    first acts as the old one on its moves and rarely picks a new one until training teaches it)."""
-    out = {k: np.array(v, dtype=np.float32) for k, v in tensors.items()}
-    for name in ("mlp_extractor.policy_net.0.weight", "mlp_extractor.value_net.0.weight"):
-        w = out[name]
-        if w.shape[1] > obs_dim:
-            raise ValueError(f"{name} reads {w.shape[1]} features, more than {obs_dim}")
-        out[name] = np.concatenate([w, np.zeros((w.shape[0], obs_dim - w.shape[1]), np.float32)], axis=1)
-    w, b = out["action_net.weight"], out["action_net.bias"]
-    if w.shape[0] > n_actions:
-        raise ValueError(f"action_net has {w.shape[0]} moves, more than {n_actions}")
-    extra = n_actions - w.shape[0]
-    out["action_net.weight"] = np.concatenate([w, np.zeros((extra, w.shape[1]), np.float32)])
-    out["action_net.bias"] = np.concatenate([b, np.full(extra, float(b.min()), np.float32)])
-    return out
-
-
-def load_model(path: str | Path, env, seed: int = 0, *, widen_layout: bool = False, **overrides: Any):
-    """A MaskablePPO on ``env`` with the file's weights and hyperparameters (``overrides`` win); its
-    optimizer starts fresh (files carry no optimizer state). ``widen_layout``: a file of an older
-    layout than ``env``'s is widened to it first (``widen``), for training it on the new layout."""
-    import torch
-    from sb3_contrib import MaskablePPO
-
-    path = Path(path)
-    tensors, meta = read(path)
-    env_sizes = (int(env.observation_space.shape[0]), int(env.action_space.n))
-    if widen_layout and (meta["obs_dim"], meta["n_actions"]) != env_sizes:
-        tensors = widen(tensors, *env_sizes)
-    hyper = {**HYPERPARAMETERS, **meta.get("hyperparameters", {}), **overrides}
-    hyper["n_epochs"] = int(hyper["n_epochs"])
-    model = MaskablePPO(
-        "MlpPolicy",
-        env,
-        seed=seed,
-        device="cpu",
-        verbose=0,
-        policy_kwargs={"net_arch": list(meta["net_arch"]), "activation_fn": torch.nn.Tanh},
-        **hyper,
-    )
-    _load_weights(path, model.policy, tensors)
-    return without_log_folder(model)
 
 
 def without_log_folder(model):

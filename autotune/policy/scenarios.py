@@ -1,4 +1,4 @@
-"""Random but realistic (cluster, model) scenarios for pretraining the RL policy, and the held-out set.
+"""Random but realistic (cluster, model) scenarios for training the RL chooser, and the held-out set.
 
 ``draw_scenario(rng)`` returns one ``Scenario``: a ``ClusterSpec`` whose GPU types come from
 ``autotune.catalog.GPU_CATALOG`` (never ``cpu``), 4 to 128 GPUs on 1 to 16 nodes, NVLink-class

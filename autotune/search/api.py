@@ -133,10 +133,10 @@ def tune(
     study generation ``<name>__fresh<k>``, a new parent run; the earlier ones stay where they are).
     ``engine`` (``torchtitan``, ``megatron``, ``deepspeed``): only plans that engine runs
     (``autotune.engines``; the others are invalid proposals, not evaluated).
-    ``start="dp"`` (default) makes ``optuna`` and ``rl`` evaluate the structured planner's best 3 plans
-    first (``autotune.planning.planner``; 3 evaluations of the budget), so they start from them: TPE
-    sees them as trials, and the rl walk starts from the best when it beats rl's own start plans;
-    ``start="heuristic"`` leaves them to their own speed-proportional starts.
+    ``start="dp"`` (default) makes ``optuna`` (and ``rl`` with ``policy="scratch"``) evaluate the structured
+    planner's best 3 plans first (``autotune.planning.planner``; 3 evaluations of the budget), so they start
+    from them: TPE sees them as trials; ``start="heuristic"`` leaves them to their own speed-proportional
+    starts. ``rl``'s chooser starts with the planner's first plan whatever ``start`` says.
 
     ``backend="real"`` (one process) closes the calibration loop (the module docstring says how):
     ``budget`` counts real runs only, and ``on_evaluation`` also sees the plans screened out without a
@@ -297,7 +297,7 @@ def _check_arguments(
         from autotune.policy import policy_file
         from autotune.search.agents.acquire import policy_for
 
-        policy_file.read(policy_for(policy, backend))
+        policy_file.read(policy_for(policy))
 
 
 def _evaluator(req: SearchRequest, evaluator: Evaluator | None):

@@ -1,5 +1,6 @@
-"""How each method runs on the budget: RoundPipe's own plan and (optuna, rl with ``start="dp"``) the
-structured planner's best plans first, then the agent itself."""
+"""How each method runs on the budget: RoundPipe's own plan and (optuna, rl ``--policy scratch`` with
+``start="dp"``) the structured planner's best plans first, then the agent itself (rl's chooser starts with
+the planner's first plan itself)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from autotune.planning.budget import PRUNED, BudgetedEvaluator
 from autotune.planning.space import SearchSpace
 from autotune.search.agents import run_exhaustive, run_random, run_uniform
+from autotune.search.agents.rl import SCRATCH
 from autotune.specs import Measurement
 
 #: planner plans evaluated first when ``start="dp"`` (they count against the budget like any plan):
@@ -35,18 +37,12 @@ def _dp_start(
     for cand in plan_candidates(space, budgeted, limit=4 * plans):
         if len(out) >= plans or (budgeted.exhausted and cand.config not in budgeted):
             break
-        # the plan as a point of the space (``SearchSpace.encode``): a walk that starts from it moves from it
+        # the plan as a point of the space (``SearchSpace.encode``): TPE models it, an env episode starts from it
         params = {**space.encode(cand.config), "dp_family": cand.family, "dp_estimate_s": round(cand.estimate_s, 6)}
         m = evaluate(cand.config, params)
         if m is not None and m.status not in ("invalid", PRUNED):  # screened out by the memory model: no start
             out.append((cand.config, m))
     return out
-
-
-def _acquisition(kw: dict[str, Any]) -> bool:
-    from autotune.search.agents.acquire import uses_acquisition
-
-    return uses_acquisition(kw.get("policy"), kw.get("backend", "sim"))
 
 
 def run_agent(method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, **kw: Any) -> None:
@@ -79,7 +75,7 @@ def _run_method(
     method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, worker: str, **kw: Any
 ) -> None:
     _roundpipe_start(space, budgeted, kw.get("study") if method == "optuna" else None, worker)
-    acquire = method == "rl" and _acquisition(kw)
+    acquire = method == "rl" and str(kw.get("policy")) != SCRATCH
     if method in ("optuna", "rl") and kw.get("start", "dp") == "dp" and not acquire:  # the chooser starts itself
         study = kw.get("study") if method == "optuna" else None
         if study is not None:  # the study stays the budget's memory (see SharedStudy.evaluate_outside)
@@ -114,8 +110,7 @@ def _run_method(
 
         stop = STOP_GAIN if kw.get("backend") == "real" else None
         run_acquire(space, budgeted, seed, policy_path=kw.get("policy"), stop_gain=stop)
-    elif method == "rl":
+    elif method == "rl":  # --policy scratch: online learning on autotune/ParallelConfig-v0
         from autotune.search.agents import rl
 
-        policy = kw.get("policy")
-        rl.run_rl(space, budgeted, budgeted.budget, seed, policy_path=policy)
+        rl.run_rl(space, budgeted, budgeted.budget, seed)

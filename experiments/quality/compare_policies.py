@@ -3,7 +3,7 @@
 Each side is a comma-separated list of --json files (shards of one run). For every scenario both sides
 ran, best-known is the larger of the two runs' best-known (the reference Optuna run, the uniform grid,
 dp and every curve of either), so the ratios of both policies share one denominator; only seeds both
-sides ran are used. Prints, per method both ran (rl, rl-heuristic, ...), the median over scenarios of
+sides ran are used. Prints, per method both ran (rl, optuna, ...), the median over scenarios of
 best-found / best-known at each budget and of the evaluations to reach 98% of best-known, then per
 scenario budget 20 / budget 50 and evaluations to 98%, and the issue-16 targets for rl.
 
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--old", required=True)
     ap.add_argument("--new", required=True)
-    ap.add_argument("--methods", default="rl,rl-heuristic")
+    ap.add_argument("--methods", default="rl")
     ap.add_argument(
         "--quick",
         action="store_true",

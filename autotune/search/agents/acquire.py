@@ -1,4 +1,5 @@
-"""``rl`` on real runs: the learned chooser of which candidate plan to run next (``envs.acquisition``).
+"""``rl``: the learned chooser of which candidate plan to evaluate next (``envs.acquisition``), on real runs
+and, with the simulator as "reality", on ``--backend sim``.
 
 The planner's candidates (at most ``MAX_CANDIDATES``, within every limit the search keeps) are predicted by
 the nominal simulator (the profile's, when the search has one) with their error bars and sensitivities
@@ -13,6 +14,11 @@ the corrected one would never put in its first 64. The closed loop's speed
 screen (``autotune.search.screen``: a plan the corrected simulator puts below half the best is not run) is off
 while it chooses: it would overrule the chooser's exploration with the very simulator the runs correct (the
 memory model still screens, and every run still refits the correction).
+
+On ``--backend sim`` the measured time is the prediction itself: the posterior learns nothing a prediction
+did not say, there is no re-planning (no corrected simulator) and the search ends when every candidate has
+been evaluated or the budget is spent (it replaced the local-move walk of ``--method rl``, whose pretrained
+policy added nothing measurable over the planner's plans on the held-out scenarios: experiments/RESULTS.md).
 
 Stopping rule (``stop_gain``, on by default for ``--backend real``): once a plan ran, the search stops when
 no candidate left is expected to beat the best measured plan by ``STOP_GAIN`` (``Posterior.expected_gain``
@@ -46,31 +52,15 @@ def default_acquisition_path() -> Path:
     return Path(__file__).resolve().parents[2] / "data" / "acquisition.safetensors"
 
 
-def policy_for(policy: str | Path | None, backend: str) -> Path:
-    """The policy file ``rl`` reads: ``policy``, else the real-run chooser's on ``--backend real`` and the
-    walk's on the simulator."""
-    if policy is not None:
-        return Path(policy)
-    if backend == "real":
-        return default_acquisition_path()
-    from autotune.policy.pretrained import default_policy_path
-
-    return Path(default_policy_path())
+def policy_for(policy: str | Path | None) -> Path:
+    """The policy file ``rl`` reads: ``policy``, else the shipped chooser's."""
+    return Path(policy) if policy is not None else default_acquisition_path()
 
 
-def uses_acquisition(policy: str | Path | None, backend: str) -> bool:
-    """True when ``rl`` runs this module's chooser: ``--backend real`` without ``--policy``, ``--policy
-    greedy-gain``, or a policy file of the chooser's layout (``envs.acquisition.LAYOUT``)."""
-    if policy is None:  # the shipped files: the chooser's on real runs, the walk's on the simulator
-        return backend == "real"
-    if str(policy) == GREEDY:
-        return True
-    if str(policy) == "scratch":
-        return False
-    from autotune.policy import policy_file
-    from envs.acquisition import LAYOUT
-
-    return policy_file.read(policy_for(policy, backend))[1].get("layout") == LAYOUT
+def uses_acquisition(policy: str | Path | None) -> bool:
+    """True when ``rl`` runs this module's chooser: always, except ``--policy scratch`` (online learning on
+    ``autotune/ParallelConfig-v0``, ``autotune.search.agents.rl``)."""
+    return str(policy) != "scratch"
 
 
 def run_acquire(
@@ -98,7 +88,10 @@ def run_acquire(
         """The table of what already ran (a start plan, a resumed search: its measurements inform the rest)
         and the plans ``planner_sim``'s planner puts first, predicted by the search's starting simulator."""
         ran = list(dict.fromkeys(ev.config for ev in budgeted.history))[: MAX_CANDIDATES // 2]
-        planned = first_plans(space, planner_sim, budgeted.refusal, MAX_CANDIDATES)
+        left_out: list = []
+        planned = first_plans(space, planner_sim, budgeted.refusal, MAX_CANDIDATES, left_out)
+        for config in left_out:  # an invalid proposal, free: the search says what it left out
+            budgeted.evaluate(config)
         configs = ran + [c for c in planned if c not in ran]
         return candidate_table(
             space.cluster,

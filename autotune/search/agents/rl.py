@@ -1,17 +1,14 @@
-"""The ``rl`` agent: sb3-contrib MaskablePPO on ``autotune/ParallelConfig-v0`` within the budget.
-
-By default it uses the policy pretrained across scenarios and shipped with the package
-(``autotune.policy.pretrained``: ``default_policy_path()``; a greedy best-first walk from a strong
-start, or with ``fine_tune=True`` online PPO updates within the budget); ``policy_path`` names
-another policy file, used the same way. With ``policy_path="scratch"`` it learns online from
-nothing: every env step edits the plan and evaluates it through the shared ``BudgetedEvaluator``
+"""``rl --policy scratch``: sb3-contrib MaskablePPO learning online on ``autotune/ParallelConfig-v0`` within the
+budget, from nothing: every env step edits the plan and evaluates it through the shared ``BudgetedEvaluator``
 (repeats are free), and learning stops the moment the budget is spent.
+
+``rl`` itself (any other ``--policy``) is the learned chooser of which candidate plan to evaluate next
+(``autotune.search.agents.acquire``).
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.space import SearchSpace
@@ -20,7 +17,7 @@ log = logging.getLogger(__name__)
 
 #: env steps allowed per unit of budget before the agent gives up (steps on cached plans are free)
 STEPS_PER_EVALUATION = 40
-#: ``policy_path`` meaning "no pretrained policy: learn online from scratch within the budget"
+#: ``--policy`` meaning "no trained policy: learn online from scratch within the budget"
 SCRATCH = "scratch"
 
 
@@ -55,8 +52,6 @@ def run_rl(
     evaluator: BudgetedEvaluator,
     budget: int | None = None,
     seed: int = 0,
-    policy_path: str | Path | None = None,
-    fine_tune: bool = False,
     max_episode_steps: int = 32,
     n_steps: int = 64,
     start_from_best: bool = True,
@@ -72,15 +67,6 @@ def run_rl(
     torch.set_num_threads(1)
     if budget is not None and budget != evaluator.budget:
         evaluator.budget = budget
-    if policy_path is None:  # the policy pretrained across scenarios, shipped with the package
-        from autotune.policy.pretrained import default_policy_path
-
-        policy_path = default_policy_path()
-    if str(policy_path) != SCRATCH:  # a pretrained policy: its greedy best-first walk (or fine-tuning)
-        from autotune.policy.pretrained import run_pretrained
-
-        run_pretrained(space, evaluator, seed, policy_path=policy_path, fine_tune=fine_tune)
-        return
     # learn online from scratch
     env = ParallelConfigEnv(
         space,

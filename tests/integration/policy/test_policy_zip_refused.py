@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import SpecError
-from autotune.policy.pretrained import load_policy
+from autotune.policy.policy_file import load_policy_network as load_policy
 
 AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
 

@@ -128,7 +128,10 @@ def test_every_method_returns_a_plan_that_fits_on_a_memory_tight_cluster(method,
         on_evaluation=paid.append,
     )
     assert result.best_measurement.ok and result.best_measurement.tokens_per_s > 0
-    assert result.evaluations <= 10 and result.memory_screened > 0
+    assert result.evaluations <= 10
+    # optuna and random propose plans that do not fit and the memory model screens them; rl chooses among the
+    # planner's candidates, which fit by construction
+    assert result.memory_screened > 0 if method != "rl" else result.memory_screened == 0
     # no evaluation of the budget went to a plan the memory model rejects
     paid = [ev for ev in paid if ev.measurement.status != PRUNED]
     assert paid and not any(ev.measurement.oom for ev in paid)

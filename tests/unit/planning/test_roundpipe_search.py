@@ -117,15 +117,14 @@ def test_optuna_models_the_start_plan_and_still_warm_starts(box, tmp_path):
 
 
 def test_the_env_stays_defined_on_a_roundpipe_plan(box):
-    from autotune.policy.pretrained import SearchEnv
+    from envs.parallel_config import ParallelConfigEnv
 
     space, sim = box
     ev = BudgetedEvaluator(sim, space, 20)
-    env = SearchEnv(space, ev, max_steps=10)
-    env.reset(seed=0)
+    env = ParallelConfigEnv(space, ev, max_steps=10)
     params = space.roundpipe_start()
-    cfg = space.decode(params).config
-    env.place(params, cfg, ev.evaluate(cfg, params))
+    env.reset(seed=0, options={"params": params})
+    assert env.config == space.decode(params).config and env.config.is_roundpipe
     assert env.observation_space.contains(env._observation())
     moves = {env.actions[i][0] for i in np.flatnonzero(env.action_masks())}
     assert moves and moves <= {"mbs", "schedule", "dim"}  # RoundPipe cuts its stages itself

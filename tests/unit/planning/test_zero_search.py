@@ -1,4 +1,4 @@
-"""ZeRO and offload as search dimensions: the shared space, env moves, memory-first starts, old layouts."""
+"""ZeRO and offload as search dimensions: the shared space, env moves, memory-first starts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from autotune import load_cluster, load_model
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.space import SearchSpace
 from autotune.simulator import Simulator
-from envs.layout import ACTIONS, LAYOUTS, ZERO_ACTIONS, observation_features
+from envs.layout import ACTIONS, ZERO_ACTIONS, observation_features
 from envs.parallel_config import ParallelConfigEnv
 
 BOX = EXAMPLES / "8x4090.yaml"
@@ -96,20 +96,12 @@ def test_env_moves_change_zero_and_offload_and_keep_them_through_fine_edits(box1
     assert obs[feats.index("zero")] == pytest.approx(1.0) and obs[feats.index("host_memory_used")] > 0
 
 
-def test_the_old_policy_layout_is_a_prefix_and_the_shipped_policy_walks_to_fitting_plans(box13):
-    from autotune.policy.pretrained import load_policy, run_pretrained
+def test_the_shipped_chooser_finds_fitting_plans_on_a_memory_tight_box(box13):
+    from autotune.search.agents.acquire import run_acquire
 
     space, sim = box13
-    v1_obs, v1_act = LAYOUTS["v1"]
-    assert v1_act == len(ACTIONS) and LAYOUTS["zero"] == (v1_obs + 4, v1_act + len(ZERO_ACTIONS))
-    assert observation_features()[v1_obs : v1_obs + 4] == [
-        "zero",
-        "offload_optimizer",
-        "offload_all",
-        "host_memory_used",
-    ]
     ev = BudgetedEvaluator(sim, space, 12)
-    run_pretrained(space, ev, 0, policy=load_policy())
+    run_acquire(space, ev, 0)
     assert ev.used == 12 and ev.best is not None and ev.best.measurement.ok
 
 

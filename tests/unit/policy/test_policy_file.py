@@ -1,5 +1,5 @@
-"""Policy files are read without pickle (``autotune.policy.policy_file``): the shipped one makes the same
-moves as the Stable-Baselines3 zip it was converted from, and a crafted file never runs its payload."""
+"""Policy files are read without pickle (``autotune.policy.policy_file``): the shipped chooser's round-trips,
+a crafted file never runs its payload, a bad or retired one is one clear line."""
 
 from __future__ import annotations
 
@@ -7,22 +7,15 @@ import json
 import os
 import pickle
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from paths import DATA, REPO
 
 from autotune.errors import SpecError
 from autotune.policy import policy_file
-from autotune.policy.pretrained import default_policy_path, load_policy
-
-REPO = REPO
-REFERENCE = DATA / "policy_reference.json"
-#: the first shipped policy (layout v1), converted from a Stable-Baselines3 zip; shipped until session 4
-V1_POLICY = DATA / "policy_v1.safetensors"
-AUTOTUNE = str(Path(sys.executable).with_name("autotune"))
+from autotune.policy.policy_file import load_policy_network as load_policy
+from autotune.search.agents.acquire import default_acquisition_path as default_policy_path
 
 
 class _Payload:
@@ -33,69 +26,6 @@ class _Payload:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
-
-
-def test_converted_v1_policy_makes_the_moves_of_the_original():
-    """tests/data/policy_reference.json was recorded from the original zip (scripts/convert_policy.py);
-    the converted file (tests/data/policy_v1.safetensors) must make the same moves. It also keeps a policy
-    of the older layout (a prefix of today's, walked with its own moves) in the tests."""
-    import torch
-
-    from autotune.loading import load_cluster, load_model
-    from autotune.planning.budget import BudgetedEvaluator
-    from autotune.planning.space import SearchSpace
-    from autotune.policy.pretrained import run_pretrained
-    from autotune.policy.scenarios import heldout_scenarios
-    from autotune.search.tracking import config_key
-    from autotune.simulator import Simulator
-
-    ref = json.loads(REFERENCE.read_text())
-    policy = load_policy(V1_POLICY)
-    asked = 0
-    for walk in ref["walks"]:
-        for q in walk["asked"]:
-            obs = np.array(q["obs"], dtype=np.float32)
-            mask = np.zeros(len(q["probs"]), dtype=bool)
-            mask[q["mask"]] = True
-            assert int(policy.predict(obs, action_masks=mask, deterministic=True)[0]) == q["action"]
-            with torch.no_grad():
-                probs = policy.get_distribution(policy.obs_to_tensor(obs)[0], action_masks=mask).distribution.probs[0]
-            np.testing.assert_allclose(probs.numpy(), q["probs"], rtol=1e-4, atol=1e-6)
-            asked += 1
-    assert asked >= 60
-    scenarios = {"mixed-h100-a100-32/llama2-13b": (load_cluster("mixed-h100-a100-32"), load_model("llama2-13b", 256))}
-    scenarios.update({s.name: (s.cluster, s.model) for s in heldout_scenarios()[:2]})
-    # Whole walks too (a few: the moves above cover all of them). A walk's later plans depend on the
-    # simulator's numbers (the policy sees them), which change with the cost model since the reference was
-    # recorded; so the walk must agree with the reference on every question both asked (same observation
-    # and mask), and on its plans up to the first one the recorded walk reached through different numbers.
-    known = {(tuple(q["mask"]), tuple(np.round(q["obs"], 5))): q["action"] for w in ref["walks"] for q in w["asked"]}
-
-    class Asking:
-        def __init__(self) -> None:
-            self.overlap = 0
-
-        def predict(self, obs, action_masks=None, deterministic=True):
-            action, state = policy.predict(obs, action_masks=action_masks, deterministic=deterministic)
-            key = (tuple(int(i) for i in np.flatnonzero(action_masks)), tuple(np.round(np.asarray(obs, float), 5)))
-            if key in known:
-                assert int(action) == known[key]
-                self.overlap += 1
-            return action, state
-
-        def __getattr__(self, name):
-            return getattr(policy, name)
-
-    for walk in ref["walks"][::4]:
-        cluster, model = scenarios[walk["scenario"]]
-        # the walks were recorded before the ZeRO / offload dimensions: replay them in that space
-        space = SearchSpace(cluster, model, restrict={"zero": [0], "offload": ["none"]})
-        ev = BudgetedEvaluator(Simulator(cluster, model), space, ref["budget"])
-        asking = Asking()
-        run_pretrained(space, ev, walk["seed"], policy=asking)
-        plans = [config_key(e.config) for e in ev.history]
-        assert plans[:2] == walk["plans"][:2]  # the start plans do not depend on the simulator
-        assert len(plans) == len(walk["plans"])
 
 
 def test_written_file_round_trips_and_is_safetensors(tmp_path):
@@ -142,13 +72,16 @@ def _header_file(path: Path, header: dict, data: bytes = b"") -> Path:
         ("offsets", "data_offsets must be"),
         ("dtype", "dtype must be one of"),
         ("arch", "net_arch must list 1 to 8 layer widths"),
-        ("obs", "trained for 7 observations"),  # a v1 file: no layout named, the weights disagree
-        ("layout-size", "layout 'full' has 261 observations and 150 moves; the file says 7 and 150"),
-        ("missing", "lacks 'action_net.bias'"),
+        ("layout-size", "layout 'acquisition' has 580 observations and 64 moves; the file says 7 and 64"),
+        ("layout", "trained on env layout 'other', which this autotune does not know"),
+        ("version", "policy format version '3'; this autotune reads versions 2"),
+        ("retired", "is a policy of the retired local-move walk"),  # rl's walk before the chooser (layout full)
+        ("v1", "is a policy of the retired local-move walk"),  # its first files named no layout
+        ("missing", "lacks 'value_net.bias'"),
     ],
 )
 def test_malformed_policy_files_are_one_clear_line(tmp_path, case, message):
-    tensors, meta = policy_file.read(V1_POLICY if case == "obs" else default_policy_path())
+    tensors, meta = policy_file.read(default_policy_path())
     good_meta = {"__metadata__": {policy_file.METADATA_KEY: json.dumps(meta)}}
     path = tmp_path / f"{case}.safetensors"
     if case == "garbage":
@@ -161,10 +94,18 @@ def test_malformed_policy_files_are_one_clear_line(tmp_path, case, message):
         _header_file(path, {**good_meta, "w": {"dtype": "O", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4)
     elif case == "arch":
         policy_file.write(path, tensors, {**meta, "net_arch": [10**9]})
-    elif case in ("obs", "layout-size"):
+    elif case == "layout-size":
         policy_file.write(path, tensors, {**meta, "obs_dim": 7})
+    elif case == "version":
+        policy_file.write(path, tensors, {**meta, "version": 3})
+    elif case == "layout":
+        policy_file.write(path, tensors, {**meta, "layout": "other"})
+    elif case == "retired":
+        policy_file.write(path, tensors, {**meta, "layout": "full", "obs_dim": 261, "n_actions": 150})
+    elif case == "v1":
+        policy_file.write(path, tensors, {k: v for k, v in meta.items() if k != "layout"} | {"version": 1})
     else:
-        policy_file.write(path, {k: v for k, v in tensors.items() if k != "action_net.bias"}, meta)
+        policy_file.write(path, {k: v for k, v in tensors.items() if k != "value_net.bias"}, meta)
     with pytest.raises(SpecError, match=message) as info:
         load_policy(path)
     assert "\n" not in str(info.value) and len(str(info.value)) < 400

@@ -41,8 +41,8 @@ SLOW_NETWORK = perturb(CLUSTER, ClusterErrors(network_bandwidth={"a": 0.05, "b":
 def test_the_shipped_chooser_is_a_policy_file_of_its_layout() -> None:
     _, meta = policy_file.read(default_acquisition_path())
     assert meta["layout"] == LAYOUT and (meta["obs_dim"], meta["n_actions"]) == (OBSERVATIONS, MAX_CANDIDATES)
-    assert uses_acquisition(None, "real") and not uses_acquisition(None, "sim")
-    assert uses_acquisition(default_acquisition_path(), "sim") and uses_acquisition(GREEDY, "sim")
+    assert uses_acquisition(None) and uses_acquisition(default_acquisition_path()) and uses_acquisition(GREEDY)
+    assert not uses_acquisition("scratch")  # online learning on the plan-editing env
 
 
 @pytest.mark.parametrize("policy", [None, GREEDY])

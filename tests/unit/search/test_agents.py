@@ -134,7 +134,7 @@ def test_every_method_respects_the_budget(tiny):
     assert ev.used == 7
 
 
-def test_rl_smoke_learn_save_load_and_act(tiny, tmp_path):
+def test_rl_smoke_learn_and_act(tiny):
     from envs.parallel_config import ParallelConfigEnv
 
     space, _, optimum = tiny
@@ -142,16 +142,18 @@ def test_rl_smoke_learn_save_load_and_act(tiny, tmp_path):
     model = make_model(env, seed=0, n_steps=64)
     model.learn(total_timesteps=256)
     assert model.num_timesteps >= 256
-    from autotune.policy import policy_file
+    obs, _ = env.reset(seed=0)
+    mask = env.action_masks()
+    assert mask[int(model.predict(obs, action_masks=mask, deterministic=True)[0])]
 
-    path = tmp_path / "policy.safetensors"
-    policy_file.save(model, path)
-    ev = fresh(space, 10)
-    run_rl(space, ev, seed=0, policy_path=path, fine_tune=False)  # greedy with the loaded policy
-    assert ev.used == 10 and ev.best.score > 0
-    ev = fresh(space, 10)
-    run_rl(space, ev, seed=0, policy_path=path, fine_tune=True)
-    assert ev.used == 10
+
+def test_rl_s_chooser_spends_the_budget_on_the_simulator(tiny):
+    from autotune.search.agents.acquire import run_acquire
+
+    space, _, _ = tiny
+    ev = fresh(space, 5)
+    why = run_acquire(space, ev, 0)
+    assert ev.used == 5 and "budget of 5 runs is spent" in why and ev.best.score > 0
 
 
 def test_rl_leaves_no_log_folder_in_the_temporary_directory(tiny, tmp_path, monkeypatch):
@@ -159,13 +161,10 @@ def test_rl_leaves_no_log_folder_in_the_temporary_directory(tiny, tmp_path, monk
     ``<tmp>/SB3-<date>`` folder and never removes it: 264 of them had piled up on a dev machine."""
     import tempfile
 
-    from autotune.policy.pretrained import default_policy_path
-
     space, _, _ = tiny
     monkeypatch.delenv("SB3_LOGDIR", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    run_rl(space, fresh(space, 6), seed=0, policy_path="scratch")  # online PPO from nothing
-    run_rl(space, fresh(space, 6), seed=0, policy_path=default_policy_path(), fine_tune=True)
+    run_rl(space, fresh(space, 6), seed=0)  # online PPO from nothing
     model = make_model(parallel_config_env(space), seed=0, n_steps=16)
     model.learn(total_timesteps=16)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("SB3-")) == []
