@@ -130,8 +130,18 @@ def simulate(
     seq_len: int | None = SeqLenOpt,
     profile: Path | None = typer.Option(None, "--profile", help="Calibration profile from `autotune profile`."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help="Predict the plan as this engine runs it: torchtitan | megatron | deepspeed (the loss's memory, a "
+        "vocabulary-parallel head); without it, as `autotune train` runs it.",
+    ),
 ) -> None:
     """Predict iteration time, throughput and memory of a plan with the simulator."""
+    if engine is not None:  # before the model is read
+        from autotune import engines
+
+        engines.check_name(engine)
     _run(
         "simulate",
         cluster=cluster,
@@ -140,6 +150,7 @@ def simulate(
         global_batch_size=global_batch_size,
         profile=profile,
         json_out=json_out,
+        engine=engine,
     )
 
 

@@ -72,10 +72,12 @@ def make_evaluator(
     backend: str = "sim",
     profile=None,
     run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S,
+    engine: str | None = None,
 ) -> Evaluator:
     """The evaluator of ``backend``: ``sim`` the simulator (with ``profile``, a path or a
-    ``CalibrationProfile``), ``real`` one short profiled run per plan through the runner, each ended
-    after ``run_timeout_s`` seconds (status ``timeout``)."""
+    ``CalibrationProfile``; ``engine``: the engine whose plans it predicts, autotune's runner by default),
+    ``real`` one short profiled run per plan through the runner, each ended after ``run_timeout_s`` seconds
+    (status ``timeout``)."""
     if backend == "sim":
         from pathlib import Path
 
@@ -84,7 +86,7 @@ def make_evaluator(
 
         if profile is not None and not isinstance(profile, CalibrationProfile):
             profile = CalibrationProfile.load(Path(profile))
-        return Simulator(cluster, model, profile=profile)
+        return Simulator(cluster, model, profile=profile, **({"engine": engine} if engine else {}))
     if backend == "real":
         from runner import RealEvaluator
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from autotune import engines
+from autotune.errors import SpecError
 from autotune.loading import load_cluster, load_config, load_model
 from autotune.profile import CalibrationProfile
 from autotune.simulator import Simulator
@@ -20,13 +22,18 @@ def run(
     global_batch_size: int | None = None,
     profile: Path | None = None,
     json_out: bool = False,
+    engine: str | None = None,
 ) -> int:
+    if engine is not None:
+        engines.check_name(engine)
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     cfg = load_config(config)
     prof = CalibrationProfile.load(profile) if profile is not None else None
     cfg.validate(cluster_spec, model_spec, source=str(config))
-    sim = Simulator(cluster_spec, model_spec, prof)
+    if engine is not None and (why := engines.check(engine, cfg)) is not None:
+        raise SpecError(str(config), "--engine", f"{engine} does not run this plan: {why}")
+    sim = Simulator(cluster_spec, model_spec, prof, **({"engine": engine} if engine else {}))
     result = sim.evaluate(cfg) if json_out else sim.evaluate_detailed(cfg)
     if json_out:
         print(json.dumps(result.to_dict()))

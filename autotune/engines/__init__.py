@@ -47,7 +47,23 @@ def restrict(engine: str, choices: Mapping[str, Sequence[Any]], given: Mapping[s
     return {**narrowed, **given}
 
 
-__all__ = ["ENGINES", "EngineGrid", "Inexpressible", "check", "export", "grid", "parse", "restrict", "restrictions"]
+__all__ = [
+    "ENGINES",
+    "EngineGrid",
+    "Inexpressible",
+    "check",
+    "check_name",
+    "export",
+    "grid",
+    "parse",
+    "restrict",
+    "restrictions",
+]
+
+
+def check_name(engine: str) -> None:
+    """A ``SpecError`` line naming the engines unless ``engine`` is one of them."""
+    _engine(engine)
 
 
 def _engine(engine: str) -> ModuleType:

@@ -305,7 +305,9 @@ def _evaluator(req: SearchRequest, evaluator: Evaluator | None):
     inner = (
         evaluator
         if evaluator is not None
-        else make_evaluator(req.cluster, req.model, req.backend, req.profile, run_timeout_s=req.run_timeout_s)
+        else make_evaluator(
+            req.cluster, req.model, req.backend, req.profile, run_timeout_s=req.run_timeout_s, engine=req.engine
+        )
     )
     if req.backend == "real" and req.workers == 1:
         from autotune.search.screen import CalibrationScreen

@@ -84,6 +84,7 @@ class Simulator:
         self.model = model
         self.profile = profile
         self.record_timeline = record_timeline
+        self.engine = engine
         self.costs = CostModel(cluster, model, profile, engine)
         self._step_overhead_s = profile.step_overhead_s if profile is not None else 0.0
         self._rank_curves = profile is not None and any(

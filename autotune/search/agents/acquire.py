@@ -82,7 +82,8 @@ def run_acquire(
     calibrated = frozenset(
         n.device.name for n in space.cluster.nodes if profile is not None and profile.device(n.device.name)
     )
-    nominal = Simulator(space.cluster, space.model, profile=profile)
+    engine = {"engine": sim.engine} if sim is not None else {}  # the engine whose plans the search predicts
+    nominal = Simulator(space.cluster, space.model, profile=profile, **engine)
 
     def table_from(planner_sim):
         """The table of what already ran (a start plan, a resumed search: its measurements inform the rest)
@@ -97,7 +98,7 @@ def run_acquire(
             space.cluster,
             space.model,
             configs[:MAX_CANDIDATES],
-            lambda c: Simulator(c, space.model, profile=profile),
+            lambda c: Simulator(c, space.model, profile=profile, **engine),
             calibrated,
         )
 

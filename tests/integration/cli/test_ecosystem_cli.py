@@ -78,6 +78,30 @@ def test_search_with_an_engine_then_export(capsys, tmp_path):
         assert code == 2 and err.startswith("error: DeepSpeed: ") and err.count("\n") == 1, err
 
 
+def test_simulate_predicts_a_plan_as_the_named_engine_holds_it(capsys, tmp_path):
+    """Llama-3-8B (a 128k vocabulary), two stages of tp 2: autotune's runner holds the whole LM head and
+    logits on each tp rank of the last stage, Megatron-LM splits them (``autotune.simulator.engine_terms``)."""
+    plan = tmp_path / "plan.json"
+    stages = [
+        {"devices": ["v100:0", "v100:1"], "layers": 14, "recompute": True},
+        {"devices": ["a100:0", "a100:1"], "layers": 18, "recompute": True},
+    ]
+    plan.write_text(json.dumps({"micro_batch_size": 1, "pipelines": [{"num_microbatches": 128, "stages": stages}]}))
+    args = ["--cluster", "mixed-a100-v100", "--model", str(EXAMPLES / "hf" / "llama-3-8b"), "--config", str(plan)]
+    args += ["--global-batch-size", "128"]
+    peaks = {}
+    for engine in (None, "megatron"):
+        code, out, err = _cli(capsys, "simulate", *args, "--json", *(["--engine", engine] if engine else []))
+        assert code == 0, err
+        peaks[engine] = json.loads(out)["peak_memory_GiB"]
+    # the last stage holds less under Megatron-LM (half the head's states and logits), the first about the same
+    assert peaks["megatron"]["a100:0"] < peaks[None]["a100:0"] - 5
+    code, out, err = _cli(capsys, "simulate", *args, "--engine", "torchtitan")
+    assert code == 2 and "torchtitan does not run this plan: tensor parallelism without sequence" in err, err
+    code, out, err = _cli(capsys, "simulate", *args, "--engine", "jax")
+    assert code == 2 and "--engine: must be one of torchtitan, megatron, deepspeed" in err and err.count("\n") == 1
+
+
 def test_export_of_a_plan_the_engine_cannot_run_is_one_line_exit_2(capsys):
     code, out, err = _cli(capsys, "export", "--to", "deepspeed", str(EXAMPLES / "mixed-stage-plan.json"))
     assert code == 2 and out == ""
