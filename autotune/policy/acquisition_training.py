@@ -119,15 +119,30 @@ def policy_chooser(policy) -> Chooser:
     return choose
 
 
-def play(episode: Episode, choose: Chooser, budget: int = DEFAULT_BUDGET) -> list[float]:
-    """Best true time found / true best after each of ``budget`` runs (0 while nothing ran): the env's
-    reward + 1 at each step (``RealRunsEnv``), the last value kept once every candidate ran."""
+def run_episode(
+    episode: Episode, choose: Chooser, budget: int = DEFAULT_BUDGET, stop_gain: float | None = None, planner_first=False
+) -> list[float]:
+    """Best true time found / true best after each run made (the env's reward + 1 at each step,
+    ``RealRunsEnv``): ``budget`` runs, fewer once every candidate ran or, with ``stop_gain``, once no candidate
+    is expected to beat the best measured one by that much (``autotune.search.agents.acquire``'s rule);
+    ``planner_first``: the first run is the planner's first plan, as in a search."""
     env = RealRunsEnv([episode], budget=budget)
     env.reset()
-    curve, done = [], False
+    curve: list[float] = []
+    done = False
     while not done:
-        _, reward, done, _, _ = env.step(choose(env.post, env.runs, budget))
+        post = env.post
+        if curve and stop_gain is not None and float((post.expected_gain() * post.fit_probability()).max()) < stop_gain:
+            break
+        i = post.first_not_run() if planner_first and not curve else choose(post, env.runs, budget)
+        _, reward, done, _, _ = env.step(i)
         curve.append(1.0 + reward)
+    return curve
+
+
+def play(episode: Episode, choose: Chooser, budget: int = DEFAULT_BUDGET) -> list[float]:
+    """``run_episode``'s curve over all ``budget`` runs (the last value kept once every candidate ran)."""
+    curve = run_episode(episode, choose, budget)
     return curve + [curve[-1]] * (budget - len(curve))
 
 

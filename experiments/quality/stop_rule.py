@@ -24,25 +24,6 @@ import numpy as np
 THRESHOLDS = (0.02, 0.01, 0.005, 0.002, 0.001, 0.0)
 
 
-def play(episode, choose, budget: int, stop: float) -> tuple[list[float], int]:
-    """(best true time found / true best after each run, runs spent) with the stopping rule at ``stop``."""
-    from envs.acquisition import RealRunsEnv
-
-    env = RealRunsEnv([episode], budget=budget)
-    env.reset()
-    curve: list[float] = []
-    done = False
-    while not done:
-        post = env.post
-        if curve and stop > 0:
-            if float((post.expected_gain() * post.fit_probability()).max()) < stop:
-                break
-        i = post.first_not_run() if not curve else choose(post, env.runs, budget)
-        _, reward, done, _, _ = env.step(i)
-        curve.append(1.0 + reward)
-    return curve, len(curve)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scenarios", type=int, default=20, help="validation scenarios")
@@ -56,7 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from autotune.policy.acquisition_training import greedy_gain, policy_chooser, runs_to_target, scenario_episodes
+    from autotune.policy.acquisition_training import (
+        greedy_gain,
+        policy_chooser,
+        run_episode,
+        runs_to_target,
+        scenario_episodes,
+    )
     from autotune.policy.policy_file import load_policy_network
     from autotune.policy.scenarios import draw_scenario, validation_rng
     from autotune.search.agents.acquire import STOP_GAIN, default_acquisition_path
@@ -78,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         for stop in THRESHOLDS:
             ks, spent = [], []
             for ep in episodes:
-                curve, n = play(ep, choose, args.budget, stop)
+                curve = run_episode(ep, choose, args.budget, stop if stop > 0 else None, planner_first=True)
                 k = runs_to_target(curve)
                 ks.append(k if k is not None else math.inf)
-                spent.append(n)
+                spent.append(len(curve))
             ks.sort()
 
             def pct(q: float) -> str:
