@@ -36,6 +36,7 @@ from pathlib import Path
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.posterior import Posterior, candidate_table, first_plans, run_noise
 from autotune.planning.space import SearchSpace
+from autotune.specs import ParallelConfig
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +86,18 @@ def run_acquire(
     engine = {"engine": sim.engine} if sim is not None else {}  # the engine whose plans the search predicts
     nominal = Simulator(space.cluster, space.model, profile=profile, **engine)
 
+    reported: set[ParallelConfig] = set()
+
     def table_from(planner_sim):
         """The table of what already ran (a start plan, a resumed search: its measurements inform the rest)
         and the plans ``planner_sim``'s planner puts first, predicted by the search's starting simulator."""
         ran = list(dict.fromkeys(ev.config for ev in budgeted.history))[: MAX_CANDIDATES // 2]
         left_out: list = []
         planned = first_plans(space, planner_sim, budgeted.refusal, MAX_CANDIDATES, left_out)
-        for config in left_out:  # an invalid proposal, free: the search says what it left out
-            budgeted.evaluate(config)
+        for config in left_out:  # an invalid proposal, free: the search says what it left out (once each)
+            if config not in reported:
+                reported.add(config)
+                budgeted.evaluate(config)
         configs = ran + [c for c in planned if c not in ran]
         return candidate_table(
             space.cluster,
