@@ -9,8 +9,13 @@ across scenarios with the simulator's errors randomised: ``scripts/train_acquisi
 refitted (the first run is the planner's first plan, as every method's); the run goes through the search's
 ``BudgetedEvaluator`` like any method's. After the first measured
 run, the candidates are re-planned once with the simulator the closed loop corrected with it (the plans it puts
-first join the table; what ran stays, its measurements kept): a simulator far off on this cluster ranks plans
-the corrected one would never put in its first 64. The closed loop's speed
+first join the table; what ran stays, its measurements kept) and predicted by it, with the starting simulator's
+error bars: a simulator far off on this cluster ranks plans the corrected one would never put in its first 64, and
+its predictions can be far enough off that the posterior's linear view of the errors around them fails (on this
+machine's CPU ranks the datasheet simulator predicts every candidate of a tiny model alike, floored by the host's
+per-layer cost, while the runs differ 2x: experiments/RESULTS.md, "Real runs on this machine's CPU ranks"); the
+posterior then starts again around the corrected predictions, and the run that corrected them is its first
+observation. The closed loop's speed
 screen (``autotune.search.screen``: a plan the corrected simulator puts below half the best is not run) is off
 while it chooses: it would overrule the chooser's exploration with the very simulator the runs correct (the
 memory model still screens, and every run still refits the correction).
@@ -76,8 +81,8 @@ def run_acquire(
     from autotune.simulator import Simulator
     from envs.acquisition import MAX_CANDIDATES
 
-    # the simulator the search began with: the runs' corrections are the posterior's to make, and a corrected
-    # profile would pass for a measured one (its small error bars)
+    # the simulator the search began with: its profile alone says which classes were measured (a corrected
+    # profile would pass for a measured one, with a measured one's small error bars)
     sim = getattr(budgeted.inner, "start_simulator", None) or simulator_of(budgeted)
     profile = sim.profile if sim is not None else None
     calibrated = frozenset(
@@ -90,7 +95,8 @@ def run_acquire(
 
     def table_from(planner_sim):
         """The table of what already ran (a start plan, a resumed search: its measurements inform the rest)
-        and the plans ``planner_sim``'s planner puts first, predicted by the search's starting simulator."""
+        and the plans ``planner_sim``'s planner puts first, predicted by ``planner_sim`` with the error bars of
+        the search's starting simulator."""
         ran = list(dict.fromkeys(ev.config for ev in budgeted.history))[: MAX_CANDIDATES // 2]
         left_out: list = []
         planned = first_plans(space, planner_sim, budgeted.refusal, MAX_CANDIDATES, left_out)
@@ -103,7 +109,7 @@ def run_acquire(
             space.cluster,
             space.model,
             configs[:MAX_CANDIDATES],
-            lambda c: Simulator(c, space.model, profile=profile, **engine),
+            lambda c: Simulator(c, space.model, profile=planner_sim.profile, **engine),
             calibrated,
         )
 

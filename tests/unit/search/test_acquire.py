@@ -87,9 +87,10 @@ def test_a_resumed_chooser_reads_back_what_ran_and_spends_only_the_rest() -> Non
 def test_the_chooser_predicts_with_the_simulator_the_search_began_with_and_replans_with_the_corrected_one(
     monkeypatch,
 ) -> None:
-    """On real runs the closed loop corrects its simulator after every run; the chooser's predictions must come
-    from the uncorrected one (a corrected profile would pass for a measured one, with its small error bars),
-    while its candidates are re-planned once with the corrected one (plans it puts first join the table)."""
+    """On real runs the closed loop corrects its simulator after every run; the chooser's first table is the
+    uncorrected simulator's, and after the first run its candidates are re-planned once with the corrected one
+    (plans it puts first join the table) and predicted by it, with the starting simulator's error bars (a
+    corrected profile would pass for a measured one, with its small error bars)."""
     from autotune.search import screen as screen_module
     from autotune.search.agents import acquire
 
@@ -108,9 +109,11 @@ def test_the_chooser_predicts_with_the_simulator_the_search_began_with_and_repla
         return real_table(cluster, model, configs, factory, calibrated)
 
     monkeypatch.setattr(acquire, "candidate_table", spy)
+    corrected_profile = screen.simulator.profile
     run_acquire(space, budgeted, policy_path=GREEDY)
     assert len(seen) == 2  # the start, then once more after the first measured run
-    assert all(calibrated == frozenset() and profile is None for _, calibrated, profile in seen)  # no class profiled
+    assert all(calibrated == frozenset() for _, calibrated, _ in seen)  # no class profiled: the nominal bars
+    assert seen[0][2] is None and seen[1][2] is corrected_profile  # predicted by the simulator that planned them
     assert seen[0][0][0] == first and seen[1][0][0] == first  # what ran stays a candidate
     assert set(corrected_first[:8]) <= set(seen[1][0])  # the corrected planner's first plans joined
     assert budgeted.screen == screen.screen  # the speed screen is back once the chooser is done
