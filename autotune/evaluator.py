@@ -86,7 +86,7 @@ def make_evaluator(
 
         if profile is not None and not isinstance(profile, CalibrationProfile):
             profile = CalibrationProfile.load(Path(profile))
-        return Simulator(cluster, model, profile=profile, **({"engine": engine} if engine else {}))
+        return Simulator(cluster, model, profile=profile, engine=engine)
     if backend == "real":
         from runner import RealEvaluator
 

@@ -33,7 +33,7 @@ def run(
     cfg.validate(cluster_spec, model_spec, source=str(config))
     if engine is not None and (why := engines.check(engine, cfg)) is not None:
         raise SpecError(str(config), "--engine", f"{engine} does not run this plan: {why}")
-    sim = Simulator(cluster_spec, model_spec, prof, **({"engine": engine} if engine else {}))
+    sim = Simulator(cluster_spec, model_spec, prof, engine=engine)
     result = sim.evaluate(cfg) if json_out else sim.evaluate_detailed(cfg)
     if json_out:
         print(json.dumps(result.to_dict()))

@@ -293,11 +293,13 @@ def _check_arguments(
         prechecks.optuna_storage(storage)
     if policy is not None and method != "rl":
         raise SpecError("--policy", "", f"applies to --method rl only, not {method}")
-    if method == "rl" and str(policy) not in ("scratch", "greedy-gain"):  # a bad policy file: before any work
-        from autotune.policy import policy_file
-        from autotune.search.agents.acquire import policy_for
+    if method == "rl":  # a bad policy file: before any work
+        from autotune.search.agents.acquire import GREEDY, policy_for, uses_acquisition
 
-        policy_file.read(policy_for(policy))
+        if uses_acquisition(policy) and str(policy) != GREEDY:
+            from autotune.policy import policy_file
+
+            policy_file.read(policy_for(policy))
 
 
 def _evaluator(req: SearchRequest, evaluator: Evaluator | None):

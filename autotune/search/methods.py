@@ -10,7 +10,7 @@ from typing import Any
 from autotune.planning.budget import PRUNED, BudgetedEvaluator
 from autotune.planning.space import SearchSpace
 from autotune.search.agents import run_exhaustive, run_random, run_uniform
-from autotune.search.agents.rl import SCRATCH
+from autotune.search.agents.acquire import uses_acquisition
 from autotune.specs import Measurement
 
 #: planner plans evaluated first when ``start="dp"`` (they count against the budget like any plan):
@@ -75,7 +75,7 @@ def _run_method(
     method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, worker: str, **kw: Any
 ) -> None:
     _roundpipe_start(space, budgeted, kw.get("study") if method == "optuna" else None, worker)
-    acquire = method == "rl" and str(kw.get("policy")) != SCRATCH
+    acquire = method == "rl" and uses_acquisition(kw.get("policy"))
     if method in ("optuna", "rl") and kw.get("start", "dp") == "dp" and not acquire:  # the chooser starts itself
         study = kw.get("study") if method == "optuna" else None
         if study is not None:  # the study stays the budget's memory (see SharedStudy.evaluate_outside)

@@ -69,7 +69,7 @@ class Simulator:
     iteration. ``record_timeline=True`` makes ``evaluate`` also return every operation as a
     ``TimelineEvent`` (slower; the search leaves it off). ``evaluate_detailed`` does that for one call.
     ``engine``: which engine runs the plan, where engines differ (the loss's memory, whether the head is
-    split across tensor parallelism: ``autotune.simulator.engine_terms``); autotune's runner by default.
+    split across tensor parallelism: ``autotune.simulator.engine_terms``); autotune's runner when None.
     """
 
     def __init__(
@@ -78,14 +78,14 @@ class Simulator:
         model: ModelSpec,
         profile: CalibrationProfile | None = None,
         record_timeline: bool = False,
-        engine: str = DEFAULT_ENGINE,
+        engine: str | None = None,
     ) -> None:
         self.cluster = cluster
         self.model = model
         self.profile = profile
         self.record_timeline = record_timeline
-        self.engine = engine
-        self.costs = CostModel(cluster, model, profile, engine)
+        self.engine = engine or DEFAULT_ENGINE
+        self.costs = CostModel(cluster, model, profile, self.engine)
         self._step_overhead_s = profile.step_overhead_s if profile is not None else 0.0
         self._rank_curves = profile is not None and any(
             d.pipeline_overhead or d.data_parallel_overhead for d in profile.devices

@@ -66,7 +66,9 @@ def policy_for(policy: str | Path | None) -> Path:
 def uses_acquisition(policy: str | Path | None) -> bool:
     """True when ``rl`` runs this module's chooser: always, except ``--policy scratch`` (online learning on
     ``autotune/ParallelConfig-v0``, ``autotune.search.agents.rl``)."""
-    return str(policy) != "scratch"
+    from autotune.search.agents.rl import SCRATCH
+
+    return str(policy) != SCRATCH
 
 
 def run_acquire(
@@ -88,8 +90,8 @@ def run_acquire(
     calibrated = frozenset(
         n.device.name for n in space.cluster.nodes if profile is not None and profile.device(n.device.name)
     )
-    engine = {"engine": sim.engine} if sim is not None else {}  # the engine whose plans the search predicts
-    nominal = Simulator(space.cluster, space.model, profile=profile, **engine)
+    engine = sim.engine if sim is not None else None  # the engine whose plans the search predicts
+    nominal = Simulator(space.cluster, space.model, profile=profile, engine=engine)
 
     reported: set[ParallelConfig] = set()
 
@@ -109,7 +111,7 @@ def run_acquire(
             space.cluster,
             space.model,
             configs[:MAX_CANDIDATES],
-            lambda c: Simulator(c, space.model, profile=planner_sim.profile, **engine),
+            lambda c: Simulator(c, space.model, profile=planner_sim.profile, engine=engine),
             calibrated,
         )
 
