@@ -24,8 +24,6 @@ def run(
     json_out: bool = False,
     engine: str | None = None,
 ) -> int:
-    if engine is not None:
-        engines.check_name(engine)
     cluster_spec = load_cluster(cluster)
     model_spec = load_model(model, global_batch_size)
     cfg = load_config(config)

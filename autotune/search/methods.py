@@ -10,7 +10,6 @@ from typing import Any
 from autotune.planning.budget import PRUNED, BudgetedEvaluator
 from autotune.planning.space import SearchSpace
 from autotune.search.agents import run_exhaustive, run_random, run_uniform
-from autotune.search.agents.acquire import uses_acquisition
 from autotune.specs import Measurement
 
 #: planner plans evaluated first when ``start="dp"`` (they count against the budget like any plan):
@@ -75,6 +74,8 @@ def _run_method(
     method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, worker: str, **kw: Any
 ) -> None:
     _roundpipe_start(space, budgeted, kw.get("study") if method == "optuna" else None, worker)
+    from autotune.search.agents.acquire import uses_acquisition  # the chooser's modules: only for a search
+
     acquire = method == "rl" and uses_acquisition(kw.get("policy"))
     if method in ("optuna", "rl") and kw.get("start", "dp") == "dp" and not acquire:  # the chooser starts itself
         study = kw.get("study") if method == "optuna" else None

@@ -41,6 +41,7 @@ from pathlib import Path
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.posterior import Posterior, candidate_table, first_plans, run_noise
 from autotune.planning.space import SearchSpace
+from autotune.search.agents.rl import SCRATCH
 from autotune.specs import ParallelConfig
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,6 @@ def policy_for(policy: str | Path | None) -> Path:
 def uses_acquisition(policy: str | Path | None) -> bool:
     """True when ``rl`` runs this module's chooser: always, except ``--policy scratch`` (online learning on
     ``autotune/ParallelConfig-v0``, ``autotune.search.agents.rl``)."""
-    from autotune.search.agents.rl import SCRATCH
-
     return str(policy) != SCRATCH
 
 
