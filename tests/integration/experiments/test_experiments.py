@@ -20,6 +20,7 @@ QUICK = {
     "experiments/fidelity/fidelity.py": ["--out", "{tmp}/fidelity_results.json"],
     "experiments/fidelity/loss_peak.py": [],
     "experiments/fidelity/megatron_comparison.py": [],
+    "experiments/fidelity/megatron_readme.py": [],
     "experiments/fidelity/roundpipe_published.py": [],
     "experiments/fidelity/sailor_validation.py": [],
     "experiments/fidelity/torchtitan_published.py": [],
