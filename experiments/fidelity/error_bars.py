@@ -121,8 +121,9 @@ def sailor_layers() -> dict[str, list[float]]:
     return out
 
 
-def sailor_runs() -> list[tuple[str, str, float, float]]:
-    """(section, run, time error, expected_error) of Sailor's GH200 runs (no profile)."""
+def sailor_runs() -> list[dict]:
+    """Sailor's GH200 runs (no profile): ``section``, ``run``, ``time_error``, ``bar``, ``memory_error`` (peak
+    against the device reading) and Sailor's own simulator's ``sailor_time_error`` / ``sailor_memory_error``."""
     data = json.loads(sv.DATA.read_text())
     out = []
     for section, model, run in sv.runs(data):
@@ -132,10 +133,24 @@ def sailor_runs() -> list[tuple[str, str, float, float]]:
             ParallelConfig.from_dict(sv.config_dict(run, gpn))
         )
         if m.ok:
+            measured, sailor = run["measured"], run["sailor_predicted"]
             out.append(
-                (section, run["id"], m.iteration_time_s / run["measured"]["iteration_time_s"] - 1, m.expected_error)
+                dict(
+                    section=section,
+                    run=run["id"],
+                    time_error=m.iteration_time_s / measured["iteration_time_s"] - 1,
+                    bar=m.expected_error,
+                    memory_error=max(m.peak_memory_GiB.values()) / measured["peak_memory_GiB"] - 1,
+                    sailor_time_error=sailor["iteration_time_s"] / measured["iteration_time_s"] - 1,
+                    sailor_memory_error=sailor["peak_memory_GiB"] / measured["peak_memory_GiB"] - 1,
+                )
             )
     return out
+
+
+def sailor_section(sailor: list[dict], section: str) -> list[tuple[str, float, float]]:
+    """(run, time error, expected_error) of one section of ``sailor_runs``."""
+    return [(r["run"], r["time_error"], r["bar"]) for r in sailor if r["section"] == section]
 
 
 def v100_16bit() -> list[tuple[str, float, float]]:
@@ -222,7 +237,7 @@ def main() -> None:
     readme = megatron_readme(args.quick)
     layers = sailor_layers()
     sailor = sailor_runs()
-    neo = [(r, e, b) for s, r, e, b in sailor if s == "sailor_gh200_gptneo"]
+    neo = sailor_section(sailor, "sailor_gh200_gptneo")
     v100 = v100_16bit()
     rpipe = roundpipe(args.quick)
     h200_runner, h200_roundpipe, h200_memory = h200_runs()
@@ -254,7 +269,7 @@ def main() -> None:
     sources = {
         "Megatron-LM (A100 bf16/fp16)": meg,
         "Megatron-LM README 2020 (V100, A100)": readme["V100"] + readme["A100"],
-        "Sailor GH200 OPT-350M (fitted)": [(r, e, b) for s, r, e, b in sailor if s == "sailor_gh200"],
+        "Sailor GH200 OPT-350M (fitted)": sailor_section(sailor, "sailor_gh200"),
         "Sailor GH200 GPT-Neo-2.7B": neo,
         "ZeRO-Offload V100": v100,
         "RoundPipe RTX-4090 (fp16 accumulation)": rpipe,

@@ -149,28 +149,12 @@ def model(name: str, shape: dict, gpus: int, mbs: int):
     )
 
 
-def time_rows() -> list[tuple[str, float, float]]:
-    """(run, time error, expected_error) of every published run that fits (``error_bars.py`` reads them)."""
+def results() -> list[dict]:
+    """One dict per published run: ``run``, ``gpu``, ``ok`` (fits in the simulator), ``published_ok`` (ran),
+    ``time_error`` (simulated / published iteration time - 1, or None), ``bar``, ``tokens_per_s_per_gpu``,
+    ``sim_GiB`` (the simulator's device view minus its context: torchtitan's reading), ``pub_GiB``, ``memory_error``
+    and ``fits_with_headroom`` (a device of 10% over the published reading; None without a reading)."""
     out = []
-    for gpu, runs, nic in (("A100-80GB", A100_RUNS, 25.0), (H100_96GB, H100_RUNS, 50.0)):
-        for name, shape, gpus, mbs, rc, pub_tps, _ in runs:
-            cl = cluster(gpu, gpus, nic)
-            r = Simulator(cl, model(name, shape, gpus, mbs), engine="torchtitan").evaluate(
-                fsdp(cl, shape["num_layers"], mbs, rc)
-            )
-            if r.ok and pub_tps:
-                out.append((name, pub_tps / (r.tokens_per_s / gpus) - 1, r.expected_error))
-    return out
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the same table (it takes about a second)")
-    ap.parse_args()
-    time_errors, oom_right = [], []
-    print(
-        f"{'run':34s} {'pub tok/s/GPU':>13s} {'sim':>8s} {'t err':>7s} {'bar':>5s} | {'pub GiB':>7s} {'sim GiB':>7s} {'m err':>7s} | fits?"
-    )
     for gpu, runs, nic in (("A100-80GB", A100_RUNS, 25.0), (H100_96GB, H100_RUNS, 50.0)):
         for name, shape, gpus, mbs, rc, pub_tps, pub_gib in runs:
             cl = cluster(gpu, gpus, nic)
@@ -179,33 +163,63 @@ def main() -> None:
             gpu_name = gpu if isinstance(gpu, str) else gpu["name"]
             context = device_memory(gpu_name).context_GiB
             sim_gib = max(r.peak_memory_GiB.values(), default=0.0) - context
-            line = f"{gpu_name[:4]} {name:29s} {pub_tps or 'OOM':>13} "
-            if r.ok:
-                tps = r.tokens_per_s / gpus
-                line += (
-                    f"{tps:8,.0f} {(pub_tps / tps - 1) if pub_tps else float('nan'):+7.1%} {r.expected_error:5.0%} | "
-                )
-                if pub_tps:
-                    time_errors.append(pub_tps / tps - 1)
-            else:
-                line += f"{'oom':>8s} {'':7s} {'':5s} | "
-            mem_err = ""
-            if pub_gib:
-                mem_err = f"{sim_gib / pub_gib - 1:+7.1%}"
-            line += f"{pub_gib or '-':>7} {sim_gib:7.1f} {mem_err:>7s} | "
-            fits_published = pub_tps is not None
-            right = r.ok == fits_published
-            oom_right.append(right)
-            line += ("fits" if r.ok else "OOM") + ("" if right else "  <- published the other way")
+            tps = r.tokens_per_s / gpus if r.ok else None
+            row = dict(
+                run=name,
+                gpu=gpu_name,
+                ok=r.ok,
+                published_ok=pub_tps is not None,
+                pub_tokens_per_s_per_gpu=pub_tps,
+                tokens_per_s_per_gpu=tps,
+                time_error=pub_tps / tps - 1 if tps and pub_tps else None,
+                bar=r.expected_error,
+                sim_GiB=sim_gib,
+                pub_GiB=pub_gib,
+                memory_error=sim_gib / pub_gib - 1 if pub_gib else None,
+                fits_with_headroom=None,
+            )
             if pub_gib:  # the issue's check: 10% headroom over the published reading must fit
                 headroom = Simulator(cluster(gpu, gpus, nic, 1.1 * pub_gib + context), m, engine="torchtitan").evaluate(
                     fsdp(cl, shape["num_layers"], mbs, rc)
                 )
-                line += f"; with 10% headroom over {pub_gib} GiB: {'fits' if headroom.ok else 'OOM'}"
-            print(line)
+                row["fits_with_headroom"] = headroom.ok
+            out.append(row)
+    return out
+
+
+def time_rows() -> list[tuple[str, float, float]]:
+    """(run, time error, expected_error) of every published run that fits (``error_bars.py`` reads them)."""
+    return [(r["run"], r["time_error"], r["bar"]) for r in results() if r["time_error"] is not None]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the same table (it takes about a second)")
+    ap.parse_args()
+    rows = results()
+    print(
+        f"{'run':34s} {'pub tok/s/GPU':>13s} {'sim':>8s} {'t err':>7s} {'bar':>5s} | {'pub GiB':>7s} {'sim GiB':>7s} {'m err':>7s} | fits?"
+    )
+    for r in rows:
+        line = f"{r['gpu'][:4]} {r['run']:29s} {r['pub_tokens_per_s_per_gpu'] or 'OOM':>13} "
+        if r["ok"]:
+            t_err = r["time_error"] if r["time_error"] is not None else float("nan")
+            line += f"{r['tokens_per_s_per_gpu']:8,.0f} {t_err:+7.1%} {r['bar']:5.0%} | "
+        else:
+            line += f"{'oom':>8s} {'':7s} {'':5s} | "
+        mem_err = f"{r['memory_error']:+7.1%}" if r["memory_error"] is not None else ""
+        line += f"{r['pub_GiB'] or '-':>7} {r['sim_GiB']:7.1f} {mem_err:>7s} | "
+        line += ("fits" if r["ok"] else "OOM") + (
+            "" if r["ok"] == r["published_ok"] else "  <- published the other way"
+        )
+        if r["fits_with_headroom"] is not None:
+            line += f"; with 10% headroom over {r['pub_GiB']} GiB: {'fits' if r['fits_with_headroom'] else 'OOM'}"
+        print(line)
+    time_errors = [r["time_error"] for r in rows if r["time_error"] is not None]
+    right = sum(r["ok"] == r["published_ok"] for r in rows)
     print(
         f"\ntime: mean |error| {statistics.mean(abs(e) for e in time_errors):.1%}, max {max(abs(e) for e in time_errors):.1%} "
-        f"over {len(time_errors)} runs; fits / out of memory as published: {sum(oom_right)}/{len(oom_right)}"
+        f"over {len(time_errors)} runs; fits / out of memory as published: {right}/{len(rows)}"
     )
 
 

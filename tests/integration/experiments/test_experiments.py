@@ -23,6 +23,7 @@ QUICK = {
     "experiments/fidelity/megatron_readme.py": [],
     "experiments/fidelity/roundpipe_published.py": [],
     "experiments/fidelity/sailor_validation.py": [],
+    "experiments/fidelity/sources.py": [],
     "experiments/fidelity/torchtitan_published.py": [],
     "experiments/fidelity/zero_offload.py": [],
     "experiments/quality/bench_zero.py": [],
