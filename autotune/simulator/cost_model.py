@@ -30,7 +30,7 @@ from autotune.simulator.backward import backward_ratio
 from autotune.simulator.collectives import collective_s, intra_node_kind, send_s
 from autotune.simulator.device_memory import device_memory
 from autotune.simulator.efficiency import DeviceRates
-from autotune.simulator.engine_terms import DEFAULT_ENGINE, head_group
+from autotune.simulator.engine_terms import DEFAULT_ENGINE, head_group, scatter_gather
 from autotune.simulator.flops import (
     head_matmul,
     layer_matmuls,
@@ -465,25 +465,34 @@ class CostModel:
         between their tensor-parallel ranks, the ``e b s h`` tensor or the parts of its sequence each
         receiver needs. Over per-rank links the busiest rank sets the time; between nodes every transfer
         from the sending node shares its network bandwidth; NCCL-like costs per link kind
-        (``collectives.send_s``)."""
+        (``collectives.send_s``). Under an engine that scatters and gathers (``engine_terms.scatter_gather``)
+        each rank sends its ``1/t`` and the receiving group all-gathers the activation over its own link."""
         dst_sp = sp if dst_sp is None else dst_sp
         key = (src[0], dst[0], mbs, len(src), len(dst), sp and len(src) > 1, dst_sp and len(dst) > 1)
         hit = self._p2p_cache.get(key)
         if hit is None:
             e = self.rates[self.rate_key[src[0]]].elem_bytes
             whole = e * mbs * self.model.seq_len * self.model.hidden_size
-            transfers = handoff(len(src), sp, len(dst), dst_sp)
+            t = len(src)
+            split = scatter_gather(self.engine, t, len(dst), sp or dst_sp)
+            transfers = handoff(t, sp, len(dst), dst_sp)
             link = self._eff.link(src[0], dst[0])
             a, b = self.node[src[0]], self.node[dst[0]]
+            share = 1.0 / t if split else 1.0  # of each transfer, on the wire
             if a.device.name == "cpu":
-                kind, nbytes = "host", whole * busiest_fraction(transfers)
+                kind, nbytes = "host", whole * busiest_fraction(transfers) * share
             elif a.name == b.name:
                 kind = intra_node_kind(link.bandwidth_GBps, a.device.name)
-                nbytes = whole * busiest_fraction(transfers)
+                nbytes = whole * busiest_fraction(transfers) * share
             else:  # the sending node's ranks share its NIC
                 kind = "network"
-                nbytes = whole * sum(t.fraction for t in transfers if self.node[src[t.src]].name == a.name)
+                nbytes = whole * share * sum(x.fraction for x in transfers if self.node[src[x.src]].name == a.name)
             hit = send_s(nbytes, link.bandwidth_GBps, link.latency_us, kind)
+            if split:  # the receiving stage puts the activation back together
+                group = self._eff.group_link(dst)
+                hit += collective_s(
+                    "all_gather", whole, t, group.bandwidth_GBps, group.latency_us, self.group_kind(dst)
+                )
             self._p2p_cache[key] = hit
         return hit
 

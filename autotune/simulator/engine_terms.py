@@ -15,6 +15,13 @@ validated on ran on other engines, so each term below is per engine (``Simulator
   group (Megatron-LM, DeepSpeed on Megatron, torchtitan's loss-parallel output). autotune's runner applies
   tensor parallelism to the blocks only (``runner.engine``): every rank of the group holds the whole
   embedding and head, computes the whole logits and holds their loss.
+- ``scatter_gather``: how a pipeline hand-off between two stages of the same tensor-parallel degree ``t > 1``
+  (no sequence parallelism) moves the activation. Megatron-LM's scatter/gather (Narayanan et al. 2021,
+  Sec. 4.1; on by default, ``--no-scatter-gather-tensors-in-pipeline`` turns it off; Aceso's runtime keeps
+  it): each sending rank sends its ``1/t`` of the activation to the matching receiving rank, and the
+  receiving stage all-gathers it inside its group, so the link between the stages carries the activation
+  once. DeepSpeed's pipeline engine, ``torch.distributed.pipelining`` (autotune's runner, torchtitan):
+  every rank sends the whole activation to its peer, ``t`` copies over the link (``autotune.specs.handoff``).
 """
 
 from __future__ import annotations
@@ -26,12 +33,13 @@ from dataclasses import dataclass
 class EngineTerms:
     loss_bytes_per_logit: float | None  # None: the model's element size + 8
     vocab_parallel: bool  # embedding and LM head split across the tensor-parallel group
+    scatter_gather: bool = False  # pipeline hand-offs: 1/t per rank, then an all-gather in the receiving group
 
 
 ENGINE_TERMS: dict[str, EngineTerms] = {
     "autotune": EngineTerms(16.0, False),
     "torchtitan": EngineTerms(12.0, True),
-    "megatron": EngineTerms(None, True),
+    "megatron": EngineTerms(None, True, scatter_gather=True),
     "deepspeed": EngineTerms(None, True),
 }
 DEFAULT_ENGINE = "autotune"
@@ -47,6 +55,12 @@ def loss_bytes_per_logit(engine: str, elem_bytes: int) -> float:
     """Bytes per logit the loss holds at its peak under ``engine``."""
     fixed = engine_terms(engine).loss_bytes_per_logit
     return elem_bytes + 8.0 if fixed is None else fixed
+
+
+def scatter_gather(engine: str, src_tp: int, dst_tp: int, sequence_parallel: bool) -> bool:
+    """Whether ``engine`` hands an activation from a ``src_tp``-wide stage to a ``dst_tp``-wide one by
+    scatter/gather (1/t per rank and an all-gather on the receiver) rather than t whole copies."""
+    return engine_terms(engine).scatter_gather and src_tp == dst_tp > 1 and not sequence_parallel
 
 
 def head_group(engine: str, tp: int) -> int:

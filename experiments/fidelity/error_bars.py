@@ -15,6 +15,8 @@ ratio r becomes the time error 1/r - 1), and prints them beside the constants th
   published (``zero_offload.py``'s plan); and Megatron-LM's README of 2020 (one DGX-2, GPT 1.2B-8.7B on 1-8
   V100s; ``megatron_readme.py``). The two disagree by an order of magnitude (62% and 5%): the same class
   trained by a tuned engine and by a plain PyTorch baseline;
+- the network at ~1 Gbit/s: Sailor's MIT runs (consumer GPUs, pipelines and data-parallel rings across 1 Gbit/s;
+  ``sailor_mit.py``);
 - RTX-4090 16-bit: RoundPipe's published throughput on 1-8 x RTX-4090 (``roundpipe_published.py``), simulated as
   the runs trained: fp16 with fp16 accumulation (twice the catalog's tensor rate).
 
@@ -52,6 +54,7 @@ import gpu_check  # noqa: E402
 import megatron_comparison as mc  # noqa: E402
 import megatron_readme as mr  # noqa: E402
 import roundpipe_published as rp  # noqa: E402
+import sailor_mit as smit  # noqa: E402
 import sailor_planner_comparison as spc  # noqa: E402
 import sailor_validation as sv  # noqa: E402
 import torchtitan_published as tt  # noqa: E402
@@ -59,7 +62,12 @@ import zero_offload as zo  # noqa: E402
 
 from autotune.loading import load_model, model_from_dict  # noqa: E402
 from autotune.simulator import Simulator  # noqa: E402
-from autotune.simulator.error_bar import DATASHEET_TIME_ERROR, UNVALIDATED_TIME_ERROR  # noqa: E402
+from autotune.simulator.error_bar import (  # noqa: E402
+    DATASHEET_TIME_ERROR,
+    NETWORK_ERROR_SLOW,
+    UNVALIDATED_TIME_ERROR,
+    NETWORK_SLOW_GBps,
+)
 from autotune.simulator.flops import megatron_flops_per_iteration  # noqa: E402
 from autotune.specs import ParallelConfig  # noqa: E402
 
@@ -100,7 +108,7 @@ def sailor_layers() -> dict[str, list[float]]:
     """Per GPU: the datasheet block time (forward + backward) against Sailor's measured one, per entry."""
     data = json.loads((ROOT / "experiments" / "data" / "sailor_a100_v100.json").read_text())
     model = model_from_dict(spc.MODEL, "sailor")
-    sim = Simulator(spc.cluster(data, 8, 8), model, engine="megatron")
+    sim = Simulator(spc.cluster(data, 8, 8), model, engine=sv.ENGINE)
     out: dict[str, list[float]] = {}
     for e in data["sailor_layer_profiles"]["entries"]:
         if e["tp"] > spc.GPN:  # a tensor-parallel group larger than a node of Sailor's cluster
@@ -129,7 +137,7 @@ def sailor_runs() -> list[dict]:
     for section, model, run in sv.runs(data):
         gpn = data["clusters"][run.get("cluster", "clariden-gh200")]["gpus_per_node"]
         cluster = sv.cluster_from(sv.cluster_dict(data, run))
-        m = Simulator(cluster, model_from_dict(sv.model_dict(model, run), "data"), engine="megatron").evaluate(
+        m = Simulator(cluster, model_from_dict(sv.model_dict(model, run), "data"), engine=sv.ENGINE).evaluate(
             ParallelConfig.from_dict(sv.config_dict(run, gpn))
         )
         if m.ok:
@@ -265,12 +273,25 @@ def main() -> None:
             f"{'-' if const is None else f'{100 * const:.1f}%':>16s}{agrees}"
         )
     print(f"unvalidated classes: the largest of the constants, {100 * UNVALIDATED_TIME_ERROR:.1f}%")
+    mit = smit.time_rows(args.quick)
+    agrees = (
+        ""
+        if args.quick
+        else "  agrees"
+        if abs(mean_abs(e for _, e, _ in mit) - NETWORK_ERROR_SLOW) < 0.005
+        else "  DIFFERS"
+    )
+    print(
+        f"network at {NETWORK_SLOW_GBps:g} GB/s: Sailor's MIT runs (end to end) {len(mit):3d} "
+        f"{100 * mean_abs(e for _, e, _ in mit):15.1f}% {100 * NETWORK_ERROR_SLOW:15.1f}%{agrees}"
+    )
     print("\ncoverage of the bars (end-to-end runs): |time error| <= the prediction's expected_error")
     sources = {
         "Megatron-LM (A100 bf16/fp16)": meg,
         "Megatron-LM README 2020 (V100, A100)": readme["V100"] + readme["A100"],
         "Sailor GH200 OPT-350M (fitted)": sailor_section(sailor, "sailor_gh200"),
         "Sailor GH200 GPT-Neo-2.7B": neo,
+        "Sailor MIT 1 Gbit/s (network bar)": mit,
         "ZeRO-Offload V100": v100,
         "RoundPipe RTX-4090 (fp16 accumulation)": rpipe,
         "torchtitan FSDP2 (held out)": tt.time_rows(),

@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import error_bars as eb  # noqa: E402
+import sailor_mit as smit  # noqa: E402
 import torchtitan_published as tt  # noqa: E402
 import zero_offload as zo  # noqa: E402
 
@@ -64,6 +65,7 @@ def sources(quick: bool) -> list[Source]:
     layers = eb.sailor_layers()
     titan = tt.results()
     runner, rpipe, memory = eb.h200_runs()
+    mit = [(r, m) for r, m in smit.results(quick) if m.ok]
 
     def sailor_own(rows: list[dict]) -> str:
         t = statistics.mean(abs(r["sailor_time_error"]) for r in rows)
@@ -98,6 +100,21 @@ def sources(quick: bool) -> list[Source]:
             [r["time_error"] for r in neo],
             [r["memory_error"] for r in neo],
             sailor_own(neo),
+        ),
+        Source(
+            "Sailor MIT, consumer GPUs over 1 Gbit/s",
+            "RTX-3090, TITAN RTX, RTX-2080 x 4-48, Aceso (Megatron-LM) fp32",
+            "nothing of the model (it sets the network bar at 1 Gbit/s)",
+            [
+                m.iteration_time_s / r["measured"]["iteration_time_s"] - 1
+                for r, m in mit
+                if r["id"] not in smit.DUPLICATES
+            ],
+            [
+                max(m.peak_memory_GiB.values()) / r["measured"]["peak_memory_GiB"] - 1
+                for r, m in mit
+                if r["id"] not in smit.DUPLICATES
+            ],
         ),
         Source(
             "Sailor A100 / V100 block times",

@@ -22,6 +22,7 @@ QUICK = {
     "experiments/fidelity/megatron_comparison.py": [],
     "experiments/fidelity/megatron_readme.py": [],
     "experiments/fidelity/roundpipe_published.py": [],
+    "experiments/fidelity/sailor_mit.py": [],
     "experiments/fidelity/sailor_validation.py": [],
     "experiments/fidelity/sources.py": [],
     "experiments/fidelity/torchtitan_published.py": [],
