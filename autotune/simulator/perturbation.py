@@ -4,12 +4,12 @@ A prediction is off by its terms' errors (``autotune.simulator.error_bar``). ``d
 set of errors for a cluster, from the same validation table the error bars come from, and ``perturb``
 applies it: simulating the perturbed cluster is one possible reality the nominal simulator does not see.
 
-- per GPU class, its compute time x exp(N(0, s)), s = ``compute_error`` of that class and precision (4.4% for
-  A100 16-bit ... 72% for RTX-4090; the median for classes with no measured run): the class's peak rates and
-  memory bandwidth divided by that factor;
+- per GPU class, its compute time x exp(N(0, s)), s = ``compute_error`` of that class and precision (3.5% for
+  V100 fp32 ... 36% for A100 fp32; the largest, 36%, for classes with no measured run): the class's peak
+  rates and memory bandwidth divided by that factor;
 - per GPU class, its usable memory x exp(N(0, ``MEMORY_ERROR``)) (the memory model's 6-12% mean error);
 - per node, its network and its intra-node bandwidth x exp(N(0, s)), s = ``network_error`` at that bandwidth
-  (10% at 10 GB/s and above, growing to 110% at 1 Gbit/s), latency divided by the same factor.
+  (10% at 10 GB/s and above, growing to 15% at 1 Gbit/s), latency divided by the same factor.
 
 Used to train the learned chooser of real runs (``autotune.policy.acquisition_training``) and by the
 perturbed-reality benchmark (``experiments/quality/perturbed_reality.py``).
