@@ -23,13 +23,14 @@ import json
 import statistics
 from pathlib import Path
 
+import sailor_validation as sv  # this folder: the script's own directory is on the path
+
 from autotune.loading import cluster_from_dict, model_from_dict
 from autotune.simulator import Simulator
 from autotune.specs import Measurement, ParallelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "experiments" / "data" / "sailor_mit_runs.json"
-GH200_DATA = ROOT / "experiments" / "data" / "sailor_gh200_runs.json"  # OPT-350M's shape, as Sailor ran it
 NODE_GPU = {"k": "RTX-3090", "n": "TITAN-RTX", "r": "RTX-2080"}
 DUPLICATES = {"mit-N6_D2"}
 
@@ -60,19 +61,8 @@ def cluster(data: dict, run: dict):
 
 
 def model(run: dict):
-    shape = json.loads(GH200_DATA.read_text())["model"]
-    keys = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "mlp", "vocab_size", "seq_len")
-    return model_from_dict(
-        {
-            "name": shape["name"],
-            **{k: shape[k] for k in keys},
-            "global_batch_size": run["global_batch_size"],
-            "precision": "fp32",
-            "attention": "standard",
-            "dropout": 0.0,
-        },
-        "sailor-mit",
-    )
+    """OPT-350M as Sailor ran it (the GH200 data file's shape, fp32, standard attention, no dropout)."""
+    return model_from_dict(sv.model_dict(json.loads(sv.DATA.read_text())["model"], run), "sailor-mit")
 
 
 def plan(run: dict) -> ParallelConfig:
