@@ -16,12 +16,15 @@ validated on ran on other engines, so each term below is per engine (``Simulator
   tensor parallelism to the blocks only (``runner.engine``): every rank of the group holds the whole
   embedding and head, computes the whole logits and holds their loss.
 - ``scatter_gather``: how a pipeline hand-off between two stages of the same tensor-parallel degree ``t > 1``
-  (no sequence parallelism) moves the activation. Megatron-LM's scatter/gather (Narayanan et al. 2021,
-  Sec. 4.1; on by default, ``--no-scatter-gather-tensors-in-pipeline`` turns it off; Aceso's runtime keeps
-  it): each sending rank sends its ``1/t`` of the activation to the matching receiving rank, and the
-  receiving stage all-gathers it inside its group, so the link between the stages carries the activation
-  once. DeepSpeed's pipeline engine, ``torch.distributed.pipelining`` (autotune's runner, torchtitan):
-  every rank sends the whole activation to its peer, ``t`` copies over the link (``autotune.specs.handoff``).
+  (no sequence parallelism) moves the activation. Megatron-LM before Megatron-Core (v2-v3, 2020-2022; the
+  engine ``"megatron-legacy"``, for the published runs of that code and of Aceso's runtime built on it)
+  scatters and gathers (Narayanan et al. 2021, Sec. 4.1; on unless ``--no-scatter-gather-tensors-in-pipeline``):
+  each sending rank sends its ``1/t`` of the activation to the matching receiving rank, and the receiving stage
+  all-gathers it inside its group, so the link between the stages carries the activation once.
+  Megatron-Core (``"megatron"``, what ``--engine megatron`` exports to: its ``p2p_communication`` sends the
+  whole ``(s, b, h)`` tensor), DeepSpeed's pipeline engine and ``torch.distributed.pipelining`` (autotune's
+  runner, torchtitan): every rank sends the whole activation to its peer, ``t`` copies over the link
+  (``autotune.specs.handoff``).
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ class EngineTerms:
 ENGINE_TERMS: dict[str, EngineTerms] = {
     "autotune": EngineTerms(16.0, False),
     "torchtitan": EngineTerms(12.0, True),
-    "megatron": EngineTerms(None, True, scatter_gather=True),
+    "megatron": EngineTerms(None, True),
     "deepspeed": EngineTerms(None, True),
+    # not an export target: Megatron-LM's published runs of 2020-2022 and Aceso's runtime
+    "megatron-legacy": EngineTerms(None, True, scatter_gather=True),
 }
 DEFAULT_ENGINE = "autotune"
 

@@ -65,7 +65,8 @@ def simulate(
     ``CalibrationProfile``. Unlike ``Simulator.evaluate``, bad input raises ``SpecError`` naming the
     file, field and rule. ``engine``: the engine that runs the plan where engines hold different memory
     (``autotune.simulator.engine_terms``): ``"autotune"`` (the runner, default),
-    ``"torchtitan"``, ``"megatron"``, ``"deepspeed"``.
+    ``"torchtitan"``, ``"megatron"``, ``"deepspeed"``, or ``"megatron-legacy"`` (Megatron-LM before
+    Megatron-Core, as its published runs of 2020-2022 ran).
     """
     if engine not in ENGINE_TERMS:
         from autotune.errors import shown

@@ -149,7 +149,7 @@ def korthikanti() -> list[float]:
     for params, heads, hidden, layers, tp, pp, gpus, batch, mbs, mfu_pub, _hfu_pub in KORTHIKANTI:
         model = gpt(params, heads, hidden, layers, batch, "bf16", "korthikanti")
         cluster = selene(gpus)
-        m = Simulator(cluster, model, engine="megatron").evaluate(
+        m = Simulator(cluster, model, engine="megatron-legacy").evaluate(
             plan(cluster, layers, tp, pp, batch, "1f1b", 1, mbs, "selective", True)
         )
         if not m.ok:
@@ -185,7 +185,7 @@ def main() -> None:
         assert abs(published * gpus / 1000 - aggregate) / aggregate < 0.01, params
         model = gpt(params, heads, hidden, layers, batch, "fp16", "table-1")
         cluster = selene(gpus)
-        sim = Simulator(cluster, model, engine="megatron")
+        sim = Simulator(cluster, model, engine="megatron-legacy")
         flops = megatron_flops_per_iteration(model, recompute=True)
         # and the model shape gives the parameter count of the first column (12 l h^2 + embeddings)
         assert (

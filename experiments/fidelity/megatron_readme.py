@@ -121,7 +121,7 @@ def rows(quick: bool = False, attention: str = "standard") -> list[tuple[str, st
             else:
                 ms = DGX_A100_DP128[case]
             c = cluster(gpu, per_node, nvswitch, tp * replicas)
-            m = Simulator(c, model(case, batch * replicas, attention), engine="megatron").evaluate(
+            m = Simulator(c, model(case, batch * replicas, attention), engine="megatron-legacy").evaluate(
                 plan(c, layers, tp, replicas, batch)
             )
             if not m.ok:

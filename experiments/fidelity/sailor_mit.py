@@ -91,7 +91,9 @@ def plan(run: dict) -> ParallelConfig:
 def results(quick: bool = False) -> list[tuple[dict, Measurement]]:
     data = json.loads(DATA.read_text())
     runs = data["runs"][:3] if quick else data["runs"]
-    return [(run, Simulator(cluster(data, run), model(run), engine="megatron").evaluate(plan(run))) for run in runs]
+    return [
+        (run, Simulator(cluster(data, run), model(run), engine="megatron-legacy").evaluate(plan(run))) for run in runs
+    ]
 
 
 def time_rows(quick: bool = False) -> list[tuple[str, float, float]]:

@@ -564,10 +564,10 @@ def test_runner_preflight_names_sequence_parallel_it_cannot_run_and_runs_the_res
 
 def test_megatron_scatters_and_gathers_a_tensor_parallel_hand_off_between_nodes() -> None:
     """Two nodes of 4 GPUs, a stage of tp 4 on each, joined by 1 GB/s (hand-computed with the NCCL-like
-    costs of ``collectives``). torch.distributed.pipelining (autotune's runner), DeepSpeed and torchtitan:
-    each of the 4 ranks sends the whole activation to its peer, 4 copies through the node's NIC. Megatron-LM
-    (scatter/gather, Narayanan et al. 2021 Sec. 4.1): each rank sends a quarter, 1 copy through the NIC,
-    then the receiving stage all-gathers the activation over its 100 GB/s NVLink."""
+    costs of ``collectives``). torch.distributed.pipelining (autotune's runner), Megatron-Core, DeepSpeed and
+    torchtitan: each of the 4 ranks sends the whole activation to its peer, 4 copies through the node's NIC.
+    Megatron-LM before Megatron-Core (scatter/gather, Narayanan et al. 2021 Sec. 4.1): each rank sends a
+    quarter, 1 copy through the NIC, then the receiving stage all-gathers the activation over its NVLink."""
     from autotune.simulator import collectives
     from autotune.simulator.cost_model import CostModel
 
@@ -589,10 +589,11 @@ def test_megatron_scatters_and_gathers_a_tensor_parallel_hand_off_between_nodes(
     copies = CostModel(cluster, model, engine="autotune").p2p(src, dst, 2)
     assert copies == pytest.approx(collectives.send_s(4 * whole, 1.0, 50.0, "network"))
     assert CostModel(cluster, model, engine="deepspeed").p2p(src, dst, 2) == copies
-    split = CostModel(cluster, model, engine="megatron").p2p(src, dst, 2)
+    assert CostModel(cluster, model, engine="megatron").p2p(src, dst, 2) == copies  # Megatron-Core: whole tensors
+    split = CostModel(cluster, model, engine="megatron-legacy").p2p(src, dst, 2)
     gather = collectives.collective_s("all_gather", whole, 4, 100.0, 2.0, "nvlink")
     assert split == pytest.approx(collectives.send_s(whole, 1.0, 50.0, "network") + gather)
     assert split < copies / 2  # latency is most of the rest at this size
     # with sequence parallelism each rank already holds its part: the same hand-off under every engine
-    sp = [CostModel(cluster, model, engine=e).p2p(src, dst, 2, sp=True) for e in ("autotune", "megatron")]
+    sp = [CostModel(cluster, model, engine=e).p2p(src, dst, 2, sp=True) for e in ("autotune", "megatron-legacy")]
     assert sp[0] == sp[1] == pytest.approx(collectives.send_s(whole, 1.0, 50.0, "network"))
