@@ -79,16 +79,14 @@ def megatron(quick: bool) -> list[tuple[str, float, float]]:
     for params, heads, hidden, layers, tp, pp, gpus, batch, published, _ in rows:
         model = mc.gpt(params, heads, hidden, layers, batch, "fp16", "table-1")
         cluster = mc.selene(gpus)
-        m = Simulator(cluster, model, engine="megatron-legacy").evaluate(
-            mc.plan(cluster, layers, tp, pp, batch, "1f1b", 1)
-        )
+        m = Simulator(cluster, model, engine=mc.ENGINE).evaluate(mc.plan(cluster, layers, tp, pp, batch, "1f1b", 1))
         if m.ok:
             rate = megatron_flops_per_iteration(model, recompute=True) / m.iteration_time_s / gpus / 1e12
             out.append((f"narayanan-{params:g}B", published / rate - 1, m.expected_error))
     for params, heads, hidden, layers, tp, pp, gpus, batch, mbs, mfu_pub, _ in [] if quick else mc.KORTHIKANTI:
         model = mc.gpt(params, heads, hidden, layers, batch, "bf16", "korthikanti")
         cluster = mc.selene(gpus)
-        m = Simulator(cluster, model, engine="megatron-legacy").evaluate(
+        m = Simulator(cluster, model, engine=mc.ENGINE).evaluate(
             mc.plan(cluster, layers, tp, pp, batch, "1f1b", 1, mbs, "selective", True)
         )
         if m.ok:

@@ -69,26 +69,48 @@ def selene(num_gpus: int):
     )
 
 
-def gpt(params, heads: int, hidden: int, layers: int, batch: int, precision: str, source: str):
-    """A GPT of Megatron-LM's papers: GeLU MLP 4h wide, vocabulary 51,200, sequence 2048, dropout 0.1, and
-    attention "standard" (2021 Megatron-LM stored the attention scores)."""
+#: Megatron-LM before Megatron-Core, as these runs ran it (its scatter/gather of pipeline hand-offs:
+#: ``autotune.simulator.engine_terms``); megatron_readme.py, sailor_mit.py and error_bars.py use it too
+ENGINE = "megatron-legacy"
+
+
+def gpt(
+    params,
+    heads: int,
+    hidden: int,
+    layers: int,
+    batch: int,
+    precision: str,
+    source: str,
+    seq_len: int = SEQ,
+    attention: str = "standard",
+    name: str | None = None,
+):
+    """A GPT of Megatron-LM's papers: GeLU MLP 4h wide, vocabulary 51,200, sequence 2048 (``seq_len``),
+    dropout 0.1, and attention "standard" (2021 Megatron-LM stored the attention scores)."""
     return model_from_dict(
         dict(
-            name=f"gpt-{params}B",
+            name=name or f"gpt-{params}B",
             num_layers=layers,
             hidden_size=hidden,
             num_heads=heads,
             ffn_hidden_size=4 * hidden,
             mlp="gelu",
             vocab_size=VOCAB,
-            seq_len=SEQ,
+            seq_len=seq_len,
             global_batch_size=batch,
             precision=precision,
-            attention="standard",
+            attention=attention,
             dropout=0.1,
         ),
         source,
     )
+
+
+def counted_params_B(layers: int, hidden: int, seq_len: int = SEQ) -> float:
+    """Billions of parameters by Narayanan et al.'s eq. 2 (blocks, position and tied word embeddings): what
+    the papers' and the README's parameter columns print."""
+    return 12 * layers * hidden**2 * (1 + 13 / (12 * hidden) + (VOCAB + seq_len) / (12 * layers * hidden)) / 1e9
 
 
 def plan(
@@ -149,7 +171,7 @@ def korthikanti() -> list[float]:
     for params, heads, hidden, layers, tp, pp, gpus, batch, mbs, mfu_pub, _hfu_pub in KORTHIKANTI:
         model = gpt(params, heads, hidden, layers, batch, "bf16", "korthikanti")
         cluster = selene(gpus)
-        m = Simulator(cluster, model, engine="megatron-legacy").evaluate(
+        m = Simulator(cluster, model, engine=ENGINE).evaluate(
             plan(cluster, layers, tp, pp, batch, "1f1b", 1, mbs, "selective", True)
         )
         if not m.ok:
@@ -185,17 +207,10 @@ def main() -> None:
         assert abs(published * gpus / 1000 - aggregate) / aggregate < 0.01, params
         model = gpt(params, heads, hidden, layers, batch, "fp16", "table-1")
         cluster = selene(gpus)
-        sim = Simulator(cluster, model, engine="megatron-legacy")
+        sim = Simulator(cluster, model, engine=ENGINE)
         flops = megatron_flops_per_iteration(model, recompute=True)
         # and the model shape gives the parameter count of the first column (12 l h^2 + embeddings)
-        assert (
-            abs(
-                12 * layers * hidden**2 * (1 + 13 / (12 * hidden) + (VOCAB + SEQ) / (12 * layers * hidden)) / 1e9
-                - params
-            )
-            / params
-            < 0.04
-        ), params
+        assert abs(counted_params_B(layers, hidden) - params) / params < 0.04, params
         m = sim.evaluate(plan(cluster, layers, tp, pp, batch, "1f1b", 1))
         if not m.ok:
             print(f"{params:8.1f} {tp:3d} {pp:3d} {gpus:5d} {batch:5d} | {published:9d}   {m.status}: {m.error}")

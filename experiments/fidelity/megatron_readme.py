@@ -25,12 +25,14 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from autotune.loading import cluster_from_dict, model_from_dict
+import megatron_comparison as mc  # this folder: the script's own directory is on the path
+
+from autotune.loading import cluster_from_dict
 from autotune.simulator import Simulator
 from autotune.simulator.flops import megatron_flops_per_iteration
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 
-VOCAB, SEQ = 51200, 1024
+SEQ = 1024  # the vocabulary is the papers' 51,200 (megatron_comparison.VOCAB)
 #: case -> (hidden, heads, layers, billions of parameters, model-parallel GPUs) (``images/cases.png``)
 CASES = {
     "1B": (1920, 15, 24, 1.16, 1),
@@ -55,28 +57,11 @@ SECTIONS = (
 
 def model(case: str, batch: int, attention: str = "standard"):
     hidden, heads, layers, params, _ = CASES[case]
-    m = model_from_dict(
-        dict(
-            name=f"megatron-readme-{case}",
-            num_layers=layers,
-            hidden_size=hidden,
-            num_heads=heads,
-            ffn_hidden_size=4 * hidden,
-            mlp="gelu",
-            vocab_size=VOCAB,
-            seq_len=SEQ,
-            global_batch_size=batch,
-            precision="fp16",
-            attention=attention,
-            dropout=0.1,
-        ),
-        "megatron-readme",
+    # transcription check: the case's shape gives the README's parameter count
+    assert abs(mc.counted_params_B(layers, hidden, SEQ) - params) / params < 0.01, case
+    return mc.gpt(
+        params, heads, hidden, layers, batch, "fp16", "megatron-readme", SEQ, attention, f"megatron-readme-{case}"
     )
-    # transcription check: the case's shape gives the README's parameter count (Narayanan et al.'s eq. 2:
-    # blocks, position and tied word embeddings)
-    counted = 12 * layers * hidden**2 * (1 + 13 / (12 * hidden) + (VOCAB + SEQ) / (12 * layers * hidden))
-    assert abs(counted / 1e9 - params) / params < 0.01, (case, counted)
-    return m
 
 
 def cluster(gpu: str, per_node: int, nvswitch_GBps: float, gpus: int):
@@ -121,7 +106,7 @@ def rows(quick: bool = False, attention: str = "standard") -> list[tuple[str, st
             else:
                 ms = DGX_A100_DP128[case]
             c = cluster(gpu, per_node, nvswitch, tp * replicas)
-            m = Simulator(c, model(case, batch * replicas, attention), engine="megatron-legacy").evaluate(
+            m = Simulator(c, model(case, batch * replicas, attention), engine=mc.ENGINE).evaluate(
                 plan(c, layers, tp, replicas, batch)
             )
             if not m.ok:

@@ -23,7 +23,8 @@ import json
 import statistics
 from pathlib import Path
 
-import sailor_validation as sv  # this folder: the script's own directory is on the path
+import megatron_comparison as mc  # this folder: the script's own directory is on the path
+import sailor_validation as sv
 
 from autotune.loading import cluster_from_dict, model_from_dict
 from autotune.simulator import Simulator
@@ -91,9 +92,7 @@ def plan(run: dict) -> ParallelConfig:
 def results(quick: bool = False) -> list[tuple[dict, Measurement]]:
     data = json.loads(DATA.read_text())
     runs = data["runs"][:3] if quick else data["runs"]
-    return [
-        (run, Simulator(cluster(data, run), model(run), engine="megatron-legacy").evaluate(plan(run))) for run in runs
-    ]
+    return [(run, Simulator(cluster(data, run), model(run), engine=mc.ENGINE).evaluate(plan(run))) for run in runs]
 
 
 def time_rows(quick: bool = False) -> list[tuple[str, float, float]]:
