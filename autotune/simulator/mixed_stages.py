@@ -218,3 +218,23 @@ def shares_key(pipe: PipelineConfig) -> tuple[tuple[int, ...], ...] | None:
     if not any(st.mixed for st in pipe.stages):
         return None
     return tuple(st.shares(pipe.num_microbatches) for st in pipe.stages)
+
+
+def transfer_seconds(costs, pipe: PipelineConfig, comp: PipelineProgram, mbs: int, v: int) -> tuple[tuple, tuple]:
+    """Seconds of each transfer slot of a pipeline's program (slot 0: none; ``costs``: the simulator's
+    ``CostModel``, its ``p2p``) and whether each crosses nodes (the error bar's network part)."""
+    p = len(pipe.stages)
+    comms = [0.0] * (1 + len(comp.transfers))
+    across = [False] * (1 + len(comp.transfers))
+    ranks = [pipe.stage_ranks(s) for s in range(p)]
+    for i, (kind, s, k_src, k_dst) in enumerate(comp.transfers):
+        if kind == FORWARD and (s > 0 or v > 1):  # activations from the previous (virtual) stage
+            other = s - 1
+        elif kind != FORWARD and (s < p - 1 or v > 1):  # gradients from the next one
+            other = (s + 1) % p
+        else:
+            continue
+        src, dst = ranks[other][k_src].devices, ranks[s][k_dst].devices
+        comms[1 + i] = costs.p2p(src, dst, mbs, pipe.stages[other].sequence_parallel, pipe.stages[s].sequence_parallel)
+        across[1 + i] = costs.node[src[0]].name != costs.node[dst[0]].name
+    return tuple(comms), tuple(across)

@@ -33,11 +33,11 @@ from functools import partial
 
 from autotune.errors import SpecError
 from autotune.profile import CalibrationProfile
-from autotune.simulator import data_parallel, error_bar, layerwise, moe, roundpipe
+from autotune.simulator import data_parallel, error_bar, layerwise, moe, path_error, roundpipe
 from autotune.simulator.cost_model import CostModel
 from autotune.simulator.engine_terms import DEFAULT_ENGINE
-from autotune.simulator.mixed_stages import Unit, compile_pipeline, pipeline_units, shares_key
-from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, run_program
+from autotune.simulator.mixed_stages import Unit, compile_pipeline, pipeline_units, shares_key, transfer_seconds
+from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, critical_path, run_program
 from autotune.simulator.zero import peer_degrees
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig, TimelineEvent
 from autotune.specs.execution import MICROBATCH
@@ -92,6 +92,7 @@ class Simulator:
         )
         self._pipeline_cache: dict[tuple, tuple[float, ...]] = {}
         self._zero_cache: dict[tuple, tuple] = {}
+        self._transfer_cache: dict[tuple, tuple] = {}
 
     # ---------------------------------------------------------------------------------------------
     # Evaluator interface
@@ -251,7 +252,7 @@ class Simulator:
                 self.costs, self.model, config, stage_costs, st.units, st.peers, self._zero_cache
             )
         events: list[TimelineEvent] | None = [] if timeline else None
-        finish, slowest = self._pipelines(config, stage_costs, st, events)
+        finish, slowest, paths = self._pipelines(config, stage_costs, st, events)
         iteration, sync_s = self._synchronise_and_step(config, finish, stage_costs, st.units, sharded, events)
         # -- shared host: ranks that time-share one machine's cores (calibration profiles only) ----
         shared = self._shared_host_bound(config, stage_costs, st.units, iteration)
@@ -262,44 +263,70 @@ class Simulator:
         m = self._measurement(config, st, stage_costs, slowest, stretch, iteration, sync_s, events)
         if not m.ok:
             return m
-        expected, terms = self._error_bar(config, st, stage_costs, finish, slowest[0], iteration)
+        expected, terms = self._error_bar(config, st, stage_costs, finish, paths, slowest[0], iteration)
         return replace(m, expected_error=expected, error_terms=terms)
 
     def _error_bar(
-        self, config: ParallelConfig, st: _Stages, stage_costs: list, finish: list, makespan: float, iteration: float
+        self,
+        config: ParallelConfig,
+        st: _Stages,
+        stage_costs: list,
+        finish: list,
+        paths: list,
+        makespan: float,
+        iteration: float,
     ) -> tuple[float, tuple[str, ...]]:
-        """The prediction's expected relative error (``autotune.simulator.error_bar``): the schedule rerun
-        with each device class's passes stretched by that class's error, then with the sends between nodes
-        stretched by the network's; the exposed data-parallel synchronisation stretched by its link's."""
+        """The prediction's expected relative error (``autotune.simulator.error_bar``) from the one schedule
+        run (``autotune.simulator.path_error``): each class's error times its passes' seconds on each
+        replica's critical path, the network's times the sends between nodes on it, a rerun only of
+        replicas where a class may take over the bottleneck; the exposed data-parallel synchronisation
+        stretched by its link's error. ``error_bar_by_rerun`` is the definition; this agrees with it within
+        0.005 absolute on the pinned sweep's GPU clusters (tests/unit/simulator/test_error_bar.py)."""
         costs, out = self.costs, []
-        classes: dict[str, list[tuple[int, int]]] = {}
-        for r, units in enumerate(st.units):
-            for u, unit in enumerate(units):
-                classes.setdefault(costs.rate_key[unit.view.devices[0]], []).append((r, u))
-        for rk, members in classes.items():
-            rates = costs.rates[rk]
-            sigma, label = error_bar.compute_error(rates.device.name, self.model.precision, rates.profile is not None)
-            scaled = [list(row) for row in stage_costs]
-            for r, u in members:
-                durs, params, opt = scaled[r][u]
-                scaled[r][u] = ([d * (1.0 + sigma) for d in durs], params, opt * (1.0 + sigma))
+        compute, network = path_error.path_seconds(costs, config, st.compiled, st.units, stage_costs, paths)
+        spans = [max(f) for f in finish]
+        busiest = path_error.busiest_by_class(costs, st.units, stage_costs)
+        for rk in {k for row in busiest for k in row}:
+            sigma, label = path_error.class_error(costs, rk, self.model.precision)
+            stretched = max(t + sigma * c.get(rk, 0.0) for t, c in zip(spans, compute))
+            rerun = [r for r, row in enumerate(busiest) if path_error.may_take_over(row, rk, sigma)]
+            if rerun:
+                scaled = path_error.stretched(costs, st.units, stage_costs, rk, sigma)
+                stretched = max(stretched, self._pipelines(config, scaled, st, None, replicas=rerun)[1][0])
+            out.append((label, (stretched - makespan) / iteration))
+        sigma, label, several_nodes = path_error.network_error(costs, config)
+        if several_nodes:
+            out.append((label, (max(t + sigma * n for t, n in zip(spans, network)) - makespan) / iteration))
+        out += path_error.exposed_sync(
+            costs, config, stage_costs, finish, iteration, self._step_overhead_s, sigma, label
+        )
+        return error_bar.combine(out)
+
+    def error_bar_by_rerun(self, config: ParallelConfig) -> tuple[float, tuple[str, ...]]:
+        """The error bar's definition, slow (``evaluate`` takes it from one schedule run): the schedule rerun
+        with each class's passes stretched by its error, then the sends between nodes by the network's."""
+        m = self.evaluate(config)
+        if not m.ok or config.is_roundpipe:
+            return (m.expected_error, m.error_terms)
+        st = self._stage_pass(config)
+        stage_costs = st.costs
+        if config.zero > 0 and (len(config.pipelines) > 1 or config.has_mixed_stages) or config.offloads:
+            stage_costs, _ = data_parallel.sharded_costs(
+                self.costs, self.model, config, stage_costs, st.units, st.peers, self._zero_cache
+            )
+        finish, (makespan, _), _ = self._pipelines(config, stage_costs, st, None)
+        costs, iteration, out = self.costs, m.iteration_time_s, []
+        for rk in {costs.rate_key[unit.view.devices[0]] for units in st.units for unit in units}:
+            sigma, label = path_error.class_error(costs, rk, self.model.precision)
+            scaled = path_error.stretched(costs, st.units, stage_costs, rk, sigma)
             out.append((label, (self._pipelines(config, scaled, st, None)[1][0] - makespan) / iteration))
-        nodes = {costs.node[d].name: costs.node[d] for d in config.devices}
-        slowest = min((n.network for n in nodes.values()), key=lambda link: link.bandwidth_GBps)
-        sigma, label = error_bar.network_error(slowest.bandwidth_GBps)
-        if len(nodes) > 1:
+        sigma, label, several_nodes = path_error.network_error(costs, config)
+        if several_nodes:
             stretched = self._pipelines(config, stage_costs, st, None, network_scale=1.0 + sigma)[1][0]
             out.append((label, (stretched - makespan) / iteration))
-        if len(config.pipelines) > 1 or config.has_mixed_stages:  # the synchronisation past the last step
-            done = max(f + c[2] for row, costs_r in zip(finish, stage_costs) for f, c in zip(row, costs_r))
-            exposed = max(0.0, iteration - done - self._step_overhead_s)
-            across = any(
-                len({costs.node[p.stages[s].devices[0]].name for p in config.pipelines if len(p.stages) > s}) > 1
-                for s in range(max(len(p.stages) for p in config.pipelines))
-            )
-            if not across:
-                sigma, label = error_bar.NETWORK_ERROR_VALIDATED, "links inside a node"
-            out.append((label, sigma * exposed / iteration))
+        out += path_error.exposed_sync(
+            costs, config, stage_costs, finish, iteration, self._step_overhead_s, sigma, label
+        )
         return error_bar.combine(out)
 
     def _stage_pass(self, config: ParallelConfig) -> _Stages:
@@ -402,14 +429,20 @@ class Simulator:
         st: _Stages,
         events: list[TimelineEvent] | None,
         network_scale: float = 1.0,
-    ) -> tuple[list[tuple[float, ...]], tuple[float, int]]:
-        """Each replica's schedule: when each unit is free after its last backward, and the slowest
-        replica (its makespan, its index). ``network_scale`` stretches the sends between nodes (error bar)."""
+        replicas: list[int] | None = None,
+    ) -> tuple[list[tuple[float, ...]], tuple[float, int], list[tuple]]:
+        """Each replica's schedule: when each unit is free after its last backward, the slowest replica (its
+        makespan, its index), and each replica's critical path as ``(duration slot counts, transfer slot
+        counts, the transfers' seconds before blocking sends absorb them)`` (``schedule.critical_path``: the
+        error bar reads it). ``network_scale`` stretches the sends between nodes (``error_bar_by_rerun``);
+        ``replicas``: only those (the lists then hold theirs, in that order)."""
         mbs, v, schedule = config.micro_batch_size, config.virtual_stages, config.schedule
         finish: list[tuple[float, ...]] = []
+        paths: list[tuple] = []
         slowest = (-1.0, 0)
         hand_off = self._rank_overheads(config, "pipeline_overhead_s")
-        for r, pipe in enumerate(config.pipelines):
+        for r in range(len(config.pipelines)) if replicas is None else replicas:
+            pipe = config.pipelines[r]
             p = len(pipe.stages)
             costs = stage_costs[r]
             comp = st.compiled[r]
@@ -419,52 +452,43 @@ class Simulator:
             ]
             scales = comp.scales or (1.0,) * len(comp.sources)  # layer-wise: each operation's part of a pass
             durs = [(costs[u][0][i] + extra[u]) * f for (u, i), f in zip(comp.sources, scales)]
-            comms = [0.0] * (1 + len(comp.transfers))
-            ranks = [pipe.stage_ranks(s) for s in range(p)]
-            for i, (kind, s, k_src, k_dst) in enumerate(comp.transfers):
-                if kind == FORWARD and (s > 0 or v > 1):  # activations from the previous (virtual) stage
-                    comms[1 + i] = self.costs.p2p(
-                        ranks[s - 1][k_src].devices,
-                        ranks[s][k_dst].devices,
-                        mbs,
-                        pipe.stages[s - 1].sequence_parallel,
-                        pipe.stages[s].sequence_parallel,
-                    )
-                elif kind != FORWARD and (s < p - 1 or v > 1):  # gradients from the next one
-                    comms[1 + i] = self.costs.p2p(
-                        ranks[(s + 1) % p][k_src].devices,
-                        ranks[s][k_dst].devices,
-                        mbs,
-                        pipe.stages[(s + 1) % p].sequence_parallel,
-                        pipe.stages[s].sequence_parallel,
-                    )
+            comms, across = self._transfers(pipe, comp, mbs, v)
             if network_scale != 1.0:
-                for i, (kind, s, k_src, k_dst) in enumerate(comp.transfers):
-                    other = s - 1 if kind == FORWARD else (s + 1) % p
-                    if (
-                        self.costs.node[ranks[other][k_src].devices[0]].name
-                        != self.costs.node[ranks[s][k_dst].devices[0]].name
-                    ):
-                        comms[1 + i] *= network_scale
+                comms = tuple(c * network_scale if x else c for c, x in zip(comms, across))
+            sent = comms  # before blocking sends fold them into the operations (the error bar's network part)
             if self.costs.node[pipe.stages[0].devices[0]].device.name != "cpu":  # NCCL sends block the sender
                 durs, comms = self._blocking_sends(comp, durs, comms)
             if events is not None:
                 end, free = run_program(comp, durs, comms)
                 self._pipeline_events(events, comp, st.units[r], end, durs, v)
                 free_t = tuple(free)
+                path = critical_path(comp, end, comms, free.index(max(free)), len(durs))
             else:
                 key = (schedule, pipe.execution, pipe.num_microbatches, v, comp.units, tuple(durs), tuple(comms))
-                free_t = self._pipeline_cache.get(key)
-                if free_t is None:
-                    free_t = tuple(run_program(comp, durs, comms)[1])
+                cached = self._pipeline_cache.get(key)
+                if cached is None:
+                    end, free = run_program(comp, durs, comms)
+                    cached = (tuple(free), critical_path(comp, end, comms, free.index(max(free)), len(durs)))
                     if len(self._pipeline_cache) > _PIPELINE_CACHE_SIZE:
                         self._pipeline_cache.clear()
-                    self._pipeline_cache[key] = free_t
+                    self._pipeline_cache[key] = cached
+                free_t, path = cached
             finish.append(free_t)
+            paths.append((*path, sent, across))
             makespan = max(free_t)
             if makespan > slowest[0]:
                 slowest = (makespan, r)
-        return finish, slowest
+        return finish, slowest, paths
+
+    def _transfers(self, pipe, comp, mbs: int, v: int) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+        """``mixed_stages.transfer_seconds`` of a pipeline, cached per layout."""
+        key = (pipe, mbs, v, comp.num_stages, len(comp.transfers))
+        hit = self._transfer_cache.get(key)
+        if hit is None:
+            if len(self._transfer_cache) > _PIPELINE_CACHE_SIZE:
+                self._transfer_cache.clear()
+            hit = self._transfer_cache[key] = transfer_seconds(self.costs, pipe, comp, mbs, v)
+        return hit
 
     def _synchronise_and_step(
         self,

@@ -258,7 +258,6 @@ class ParallelConfig:
                 )
             self._check_batch(model, source)
             return
-        known = set(cluster.device_ids())
         seen: set[str] = set()
         for p, pipe in enumerate(self.pipelines):
             if self.schedule == "interleaved-1f1b" and pipe.num_microbatches % len(pipe.stages):
@@ -288,14 +287,14 @@ class ParallelConfig:
                     )
                 dev_field = f"pipelines[{p}].stages[{s}]." + ("ranks" if stage.ranks else "devices")
                 for d in stage.devices:
-                    if d not in known:
+                    if not cluster.has_device(d):
                         raise SpecError(
                             source,
                             dev_field,
                             f"unknown device id {shown(d)} (cluster {shown(cluster.name)} has "
                             f"{', '.join(n.name + ':0..' + str(n.count - 1) for n in cluster.nodes)})",
                         )
-                    if d in seen:
+                    elif d in seen:
                         raise SpecError(source, dev_field, f"device {shown(d)} is used more than once")
                     seen.add(d)
                 for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):

@@ -6,17 +6,23 @@ replicas, micro-batch 1, 2 or 4), random layer splits, random placement of tenso
 (kept inside a node), recomputation on every stage (without it most llama2-7b plans at 4096 tokens do not fit),
 1F1B, GPipe or interleaved 1F1B with 2 chunks per stage. Every plan is distinct.
 
-    .venv/bin/python experiments/speed/bench_simulator.py [--configs 3000] [--seed 0]
+    .venv/bin/python experiments/speed/bench_simulator.py [--configs 3000] [--seed 0] [--against 61c44b6]
 
 Prints configs/s for: the search's usage (one Simulator, its caches on); with the whole-pipeline cache
-off (every pipeline simulated operation by operation); and per schedule.
+off (every pipeline simulated operation by operation); and per schedule. ``--against COMMIT`` instead times
+the search's usage of this tree and of that commit side by side in alternating rounds (``against.py``;
+default rounds 5, best of each), the previous release being 61c44b6.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
+from pathlib import Path
+
+from against import PREVIOUS_RELEASE, alternate, run_in
 
 from autotune import load_cluster, load_model
 from autotune.simulator import Simulator
@@ -60,9 +66,22 @@ def main() -> None:
         action="store_true",
         help="a tiny run that checks the script still works (tests/integration/experiments/test_experiments.py runs it)",
     )
+    ap.add_argument("--against", metavar="COMMIT", help=f"side by side with that commit (e.g. {PREVIOUS_RELEASE})")
+    ap.add_argument("--rounds", type=int, default=5, help="--against: alternating rounds")
+    ap.add_argument("--search-usage-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
         args.configs = 100
+    if args.against:
+        print(f"configs/s, search usage, {args.configs} plans, load average {os.getloadavg()[0]:.2f} (2 cores)")
+        me = [str(Path(__file__).resolve()), "--configs", str(args.configs), "--seed", str(args.seed)]
+
+        def measure(tree: Path) -> float:
+            line = run_in(tree, [*me, "--search-usage-only"]).strip().splitlines()[-1]
+            return float(line.split("configs/s")[0].split(":")[-1])
+
+        alternate(args.against, args.rounds, measure, "simulator")
+        return
     cluster = load_cluster("mixed-h100-a100-32")
     model = load_model("llama2-7b", global_batch_size=GLOBAL_BATCH)
     rng = random.Random(args.seed)
@@ -75,10 +94,14 @@ def main() -> None:
     )
 
     rate, ok = bench(Simulator(cluster, model), configs)
+    if args.search_usage_only:  # --against's child: the best of three passes, each on a fresh Simulator
+        rate = max(rate, *(bench(Simulator(cluster, model), configs)[0] for _ in range(2)))
     print(
         f"search usage (one Simulator, caches on):      {rate:8.0f} configs/s  ({ok} fit, "
         f"{len(configs) - ok} out of memory)"
     )
+    if args.search_usage_only:
+        return
 
     size = simulator_module._PIPELINE_CACHE_SIZE
     simulator_module._PIPELINE_CACHE_SIZE = -1  # clear on every insert: each pipeline simulated op by op
