@@ -150,17 +150,22 @@ class TrainOutcome:
     rank0_here: bool = True  # False on the machines of a multi-node run that do not run rank 0 (no step report)
     stop_signal: str = ""  # "SIGINT" / "SIGTERM" when stopped before the requested steps (returncode 130 / 143)
     saved_hf: str = ""  # --save-hf: the Hugging Face checkpoint directory written
+    output_tail: str = ""  # a quiet run that failed with no rank's own error: the end of torchrun's and the ranks' output
 
     @property
     def error(self) -> str:
         if self.stopped and not self.errors:
             return f"stopped by {self.stop_signal} after step {self.steps_done} (checkpoint written)"
         if not self.errors:
-            return "" if self.returncode == 0 else f"torchrun exited with {self.returncode}"
+            if self.returncode == 0:
+                return ""
+            tail = f"; its output ends:\n{self.output_tail}" if self.output_tail else ""
+            return f"torchrun exited with {self.returncode}{tail}"
         from runner.launch import _is_peer_loss
 
         e = min(self.errors, key=lambda e: (_is_peer_loss(e), e.get("time", 0.0), e["rank"]))
-        return f"rank {e['rank']} failed: {e['type']}: {e['message']}"
+        tail = f"\n(no rank reported a failure of its own; the output ends:)\n{self.output_tail}" if self.output_tail else ""
+        return f"rank {e['rank']} failed: {e['type']}: {e['message']}{tail}"
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -258,9 +263,10 @@ def _node_rank(torchrun_args: list[str] | None) -> int:
     return 0
 
 
-def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str]) -> list[str]:
+def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str], quiet: bool = False) -> list[str]:
     """``python -m torch.distributed.run`` for ``job_path``: ``--standalone`` unless multi-node flags are given;
-    torchrun's own log folder inside the run directory (removed with it) unless ``--log-dir`` is given."""
+    torchrun's own log folder inside the run directory (removed with it) unless ``--log-dir`` is given;
+    ``quiet``: each rank's output into that folder (``--redirects 3``) unless the caller says otherwise."""
     args = list(torchrun_args)
     flags = {a.split("=", 1)[0] for a in args if a.startswith("--")}
     cmd = [sys.executable, "-m", "runner.torchrun"]  # torch.distributed.run that dies with its parent
@@ -277,6 +283,8 @@ def torchrun_command(world_size: int, job_path: Path, torchrun_args: list[str]) 
         cmd += ["--nproc-per-node", str(world_size)]
     if not flags & {"--log-dir", "--log_dir"}:  # else torchrun leaves a /tmp/torchelastic_* folder per run
         cmd += ["--log-dir", str(job_path.parent / "torchrun")]
+    if quiet and not flags & {"--redirects", "--tee", "-r", "-t"}:
+        cmd += ["--redirects", "3"]
     return cmd + args + ["-m", "runner.worker", str(job_path)]
 
 
@@ -432,8 +440,10 @@ def _launch(
     SIGTERM to the ranks so that they checkpoint; rank 0's steps are read from ``run_dir``."""
     from runner.launch import worker_env
 
-    cmd = torchrun_command(layout.world_size, job_path, torchrun_args or [])
-    out = subprocess.DEVNULL if quiet else None
+    cmd = torchrun_command(layout.world_size, job_path, torchrun_args or [], quiet)
+    # a quiet run keeps torchrun's output (and, through --redirects, each rank's) in the run directory:
+    # a failure with no rank error quotes their ends (``output_tail``)
+    out = open(run_dir / "torchrun.log", "wb") if quiet else None
     # its own session: a terminal's Ctrl-C reaches only this process, which decides what the ranks get;
     # runner.torchrun dies with this process (and its ranks with it), even on SIGKILL
     # a roundpipe plan: one process whose CUDA devices are the pool (runner.roundpipe_run)
@@ -486,6 +496,8 @@ def _launch(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if out is not None:
+            out.close()
     progress.poll()
     return _outcome(run_dir, code, time.monotonic() - started, progress.records, interrupts.get("signal"))
 
@@ -576,4 +588,24 @@ def _outcome(run_dir: Path, code: int, wall_s: float, records: list[dict], stop_
             outcome.returncode, outcome.stop_signal = 128 + int(sig), sig.name
     for path in sorted(run_dir.glob("error-rank*.json")):
         outcome.errors.append(json.loads(path.read_text()))
+    from runner.launch import _is_peer_loss
+
+    if code != 0 and not outcome.stopped and all(_is_peer_loss(e) for e in outcome.errors):
+        outcome.output_tail = output_tail(run_dir)  # nobody said why: what torchrun and the ranks printed
     return outcome
+
+
+def output_tail(run_dir: Path, lines: int = 15) -> str:
+    """The last ``lines`` non-empty lines of torchrun's output (``torchrun.log``) and of each rank's stdout and
+    stderr that torchrun redirected under ``run_dir/torchrun``, each headed by its file's name."""
+    parts = []
+    files = [run_dir / "torchrun.log"] + sorted((run_dir / "torchrun").glob("**/*.log"))
+    for path in files:
+        try:
+            text = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            continue
+        if text:
+            name = path.relative_to(run_dir)
+            parts.append(f"--- {name} (last {min(lines, len(text))} of {len(text)} lines)\n" + "\n".join(text[-lines:]))
+    return "\n".join(parts)

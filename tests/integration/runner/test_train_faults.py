@@ -171,3 +171,28 @@ def test_train_reports_each_step_and_ends_with_a_summary(tmp_path):
     assert "training done after step 2" in r.stderr and "2 steps in" in r.stderr and "final loss" in r.stderr
     # neither autotune's run directory nor torchrun's torchelastic_* log folder stays behind
     assert sorted(p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor")) == []
+
+
+def test_a_rank_killed_without_a_word_leaves_torchrun_s_and_the_ranks_output_in_the_error(tmp_path):
+    """A quiet run keeps torchrun's output and each rank's in its run directory; a failure that no rank
+    reported (here rank 1 killed by SIGKILL after the first step) quotes their ends, where it used to say
+    only "torchrun exited with 1"."""
+    import signal
+
+    from runner.train import _ranks_of
+
+    killed: list[int] = []
+
+    def kill_rank_1(record: dict) -> None:
+        if killed:
+            return
+        (torchrun,) = _ranks_of(os.getpid())
+        ranks = sorted(_ranks_of(torchrun))
+        killed.append(ranks[-1])
+        os.kill(ranks[-1], signal.SIGKILL)
+
+    out = train("cpu-2", "tiny", PLAN, steps=50, quiet=True, timeout_s=240, on_step=kill_rank_1)
+    assert killed and out.returncode != 0
+    # rank 0 reports only that its peer went away: the cause is in torchrun's output, now quoted
+    assert "no rank reported a failure of its own" in out.error or "torchrun exited with" in out.error
+    assert "--- torchrun.log" in out.error and ("Signal 9" in out.error or "SIGKILL" in out.error), out.error
