@@ -150,7 +150,9 @@ class TrainOutcome:
     rank0_here: bool = True  # False on the machines of a multi-node run that do not run rank 0 (no step report)
     stop_signal: str = ""  # "SIGINT" / "SIGTERM" when stopped before the requested steps (returncode 130 / 143)
     saved_hf: str = ""  # --save-hf: the Hugging Face checkpoint directory written
-    output_tail: str = ""  # a quiet run that failed with no rank's own error: the end of torchrun's and the ranks' output
+    output_tail: str = (
+        ""  # a quiet run that failed with no rank's own error: the end of torchrun's and the ranks' output
+    )
 
     @property
     def error(self) -> str:
@@ -164,7 +166,11 @@ class TrainOutcome:
         from runner.launch import _is_peer_loss
 
         e = min(self.errors, key=lambda e: (_is_peer_loss(e), e.get("time", 0.0), e["rank"]))
-        tail = f"\n(no rank reported a failure of its own; the output ends:)\n{self.output_tail}" if self.output_tail else ""
+        tail = (
+            f"\n(no rank reported a failure of its own; the output ends:)\n{self.output_tail}"
+            if self.output_tail
+            else ""
+        )
         return f"rank {e['rank']} failed: {e['type']}: {e['message']}{tail}"
 
 

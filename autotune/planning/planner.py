@@ -145,6 +145,14 @@ class Planner:
         self._ring: dict[tuple, float] = {}
         self.composed = 0  # plans composed by the last ``plan`` call
         self.offload = "none"  # offload of every stage of the plans being composed (``compose``)
+        # --restrict: the recomputation a composed stage may take and the schedule it is built with
+        modes = set(space._dims["recompute"].choices)
+        allowed = tuple(
+            rc for rc, names in ((False, {"none", "low-memory"}), (True, {"all", "low-memory"})) if modes & names
+        )
+        self.recompute_modes = allowed or (False, True)  # only other modes: the state variants set them
+        schedules = space._dims["schedule"].choices
+        self.schedule = "1f1b" if "1f1b" in schedules else "gpipe" if "gpipe" in schedules else "1f1b"
 
     # -- per-stage coefficients -------------------------------------------------------------------
     def _coefficients(self, k: int, mbs: int, recompute: bool, first: bool, last: bool) -> tuple[float, ...]:
@@ -234,14 +242,16 @@ class Planner:
                 n = np.where(per > 0, np.floor(room / np.where(per > 0, per, 1.0)) + 1, np.where(room >= 0, L, 0))
             return np.where(room >= 0, np.clip(n, 0, L), 0)
 
+        modes = self.recompute_modes
         limits = {rc: mem_layers(rows[rc]) for rc in rows}
-        if np.any(np.maximum(limits[False], limits[True]) < 1) or np.sum(np.maximum(limits[False], limits[True])) < L:
+        most = np.maximum.reduce([limits[rc] for rc in modes])
+        if np.any(most < 1) or np.sum(most) < L:
             return None
 
         def most_layers(B: float) -> tuple[np.ndarray, np.ndarray]:
             best = np.zeros(p)
-            use_rc = np.zeros(p, dtype=bool)
-            for rc in (False, True):
+            use_rc = np.full(p, modes[0], dtype=bool)
+            for rc in modes:
                 t1, dt = rows[rc][0], rows[rc][1]
                 with np.errstate(divide="ignore", invalid="ignore"):
                     n = np.where(dt > 0, np.floor((B - t1) / np.where(dt > 0, dt, 1.0)) + 1, L)
@@ -255,8 +265,8 @@ class Planner:
             n = most_layers(B)[0]
             return bool(np.sum(n) >= L and np.all(n >= 1))
 
-        lo = float(np.max(np.minimum(rows[False][0], rows[True][0]))) * (1 - 1e-12)  # one layer each
-        hi = float(np.max(rows[True][0] + (L - 1) * rows[True][1])) * 2 + 1e-9
+        lo = float(np.max(np.minimum.reduce([rows[rc][0] for rc in modes]))) * (1 - 1e-12)  # one layer each
+        hi = float(np.max(np.maximum.reduce([rows[rc][0] + (L - 1) * rows[rc][1] for rc in modes]))) * 2 + 1e-9
         if not enough(hi):
             return None
         for _ in range(_BISECT_STEPS):
@@ -270,7 +280,7 @@ class Planner:
         layers = [int(x) for x in most_layers(hi)[0]]
 
         def stage_time(i: int, n: int) -> tuple[float, bool]:
-            for rc in (False, True):
+            for rc in modes:
                 t1, dt = rows[rc][0][i], rows[rc][1][i]
                 if n <= limits[rc][i]:
                     return t1 + (n - 1) * dt, rc
@@ -411,12 +421,14 @@ class Planner:
                 stages = tuple(StageConfig(dev, n, rc, self.offload) for dev, n, rc in zip(g, t.layers, t.recompute))
                 pipelines.append(PipelineConfig(shares[len(pipelines)], stages))
         zero = 3 if self.offload != "none" and len(pipelines) > 1 and 3 in self.space._dims["zero"].choices else 0
-        config = ParallelConfig(mbs, tuple(pipelines), "1f1b", zero=zero)
+        config = ParallelConfig(mbs, tuple(pipelines), self.schedule, zero=zero)
         return config if self.space.check(config) is None else None
 
     # -- families -----------------------------------------------------------------------------------
     def _pp_choices(self, groups: int) -> list[int]:
-        return [p for p in PP_CHOICES if p <= min(groups, self.model.num_layers)]
+        allowed = self.space.restrict.get("pp")  # --restrict pp=...: those depths only
+        depths = sorted({int(p) for p in allowed}) if allowed else PP_CHOICES
+        return [p for p in depths if p <= min(groups, self.model.num_layers)]
 
     def _homogeneous(self, mbs: int) -> dict[str, list[tuple[float, int, Template]]]:
         """Per node class: (micro-batches per second of all its replicas, kind, template), best first."""

@@ -474,7 +474,8 @@ class SearchSpace:
             choices = self._dims[dim].choices
             if want in choices:
                 return want
-            if self._dims[dim].ordinal:
+            numbers = all(isinstance(c, int | float) and not isinstance(c, bool) for c in (*choices, want))
+            if self._dims[dim].ordinal and numbers:  # an ordinal of names (offload) has no distance
                 return min(choices, key=lambda c: abs(float(c) - float(want)))
             return choices[0]
 

@@ -203,7 +203,9 @@ class SearchRequest:
     engine: str | None = None
 
     def resume_key(self) -> str:
-        """The key a re-run of the same search (any method but optuna) finds its MLflow parent by."""
+        """The key a re-run of the same search (any method but optuna) finds its MLflow parent by: what the
+        answer depends on, by content (the specs themselves, the profile's and the policy's bytes), so an
+        edited file under the same name is another search."""
         from autotune.search import tracking
 
         return tracking.resume_key(
@@ -214,10 +216,27 @@ class SearchRequest:
             self.model,
             sorted(self.restrict.items()),
             self.start,
-            str(self.policy),
-            str(self.profile),
+            tracking.file_digest(self.policy),
+            tracking.file_digest(self.profile),
             self.max_sync_every,
             *((self.engine,) if self.engine else ()),
+        )
+
+    def fingerprint(self) -> str:
+        """What an Optuna study's answers depend on, by content (its name is made of names): the cluster and
+        model specs (batch and sequence length included), backend, restriction, start, engine, MoE sync
+        bound and the profile's bytes; a study made for another fingerprint is not resumed."""
+        from autotune.search import tracking
+
+        return tracking.resume_key(
+            self.cluster,
+            self.model,
+            self.backend,
+            sorted(self.restrict.items()),
+            self.start,
+            self.engine,
+            self.max_sync_every,
+            tracking.file_digest(self.profile),
         )
 
     def variant(self) -> str:
@@ -354,7 +373,15 @@ def _open_study(req: SearchRequest, space: SearchSpace, say: Callable[[str], Non
     )
     storage = req.storage or optuna_storage.default_storage()
     say(f"opening the Optuna study {name} in {storage}")
-    return shared_study.open_study(space, name, storage, req.seed, fresh=req.fresh)
+    study = shared_study.open_study(space, name, storage, req.seed, fresh=req.fresh, fingerprint=req.fingerprint())
+    if study.passed_over:
+        log.warning(
+            "Optuna study %s was made for another search (the cluster, model, batch, engine, restriction or "
+            "profile differ, though the names are the same): working on %s instead",
+            ", ".join(study.passed_over),
+            study.study_name,
+        )
+    return study
 
 
 def _open_record(req: SearchRequest, space: SearchSpace, inner: Evaluator, screen, tracker, study) -> BudgetedEvaluator:

@@ -80,6 +80,14 @@ def resume_key(*parts: Any) -> str:
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
 
 
+def file_digest(path: Any) -> str:
+    """A file's content hash (what a resume key holds of a profile or a policy file); other values (None, a
+    built-in policy's name, a profile object) as ``repr``."""
+    if isinstance(path, (str, Path)) and Path(path).is_file():
+        return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:16]
+    return repr(path) if not isinstance(path, (str, Path)) else str(path)
+
+
 def config_key(config: ParallelConfig) -> str:
     return hashlib.sha1(config.to_json(indent=None).encode()).hexdigest()[:16]
 

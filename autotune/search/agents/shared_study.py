@@ -83,7 +83,13 @@ class SharedStudy:
     """One Optuna study in a storage, plus the in-memory copy TPE samples from."""
 
     def __init__(
-        self, space: SearchSpace, study_name: str, storage: str | None, seed: int, fresh: bool = False
+        self,
+        space: SearchSpace,
+        study_name: str,
+        storage: str | None,
+        seed: int,
+        fresh: bool = False,
+        fingerprint: str | None = None,
     ) -> None:
         import optuna
 
@@ -91,7 +97,7 @@ class SharedStudy:
         self.space = space
         self.url = storage or default_storage()
         self.storage = optuna.storages.get_storage(open_storage(self.url))
-        study_name = generation(self.storage, study_name, fresh)
+        study_name, self.passed_over = generation(self.storage, study_name, fresh, fingerprint)
         self.study = optuna.create_study(
             study_name=study_name,
             storage=self.storage,
@@ -99,6 +105,8 @@ class SharedStudy:
             load_if_exists=True,
             sampler=optuna.samplers.RandomSampler(seed),
         )
+        if fingerprint is not None and FINGERPRINT_ATTR not in self.study.user_attrs:
+            self.study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
         self.study_name = study_name
         self.study_id = self.storage.get_study_id_from_name(study_name)
         self.local = optuna.create_study(direction="maximize", sampler=make_sampler(seed))
@@ -367,24 +375,47 @@ class SharedStudy:
         return legacy if legacy and exists(legacy) else None
 
 
-def generation(storage, base: str, fresh: bool = False) -> str:
-    """The study a search named ``base`` works on: the newest of ``base``, ``base__fresh2``,
-    ``base__fresh3`` ... in ``storage``; with ``fresh`` the next one (``--fresh`` starts over and keeps
-    the earlier studies; a later run without it resumes the fresh one)."""
+#: a study's user attribute: the fingerprint of the search that made it (``SearchRequest.fingerprint``)
+FINGERPRINT_ATTR = "autotune.fingerprint"
+
+
+def generation(storage, base: str, fresh: bool = False, fingerprint: str | None = None) -> tuple[str, list[str]]:
+    """The study a search named ``base`` works on, among ``base``, ``base__fresh2``, ``base__fresh3`` ... in
+    ``storage``, and the generations passed over: with ``fingerprint`` (what the search's answer depends on,
+    by content), the newest generation made for that fingerprint, else a new one (an edited cluster file
+    under the same name is another search: its old study is passed over, never resumed); with ``fresh`` a
+    new one (``--fresh`` starts over and keeps the earlier studies; a later run without it resumes the
+    fresh one). Without ``fingerprint``: the newest (a worker joining a study by its full name)."""
     import re
 
     pattern = re.compile(re.escape(base) + r"(?:__fresh(\d+))?$")
-    newest = 0
+    gens: dict[int, tuple[str, dict]] = {}
     for study in storage.get_all_studies():
         m = pattern.match(study.study_name)
         if m:
-            newest = max(newest, int(m.group(1) or 1))
-    k = newest + 1 if fresh else max(newest, 1)
-    return base if k == 1 else f"{base}__fresh{k}"
+            gens[int(m.group(1) or 1)] = (study.study_name, study.user_attrs)
+    newest = max(gens, default=0)
+    passed: list[str] = []
+    if fresh:
+        k = newest + 1
+    elif fingerprint is None:
+        k = max(newest, 1)
+    else:
+        same = [g for g, (_, attrs) in gens.items() if attrs.get(FINGERPRINT_ATTR) == fingerprint]
+        k = max(same) if same else newest + 1
+        passed = [gens[g][0] for g in sorted(gens) if g > k or not same]
+    return (base if k == 1 else f"{base}__fresh{k}"), passed
 
 
-def open_study(space: SearchSpace, study_name: str, storage: str | None, seed: int, fresh: bool = False) -> SharedStudy:
-    return SharedStudy(space, study_name, storage, seed, fresh=fresh)
+def open_study(
+    space: SearchSpace,
+    study_name: str,
+    storage: str | None,
+    seed: int,
+    fresh: bool = False,
+    fingerprint: str | None = None,
+) -> SharedStudy:
+    return SharedStudy(space, study_name, storage, seed, fresh=fresh, fingerprint=fingerprint)
 
 
 def evaluated_trials(study) -> list:

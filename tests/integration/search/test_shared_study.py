@@ -256,3 +256,38 @@ def test_tpe_does_not_model_one_choice_dimensions_but_the_study_keeps_them(journ
     assert all(t.params["pp"] == 2 for t in stored)
     local = [t for t in study.local.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
     assert local and all(not one & set(t.params) for t in local)
+
+
+def test_an_edited_cluster_file_under_the_same_name_is_another_search_not_a_resume(tmp_path):
+    """Issue 46, case 1: 8 V100s become 2 in the same file (same ``name:``). The re-run of the same optuna
+    search must not resume the study of 8 V100s (whose best plan named ``v100:2``, a device that no longer
+    exists): it works on a new generation of the study, and every plan it returns is valid on the new file;
+    the old file's search resumes its own study again."""
+    import optuna
+
+    from autotune import load_config, simulate, tune
+    from autotune.search.agents.optuna_storage import open_storage
+
+    def cluster(v100s: int) -> str:
+        path = tmp_path / "fleet.yaml"
+        path.write_text(
+            "name: fleet\nnodes:\n  - {name: a100, gpu: A100-80GB, count: 2}\n"
+            f"  - {{name: v100, gpu: V100-32GB, count: {v100s}}}\nnetwork: {{bandwidth_GBps: 12.5}}\n"
+        )
+        return str(path)
+
+    storage = str(tmp_path / "optuna.journal")
+    first = tune(cluster(8), "gpt2-small", method="optuna", budget=6, storage=storage, track=False)
+    assert first.evaluations == 6
+    second = tune(cluster(2), "gpt2-small", method="optuna", budget=6, storage=storage, track=False)
+    assert second.evaluations == 6  # a new study: nothing counted from the first
+    devices = {d for p in second.best_config.pipelines for s in p.stages for d in s.devices}
+    assert devices <= {"a100:0", "a100:1", "v100:0", "v100:1"}
+    out = tmp_path / "best.json"
+    out.write_text(second.best_config.to_json())
+    assert simulate(cluster(2), "gpt2-small", load_config(str(out))).status in ("ok", "oom")
+    names = sorted(s.study_name for s in optuna.get_all_study_summaries(open_storage(storage)))
+    assert names == ["fleet__gpt2-small__optuna__seed0", "fleet__gpt2-small__optuna__seed0__fresh2"]
+    # back to 8 V100s: the first study again, already holding its budget
+    again = tune(cluster(8), "gpt2-small", method="optuna", budget=6, storage=storage, track=False)
+    assert again.evaluations == 6 and again.best_config == first.best_config
