@@ -101,7 +101,10 @@ def model_from_hf(
             "--global-batch-size sets it)"
         )
     path = Path(source)
-    name = str(data.get("_name_or_path") or "") or (path.parent.name if path.name == "config.json" else path.stem)
+    # a published config has no name of its own: its directory's (also for ./config.json), else the file's
+    name = str(data.get("_name_or_path") or "") or (
+        path.resolve().parent.name if path.name == "config.json" else path.stem
+    )
     try:
         model = ModelSpec(name=name[-128:], seq_len=seq_len, global_batch_size=global_batch_size, **fields)
     except SpecError as e:

@@ -35,6 +35,10 @@ def _widest(space: SearchSpace, name: str) -> Any:
     return space._dims[name].choices[-1]
 
 
+#: plans of one ZeRO / offload / tensor-parallel setting refused in a row before ``frugal_params`` tries the next
+_REFUSED_BEFORE_NEXT = 16
+
+
 def frugal_candidates(space: SearchSpace) -> list[Params]:
     """Encodings of the memory-frugal plans: widest tp, every class used, mbs 1, recompute all, 1F1B,
     ZeRO and offload at their largest, for every pipeline depth (deepest first), assignment, order
@@ -55,32 +59,64 @@ def frugal_candidates(space: SearchSpace) -> list[Params]:
     from autotune.planning import roundpipe_space
 
     base.update(roundpipe_space.off_params(space._dims))  # pipeline plans: an enqueued trial must not draw the switch
+    # MoE: every replica trains every expert, synchronised every step; expert parallelism, which spreads the
+    # experts, at every degree (largest first: the fewest experts per device)
+    if "trains_experts" in dims:
+        base["trains_experts"] = "all" if "all" in dims["trains_experts"].choices else dims["trains_experts"].choices[0]
+    if "sync_every" in dims:
+        base["sync_every"] = dims["sync_every"].choices[0]
+    eps = list(reversed(dims["expert_parallel"].choices)) if "expert_parallel" in dims else [None]
     out = []
     splits = sorted(set(dims["layer_split"].choices) & {0.0, 1.0}) or list(dims["layer_split"].choices[:1])
-    for pp, assign, order, split in itertools.product(
-        reversed(dims["pp"].choices), dims["assign"].choices, dims["order"].choices, splits
+    for pp, ep, assign, order, split in itertools.product(
+        reversed(dims["pp"].choices), eps, dims["assign"].choices, dims["order"].choices, splits
     ):
-        out.append(dict(base, pp=pp, assign=assign, order=order, layer_split=split))
+        point = dict(base, pp=pp, assign=assign, order=order, layer_split=split)
+        if ep is not None:
+            point["expert_parallel"] = ep
+        out.append(point)
     return out
 
 
-def frugal_params(space: SearchSpace, simulator) -> Params | None:
-    """The candidate whose fullest device (or host) is least full by ``simulator``'s memory model."""
-    best: tuple[float, int, Params] | None = None
-    for k, params in enumerate(frugal_candidates(space)):
-        decoded = space.decode(params)
-        if not decoded.ok:
-            continue
-        m = simulator.memory_estimate(decoded.config)
-        if m is None:
-            continue
-        use = simulator.memory_use(m)
-        if best is None or use < best[0] - 1e-12:
-            best = (use, k, params)
-    if best is None:
-        return None
-    log.debug("memory-frugal plan: fullest device at %.2f of its usable memory", best[0])
-    return best[2]
+def frugal_params(space: SearchSpace, simulator, refusal=None) -> Params | None:
+    """The candidate whose fullest device (or host) is least full by ``simulator``'s memory model, among
+    those ``refusal`` (the search's: e.g. plans `autotune train` does not run) does not refuse: where the
+    largest ZeRO stage and offload mode are refused, the next smaller ones, in turn."""
+    dims = space._dims
+    zeros = list(reversed(dims["zero"].choices)) if "zero" in dims else [None]
+    offloads = list(reversed(dims["offload"].choices)) if "offload" in dims else [None]
+    tps = [f"tp.{c.name}" for c in space.node_classes if f"tp.{c.name}" in dims]
+    widths = sorted({t for name in tps for t in dims[name].choices}, reverse=True) or [None]
+    candidates = frugal_candidates(space)
+    for width, zero, offload in itertools.product(widths, zeros, offloads):
+        best: tuple[float, int, Params] | None = None
+        refused = 0  # the first plans of a setting all refused: the setting is (ZeRO or tp with MoE, say)
+        for k, params in enumerate(candidates):
+            if refused >= _REFUSED_BEFORE_NEXT and best is None:
+                break
+            relaxed = {"zero": zero, "offload": offload}
+            if width is not None:  # every class at most this wide (MoE plans the runner runs have no tp)
+                relaxed.update({name: max(t for t in dims[name].choices if t <= width) for name in tps})
+                relaxed.update({name: min(dims[name].choices) for name in tps if width < min(dims[name].choices)})
+            params = dict(params, **{k2: v for k2, v in relaxed.items() if v is not None})
+            decoded = space.decode(params)
+            if not decoded.ok:
+                continue
+            if refusal is not None and refusal(decoded.config) is not None:
+                refused += 1
+                continue
+            m = simulator.memory_estimate(decoded.config)
+            if m is None:
+                continue
+            use = simulator.memory_use(m)
+            if best is None or use < best[0] - 1e-12:
+                best = (use, k, params)
+        if best is not None:
+            log.debug("memory-frugal plan: fullest device at %.2f of its usable memory", best[0])
+            return best[2]
+        if refusal is None:
+            return None
+    return None
 
 
 def search_simulator(space: SearchSpace, evaluator=None):
@@ -108,7 +144,7 @@ def fallback_due(evaluator) -> bool:
 def frugal_start(space: SearchSpace, evaluator=None) -> Params | None:
     """``frugal_params`` with the search's memory model (see ``search_simulator``)."""
     try:
-        return frugal_params(space, search_simulator(space, evaluator))
+        return frugal_params(space, search_simulator(space, evaluator), getattr(evaluator, "refusal", None))
     except Exception as e:  # a start plan is a help, never a reason for a search to fail
         log.warning("no memory-frugal start plan: %s", e)
         return None

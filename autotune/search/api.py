@@ -576,10 +576,10 @@ def _result(
             raise SpecError(
                 "search",
                 "memory",
-                f"no plan fits: the memory model says all {len(budgeted.screened)} "
-                f"plans {req.method} tried on {where} run out of memory (the most "
-                f"memory-frugal plan of the space included); try a smaller model, "
-                f"micro-batch or more devices{limited}",
+                f"no fitting plan found: the memory model says all {len(budgeted.screened)} "
+                f"plans {req.method} tried on {where} run out of memory (the space's memory-frugal start "
+                f"included); that does not prove none fits: --method optuna or a larger --budget searches "
+                f"further, or try a smaller model, micro-batch or more devices{limited}",
             )
         if best is not None:
             raise SpecError(

@@ -213,3 +213,27 @@ def test_a_resumed_search_on_a_tight_cluster_reaches_exactly_its_budget(tmp_path
         [client.get_run(second.run_id).info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{second.run_id}'"
     )
     assert len(children) == 7 and all(c.data.tags["status"] != "oom" for c in children)
+
+
+def test_an_moe_space_has_a_memory_frugal_plan_and_it_is_one_the_search_would_run() -> None:
+    """The frugal candidates of an MoE space named no expert-parallel degree, expert subset or sync period,
+    so none decoded: dp and rl then said "no plan fits" where a deep pipeline fits (issue 46, case 3). With
+    the search's refusal (here: no ZeRO and no tensor parallelism, as the runner's limits were for MoE), the
+    frugal plan is one it does not refuse."""
+    from autotune import load_cluster, load_model
+    from autotune.planning.memory_first import frugal_params
+    from autotune.planning.space import SearchSpace
+    from autotune.simulator import Simulator
+
+    cluster, model = load_cluster("mixed-consumer-16"), load_model("mixtral-8x7b")
+    space, sim = SearchSpace(cluster, model), Simulator(cluster, model)
+    params = frugal_params(space, sim)
+    assert params is not None and space.decode(params).ok
+
+    def refusal(config):
+        if config.zero or any(s.tp > 1 for p in config.pipelines for s in p.stages):
+            return "no ZeRO or tensor parallelism with MoE"
+        return None
+
+    plain = space.decode(frugal_params(space, sim, refusal)).config
+    assert refusal(plain) is None

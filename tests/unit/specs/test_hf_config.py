@@ -123,3 +123,19 @@ def test_a_directory_without_config_is_not_a_hugging_face_model(tmp_path):
     assert load_hf_model(tmp_path) is None
     with pytest.raises(SpecError):
         load_model(tmp_path)
+
+
+def test_a_config_json_in_the_working_directory_is_named_after_its_directory(tmp_path, monkeypatch):
+    """A published config has no ``_name_or_path``: ``--model config.json`` run inside its directory was a
+    model with an empty name (``h100-a100 / `` in messages)."""
+    import json
+
+    from autotune import load_model
+
+    d = tmp_path / "qwen2.5-0.5b"
+    d.mkdir()
+    data = json.loads((EXAMPLES / "hf" / "qwen2.5-0.5b" / "config.json").read_text())
+    data.pop("_name_or_path", None)
+    (d / "config.json").write_text(json.dumps(data))
+    monkeypatch.chdir(d)
+    assert load_model("config.json").name == "qwen2.5-0.5b"
