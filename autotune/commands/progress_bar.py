@@ -19,3 +19,22 @@ def step_bar(console, label: str):
         transient=True,
         disable=not console.is_terminal,
     )
+
+
+class ProgressLines:
+    """Where the bar is not drawn (output to a file or a pipe), the same progress as plain lines: at most one
+    every ``every_s`` seconds (each forced one at once), each headed by ``label`` and the time so far."""
+
+    def __init__(self, console, label: str, every_s: float = 10.0) -> None:
+        import time
+
+        self.console, self.label, self.every_s = console, label, every_s
+        self._clock = time.monotonic
+        self.t0 = self.last = self._clock()
+        self.on = not console.is_terminal
+
+    def __call__(self, text: str, force: bool = False) -> None:
+        now = self._clock()
+        if self.on and (force or now - self.last >= self.every_s):
+            self.last = now
+            self.console.print(f"{self.label} [{now - self.t0:.0f} s] {text}", markup=False, highlight=False)

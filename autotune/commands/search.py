@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from autotune.commands.progress_bar import step_bar
+from autotune.commands.progress_bar import ProgressLines, step_bar
 from autotune.simulator.error_bar import describe as describe_error
 from autotune.specs.recompute import label as recompute_label
 
@@ -160,6 +160,7 @@ class _Progress:
         self.console, self.budget = console, budget
         self.best, self.done = 0.0, 0
         self.progress = step_bar(console, "[bold]{task.fields[method]}")
+        self.lines = ProgressLines(console, method)  # the same, as lines, where no bar is drawn
         self.task = self.progress.add_task(
             "search",
             total=budget,
@@ -175,6 +176,7 @@ class _Progress:
         from rich.markup import escape
 
         self.progress.update(self.task, what=escape(text))
+        self.lines(text, force=True)
 
     def on_start(self, run_id: str, done: int, best: float) -> None:
         self.best, self.done = best, done
@@ -191,6 +193,7 @@ class _Progress:
         self.best = max(self.best, ev.score)
         self.done += 1
         self.progress.update(self.task, advance=1, what=self._best_text())
+        self.lines(f"{self.done:,}/{self.budget:,} {self._best_text()}")
 
 
 def _report(console, result, budget: int, elapsed: float, output: Path | None) -> int:
@@ -204,6 +207,10 @@ def _report(console, result, budget: int, elapsed: float, output: Path | None) -
         f"{result.best_measurement.tokens_per_s:,.0f} tokens/s",
         highlight=False,
     )
+    if result.summary is not None and result.summary.ended and result.evaluations < budget:
+        console.print(
+            f"{result.method} ended before its budget: {escape(result.summary.ended)}", highlight=False, soft_wrap=True
+        )
     _print_result(out, result)
     if result.real_runs:
         from autotune.search.screen import real_run_summary

@@ -93,6 +93,7 @@ class BudgetedEvaluator(CachedEvaluator):
         self.watchers: list[Listener] = []  # hear of every counted evaluation, preloaded ones too
         self.history: list[Evaluation] = []
         self.invalid = 0
+        self.ended = ""  # why the method ended before its budget, where it knows (the space exhausted, ...)
         self._best: Evaluation | None = None
         self.screen = screen
         self.max_screened = max_screened if max_screened is not None else SCREENED_PER_BUDGET * budget

@@ -35,6 +35,7 @@ class SearchSummary:
     uniform_evaluations: int = 0
     uniform_grid: int = 0  # plans in the uniform grid (the baseline sees min(grid, budget) of them)
     runner_limited: int = 0  # of ``invalid``: plans `autotune train` does not run (``runner.jobs.plan_limits``)
+    ended: str = ""  # why the method ended before its budget, where it says
 
     @property
     def speedup_vs_uniform(self) -> float | None:
@@ -77,6 +78,7 @@ class SearchSummary:
             "uniform_best_tokens_per_s": self.uniform_best_tokens_per_s,
             "uniform_evaluations": self.uniform_evaluations,
             "uniform_grid": self.uniform_grid,
+            **({"ended": self.ended} if self.ended else {}),
             "speedup_vs_uniform": self.speedup_vs_uniform,
         }
 
@@ -106,6 +108,7 @@ class SearchSummary:
             uniform_evaluations=int(d.get("uniform_evaluations", 0)),
             uniform_grid=int(d.get("uniform_grid", 0)),
             runner_limited=int(d.get("runner_limited", 0)),
+            ended=str(d.get("ended", "")),
         )
 
 
@@ -134,6 +137,7 @@ def summarize(
         uniform_best_tokens_per_s=ub,
         uniform_evaluations=un,
         uniform_grid=grid,
+        ended=budgeted.ended,
     )
 
 

@@ -172,6 +172,8 @@ def _spend(budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None, 
         params = {**space.encode(config), "acquisition_rank": i, "predicted_s": round(float(table.predicted_s[i]), 6)}
         _observe(post, i, budgeted.evaluate(config, params))
     log.info("real runs stopped after %d of %d: %s", budgeted.used, budgeted.budget, reason)
+    if reason and not budgeted.exhausted:
+        budgeted.ended = reason
     return reason
 
 

@@ -34,3 +34,5 @@ def run_dp(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0) -> N
         decoded = space.decode(frugal) if frugal is not None else None
         if decoded is not None and decoded.ok:
             evaluator.evaluate(decoded.config, frugal)
+    if not evaluator.exhausted:
+        evaluator.ended = f"every one of the planner's {len(candidates)} plans was evaluated"

@@ -86,6 +86,5 @@ def run_rl(
         return
     model.learn(total_timesteps=max_steps, callback=StopOnBudget())
     if not evaluator.exhausted:
-        log.info(
-            "rl: stopped after %d env steps with %d of %d evaluations", max_steps, evaluator.used, evaluator.budget
-        )
+        evaluator.ended = f"the agent's {max_steps:,} steps found no more new plans"
+        log.info("rl: %s; %d of %d evaluations", evaluator.ended, evaluator.used, evaluator.budget)

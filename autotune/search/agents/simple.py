@@ -34,6 +34,20 @@ def run_random(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
         if decoded is not None and decoded.ok and evaluator.would_cost(decoded.config):
             evaluator.evaluate(decoded.config, frugal)
 
+    if _covers_the_space(space, evaluator):
+        plans = space.enumerate()
+        for i in rng.permutation(len(plans)):  # every valid plan, in a seeded random order: random can do no more
+            params, config = plans[int(i)]
+            if evaluator.exhausted:
+                return
+            if evaluator.would_cost(config):
+                evaluator.evaluate(config, params)
+        evaluator.ended = (
+            f"the space is exhausted: every one of its {len(plans):,} valid plans ({space.size:,} combinations) "
+            "was evaluated or screened out by the memory model"
+        )
+        log.info("random: %s", evaluator.ended)
+        return
     misses = 0
     replay = set(evaluator.preloaded)
     while not evaluator.exhausted and misses < max_tries_per_eval:
@@ -55,9 +69,14 @@ def run_random(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0, 
     if not evaluator.exhausted:
         if not fallback_done and not (evaluator.best is not None and evaluator.best.measurement.ok):
             fallback()
-        log.info(
-            "random: no new valid plan in %d draws; stopping at %d evaluations", max_tries_per_eval, evaluator.used
-        )
+        evaluator.ended = f"no new valid plan in {max_tries_per_eval} draws in a row: the reachable space is exhausted"
+        log.info("random: %s; stopping at %d evaluations", evaluator.ended, evaluator.used)
+
+
+def _covers_the_space(space: SearchSpace, evaluator: BudgetedEvaluator) -> bool:
+    """Whether the budget left can evaluate every valid plan of the space (an enumerable one): sampling would
+    then spend ever longer finding the last unseen plans, and cannot end before it has."""
+    return space.size <= EXHAUSTIVE_LIMIT and evaluator.remaining >= space.size
 
 
 def run_uniform(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0) -> None:
@@ -72,6 +91,8 @@ def run_uniform(space: SearchSpace, evaluator: BudgetedEvaluator, seed: int = 0)
             log.info("uniform: budget spent after %d of %d grid plans", evaluator.used, len(plans))
             break
         evaluator.evaluate(plans[int(i)], {"uniform_index": int(i)})
+    if not evaluator.exhausted:
+        evaluator.ended = f"every one of the uniform grid's {len(plans)} plans was evaluated"
 
 
 def run_exhaustive(
@@ -90,3 +111,5 @@ def run_exhaustive(
         if evaluator.exhausted:
             break
         evaluator.evaluate(config, params)
+    if not evaluator.exhausted:
+        evaluator.ended = f"every one of the space's {len(plans)} valid plans was evaluated"

@@ -179,8 +179,5 @@ def run_optuna(
             shared.local.tell(trial, m.score())
             state = shared.sync(evaluator, worker=worker)
     if not evaluator.exhausted:
-        log.info(
-            "optuna: %d asks in a row gave no new valid plan; stopping at %d evaluations",
-            max_asks_per_eval,
-            evaluator.used,
-        )
+        evaluator.ended = f"{max_asks_per_eval} asks in a row gave no new valid plan: the reachable space is exhausted"
+        log.info("optuna: %s; stopping at %d evaluations", evaluator.ended, evaluator.used)
