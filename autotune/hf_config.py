@@ -189,6 +189,7 @@ def _fields(family: str, r: _Reader) -> tuple[dict[str, Any], list[str]]:
             warnings.append("use_parallel_residual: attention and MLP in parallel is not modelled (time: a little)")
         return fields, warnings
     fields["mlp"] = "swiglu"  # every other family here has a gated MLP (gate, up, down)
+    _refuse_unmodelled(family, r)
     rope = r.data.get("rope_parameters") or r.data.get("rope_scaling") or {}
     rope = rope if isinstance(rope, Mapping) else {}
     fields["rope_theta"] = r.number("rope_theta", 0.0) or float(rope.get("rope_theta") or 10_000.0)
@@ -196,9 +197,6 @@ def _fields(family: str, r: _Reader) -> tuple[dict[str, Any], list[str]]:
     fields["dropout"] = r.number("attention_dropout")
     if family in ("qwen2", "qwen2_moe"):
         fields["bias"] = "qkv"
-    elif r.flag("attention_bias", False):
-        fields["bias"] = "qkv"
-        warnings.append("attention_bias: the output projection's bias is not counted (memory: negligible)")
     _sliding_window(family, r, fields, warnings)
     if family in MOE_FAMILIES:
         _experts(family, r, fields, warnings)
@@ -214,6 +212,30 @@ def _fields(family: str, r: _Reader) -> tuple[dict[str, Any], list[str]]:
     return fields, warnings
 
 
+#: the activations a gated MLP family's config may name: SiLU (Swish) is what every family here uses and the
+#: runner computes
+_GATED_ACTIVATIONS = ("silu", "swish")
+
+
+def _refuse_unmodelled(family: str, r: _Reader) -> None:
+    """A gated-MLP family's fields that change what the model computes and that autotune does not model,
+    each refused in one line naming it (where it used to be trained without them, silently)."""
+    act = r.data.get("hidden_act", "silu")
+    if act not in _GATED_ACTIVATIONS:
+        raise SpecError(
+            r.source, "hidden_act", f"{shown(act)}: the gated MLP is modelled and trained with SiLU (silu) only"
+        )
+    if family not in ("qwen2", "qwen2_moe") and r.flag("attention_bias", False):
+        raise SpecError(
+            r.source,
+            "attention_bias",
+            "true: biases on the query, key, value and output projections are not modelled (Qwen2's on "
+            "query, key and value are); set it to false or use a qwen2 config",
+        )
+    if r.flag("mlp_bias", False):
+        raise SpecError(r.source, "mlp_bias", "true: biases on the gated MLP's projections are not modelled")
+
+
 def _sliding_window(family: str, r: _Reader, fields: dict[str, Any], warnings: list[str]) -> None:
     window = r.int("sliding_window", default=0)
     if not window:
@@ -221,8 +243,14 @@ def _sliding_window(family: str, r: _Reader, fields: dict[str, Any], warnings: l
     if family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not r.flag("use_sliding_window", False):
         return  # Qwen ships sliding_window with use_sliding_window false: full attention
     fields["sliding_window"] = window
-    if family.startswith("qwen") and r.int("max_window_layers", default=0) < fields["num_layers"]:
-        warnings.append("max_window_layers: the window is taken on every block (time: attention of the others)")
+    if family.startswith("qwen") and r.int("max_window_layers", default=fields["num_layers"]) < fields["num_layers"]:
+        raise SpecError(
+            r.source,
+            "max_window_layers",
+            f"{r.int('max_window_layers')} < num_hidden_layers {fields['num_layers']}: blocks from that index on "
+            "attend through the window, the others to every token before; only one window on every block is "
+            "modelled (set max_window_layers to num_hidden_layers, or use_sliding_window to false)",
+        )
 
 
 def _experts(family: str, r: _Reader, fields: dict[str, Any], warnings: list[str]) -> None:
@@ -256,17 +284,18 @@ def _experts(family: str, r: _Reader, fields: dict[str, Any], warnings: list[str
     fields["moe_layer_every"] = r.int("decoder_sparse_step", default=1)
     if family == "qwen2_moe":
         fields["shared_expert_ffn_hidden_size"] = r.int("shared_expert_intermediate_size", default=0)
+        fields["shared_expert_gate"] = bool(fields["shared_expert_ffn_hidden_size"])  # sigmoid(x W), W: h x 1
     dense = r.data.get("mlp_only_layers") or []
     if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
         raise SpecError(r.source, "mlp_only_layers", f"must be a list of block indices, got {shown(dense)}")
     if dense:
-        if sorted(dense) == list(range(len(dense))):
-            fields["first_dense_layers"] = len(dense)
-        else:
-            warnings.append(
-                f"mlp_only_layers {shown(dense)}: only dense first blocks are modelled; these blocks are "
-                "taken as MoE blocks (memory and time: a little more)"
+        if sorted(dense) != list(range(len(dense))):
+            raise SpecError(
+                r.source,
+                "mlp_only_layers",
+                f"{shown(dense)}: only dense blocks at the start (0, 1, ...) are modelled",
             )
+        fields["first_dense_layers"] = len(dense)
 
 
 def _implied_params(family: str, r: _Reader) -> int:

@@ -264,6 +264,7 @@ _DETAIL_MODEL_FIELDS = {
     "learned_positions",
     "sliding_window",
     "shared_expert_ffn_hidden_size",
+    "shared_expert_gate",
     "first_dense_layers",
     "qk_norm",
     "rope_theta",

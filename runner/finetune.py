@@ -42,11 +42,18 @@ class FineTuning:
             return self.init_from
         return None
 
-    def check(self, model: ModelSpec, config: ParallelConfig, layout) -> None:
+    def check(self, model: ModelSpec, config: ParallelConfig, layout, data=None) -> None:
         from runner import hf_checkpoint
 
         if self.init_from is not None:
             hf_checkpoint.check_directory(self.init_from)
+            if data is not None and self.tokenizer is None:
+                raise SpecError(
+                    "--init-from",
+                    "tokenizer.json",
+                    f"{self.init_from} has no tokenizer.json to tokenize --data with (its bytes would be "
+                    "trained on as tokens, JSON syntax and all); copy the checkpoint's tokenizer files there",
+                )
         if self.save_hf is not None:
             hf_checkpoint.check_saveable(model)
             from autotune import prechecks

@@ -337,7 +337,7 @@ def train(
     config = load_config(config)
     layout = preflight(cluster, model, config)
     tuning = FineTuning.of(init_from, save_hf, settings)
-    tuning.check(model, config, layout)
+    tuning.check(model, config, layout, data)
     if config.is_roundpipe:
         from runner.roundpipe_run import refuse_checkpoints
 

@@ -37,6 +37,7 @@ class ModelSpec:
     learned_positions: int = 0  # rows of a learned position embedding (GPT-2); 0 = rotary or none
     sliding_window: int = 0  # each token attends to the last sliding_window tokens; 0 = all before it
     shared_expert_ffn_hidden_size: int = 0  # width of the MLP every token passes in an MoE block (DeepSeek, Qwen-MoE)
+    shared_expert_gate: bool = False  # a sigmoid gate (hidden_size -> 1) scales the shared experts' output (Qwen-MoE)
     first_dense_layers: int = 0  # the first blocks stay dense in an MoE model (DeepSeek's first_k_dense_replace)
     qk_norm: bool = False  # RMSNorm over each query and key head before the rotation (Qwen3)
     # what the runner computes with and the simulator does not need
@@ -167,7 +168,8 @@ class ModelSpec:
     @property
     def moe_block_shared_params(self) -> int:
         """Weights of one MoE block besides its routed experts: attention, norms, router, shared experts."""
-        return self.attention_params + self.router_params + self.mlp_params(self.shared_expert_ffn_hidden_size)
+        gate = self.hidden_size if self.shared_expert_gate and self.shared_expert_ffn_hidden_size else 0
+        return self.attention_params + self.router_params + self.mlp_params(self.shared_expert_ffn_hidden_size) + gate
 
     @property
     def expert_params_per_layer(self) -> float:

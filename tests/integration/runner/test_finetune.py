@@ -166,3 +166,20 @@ def test_stop_resume_and_save_a_checkpoint_transformers_loads(tiny, tmp_path):
     earlier = sorted(p.name for p in out.glob("checkpoint-*"))
     assert "checkpoint-2" in earlier and f"checkpoint-{STEPS}" not in earlier
     assert AutoModelForCausalLM.from_pretrained(str(out / "checkpoint-2")) is not None
+
+
+def test_a_checkpoint_without_a_tokenizer_is_refused_before_launch_when_data_is_given(tiny, tmp_path):
+    """Issue 46, case 5: ``--init-from`` a directory without ``tokenizer.json`` trained on the raw bytes of a
+    JSONL file, JSON syntax included; now one line naming the file, before any process starts."""
+    import shutil
+
+    from autotune.errors import SpecError
+
+    checkpoint, corpus = tiny
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in checkpoint.iterdir():
+        if not f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, bare / f.name)
+    with pytest.raises(SpecError, match="no tokenizer.json to tokenize --data"):
+        train("cpu-2", _model(bare), TWO_STAGES, steps=1, init_from=bare, data=corpus, quiet=True, timeout_s=60)

@@ -139,3 +139,32 @@ def test_a_config_json_in_the_working_directory_is_named_after_its_directory(tmp
     (d / "config.json").write_text(json.dumps(data))
     monkeypatch.chdir(d)
     assert load_model("config.json").name == "qwen2.5-0.5b"
+
+
+@pytest.mark.parametrize(
+    ("base", "change", "field"),
+    [
+        ("llama-3-8b", {"attention_bias": True}, "attention_bias"),
+        ("llama-3-8b", {"mlp_bias": True}, "mlp_bias"),
+        ("llama-3-8b", {"hidden_act": "gelu"}, "hidden_act"),
+        ("mistral-7b", {"hidden_act": "gelu_pytorch_tanh"}, "hidden_act"),
+        (
+            "qwen2.5-7b",
+            {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 21},
+            "max_window_layers",
+        ),
+        ("qwen3-30b-a3b", {"mlp_only_layers": [3, 7]}, "mlp_only_layers"),
+    ],
+)
+def test_a_field_that_changes_the_model_and_is_not_modelled_is_refused_naming_it(tmp_path, base, change, field):
+    """Issue 46, case 5: these trained (or were counted) as if absent, with at most a line saying "memory:
+    negligible"; each is now one line naming the field."""
+    data = {**json.loads((HF / base / "config.json").read_text()), **change}
+    with pytest.raises(SpecError) as e:
+        load_model(_config(tmp_path, **data))
+    assert e.value.field == field and "\n" not in str(e.value)
+
+
+def test_qwen2_moe_counts_its_shared_expert_gate():
+    hf = load_hf_model(HF / "qwen1.5-moe-a2.7b")
+    assert hf.model.shared_expert_gate and hf.model.num_params == hf.implied_params
