@@ -34,6 +34,9 @@ LATEST = "latest"
 LOCK = ".lock"
 METADATA = ".metadata"
 SETTINGS = "train_settings.json"
+RUN = "run.json"  # what the directory's checkpoints are of: the model's architecture and the plan (``claim``)
+#: model fields a checkpoint does not depend on (a resume may change them)
+_NOT_IN_WEIGHTS = ("name", "seq_len", "global_batch_size", "dropout", "attention")
 
 
 class CheckpointError(RuntimeError):
@@ -100,6 +103,45 @@ def resume_point(directory: str | Path) -> Path:
         )
         return complete[-1]
     raise SpecError("--resume", "", f"no checkpoint in {directory} to resume from (drop --resume to start from step 0)")
+
+
+def claim(directory: str | Path, model, config, resume: bool) -> None:
+    """Refuse, before launch, a ``--checkpoint-dir`` whose checkpoints belong to another run, then record this
+    run's in ``run.json``: a directory holding another model's checkpoints (any field the weights depend on)
+    is refused, and so is one holding another plan's unless ``--resume`` continues them under the new plan;
+    starting from step 0 there would overwrite ``latest`` and break the earlier run's resume (issue 46)."""
+    import dataclasses
+    import json
+
+    directory = Path(directory)
+    arch = json.loads(json.dumps({k: v for k, v in dataclasses.asdict(model).items() if k not in _NOT_IN_WEIGHTS}))
+    plan = json.loads(config.to_json(indent=None))
+    path = directory / RUN
+    if complete_steps(directory) and path.is_file():
+        try:
+            held = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            held = {}
+        theirs = held.get("model") or {}
+        if theirs and theirs != arch:
+            fields = sorted(k for k in arch.keys() | theirs.keys() if arch.get(k) != theirs.get(k))
+            raise SpecError(
+                "--checkpoint-dir",
+                "",
+                f"{directory} holds the checkpoints of another model (it differs in {', '.join(fields[:4])}); "
+                "use another directory",
+            )
+        if held.get("plan") not in (None, plan) and not resume:
+            raise SpecError(
+                "--checkpoint-dir",
+                "",
+                f"{directory} holds the checkpoints of another plan of this model: --resume continues them under "
+                "this plan; starting over would overwrite them (use another directory)",
+            )
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(RUN + ".tmp")
+    tmp.write_text(json.dumps({"model": arch, "plan": plan}, default=str) + "\n")
+    os.replace(tmp, path)
 
 
 def lock(directory: str | Path):

@@ -47,6 +47,7 @@ class FineTuning:
 
         if self.init_from is not None:
             hf_checkpoint.check_directory(self.init_from)
+            hf_checkpoint.check_weights(model, self.init_from)
             if data is not None and self.tokenizer is None:
                 raise SpecError(
                     "--init-from",

@@ -78,6 +78,37 @@ def _weight_map(path: Path) -> dict[str, str]:
         return {k: SINGLE for k in f.keys()}
 
 
+def check_weights(model: ModelSpec, directory: str | Path) -> None:
+    """Before launch: every weight the model needs is in the checkpoint with the model's shape (read from the
+    safetensors headers only; the model built on the meta device, no memory); ``SpecError`` in one line
+    naming the first tensor that is missing or of another shape (the ranks used to find it, after launch,
+    and end in a torchrun traceback)."""
+    import torch
+    from safetensors import safe_open
+
+    from runner.model import build_full_model
+
+    path = Path(directory)
+    where = _weight_map(path)
+    with torch.device("meta"):
+        net = build_full_model(model, 0)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(set(where.values())):
+        with safe_open(str(path / file), framework="pt") as f:
+            for key in f.keys():
+                shapes[key] = tuple(f.get_slice(key).get_shape())
+    for name, param in net.named_parameters():
+        key = hf_name(name)
+        if key not in shapes:
+            raise SpecError("--init-from", key, f"is not in the checkpoint {shown(str(path))}")
+        if shapes[key] != tuple(param.shape):
+            raise SpecError(
+                "--init-from",
+                key,
+                f"has shape {shapes[key]} in the checkpoint, the plan's model needs {tuple(param.shape)}",
+            )
+
+
 def load_weights(modules: Iterable, directory: str | Path) -> None:
     """Copy each weight of ``modules`` (runner chunks, global names) from the checkpoint in ``directory``,
     reading only those tensors; ``SpecError`` naming a tensor that is missing or of another shape."""

@@ -352,6 +352,8 @@ def train(
     held = checkpoint.lock(checkpoint_dir) if checkpoint_dir is not None and _node_rank(torchrun_args) == 0 else None
     try:
         resume_from = checkpoint.resume_point(checkpoint_dir) if resume else None
+        if held is not None:  # the directory holds no other run's checkpoints (or this one resumes them)
+            checkpoint.claim(checkpoint_dir, model, config, resume)
         if resume_from is not None and metrics_out is not None:
             _drop_rows_after(Path(metrics_out), checkpoint.step_of(resume_from))  # they are trained again
         run_dir = make_run_dir("autotune-train-")

@@ -62,3 +62,24 @@ def test_a_shape_that_does_not_match_is_refused_naming_the_tensor(checkpoints):
         match=r"model.layers.0.mlp.up_proj.weight: has shape \(128, 64\) in the checkpoint, the plan.s model needs \(256, 64\)",
     ):
         load_weights([StageChunk(wider, range(1), first=True, last=False, seed=0)], checkpoints["llama"])
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_is_refused_before_launch(checkpoints):
+    """Issue 46, case 8: a tensor of another shape (or a missing one) ended with exit 1 and ~46 lines of
+    torchrun traceback; now ``train`` refuses it in one line before any process starts (the CLI: exit 2)."""
+    from dataclasses import replace
+
+    from autotune.errors import SpecError
+    from runner.hf_checkpoint import check_weights
+    from runner.train import train
+
+    spec = load_hf_model(checkpoints["llama"], seq_len=32, global_batch_size=4).model
+    check_weights(spec, checkpoints["llama"])  # the checkpoint's own model passes
+    plan = {
+        "micro_batch_size": 1,
+        "pipelines": [{"num_microbatches": 4, "stages": [{"devices": ["cpu:0"], "layers": 4}]}],
+    }
+    for wrong, tensor in ((replace(spec, ffn_hidden_size=256), "up_proj"), (replace(spec, vocab_size=300), "embed")):
+        with pytest.raises(SpecError, match=tensor) as e:
+            train("cpu-2", wrong, plan, steps=1, init_from=checkpoints["llama"], quiet=True, timeout_s=60)
+        assert "\n" not in str(e.value)

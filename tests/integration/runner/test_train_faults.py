@@ -196,3 +196,27 @@ def test_a_rank_killed_without_a_word_leaves_torchrun_s_and_the_ranks_output_in_
     # rank 0 reports only that its peer went away: the cause is in torchrun's output, now quoted
     assert "no rank reported a failure of its own" in out.error or "torchrun exited with" in out.error
     assert "--- torchrun.log" in out.error and ("Signal 9" in out.error or "SIGKILL" in out.error), out.error
+
+
+def test_a_directory_of_another_model_s_checkpoints_is_refused_before_launch_and_its_resume_kept(tmp_path):
+    """Issue 46, case 7: training a second model into a directory holding a first model's checkpoints
+    overwrote its ``latest``; resuming the first then failed after launch. Now refused before launch, one
+    line; the first run still resumes. Another plan of the same model: refused unless ``--resume``."""
+    ckpt = tmp_path / "ckpt"
+    first = train("cpu-2", "tiny", PLAN, steps=2, checkpoint_dir=ckpt, quiet=True, timeout_s=240)
+    assert first.returncode == 0, first.error
+    latest = (ckpt / checkpoint.LATEST).read_text()
+    from dataclasses import replace
+
+    from autotune import load_model
+
+    tiny = load_model("tiny")
+    wider = replace(tiny, name="tiny-wider", ffn_hidden_size=2 * tiny.ffn_hidden_size)
+    with pytest.raises(SpecError, match="holds the checkpoints of another model.*ffn_hidden_size"):
+        train("cpu-2", wider, PLAN, steps=2, checkpoint_dir=ckpt, quiet=True, timeout_s=240)
+    other_plan = {**PLAN, "micro_batch_size": 1, "pipelines": [{**PLAN["pipelines"][0], "num_microbatches": 8}]}
+    with pytest.raises(SpecError, match="another plan of this model: --resume continues them"):
+        train("cpu-2", "tiny", other_plan, steps=2, checkpoint_dir=ckpt, quiet=True, timeout_s=240)
+    assert (ckpt / checkpoint.LATEST).read_text() == latest
+    again = train("cpu-2", "tiny", PLAN, steps=3, checkpoint_dir=ckpt, resume=True, quiet=True, timeout_s=240)
+    assert again.returncode == 0 and again.steps_done == 3, again.error
