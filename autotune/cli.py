@@ -85,8 +85,8 @@ def _model(model: str | None, global_batch_size: int | None, seq_len: int | None
     if model is None:  # train without --model or --init-from: the runner says what is missing
         return None
     hf = load_hf_model(model, seq_len, global_batch_size)
-    if hf is None:
-        return model if seq_len is None else load_model(model, global_batch_size, seq_len)
+    if hf is None:  # --global-batch-size or --seq-len given: applied here, for every command alike
+        return model if seq_len is None and global_batch_size is None else load_model(model, global_batch_size, seq_len)
     from rich.console import Console
     from rich.markup import escape
 

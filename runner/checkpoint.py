@@ -285,7 +285,7 @@ def save(directory: str | Path, engine, step: int) -> Path:
     if engine.rank == 0:  # the optimizer options the run trains with (runner.optim.TrainSettings)
         import json
 
-        (path / SETTINGS).write_text(json.dumps(engine.settings.to_dict()) + "\n")
+        (path / SETTINGS).write_text(json.dumps(engine.settings.record()) + "\n")
     dist.barrier()
     if engine.rank == 0:
         tmp = directory / f".{LATEST}.tmp"
@@ -341,13 +341,9 @@ def _compare_settings(path: Path, engine) -> None:
     saved = path / SETTINGS
     if engine.rank == 0 and saved.is_file():
         before = json.loads(saved.read_text())
-        if before != engine.settings.to_dict():
-            log.warning(
-                "resuming with other training settings than %s was trained with: %s, now %s",
-                path,
-                before,
-                engine.settings.to_dict(),
-            )
+        now = engine.settings.record()
+        if {k: v for k, v in before.items() if k in now} != {k: now[k] for k in before if k in now}:
+            log.warning("resuming with other training settings than %s was trained with: %s, now %s", path, before, now)
 
 
 def full_weights(path: Path, model, seed: int = 0) -> dict:

@@ -58,6 +58,11 @@ class TrainSettings:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def record(self) -> dict:
+        """What a checkpoint's ``train_settings.json`` says the run trained with: these settings and the
+        optimizer's fixed ones (AdamW's betas and eps, which no option changes)."""
+        return {**asdict(self), "optimizer": "AdamW", "betas": list(ADAMW["betas"]), "eps": ADAMW["eps"]}
+
 
 _FIELD = {
     "--lr": "lr",

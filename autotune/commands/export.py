@@ -10,10 +10,14 @@ def run(plan: Path, engine: str, cluster: str | None, model, output: Path | None
     from autotune import engines, prechecks
     from autotune.loading import load_cluster, load_config, load_model
 
+    if engine not in engines.ENGINES:  # the option is --to here, not search's --engine
+        from autotune.errors import SpecError, shown
+
+        raise SpecError("--to", "", f"must be one of {', '.join(engines.ENGINES)}, got {shown(engine)}")
     config = load_config(plan)
     model_spec = load_model(model) if model is not None else None
-    if cluster is not None and model_spec is not None:
-        config.validate(load_cluster(cluster), model_spec, source=str(plan))
+    if model_spec is not None:  # with or without the cluster: the layers, tp and batch against the model
+        config.validate(load_cluster(cluster) if cluster is not None else None, model_spec, source=str(plan))
     elif cluster is not None:
         cluster_spec = load_cluster(cluster)
         missing = sorted(set(config.devices) - set(cluster_spec.device_ids()))

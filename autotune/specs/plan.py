@@ -246,13 +246,16 @@ class ParallelConfig:
             out.append(f"zero {self.zero} with one replica does nothing (no data-parallel peers to shard across)")
         return out
 
-    def validate(self, cluster: ClusterSpec, model: ModelSpec, source: str = "config") -> None:
-        """Check the rules that need the cluster and model; raise SpecError naming the broken one."""
+    def validate(self, cluster: ClusterSpec | None, model: ModelSpec, source: str = "config") -> None:
+        """Check the rules that need the cluster and model; raise SpecError naming the broken one. Without a
+        cluster (``export --model`` alone), every rule but the devices' (which exist, where they are)."""
         _validate_expert_plan(self, model, source)
         if self.schedule == ROUNDPIPE:
             pools: dict[str, str] = {}
             for p, pipe in enumerate(self.pipelines):
                 assert pipe.roundpipe is not None  # the plan checked itself when it was built
+                if cluster is None:
+                    continue
                 roundpipe.validate_pool(
                     pipe.roundpipe, pipe.num_microbatches, cluster, model, source, f"pipelines[{p}]", pools
                 )
@@ -287,7 +290,7 @@ class ParallelConfig:
                     )
                 dev_field = f"pipelines[{p}].stages[{s}]." + ("ranks" if stage.ranks else "devices")
                 for d in stage.devices:
-                    if not cluster.has_device(d):
+                    if cluster is not None and not cluster.has_device(d):
                         raise SpecError(
                             source,
                             dev_field,

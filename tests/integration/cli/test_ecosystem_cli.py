@@ -107,7 +107,27 @@ def test_export_of_a_plan_the_engine_cannot_run_is_one_line_exit_2(capsys):
     assert code == 2 and out == ""
     assert err.startswith("error: DeepSpeed: ") and "mixed-GPU stage" in err and err.count("\n") == 1, err
     code, out, err = _cli(capsys, "export", "--to", "jax", str(EXAMPLES / "mixed-stage-plan.json"))
-    assert code == 2 and "--engine: must be one of torchtitan, megatron, deepspeed" in err
+    assert code == 2 and "--to: must be one of torchtitan, megatron, deepspeed" in err  # not --engine
+
+
+def test_export_honours_the_batch_and_checks_the_plan_against_the_model_without_a_cluster(capsys, tmp_path):
+    """Issue 46, case 10: ``--global-batch-size`` was dropped for presets and YAML models unless ``--seq-len``
+    came too, and ``export --model`` without ``--cluster`` never checked the plan (a 32-layer plan was
+    written for Llama-2-13B's 40 layers)."""
+    plan = str(EXAMPLES / "llama2-7b-config.json")  # 32 layers, global batch 128
+    code, out, err = _cli(
+        capsys, "export", "--to", "deepspeed", plan, "--model", "llama2-13b", "--global-batch-size", "128"
+    )
+    assert code == 2 and "layers sum to 32" in err and "num_layers=40" in err, err
+    code, out, err = _cli(capsys, "export", "--to", "deepspeed", plan, "--model", "llama2-7b")  # its batch is 512
+    assert code == 2 and "global_batch_size is 512" in err, err
+    simple = tmp_path / "plan.json"
+    stages = [{"devices": ["a100:0"], "layers": 16}, {"devices": ["a100:1"], "layers": 16}]
+    simple.write_text(json.dumps({"micro_batch_size": 1, "pipelines": [{"num_microbatches": 128, "stages": stages}]}))
+    code, out, err = _cli(
+        capsys, "export", "--to", "deepspeed", str(simple), "--model", "llama2-7b", "--global-batch-size", "128"
+    )
+    assert code == 0 and json.loads(out)["train_batch_size"] == 128, err
 
 
 def test_the_readme_layerwise_example_simulates_and_no_engine_exports_it(capsys):

@@ -300,3 +300,16 @@ def test_chunks_under_bf16_autocast_hand_on_fp32_as_the_pipeline_metadata_says()
     assert hidden.dtype == torch.float32 and logits.dtype == torch.float32
     lm_loss(logits, ids).backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in first.parameters() if p.requires_grad)
+
+
+def test_a_checkpoint_s_settings_record_names_adamw_s_betas_and_eps():
+    """Issue 46, case 9: ``train_settings.json`` left out what no option changes, so a reader could not tell
+    what the run trained with."""
+    import torch
+
+    from runner.optim import TrainSettings, make_optimizer
+
+    record = TrainSettings(lr=3e-3).record()
+    group = make_optimizer([torch.nn.Parameter(torch.zeros(2))], TrainSettings(lr=3e-3)).param_groups[0]
+    assert record["optimizer"] == "AdamW" and tuple(record["betas"]) == group["betas"] and record["eps"] == group["eps"]
+    assert record["lr"] == group["lr"] == 3e-3 and record["weight_decay"] == group["weight_decay"]
