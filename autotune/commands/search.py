@@ -337,15 +337,19 @@ def _print_summary(out, result) -> None:
         ("plan", "left"),
     ):
         top.add_column(col, justify=just)
-    for rank, ev in enumerate(s.top, 1):
+    shapes = [plan_shape(ev.config) for ev in s.top]
+    for rank, (ev, shape) in enumerate(zip(s.top, shapes), 1):
         m = ev.measurement
+        if shapes.count(shape) > 1 and not ev.config.is_roundpipe:  # same degrees: what else differs
+            p = ev.config.pipelines
+            shape += f" layers {'-'.join(str(st.layers) for st in p[0].stages)} m {'-'.join(str(x.num_microbatches) for x in p)}"
         top.add_row(
             str(rank),
             f"{m.tokens_per_s:,.0f}",
             str(ev.index),
             f"{m.iteration_time_s:.3f}",
             f"{max(m.peak_memory_GiB.values(), default=0.0):.1f}",
-            escape(plan_shape(ev.config)),
+            escape(shape[:90]),
         )
     out.print(top)
     lines = [
@@ -373,13 +377,14 @@ def _print_summary(out, result) -> None:
     ]
     if s.speedup_vs_uniform is not None:
         grid = (
-            f"all {s.uniform_grid} plans of its grid"
+            f"all {s.uniform_grid} plans of the uniform grid"
             if s.uniform_evaluations >= s.uniform_grid
-            else f"{s.uniform_evaluations} of its {s.uniform_grid} grid plans"
+            else f"a fixed sample of {s.uniform_evaluations} of the uniform grid's {s.uniform_grid} plans, the same "
+            "for every budget and seed"
         )
         lines.append(
             f"{s.speedup_vs_uniform:.2f}x the best heterogeneity-blind uniform plan "
-            f"({s.uniform_best_tokens_per_s:,.0f} tokens/s; --method uniform under the same budget: {grid})"
+            f"({s.uniform_best_tokens_per_s:,.0f} tokens/s; {grid})"
         )
     elif result.backend == "real" and result.method != "uniform":
         lines.append(

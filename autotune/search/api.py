@@ -523,13 +523,11 @@ def _summarize(
 
     uniform = None
     if status == "FINISHED" and budgeted.best is not None:
-        if req.method == "uniform":
-            uniform = (budgeted.best.score, budgeted.used, len(space.uniform_plans()))
-        elif req.backend == "sim":
+        if req.backend == "sim":  # a fixed yardstick (summary.UNIFORM_BASELINE_PLANS), --method uniform's too
             from autotune.search.summary import uniform_baseline
 
-            say("the uniform baseline under the same budget (for the speedup)")
-            uniform = uniform_baseline(budgeted, req.seed)
+            say("the uniform baseline (for the speedup)")
+            uniform = uniform_baseline(budgeted)
     return summarize(budgeted, wall, preloaded, uniform)
 
 

@@ -245,14 +245,29 @@ def status_of(m: Measurement) -> str:
 
 
 def plan_shape(config: ParallelConfig) -> str:
-    """``dp2 pp4 tp2 mbs2 1f1b``: the plan's degrees in a few characters (run names, tables); a roundpipe
-    plan: ``dp1 rp22 mbs1 roundpipe`` (stages per pass, handed round-robin to its pool)."""
+    """``dp2 pp4 tp2 mbs2 1f1b``: the plan's degrees in a few characters (run names, tables), then what sets
+    plans of those degrees apart: ``r8`` (a mixed stage of 8 data-parallel ranks), ``z3`` (ZeRO),
+    ``off`` / ``off-all`` (offload), ``rc`` (recomputation), ``lw`` (layer-wise), ``ep4``, ``sync10``; a
+    roundpipe plan: ``dp1 rp22 mbs1 roundpipe`` (stages per pass, handed round-robin to its pool)."""
     if config.is_roundpipe:
         stages = max(p.roundpipe.num_stages for p in config.pipelines)
         return f"dp{len(config.pipelines)} rp{stages} mbs{config.micro_batch_size} {config.schedule}"
-    pp = max(len(p.stages) for p in config.pipelines)
-    tp = max(len(s.devices) for p in config.pipelines for s in p.stages)
-    return f"dp{len(config.pipelines)} pp{pp} tp{tp} mbs{config.micro_batch_size} {config.schedule}"
+    pipes = config.pipelines
+    pp = max(len(p.stages) for p in pipes)
+    tp = max(r.tp for p in pipes for s in p.stages for r in s.ranks_of(p.num_microbatches))  # a rank's, not a stage's
+    ranks = max(len(s.ranks) for p in pipes for s in p.stages)
+    stages = [s for p in pipes for s in p.stages]
+    offload = max((s.offload for s in stages), key=("none", "optimizer", "all").index)
+    extra = (
+        (f" r{ranks}" if ranks > 1 else "")  # mixed stages: the most data-parallel ranks in one stage
+        + (f" z{config.zero}" if config.zero else "")
+        + {"none": "", "optimizer": " off", "all": " off-all"}[offload]
+        + (" rc" if any(s.recompute for s in stages) else "")
+        + (" lw" if any(p.execution != "microbatch" for p in pipes) else "")
+        + (f" ep{config.expert_parallel}" if config.expert_parallel > 1 else "")
+        + (f" sync{config.sync_every_steps}" if config.sync_every_steps > 1 else "")
+    )
+    return f"dp{len(pipes)} pp{pp} tp{tp} mbs{config.micro_batch_size} {config.schedule}{extra}"
 
 
 def child_run_name(method: str, ev: Evaluation) -> str:
