@@ -322,7 +322,7 @@ def _print_summary(out, result) -> None:
     """The top plans and the numbers that sum a search up (``autotune.search.summary``)."""
     from rich.table import Table
 
-    from autotune.search.tracking import plan_shape
+    from autotune.search.tracking import config_key, plan_shape
 
     s = result.summary
     if s is None:
@@ -340,9 +340,11 @@ def _print_summary(out, result) -> None:
     shapes = [plan_shape(ev.config) for ev in s.top]
     for rank, (ev, shape) in enumerate(zip(s.top, shapes), 1):
         m = ev.measurement
-        if shapes.count(shape) > 1 and not ev.config.is_roundpipe:  # same degrees: what else differs
+        if shapes.count(shape) > 1:  # same degrees: what else differs
             p = ev.config.pipelines
-            shape += f" layers {'-'.join(str(st.layers) for st in p[0].stages)} m {'-'.join(str(x.num_microbatches) for x in p)}"
+            if not ev.config.is_roundpipe:
+                shape += f" layers {'-'.join(str(st.layers) for st in p[0].stages)} m {'-'.join(str(x.num_microbatches) for x in p)}"
+            shape += f" #{config_key(ev.config)[:6]}"  # the plan's key (its child run's tag autotune.config_key)
         top.add_row(
             str(rank),
             f"{m.tokens_per_s:,.0f}",

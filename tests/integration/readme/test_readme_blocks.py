@@ -34,6 +34,7 @@ class Command:
     text: str  # what the shell runs (continuation lines joined)
     expected: tuple[str, ...] = ()  # what README shows it prints
     serves: bool = False  # runs until Ctrl-C: started, given a few seconds, stopped
+    fails: bool = False  # README says it fails (a comment around it names "exit 2" or shows "error:")
 
 
 @dataclass(frozen=True)
@@ -66,17 +67,29 @@ def _commands(body: str) -> tuple[Command, ...]:
                 i += 1
             out.append(Command(text, tuple(shown)))
         return tuple(out)
-    text = ""
-    for raw in lines:
+    text, comments = "", []
+    for k, raw in enumerate(lines):
         line = raw.rstrip()
         if not text and (not line.strip() or line.lstrip().startswith("#")):
+            comments.append(line)
             continue
-        text += (" " if text else "") + line.strip()
+        if text and text.count('"') % 2:  # inside a quoted string spanning lines (python -c "...")
+            text += "\n" + line
+        else:
+            text += (" " if text else "") + line.strip()
         if text.endswith("\\"):
             text = text[:-1].rstrip()
             continue
-        out.append(Command(text, serves=SERVES in text))
-        text = ""
+        if text.count('"') % 2:
+            continue
+        after = []  # the comment lines right after it: what it prints, where README shows it
+        for rest in lines[k + 1 :]:
+            if not rest.lstrip().startswith("#"):
+                break
+            after.append(rest)
+        said = " ".join(comments[-2:] + after + [text])
+        out.append(Command(text, serves=SERVES in text, fails="exit 2" in said or "#    error:" in "\n".join(after)))
+        text, comments = "", []
     return tuple(out)
 
 
@@ -166,7 +179,7 @@ def test_the_readme_block_runs_as_written(block: Block, workdir: Path) -> None:
         if command.text.startswith("make test"):
             continue  # this suite itself
         code, out = _run(command, workdir, block.language)
-        expect_failure = "exit 2" in command.text or "error:" in "\n".join(command.expected)
+        expect_failure = command.fails or "error:" in "\n".join(command.expected)
         assert (code != 0) == expect_failure, f"README.md line {block.line}: {command.text}\n{out[-3000:]}"
         missing = expected_lines_match(command.expected, out)
         assert not missing, f"README.md line {block.line}: {command.text}: not printed: {missing}\n{out[-3000:]}"
