@@ -28,14 +28,15 @@ def run(plan: Path, engine: str, cluster: str | None, model, output: Path | None
     if output is not None:
         prechecks.writable_file(output, "--output")
     text = engines.export(engine, config, model_spec)  # Inexpressible: one line, exit 2 (autotune.cli)
+    from rich.console import Console
+    from rich.markup import escape
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     if output is None:
         print(text, end="")
     else:
         output.write_text(text)
-        from rich.console import Console
-        from rich.markup import escape
-
-        Console(stderr=True, highlight=False).print(
-            escape(f"{engines.ENGINES[engine].NAME} configuration written to {output}")
-        )
+        err.print(escape(f"{engines.ENGINES[engine].NAME} configuration written to {output}"))
+    for note in engines.notes(engine, config, model_spec):  # what the user adds by hand
+        err.print(escape(f"note: {note}"))
     return 0

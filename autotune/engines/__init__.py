@@ -105,5 +105,12 @@ def export(engine: str, config: ParallelConfig, model: ModelSpec | None = None) 
     return ENGINES[engine].render(g, model, header)
 
 
+def notes(engine: str, config: ParallelConfig, model: ModelSpec | None = None) -> list[str]:
+    """What the user must add by hand beside ``export``'s file (data, tokenizer, iterations, environment
+    variables, an mpu), one line each; ``export`` prints them beside the file."""
+    module = _engine(engine)
+    return list(module.notes(grid(engine, config), model)) if hasattr(module, "notes") else []
+
+
 def parse(engine: str, text: str) -> EngineGrid:
     return _engine(engine).parse(text)

@@ -1,12 +1,13 @@
-"""DeepSpeed (0.16+): a plan as a DeepSpeed config JSON, pipeline partition included.
+"""DeepSpeed (0.16+; AutoTP tensor parallelism 0.16.4+): a plan as a DeepSpeed config JSON.
 
 The grid (``autotune.engines.grid``) maps to ``train_micro_batch_size_per_gpu``,
 ``gradient_accumulation_steps`` (the micro-batches per replica and step) and ``train_batch_size``;
 ``zero_optimization.stage`` with ``offload_optimizer`` / ``offload_param`` on the CPU; a pipeline to the
-``pipeline`` section (``stages``, ``partition: "uniform"``, ``activation_checkpoint_interval``: 1 with
-full recomputation) that ``PipelineModule(num_stages=..., partition_method="uniform")`` reads, with
-every stage holding the same number of blocks; tensor parallelism to ``tensor_parallel.autotp_size``
-(AutoTP training). What DeepSpeed cannot run, ``refusal`` names: an uneven layer split (its
+``pipeline`` section (``stages``, ``activation_checkpoint_interval``: 1 with full recomputation), the
+split being ``PipelineModule(num_stages=..., partition_method="type:<block class>")`` in the user's code
+(``notes`` says so: ``"uniform"`` counts the embedding, norm and head as layers and splits the blocks
+unevenly); tensor parallelism to ``tensor_parallel.autotp_size`` (AutoTP training, with an ``mpu`` the
+user passes: ``notes``). What DeepSpeed cannot run, ``refusal`` names: an uneven layer split (its
 ``PipelineModule`` partitions uniformly or by parameter count, not by a given list), GPipe and
 interleaved schedules, ZeRO 2 / 3 with a pipeline, AutoTP with a pipeline or with ZeRO 3, selective
 checkpointing, sequence parallelism, expert parallelism (set in the model's DeepSpeed-MoE layers).
@@ -71,17 +72,31 @@ def render(grid: EngineGrid, model: ModelSpec | None, header: list[str]) -> str:
     doc["zero_optimization"] = zero
     if grid.tp > 1:
         doc["tensor_parallel"] = {"autotp_size": grid.tp}
-    if grid.pp > 1:
-        doc["pipeline"] = {
-            "stages": grid.pp,
-            "partition": "uniform",
-            "activation_checkpoint_interval": 1 if grid.recompute is True else 0,
-        }
+    if grid.pp > 1:  # the split itself is PipelineModule's partition_method, in the user's code (notes)
+        doc["pipeline"] = {"stages": grid.pp, "activation_checkpoint_interval": 1 if grid.recompute is True else 0}
     elif grid.recompute is True:
         doc["activation_checkpointing"] = {"partition_activations": False, "number_checkpoints": sum(grid.chunk_layers)}
     # what the plan says beyond DeepSpeed's own keys (DeepSpeed ignores keys it does not know)
     doc["autotune"] = {"plan": header, "layers": sum(grid.chunk_layers)}
     return json.dumps(doc, indent=2) + "\n"
+
+
+def notes(grid: EngineGrid, model: ModelSpec | None) -> list[str]:
+    """What the user adds by hand beside the JSON (``export`` prints them)."""
+    out = ["add: your model, data loader and training loop around deepspeed.initialize(config=<this file>)"]
+    if grid.pp > 1:
+        out.append(
+            f"pipeline: PipelineModule(layers=..., num_stages={grid.pp}, partition_method='type:<your block "
+            f"class>') gives each stage {grid.chunk_layers[0]} blocks as the plan does ('uniform' counts the "
+            "embedding, the final norm and the head as layers too and splits the blocks unevenly)"
+        )
+    if grid.tp > 1:
+        out.append(
+            f"tensor parallelism (AutoTP, DeepSpeed 0.16.4 or later): pass mpu= (process groups of tp {grid.tp}) "
+            f"to deepspeed.initialize, or train_batch_size {grid.global_batch_size} is checked against every rank "
+            "as a data-parallel one and refused"
+        )
+    return out
 
 
 def parse(text: str) -> EngineGrid:

@@ -1,4 +1,4 @@
-"""Megatron-LM (Megatron-Core >= 0.14): a plan as ``pretrain_gpt.py`` command-line arguments.
+"""Megatron-LM (Megatron-Core >= 0.14; sliding windows >= 0.15): a plan as ``pretrain_gpt.py`` arguments.
 
 The grid (``autotune.engines.grid``) maps to ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
 ``--micro-batch-size`` and ``--global-batch-size`` (the data-parallel degree is the world size over
@@ -7,8 +7,11 @@ The grid (``autotune.engines.grid``) maps to ``--tensor-model-parallel-size``, `
 ``|``, virtual stages in order: chunk 0 of every stage, then chunk 1); an even one without interleaving
 needs no layout. ZeRO 1 is ``--use-distributed-optimizer``; ZeRO 2 / 3 are Megatron-FSDP
 (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads | optim_grads_params``), which
-does not run with pipeline parallelism; ``offload: optimizer`` is ``--optimizer-cpu-offload`` (with the
-distributed optimizer). What Megatron-LM cannot run, ``refusal`` names: GPipe, parameter offload.
+does not run with pipeline parallelism and checkpoints as ``--ckpt-format fsdp_dtensor``; ``offload:
+optimizer`` is ``--optimizer-cpu-offload`` with the distributed optimizer and the precision-aware one. The
+header says what the user adds by hand (``notes``: data, tokenizer, iterations, and
+``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor parallelism). What Megatron-LM cannot run, ``refusal``
+names: GPipe, parameter offload.
 """
 
 from __future__ import annotations
@@ -77,15 +80,24 @@ def render(grid: EngineGrid, model: ModelSpec | None, header: list[str]) -> str:
         args.append(("--recompute-granularity", "selective"))
     if grid.zero == 1:
         args.append(("--use-distributed-optimizer", None))
-    elif grid.zero >= 2:
-        args += [("--use-megatron-fsdp", None), ("--data-parallel-sharding-strategy", _SHARDING[grid.zero])]
-    if grid.offload == "optimizer":
-        args += [("--optimizer-cpu-offload", None), ("--optimizer-offload-fraction", 1.0)]
+    elif grid.zero >= 2:  # Megatron-FSDP checkpoints only in its own DTensor format (validate_args)
+        args += [
+            ("--use-megatron-fsdp", None),
+            ("--data-parallel-sharding-strategy", _SHARDING[grid.zero]),
+            ("--ckpt-format", "fsdp_dtensor"),
+        ]
+    if grid.offload == "optimizer":  # the CPU offload runs in the precision-aware optimizer (validate_args)
+        args += [
+            ("--optimizer-cpu-offload", None),
+            ("--optimizer-offload-fraction", 1.0),
+            ("--use-precision-aware-optimizer", None),
+        ]
     if grid.expert_parallel > 1:
         args.append(("--expert-model-parallel-size", grid.expert_parallel))
     if model is not None:
         args += model_args(model)
     lines = [f"# {h}" for h in header] + [f"# world size {grid.world_size}"]
+    lines += [f"# {note}" for note in notes(grid, model)]
     body = [f"{k} {shlex.quote(str(v))}" if v is not None else k for k, v in args]
     return "\n".join(lines + [" \\\n".join(body)]) + "\n"
 
@@ -106,6 +118,8 @@ def model_args(model: ModelSpec) -> list[tuple[str, object]]:
     if model.mlp == "swiglu":
         out += [("--swiglu", None), ("--normalization", "RMSNorm")]
     out.append(("--position-embedding-type", "learned_absolute" if model.learned_positions else "rope"))
+    if not model.learned_positions:
+        out.append(("--rotary-base", int(model.rope_theta)))  # Llama 3: 500000; Megatron's default is 10000
     if not model.tied_embeddings:
         out.append(("--untie-embeddings-and-output-weights", None))
     if model.bias == "none":
@@ -115,7 +129,8 @@ def model_args(model: ModelSpec) -> list[tuple[str, object]]:
     if model.sliding_window:
         out.append(("--window-size", f"{model.sliding_window},0"))
     out += [("--attention-dropout", model.dropout), ("--hidden-dropout", model.dropout)]
-    out.append({"bf16": ("--bf16", None), "fp16": ("--fp16", None)}.get(model.precision, ("--no-bf16", None)))
+    if model.precision in ("bf16", "fp16"):  # fp32 is Megatron's default: no flag (there is no --no-bf16)
+        out.append((f"--{model.precision}", None))
     if model.is_moe:
         pattern = [1 if model.is_moe_layer(i) else 0 for i in range(model.num_layers)]
         out += [
@@ -126,6 +141,19 @@ def model_args(model: ModelSpec) -> list[tuple[str, object]]:
         ]
         if model.shared_expert_ffn_hidden_size:
             out.append(("--moe-shared-expert-intermediate-size", model.shared_expert_ffn_hidden_size))
+    return out
+
+
+def notes(grid: EngineGrid, model: ModelSpec | None) -> list[str]:
+    """What the user adds by hand beside these arguments (written in the file's header, printed by export)."""
+    out = [
+        "add: --data-path (or --mock-data), --tokenizer-type and its model, --train-iters, --lr and the "
+        "schedule, --save / --load; run with torchrun on pretrain_gpt.py"
+    ]
+    if grid.tp > 1:
+        out.append("environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (tensor parallelism overlaps its communication)")
+    if model is not None and model.sliding_window:
+        out.append("--window-size needs Megatron-Core 0.15 or later")
     return out
 
 

@@ -58,11 +58,11 @@ def alternate(
             theirs.append(measure(old))
             mine.append(measure(ROOT))
             print(
-                f"  round {i + 1}: {commit} {theirs[-1]:10,.1f}   this tree {mine[-1]:10,.1f}   "
+                f"  round {i + 1}: {commit} {theirs[-1]:10,.2f}   this tree {mine[-1]:10,.2f}   "
                 f"(load {os.getloadavg()[0]:.2f})",
                 flush=True,
             )
     pick = max if higher_is_better else min
     a, b = pick(theirs), pick(mine)
     ratio = b / a if higher_is_better else a / b
-    print(f"{label}: best of {rounds}: {commit} {a:,.1f}, this tree {b:,.1f}  ({ratio:.2f}x as fast)")
+    print(f"{label}: best of {rounds}: {commit} {a:,.2f}, this tree {b:,.2f}  ({ratio:.2f}x as fast)")

@@ -14,6 +14,10 @@
 Targets: search < 20 s; simulate >= 3,000 calls/s. Prints the load average: the machine is shared.
 
     .venv/bin/python experiments/speed/bench_search.py [--runs 3] [--cold-cache] [--budget 200]
+    .venv/bin/python experiments/speed/bench_search.py --against 61c44b6 [--methods optuna,rl,dp] [--runs 3]
+
+``--against COMMIT`` times the search of this tree and of that commit side by side, alternating runs
+(``against.py``), the best of each.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from against import PREVIOUS_RELEASE, alternate
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_YAML = """name: llama2-7b
 num_layers: 32
@@ -42,9 +48,10 @@ global_batch_size: 128
 """
 
 
-def timed_search(budget: int, cold_cache: bool) -> dict:
+def timed_search(budget: int, cold_cache: bool, tree: Path = ROOT, method: str = "optuna") -> dict:
+    """One search as a user runs it, with ``tree``'s autotune (another commit's, for ``--against``)."""
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="120")
+        env = dict(os.environ, PYTHONPATH=str(tree), COLUMNS="120")
         if cold_cache:
             env["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
         cmd = [
@@ -55,7 +62,7 @@ def timed_search(budget: int, cold_cache: bool) -> dict:
             "--model",
             "gpt2-xl",
             "--method",
-            "optuna",
+            method,
             "--budget",
             str(budget),
         ]
@@ -125,9 +132,23 @@ def main() -> None:
         action="store_true",
         help="a tiny run that checks the script still works (tests/integration/experiments/test_experiments.py runs it)",
     )
+    ap.add_argument("--against", metavar="COMMIT", help=f"side by side with that commit (e.g. {PREVIOUS_RELEASE})")
+    ap.add_argument("--methods", default="optuna", help="--against: comma-separated methods to time (optuna,rl,dp)")
     args = ap.parse_args()
     if args.quick:
         args.runs, args.budget = 1, 10
+    if args.against:
+        print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores); wall seconds, lower is better")
+        for method in args.methods.split(","):
+            alternate(
+                args.against,
+                args.runs,
+                lambda tree, m=method: timed_search(args.budget, args.cold_cache, tree, m)["wall_s"],
+                f"search --method {method} --budget {args.budget}",
+                higher_is_better=False,
+            )
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
+        return
     print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores)")
     rows = []
     for i in range(args.runs):

@@ -153,7 +153,7 @@ def test_torchtitan_writes_its_selective_checkpointing(model):
 def test_deepspeed_json(model):
     doc = json.loads(engines.export("deepspeed", EVEN_ZERO1, model))
     assert doc["train_batch_size"] == 128 and doc["gradient_accumulation_steps"] == 16
-    assert doc["pipeline"] == {"stages": 4, "partition": "uniform", "activation_checkpoint_interval": 1}
+    assert doc["pipeline"] == {"stages": 4, "activation_checkpoint_interval": 1}
     assert doc["zero_optimization"] == {"stage": 1} and doc["bf16"] == {"enabled": True}
 
 
@@ -250,3 +250,32 @@ def test_torchtitan_config_parses_as_toml_with_comment_header(model):
     text = engines.export("torchtitan", FSDP, model)
     assert text.startswith("# torchtitan configuration of the autotune plan")
     assert torchtitan.parse(text).zero == 3
+
+
+def test_megatron_arguments_carry_what_validate_args_requires_and_the_notes_what_the_user_adds():
+    """Issue 47: Megatron-FSDP needs --ckpt-format fsdp_dtensor, the optimizer's CPU offload the
+    precision-aware optimizer, Llama 3 its rotary base; fp32 has no --no-bf16; tp > 1 needs
+    CUDA_DEVICE_MAX_CONNECTIONS=1, said in the notes and the file's header."""
+    sharded = plan([{"num_microbatches": 32, "stages": [stage([f"a100:{i}"], 32)]} for i in range(4)], zero=3)
+    text = engines.export("megatron", sharded, load_model("llama3-8b", global_batch_size=128))
+    assert "--ckpt-format fsdp_dtensor" in text and "--rotary-base 500000" in text and "--bf16" in text
+    offloaded = plan(
+        [{"num_microbatches": 32, "stages": [stage([f"a100:{i}"], 32, offload="optimizer")]} for i in range(4)], zero=1
+    )
+    assert "--use-precision-aware-optimizer" in engines.export("megatron", offloaded)
+    fp32 = load_model("llama2-7b", global_batch_size=128)
+    from dataclasses import replace
+
+    text = engines.export("megatron", sharded, replace(fp32, precision="fp32"))
+    assert "--no-bf16" not in text and "--bf16" not in text and "--fp16" not in text
+    notes = engines.notes("megatron", UNEVEN)
+    assert any("CUDA_DEVICE_MAX_CONNECTIONS=1" in n for n in notes) and any("--data-path" in n for n in notes)
+    assert "# environment: CUDA_DEVICE_MAX_CONNECTIONS=1" in engines.export("megatron", UNEVEN)
+
+
+def test_deepspeed_notes_say_how_to_split_the_pipeline_and_pass_an_mpu():
+    pipeline = plan([{"num_microbatches": 16, "stages": [stage([f"a100:{i}"], 8) for i in range(4)]}])
+    notes = " ".join(engines.notes("deepspeed", pipeline))
+    assert "partition_method='type:<your block class>'" in notes and "8 blocks" in notes
+    tp = plan([{"num_microbatches": 16, "stages": [stage(["a100:0", "a100:1"], 32)]}])
+    assert "mpu=" in " ".join(engines.notes("deepspeed", tp))
