@@ -23,7 +23,8 @@ def step_bar(console, label: str):
 
 class ProgressLines:
     """Where the bar is not drawn (output to a file or a pipe), the same progress as plain lines: at most one
-    every ``every_s`` seconds (each forced one at once), each headed by ``label`` and the time so far."""
+    every ``every_s`` seconds, the first ``every_s`` after the start (a command that ends sooner, or fails
+    on bad input, prints only what it prints anyway), each headed by ``label`` and the time so far."""
 
     def __init__(self, console, label: str, every_s: float = 10.0) -> None:
         import time

@@ -176,7 +176,7 @@ class _Progress:
         from rich.markup import escape
 
         self.progress.update(self.task, what=escape(text))
-        self.lines(text, force=True)
+        self.lines(text)  # throttled: a bad input's error stays the only line
 
     def on_start(self, run_id: str, done: int, best: float) -> None:
         self.best, self.done = best, done
