@@ -52,7 +52,10 @@ QUICK = {
     "experiments/training/zero_runner.py": [],
 }
 #: run by another script, or reading another script's output (tested below), not on their own
-HELPERS = {"experiments/speed/minimal_pipeline.py": "bench_runner.py runs it"}
+HELPERS = {
+    "experiments/speed/minimal_pipeline.py": "bench_runner.py runs it",
+    "experiments/speed/against.py": "bench_simulator.py and bench_search.py time a tree against a commit with it",
+}
 
 
 def _run(script: str, args: list[str], tmp_path) -> subprocess.CompletedProcess:
