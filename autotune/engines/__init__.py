@@ -93,8 +93,16 @@ def check(engine: str, config: ParallelConfig) -> str | None:
     return None
 
 
+def model_check(engine: str, model: ModelSpec) -> str | None:
+    """None when ``engine`` trains ``model`` at all (its precision, say); else one line why not."""
+    module = _engine(engine)
+    return module.model_refusal(model) if hasattr(module, "model_refusal") else None
+
+
 def export(engine: str, config: ParallelConfig, model: ModelSpec | None = None) -> str:
     """``engine``'s configuration of ``config`` (the model's shape too when given)."""
+    if model is not None and (reason := model_check(engine, model)) is not None:
+        raise Inexpressible(ENGINES[engine].NAME, reason)
     g = grid(engine, config)
     devices = rank_devices(config, g)
     header = [

@@ -40,6 +40,22 @@ def refusal(grid: EngineGrid) -> str | None:
         )
     if grid.tp > 1 and not grid.sequence_parallel:
         return f"tensor parallelism without sequence parallelism: {NAME}'s tensor-parallel plans always use it"
+    if grid.zero == 0 and grid.dp > 1 and (grid.pp > 1 or grid.tp > 1):
+        return (
+            f"zero 0 over {grid.dp} replicas beside pipeline or tensor parallelism: {NAME} replicates with DDP, "
+            "which it runs on a 1-D mesh only (DDP has not supported > 1D parallelism); zero 2 or 3 instead"
+        )
+    if grid.expert_parallel > 1 and grid.zero == 0:
+        return (
+            f"expert parallelism {grid.expert_parallel} without FSDP: {NAME} builds its expert mesh from the FSDP one"
+        )
+    return None
+
+
+def model_refusal(model: ModelSpec) -> str | None:
+    """What of the model ``NAME`` cannot train, whatever the plan."""
+    if model.precision == "fp16":
+        return f"precision fp16: {NAME}'s mixed_precision_param takes bfloat16 or float32"
     return None
 
 

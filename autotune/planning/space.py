@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.engines import model_check as engine_model_check
 from autotune.engines import restrict as engine_restrict
 from autotune.errors import SpecError
 from autotune.planning import encoding, mixed_space, moe_space, plan_params, roundpipe_space, uniform, validity
@@ -159,6 +160,8 @@ class SearchSpace:
             for name, choices, ordinal in mixed_space.dimensions(cluster, model, len(self.node_classes) > 1)
         ]
         dims += roundpipe_space.dimensions(self.node_classes, cluster)  # RoundPipe's plans, where a node qualifies
+        if engine is not None and (why := engine_model_check(engine, model)) is not None:
+            raise SpecError("--engine", engine, why)  # nothing of this space would export
         if engine is not None:  # the engine's narrowings where they leave a choice (the user's own win)
             restrict = engine_restrict(engine, {d.name: d.choices for d in dims}, restrict or {})
         if restrict:

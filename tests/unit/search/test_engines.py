@@ -32,6 +32,10 @@ def stage(devices, layers, **kw):
     return {"devices": devices, "layers": layers, **kw}
 
 
+def replace_zero(config: ParallelConfig, zero: int) -> ParallelConfig:
+    return ParallelConfig.from_dict({**config.to_dict(), "zero": zero})
+
+
 # dp 2 x pp 2 x tp 2 of uneven layers 20/12 on the SPEC cluster (a100 stages first, v100 second)
 UNEVEN = plan(
     [
@@ -88,7 +92,7 @@ EVEN_EVERY2 = plan(
     [{"num_microbatches": 16, "stages": [stage([f"a100:{i}"], 8, recompute="every-2") for i in range(4)]}]
     + [{"num_microbatches": 16, "stages": [stage([f"v100:{i}"], 8, recompute="every-2") for i in range(4)]}],
     mbs=4,
-    zero=0,
+    zero=2,  # torchtitan replicates with DDP on a 1-D mesh only: replicas beside a pipeline are FSDP's
 )
 
 RUNS = {
@@ -202,7 +206,11 @@ MIXED_STAGE = plan(
         ("megatron", FSDP, "offload all (parameters in host memory)"),
         ("deepspeed", INTERLEAVED, "schedule interleaved-1f1b"),
         ("megatron", FSDP_OP, "recompute selective-op (torchtitan's): Megatron-LM recomputes whole layers"),
-        ("deepspeed", EVEN_EVERY2, "recompute every-2 (torchtitan's): DeepSpeed checkpoints every layer or none"),
+        (
+            "deepspeed",
+            replace_zero(EVEN_EVERY2, 0),
+            "recompute every-2 (torchtitan's): DeepSpeed checkpoints every layer or none",
+        ),
     ],
 )
 def test_a_plan_the_engine_cannot_run_is_refused_naming_the_part(engine, config, part, model):
@@ -279,3 +287,21 @@ def test_deepspeed_notes_say_how_to_split_the_pipeline_and_pass_an_mpu():
     assert "partition_method='type:<your block class>'" in notes and "8 blocks" in notes
     tp = plan([{"num_microbatches": 16, "stages": [stage(["a100:0", "a100:1"], 32)]}])
     assert "mpu=" in " ".join(engines.notes("deepspeed", tp))
+
+
+def test_torchtitan_refuses_what_its_own_code_rejects():
+    """Issue 47, torchtitan 0.2.2: ZeRO 0 over replicas beside a pipeline ("DDP has not supported > 1D
+    parallelism"), expert parallelism without FSDP (its mesh built from FSDP's), fp16 (not a
+    mixed_precision_param value)."""
+    replicated = replace_zero(EVEN_EVERY2, 0)
+    assert "DDP has not supported > 1D parallelism" in engines.check("torchtitan", replicated)
+    from dataclasses import replace
+
+    fp16 = replace(load_model("llama2-7b", global_batch_size=128), precision="fp16")
+    assert engines.model_check("torchtitan", fp16) == (
+        "precision fp16: torchtitan's mixed_precision_param takes bfloat16 or float32"
+    )
+    with pytest.raises(engines.Inexpressible, match="fp16"):
+        engines.export("torchtitan", FSDP, fp16)
+    with pytest.raises(Exception, match="--engine.*fp16"):
+        SearchSpace(load_cluster("mixed-a100-v100"), fp16, engine="torchtitan")
