@@ -144,6 +144,17 @@ def claim(directory: str | Path, model, config, resume: bool) -> None:
     os.replace(tmp, path)
 
 
+def hold(directory: str | Path, model, config, resume: bool):
+    """``lock`` the directory, then ``claim`` it for this run; the lock is let go when the claim is refused."""
+    held = lock(directory)
+    try:
+        claim(directory, model, config, resume)
+    except BaseException:
+        held.close()
+        raise
+    return held
+
+
 def lock(directory: str | Path):
     """Hold ``<directory>/.lock`` for as long as the returned file stays open; ``SpecError`` when another
     training run holds it. The lock goes with the process (a killed trainer frees it)."""

@@ -348,12 +348,11 @@ def train(
     from runner import checkpoint
     from runner.launch import make_run_dir
 
-    # one trainer per directory; on several machines the directory is shared and node 0's launcher holds it
-    held = checkpoint.lock(checkpoint_dir) if checkpoint_dir is not None and _node_rank(torchrun_args) == 0 else None
+    # one trainer per directory, holding no other run's checkpoints (checkpoint.hold); node 0 holds a shared one
+    node0 = checkpoint_dir is not None and _node_rank(torchrun_args) == 0
+    held = checkpoint.hold(checkpoint_dir, model, config, resume) if node0 else None
     try:
         resume_from = checkpoint.resume_point(checkpoint_dir) if resume else None
-        if held is not None:  # the directory holds no other run's checkpoints (or this one resumes them)
-            checkpoint.claim(checkpoint_dir, model, config, resume)
         if resume_from is not None and metrics_out is not None:
             _drop_rows_after(Path(metrics_out), checkpoint.step_of(resume_from))  # they are trained again
         run_dir = make_run_dir("autotune-train-")

@@ -69,6 +69,7 @@ from autotune.planning import sharded_dp, state_variants
 from autotune.planning.candidate import Candidate
 from autotune.planning.refine import refine
 from autotune.planning.space import SearchSpace, valid_tp
+from autotune.planning.vocabulary import composed_settings
 from autotune.specs import ParallelConfig, PipelineConfig, StageConfig
 
 log = logging.getLogger(__name__)
@@ -146,13 +147,7 @@ class Planner:
         self.composed = 0  # plans composed by the last ``plan`` call
         self.offload = "none"  # offload of every stage of the plans being composed (``compose``)
         # --restrict: the recomputation a composed stage may take and the schedule it is built with
-        modes = set(space._dims["recompute"].choices)
-        allowed = tuple(
-            rc for rc, names in ((False, {"none", "low-memory"}), (True, {"all", "low-memory"})) if modes & names
-        )
-        self.recompute_modes = allowed or (False, True)  # only other modes: the state variants set them
-        schedules = space._dims["schedule"].choices
-        self.schedule = "1f1b" if "1f1b" in schedules else "gpipe" if "gpipe" in schedules else "1f1b"
+        self.recompute_modes, self.schedule = composed_settings(space._dims)
 
     # -- per-stage coefficients -------------------------------------------------------------------
     def _coefficients(self, k: int, mbs: int, recompute: bool, first: bool, last: bool) -> tuple[float, ...]:

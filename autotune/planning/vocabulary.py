@@ -262,3 +262,15 @@ def layerwise_pays(zero: Sequence[int], offload: Sequence[str]) -> bool:
     """Whether Zorse's layer-wise execution can differ from micro-batch execution among these choices: it
     batches ZeRO-2/3's and offload's per-layer traffic per iteration (``autotune.specs.execution``)."""
     return any(z >= 2 for z in zero) or any(o != "none" for o in offload)
+
+
+def composed_settings(dims) -> tuple[tuple[bool, ...], str]:
+    """What a planner-composed stage's recomputation may be (off, on) and the schedule composed plans are
+    built with, within the space's (``--restrict``-ed) ``recompute`` and ``schedule`` choices; modes other
+    than on and off are the state variants' to set."""
+    modes = set(dims["recompute"].choices)
+    allowed = tuple(
+        rc for rc, names in ((False, {"none", "low-memory"}), (True, {"all", "low-memory"})) if modes & names
+    )
+    schedules = dims["schedule"].choices
+    return allowed or (False, True), "1f1b" if "1f1b" in schedules or "gpipe" not in schedules else "gpipe"

@@ -186,7 +186,10 @@ def test_a_rank_killed_without_a_word_leaves_torchrun_s_and_the_ranks_output_in_
     def kill_rank_1(record: dict) -> None:
         if killed:
             return
-        (torchrun,) = _ranks_of(os.getpid())
+        # this process's torchrun child (the suite may have other children: MLflow writers, servers)
+        torchrun = next(
+            p for p in _ranks_of(os.getpid()) if b"runner.torchrun" in Path(f"/proc/{p}/cmdline").read_bytes()
+        )
         ranks = sorted(_ranks_of(torchrun))
         killed.append(ranks[-1])
         os.kill(ranks[-1], signal.SIGKILL)
