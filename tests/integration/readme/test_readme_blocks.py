@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from paths import REPO
 
-pytestmark = [pytest.mark.slow]
+# one worker runs the blocks in order in one directory (make test: pytest-xdist --dist loadgroup)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("readme")]
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 SKIP = re.compile(r"<!-- readme-test: skip (.+?) -->")
