@@ -73,7 +73,10 @@ def _roundpipe_start(space: SearchSpace, budgeted: BudgetedEvaluator, study=None
 def _run_method(
     method: str, space: SearchSpace, budgeted: BudgetedEvaluator, seed: int, *, worker: str, **kw: Any
 ) -> None:
-    _roundpipe_start(space, budgeted, kw.get("study") if method == "optuna" else None, worker)
+    # RoundPipe's own plan first, where it is free (the simulator); a real run is the planner's to choose:
+    # the first real run was RoundPipe's default start on every method (issue 45), 0.29-1.0 of the best
+    if kw.get("backend", "sim") != "real":
+        _roundpipe_start(space, budgeted, kw.get("study") if method == "optuna" else None, worker)
     from autotune.search.agents.acquire import uses_acquisition  # the chooser's modules: only for a search
 
     acquire = method == "rl" and uses_acquisition(kw.get("policy"))

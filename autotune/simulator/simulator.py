@@ -433,8 +433,8 @@ class Simulator:
     ) -> tuple[list[tuple[float, ...]], tuple[float, int], list[tuple]]:
         """Each replica's schedule: when each unit is free after its last backward, the slowest replica (its
         makespan, its index), and each replica's critical path as ``(duration slot counts, transfer slot
-        counts, the transfers' seconds before blocking sends absorb them)`` (``schedule.critical_path``: the
-        error bar reads it). ``network_scale`` stretches the sends between nodes (``error_bar_by_rerun``);
+        counts, the transfers' seconds before blocking sends absorb them, whether each crosses nodes)``
+        (``schedule.critical_path``: the error bar reads it). ``network_scale`` stretches the sends between nodes (``error_bar_by_rerun``);
         ``replicas``: only those (the lists then hold theirs, in that order)."""
         mbs, v, schedule = config.micro_batch_size, config.virtual_stages, config.schedule
         finish: list[tuple[float, ...]] = []
