@@ -20,14 +20,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/autotune search --cluster mixed-a100-v100 --model gpt2-xl --budget 60 --output best.json
 
-# everything CI runs (.ci/run): lint and format, then the unit and the integration tests, two at a time
-# (pytest-xdist: much of the suite waits on subprocesses and I/O; README.md's blocks stay in order on one worker)
+# everything CI runs (.ci/run): lint and format, then the unit and the integration tests, two test files at a
+# time (pytest-xdist; a file's tests in order on one worker): much of the suite waits on subprocesses and I/O
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # the inner loop: lint and format, then tests/unit only (no processes, servers or MLflow stores)
 check: lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests/unit
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,0 +1,14 @@
+"""The plan quality experiments' ``--quick`` runs (tests/integration/experiments/test_experiments.py says what they check)."""
+
+from __future__ import annotations
+
+import pytest
+from experiment_runs import QUICK, _run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(s for s in QUICK if s.startswith(("experiments/quality/",))))
+def test_quick_mode_runs(script, tmp_path):
+    out = _run(script, QUICK[script], tmp_path)
+    assert out.returncode == 0, f"{script} --quick failed:\n{out.stderr[-3000:]}"
+    assert out.stdout.strip(), f"{script} --quick printed nothing"
