@@ -109,7 +109,8 @@ def claim(directory: str | Path, model, config, resume: bool) -> None:
     """Refuse, before launch, a ``--checkpoint-dir`` whose checkpoints belong to another run, then record this
     run's in ``run.json``: a directory holding another model's checkpoints (any field the weights depend on)
     is refused, and so is one holding another plan's unless ``--resume`` continues them under the new plan;
-    starting from step 0 there would overwrite ``latest`` and break the earlier run's resume (issue 46)."""
+    starting from step 0 there would overwrite ``latest`` and break the earlier run's resume (issue 46). A
+    directory of checkpoints with no ``run.json`` (an earlier release's) is recorded only by a run resuming them."""
     import dataclasses
     import json
 
@@ -117,7 +118,10 @@ def claim(directory: str | Path, model, config, resume: bool) -> None:
     arch = json.loads(json.dumps({k: v for k, v in dataclasses.asdict(model).items() if k not in _NOT_IN_WEIGHTS}))
     plan = json.loads(config.to_json(indent=None))
     path = directory / RUN
-    if complete_steps(directory) and path.is_file():
+    has_steps = bool(complete_steps(directory))
+    if has_steps and not path.is_file() and not resume:
+        return  # checkpoints of an earlier release, of no recorded run: nothing to check, nothing to record
+    if has_steps and path.is_file():
         try:
             held = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
