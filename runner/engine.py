@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -32,10 +33,11 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.tensor import DTensor
 
 from autotune.errors import SpecError
+from autotune.simulator.engine_terms import vocab_split
 from autotune.specs import ModelSpec
 from runner.data import TokenSource
 from runner.layout import EMBED_KEY, HEAD_KEY, Layout, check_supported
-from runner.model import StageChunk, lm_loss
+from runner.model import StageChunk, lm_loss, vocab_parallel_loss
 from runner.optim import TrainSettings, local_tensor, make_optimizer, set_lr
 
 log = logging.getLogger(__name__)
@@ -159,12 +161,23 @@ class StepResult:
 
 
 def apply_tensor_parallel(
-    chunks: list[StageChunk], group: dist.ProcessGroup, device: torch.device, sequence_parallel: bool = False
+    chunks: list[StageChunk],
+    group: dist.ProcessGroup,
+    device: torch.device,
+    vocab_size: int,
+    sequence_parallel: bool = False,
 ) -> None:
     """Megatron-style TP on every block (``parallelize_module``): Q/K/V and the MLP's up/gate projections
     column-parallel, the attention output and MLP down projections row-parallel. Each TP rank keeps
-    whole heads (``Attention`` infers the local head count). Embedding, norms and the LM head stay
-    replicated: their inputs and gradients are identical on every TP rank.
+    whole heads (``Attention`` infers the local head count). Norms stay replicated: their inputs and
+    gradients are identical on every TP rank.
+
+    Where the degree divides the vocabulary (``autotune.simulator.engine_terms.vocab_split``, what the
+    simulator counts) the embedding and the LM head are vocabulary-parallel, Megatron-LM's and torchtitan's
+    layout: the embedding row-parallel (``RowwiseParallel``: each rank looks up its rows, one all-reduce),
+    the head column-parallel (``ColwiseParallel``: each rank computes its part of the logits) and the loss
+    torch's ``loss_parallel`` cross entropy over those parts (``runner.model.lm_loss``); a tied head
+    multiplies by the split embedding. Elsewhere both stay whole on every rank.
 
     ``sequence_parallel`` (Korthikanti et al. 2022, the torchtitan layout): between the blocks' matmuls
     the residual stream is split along the sequence across the TP ranks: the norms run on their rank's
@@ -211,6 +224,23 @@ def apply_tensor_parallel(
             parallelize_module(block, mesh, plan)
         if sequence_parallel:
             chunk.sequence_mesh = mesh
+        if not vocab_split(vocab_size, mesh.size()):
+            continue
+        if chunk.embed is not None:
+            parallelize_module(chunk.embed, mesh, RowwiseParallel(input_layouts=Replicate()))
+            # DTensor computes the lookup's weight gradient whole on every rank: keep this rank's rows
+            chunk.embed.weight.register_post_accumulate_grad_hook(_grad_as_placed)
+        if isinstance(chunk.head, nn.Linear):
+            parallelize_module(chunk.head, mesh, ColwiseParallel(output_layouts=Shard(-1)))
+        if chunk.head is not None:
+            chunk.vocab_mesh = mesh
+
+
+def _grad_as_placed(p: nn.Parameter) -> None:
+    """A DTensor weight's gradient laid out as the weight (a replicated gradient of a sharded weight: this
+    rank's part, no communication), so that every rank syncs, clips and steps its own shard."""
+    if p.grad is not None and p.grad.placements != p.placements:
+        p.grad = p.grad.redistribute(p.device_mesh, p.placements)
 
 
 class Engine:
@@ -267,7 +297,9 @@ class Engine:
         for ranks in layout.tp_groups():
             group = dist.new_group(list(ranks))
             if rank in ranks:
-                apply_tensor_parallel(self.chunks, group, device, sequence_parallel=self.plan.sequence_parallel)
+                apply_tensor_parallel(
+                    self.chunks, group, device, model.vocab_size, sequence_parallel=self.plan.sequence_parallel
+                )
         self.module = RankModel(self.chunks)
         # MoE / SPES plans: expert parallelism, frozen experts and their own exchange (runner.moe)
         self.expert_sync = None
@@ -302,7 +334,7 @@ class Engine:
                 from runner.reshard import ReshardedGradients
 
                 names = {p: n for n, p in self.module.named_parameters()}
-                self.reshard = ReshardedGradients(layout, rank, self.module.params_of, names)
+                self.reshard = ReshardedGradients(layout, rank, self.module.params_of, names, model.vocab_size)
                 self.copies.update(self.reshard.copies)
 
         # 3. stages and schedule
@@ -350,13 +382,14 @@ class Engine:
                 )
             )
         n = self.plan.num_microbatches
+        loss_fn = partial(lm_loss, mesh=self.chunks[-1].vocab_mesh)
         try:
             if schedule == "interleaved-1f1b":
-                self.schedule = ScheduleInterleaved1F1B(self.stages, n, loss_fn=lm_loss)
+                self.schedule = ScheduleInterleaved1F1B(self.stages, n, loss_fn=loss_fn)
             elif schedule == "gpipe":
-                self.schedule = ScheduleGPipe(self.stages[0], n, loss_fn=lm_loss)
+                self.schedule = ScheduleGPipe(self.stages[0], n, loss_fn=loss_fn)
             else:
-                self.schedule = Schedule1F1B(self.stages[0], n, loss_fn=lm_loss)
+                self.schedule = Schedule1F1B(self.stages[0], n, loss_fn=loss_fn)
         except ValueError as e:  # e.g. interleaved 1F1B's micro-batch rule
             raise SpecError("runner", "schedule", f"torch.distributed.pipelining rejects this plan: {e}") from None
 
@@ -449,16 +482,17 @@ class Engine:
         x, y = self.tokens.pipeline_batch(step_index, self.plan.batch_offset, self.plan.batch_size)
         x, y = x.to(self.device), y.to(self.device)
         losses: list[torch.Tensor] = []
-        if self.mixed is not None:
-            losses = self.mixed.step(x if self.plan.first else None, y if self.plan.last else None)
-        else:
-            args = (x,) if self.plan.first else ()
-            self.schedule.step(
-                *args,
-                target=y if self.plan.last else None,
-                losses=losses if self.plan.last else None,
-                return_outputs=False,
-            )
+        with vocab_parallel_loss(self.chunks):  # a vocabulary-parallel head's loss, forward and backward
+            if self.mixed is not None:
+                losses = self.mixed.step(x if self.plan.first else None, y if self.plan.last else None)
+            else:
+                args = (x,) if self.plan.first else ()
+                self.schedule.step(
+                    *args,
+                    target=y if self.plan.last else None,
+                    losses=losses if self.plan.last else None,
+                    return_outputs=False,
+                )
         t_sync = time.perf_counter()
         grad_norm = None
         if lr is not None:  # the schedule's rate for this step (runner.optim.TrainSettings)

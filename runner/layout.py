@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.errors import SpecError
+from autotune.simulator.engine_terms import vocab_split
 from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
 from autotune.specs.execution import LAYERWISE
 
@@ -487,6 +488,14 @@ def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[Rank
         )
     for key in (EMBED_KEY, HEAD_KEY):
         degrees = {(r.tp_degree) for r in ranks if key in r.holds()}
+        if len({vocab_split(model.vocab_size, d) for d in degrees if d > 1}) > 1:
+            raise SpecError(
+                "runner",
+                "pipelines",
+                f"the {key} sits on stages of tensor-parallel degrees {sorted(degrees)}, some of which divide the "
+                f"vocabulary ({model.vocab_size}) and split it, some not: replicas must hold it alike (pad the "
+                "vocabulary to a multiple of the largest degree)",
+            )
         if len(degrees) > 1 and _resharding_refused(config):
             raise SpecError(
                 "runner",

@@ -177,7 +177,7 @@ class MixedPipeline:
                 t0 = self.clock.now()  # the receive's wait is not compute
                 out = self.chunk(inp)
                 if last:
-                    loss = lm_loss(out, y[j * mbs : (j + 1) * mbs])
+                    loss = lm_loss(out, y[j * mbs : (j + 1) * mbs], self.chunk.vocab_mesh)
                     losses.append(loss.detach())
                     outputs[j] = loss * self.scale
                 else:

@@ -248,6 +248,7 @@ class StageChunk(nn.Module):
         self.dropout = spec.dropout
         self.autocast_dtype: torch.dtype | None = None  # set by the engine for bf16 on CUDA
         self.sequence_mesh = None  # sequence parallelism: the tensor-parallel mesh (runner.engine)
+        self.vocab_mesh = None  # the head's logits split over the vocabulary across this mesh (runner.engine)
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size) if first else None
         self.positions = (
             nn.Embedding(spec.learned_positions, spec.hidden_size) if first and spec.learned_positions else None
@@ -377,7 +378,13 @@ class TiedHead(nn.Module):
         object.__setattr__(self, "embed", embed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.embed.weight)
+        from torch.distributed.tensor import DTensor, Replicate
+
+        w = self.embed.weight
+        if isinstance(w, DTensor):  # a vocabulary-parallel embedding: this rank's rows of the logits
+            x = DTensor.from_local(x, w.device_mesh, [Replicate()], run_check=False)
+            return F.linear(x, w).to_local()
+        return F.linear(x, w)
 
 
 def _redistribute(x: torch.Tensor, mesh, to: str) -> torch.Tensor:
@@ -396,9 +403,29 @@ def build_full_model(spec: ModelSpec, seed: int) -> StageChunk:
     return StageChunk(spec, range(spec.num_layers), first=True, last=True, seed=seed)
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy over every token of the (micro-)batch."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, mesh=None) -> torch.Tensor:
+    """Mean next-token cross entropy over every token of the (micro-)batch. With ``mesh`` the logits are this
+    rank's part of the vocabulary (a vocabulary-parallel head, ``StageChunk.vocab_mesh``): torch's
+    ``loss_parallel`` cross entropy over the mesh (its backward too must run inside ``loss_parallel()``,
+    ``vocab_parallel_loss``); every rank gets the whole loss."""
+    if mesh is None:
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    from torch.distributed.tensor import DTensor, Shard
+
+    parts = DTensor.from_local(logits.flatten(0, 1).float(), mesh, [Shard(1)], run_check=False)
+    return F.cross_entropy(parts, targets.flatten()).to_local()
+
+
+def vocab_parallel_loss(chunks: Iterable[StageChunk]):
+    """The context a rank's forwards and backwards run in: torch's ``loss_parallel()`` where one of its
+    ``chunks`` ends in a vocabulary-parallel head, else nothing."""
+    from contextlib import nullcontext
+
+    if any(c.vocab_mesh is not None for c in chunks):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return nullcontext()
 
 
 def flops_per_token(spec: ModelSpec) -> float:

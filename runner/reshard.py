@@ -8,7 +8,9 @@ holds parts ``i t/d .. (i+1) t/d - 1``. Each part's gradient is all-reduced amon
 one per replica (each weighted by its replica's share of the batch): every rank moves only its own
 shard, as the simulator's data-parallel term counts a stage's devices together. A weight every
 tensor-parallel rank holds whole (norms, embedding, head) is all-reduced among every holder, each
-weighted by its replica's share over the replica's degree (its ranks hold the same gradient). One
+weighted by its replica's share over the replica's degree (its ranks hold the same gradient). The
+embedding and the head are split by vocabulary rows where the largest degree divides the vocabulary
+(``runner.engine.apply_tensor_parallel``), else held whole. One
 flat all-reduce per group and step, the groups in one global order on every rank.
 """
 
@@ -21,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from autotune.simulator.engine_terms import vocab_split
 from runner.optim import local_tensor
 
 #: the dimension ``runner.engine.apply_tensor_parallel`` shards each block weight along (column-parallel
@@ -41,10 +44,18 @@ SHARD_DIM = {
 }
 
 
-def shard_dim(name: str, p: nn.Parameter) -> int | None:
+#: the vocabulary-parallel embedding and head (where the degree divides the vocabulary): split by rows
+VOCAB_SHARD_DIM = {"embed.weight": 0, "head.weight": 0}
+
+
+def shard_dim(name: str, p: nn.Parameter, vocab_parts: bool = False) -> int | None:
     """The dimension a tensor-parallel replica splits weight ``name`` along (None: held whole), the same
-    on a replica of degree 1, which holds every part."""
-    dim = SHARD_DIM.get(name.split(".", 2)[-1]) if name.startswith("blocks.") else None
+    on a replica of degree 1, which holds every part; ``vocab_parts``: the embedding and the head are
+    split (``autotune.simulator.engine_terms.vocab_split`` at the largest degree)."""
+    if name.startswith("blocks."):
+        dim = SHARD_DIM.get(name.split(".", 2)[-1])
+    else:
+        dim = VOCAB_SHARD_DIM.get(name) if vocab_parts else None
     if isinstance(p, DTensor):  # the placement tensor parallelism gave it must agree
         placed = next((pl.dim for pl in p.placements if pl.is_shard()), None)
         assert placed == dim, f"{name}: sharded along {placed}, the resharding expects {dim}"
@@ -53,7 +64,12 @@ def shard_dim(name: str, p: nn.Parameter) -> int | None:
 
 class ReshardedGradients:
     def __init__(
-        self, layout, rank: int, params_of: Callable[[str], list[nn.Parameter]], names: dict[nn.Parameter, str]
+        self,
+        layout,
+        rank: int,
+        params_of: Callable[[str], list[nn.Parameter]],
+        names: dict[nn.Parameter, str],
+        vocab_size: int,
     ) -> None:
         plan = layout.ranks[rank]
         groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
@@ -70,7 +86,7 @@ class ReshardedGradients:
             per_rank = t // plan.tp_degree
             mine = range(plan.tp_index * per_rank, (plan.tp_index + 1) * per_rank)
             for p in params_of(key):
-                dim = shard_dim(names[p], p)
+                dim = shard_dim(names[p], p, vocab_split(vocab_size, t))
                 if dim is None:  # held whole by every tensor-parallel rank
                     self.pieces.setdefault(holders, []).append((p, None, 0, 1))
                     self.copies[p] = len(holders)

@@ -303,9 +303,10 @@ class CostModel:
         V, tokens = model.vocab_size, mbs * model.seq_len
         act_bytes = e * tokens * model.hidden_size
         # the embedding and the head split ``ht`` ways: vocabulary-parallel (ht = tp), or whole on every rank
-        # (ht = 1, autotune's runner: no all-reduce; with sequence parallelism the head gathers the sequence
-        # and the embedding's gradient is gathered back, half an all-reduce each)
-        ht = head_group(self.engine, tp)
+        # (ht = 1, autotune's runner where tp does not divide the vocabulary: no all-reduce; with sequence
+        # parallelism the head gathers the sequence and the embedding's gradient is gathered back, half an
+        # all-reduce each)
+        ht = head_group(self.engine, tp, self.model.vocab_size)
         vocab_ar = tp_ar if ht > 1 else 0.0
         gather = 0.5 * tp_ar if ht == 1 and sp else 0.0
         # embedding: gather rows and write the output (2 e s b h bytes); vocab-parallel: one all-reduce
@@ -340,7 +341,7 @@ class CostModel:
         tp = len(devices)
         link = self._eff.group_link(devices) if tp > 1 else _NO_LINK
         lpc = layers / v
-        params = stage_params(self.model, layers, tp, first, last, head_group(self.engine, tp))
+        params = stage_params(self.model, layers, tp, first, last, head_group(self.engine, tp, self.model.vocab_size))
         durs = [0.0] * (2 * v)
         opt_s = 0.0
         for rk in sorted({self.rate_key[d] for d in devices}):  # mixed types: the slowest sets the pace
@@ -430,7 +431,7 @@ class CostModel:
                 split = state_bytes_for(self.model)
                 if per_param is not None:
                     split = split.scaled_to(per_param)
-                ht = head_group(self.engine, len(devices))
+                ht = head_group(self.engine, len(devices), self.model.vocab_size)
                 st = stage_states(self.model, layers, len(devices), first, last, dp, zero, offload, split, ht)
                 states_bytes, host_GiB = st.device_bytes + st.working_bytes, st.host_bytes / 2**30
             dev = stage_peak_GiB(

@@ -181,7 +181,7 @@ def sharded_costs(
                 per_chunk = st.layers // v if v > 1 else st.layers
                 for c in range(v):
                     ends = (s == 0 and c == 0, s == p - 1 and c == v - 1)
-                    parts = zr.stage_units(model, per_chunk, tp, *ends, head_group(costs.engine, tp))
+                    parts = zr.stage_units(model, per_chunk, tp, *ends, head_group(costs.engine, tp, model.vocab_size))
                     comm = zr.chunk_comm(parts, config.zero, st.offload, dp, ring, host, split)
                     if spread:
                         comm = comm.spread(spread)

@@ -12,9 +12,12 @@ validated on ran on other engines, so each term below is per engine (``Simulator
   apart, kept for the published Megatron and Sailor runs; not measured). Measured on CPU with the runner's
   ``lm_loss`` (``experiments/fidelity/loss_peak.py``): 16.0 and 12.0 bytes per logit.
 - ``vocab_parallel``: whether the embedding and the LM head are split across a stage's tensor-parallel
-  group (Megatron-LM, DeepSpeed on Megatron, torchtitan's loss-parallel output). autotune's runner applies
-  tensor parallelism to the blocks only (``runner.engine``): every rank of the group holds the whole
-  embedding and head, computes the whole logits and holds their loss.
+  group (Megatron-LM, DeepSpeed on Megatron, torchtitan's loss-parallel output; autotune's runner, through
+  torch's ``RowwiseParallel`` embedding, ``ColwiseParallel`` head and ``loss_parallel`` cross-entropy,
+  ``runner.engine``). The runner splits them only where the degree divides the vocabulary (it does not pad
+  the vocabulary as Megatron-LM does: a padded model is another model); elsewhere every rank of the group
+  holds the whole embedding and head, computes the whole logits and holds their loss
+  (``vocab_split``).
 - ``scatter_gather``: how a pipeline hand-off between two stages of the same tensor-parallel degree ``t > 1``
   (no sequence parallelism) moves the activation. Megatron-LM before Megatron-Core (v2-v3, 2020-2022; the
   engine ``"megatron-legacy"``, for the published runs of that code and of Aceso's runtime built on it)
@@ -36,11 +39,12 @@ from dataclasses import dataclass
 class EngineTerms:
     loss_bytes_per_logit: float | None  # None: the model's element size + 8
     vocab_parallel: bool  # embedding and LM head split across the tensor-parallel group
+    pads_vocab: bool = True  # False: split only where the degree divides the vocabulary (autotune's runner)
     scatter_gather: bool = False  # pipeline hand-offs: 1/t per rank, then an all-gather in the receiving group
 
 
 ENGINE_TERMS: dict[str, EngineTerms] = {
-    "autotune": EngineTerms(16.0, False),
+    "autotune": EngineTerms(16.0, True, pads_vocab=False),
     "torchtitan": EngineTerms(12.0, True),
     "megatron": EngineTerms(None, True),
     "deepspeed": EngineTerms(None, True),
@@ -68,6 +72,17 @@ def scatter_gather(engine: str, src_tp: int, dst_tp: int, sequence_parallel: boo
     return engine_terms(engine).scatter_gather and src_tp == dst_tp > 1 and not sequence_parallel
 
 
-def head_group(engine: str, tp: int) -> int:
-    """How many ranks of a ``tp``-wide group split the embedding and the LM head under ``engine``."""
-    return tp if engine_terms(engine).vocab_parallel else 1
+def vocab_split(vocab_size: int, tp: int) -> bool:
+    """Whether autotune's runner splits the embedding and the LM head of a ``vocab_size`` model across a
+    ``tp``-wide tensor-parallel group: where ``tp`` divides the vocabulary (equal shards, which replicas of
+    different degrees can average part by part, ``runner.reshard``)."""
+    return tp > 1 and vocab_size % tp == 0
+
+
+def head_group(engine: str, tp: int, vocab_size: int) -> int:
+    """How many ranks of a ``tp``-wide group split the embedding and the LM head of a ``vocab_size`` model
+    under ``engine``."""
+    terms = engine_terms(engine)
+    if not terms.vocab_parallel or (not terms.pads_vocab and not vocab_split(vocab_size, tp)):
+        return 1
+    return tp

@@ -189,7 +189,9 @@ def stage_activation_bytes(
     if first and model.dropout > 0:
         total += -(-in_flight_chunks // chunks) * s * b * model.hidden_size  # embedding dropout mask (chunk 0)
     if last:
-        total += loss_bytes_per_logit(engine, e) * s * b * model.vocab_size / head_group(engine, tp)  # the loss
+        total += (
+            loss_bytes_per_logit(engine, e) * s * b * model.vocab_size / head_group(engine, tp, model.vocab_size)
+        )  # the loss
     return total
 
 
@@ -220,7 +222,7 @@ def stage_peak_GiB(
     (``autotune.simulator.zero``), in place of bytes per parameter x parameters."""
     per_param = BYTES_PER_PARAM_STATE if state_bytes_per_param is None else state_bytes_per_param
     if states_bytes is None:
-        states = per_param * stage_params(model, layers, tp, first, last, head_group(engine, tp))
+        states = per_param * stage_params(model, layers, tp, first, last, head_group(engine, tp, model.vocab_size))
     else:
         states = states_bytes
     acts = stage_activation_bytes(

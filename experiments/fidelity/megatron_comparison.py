@@ -159,10 +159,12 @@ KORTHIKANTI = [
 ]
 
 
-def korthikanti() -> list[float]:
+def korthikanti(engine: str = ENGINE) -> list[float]:
     """Simulated vs published MFU with selective recomputation and sequence parallelism on every stage;
-    MFU = 72 B s l h^2 (1 + s/6h + V/12lh) / (iteration time x GPUs x 312 TFLOP/s), their definition."""
-    print("\nKorthikanti et al. 2022: selective recomputation + sequence parallelism, tp 8, 1F1B")
+    MFU = 72 B s l h^2 (1 + s/6h + V/12lh) / (iteration time x GPUs x 312 TFLOP/s), their definition.
+    ``engine``: the engine simulated (Megatron-LM's own by default; ``autotune``: the runner, as
+    ``autotune simulate`` predicts it by default)."""
+    print(f"\nKorthikanti et al. 2022: selective recomputation + sequence parallelism, tp 8, 1F1B (engine {engine})")
     print(
         f"{'params':>8} {'PP':>3} {'GPUs':>5} {'batch':>5} {'mbs':>3} | {'MFU pub':>7} {'MFU sim':>7} {'error':>7} | "
         f"{'sim s':>6} {'GiB/dev':>7}"
@@ -171,7 +173,7 @@ def korthikanti() -> list[float]:
     for params, heads, hidden, layers, tp, pp, gpus, batch, mbs, mfu_pub, _hfu_pub in KORTHIKANTI:
         model = gpt(params, heads, hidden, layers, batch, "bf16", "korthikanti")
         cluster = selene(gpus)
-        m = Simulator(cluster, model, engine=ENGINE).evaluate(
+        m = Simulator(cluster, model, engine=engine).evaluate(
             plan(cluster, layers, tp, pp, batch, "1f1b", 1, mbs, "selective", True)
         )
         if not m.ok:
@@ -195,7 +197,12 @@ def korthikanti() -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the same tables (the whole run takes about a second)")
-    ap.parse_args()
+    ap.add_argument(
+        "--engine",
+        default=None,
+        help="also simulate Korthikanti et al.'s table with this engine (autotune: the runner, the default engine)",
+    )
+    args = ap.parse_args()
     print(
         f"{'params':>8} {'TP':>3} {'PP':>3} {'GPUs':>5} {'batch':>5} | {'published':>9} {'1F1B':>7} {'error':>7}"
         f" | {'interleaved':>11} {'error':>7} | {'bubble':>6} {'sim s':>6}"
@@ -235,6 +242,8 @@ def main() -> None:
         f"over {len(errors)} rows ({time.perf_counter() - t0:.1f} s)"
     )
     k = korthikanti()
+    if args.engine:
+        korthikanti(args.engine)
     both = errors + k
     print(
         f"\nboth tables: mean |error| {100 * sum(both) / len(both):.1f}% over {len(both)} rows "

@@ -41,7 +41,7 @@ def test_the_last_stage_holds_the_engine_s_loss_bytes_per_logit(precision: str, 
     args = (model, b, tp, 4, False, 1, 1, False)
     last = stage_activation_bytes(*args, True, engine=engine)
     not_last = stage_activation_bytes(*args, False, engine=engine)
-    assert last - not_last == pytest.approx(per_logit * 512 * b * 32000 / head_group(engine, tp))
+    assert last - not_last == pytest.approx(per_logit * 512 * b * 32000 / head_group(engine, tp, 32000))
 
 
 def test_an_unknown_engine_is_named() -> None:
@@ -61,22 +61,29 @@ def test_the_runner_s_loss_holds_what_the_simulator_says() -> None:
     assert loss_peak.measure(1024, 16384, keep=False) == pytest.approx(loss_bytes_per_logit("torchtitan", 2), rel=0.1)
 
 
-def test_autotune_s_runner_keeps_the_head_and_its_logits_whole_on_every_tensor_parallel_rank() -> None:
-    """The runner splits the blocks across tensor parallelism, not the embedding and the head
-    (``runner.engine``): a tp-2 last stage holds the whole head's states and the whole logits' loss; a
-    vocabulary-parallel engine (Megatron-LM) half of each."""
+def test_autotune_s_runner_splits_the_head_where_the_degree_divides_the_vocabulary() -> None:
+    """The runner splits the embedding and the head across tensor parallelism where the degree divides the
+    vocabulary (``runner.engine``, as Megatron-LM always does after padding it): a tp-2 last stage holds
+    half the head's states and half the logits' loss; with an odd vocabulary the whole of each."""
     model = model_from_dict({**MODEL, "precision": "bf16"}, "test")
+    odd = model_from_dict({**MODEL, "precision": "bf16", "vocab_size": 32001}, "test")
     b, s, V, h = 2, 512, 32000, 256
     runner = stage_activation_bytes(model, b, 2, 4, False, 1, 1, False, True, engine="autotune")
     blocks = stage_activation_bytes(model, b, 2, 4, False, 1, 1, False, False, engine="autotune")
-    assert runner - blocks == pytest.approx(16 * s * b * V)  # not / 2
+    assert runner - blocks == pytest.approx(16 * s * b * V / 2)
+    whole = stage_activation_bytes(odd, b, 2, 4, False, 1, 1, False, True, engine="autotune")
+    assert whole - stage_activation_bytes(odd, b, 2, 4, False, 1, 1, False, False, engine="autotune") == (
+        pytest.approx(16 * s * b * (V + 1))
+    )
     meg = stage_activation_bytes(model, b, 2, 4, False, 1, 1, False, True, engine="megatron")
     assert meg - blocks == pytest.approx(10 * s * b * V / 2)
     head = model.end_params(False, True)
-    assert stage_params(model, 4, 2, False, True, head_group("autotune", 2)) == pytest.approx(
+    assert head_group("autotune", 2, V) == 2 and head_group("autotune", 2, V + 1) == 1
+    assert head_group("megatron", 2, V + 1) == 2  # Megatron-LM pads the vocabulary
+    assert stage_params(model, 4, 2, False, True, head_group("autotune", 2, V + 1)) == pytest.approx(
         4 * model.params_per_layer / 2 + head
     )
-    assert stage_params(model, 4, 2, False, True, head_group("megatron", 2)) == pytest.approx(
+    assert stage_params(model, 4, 2, False, True, head_group("autotune", 2, V)) == pytest.approx(
         (4 * model.params_per_layer + head) / 2
     )
     assert head == pytest.approx(V * h + 2 * h, rel=0.01)  # the head and the final norm

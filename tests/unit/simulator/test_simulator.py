@@ -159,10 +159,15 @@ def test_tensor_parallel_splits_compute_and_adds_allreduces() -> None:
     small = 2 * (2 - 1) / 2 * (4 * b * s) / (bw * 1e9) + 2 * (2 - 1) * lat * 1e-6
     expected = t1 / 2 + 8 * (4 * model.num_layers * ring + 2 * ring + 3 * small)
     assert t2 == pytest.approx(expected, rel=1e-9)
-    # autotune's runner keeps the embedding and the head whole on both ranks: their time is not halved and
-    # they need no all-reduce (the blocks as above)
-    runner = Simulator(cluster, model, _flat_profile(50.0, "X100"))
-    costs = runner.costs
+    # autotune's runner splits the embedding and the head as Megatron-LM does where the degree divides the
+    # vocabulary; where it does not, it keeps both whole on both ranks: their time is not halved and they
+    # need no all-reduce (the blocks as above)
+    assert model.vocab_size % 2 == 0
+    assert Simulator(cluster, model, _flat_profile(50.0, "X100")).evaluate(
+        _config([(8, [(["n:0", "n:1"], 8)])], mbs=2)
+    ).iteration_time_s == pytest.approx(t2, rel=1e-12)
+    odd = model_from_dict({**GPT, "vocab_size": model.vocab_size + 1}, "gpt")
+    costs = Simulator(cluster, odd, _flat_profile(50.0, "X100")).costs
     alone = costs.layer_costs(costs.rate_key["n:0"], 1, 2, cluster.nodes[0].intra_node)
     pair = costs.layer_costs(costs.rate_key["n:0"], 2, 2, cluster.nodes[0].intra_node)
     assert pair[5:9] == pytest.approx(alone[5:9], rel=1e-12)  # embedding and head: forward, backward
