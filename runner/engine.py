@@ -314,7 +314,14 @@ class Engine:
         if layout.sharded:  # ZeRO sharding / CPU offload: runner.zero keeps the optimizer and the gradients
             from runner.zero import ShardedState
 
-            self.zero = ShardedState(layout, rank, self.module, device)
+            self.zero = ShardedState(layout, rank, self.module, device, experts=self.expert_sync is not None)
+            if self.zero.per_microbatch:  # its collectives pair up only if every expert runs every micro-batch
+                from runner.moe import MoEMLP
+
+                for chunk in self.chunks:
+                    for block in chunk.blocks.values():
+                        if isinstance(block.mlp, MoEMLP):
+                            block.mlp.every_expert = True
             self.optimizer = self.zero.optimizer
             for g in self.optimizer.param_groups:
                 g["weight_decay"] = self.settings.weight_decay
@@ -507,7 +514,8 @@ class Engine:
             t_opt = time.perf_counter()
             self.optimizer.step()
         if self.expert_sync is not None:  # send updated experts / SPES synchronisation (runner.moe)
-            self.expert_sync.after_step(step_index)
+            if self.expert_sync.after_step(step_index) and self.zero is not None:
+                self.zero.reload_from_params()  # the averaged weights are the masters' now
         if recorder:
             recorder.add("allreduce", t_sync, t_opt)
             recorder.add("optimizer", t_opt, time.perf_counter())

@@ -222,17 +222,39 @@ class Layout:
         for r in self.ranks:
             for key in r.holds():
                 holders.setdefault((key, r.tp_index), []).append(r.rank)
-        order = {EMBED_KEY: -1, HEAD_KEY: 1 << 30}
         return tuple(
-            (k, t, tuple(sorted(v)))
-            for (k, t), v in sorted(
-                holders.items(),
-                key=lambda kv: (
-                    order.get(kv[0][0], int(kv[0][0].removeprefix("layer")) if kv[0][0].startswith("layer") else 0),
-                    kv[0][1],
-                ),
-            )
+            (k, t, tuple(sorted(v))) for (k, t), v in sorted(holders.items(), key=lambda kv: _key_order(*kv[0]))
         )
+
+    def key_trainers(self) -> tuple[tuple[str, int, tuple[int, ...], dict[int, float]], ...]:
+        """The units of ZeRO sharding of an MoE / SPES plan (``runner.zero``): (weight key, tensor-parallel
+        index, the ranks that train it together every step, each one's gradient weight), in
+        ``key_holders``' order. Those ranks are ``exchange_groups``' trainers (under SPES with
+        ``sync_every_steps`` > 1 the trainers inside one expert-parallel group: one unit per group) and the
+        weights theirs; a key a rank holds but does not train is no unit (frozen, updated by the exchange)."""
+        local = self.sync_every_steps > 1
+        units: dict[tuple[str, int], list[tuple[tuple[int, ...], dict[int, float]]]] = {}
+        for _, trainers, keys, weights in self.exchange_groups(local=local):
+            if not trainers:
+                continue
+            tp_index = self.ranks[trainers[0]].tp_index
+            for key in keys:
+                units.setdefault((key, tp_index), []).append((trainers, {r: w for r, (w, _) in weights.items()}))
+        return tuple(
+            (key, tp_index, trainers, weights)
+            for key, tp_index, _ in self.key_holders()
+            for trainers, weights in sorted(units.pop((key, tp_index), ()), key=lambda u: u[0])
+        )
+
+
+def _key_order(key: str, tp_index: int) -> tuple[int, int, int]:
+    """Weight keys in model order: the embedding, each layer's shared part then its experts, the head."""
+    if key == EMBED_KEY:
+        return (-1, 0, tp_index)
+    if key == HEAD_KEY:
+        return (1 << 30, 0, tp_index)
+    layer, _, expert = key.removeprefix("layer").partition(".expert")
+    return (int(layer), int(expert) + 1 if expert else 0, tp_index)
 
 
 def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig) -> Layout:
@@ -260,12 +282,6 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
         sum(p.num_microbatches for p in config.pipelines),
     )
     if layout.sharded:
-        if model.is_moe:
-            raise SpecError(
-                "runner",
-                "zero",
-                "ZeRO sharding and offload of MoE models are not implemented in the runner (the simulator models them)",
-            )
         check_sharded_layout(layout)
     return layout
 
@@ -469,14 +485,16 @@ def check_tensor_parallel_plan(config: ParallelConfig) -> None:
 
 
 def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[RankPlan]) -> None:
-    """ZeRO with MoE or SPES plans, tensor parallelism inside MoE blocks, and an embedding or head on stages of
-    different tensor-parallel degrees are not run."""
-    if getattr(config, "zero", 0) and (model.is_moe or config.spes):
+    """ZeRO-3 or offload ``all`` with SPES, tensor parallelism inside MoE blocks, and an embedding or head on
+    stages of different tensor-parallel degrees are not run."""
+    streamed = config.zero >= 3 or any(r.offload == "all" for r in ranks)
+    if streamed and config.spes:
         raise SpecError(
             "runner",
-            "zero",
-            f"ZeRO sharding of MoE or SPES plans is not implemented in the runner "
-            f"(zero={config.zero}); the simulator models it",
+            "zero" if config.zero >= 3 else "offload",
+            "zero 3 or offload 'all' with SPES (experts trained by some replicas, or sync_every_steps > 1) is "
+            "not run by the runner (its exchange sends weights the sharded units hold only while they compute): "
+            "use zero 1 or 2",
         )
     if model.is_moe and any(r.tp_degree > 1 for r in ranks):
         raise SpecError(

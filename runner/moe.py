@@ -96,6 +96,9 @@ class MoEMLP(nn.Module):
         self.experts = nn.ModuleDict({str(e): ExpertMLP(spec) for e in held})
         self.group: dist.ProcessGroup | None = None  # expert-parallel group (None: every expert is local)
         self.group_size = 1
+        #: run every held expert on every micro-batch, those no token chose on no rows (ZeRO-2/3 units make
+        #: collective calls around each expert's forward and backward: every holder must make them)
+        self.every_expert = False
 
     def set_expert_parallel(self, group: dist.ProcessGroup, size: int) -> None:
         self.group, self.group_size = group, size
@@ -124,7 +127,7 @@ class MoEMLP(nn.Module):
         counts = torch.bincount(expert, minlength=self.num_experts).tolist()
         outs, start = [], 0
         for e, n in enumerate(counts):
-            if n:
+            if n or (self.every_expert and str(e) in self.experts):
                 outs.append(self.experts[str(e)](rows[start : start + n]))
             start += n
         return torch.cat(outs) if outs else rows[:0]
@@ -149,9 +152,10 @@ class MoEMLP(nn.Module):
     def _local_experts(self, rows: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         held = sorted(int(e) for e in self.experts)
         counts = torch.bincount(expert - held[0], minlength=len(held)).tolist() if expert.numel() else []
+        counts += [0] * (len(held) - len(counts)) if self.every_expert else []
         outs, start = [], 0
         for i, n in enumerate(counts):
-            if n:
+            if n or self.every_expert:
                 outs.append(self.experts[str(held[0] + i)](rows[start : start + n]))
             start += n
         return torch.cat(outs) if outs else rows[:0] * 0.0

@@ -2,7 +2,13 @@
 
 The unit of sharding is one weight key of ``runner.layout`` (``embed``, ``layer<i>``, ``head``: the
 embedding, one transformer block, the final norm + LM head) and its holders: the ranks of every
-replica that hold that key (same tensor-parallel shard). Each key's parameters are flattened into one
+replica that hold that key (same tensor-parallel shard). In an MoE / SPES plan an expert
+(``layer<i>.expert<e>``) is a key of its own and a block's key its shared part, and a unit's ranks are the
+key's trainers that step together (``Layout.key_trainers``: an expert's holders across expert-parallel
+groups; under SPES with ``sync_every_steps`` > 1 the replicas of one group), each gradient weighted as the
+exchange weighs it (``runner.moe``); an MoE block then runs every expert on every micro-batch where
+collectives go per micro-batch, and a SPES synchronisation reloads the master shards from the averaged
+weights. Each key's parameters are flattened into one
 buffer, padded to a multiple of the holders ``N``; rank ``i`` of them owns slice ``i`` (ZeRO's
 partitioning, Rajbhandari et al. 2020). Per unit the rank keeps, as ``autotune.simulator.zero``
 counts them:
@@ -382,7 +388,7 @@ class ShardedState:
 
     Every rank constructs it (process groups are created by all ranks in one order)."""
 
-    def __init__(self, layout: Layout, rank: int, module, device: torch.device) -> None:
+    def __init__(self, layout: Layout, rank: int, module, device: torch.device, experts: bool = False) -> None:
         self.layout = layout
         self.plan = layout.ranks[rank]
         self.units: list[Unit] = []
@@ -390,7 +396,16 @@ class ShardedState:
         counts = {r.rank: r.share or r.num_microbatches for r in layout.ranks}
         # runner.mixed weighs each micro-batch's loss by its part of the global batch already
         self.grad_weight = 1.0 if layout.mixed else self.plan.grad_weight
-        for key, _tp_index, holders in layout.key_holders():
+        #: an MoE / SPES plan (``experts``): each key's unit is its trainers (``Layout.key_trainers``), with
+        #: their gradient weights; a SPES plan's units are per expert-parallel group (its checkpoint names say which)
+        self.scope = f".g{self.plan.expert_group}" if experts and layout.sync_every_steps > 1 else ""
+        units = layout.key_trainers() if experts else [(*u, None) for u in layout.key_holders()]
+        # experts this rank holds and does not train (SPES): no unit, but saved and restored with the shards
+        names = {p: n for n, p in module.named_parameters()}
+        self.frozen = {
+            names[p]: p for key in self.plan.holds() if not self.plan.trains(key) for p in module.params_of(key)
+        }
+        for key, _tp_index, holders, weights in units:
             groups = (
                 (dist.new_group(list(holders)), dist.new_group(list(holders))) if len(holders) > 1 else (None, None)
             )
@@ -401,6 +416,9 @@ class ShardedState:
                 modules = [module.embed]
             elif key == HEAD_KEY:
                 modules = [module.norm, module.head]
+            elif ".expert" in key:
+                layer, _, expert = key.removeprefix("layer").partition(".expert")
+                modules = [module.blocks[layer].mlp.experts[expert]]
             else:
                 modules = [module.blocks[key.removeprefix("layer")]]
             unit = Unit(
@@ -417,7 +435,12 @@ class ShardedState:
                 counts[rank],
                 asynchronous=layout.mixed,
             )
-            unit.factor = 1.0 if layout.mixed else 1.0 / layout.total_microbatches
+            if weights is None:  # every holder trains the key: its replica's share of the batch
+                unit.weight = self.grad_weight
+                unit.factor = 1.0 if layout.mixed else 1.0 / layout.total_microbatches
+            else:  # the exchange's weight (of the pipeline's mean gradient), per micro-batch over its count
+                unit.weight = weights[rank]
+                unit.factor = weights[rank] / counts[rank]
             self.units.append(unit)
         masters = [u.master for u in self.units]
         # state in host memory (offload, and every CPU rank) steps with torch's fused CPU AdamW, as
@@ -458,14 +481,30 @@ class ShardedState:
                     if i < u.pads and u.scatter_per_mb:
                         u.reduce_microbatch(pad=True)
         for u in self.units:
-            u.finish_step(self.grad_weight)
+            u.finish_step(u.weight)
         self.optimizer.step()
         for u in self.units:
             u.write_back()
 
+    @property
+    def per_microbatch(self) -> bool:
+        """Whether some unit makes collective calls per micro-batch (gathers or reduce-scatters): then every
+        holder must run every unit on every micro-batch (an MoE block runs each expert, tokens or none)."""
+        return any(u.gathers or u.scatter_per_mb for u in self.units)
+
+    def reload_from_params(self) -> None:
+        """The master shards from the weights, after something other than the optimizer changed them (a
+        SPES synchronisation averages the trainers' weights): every unit's weights are resident."""
+        with torch.no_grad():
+            for u in self.units:
+                flat = torch.cat([local_tensor(p).detach().reshape(-1).float() for p in u.params])
+                flat = torch.cat([flat, flat.new_zeros(u.padded - u.numel)])
+                u.master.copy_(flat[u.lo : u.hi].to(u.master.device))
+
     # -- checkpoints -------------------------------------------------------------------------------
     def _name(self, u: Unit) -> str:
-        return f"{u.key}.tp{self.plan.tp_index}.shard{u.index}of{u.n_shards if u.n_shards > 1 else 1}"
+        shard = u.index if u.n_shards > 1 else 0
+        return f"{u.key}{self.scope}.tp{self.plan.tp_index}.shard{shard}of{u.n_shards if u.n_shards > 1 else 1}"
 
     def state_dict(self) -> dict:
         """This rank's shards under names that say which shard they are (a sharded checkpoint is
@@ -481,30 +520,28 @@ class ShardedState:
                 out[f"{name}.exp_avg"] = state["exp_avg"]
                 out[f"{name}.exp_avg_sq"] = state["exp_avg_sq"]
                 out[f"{name}.step"] = state["step"]
+        for name, p in self.frozen.items():  # every holder's copy is the same (the last exchange's)
+            out[f"frozen.{name}"] = p.detach()
         return out
 
     def empty_state_dict(self, steps_done: bool) -> dict:
         """Tensors of the right shapes for loading into (every unit, as a resumed rank needs them)."""
         out = {}
         for u in self.units:
-            name = (
-                f"{u.key}.tp{self.plan.tp_index}.shard{u.index if u.n_shards > 1 else 0}of"
-                f"{u.n_shards if u.n_shards > 1 else 1}"
-            )
+            name = self._name(u)
             out[f"{name}.master"] = torch.empty_like(u.master.detach())
             if steps_done:
                 out[f"{name}.exp_avg"] = torch.empty_like(u.master.detach())
                 out[f"{name}.exp_avg_sq"] = torch.empty_like(u.master.detach())
                 out[f"{name}.step"] = torch.zeros((), dtype=torch.float32)
+        for name, p in self.frozen.items():
+            out[f"frozen.{name}"] = torch.empty_like(p.detach())
         return out
 
     def load_state_dict(self, state: dict) -> None:
         with torch.no_grad():
             for u in self.units:
-                name = (
-                    f"{u.key}.tp{self.plan.tp_index}.shard{u.index if u.n_shards > 1 else 0}of"
-                    f"{u.n_shards if u.n_shards > 1 else 1}"
-                )
+                name = self._name(u)
                 u.master.copy_(state[f"{name}.master"])
                 if f"{name}.exp_avg" in state:
                     self.optimizer.state[u.master] = {
@@ -513,3 +550,5 @@ class ShardedState:
                         "exp_avg_sq": state[f"{name}.exp_avg_sq"].clone().to(u.master.device),
                     }
                 u.write_back()
+            for name, p in self.frozen.items():
+                p.copy_(state[f"frozen.{name}"])

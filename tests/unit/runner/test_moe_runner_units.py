@@ -86,8 +86,15 @@ def test_runner_refuses_what_it_does_not_implement() -> None:
     }
     with pytest.raises(SpecError, match="tensor parallelism inside MoE blocks is not implemented in the runner"):
         _layout(tp)
-    with pytest.raises(SpecError, match="ZeRO sharding of MoE or SPES plans is not implemented in the runner"):
-        _layout({"micro_batch_size": 1, "zero": 1, "pipelines": _pipes(4)})
+    assert _layout({"micro_batch_size": 1, "zero": 1, "pipelines": _pipes(4)}).sharded  # ZeRO with MoE runs
+    spes = {
+        "micro_batch_size": 1,
+        "zero": 3,
+        "sync_every_steps": 4,
+        "pipelines": _pipes(4, trains=[[0, 1], [2, 3]] * 2),
+    }
+    with pytest.raises(SpecError, match="zero 3 or offload 'all' with SPES"):
+        _layout(spes)
 
 
 def test_profiled_spes_run_amortises_its_timed_sync() -> None:
