@@ -199,14 +199,16 @@ def apply_tensor_parallel(
     mesh = DeviceMesh.from_group(group, device.type)
     for chunk in chunks:
         for block in chunk.blocks.values():
+            moe = hasattr(block.mlp, "set_tensor_parallel")  # an MoE block splits its experts itself
             plan = {
                 "attn.q_proj": ColwiseParallel(),
                 "attn.k_proj": ColwiseParallel(),
                 "attn.v_proj": ColwiseParallel(),
-                "mlp.up_proj": ColwiseParallel(),
             }
-            if block.mlp.swiglu:
-                plan["mlp.gate_proj"] = ColwiseParallel()
+            if not moe:
+                plan["mlp.up_proj"] = ColwiseParallel()
+                if block.mlp.swiglu:
+                    plan["mlp.gate_proj"] = ColwiseParallel()
             if sequence_parallel:
                 gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
                 plan.update(
@@ -214,31 +216,41 @@ def apply_tensor_parallel(
                         "attn_norm": SequenceParallel(),
                         "mlp_norm": SequenceParallel(),
                         "attn": gather,
-                        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
                         "attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-                        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
                     }
                 )
+                if not moe:
+                    plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+                    plan["mlp.down_proj"] = RowwiseParallel(output_layouts=Shard(1))
             else:
-                plan.update({"attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()})
+                plan["attn.o_proj"] = RowwiseParallel()
+                if not moe:
+                    plan["mlp.down_proj"] = RowwiseParallel()
             parallelize_module(block, mesh, plan)
+            if moe:
+                block.mlp.set_tensor_parallel(mesh, sequence_parallel)
         if sequence_parallel:
             chunk.sequence_mesh = mesh
         if not vocab_split(vocab_size, mesh.size()):
             continue
         if chunk.embed is not None:
             parallelize_module(chunk.embed, mesh, RowwiseParallel(input_layouts=Replicate()))
-            # DTensor computes the lookup's weight gradient whole on every rank: keep this rank's rows
-            chunk.embed.weight.register_post_accumulate_grad_hook(_grad_as_placed)
         if isinstance(chunk.head, nn.Linear):
             parallelize_module(chunk.head, mesh, ColwiseParallel(output_layouts=Shard(-1)))
         if chunk.head is not None:
             chunk.vocab_mesh = mesh
+    # DTensor leaves some gradients laid out otherwise than their weights: a vocabulary-parallel embedding's
+    # whole on every rank, a sequence-parallel norm's a partial sum (each rank's part of the sequence)
+    for chunk in chunks:
+        for p in chunk.parameters():
+            if isinstance(p, DTensor):
+                p.register_post_accumulate_grad_hook(_grad_as_placed)
 
 
 def _grad_as_placed(p: nn.Parameter) -> None:
     """A DTensor weight's gradient laid out as the weight (a replicated gradient of a sharded weight: this
-    rank's part, no communication), so that every rank syncs, clips and steps its own shard."""
+    rank's part, no communication; a partial one of a replicated weight: all-reduced), so that every rank
+    syncs, clips and steps what it holds."""
     if p.grad is not None and p.grad.placements != p.placements:
         p.grad = p.grad.redistribute(p.device_mesh, p.placements)
 
@@ -327,14 +339,7 @@ class Engine:
                 g["weight_decay"] = self.settings.weight_decay
         else:
             self.optimizer = make_optimizer([p for p in self.module.parameters() if p.requires_grad], self.settings)
-            for ranks, keys in layout.grad_groups().items() if self.expert_sync is None else ():
-                group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
-                if rank in ranks:
-                    params = [p for key in sorted(keys) for p in self.module.params_of(key)]
-                    self.grad_groups.append((group, params))
-                    for p in params:  # ranks holding this very tensor: its share of the global norm
-                        sharded = isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
-                        self.copies[p] = len(ranks) * (1 if sharded else self.plan.tp_degree)
+            self._gradient_groups(layout, rank)
             # weights replicas shard with different tensor-parallel degrees (runner.reshard)
             self.reshard = None
             if self.expert_sync is None and layout.resharded():
@@ -346,6 +351,28 @@ class Engine:
 
         # 3. stages and schedule
         self._build_schedule(layout, model, device, schedule)
+
+    def _gradient_groups(self, layout: Layout, rank: int) -> None:
+        """The groups that all-reduce each weight's gradient (``grad_groups``; an MoE / SPES plan's are its
+        exchange's) and how many ranks hold each tensor (``copies``: its share of the clipping norm; an MoE
+        plan's weights are held alike by their trainers when they synchronise every step)."""
+
+        def count(p: nn.Parameter, ranks: int) -> None:
+            sharded = isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
+            self.copies[p] = ranks * (1 if sharded else self.plan.tp_degree)
+
+        if self.expert_sync is not None:
+            for _, trainers, keys, _ in layout.exchange_groups() if layout.sync_every_steps == 1 else ():
+                for p in (p for key in keys for p in self.module.params_of(key)) if rank in trainers else ():
+                    count(p, len(trainers))
+            return
+        for ranks, keys in layout.grad_groups().items():
+            group = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+            if rank in ranks:
+                params = [p for key in sorted(keys) for p in self.module.params_of(key)]
+                self.grad_groups.append((group, params))
+                for p in params:  # ranks holding this very tensor: its share of the global norm
+                    count(p, len(ranks))
 
     def _build_schedule(self, layout: Layout, model: ModelSpec, device: torch.device, schedule: str) -> None:
         """The rank's pipeline stages and the schedule the plan names (``runner.mixed`` for mixed stages)."""

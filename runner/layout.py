@@ -266,7 +266,7 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     layerwise = any(p.execution == LAYERWISE for p in config.pipelines)
     if config.has_mixed_stages or layerwise:
         check_mixed_plan(config, model)
-    check_tensor_parallel_plan(config)
+    check_tensor_parallel_plan(config, model)
     ranks: list[RankPlan] = []
     offset = 0
     for p, pipe in enumerate(config.pipelines):
@@ -434,13 +434,13 @@ def check_sharded_layout(layout: Layout) -> None:
             )
 
 
-def _resharding_refused(config: ParallelConfig) -> str | None:
+def _resharding_refused(config: ParallelConfig, model: ModelSpec) -> str | None:
     """Why replicas that shard a layer differently cannot average its gradients (``Layout.resharded``)
     in this plan, or None."""
     if config.zero or config.offloads:
         return "with ZeRO sharding or offload"
-    if config.expert_parallel > 1 or config.sync_every_steps > 1 or any(p.trains_experts for p in config.pipelines):
-        return "with expert parallelism or SPES"
+    if model.is_moe or config.sync_every_steps > 1 or any(p.trains_experts for p in config.pipelines):
+        return "with MoE experts or SPES (their exchange pairs ranks of the same tensor-parallel shard)"
     return None
 
 
@@ -456,11 +456,11 @@ def uneven_handoffs(config: ParallelConfig) -> bool:
     return False
 
 
-def check_tensor_parallel_plan(config: ParallelConfig) -> None:
+def check_tensor_parallel_plan(config: ParallelConfig, model: ModelSpec) -> None:
     """Stages of different tensor-parallel degrees in one pipeline run without interleaving; a layer
     sharded the same way in every replica unless the plan's gradients can be resharded
     (``Layout.resharded``)."""
-    refused = _resharding_refused(config)
+    refused = _resharding_refused(config, model)
     tp_of_layer: dict[int, tuple[int, int]] = {}
     if config.virtual_stages > 1 and uneven_handoffs(config):
         raise SpecError(
@@ -485,8 +485,8 @@ def check_tensor_parallel_plan(config: ParallelConfig) -> None:
 
 
 def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[RankPlan]) -> None:
-    """ZeRO-3 or offload ``all`` with SPES, tensor parallelism inside MoE blocks, and an embedding or head on
-    stages of different tensor-parallel degrees are not run."""
+    """ZeRO-3 or offload ``all`` with SPES, and an embedding or head on stages of different tensor-parallel
+    degrees that cannot be averaged part by part, are not run."""
     streamed = config.zero >= 3 or any(r.offload == "all" for r in ranks)
     if streamed and config.spes:
         raise SpecError(
@@ -495,14 +495,6 @@ def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[Rank
             "zero 3 or offload 'all' with SPES (experts trained by some replicas, or sync_every_steps > 1) is "
             "not run by the runner (its exchange sends weights the sharded units hold only while they compute): "
             "use zero 1 or 2",
-        )
-    if model.is_moe and any(r.tp_degree > 1 for r in ranks):
-        raise SpecError(
-            "runner",
-            "pipelines",
-            "tensor parallelism inside MoE blocks is not implemented in the runner "
-            "(the simulator models it): use one device per stage and "
-            "expert_parallel to split the experts",
         )
     for key in (EMBED_KEY, HEAD_KEY):
         degrees = {(r.tp_degree) for r in ranks if key in r.holds()}
@@ -514,7 +506,7 @@ def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[Rank
                 f"vocabulary ({model.vocab_size}) and split it, some not: replicas must hold it alike (pad the "
                 "vocabulary to a multiple of the largest degree)",
             )
-        if len(degrees) > 1 and _resharding_refused(config):
+        if len(degrees) > 1 and _resharding_refused(config, model):
             raise SpecError(
                 "runner",
                 "pipelines",

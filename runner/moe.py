@@ -37,6 +37,7 @@ trainers is the gradient of the mean loss over their sequences.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autotune.specs import ModelSpec
+from runner.optim import local_tensor
 
 
 class AllToAll(torch.autograd.Function):
@@ -78,9 +80,25 @@ class ExpertMLP(nn.Module):
         self.down_proj = nn.Linear(f, h, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """On a tensor-parallel stage (``MoEMLP.set_tensor_parallel``) the weights are this rank's shards and the
+        output its partial sum (reduced once for the whole block)."""
+        up, down = _local(self.up_proj.weight), _local(self.down_proj.weight)
         if self.swiglu:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+            return F.linear(F.silu(F.linear(x, _local(self.gate_proj.weight))) * F.linear(x, up), down)
+        return F.linear(F.gelu(F.linear(x, up), approximate="tanh"), down)
+
+
+def _local(w: torch.Tensor) -> torch.Tensor:
+    """A weight's local shard (a DTensor's, its gradient a shard of the weight's), else the weight."""
+    from torch.distributed.tensor import DTensor
+
+    return w.to_local() if isinstance(w, DTensor) else w
+
+
+def _all_reduce_grad(group, grad: torch.Tensor) -> torch.Tensor:
+    grad = grad.clone()
+    dist.all_reduce(grad, group=group)
+    return grad
 
 
 class MoEMLP(nn.Module):
@@ -99,11 +117,43 @@ class MoEMLP(nn.Module):
         #: run every held expert on every micro-batch, those no token chose on no rows (ZeRO-2/3 units make
         #: collective calls around each expert's forward and backward: every holder must make them)
         self.every_expert = False
+        self.tp_mesh = None  # tensor parallelism inside the block (``set_tensor_parallel``)
+        self.tp_sequence = False
 
     def set_expert_parallel(self, group: dist.ProcessGroup, size: int) -> None:
         self.group, self.group_size = group, size
 
+    def set_tensor_parallel(self, mesh, sequence_parallel: bool) -> None:
+        """Megatron-LM's expert tensor parallelism (what the simulator counts, ``autotune.simulator.moe``):
+        every expert's up / gate projections split by rows and its down projection by columns across
+        ``mesh`` (DTensor shards), the router whole on every rank. Each rank routes the whole input alike,
+        runs its shard of every expert it holds and combines them into a partial sum, reduced once per block
+        (an all-reduce; a reduce-scatter along the sequence with ``sequence_parallel``, whose input is
+        gathered first). The router's gradient is a partial sum on each rank: all-reduced over ``mesh``."""
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        for expert in self.experts.values():
+            for name, dim in (("up_proj", 0), ("gate_proj", 0), ("down_proj", 1)):
+                linear = getattr(expert, name, None)
+                if linear is not None:
+                    linear.weight = nn.Parameter(distribute_tensor(linear.weight.data, mesh, [Shard(dim)]))
+        self.tp_mesh, self.tp_sequence = mesh, sequence_parallel
+        self.router.weight.register_hook(partial(_all_reduce_grad, mesh.get_group()))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_mesh is None:
+            return self._forward(x)
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+        mesh, held = self.tp_mesh, [Shard(1)] if self.tp_sequence else [Replicate()]
+        # the whole input on every rank; its gradient is a partial sum here (reduced, or reduce-scattered)
+        if not isinstance(x, DTensor):  # (a sequence-parallel norm hands its output on as a DTensor)
+            x = DTensor.from_local(x, mesh, held, run_check=False)
+        x = x.redistribute(mesh, [Replicate()])
+        out = self._forward(x.to_local(grad_placements=[Partial()]))
+        return DTensor.from_local(out, mesh, [Partial()], run_check=False).redistribute(mesh, held).to_local()
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         logits = self.router(tokens)
@@ -240,7 +290,7 @@ class ExpertSync:
             for p in g.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
+                grads.append(local_tensor(p.grad))
             if g.group is None:
                 if g.grad_weight != 1.0:
                     for t in grads:
@@ -270,19 +320,19 @@ class ExpertSync:
         with torch.no_grad():
             for g in self._mine(self.sync_groups):
                 if self.rank in g.trainers and g.group is not None:
-                    flat = torch.cat([p.detach().reshape(-1) for p in g.params]).mul_(g.param_weight)
+                    flat = torch.cat([local_tensor(p).detach().reshape(-1) for p in g.params]).mul_(g.param_weight)
                     dist.all_reduce(flat, group=g.group)
-                    _unflatten(flat, [p.data for p in g.params])
+                    _unflatten(flat, [local_tensor(p).data for p in g.params])
                 _broadcast(g)
 
 
 def _broadcast(g: _Group) -> None:
     if g.bcast is None:
         return
-    flat = torch.cat([p.detach().reshape(-1) for p in g.params])
+    flat = torch.cat([local_tensor(p).detach().reshape(-1) for p in g.params])
     dist.broadcast(flat, src=g.trainers[0], group=g.bcast)
     if g.trainers[0] != dist.get_rank():
-        _unflatten(flat, [p.data for p in g.params])
+        _unflatten(flat, [local_tensor(p).data for p in g.params])
 
 
 def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:

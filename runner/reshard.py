@@ -16,6 +16,7 @@ flat all-reduce per group and step, the groups in one global order on every rank
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -52,8 +53,8 @@ def shard_dim(name: str, p: nn.Parameter, vocab_parts: bool = False) -> int | No
     """The dimension a tensor-parallel replica splits weight ``name`` along (None: held whole), the same
     on a replica of degree 1, which holds every part; ``vocab_parts``: the embedding and the head are
     split (``autotune.simulator.engine_terms.vocab_split`` at the largest degree)."""
-    if name.startswith("blocks."):
-        dim = SHARD_DIM.get(name.split(".", 2)[-1])
+    if name.startswith("blocks."):  # an expert's weights split as the dense MLP's
+        dim = SHARD_DIM.get(re.sub(r"^mlp\.experts\.\d+\.", "mlp.", name.split(".", 2)[-1]))
     else:
         dim = VOCAB_SHARD_DIM.get(name) if vocab_parts else None
     if isinstance(p, DTensor):  # the placement tensor parallelism gave it must agree

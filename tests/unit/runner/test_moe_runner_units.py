@@ -79,13 +79,12 @@ def test_holder_keys_and_exchange_weights() -> None:
     assert not spes.ranks[1].trains("layer0.expert2") and spes.ranks[3].trains("layer0.expert2")
 
 
-def test_runner_refuses_what_it_does_not_implement() -> None:
+def test_runner_runs_tp_and_zero_with_moe_and_refuses_zero3_with_spes() -> None:
     tp = {
         "micro_batch_size": 1,
         "pipelines": [{"num_microbatches": 8, "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": 4}]}],
     }
-    with pytest.raises(SpecError, match="tensor parallelism inside MoE blocks is not implemented in the runner"):
-        _layout(tp)
+    assert _layout(tp).tp_groups() == ((0, 1),)  # tensor parallelism inside MoE blocks runs
     assert _layout({"micro_batch_size": 1, "zero": 1, "pipelines": _pipes(4)}).sharded  # ZeRO with MoE runs
     spes = {
         "micro_batch_size": 1,
