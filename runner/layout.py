@@ -394,18 +394,6 @@ def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
 
 def check_sharded_layout(layout: Layout) -> None:
     """Plan shapes the sharded runner cannot run (one clear error before launch)."""
-    streaming = {r.rank for r in layout.ranks if r.offload == "all"}
-    if layout.zero >= 3 and len({r.pipeline for r in layout.ranks}) > 1:
-        streaming |= {r.rank for r in layout.ranks}
-    for r in layout.ranks:
-        if r.rank in streaming and r.tp_degree > 1:
-            what = "offload 'all'" if r.offload == "all" else "zero 3"
-            raise SpecError(
-                "runner",
-                f"pipelines[{r.pipeline}].stages[{r.stage}]",
-                f"{what} with tensor parallelism (degree {r.tp_degree}) is not supported by the runner "
-                "(streamed parameters are flat-buffer views; DTensor shards are not)",
-            )
     if layout.zero >= 2 and len({r.pipeline for r in layout.ranks}) > 1 and not layout.mixed:
         # per-micro-batch collectives (reduce-scatters, zero-3 all-gathers) are blocking calls on one
         # group per layer: the replicas must issue them in the same order

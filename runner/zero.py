@@ -36,8 +36,9 @@ up across different pipeline schedules, and so would uneven micro-batch counts i
 stages (their 1F1B schedules interleave forwards and backwards differently): those calls are blocking,
 one group per unit, so every replica must issue them in the same order. The runner refuses those
 shapes (``runner.layout.check_sharded_layout``; zero 1 runs there, its collectives only at step boundaries; plans with mixed
-stages issue zero 2's reduce-scatters asynchronously instead, ``runner.mixed``), and tensor
-parallelism with zero 3 or ``all`` (the flat-buffer views do not apply to DTensor shards). Single-stage
+stages issue zero 2's reduce-scatters asynchronously instead, ``runner.mixed``). Under tensor parallelism
+a weight is a DTensor whose local shard is the view into the flat buffer (the unit holds the rank's
+tensor-parallel shard of each weight, its holders the ranks of the same shard). Single-stage
 replicas may differ in micro-batches: the padding calls replay a micro-batch's order (forward
 gathers first to last unit, then per unit from the last: gather, reduce-scatter). Under layer-wise
 execution (``runner.layerwise``) a unit is held for a whole pass (``Unit.hold``): gathered once, its
@@ -147,7 +148,8 @@ class Unit:
                 self.flat = flat  # the parameters become views of this buffer, freed between uses
                 offset = 0
                 for p, size, shape in zip(params, self.sizes, self.shapes):
-                    p.data = flat[offset : offset + size].view(shape)
+                    # a DTensor (tensor parallelism) keeps its placement: its local shard becomes the view
+                    local_tensor(p).data = flat[offset : offset + size].view(shape)
                     offset += size
                 self._free()
             del flat, mine

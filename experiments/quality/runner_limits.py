@@ -46,7 +46,7 @@ def main() -> None:
     import torch
 
     import runner.jobs as jobs
-    from autotune import load_cluster, load_model
+    from autotune import SpecError, load_cluster, load_model
     from autotune.search.api import tune
 
     torch.set_num_threads(1)
@@ -72,16 +72,22 @@ def main() -> None:
         for m in methods:
             reasons.clear()
             t0 = time.perf_counter()
-            r = tune(
-                cluster,
-                model,
-                method=m,
-                budget=budget,
-                track=False,
-                storage=storage if m == "optuna" else None,
-                restrict=restrict,
-                max_sync_every=sync,
-            )
+            try:
+                r = tune(
+                    cluster,
+                    model,
+                    method=m,
+                    budget=budget,
+                    track=False,
+                    storage=storage if m == "optuna" else None,
+                    restrict=restrict,
+                    max_sync_every=sync,
+                )
+            except SpecError as e:  # no plan: the search says why in one line
+                print(f"{name:<40} {m:<7} {str(e)[:150]}")
+                for rule, n in reasons.most_common():
+                    print(f"{'':48}{n:5d} x {rule}")
+                continue
             if r.best_measurement.ok:
                 refused = preflight(load_cluster(cluster), load_model(model), r.best_config)
                 best = f"best {r.best_measurement.tokens_per_s:,.0f} tokens/s, pre-flight " + (
