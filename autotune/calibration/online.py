@@ -12,7 +12,10 @@ least squares, so the simulator used for the rest of the budget is closer to the
 - ``contention[type]``: one factor on the excess of the host-contention stretch (``stretch - 1``),
   for device types whose profile has a contention curve (CPU ranks sharing one machine).
 - ``memory[type]``: an additive offset (GiB) on the per-process memory baseline, the mean residual
-  of measured minus predicted peak memory (closed-form least squares).
+  of measured minus predicted peak memory (closed-form least squares). A run that ran out of memory is a
+  censored measurement: some device's true peak exceeded its memory. Where the corrected model still
+  says the plan fits, the offset of the type of its fullest device (the least headroom) rises until it
+  does not (``OOM_MARGIN_GiB`` beyond), so no later plan needing as much there is spent on a real run.
 
 The time factors are fitted in log space (residual ``log(predicted / measured)``) with
 ``scipy.optimize.least_squares`` and a weak ridge prior toward 1 (``prior_weight``), so one or two
@@ -36,6 +39,9 @@ from autotune.profile import CalibrationProfile, DeviceProfile, NodeLinks
 from autotune.specs import ClusterSpec, LinkSpec, Measurement, ModelSpec, ParallelConfig
 
 log = logging.getLogger(__name__)
+
+#: how far past its memory an out-of-memory run's fullest device is put (``OnlineCalibrator``)
+OOM_MARGIN_GiB = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +160,7 @@ class OnlineCalibrator:
     max_factor: float = 10.0
     min_validation_runs: int = 3  # from this many runs on, a fit must beat the profile on held-out runs
     observations: list[_Observation] = field(default_factory=list)
+    oom_runs: list[_Observation] = field(default_factory=list)  # runs that ran out of memory (memory only)
     corrections: Corrections = field(default_factory=Corrections)
 
     def __post_init__(self) -> None:
@@ -174,11 +181,20 @@ class OnlineCalibrator:
         return Simulator(self.cluster, self.model, self._profile)
 
     def update(self, config: ParallelConfig, measured: Measurement) -> CalibrationProfile:
-        """Record one real run and refit. Runs that did not finish (``status`` not ``ok``) are ignored."""
+        """Record one real run and refit. A run out of memory teaches the memory offsets only; other runs
+        that did not finish (``status`` not ``ok``) are ignored."""
         if measured.status == "ok" and not measured.oom and measured.iteration_time_s > 0:
             self.observations.append(_Observation(config, measured))
             self.refit()
+        elif measured.oom or measured.status == "oom":
+            self.oom_runs.append(_Observation(config, measured))
+            self.refit()
         return self._profile
+
+    @property
+    def runs_seen(self) -> int:
+        """Runs that moved the corrections: finished ones and those out of memory."""
+        return len(self.observations) + len(self.oom_runs)
 
     def fit(self, pairs: list[tuple[ParallelConfig, Measurement]]) -> CalibrationProfile:
         """Record several runs at once and refit once."""
@@ -203,6 +219,9 @@ class OnlineCalibrator:
         kept."""
         obs = self.observations
         if not obs:
+            memory = self._oom_bounds(())
+            self.corrections = replace(self.corrections, memory_GiB=memory)
+            self._profile = apply_corrections(self.base_profile, self.cluster, self.corrections)
             return
         memory = self._fit_memory(obs)
         corr = self._fit_time(obs, memory)  # with the memory offsets: which plans fit decides feasibility
@@ -250,6 +269,7 @@ class OnlineCalibrator:
                     sorted(t for t, _ in set(memory) - set(kept)),
                 )
             memory = kept
+        memory = self._oom_bounds(memory, corr)
         self.corrections = replace(corr, memory_GiB=memory)
         self._profile = apply_corrections(self.base_profile, self.cluster, self.corrections)
         log.info("online calibration from %d run(s): %s", len(obs), self.corrections.to_dict())
@@ -322,6 +342,26 @@ class OnlineCalibrator:
                 best = fit
         return corrections(best.x)
 
+    def _oom_bounds(
+        self, memory: tuple[tuple[str, float], ...], corr: Corrections | None = None
+    ) -> tuple[tuple[str, float], ...]:
+        """``memory`` offsets raised until every run that ran out of memory is predicted to (its fullest
+        device's type, by the share of its memory predicted in use, over it by ``OOM_MARGIN_GiB``)."""
+        offsets = dict(memory)
+        for o in self.oom_runs:
+            for _ in range(4):  # an offset replaces a default baseline it may exceed: a few steps close the gap
+                sim = self._simulator_with(replace(corr or Corrections(), memory_GiB=tuple(sorted(offsets.items()))))
+                pred = sim.evaluate(o.config)
+                if pred.oom or not pred.peak_memory_GiB:
+                    break  # explained (or the plan is invalid)
+                peak = pred.peak_memory_GiB
+                dev = max(peak, key=lambda d: peak[d] / self.cluster.device(d).memory_GiB)
+                t = self.cluster.device(dev).name
+                raise_by = self.cluster.device(dev).memory_GiB - peak[dev] + OOM_MARGIN_GiB
+                offsets[t] = offsets.get(t, 0.0) + raise_by
+                log.info("online calibration: %s ran out of memory for real: %s holds %.2f GiB less", dev, t, raise_by)
+        return tuple(sorted(offsets.items()))
+
     def _fit_memory(self, obs: list[_Observation]) -> tuple[tuple[str, float], ...]:
         """Per device type, the mean of measured minus predicted peak memory (no time factor moves memory)."""
         sim = self._simulator_with(Corrections())
@@ -371,7 +411,7 @@ class CalibratingEvaluator:
 
     def observe(self, config: ParallelConfig, measured: Measurement) -> None:
         """Refit the corrections with one measurement of ``config`` (``evaluate`` does this for its runs)."""
-        before = len(self.calibrator.observations)
+        before = self.calibrator.runs_seen
         self.calibrator.update(config, measured)
-        if len(self.calibrator.observations) > before:
+        if self.calibrator.runs_seen > before:
             self._simulator = self.calibrator.corrected_simulator()

@@ -408,3 +408,37 @@ def test_online_calibration_held_out_check_keeps_a_real_correction():
     for c, k in zip(SIX_PLANS, (1.03, 0.98, 1.02, 0.97, 1.01, 1.0)):
         cal.update(c, _noisy(truth.evaluate(c), k))
     assert dict(cal.corrections.compute)["cpu"] == pytest.approx(1 / 0.6, rel=0.1)
+
+
+def test_a_run_out_of_memory_teaches_the_memory_model():
+    """The cluster file says 32 GiB V100s, the devices hold 15% less (issue 45): a plan the file says fits
+    runs out of memory for real; from then on the corrected simulator (the memory check every later plan
+    goes through before a real run) says it does not fit, while a plan that truly fits still fits."""
+    from autotune.calibration.online import CalibratingEvaluator
+    from autotune.loading import cluster_from_dict
+
+    node = {"name": "v", "gpu": "V100-32GB", "count": 2, "intra_node": {"bandwidth_GBps": 16, "latency_us": 5}}
+    spec = {"name": "v100x2", "nodes": [node], "network": {"bandwidth_GBps": 12.5, "latency_us": 10}}
+    smaller = {"name": "V100-32GB", "peak_tflops": 125, "memory_GiB": 32 * 0.85, "memory_bandwidth_GBps": 900}
+    model = load_model("gpt2-xl")
+    file = Simulator(cluster_from_dict(spec, "file"), model)
+    truth = Simulator(cluster_from_dict({**spec, "nodes": [{**node, "gpu": smaller}]}, "truth"), model)
+
+    def two_stages(mbs: int, first: int, recompute) -> object:
+        stages = [{"devices": ["v:0"], "layers": first}, {"devices": ["v:1"], "layers": 48 - first}]
+        n = model.global_batch_size // mbs
+        return load_config(
+            {
+                "micro_batch_size": mbs,
+                "pipelines": [{"num_microbatches": n, "stages": [s | {"recompute": recompute} for s in stages]}],
+            }
+        )
+
+    tight, roomy = two_stages(8, 20, "every-2"), two_stages(4, 24, False)
+    assert file.evaluate(tight).ok and truth.evaluate(tight).oom and truth.evaluate(roomy).ok
+    ev = CalibratingEvaluator(truth, file)
+    assert ev.evaluate(tight).oom
+    assert ev.simulator.memory_check(tight) is not None  # never run again: answered oom without a run
+    assert ev.simulator.evaluate(roomy).ok
+    offset = dict(ev.calibrator.corrections.memory_GiB)["V100-32GB"]
+    assert 0 < offset < 32 * 0.15  # as much as the run shows (the device over its memory), not more
