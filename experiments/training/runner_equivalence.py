@@ -221,6 +221,60 @@ PLANS = [  # (name, model, config)
             ],
         },
     ),
+    (
+        "moe: tp 2 inside the experts x expert parallel 2, sequence parallel",
+        "tiny-moe",
+        {
+            "micro_batch_size": 1,
+            "expert_parallel": 2,
+            "pipelines": [
+                {
+                    "num_microbatches": 4,
+                    "stages": [dict(st([f"cpu:{2 * p}", f"cpu:{2 * p + 1}"], 4), sequence_parallel=True)],
+                }
+                for p in range(2)
+            ],
+        },
+    ),
+    (
+        "moe: zero 2, expert parallel 2 over 4 replicas",
+        "tiny-moe",
+        {
+            "micro_batch_size": 1,
+            "zero": 2,
+            "expert_parallel": 2,
+            "pipelines": [{"num_microbatches": 2, "stages": [st(f"cpu:{p}", 4)]} for p in range(4)],
+        },
+    ),
+    (
+        "moe: zero 3, tp 2 inside the experts x expert parallel 2",
+        "tiny-moe",
+        {
+            "micro_batch_size": 1,
+            "zero": 3,
+            "expert_parallel": 2,
+            "pipelines": [
+                {"num_microbatches": 4, "stages": [st([f"cpu:{2 * p}", f"cpu:{2 * p + 1}"], 4)]} for p in range(2)
+            ],
+        },
+    ),
+    (
+        "zero 3 + offload all, TP 2 sequence parallel x 2 replicas (vocab-parallel head)",
+        LLAMA,
+        {
+            "micro_batch_size": 1,
+            "zero": 3,
+            "pipelines": [
+                {
+                    "num_microbatches": 2,
+                    "stages": [
+                        dict(st([f"cpu:{2 * p}", f"cpu:{2 * p + 1}"], 2), sequence_parallel=True, offload="all")
+                    ],
+                }
+                for p in range(2)
+            ],
+        },
+    ),
 ]
 
 
