@@ -28,6 +28,14 @@ within 1, 3 and 10 runs, the mean real runs spent, and the share within every bu
 method's runs to 98% and the runs it spent (``3/10``); ``--out`` writes them as JSON.
 
     .venv/bin/python experiments/quality/perturbed_reality.py [--draws 5] [--budget 10] [--out FILE.json]
+
+``--lies structured`` draws realities of another kind (issue 45), what users get wrong in a cluster file
+(``autotune.simulator.perturbation.structured_lie``, of the developers' own design): draw ``d`` is lie kind
+``LIE_KINDS[d % 6]`` (network x 0.3-0.6, one GPU class 1.25-1.6x slower, one class 10-20% less usable memory,
+one node type on PCIe, network latency x 5-20, two at once); ``--changed-only`` keeps the draws where the lie
+changes the ranking (the nominal planner's first plan is below 98% of the true best). It then also prints,
+per lie kind and method, the share within 2% after 1 / 2 / 3 / 5 / 10 runs, the median runs, the returned
+plan's true throughput over the true best (mean / min) and the real runs that ran out of memory.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from autotune.policy.acquisition_training import runs_to_target
 from autotune.policy.scenarios import heldout_scenarios
 from autotune.search.api import tune
 from autotune.simulator import Simulator
-from autotune.simulator.perturbation import draw_errors, perturb
+from autotune.simulator.perturbation import LIE_KINDS, draw_errors, perturb, structured_lie
 from autotune.specs import ClusterSpec, Measurement, ParallelConfig
 from runner.jobs import plan_limits
 
@@ -100,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         "a few methods then measures against the same truth as the full table)",
     )
     ap.add_argument("--stop-gain", type=float, default=None, help="the chooser's stopping threshold (default: its own)")
+    ap.add_argument("--lies", choices=("bars", "structured"), default="bars", help="how reality differs (docstring)")
+    ap.add_argument(
+        "--changed-only", action="store_true", help="skip draws whose lie leaves the nominal best plan best"
+    )
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -133,11 +145,33 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for draw in range(args.draws):
             rng = np.random.default_rng([draw, sum(map(ord, s.name))])
-            real_cluster = perturb(s.cluster, draw_errors(s.cluster, s.model.precision, rng))
+            kind = LIE_KINDS[draw % len(LIE_KINDS)] if args.lies == "structured" else "bars"
+            errors = (
+                structured_lie(s.cluster, kind, rng)
+                if args.lies == "structured"
+                else draw_errors(s.cluster, s.model.precision, rng)
+            )
+            real_cluster = perturb(s.cluster, errors)
+            truth = Simulator(real_cluster, s.model)
+            candidates = [c.config for c in plan_candidates(SearchSpace(s.cluster, s.model), None, limit=64)]
+            if args.changed_only:
+                probe = Reality(s.cluster, real_cluster, s.model)
+                fine = [truth.evaluate(c).score() for c in candidates if probe.check(c) is None]
+                if fine and truth.evaluate(candidates[0]).score() >= 0.98 * max(fine):
+                    print(f"{s.name:18s} draw {draw} ({kind}): the lie leaves the nominal best plan best; skipped")
+                    continue
             curves = {}
+            returned: dict[str, float] = {}
+            ooms: dict[str, int] = {}
             ran: set[ParallelConfig] = set()
             for name, method, backend, policy in methods:
                 reality = Reality(s.cluster, real_cluster, s.model)
+                oom_runs: list[int] = []
+
+                def seen(ev, oom_runs=oom_runs) -> None:
+                    ran.add(ev.config)
+                    oom_runs.append(int(ev.measurement.oom))
+
                 result = tune(
                     s.cluster,
                     s.model,
@@ -149,21 +183,27 @@ def main(argv: list[str] | None = None) -> int:
                     track=False,
                     storage="memory",
                     evaluator=reality,
-                    on_evaluation=lambda ev: ran.add(ev.config),
+                    on_evaluation=seen,
                 )
                 curves[name] = list(result.best_curve)
                 spent[name].append(len(result.best_curve))
-            truth = Simulator(real_cluster, s.model)
-            space = SearchSpace(s.cluster, s.model)
-            ran |= {c.config for c in plan_candidates(space, None, limit=64)}
+                m = result.best_measurement
+                returned[name] = truth.evaluate(result.best_config).score() if m.ok else 0.0
+                ooms[name] = sum(oom_runs)
+            ran |= set(candidates)
             best = max(truth.evaluate(c).score() for c in ran if reality.check(c) is None)
             best = max(best, earlier.get((s.name, draw), 0.0))
             line = []
-            draws.append({"scenario": s.name, "draw": draw, "true_best_tokens_per_s": best, "methods": {}})
+            draws.append({"scenario": s.name, "draw": draw, "lie": kind, "true_best_tokens_per_s": best, "methods": {}})
             for name, *_ in methods:
                 k = runs_to_target(curves[name], best)
                 results[name].append(k)
-                draws[-1]["methods"][name] = {"runs_to_98": k, "spent": len(curves[name])}
+                draws[-1]["methods"][name] = {
+                    "runs_to_98": k,
+                    "spent": len(curves[name]),
+                    "returned_over_true_best": returned[name] / best if best > 0 else 0.0,
+                    "oom_runs": ooms[name],
+                }
                 line.append(f"{name} {k if k is not None else '>' + str(args.budget)}/{len(curves[name])}")
             print(
                 f"{s.name:18s} draw {draw}: true best {best:,.0f} tokens/s; runs to 98% / spent: " + ", ".join(line),
@@ -194,10 +234,33 @@ def main(argv: list[str] | None = None) -> int:
                 f"{sum(k is not None and k <= r for k in ks) / len(ks):>5.0%}" for r in range(1, args.budget + 1)
             )
         )
+    if args.lies == "structured":
+        by_kind(draws, [name for name, *_ in methods])
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"budget": args.budget, "draws": draws}, f, indent=1)
     return 0
+
+
+def by_kind(draws: list[dict], names: list[str]) -> None:
+    """Per lie kind (and all together) and method: share within 2% after 1/2/3/5/10 runs, median runs, the
+    returned plan's true throughput over the true best (mean / min), real runs out of memory."""
+    kinds = sorted({d["lie"] for d in draws}, key=lambda k: LIE_KINDS.index(k)) + ["all"]
+    print("\nper lie kind: within 2% after 1/2/3/5/10 runs | median runs | returned / true best mean, min | OOM runs")
+    for kind in kinds:
+        mine = [d for d in draws if kind in ("all", d["lie"])]
+        print(f"{kind} ({len(mine)} draws)")
+        for name in names:
+            ks = [d["methods"][name]["runs_to_98"] for d in mine]
+            within = " / ".join(f"{sum(k is not None and k <= r for k in ks) / len(ks):.0%}" for r in (1, 2, 3, 5, 10))
+            vals = sorted(k if k is not None else math.inf for k in ks)
+            med = vals[(len(vals) - 1) // 2]
+            ratio = [d["methods"][name]["returned_over_true_best"] for d in mine]
+            oom = sum(d["methods"][name]["oom_runs"] for d in mine)
+            print(
+                f"  {name:<12s} {within:<26s} | {'>10' if math.isinf(med) else int(med):>4} | "
+                f"{np.mean(ratio):.3f}, {min(ratio):.3f} | {oom}"
+            )
 
 
 if __name__ == "__main__":
