@@ -139,12 +139,26 @@ def first_plans(space, sim, refused, limit: int, left_out: list | None = None) -
     return out
 
 
+#: a run farther than this many predictive standard deviations from what the belief expected is a surprise:
+#: the error bars were too narrow for this cluster (``Posterior.doubt``)
+SURPRISE_Z = 2.0
+#: the most a surprise widens the terms' error bars (a factor on their prior spread)
+MAX_DOUBT = 4.0
+
+
 class Posterior:
-    """The belief over the terms' log errors after the real runs so far (module docstring)."""
+    """The belief over the terms' log errors after the real runs so far (module docstring).
+
+    It doubts itself: a run outside ``SURPRISE_Z`` standard deviations of its predictive distribution widens
+    every term's prior spread (``doubt``, by the surprise's size over ``SURPRISE_Z``, at most ``MAX_DOUBT``):
+    wider beliefs, larger expected gains, a stopping rule that waits. ``explains`` says whether the belief
+    accounts for every run so far (each within ``SURPRISE_Z`` of its posterior mean); a search stops only when it
+    does (``autotune.search.agents.acquire``)."""
 
     def __init__(self, table: CandidateTable, noise: float = RUN_NOISE) -> None:
         self.table = table
         self.noise = noise
+        self.doubt = 1.0
         self.run = np.zeros(len(table), dtype=bool)
         self.failed = np.zeros(len(table), dtype=bool)
         self.measured_s = np.full(len(table), np.nan)
@@ -157,13 +171,16 @@ class Posterior:
         if measured_s is None or not measured_s > 0:
             self.failed[index] = True
         else:
+            z = abs(math.log(measured_s) - self.mean_log_s[index]) / self.std_log_s[index]
+            if z > SURPRISE_Z:  # outside the bar: the bars were too narrow here
+                self.doubt = min(MAX_DOUBT, max(self.doubt, self.doubt * z / SURPRISE_Z))
             self.measured_s[index] = measured_s
             self._rows.append(index)
         self._update()
 
     def _update(self) -> None:
         t = self.table
-        prior = np.diag(t.prior_sigma**2)
+        prior = np.diag((self.doubt * t.prior_sigma) ** 2)
         if not self._rows:
             mean, cov = np.zeros(len(t.prior_sigma)), prior
         else:
@@ -181,6 +198,14 @@ class Posterior:
         if noise != self.noise:
             self.noise = noise
             self._update()
+
+    def explains(self) -> bool:
+        """Whether every run so far lies within ``SURPRISE_Z`` standard deviations of the belief's mean for it."""
+        rows = np.array(self._rows, dtype=int)
+        if not rows.size:
+            return True
+        residual = np.abs(np.log(self.measured_s[rows]) - self.mean_log_s[rows])
+        return bool((residual <= SURPRISE_Z * self.std_log_s[rows]).all())
 
     def first_not_run(self) -> int:
         """The candidate not run yet that comes first in the table (its order: the simulator's)."""

@@ -27,7 +27,8 @@ policy added nothing measurable over the planner's plans on the held-out scenari
 
 Stopping rule (``stop_gain``, on by default for ``--backend real``): once a plan ran, the search stops when
 no candidate left is expected to beat the best measured plan by ``STOP_GAIN`` (``Posterior.expected_gain``
-times its chance to fit in memory), and says so; ``--budget`` stays the cap. The posterior takes a run to
+times its chance to fit in memory) and the posterior explains every run it has seen (a run outside its error
+bar widens the bars first: ``Posterior.doubt``), and says so; ``--budget`` stays the cap. The posterior takes a run to
 be as noisy as the plans run more than once showed (``posterior.run_noise``; the closed loop repeats a plan
 whose run disagrees with its prediction). Plans already evaluated (a
 resumed search) are candidates too, read back free, and inform the posterior.
@@ -158,7 +159,8 @@ def _spend(budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None, 
             reason = f"the budget of {budgeted.budget} runs is spent"
             break
         gain = float((post.expected_gain() * post.fit_probability()).max())
-        if stop_gain is not None and post.best_measured_s is not None and gain < stop_gain:
+        # it stops only when its belief explains the runs it has seen (``Posterior.explains``)
+        if stop_gain is not None and post.best_measured_s is not None and gain < stop_gain and post.explains():
             reason = (
                 f"no plan left is expected to beat the best measured one by {stop_gain:.1%} "
                 f"(largest expected gain {gain:.2%})"

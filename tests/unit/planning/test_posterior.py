@@ -10,7 +10,14 @@ import pytest
 from simulator_cases import two_nodes
 
 from autotune import load_model
-from autotune.planning.posterior import RUN_NOISE, CandidateTable, Posterior, candidate_table, run_noise
+from autotune.planning.posterior import (
+    MAX_DOUBT,
+    RUN_NOISE,
+    CandidateTable,
+    Posterior,
+    candidate_table,
+    run_noise,
+)
 from autotune.simulator import Simulator
 from autotune.simulator.perturbation import ClusterErrors, draw_errors, perturb
 from autotune.specs import ParallelConfig
@@ -141,3 +148,27 @@ def test_the_env_rewards_minus_the_regret_of_each_run_and_masks_what_ran() -> No
     assert reward == -1.0  # nothing ran yet
     made = gym.make(REAL_RUNS_ENV_ID, episodes=env.episodes, budget=2)
     assert made.reset(seed=1)[0].shape == (OBSERVATIONS,)
+
+
+def test_a_run_outside_its_error_bar_widens_the_bars_and_the_expected_gains() -> None:
+    """Two candidates, each on its own term of spread 0.05: the first runs 2x slower than predicted (z ~ 14),
+    so the bars were too narrow here; the belief widens (``doubt`` at its cap) for the second too, whose term no
+    run measured (and with it the gain the rule expects of it)."""
+    a, n = 0.05, 0.01
+    calm = Posterior(_table([[1.0, 0.0], [0.0, 1.0]], [a, a], predicted=(1.0, 1.1)), noise=n)
+    calm.observe(0, 1.02)  # within its bar: no doubt
+    assert calm.doubt == 1.0 and calm.explains()
+    post = Posterior(_table([[1.0, 0.0], [0.0, 1.0]], [a, a], predicted=(1.0, 1.1)), noise=n)
+    post.observe(0, 2.0)
+    assert post.doubt == MAX_DOUBT
+    assert post.std_log_s[1] > 3 * calm.std_log_s[1]
+
+
+def test_the_belief_explains_the_runs_or_says_it_does_not() -> None:
+    """Two plans the terms move alike, measured 1.0 and 2.0 where both were predicted 1.0: no setting of the
+    shared term explains both, and the stopping rule must not trust it."""
+    post = Posterior(_table([[1.0], [1.0]], [0.3], predicted=(1.0, 1.0)), noise=0.02)
+    post.observe(0, 1.0)
+    assert post.explains()
+    post.observe(1, 2.0)
+    assert not post.explains()
