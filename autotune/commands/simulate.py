@@ -71,7 +71,16 @@ def _print_table(cluster, model, cfg, result, profile: Path | None) -> None:
         used = f"{gib:.1f} / {cap:g} GiB"
         summary.add_row(escape(f"host memory {node}"), f"[red]{used}[/red]" if gib > cap else used)
     summary.add_row("global batch", f"{cfg.global_batch_size} x {model.seq_len} tokens")
-    summary.add_row("calibration", str(profile) if profile else "defaults (no --profile)")
+    if profile:
+        summary.add_row("calibration", str(profile))
+    elif any(n.device.name == "cpu" for n in cluster.nodes):  # the catalog's nominal core, not this machine's
+        summary.add_row(
+            "calibration",
+            "defaults (no --profile): a cpu device is the catalog's nominal core, often several times off this "
+            "machine's; `autotune profile` measures it (README, What the numbers mean)",
+        )
+    else:
+        summary.add_row("calibration", "defaults (no --profile)")
     console.print(summary)
     if cfg.is_roundpipe:
         _print_roundpipe(console, cluster, model, cfg, result)

@@ -199,3 +199,23 @@ def test_train_refuses_a_torchrun_typo_before_launching(tmp_path, extra, message
     cmd += ["--config", str(plan), "--steps", "2", *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     _assert_one_line(r.returncode, r.stderr, message)
+
+
+def test_simulate_says_a_cpu_device_without_a_profile_is_the_catalog_s_nominal_core(capsys, tmp_path) -> None:
+    config = tmp_path / "plan.json"
+    stages = [{"devices": ["cpu:0"], "layers": 2}, {"devices": ["cpu:1"], "layers": 2}]
+    config.write_text(json.dumps({"micro_batch_size": 2, "pipelines": [{"num_microbatches": 4, "stages": stages}]}))
+    code, out, _ = _simulate(capsys, "--cluster", "cpu-2", "--model", "tiny", "--config", str(config))
+    assert code == 0 and "nominal core" in " ".join(out.split())
+    code, out, _ = _simulate(
+        capsys,
+        "--cluster",
+        str(REPO / "examples/cluster.yaml"),
+        "--model",
+        "llama2-7b",
+        "--config",
+        str(REPO / "examples/llama2-7b-config.json"),
+        "--global-batch-size",
+        "128",
+    )
+    assert code == 0 and "nominal core" not in " ".join(out.split()) and "no --profile" in out
