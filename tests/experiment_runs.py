@@ -35,6 +35,7 @@ QUICK = {
     "experiments/quality/real_runs_cpu.py": [],
     "experiments/quality/roundpipe_bench.py": [],
     "experiments/quality/runnable.py": [],
+    "experiments/quality/runner_limits.py": [],
     "experiments/quality/sailor_planner_comparison.py": [],
     "experiments/quality/zorse_comparison.py": [],
     "experiments/quality/spes_benchmark.py": [],
