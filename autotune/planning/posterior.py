@@ -207,6 +207,15 @@ class Posterior:
         residual = np.abs(np.log(self.measured_s[rows]) - self.mean_log_s[rows])
         return bool((residual <= SURPRISE_Z * self.std_log_s[rows]).all())
 
+    def largest_gain(self) -> float:
+        """The largest expected gain of a run not made yet, times its chance to fit in memory."""
+        return float((self.expected_gain() * self.fit_probability()).max())
+
+    def settled(self, stop_gain: float) -> bool:
+        """The stopping rule (``autotune.search.agents.acquire``): a plan ran, no candidate is expected to beat
+        the best measured one by ``stop_gain``, and the belief explains every run so far."""
+        return self.best_measured_s is not None and self.largest_gain() < stop_gain and self.explains()
+
     def first_not_run(self) -> int:
         """The candidate not run yet that comes first in the table (its order: the simulator's)."""
         return int(np.flatnonzero(~self.run)[0])

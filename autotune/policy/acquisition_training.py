@@ -124,7 +124,8 @@ def run_episode(
 ) -> list[float]:
     """Best true time found / true best after each run made (the env's reward + 1 at each step,
     ``RealRunsEnv``): ``budget`` runs, fewer once every candidate ran or, with ``stop_gain``, once no candidate
-    is expected to beat the best measured one by that much (``autotune.search.agents.acquire``'s rule);
+    is expected to beat the best measured one by that much and the belief explains the runs
+    (``Posterior.settled``, ``autotune.search.agents.acquire``'s rule);
     ``planner_first``: the first run is the planner's first plan, as in a search."""
     env = RealRunsEnv([episode], budget=budget)
     env.reset()
@@ -132,7 +133,7 @@ def run_episode(
     done = False
     while not done:
         post = env.post
-        if curve and stop_gain is not None and float((post.expected_gain() * post.fit_probability()).max()) < stop_gain:
+        if curve and stop_gain is not None and post.settled(stop_gain):
             break
         i = post.first_not_run() if planner_first and not curve else choose(post, env.runs, budget)
         _, reward, done, _, _ = env.step(i)

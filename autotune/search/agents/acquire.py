@@ -158,9 +158,8 @@ def _spend(budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None, 
         if budgeted.exhausted:
             reason = f"the budget of {budgeted.budget} runs is spent"
             break
-        gain = float((post.expected_gain() * post.fit_probability()).max())
-        # it stops only when its belief explains the runs it has seen (``Posterior.explains``)
-        if stop_gain is not None and post.best_measured_s is not None and gain < stop_gain and post.explains():
+        gain = post.largest_gain()
+        if stop_gain is not None and post.settled(stop_gain):  # the gain is small and the runs are explained
             reason = (
                 f"no plan left is expected to beat the best measured one by {stop_gain:.1%} "
                 f"(largest expected gain {gain:.2%})"
