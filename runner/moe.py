@@ -17,6 +17,10 @@ sends the gradients back the same way; gloo on CPU has the collective in torch 2
 counts exchanged first. The group's replicas run the same schedule on the same shapes (the plan rules
 say so), so their all-to-alls pair up in order, forward and backward.
 
+**Tensor parallelism** (``MoEMLP.set_tensor_parallel``): on a stage of several devices every expert is split as
+the dense MLP is (Megatron-LM's expert tensor parallelism), the router whole; the block's input is gathered, its
+output reduced once for all experts. With ZeRO-2/3 every held expert runs on every micro-batch (``every_expert``).
+
 **Exchange of MoE / SPES plans** (``ExpertSync``). Every weight key (``Layout`` holder keys: the shared
 part of a block, each expert, embedding, head) is held by some ranks and trained by some of them (an
 expert by the replicas whose group trains it; everything else by all). A holder's gradient covers its
