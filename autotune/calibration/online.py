@@ -7,8 +7,11 @@ least squares, so the simulator used for the rest of the budget is closer to the
 - ``compute[type]``: one factor per device type on every compute time (matmul rate, measured layer,
   embedding/head, optimizer and runtime-overhead times). Fitted to the measured per-stage busy times
   (forward + backward per step, which the runner clocks) and the iteration times.
-- ``link``: one factor on every link's transfer time (latency and 1 / bandwidth), fitted to the
-  iteration times (busy times carry no communication).
+- ``link[class]``: one factor per link class on its transfer time (latency and 1 / bandwidth), fitted to the
+  iteration times (busy times carry no communication). The classes: ``network`` (every node's link to the
+  others) and ``intra:<GPU type>`` (the links inside the nodes of that type), so a wrong network and a node
+  type on PCIe where the file says NVLink are told apart. A class is fitted only once a measured plan uses it
+  (a plan across nodes; one with several devices on a node of that type): ``Corrections.identified``.
 - ``contention[type]``: one factor on the excess of the host-contention stretch (``stretch - 1``),
   for device types whose profile has a contention curve (CPU ranks sharing one machine).
 - ``memory[type]``: an additive offset (GiB) on the per-process memory baseline, the mean residual
@@ -20,7 +23,7 @@ least squares, so the simulator used for the rest of the budget is closer to the
 The time factors are fitted in log space (residual ``log(predicted / measured)``) with
 ``scipy.optimize.least_squares`` and a weak ridge prior toward 1 (``prior_weight``), so one or two
 measurements move them only as far as the data supports, and a factor the data cannot see (no
-multi-rank plan measured yet: ``link``) stays at 1. Each refit re-simulates the measured plans with
+plan measured yet across nodes: ``link[network]``) stays at 1. Each refit re-simulates the measured plans with
 the candidate factors; the simulator costs milliseconds per plan, so this is cheap next to one real run.
 From three runs on, a refit is kept only if it predicts held-out runs better than the uncorrected
 profile (k-fold cross-validation, ``refit``): corrections must not make a good profile worse.
@@ -49,17 +52,47 @@ class Corrections:
     """Fitted correction factors (1.0 / 0.0 = no correction)."""
 
     compute: tuple[tuple[str, float], ...] = ()
-    link: float = 1.0
+    link: tuple[tuple[str, float], ...] = ()  # link class (``network``, ``intra:<GPU type>``) -> factor
     contention: tuple[tuple[str, float], ...] = ()
     memory_GiB: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict:
         return {
             "compute": dict(self.compute),
-            "link": self.link,
+            "link": dict(self.link),
             "contention": dict(self.contention),
             "memory_GiB": dict(self.memory_GiB),
         }
+
+    @property
+    def identified(self) -> tuple[str, ...]:
+        """The terms the runs so far have fitted (the others are at their defaults)."""
+        return tuple(
+            [f"compute:{t}" for t, _ in self.compute]
+            + [f"link:{c}" for c, _ in self.link]
+            + [f"contention:{t}" for t, _ in self.contention]
+            + [f"memory:{t}" for t, _ in self.memory_GiB]
+        )
+
+
+NETWORK = "network"
+
+
+def link_class(node) -> str:
+    """The link class of a node's intra-node links (``Corrections.link``)."""
+    return f"intra:{node.device.name}"
+
+
+def link_classes(cluster: ClusterSpec, config: ParallelConfig) -> set[str]:
+    """The link classes ``config`` moves data over: ``network`` when it spans nodes, ``intra:<type>`` when it
+    puts several devices on one node of that type."""
+    nodes: dict[str, int] = {}
+    for d in config.devices:
+        node = d.split(":")[0]
+        nodes[node] = nodes.get(node, 0) + 1
+    by_name = {n.name: n for n in cluster.nodes}
+    out = {NETWORK} if len(nodes) > 1 else set()
+    return out | {link_class(by_name[n]) for n, k in nodes.items() if k > 1 and n in by_name}
 
 
 def default_profile(cluster: ClusterSpec) -> CalibrationProfile:
@@ -125,12 +158,14 @@ def apply_corrections(profile: CalibrationProfile, cluster: ClusterSpec, corr: C
     if missing_mem:
         log.debug("memory offsets for device types without a profile entry are ignored: %s", sorted(missing_mem))
     links = []
-    if corr.link != 1.0:
+    factors = dict(corr.link)
+    if any(v != 1.0 for v in factors.values()):
         for node in cluster.nodes:
             nl = profile.node_links(node.name)
             intra = nl.intra_node if nl and nl.intra_node else node.intra_node
             net = nl.network if nl and nl.network else node.network
-            links.append(NodeLinks(node.name, _scale_link(intra, corr.link), _scale_link(net, corr.link)))
+            intra = _scale_link(intra, factors.get(link_class(node), 1.0))
+            links.append(NodeLinks(node.name, intra, _scale_link(net, factors.get(NETWORK, 1.0))))
         others = [nl for nl in profile.links if nl.node not in {n.name for n in cluster.nodes}]
         links += others
     else:
@@ -158,6 +193,7 @@ class OnlineCalibrator:
     simulator: object
     prior_weight: float = 0.2
     max_factor: float = 10.0
+    max_link_factor: float = 100.0  # a link class may be far off: PCIe where the file says NVLink is 10-40x
     min_validation_runs: int = 3  # from this many runs on, a fit must beat the profile on held-out runs
     observations: list[_Observation] = field(default_factory=list)
     oom_runs: list[_Observation] = field(default_factory=list)  # runs that ran out of memory (memory only)
@@ -215,7 +251,8 @@ class OnlineCalibrator:
         (``k = min(runs, 5)`` folds: fit on the other folds, predict this one): a correction that does
         not lower the held-out error of the uncorrected profile is dropped (time factors back to 1,
         memory offsets to 0), so a good measured profile is not bent to fit noise or a cost the factors
-        cannot express. A memory offset of a device type seen in one fold only cannot be checked and is
+        cannot express. A held-out run whose GPU types or link classes no other fold measured cannot check
+        them and does not vote; a memory offset of a device type seen in one fold only cannot be checked and is
         kept."""
         obs = self.observations
         if not obs:
@@ -236,10 +273,14 @@ class OnlineCalibrator:
                 offsets = self._fit_memory(train)
                 sim = self._simulator_with(self._fit_time(train, offsets, start=corr))  # warm start: one descent
                 seen = {t for t, _ in offsets}
+                terms = {t for o in train for t in self._types_of(o.config)}
+                terms |= set().union(*(link_classes(self.cluster, o.config) for o in train))
                 for o in test:
                     pred, base = sim.evaluate(o.config), base_sim.evaluate(o.config)
-                    time_err["fitted"] += _log_error(pred, o.measured)
-                    time_err["base"] += _log_error(base, o.measured)
+                    # a run whose GPU types or link classes no other fold measured cannot validate them
+                    if self._types_of(o.config) | link_classes(self.cluster, o.config) <= terms:
+                        time_err["fitted"] += _log_error(pred, o.measured)
+                        time_err["base"] += _log_error(base, o.measured)
                     for dev, gib in o.measured.peak_memory_GiB.items():
                         t = self.cluster.device(dev).name
                         if (
@@ -293,16 +334,16 @@ class OnlineCalibrator:
         contention_types = [
             t for t in types if (d := self.base_profile.device(t)) is not None and d.contention and multi_rank
         ]
+        classes = sorted(set().union(*(link_classes(self.cluster, o.config) for o in obs)))
         names = [f"compute:{t}" for t in types] + [f"contention:{t}" for t in contention_types]
-        if multi_rank:
-            names.append("link")
-        lim = math.log(self.max_factor)
+        names += [f"link:{c}" for c in classes]
+        lim = np.array([math.log(self.max_link_factor if n.startswith("link:") else self.max_factor) for n in names])
 
         def corrections(theta) -> Corrections:
             vals = dict(zip(names, (math.exp(x) for x in theta)))
             return Corrections(
                 compute=tuple((t, vals[f"compute:{t}"]) for t in types),
-                link=vals.get("link", 1.0),
+                link=tuple((c, vals[f"link:{c}"]) for c in classes),
                 contention=tuple((t, vals[f"contention:{t}"]) for t in contention_types),
                 memory_GiB=memory,
             )
@@ -329,9 +370,9 @@ class OnlineCalibrator:
             given = {
                 **{f"compute:{t}": v for t, v in start.compute},
                 **{f"contention:{t}": v for t, v in start.contention},
-                "link": start.link,
+                **{f"link:{c}": v for c, v in start.link},
             }
-            inits = [np.array([min(lim, max(-lim, math.log(given.get(n, 1.0)))) for n in names])]
+            inits = [np.clip(np.array([math.log(given.get(n, 1.0)) for n in names]), -lim, lim)]
         else:
             levels = [0.0] if not contention_types else [0.0, math.log(2.0), math.log(4.0)]
             inits = [np.array([c0 if n.startswith("contention:") else 0.0 for n in names]) for c0 in levels]

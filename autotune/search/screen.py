@@ -316,9 +316,9 @@ def log_calibration(tracker, screen, budgeted: BudgetedEvaluator) -> None:
         metrics = {
             "pruned_plans": float(pruned),
             "real_runs": float(len(screen.real_runs)),
-            "calibration_link_factor": corr.link,
         }
         for kind, pairs in (
+            ("link", corr.link),
             ("compute", corr.compute),
             ("contention", corr.contention),
             ("memory_GiB", corr.memory_GiB),
