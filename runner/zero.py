@@ -120,8 +120,7 @@ class Unit:
         self._pending: list = []  # (work, shard) of reduce-scatters in flight, in issue order
         host = offload != "none"
         with torch.no_grad():
-            flat = torch.zeros(self.padded, dtype=torch.float32, device=device)
-            flat[: self.numel].copy_(torch.cat([t.detach().reshape(-1).float() for t in local]))
+            flat = self._flat_weights(local)
             mine = flat[self.lo : self.hi]
             # the optimizer's master shard, apart from the parameters (host memory with offload)
             self.master = nn.Parameter(_pinned(self.shard, self.cuda).copy_(mine) if host else mine.clone())
@@ -262,6 +261,18 @@ class Unit:
         if self.streamed:
             self.backward_pending = False
             self._free()
+
+    def _flat_weights(self, local: list[torch.Tensor]) -> torch.Tensor:
+        """The unit's weights (their local tensors ``local``) in one fp32 buffer padded to the shards' length."""
+        flat = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
+        flat[: self.numel].copy_(torch.cat([t.detach().reshape(-1).float() for t in local]))
+        return flat
+
+    def reload_master(self) -> None:
+        """This rank's master shard from the (resident) weights, after something other than the optimizer
+        changed them."""
+        with torch.no_grad():
+            self.master.copy_(self._flat_weights([local_tensor(p) for p in self.params])[self.lo : self.hi])
 
     def _flat_grads(self, scale: float) -> torch.Tensor:
         flat = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
@@ -497,11 +508,8 @@ class ShardedState:
     def reload_from_params(self) -> None:
         """The master shards from the weights, after something other than the optimizer changed them (a
         SPES synchronisation averages the trainers' weights): every unit's weights are resident."""
-        with torch.no_grad():
-            for u in self.units:
-                flat = torch.cat([local_tensor(p).detach().reshape(-1).float() for p in u.params])
-                flat = torch.cat([flat, flat.new_zeros(u.padded - u.numel)])
-                u.master.copy_(flat[u.lo : u.hi].to(u.master.device))
+        for u in self.units:
+            u.reload_master()
 
     # -- checkpoints -------------------------------------------------------------------------------
     def _name(self, u: Unit) -> str:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from autotune.profile import CalibrationProfile, DeviceProfile, NodeLinks
@@ -86,13 +87,9 @@ def link_class(node) -> str:
 def link_classes(cluster: ClusterSpec, config: ParallelConfig) -> set[str]:
     """The link classes ``config`` moves data over: ``network`` when it spans nodes, ``intra:<type>`` when it
     puts several devices on one node of that type."""
-    nodes: dict[str, int] = {}
-    for d in config.devices:
-        node = d.split(":")[0]
-        nodes[node] = nodes.get(node, 0) + 1
-    by_name = {n.name: n for n in cluster.nodes}
+    nodes = Counter(cluster.node_of(d) for d in config.devices)
     out = {NETWORK} if len(nodes) > 1 else set()
-    return out | {link_class(by_name[n]) for n, k in nodes.items() if k > 1 and n in by_name}
+    return out | {link_class(n) for n, k in nodes.items() if k > 1}
 
 
 def default_profile(cluster: ClusterSpec) -> CalibrationProfile:

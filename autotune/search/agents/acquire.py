@@ -158,11 +158,10 @@ def _spend(budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None, 
         if budgeted.exhausted:
             reason = f"the budget of {budgeted.budget} runs is spent"
             break
-        gain = post.largest_gain()
         if stop_gain is not None and post.settled(stop_gain):  # the gain is small and the runs are explained
             reason = (
                 f"no plan left is expected to beat the best measured one by {stop_gain:.1%} "
-                f"(largest expected gain {gain:.2%})"
+                f"(largest expected gain {post.largest_gain():.2%})"
             )
             break
         # the first run is the planner's first plan, as every other method's: with nothing measured there is

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from moe_ranks import MODEL, build_engine, run_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 STEPS = 6
-MODEL = "tiny-moe"
 
 
 def _stage(device: str, layers: int, recompute: bool = False) -> dict:
@@ -66,32 +66,16 @@ SPES_STEPS = 8
 
 
 def _engine(name: str, rank: int):
-    from autotune import load_cluster, load_config, load_model
-    from runner.data import TokenSource
-    from runner.engine import Engine
-    from runner.layout import build_layout
-
-    model = load_model(MODEL)
-    config = load_config(PLANS[name])
-    layout = build_layout(load_cluster("cpu-4"), model, config)
-    return Engine(
-        layout, model, rank, torch.device("cpu"), schedule=config.schedule, seed=0, tokens=TokenSource(model, 0)
-    )
+    return build_engine(PLANS[name], rank)
 
 
 def _snapshot(engine) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
 
 
-def _worker(rank: int, world: int, init: str, out: str) -> None:
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
+def _worker(rank: int, out: Path) -> dict:
     from runner import checkpoint
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=300))
     results: dict = {}
     for name in ("dp", "ep2-pp2", "ep4", "spes-sync1"):
         engine = _engine(name, rank)
@@ -104,7 +88,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
         snaps.append(_snapshot(engine))
     results["spes-sync4"] = {"losses": losses, "snapshots": snaps}
     # checkpoint after step 3 (inside a sync period), resume in a fresh engine, run to step 8
-    ckpt = Path(out) / "ckpt"
+    ckpt = out / "ckpt"
     engine = _engine("spes-sync4", rank)
     for i in range(3):
         engine.step(i)
@@ -116,17 +100,12 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
         "losses": [engine.step(i).loss for i in range(start, SPES_STEPS)],
         "final": _snapshot(engine),
     }
-    torch.save(results, Path(out) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    return results
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    out = tmp_path_factory.mktemp("moe-runs")
-    mp.spawn(_worker, args=(4, f"file://{out / 'rendezvous'}", str(out)), nprocs=4, join=True)
-    return [torch.load(out / f"rank{r}.pt") for r in range(4)]
+    return run_ranks(_worker, tmp_path_factory.mktemp("moe-runs"))
 
 
 @pytest.fixture(scope="module")

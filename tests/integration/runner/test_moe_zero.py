@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from moe_ranks import MODEL, build_engine, run_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 STEPS = 6
 SPES_STEPS = 8
-MODEL = "tiny-moe"
 
 
 def _pipelines(stages=1, trains=None) -> list[dict]:
@@ -60,28 +60,12 @@ PLANS = {
 
 
 def _engine(name: str, rank: int):
-    from autotune import load_cluster, load_config, load_model
-    from runner.data import TokenSource
-    from runner.engine import Engine
-    from runner.layout import build_layout
-
-    model = load_model(MODEL)
-    config = load_config(PLANS[name])
-    layout = build_layout(load_cluster("cpu-4"), model, config)
-    return Engine(
-        layout, model, rank, torch.device("cpu"), schedule=config.schedule, seed=0, tokens=TokenSource(model, 0)
-    )
+    return build_engine(PLANS[name], rank)
 
 
-def _worker(rank: int, world: int, init: str, out: str) -> None:
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
+def _worker(rank: int, out: Path) -> dict:
     from runner import checkpoint
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=300))
     results: dict = {}
     for name in ("ep2-pp2-zero1", "ep2-zero2", "ep2-zero3", "spes-sync1-zero2"):
         engine = _engine(name, rank)
@@ -91,7 +75,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
         engine = _engine(name, rank)
         results[name] = [engine.step(i).loss for i in range(SPES_STEPS)]
         results[name + "-weights"] = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
-    ckpt = Path(out) / "ckpt"
+    ckpt = out / "ckpt"
     engine = _engine("spes-sync4-zero2", rank)
     for i in range(3):
         engine.step(i)
@@ -99,17 +83,12 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     engine = _engine("spes-sync4-zero2", rank)
     start = checkpoint.load(checkpoint.latest(ckpt), engine)
     results["resumed"] = [engine.step(i).loss for i in range(start, SPES_STEPS)]
-    torch.save(results, Path(out) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    return results
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    out = tmp_path_factory.mktemp("moe-zero-runs")
-    mp.spawn(_worker, args=(4, f"file://{out / 'rendezvous'}", str(out)), nprocs=4, join=True)
-    return [torch.load(out / f"rank{r}.pt") for r in range(4)]
+    return run_ranks(_worker, tmp_path_factory.mktemp("moe-zero-runs"))
 
 
 @pytest.fixture(scope="module")

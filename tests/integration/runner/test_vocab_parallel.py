@@ -6,23 +6,19 @@ once); where the degree does not divide the vocabulary both stay whole and it tr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from paths import DATA
+from tp_runs import trains_like_one_process
 
 from autotune.simulator.engine_terms import head_group
 from runner.optim import TrainSettings
-from runner.reference import reference_losses
-from runner.train import train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 torch.set_num_threads(1)
 
-RTOL = 1e-5
-STEPS = 3
 SETTINGS = TrainSettings(clip_grad_norm=0.5)  # a norm counted wrong changes the clipped update
 
 
@@ -33,17 +29,6 @@ def _model(tmp_path: Path, **fields) -> str:
     path = tmp_path / "model.yaml"
     path.write_text(text)
     return str(path)
-
-
-def _trains_like_one_process(tmp_path: Path, model: str, plan: dict) -> None:
-    norms: list[float] = []
-    reference = reference_losses(model, STEPS, settings=SETTINGS, grad_norms=norms)
-    metrics = tmp_path / "m.jsonl"
-    out = train("cpu-4", model, plan, steps=STEPS, settings=SETTINGS, metrics_out=metrics, quiet=True, timeout_s=600)
-    assert out.returncode == 0, out.error
-    got = [json.loads(line) for line in metrics.read_text().splitlines()]
-    torch.testing.assert_close(torch.tensor([r["loss"] for r in got]), torch.tensor(reference), rtol=RTOL, atol=0)
-    torch.testing.assert_close(torch.tensor([r["grad_norm"] for r in got]), torch.tensor(norms), rtol=RTOL, atol=0)
 
 
 def _one_stage(devices: list[str], microbatches: int = 2) -> dict:
@@ -57,7 +42,7 @@ def _one_stage(devices: list[str], microbatches: int = 2) -> dict:
 def test_a_tied_head_on_a_split_embedding_trains_like_one_process(tmp_path):
     model = _model(tmp_path, tied_embeddings="true")
     assert head_group("autotune", 2, 256) == 2  # the simulator counts the split the runner makes
-    _trains_like_one_process(tmp_path, model, _one_stage(["cpu:0", "cpu:1"]))
+    trains_like_one_process(tmp_path, model, _one_stage(["cpu:0", "cpu:1"]), SETTINGS)
 
 
 def test_replicas_splitting_the_vocabulary_two_ways_and_one_way_train_like_one_process(tmp_path):
@@ -71,9 +56,9 @@ def test_replicas_splitting_the_vocabulary_two_ways_and_one_way_train_like_one_p
             {"num_microbatches": 2, "stages": [{"devices": ["cpu:2"], "layers": 2}]},
         ],
     }
-    _trains_like_one_process(tmp_path, str(DATA / "tiny-llama.yaml"), plan)
+    trains_like_one_process(tmp_path, str(DATA / "tiny-llama.yaml"), plan, SETTINGS)
 
 
 def test_a_vocabulary_the_degree_does_not_divide_stays_whole_and_trains_like_one_process(tmp_path):
     assert head_group("autotune", 2, 255) == 1
-    _trains_like_one_process(tmp_path, _model(tmp_path, vocab_size=255), _one_stage(["cpu:0", "cpu:1"]))
+    trains_like_one_process(tmp_path, _model(tmp_path, vocab_size=255), _one_stage(["cpu:0", "cpu:1"]), SETTINGS)
