@@ -53,6 +53,8 @@ def run(
     shown = _Progress(console, method, budget)
     if backend == "real":  # each real run: predicted vs measured, the simulator's error, repeats
         _print_real_runs(console)
+        if engine is not None:
+            _print_engine_runs(console, engine)
     from autotune.search.api import tune
 
     with shown.progress:
@@ -91,9 +93,24 @@ def run(
             )
             raise SystemExit(130) from None
     code = _report(console, result, budget, time.monotonic() - started, output)
+    if engine is not None and backend == "real":
+        _print_engine_runs(console, engine)
     if engine is not None and result.best_measurement.ok:
         _print_unrestricted(console, cluster, model, global_batch_size, profile, engine, result)
     return code
+
+
+def _print_engine_runs(console, engine: str) -> None:
+    """With ``--engine`` and ``--backend real``: what measured the plans (said before and after the runs)."""
+    from autotune.engines import ENGINES
+
+    name = ENGINES[engine].NAME
+    console.print(
+        f"--engine {engine} --backend real: each real run is autotune's runner training the plan as {name} "
+        f"would hold it (its grid), not {name} itself; `autotune export --to {engine}` gives {name}'s file",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 #: evaluations of the unrestricted dp search ``--engine`` compares with (1-6 CPU seconds)

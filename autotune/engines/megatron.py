@@ -10,8 +10,8 @@ needs no layout. ZeRO 1 is ``--use-distributed-optimizer``; ZeRO 2 / 3 are Megat
 does not run with pipeline parallelism and checkpoints as ``--ckpt-format fsdp_dtensor``; ``offload:
 optimizer`` is ``--optimizer-cpu-offload`` with the distributed optimizer and the precision-aware one. The
 header says what the user adds by hand (``notes``: data, tokenizer, iterations, and
-``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor parallelism). What Megatron-LM cannot run, ``refusal``
-names: GPipe, parameter offload.
+``CUDA_DEVICE_MAX_CONNECTIONS=1`` with tensor parallelism, unset with Megatron-FSDP). What Megatron-LM cannot
+run, ``refusal`` names: GPipe, parameter offload.
 """
 
 from __future__ import annotations
@@ -150,7 +150,9 @@ def notes(grid: EngineGrid, model: ModelSpec | None) -> list[str]:
         "add: --data-path (or --mock-data), --tokenizer-type and its model, --train-iters, --lr and the "
         "schedule, --save / --load; run with torchrun on pretrain_gpt.py"
     ]
-    if grid.tp > 1:
+    if grid.zero >= 2:  # validate_args: Megatron-FSDP asserts the variable is not 1 (a warning beside tp)
+        out.append("environment: leave CUDA_DEVICE_MAX_CONNECTIONS unset (Megatron-FSDP refuses 1)")
+    elif grid.tp > 1:  # validate_args asserts it before Blackwell
         out.append("environment: CUDA_DEVICE_MAX_CONNECTIONS=1 (tensor parallelism overlaps its communication)")
     if model is not None and model.sliding_window:
         out.append("--window-size needs Megatron-Core 0.15 or later")

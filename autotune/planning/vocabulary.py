@@ -23,7 +23,7 @@ INTERLEAVED_CHUNKS = 2
 ASSIGNMENTS = ("grouped", "mixed")
 ORDERS = ("fast-first", "slow-first")
 #: torchtitan's activation-checkpointing modes the space offers (``autotune.specs.recompute``); every-2 is
-#: torchtitan's default per-layer frequency
+#: torchtitan 0.2's default per-layer frequency (0.3 dropped per-layer checkpointing; the runner keeps it)
 TORCHTITAN_RECOMPUTE = ("selective-op", "every-2")
 RECOMPUTE_MODES = ("none", "all", "low-memory", "selective") + TORCHTITAN_RECOMPUTE
 SPLIT_EXPONENTS = (0.0, 0.5, 1.0)

@@ -70,7 +70,7 @@ def test_search_with_an_engine_then_export(capsys, tmp_path):
     )
     assert code == 0, err
     assert "--tensor-model-parallel-size" in out and "--add-qkv-bias" in out
-    written = tmp_path / "titan.toml"
+    written = tmp_path / "plan.json"
     code, out, err = _cli(capsys, "export", "--to", "deepspeed", str(plan), "--output", str(written))
     if code == 0:  # a plan Megatron-LM runs may or may not be one DeepSpeed runs: either way one clear answer
         assert json.loads(written.read_text())["train_batch_size"] == 256

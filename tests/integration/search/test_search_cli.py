@@ -221,6 +221,8 @@ def test_real_backend_prints_predicted_against_measured_per_run_and_at_the_end(t
         "2",
         "--backend",
         "real",
+        "--engine",  # issue 47: under an engine, the real runs are the runner holding its plan, said so
+        "deepspeed",
         cwd=tmp_path,
         timeout=600,
     )
@@ -228,6 +230,8 @@ def test_real_backend_prints_predicted_against_measured_per_run_and_at_the_end(t
     lines = [line for line in r.stderr.splitlines() if line.startswith("real run ")]
     assert len(lines) == 2 and all("predicted" in line and "measured" in line for line in lines), r.stderr
     assert "simulator error before each real run (corrected by the runs before it): mean" in r.stderr
+    said = "--engine deepspeed --backend real: each real run is autotune's runner training the plan as DeepSpeed"
+    assert r.stderr.count(said) == 2, r.stderr  # before the runs and in the summary
 
 
 def test_rl_on_real_runs_says_why_it_stopped_and_a_rerun_resumes_without_new_runs(tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import tomllib
 
 from autotune import engines
 from autotune.engines import megatron, torchtitan
@@ -95,9 +94,16 @@ EVEN_EVERY2 = plan(
     zero=2,  # torchtitan replicates with DDP on a 1-D mesh only: replicas beside a pipeline are FSDP's
 )
 
+# torchtitan 0.3 replicates with FSDP2 over a replicate mesh, beside a pipeline too
+EVEN_FULL = plan(
+    [{"num_microbatches": 16, "stages": [stage([f"a100:{i}"], 8, recompute=True) for i in range(4)]}]
+    + [{"num_microbatches": 16, "stages": [stage([f"v100:{i}"], 8, recompute=True) for i in range(4)]}],
+    mbs=4,
+)
+
 RUNS = {
     "megatron": [UNEVEN, EVEN_ZERO1, INTERLEAVED],
-    "torchtitan": [INTERLEAVED, FSDP, TP_SP, FSDP_OP, EVEN_EVERY2],
+    "torchtitan": [INTERLEAVED, FSDP, TP_SP, FSDP_OP, EVEN_FULL],
     "deepspeed": [EVEN_ZERO1, FSDP],
 }
 
@@ -134,24 +140,23 @@ def test_megatron_interleaving_lists_chunk_zero_of_every_stage_first():
 
 
 def test_torchtitan_module_split_and_fsdp(model):
-    doc = tomllib.loads(engines.export("torchtitan", INTERLEAVED, model))
+    doc = torchtitan.read_plan(engines.export("torchtitan", INTERLEAVED, model))
     parts = doc["parallelism"]["module_fqns_per_model_part"]
-    assert parts[0][:2] == ["tok_embeddings", "layers.0"] and parts[-1][-2:] == ["norm", "output"]
+    assert parts[0][:2] == ["tok_embeddings", "layers.0"] and parts[-1][-2:] == ["norm", "lm_head"]
     assert [len([m for m in p if m.startswith("layers.")]) for p in parts] == [8, 8, 8, 8]
     assert doc["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
-    fsdp = tomllib.loads(engines.export("torchtitan", FSDP, model))
+    assert doc["training"]["disable_cuda_graphs"] is True  # Trainer.Config refuses CUDA graphs with pp
+    fsdp = torchtitan.read_plan(engines.export("torchtitan", FSDP, model))
     assert fsdp["parallelism"]["data_parallel_shard_degree"] == 4
     assert fsdp["parallelism"]["fsdp_reshard_after_forward"] == "always"
-    assert fsdp["training"]["enable_cpu_offload"] is True
+    assert fsdp["training"]["enable_cpu_offload"] is True and fsdp["training"]["disable_cuda_graphs"] is False
     assert fsdp["training"]["local_batch_size"] == 1 and fsdp["training"]["global_batch_size"] == 128
 
 
-def test_torchtitan_writes_its_selective_checkpointing(model):
-    op = tomllib.loads(engines.export("torchtitan", FSDP_OP, model))["activation_checkpoint"]
-    assert op == {"mode": "selective", "selective_ac_option": "op"}
-    layer = tomllib.loads(engines.export("torchtitan", EVEN_EVERY2, model))["activation_checkpoint"]
-    assert layer == {"mode": "selective", "selective_ac_option": "2"}
-    assert tomllib.loads(engines.export("torchtitan", FSDP, model))["activation_checkpoint"] == {"mode": "none"}
+def test_torchtitan_writes_its_checkpointing(model):
+    assert torchtitan.read_plan(engines.export("torchtitan", FSDP_OP, model))["activation_checkpoint"] == "selective"
+    assert torchtitan.read_plan(engines.export("torchtitan", EVEN_FULL, model))["activation_checkpoint"] == "full"
+    assert torchtitan.read_plan(engines.export("torchtitan", FSDP, model))["activation_checkpoint"] is None
 
 
 def test_deepspeed_json(model):
@@ -254,10 +259,17 @@ def test_a_space_kept_to_an_engine_accepts_only_plans_it_exports(engine, cluster
     assert kept > 0
 
 
-def test_torchtitan_config_parses_as_toml_with_comment_header(model):
+def test_torchtitan_config_is_a_python_module_starting_from_torchtitan_s_own_model_config(model):
     text = engines.export("torchtitan", FSDP, model)
     assert text.startswith("# torchtitan configuration of the autotune plan")
-    assert torchtitan.parse(text).zero == 3
+    compile(text, "plan.py", "exec")  # a module torchtitan 0.3 imports (--module / --config autotune_plan)
+    assert "def autotune_plan():" in text and torchtitan.parse(text).zero == 3
+    # llama2-7b: torchtitan defines no such model; the module says so and starts from Llama 3 8B
+    assert 'BASE = "torchtitan.models.llama3.config_registry:llama3_8b"' in text and "replace BASE" in text
+    assert any("set it to your model's config function" in n for n in engines.notes("torchtitan", FSDP, model))
+    llama3 = load_model("llama3-8b", global_batch_size=128)
+    assert "replace BASE" not in engines.export("torchtitan", FSDP, llama3)
+    assert not any("BASE" in n for n in engines.notes("torchtitan", FSDP, llama3))
 
 
 def test_megatron_arguments_carry_what_validate_args_requires_and_the_notes_what_the_user_adds():
@@ -290,11 +302,11 @@ def test_deepspeed_notes_say_how_to_split_the_pipeline_and_pass_an_mpu():
 
 
 def test_torchtitan_refuses_what_its_own_code_rejects():
-    """Issue 47, torchtitan 0.2.2: ZeRO 0 over replicas beside a pipeline ("DDP has not supported > 1D
-    parallelism"), expert parallelism without FSDP (its mesh built from FSDP's), fp16 (not a
-    mixed_precision_param value)."""
-    replicated = replace_zero(EVEN_EVERY2, 0)
-    assert "DDP has not supported > 1D parallelism" in engines.check("torchtitan", replicated)
+    """Issue 47: torchtitan 0.3 checkpoints every block or per op (per-layer every-N is gone), builds its
+    expert mesh from the FSDP one, and takes no fp16; it does replicate beside a pipeline (0.2's DDP did
+    not)."""
+    assert "torchtitan 0.3 checkpoints every block (full) or per op" in engines.check("torchtitan", EVEN_EVERY2)
+    assert engines.check("torchtitan", EVEN_FULL) is None
     from dataclasses import replace
 
     fp16 = replace(load_model("llama2-7b", global_batch_size=128), precision="fp16")
