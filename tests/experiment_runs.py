@@ -45,6 +45,7 @@ QUICK = {
     "experiments/speed/bench_runner.py": [],
     "experiments/speed/bench_search.py": [],
     "experiments/speed/bench_simulator.py": [],
+    "experiments/training/deepspeed_cpu.py": [],
     "experiments/training/runner_equivalence.py": [],
     "experiments/training/zero_runner.py": [],
 }
