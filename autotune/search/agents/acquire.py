@@ -7,10 +7,10 @@ the nominal simulator (the profile's, when the search has one) with their error 
 across scenarios with the simulator's errors randomised: ``scripts/train_acquisition.py``, shipped as
 ``autotune/data/acquisition.safetensors``) picks the next candidate from the posterior every run so far
 refitted (the first run is the planner's first plan, as every method's); the run goes through the search's
-``BudgetedEvaluator`` like any method's. After the first measured
-run, the candidates are re-planned once with the simulator the closed loop corrected with it (the plans it puts
-first join the table; what ran stays, its measurements kept) and predicted by it, with the starting simulator's
-error bars: a simulator far off on this cluster ranks plans the corrected one would never put in its first 64, and
+``BudgetedEvaluator`` like any method's. After every run from the first measured
+one on, the candidates are re-planned with the simulator the closed loop corrected with the runs so far (the
+plans its planner puts first, over the whole space, join the table; what ran stays, its measurements kept) and
+predicted by it, with the starting simulator's error bars: a simulator far off on this cluster ranks plans the corrected one would never put in its first 64, and
 its predictions can be far enough off that the posterior's linear view of the errors around them fails (on this
 machine's CPU ranks the datasheet simulator predicts every candidate of a tiny model alike, floored by the host's
 per-layer cost, while the runs differ 2x: experiments/RESULTS.md, "Real runs on this machine's CPU ranks"); the
@@ -144,19 +144,22 @@ def _posterior(table, budgeted: BudgetedEvaluator) -> Posterior:
 def _spend(budgeted: BudgetedEvaluator, table, choose, stop_gain: float | None, replan) -> str:
     space = budgeted.space
     post = _posterior(table, budgeted)
-    replanned = False
+    planned_after = 0  # the runs the table was last planned after
     while True:
-        if not replanned and post.best_measured_s is not None:  # once: the first run corrected the simulator
-            replanned = True
+        if budgeted.exhausted:  # before re-planning: nothing more will run
+            reason = f"the budget of {budgeted.budget} runs is spent"
+            break
+        # after every run once one measured: the closed loop refitted the correction with it, and the
+        # corrected simulator's planner may put first a plan the table never held (the whole space, its
+        # families): the table becomes those plans and what ran, the posterior restarts around them
+        if post.best_measured_s is not None and len(budgeted.history) > planned_after:
+            planned_after = len(budgeted.history)
             fresh = replan()
             if fresh is not None and len(fresh):
                 table, post = fresh, _posterior(fresh, budgeted)
         post.set_noise(run_noise(getattr(budgeted.inner, "median_spread", None)))  # as noisy as the runs showed
         if post.run.all():
             reason = f"every one of the {len(table)} candidate plans ran"
-            break
-        if budgeted.exhausted:
-            reason = f"the budget of {budgeted.budget} runs is spent"
             break
         if stop_gain is not None and post.settled(stop_gain):  # the gain is small and the runs are explained
             reason = (

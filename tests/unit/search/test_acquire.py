@@ -88,9 +88,9 @@ def test_the_chooser_predicts_with_the_simulator_the_search_began_with_and_repla
     monkeypatch,
 ) -> None:
     """On real runs the closed loop corrects its simulator after every run; the chooser's first table is the
-    uncorrected simulator's, and after the first run its candidates are re-planned once with the corrected one
-    (plans it puts first join the table) and predicted by it, with the starting simulator's error bars (a
-    corrected profile would pass for a measured one, with its small error bars)."""
+    uncorrected simulator's, and after every run from the first on its candidates are re-planned with the
+    corrected one (plans it puts first join the table) and predicted by it, with the starting simulator's
+    error bars (a corrected profile would pass for a measured one, with its small error bars)."""
     from autotune.search import screen as screen_module
     from autotune.search.agents import acquire
 
@@ -111,10 +111,12 @@ def test_the_chooser_predicts_with_the_simulator_the_search_began_with_and_repla
     monkeypatch.setattr(acquire, "candidate_table", spy)
     corrected_profile = screen.simulator.profile
     run_acquire(space, budgeted, policy_path=GREEDY)
-    assert len(seen) == 2  # the start, then once more after the first measured run
+    # the start, then after every run but the last (the budget spent: nothing more to plan for)
+    assert len(seen) == budgeted.used == 4, (len(seen), budgeted.used)
     assert all(calibrated == frozenset() for _, calibrated, _ in seen)  # no class profiled: the nominal bars
     assert seen[0][2] is None and seen[1][2] is corrected_profile  # predicted by the simulator that planned them
-    assert seen[0][0][0] == first and seen[1][0][0] == first  # what ran stays a candidate
+    assert all(profile is not None for _, _, profile in seen[1:])  # each time the correction of the runs so far
+    assert all(configs[0] == first for configs, _, _ in seen)  # what ran stays a candidate
     assert set(corrected_first[:8]) <= set(seen[1][0])  # the corrected planner's first plans joined
     assert budgeted.screen == screen.screen  # the speed screen is back once the chooser is done
 
