@@ -88,8 +88,10 @@ MODEL.update(vocab_size=256, seq_len=16, global_batch_size=8, precision="fp32")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="the same run (it takes ~30 s)")
+    parser.add_argument("--quick", action="store_true", help="ZeRO 2 alone, 2 steps (the test suite's run)")
     args = parser.parse_args()
+    if args.quick:
+        args.steps = 2
     try:
         import deepspeed
     except ImportError:
@@ -106,7 +108,7 @@ def main() -> None:
     env = dict(os.environ, DS_ACCELERATOR="cpu", DS_BUILD_OPS="0", OMP_NUM_THREADS="1")
     wrong = []
     with tempfile.TemporaryDirectory() as tmp:
-        for zero in (0, 1, 2):
+        for zero in (2,) if args.quick else (0, 1, 2):
             config = ParallelConfig.from_dict(plan(zero))
             path = Path(tmp) / f"zero{zero}.json"
             path.write_text(engines.export("deepspeed", config, model))
