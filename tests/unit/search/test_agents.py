@@ -18,7 +18,7 @@ from autotune.specs import ParallelConfig
 TINY = dict(
     schedule=["1f1b"],
     recompute=["none"],
-    mbs=[1, 2],
+    mbs=[1],
     layer_split=[0.0, 1.0],
     batch_split=[0.0, 1.0],
     zero=[0],
