@@ -1,4 +1,4 @@
-"""DeepSpeed (0.16+; AutoTP tensor parallelism 0.16.4+): a plan as a DeepSpeed config JSON.
+"""DeepSpeed (0.19, checked with 0.19.8; AutoTP tensor parallelism needs 0.16.4+): a plan as a DeepSpeed config JSON.
 
 The grid (``autotune.engines.grid``) maps to ``train_micro_batch_size_per_gpu``,
 ``gradient_accumulation_steps`` (the micro-batches per replica and step) and ``train_batch_size``;

@@ -1,4 +1,5 @@
-"""Megatron-LM (Megatron-Core >= 0.14; sliding windows >= 0.15): a plan as ``pretrain_gpt.py`` arguments.
+"""Megatron-LM (Megatron-Core 0.19, checked with 0.19.2; its flags are 0.14's and later, sliding windows 0.15's): a
+plan as ``pretrain_gpt.py`` arguments.
 
 The grid (``autotune.engines.grid``) maps to ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
 ``--micro-batch-size`` and ``--global-batch-size`` (the data-parallel degree is the world size over
