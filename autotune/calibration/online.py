@@ -21,7 +21,8 @@ least squares, so the simulator used for the rest of the budget is closer to the
   does not (``OOM_MARGIN_GiB`` beyond), so no later plan needing as much there is spent on a real run.
 
 The time factors are fitted in log space (residual ``log(predicted / measured)``) with
-``scipy.optimize.least_squares`` and a weak ridge prior toward 1 (``prior_weight``), so one or two
+``scipy.optimize.least_squares`` and a weak ridge prior toward 1 (``prior_weight``; a third of it on the
+link classes, which can be off far more: ``link_prior_weight``), so one or two
 measurements move them only as far as the data supports, and a factor the data cannot see (no
 plan measured yet across nodes: ``link[network]``) stays at 1. Each refit re-simulates the measured plans with
 the candidate factors; the simulator costs milliseconds per plan, so this is cheap next to one real run.
@@ -179,16 +180,25 @@ class _Observation:
     measured: Measurement
 
 
+#: the second starting point of the link factors' descent (``OnlineCalibrator._fit_time``)
+LINK_START = 10.0
+
+
 @dataclass
 class OnlineCalibrator:
     """Refits correction factors from measured runs; hands out a corrected simulator.
 
     ``simulator`` is the ``autotune.simulator.Simulator`` in use (its cluster, model and profile are
-    the starting point). ``prior_weight`` is the ridge weight pulling each log-factor to 0.
+    the starting point). ``prior_weight`` is the ridge weight pulling each log-factor to 0;
+    ``link_prior_weight`` the lighter one of the link classes: a link class may be far off (PCIe where the
+    file says NVLink: 10-40x; a network at a third of its rate) where a GPU class's compute rarely is beyond
+    1.6x, so where a run slows down and both could explain it, the ridge does not hand a 20x slower link to
+    its GPUs' compute (a prior spread about 3x as wide: weight 0.2 / 3).
     """
 
     simulator: object
     prior_weight: float = 0.2
+    link_prior_weight: float = 0.2 / 3
     max_factor: float = 10.0
     max_link_factor: float = 100.0  # a link class may be far off: PCIe where the file says NVLink is 10-40x
     min_validation_runs: int = 3  # from this many runs on, a fit must beat the profile on held-out runs
@@ -335,6 +345,7 @@ class OnlineCalibrator:
         names = [f"compute:{t}" for t in types] + [f"contention:{t}" for t in contention_types]
         names += [f"link:{c}" for c in classes]
         lim = np.array([math.log(self.max_link_factor if n.startswith("link:") else self.max_factor) for n in names])
+        ridge = np.array([self.link_prior_weight if n.startswith("link:") else self.prior_weight for n in names])
 
         def corrections(theta) -> Corrections:
             vals = dict(zip(names, (math.exp(x) for x in theta)))
@@ -358,11 +369,14 @@ class OnlineCalibrator:
                 if len(meas_busy) == len(pred.stage_busy_s) and meas_busy:
                     for p, m in zip(pred.stage_busy_s, meas_busy):
                         res.append(0.5 * math.log(max(p, 1e-12) / m))  # busy times: half weight each
-            res.extend(self.prior_weight * np.asarray(theta))
+            res.extend(ridge * np.asarray(theta))
             return np.asarray(res)
 
         # The shared-host bound is a max(): while it does not bind, the contention factor has no
-        # gradient. Start from a few contention levels and keep the best fit.
+        # gradient. Start from a few contention levels and keep the best fit. The same for the links: a
+        # collective the schedule hides behind compute at the file's rate has no gradient there, though at
+        # a tenth of it (PCIe where the file says NVLink) it sets the pace; so start from the links at
+        # LINK_START too.
         if start is not None:
             given = {
                 **{f"compute:{t}": v for t, v in start.compute},
@@ -372,7 +386,12 @@ class OnlineCalibrator:
             inits = [np.clip(np.array([math.log(given.get(n, 1.0)) for n in names]), -lim, lim)]
         else:
             levels = [0.0] if not contention_types else [0.0, math.log(2.0), math.log(4.0)]
-            inits = [np.array([c0 if n.startswith("contention:") else 0.0 for n in names]) for c0 in levels]
+            slow = [0.0, math.log(LINK_START)] if classes else [0.0]
+            inits = [
+                np.array([c0 if n.startswith("contention:") else l0 if n.startswith("link:") else 0.0 for n in names])
+                for c0 in levels
+                for l0 in slow
+            ]
         best = None
         for x0 in inits:
             fit = least_squares(residuals, x0, bounds=(-lim, lim), diff_step=1e-3, xtol=1e-6, ftol=1e-8)
