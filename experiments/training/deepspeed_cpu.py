@@ -77,8 +77,8 @@ def reference(steps: int, global_batch: int) -> list[float]:
 
 
 def plan(zero: int) -> dict:
-    replica = lambda i: {"num_microbatches": 2, "stages": [{"devices": [f"cpu:{i}"], "layers": 4}]}  # noqa: E731
-    return {"micro_batch_size": 2, "zero": zero, "pipelines": [replica(0), replica(1)]}
+    pipelines = [{"num_microbatches": 2, "stages": [{"devices": [f"cpu:{i}"], "layers": 4}]} for i in (0, 1)]
+    return {"micro_batch_size": 2, "zero": zero, "pipelines": pipelines}
 
 
 MODEL = {"name": "fp32-stand-in", "num_layers": 4, "hidden_size": 64, "num_heads": 4, "ffn_hidden_size": 256}
@@ -108,13 +108,13 @@ def main() -> None:
     env = dict(os.environ, DS_ACCELERATOR="cpu", DS_BUILD_OPS="0", OMP_NUM_THREADS="1")
     wrong = []
     with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "rank.py"
+        script.write_text(RANK)
         for zero in (2,) if args.quick else (0, 1, 2):
             config = ParallelConfig.from_dict(plan(zero))
             path = Path(tmp) / f"zero{zero}.json"
             path.write_text(engines.export("deepspeed", config, model))
             doc = json.loads(path.read_text())
-            script = Path(tmp) / "rank.py"
-            script.write_text(RANK)
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
             cmd += [str(script), str(path), str(args.steps), str(Path(__file__).parent), str(LR)]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
