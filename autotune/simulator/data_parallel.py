@@ -51,6 +51,17 @@ def peers_of(units: list, owners: tuple[int, ...]) -> list[tuple[int, int, tuple
     ]
 
 
+def ranks_by_stage(units: list) -> list[dict[int, list[tuple[int, int, tuple[str, ...]]]]]:
+    """Per replica: stage -> its ranks as (replica, unit, devices), so ``peers_of`` is a lookup per replica."""
+    out: list[dict[int, list]] = []
+    for r, row in enumerate(units):
+        by: dict[int, list] = {}
+        for u, unit in enumerate(row):
+            by.setdefault(unit.stage, []).append((r, u, unit.view.devices))
+        out.append(by)
+    return out
+
+
 def synchronise(
     costs: CostModel,
     model: ModelSpec,
@@ -67,8 +78,9 @@ def synchronise(
     (``phase="allreduce"``) or the all-gather of the updated weights (``phase="allgather"``) of ZeRO
     (``zero.sync_s``, ``zero.gather_s``)."""
     split = state_bytes_for(model)
+    by_stage = ranks_by_stage(units)
     for owners, params in reversed(segments(model, config)):
-        members = peers_of(units, owners)
+        members = [m for r, s in enumerate(owners) for m in by_stage[r].get(s, ())]
         n = len(members)
         if n < 2:
             continue

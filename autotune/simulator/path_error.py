@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from autotune.simulator import error_bar
 from autotune.simulator.cost_model import CostModel
-from autotune.specs import ParallelConfig
+from autotune.specs import ClusterSpec, ParallelConfig
 
 
 def class_error(costs: CostModel, rate_key: str, precision: str) -> tuple[float, str]:
@@ -30,6 +30,14 @@ def network_error(costs: CostModel, config: ParallelConfig) -> tuple[float, str,
     return (*error_bar.network_error(slowest.bandwidth_GBps), len(nodes) > 1)
 
 
+def sigma_bound(costs: CostModel, cluster: ClusterSpec, precision: str) -> float:
+    """The largest error any class's compute or any node's network link carries on this cluster: a replica
+    ending before the makespan by more than this fraction of its span cannot set the stretched makespan."""
+    sigmas = [class_error(costs, rk, precision)[0] for rk in set(costs.rate_key.values())]
+    sigmas += [error_bar.network_error(n.network.bandwidth_GBps)[0] for n in cluster.nodes]
+    return max(sigmas, default=0.0)
+
+
 def path_seconds(
     costs: CostModel, config: ParallelConfig, compiled: list, units: list, stage_costs: list, paths: list
 ) -> tuple[list[dict[str, float]], list[float]]:
@@ -38,7 +46,12 @@ def path_seconds(
     whether each crosses nodes). Where sends block the sender (GPUs) they sit inside the operations."""
     compute: list[dict[str, float]] = []
     network: list[float] = []
-    for r, (durations, transfers, comms, across) in enumerate(paths):
+    for r, path in enumerate(paths):
+        if path is None:  # a replica that cannot set the makespan (``Simulator._pipelines``)
+            compute.append({})
+            network.append(0.0)
+            continue
+        durations, transfers, comms, across = path
         comp, pipe = compiled[r], config.pipelines[r]
         per_class: dict[str, float] = {}
         net = 0.0

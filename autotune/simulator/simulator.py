@@ -90,9 +90,11 @@ class Simulator:
         self._rank_curves = profile is not None and any(
             d.pipeline_overhead or d.data_parallel_overhead for d in profile.devices
         )
-        self._pipeline_cache: dict[tuple, tuple[float, ...]] = {}
+        self._pipeline_cache: dict[tuple, list] = {}  # -> [when each unit is free, critical path or None]
         self._zero_cache: dict[tuple, tuple] = {}
         self._transfer_cache: dict[tuple, tuple] = {}
+        #: the largest relative error any term of a plan on this cluster can carry (``path_error.sigma_bound``)
+        self._sigma_bound = path_error.sigma_bound(self.costs, cluster, model.precision)
 
     # ---------------------------------------------------------------------------------------------
     # Evaluator interface
@@ -252,7 +254,7 @@ class Simulator:
                 self.costs, self.model, config, stage_costs, st.units, st.peers, self._zero_cache
             )
         events: list[TimelineEvent] | None = [] if timeline else None
-        finish, slowest, paths = self._pipelines(config, stage_costs, st, events)
+        finish, slowest, paths = self._pipelines(config, stage_costs, st, events, paths_within=self._sigma_bound)
         iteration, sync_s = self._synchronise_and_step(config, finish, stage_costs, st.units, sharded, events)
         # -- shared host: ranks that time-share one machine's cores (calibration profiles only) ----
         shared = self._shared_host_bound(config, stage_costs, st.units, iteration)
@@ -430,15 +432,19 @@ class Simulator:
         events: list[TimelineEvent] | None,
         network_scale: float = 1.0,
         replicas: list[int] | None = None,
-    ) -> tuple[list[tuple[float, ...]], tuple[float, int], list[tuple]]:
+        paths_within: float | None = None,
+    ) -> tuple[list[tuple[float, ...]], tuple[float, int], list[tuple | None]]:
         """Each replica's schedule: when each unit is free after its last backward, the slowest replica (its
-        makespan, its index), and each replica's critical path as ``(duration slot counts, transfer slot
-        counts, the transfers' seconds before blocking sends absorb them, whether each crosses nodes)``
-        (``schedule.critical_path``: the error bar reads it). ``network_scale`` stretches the sends between nodes (``error_bar_by_rerun``);
+        makespan, its index), and with ``paths_within`` each replica's critical path as ``(duration slot
+        counts, transfer slot counts, the transfers' seconds before blocking sends absorb them, whether each
+        crosses nodes)`` (``schedule.critical_path``: the error bar reads it), None for a replica that ends
+        before the makespan by more than that fraction of its span (no term stretched by at most that much
+        makes it the slowest, so the error bar does not need its path; the walk costs ~0.1 ms). ``network_scale`` stretches the sends between nodes (``error_bar_by_rerun``);
         ``replicas``: only those (the lists then hold theirs, in that order)."""
         mbs, v, schedule = config.micro_batch_size, config.virtual_stages, config.schedule
         finish: list[tuple[float, ...]] = []
-        paths: list[tuple] = []
+        paths: list[tuple | None] = []
+        runs: list[tuple] = []
         slowest = (-1.0, 0)
         hand_off = self._rank_overheads(config, "pipeline_overhead_s")
         for r in range(len(config.pipelines)) if replicas is None else replicas:
@@ -446,38 +452,48 @@ class Simulator:
             p = len(pipe.stages)
             costs = stage_costs[r]
             comp = st.compiled[r]
-            extra = [
-                max((hand_off.get(d, 0.0) for d in unit.view.devices), default=0.0) / 2 if p > 1 else 0.0
-                for unit in st.units[r]
-            ]
-            scales = comp.scales or (1.0,) * len(comp.sources)  # layer-wise: each operation's part of a pass
-            durs = [(costs[u][0][i] + extra[u]) * f for (u, i), f in zip(comp.sources, scales)]
+            if hand_off and p > 1:  # a profile's measured hand-off overhead, half on each side
+                extra = [max((hand_off.get(d, 0.0) for d in unit.view.devices), default=0.0) / 2 for unit in st.units[r]]
+                scales = comp.scales or (1.0,) * len(comp.sources)  # layer-wise: each operation's part of a pass
+                durs = [(costs[u][0][i] + extra[u]) * f for (u, i), f in zip(comp.sources, scales)]
+            elif comp.scales:
+                durs = [costs[u][0][i] * f for (u, i), f in zip(comp.sources, comp.scales)]
+            else:
+                durs = [costs[u][0][i] for u, i in comp.sources]
             comms, across = self._transfers(pipe, comp, mbs, v)
             if network_scale != 1.0:
                 comms = tuple(c * network_scale if x else c for c, x in zip(comms, across))
             sent = comms  # before blocking sends fold them into the operations (the error bar's network part)
             if self.costs.node[pipe.stages[0].devices[0]].device.name != "cpu":  # NCCL sends block the sender
                 durs, comms = self._blocking_sends(comp, durs, comms)
+            end = None
             if events is not None:
                 end, free = run_program(comp, durs, comms)
                 self._pipeline_events(events, comp, st.units[r], end, durs, v)
-                free_t = tuple(free)
-                path = critical_path(comp, end, comms, free.index(max(free)), len(durs))
+                cached = [tuple(free), None]
             else:
                 key = (schedule, pipe.execution, pipe.num_microbatches, v, comp.units, tuple(durs), tuple(comms))
                 cached = self._pipeline_cache.get(key)
                 if cached is None:
                     end, free = run_program(comp, durs, comms)
-                    cached = (tuple(free), critical_path(comp, end, comms, free.index(max(free)), len(durs)))
+                    cached = [tuple(free), None]  # [when each unit is free, the critical path once walked]
                     if len(self._pipeline_cache) > _PIPELINE_CACHE_SIZE:
                         self._pipeline_cache.clear()
                     self._pipeline_cache[key] = cached
-                free_t, path = cached
-            finish.append(free_t)
-            paths.append((*path, sent, across))
-            makespan = max(free_t)
+            finish.append(cached[0])
+            runs.append((cached, comp, end, durs, comms, sent, across))
+            makespan = max(cached[0])
             if makespan > slowest[0]:
                 slowest = (makespan, r)
+        if paths_within is None:
+            return finish, slowest, []
+        for cached, comp, end, durs, comms, sent, across in runs:
+            free = cached[0]
+            if cached[1] is None and max(free) * (1.0 + paths_within) > slowest[0]:
+                if end is None:  # a cached run whose path was not needed before: run it again
+                    end, _ = run_program(comp, durs, comms)
+                cached[1] = critical_path(comp, end, comms, free.index(max(free)), len(durs))
+            paths.append(None if cached[1] is None else (*cached[1], sent, across))
         return finish, slowest, paths
 
     def _transfers(self, pipe, comp, mbs: int, v: int) -> tuple[tuple[float, ...], tuple[bool, ...]]:

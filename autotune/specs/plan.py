@@ -262,6 +262,7 @@ class ParallelConfig:
             self._check_batch(model, source)
             return
         seen: set[str] = set()
+        good_tp: set[int] = set()  # degrees already checked against the model
         for p, pipe in enumerate(self.pipelines):
             if self.schedule == "interleaved-1f1b" and pipe.num_microbatches % len(pipe.stages):
                 raise SpecError(
@@ -300,8 +301,9 @@ class ParallelConfig:
                     elif d in seen:
                         raise SpecError(source, dev_field, f"device {shown(d)} is used more than once")
                     seen.add(d)
-                for k, rank in enumerate(stage.ranks_of(pipe.num_microbatches)):
-                    tp = rank.tp
+                for k, tp in enumerate([r.tp for r in stage.ranks] if stage.ranks else [len(stage.devices)]):
+                    if tp in good_tp:
+                        continue
                     where = f"pipelines[{p}].stages[{s}]." + (f"ranks[{k}].devices" if stage.ranks else "devices")
                     if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
                         raise SpecError(
@@ -316,6 +318,7 @@ class ParallelConfig:
                             where,
                             f"tensor-parallel degree {tp} must divide ffn_hidden_size={model.ffn_hidden_size}",
                         )
+                    good_tp.add(tp)
         self._check_batch(model, source)
 
     def _check_batch(self, model: ModelSpec, source: str) -> None:
