@@ -453,7 +453,9 @@ class Simulator:
             costs = stage_costs[r]
             comp = st.compiled[r]
             if hand_off and p > 1:  # a profile's measured hand-off overhead, half on each side
-                extra = [max((hand_off.get(d, 0.0) for d in unit.view.devices), default=0.0) / 2 for unit in st.units[r]]
+                extra = [
+                    max((hand_off.get(d, 0.0) for d in unit.view.devices), default=0.0) / 2 for unit in st.units[r]
+                ]
                 scales = comp.scales or (1.0,) * len(comp.sources)  # layer-wise: each operation's part of a pass
                 durs = [(costs[u][0][i] + extra[u]) * f for (u, i), f in zip(comp.sources, scales)]
             elif comp.scales:
