@@ -392,23 +392,44 @@ def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
             )
 
 
+def _splits_and_counts(layout: Layout) -> tuple[dict[int, list], dict[int, int]]:
+    """Per replica: its (stage, chunk layers) and its micro-batch count."""
+    splits: dict[int, list] = {}
+    counts: dict[int, int] = {}
+    for r in layout.ranks:
+        splits.setdefault(r.pipeline, []).append((r.stage, tuple(c.layers for c in r.chunks)))
+        counts[r.pipeline] = r.num_microbatches
+    return splits, counts
+
+
+def replicas_out_of_step(layout: Layout) -> bool:
+    """Whether the replicas' schedules reach the weight keys in different orders: mixed stages, different
+    layer splits, or different micro-batch counts in pipelines of several stages. Zero 2's per-micro-batch
+    reduce-scatters are then issued without waiting (``runner.zero``), zero 3 is refused."""
+    if layout.mixed:
+        return True
+    if len({r.pipeline for r in layout.ranks}) < 2:
+        return False
+    splits, counts = _splits_and_counts(layout)
+    if len({tuple(sorted(set(v))) for v in splits.values()}) > 1:
+        return True
+    return max(len(set(v)) for v in splits.values()) > 1 and len(set(counts.values())) > 1
+
+
 def check_sharded_layout(layout: Layout) -> None:
     """Plan shapes the sharded runner cannot run (one clear error before launch)."""
-    if layout.zero >= 2 and len({r.pipeline for r in layout.ranks}) > 1 and not layout.mixed:
-        # per-micro-batch collectives (reduce-scatters, zero-3 all-gathers) are blocking calls on one
-        # group per layer: the replicas must issue them in the same order
-        splits: dict[int, list] = {}
-        counts: dict[int, int] = {}
-        for r in layout.ranks:
-            splits.setdefault(r.pipeline, []).append((r.stage, tuple(c.layers for c in r.chunks)))
-            counts[r.pipeline] = r.num_microbatches
+    if layout.zero >= 3 and len({r.pipeline for r in layout.ranks}) > 1 and not layout.mixed:
+        # zero 3's per-use all-gathers are blocking calls on one group per layer (a rank needs the weights
+        # before it computes): the replicas must issue them in the same order. Zero 2's reduce-scatters are
+        # then issued without waiting, each on its layer's group, so any split and any micro-batch counts pair up
+        splits, counts = _splits_and_counts(layout)
         if len({tuple(sorted(set(v))) for v in splits.values()}) > 1:
             raise SpecError(
                 "runner",
                 "zero",
                 f"zero {layout.zero} needs every replica to split the layers the same "
-                "way (its per-micro-batch collectives must line up across the "
-                "replicas' schedules); use zero 1 with uneven layer splits",
+                "way (its per-use all-gathers must line up across the "
+                "replicas' schedules); use zero 1 or 2 with uneven layer splits",
             )
         stages = max(len(set(v)) for v in splits.values())
         if stages > 1 and len(set(counts.values())) > 1:
@@ -417,8 +438,8 @@ def check_sharded_layout(layout: Layout) -> None:
                 "zero",
                 f"zero {layout.zero} with pipelines of {stages} stages needs the same "
                 f"num_microbatches in every replica (got {sorted(counts.values())}): "
-                "their schedules would order the per-micro-batch collectives "
-                "differently; single-stage replicas may differ, or use zero 1",
+                "their schedules would order the per-use all-gathers "
+                "differently; single-stage replicas may differ, or use zero 1 or 2",
             )
 
 

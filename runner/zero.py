@@ -30,13 +30,20 @@ counts them:
 Communication: one process group per unit for all-gathers and one for reduce-scatters, so every
 collective call on a group moves the same buffer and calls pair up whatever order forward and
 backward run in. Replicas with fewer micro-batches than their peers make up the difference with
-zero-filled calls at the end of the step, so every holder makes the same number of calls. With
-uneven layer splits across replicas, zero 2 / 3 would need each rank's per-layer collectives to line
-up across different pipeline schedules, and so would uneven micro-batch counts in pipelines of several
-stages (their 1F1B schedules interleave forwards and backwards differently): those calls are blocking,
-one group per unit, so every replica must issue them in the same order. The runner refuses those
-shapes (``runner.layout.check_sharded_layout``; zero 1 runs there, its collectives only at step boundaries; plans with mixed
-stages issue zero 2's reduce-scatters asynchronously instead, ``runner.mixed``). Under tensor parallelism
+zero-filled calls at the end of the step, so every holder makes the same number of calls. Where the
+replicas' schedules reach the units in different orders (different layer splits, different micro-batch
+counts in pipelines of several stages, mixed stages: ``runner.layout.replicas_out_of_step``), zero 2's
+per-micro-batch reduce-scatters are issued without waiting (``async_op``) and their shards summed in issue
+order when they complete: calls on one unit's group pair up in order (each moves the same buffer and the
+shards are summed, so which micro-batch pairs with which does not matter), and a rank never blocks on a
+call its peers issue later. The price is memory: a micro-batch's whole gradient of a unit stays until its
+call completes, so a replica ahead of its peers holds several (measured on two even single-stage replicas
+issuing every call this way: +0.35 GiB peak at 25.4M parameters, whose fp32 gradient is 0.1 GiB, against
+waiting for each call); replicas in step wait for each call, as the simulator counts. Zero 3's per-use
+all-gathers cannot wait (the weights are needed now): they are blocking, so zero 3 needs every replica to
+reach its units in the same order, and the runner refuses uneven layer splits, and uneven micro-batch counts
+in pipelines of several stages, with zero 3 (``runner.layout.check_sharded_layout``; zero 1 and 2 run
+there). Under tensor parallelism
 a weight is a DTensor whose local shard is the view into the flat buffer (the unit holds the rank's
 tensor-parallel shard of each weight, its holders the ranks of the same shard). Single-stage
 replicas may differ in micro-batches: the padding calls replay a micro-batch's order (forward
@@ -64,7 +71,7 @@ import torch.distributed as dist
 from torch import nn
 
 from autotune.simulator.zero import gradients_resident
-from runner.layout import EMBED_KEY, HEAD_KEY, Layout
+from runner.layout import EMBED_KEY, HEAD_KEY, Layout, replicas_out_of_step
 from runner.optim import ADAMW, local_tensor
 
 log = logging.getLogger(__name__)
@@ -115,7 +122,7 @@ class Unit:
             (self.index + 1) * self.shard if self.n_shards > 1 else self.padded,
         )
         self.pads = max(0, max_microbatches - own_microbatches)
-        # mixed stages (runner.mixed): per-micro-batch reduce-scatters issued without waiting, summed in order
+        # per-micro-batch reduce-scatters issued without waiting, summed in issue order (replicas out of step)
         self.asynchronous = asynchronous
         self._pending: list = []  # (work, shard) of reduce-scatters in flight, in issue order
         host = offload != "none"
@@ -418,6 +425,8 @@ class ShardedState:
         self.frozen = {
             names[p]: p for key in self.plan.holds() if not self.plan.trains(key) for p in module.params_of(key)
         }
+        # replicas whose schedules reach the units in different orders: reduce-scatters without waiting
+        asynchronous = replicas_out_of_step(layout)
         for key, _tp_index, holders, weights in units:
             groups = (
                 (dist.new_group(list(holders)), dist.new_group(list(holders))) if len(holders) > 1 else (None, None)
@@ -446,7 +455,7 @@ class ShardedState:
                 *groups,
                 max(counts[h] for h in holders),
                 counts[rank],
-                asynchronous=layout.mixed,
+                asynchronous=asynchronous,
             )
             if weights is None:  # every holder trains the key: its replica's share of the batch
                 unit.weight = self.grad_weight

@@ -143,6 +143,18 @@ EQUIVALENCE = [  # (name, cluster, config) on tiny
         },
     ),
     (
+        "zero 2, 2 x 2 stages, layers 3+1 / 1+3, 5+3 mb, one stage recompute + offload optimizer",
+        "cpu-4",
+        {
+            "micro_batch_size": 1,
+            "zero": 2,
+            "pipelines": [
+                {"num_microbatches": 5, "stages": [st("cpu:0", 3), st("cpu:1", 1, True, "optimizer")]},
+                {"num_microbatches": 3, "stages": [st("cpu:2", 1), st("cpu:3", 3)]},
+            ],
+        },
+    ),
+    (
         "offload optimizer, one process (no peers)",
         "cpu-2",
         {
@@ -164,7 +176,8 @@ EQUIVALENCE = [  # (name, cluster, config) on tiny
     ),
 ]
 
-RESUME = [EQUIVALENCE[0], EQUIVALENCE[3], EQUIVALENCE[5]]  # zero 1 uneven, zero 3 + all uneven, zero 3 + all pipelines
+# zero 1 uneven, zero 3 + all uneven, zero 3 + all pipelines, zero 2 over uneven splits and counts
+RESUME = [EQUIVALENCE[0], EQUIVALENCE[3], EQUIVALENCE[5], EQUIVALENCE[6]]
 
 MEMORY = [
     ("zero 0", 0, "none"),

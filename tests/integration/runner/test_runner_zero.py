@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from autotune import SpecError, load_cluster, load_config, load_model
-from runner.layout import build_layout
+from runner.layout import build_layout, replicas_out_of_step
 from runner.reference import reference_losses
 from runner.train import train
 
@@ -74,6 +74,20 @@ PLANS = {
                     "num_microbatches": 4,
                     "stages": [st("cpu:2", 1, offload="optimizer"), st("cpu:3", 3, offload="optimizer")],
                 },
+            ],
+        },
+    ),
+    # zero 2 across replicas that split the layers differently (3+1 / 1+3) and run different micro-batch
+    # counts (5 + 3): the per-micro-batch reduce-scatters reach each layer's group in another order on
+    # each replica (issued without waiting, runner.zero); one replica recomputes and offloads its optimizer
+    "zero2-uneven-replicas": (
+        "cpu-4",
+        {
+            "micro_batch_size": 1,
+            "zero": 2,
+            "pipelines": [
+                {"num_microbatches": 5, "stages": [st("cpu:0", 3), st("cpu:1", 1, True, "optimizer")]},
+                {"num_microbatches": 3, "stages": [st("cpu:2", 1), st("cpu:3", 3)]},
             ],
         },
     ),
@@ -159,7 +173,7 @@ def test_plan_shapes_the_sharded_runner_refuses_are_named_before_launch():
     assert _layout("cpu-4", tp_zero3).sharded  # runs: test_zero_tensor_parallel.py
     uneven_split = {
         "micro_batch_size": 1,
-        "zero": 2,
+        "zero": 3,
         "pipelines": [
             {"num_microbatches": 4, "stages": [st("cpu:0", 3), st("cpu:1", 1)]},
             {"num_microbatches": 4, "stages": [st("cpu:2", 1), st("cpu:3", 3)]},
@@ -177,8 +191,15 @@ def test_plan_shapes_the_sharded_runner_refuses_are_named_before_launch():
     }
     with pytest.raises(SpecError, match=r"same num_microbatches in every replica \(got \[3, 5\]\)"):
         _layout("cpu-4", uneven_counts)
-    # what it runs: zero 1 on any split, zero 2/3 on single-stage replicas of uneven batch shares
+    # what it runs: zero 1 and 2 on any split and counts, zero 3 on single-stage replicas of uneven batch shares
     assert _layout("cpu-4", dict(uneven_split, zero=1)).sharded
+    assert _layout("cpu-4", dict(uneven_split, zero=2)).sharded
+    assert _layout("cpu-4", dict(uneven_counts, zero=2)).sharded
+    # ... their reduce-scatters issued without waiting there only (in step, each call waits: less memory)
+    assert replicas_out_of_step(_layout("cpu-4", dict(uneven_split, zero=2)))
+    assert replicas_out_of_step(_layout("cpu-4", dict(uneven_counts, zero=2)))
+    assert not replicas_out_of_step(_layout("cpu-4", PLANS["zero2-pipelines-offload"][1]))
+    assert not replicas_out_of_step(_layout("cpu-2", PLANS["zero3-all"][1]))  # single stages: counts may differ
     assert _layout("cpu-2", PLANS["zero3-all"][1]).sharded
     assert not _layout(
         "cpu-2", {"micro_batch_size": 1, "pipelines": [{"num_microbatches": 8, "stages": [st("cpu:0", 4)]}]}
