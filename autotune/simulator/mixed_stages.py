@@ -226,6 +226,21 @@ def transfer_seconds(costs, pipe: PipelineConfig, comp: PipelineProgram, mbs: in
     p = len(pipe.stages)
     comms = [0.0] * (1 + len(comp.transfers))
     across = [False] * (1 + len(comp.transfers))
+    stages = pipe.stages
+    if len(comp.transfers) == 2 * p and not any(
+        st.ranks for st in stages
+    ):  # one rank per stage: slots 1..p forward, p+1..2p backward
+        node = costs.node
+        for s in range(p):
+            for slot, other in ((1 + s, s - 1 if s > 0 or v > 1 else None), (1 + p + s, (s + 1) % p)):
+                if slot > p and not (s < p - 1 or v > 1):
+                    continue
+                if other is None:
+                    continue
+                src, dst = stages[other].devices, stages[s].devices
+                comms[slot] = costs.p2p(src, dst, mbs, stages[other].sequence_parallel, stages[s].sequence_parallel)
+                across[slot] = node[src[0]].name != node[dst[0]].name
+        return tuple(comms), tuple(across)
     ranks = [pipe.stage_ranks(s) for s in range(p)]
     seen: dict[tuple, tuple[float, bool]] = {}  # one per (direction, stage, ranks): every micro-batch's the same
     for i, transfer in enumerate(comp.transfers):
