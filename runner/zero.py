@@ -72,7 +72,7 @@ from torch import nn
 
 from autotune.simulator.zero import gradients_resident
 from runner.layout import EMBED_KEY, HEAD_KEY, Layout, replicas_out_of_step
-from runner.optim import ADAMW, local_tensor
+from runner.optim import local_tensor, make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -465,11 +465,9 @@ class ShardedState:
                 unit.factor = weights[rank] / counts[rank]
             self.units.append(unit)
         masters = [u.master for u in self.units]
-        # state in host memory (offload, and every CPU rank) steps with torch's fused CPU AdamW, as
-        # ZeRO-Offload's CPU Adam: the per-tensor loop steps 20M parameters 7x slower on 2 cores (0.28 vs 2.0 G
-        # params/s, experiments/speed/bench_host_adam.py; they agree to 7e-8 after 6 steps); on a GPU the loop
-        host = bool(masters) and all(m.device.type == "cpu" for m in masters)
-        self.optimizer = torch.optim.AdamW(masters, **ADAMW, **({"fused": True} if host else {"foreach": False}))
+        # fused AdamW on the master shards (``runner.optim.make_optimizer``; in host memory with offload, as
+        # ZeRO-Offload's CPU Adam); ``runner.engine`` sets the step's rate and weight decay
+        self.optimizer = make_optimizer(masters)
 
     @property
     def streamed(self) -> bool:
