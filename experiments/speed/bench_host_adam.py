@@ -3,8 +3,8 @@
     .venv/bin/python experiments/speed/bench_host_adam.py [--params 20000000] [--steps 5]
 
 Times one AdamW step (the runner's settings, ``runner.optim.ADAMW``) of ``--params`` parameters in host
-memory with torch's per-tensor loop (``foreach=False``: the runner's every other plan and the reference),
-``foreach=True`` and ``fused=True`` (``runner.zero``'s host state), and RoundPipe's compiled CPU Adam with
+memory with torch's per-tensor loop (``foreach=False``: the runner's plans outside ZeRO before 4ffce66),
+``foreach=True`` and ``fused=True`` (``runner.optim.make_optimizer``: every plan), and RoundPipe's compiled CPU Adam with
 decoupled weight decay (``runner.roundpipe_run.host_adamw``) where the ``roundpipe`` package is installed
 (its kernel is compiled on first use; ``import roundpipe`` itself needs CUDA, so its optimizer module is
 loaded on its own). Prints parameters per second and each variant's largest difference from the loop
