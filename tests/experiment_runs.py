@@ -40,6 +40,7 @@ QUICK = {
     "experiments/quality/zorse_comparison.py": [],
     "experiments/quality/spes_benchmark.py": [],
     "experiments/quality/stop_rule.py": [],
+    "experiments/quality/policy_vs_rule.py": [],
     "experiments/speed/bench_host_adam.py": [],
     "experiments/speed/bench_planner.py": [],
     "experiments/speed/bench_runner.py": [],
