@@ -11,6 +11,7 @@ from simulator_cases import two_nodes
 
 from autotune import load_model
 from autotune.planning.posterior import (
+    EXTRAPOLATION,
     MAX_DOUBT,
     RUN_NOISE,
     CandidateTable,
@@ -79,8 +80,9 @@ def test_a_run_moves_the_plans_that_share_its_terms_by_hand() -> None:
     post.observe(0, math.exp(y) * 1.0)
     s = a * a + b * b + n * n
     assert post.mean_log_s[1] == pytest.approx(math.log(2.0) + a * a * y / s)
-    # the variance of term 0 shrinks by a^4 / s
-    assert post.std_log_s[1] == pytest.approx(math.sqrt(a * a - a**4 / s + n * n))
+    # the variance of term 0 shrinks by a^4 / s; the shift the run taught adds EXTRAPOLATION x itself
+    shift = a * a * y / s
+    assert post.std_log_s[1] == pytest.approx(math.sqrt(a * a - a**4 / s + n * n + (EXTRAPOLATION * shift) ** 2))
     assert post.best_measured_s == pytest.approx(math.exp(y))
     # a failed run says nothing about time
     post.observe(1, None)
