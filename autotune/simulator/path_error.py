@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from autotune.simulator import error_bar
 from autotune.simulator.cost_model import CostModel
+from autotune.simulator.schedule import critical_path, run_program
 from autotune.specs import ClusterSpec, ParallelConfig
 
 
@@ -36,6 +37,23 @@ def sigma_bound(costs: CostModel, cluster: ClusterSpec, precision: str) -> float
     sigmas = [class_error(costs, rk, precision)[0] for rk in set(costs.rate_key.values())]
     sigmas += [error_bar.network_error(n.network.bandwidth_GBps)[0] for n in cluster.nodes]
     return max(sigmas, default=0.0)
+
+
+def critical_paths(runs: list[tuple], makespan: float, within: float) -> list[tuple | None]:
+    """Per replica (``runs``: ``Simulator._pipelines``' (cache entry [free, path], program, end times or None,
+    durations, transfers, transfers before blocking sends, whether each crosses nodes)): its critical path as
+    ``path_seconds`` reads it, or None for a replica ending before ``makespan`` by more than ``within`` of its
+    span, which no term stretched by at most that much makes the slowest. A path is walked once and kept in
+    the cache entry; a cached run whose path was not needed before is run again to walk it."""
+    out: list[tuple | None] = []
+    for cached, comp, end, durs, comms, sent, across in runs:
+        free = cached[0]
+        if cached[1] is None and max(free) * (1.0 + within) > makespan:
+            if end is None:
+                end, _ = run_program(comp, durs, comms)
+            cached[1] = critical_path(comp, end, comms, free.index(max(free)), len(durs))
+        out.append(None if cached[1] is None else (*cached[1], sent, across))
+    return out
 
 
 def path_seconds(

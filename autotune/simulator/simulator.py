@@ -37,7 +37,7 @@ from autotune.simulator import data_parallel, error_bar, layerwise, moe, path_er
 from autotune.simulator.cost_model import CostModel
 from autotune.simulator.engine_terms import DEFAULT_ENGINE
 from autotune.simulator.mixed_stages import Unit, compile_pipeline, pipeline_units, shares_key, transfer_seconds
-from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, critical_path, run_program
+from autotune.simulator.schedule import FORWARD, ScheduleDeadlock, run_program
 from autotune.simulator.zero import peer_degrees
 from autotune.specs import ClusterSpec, Measurement, ModelSpec, ParallelConfig, TimelineEvent
 from autotune.specs.execution import MICROBATCH
@@ -443,7 +443,6 @@ class Simulator:
         ``replicas``: only those (the lists then hold theirs, in that order)."""
         mbs, v, schedule = config.micro_batch_size, config.virtual_stages, config.schedule
         finish: list[tuple[float, ...]] = []
-        paths: list[tuple | None] = []
         runs: list[tuple] = []
         slowest = (-1.0, 0)
         hand_off = self._rank_overheads(config, "pipeline_overhead_s")
@@ -489,14 +488,7 @@ class Simulator:
                 slowest = (makespan, r)
         if paths_within is None:
             return finish, slowest, []
-        for cached, comp, end, durs, comms, sent, across in runs:
-            free = cached[0]
-            if cached[1] is None and max(free) * (1.0 + paths_within) > slowest[0]:
-                if end is None:  # a cached run whose path was not needed before: run it again
-                    end, _ = run_program(comp, durs, comms)
-                cached[1] = critical_path(comp, end, comms, free.index(max(free)), len(durs))
-            paths.append(None if cached[1] is None else (*cached[1], sent, across))
-        return finish, slowest, paths
+        return finish, slowest, path_error.critical_paths(runs, slowest[0], paths_within)
 
     def _transfers(self, pipe, comp, mbs: int, v: int) -> tuple[tuple[float, ...], tuple[bool, ...]]:
         """``mixed_stages.transfer_seconds`` of a pipeline, cached per layout."""
