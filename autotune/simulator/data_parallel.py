@@ -43,16 +43,8 @@ def segments(model: ModelSpec, config: ParallelConfig) -> list[tuple[tuple[int, 
     return segments
 
 
-def peers_of(units: list, owners: tuple[int, ...]) -> list[tuple[int, int, tuple[str, ...]]]:
-    """The data-parallel peers of a run of layers held by stage ``owners[r]`` of each replica ``r``: every
-    rank of those stages, as (replica, unit, devices)."""
-    return [
-        (r, u, unit.view.devices) for r, s in enumerate(owners) for u, unit in enumerate(units[r]) if unit.stage == s
-    ]
-
-
 def ranks_by_stage(units: list) -> list[dict[int, list[tuple[int, int, tuple[str, ...]]]]]:
-    """Per replica: stage -> its ranks as (replica, unit, devices), so ``peers_of`` is a lookup per replica."""
+    """Per replica: stage -> its ranks as (replica, unit, devices) (``peers_of`` looks them up)."""
     out: list[dict[int, list]] = []
     for r, row in enumerate(units):
         by: dict[int, list] = {}
@@ -60,6 +52,12 @@ def ranks_by_stage(units: list) -> list[dict[int, list[tuple[int, int, tuple[str
             by.setdefault(unit.stage, []).append((r, u, unit.view.devices))
         out.append(by)
     return out
+
+
+def peers_of(by_stage: list[dict[int, list]], owners: tuple[int, ...]) -> list[tuple[int, int, tuple[str, ...]]]:
+    """The data-parallel peers of a run of layers held by stage ``owners[r]`` of each replica ``r``: every
+    rank of those stages, as (replica, unit, devices) (``by_stage``: ``ranks_by_stage`` of the units)."""
+    return [m for r, s in enumerate(owners) for m in by_stage[r].get(s, ())]
 
 
 def synchronise(
@@ -80,7 +78,7 @@ def synchronise(
     split = state_bytes_for(model)
     by_stage = ranks_by_stage(units)
     for owners, params in reversed(segments(model, config)):
-        members = [m for r, s in enumerate(owners) for m in by_stage[r].get(s, ())]
+        members = peers_of(by_stage, owners)
         n = len(members)
         if n < 2:
             continue
@@ -106,8 +104,9 @@ def stage_rings(
     rings: dict[tuple[int, int], tuple[float, float]] = {}
     if len(config.pipelines) < 2 and not config.has_mixed_stages:
         return rings
+    by_stage = ranks_by_stage(units)
     for owners, _ in segments(model, config):
-        for members in moe.stepping_together(config, peers_of(units, owners)):
+        for members in moe.stepping_together(config, peers_of(by_stage, owners)):
             if len(members) < 2:
                 continue
             bw, lat = costs.dp_bandwidth(tuple(devs for _, _, devs in members))

@@ -223,24 +223,22 @@ def shares_key(pipe: PipelineConfig) -> tuple[tuple[int, ...], ...] | None:
 def transfer_seconds(costs, pipe: PipelineConfig, comp: PipelineProgram, mbs: int, v: int) -> tuple[tuple, tuple]:
     """Seconds of each transfer slot of a pipeline's program (slot 0: none; ``costs``: the simulator's
     ``CostModel``, its ``p2p``) and whether each crosses nodes (the error bar's network part)."""
-    p = len(pipe.stages)
+    p, stages, node = len(pipe.stages), pipe.stages, costs.node
     comms = [0.0] * (1 + len(comp.transfers))
     across = [False] * (1 + len(comp.transfers))
-    stages = pipe.stages
-    if len(comp.transfers) == 2 * p and not any(
-        st.ranks for st in stages
-    ):  # one rank per stage: slots 1..p forward, p+1..2p backward
-        node = costs.node
-        for s in range(p):
-            for slot, other in ((1 + s, s - 1 if s > 0 or v > 1 else None), (1 + p + s, (s + 1) % p)):
-                if slot > p and not (s < p - 1 or v > 1):
-                    continue
-                if other is None:
-                    continue
-                src, dst = stages[other].devices, stages[s].devices
-                comms[slot] = costs.p2p(src, dst, mbs, stages[other].sequence_parallel, stages[s].sequence_parallel)
-                across[slot] = node[src[0]].name != node[dst[0]].name
-        return tuple(comms), tuple(across)
+    for i, (kind, s, k_src, k_dst) in enumerate(comp.transfers, start=1):
+        if kind == FORWARD and (s > 0 or v > 1):  # activations from the previous (virtual) stage
+            other = s - 1
+        elif kind != FORWARD and (s < p - 1 or v > 1):  # gradients from the next one
+            other = (s + 1) % p
+        else:
+            continue
+        # a rank's devices (``StageConfig.ranks_of`` without building them: a stage of one rank is its devices)
+        src = stages[other].ranks[k_src].devices if stages[other].ranks else stages[other].devices
+        dst = stages[s].ranks[k_dst].devices if stages[s].ranks else stages[s].devices
+        comms[i] = costs.p2p(src, dst, mbs, stages[other].sequence_parallel, stages[s].sequence_parallel)
+        across[i] = node[src[0]].name != node[dst[0]].name
+    return tuple(comms), tuple(across)
     ranks = [pipe.stage_ranks(s) for s in range(p)]
     seen: dict[tuple, tuple[float, bool]] = {}  # one per (direction, stage, ranks): every micro-batch's the same
     for i, transfer in enumerate(comp.transfers):
