@@ -82,16 +82,12 @@ def make_optimizer(params, settings: TrainSettings | None = None) -> torch.optim
     from torch.distributed.tensor import DTensor
 
     s = settings or TrainSettings()
-    params = list(params)
     # the fused kernel takes a group of DTensors or of plain tensors, not both: tensor-parallel weights apart
-    groups = [
-        g
-        for g in ([p for p in params if not isinstance(p, DTensor)], [p for p in params if isinstance(p, DTensor)])
-        if g
-    ]
-    return torch.optim.AdamW(
-        [{"params": g} for g in groups] or params, **{**ADAMW, "lr": s.lr, "weight_decay": s.weight_decay}, fused=True
-    )
+    params = list(params)
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    split = [p for p in params if isinstance(p, DTensor)]
+    groups = [{"params": g} for g in (plain, split) if g]
+    return torch.optim.AdamW(groups, **{**ADAMW, "lr": s.lr, "weight_decay": s.weight_decay}, fused=True)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
