@@ -180,6 +180,28 @@ class _Observation:
     measured: Measurement
 
 
+def run_residuals(sim, obs: list[_Observation]) -> list[float]:
+    """The fit's residuals of ``obs`` under ``sim``: per run ``log(predicted / measured)`` and half-weighted
+    ones per stage it measured busy. Always one slot per run and one per measured busy stage, whatever the
+    factors: the busy times are the slowest replica's, which one that is moves with the factors where
+    replicas have different stage counts, and ``least_squares`` needs a vector of one length (when the count
+    moved, it raised, and a closed-loop search recorded the real run as failed)."""
+    res = []
+    for o in obs:
+        meas_busy = [b for b in o.measured.stage_busy_s if b > 0]
+        pred = sim.evaluate(o.config)
+        if pred.status != "ok" or pred.iteration_time_s <= 0:
+            res.append(5.0)  # a plan the run finished must not become infeasible
+            res.extend([2.5] * len(meas_busy))
+            continue
+        res.append(math.log(pred.iteration_time_s / o.measured.iteration_time_s))
+        if len(meas_busy) == len(pred.stage_busy_s):
+            res.extend(0.5 * math.log(max(p, 1e-12) / m) for p, m in zip(pred.stage_busy_s, meas_busy))
+        else:
+            res.extend([0.0] * len(meas_busy))  # another replica is the slowest under these factors
+    return res
+
+
 #: the second starting point of the link factors' descent (``OnlineCalibrator._fit_time``)
 LINK_START = 10.0
 
@@ -227,11 +249,17 @@ class OnlineCalibrator:
         """Record one real run and refit. A run out of memory teaches the memory offsets only; other runs
         that did not finish (``status`` not ``ok``) are ignored."""
         if measured.status == "ok" and not measured.oom and measured.iteration_time_s > 0:
-            self.observations.append(_Observation(config, measured))
-            self.refit()
+            runs = self.observations
         elif measured.oom or measured.status == "oom":
-            self.oom_runs.append(_Observation(config, measured))
+            runs = self.oom_runs
+        else:
+            return self._profile
+        runs.append(_Observation(config, measured))
+        try:
             self.refit()
+        except Exception:
+            runs.pop()  # a run the fit cannot take must not break every later refit too
+            raise
         return self._profile
 
     @property
@@ -357,18 +385,7 @@ class OnlineCalibrator:
             )
 
         def residuals(theta):
-            sim = self._simulator_with(corrections(theta))
-            res = []
-            for o in obs:
-                pred = sim.evaluate(o.config)
-                if pred.status != "ok" or pred.iteration_time_s <= 0:
-                    res.append(5.0)  # a plan the run finished must not become infeasible
-                    continue
-                res.append(math.log(pred.iteration_time_s / o.measured.iteration_time_s))
-                meas_busy = [b for b in o.measured.stage_busy_s if b > 0]
-                if len(meas_busy) == len(pred.stage_busy_s) and meas_busy:
-                    for p, m in zip(pred.stage_busy_s, meas_busy):
-                        res.append(0.5 * math.log(max(p, 1e-12) / m))  # busy times: half weight each
+            res = run_residuals(self._simulator_with(corrections(theta)), obs)
             res.extend(ridge * np.asarray(theta))
             return np.asarray(res)
 
@@ -463,7 +480,15 @@ class CalibratingEvaluator:
 
     def evaluate(self, config: ParallelConfig) -> Measurement:
         measured = self.inner.evaluate(config)
-        self.observe(config, measured)
+        try:
+            self.observe(config, measured)
+        except Exception as e:  # the run happened: its measurement is kept, only the correction is not moved
+            log.warning(
+                "online calibration: could not refit with the run of %s (%s: %s); the correction stays as it was",
+                config.describe(),
+                type(e).__name__,
+                e,
+            )
         return measured
 
     def observe(self, config: ParallelConfig, measured: Measurement) -> None:

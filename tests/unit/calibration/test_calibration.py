@@ -477,3 +477,32 @@ def test_one_link_factor_per_link_class_tells_a_pcie_node_from_a_slow_network():
     corrected = abs(cal.corrected_simulator().evaluate(tp).iteration_time_s / real - 1)
     nominal = abs(Simulator(cluster, model).evaluate(tp).iteration_time_s / real - 1)
     assert corrected < 0.2 and corrected < nominal / 3  # 15% against 58% (the ridge prior keeps it short of 20x)
+
+
+def test_the_fit_has_one_residual_per_run_and_measured_stage_wherever_the_slowest_replica_moves():
+    """The measured busy times are the slowest replica's stages; where replicas have different stage counts,
+    which one is slowest moves with the factors the fit tries, and so did the number of residuals (scipy:
+    'could not broadcast input array'): a real run of a closed-loop search was recorded as failed, and every
+    later run with it (h100-l4-32's PCIe draw, issue 45)."""
+    from autotune.calibration.online import CalibratingEvaluator, _Observation, run_residuals
+    from autotune.simulator.perturbation import ClusterErrors, perturb
+
+    cluster, model = load_cluster("mixed-a100-v100"), load_model("gpt2-small")
+    nominal = Simulator(cluster, model)
+    # a replica of one stage on a V100 beside one of two stages on A100s; for real the A100s are 8x slower,
+    # so the two-stage replica is the slowest measured, where the nominal simulator's slowest has one stage
+    truth = Simulator(perturb(cluster, ClusterErrors(compute_time={"A100-80GB": 8.0})), model)
+    c = plan(8, (32, [("v100:0", 12, False)]), (32, [("a100:0", 6, False), ("a100:1", 6, False)]))
+    assert len(truth.evaluate(c).stage_busy_s) == 2 and len(nominal.evaluate(c).stage_busy_s) == 1
+    obs = [_Observation(c, truth.evaluate(c))]
+    assert len(run_residuals(nominal, obs)) == len(run_residuals(truth, obs)) == 3
+    assert run_residuals(truth, obs) == pytest.approx([0.0, 0.0, 0.0], abs=1e-9)
+    # the closed loop keeps both runs and fits through the flip
+    ev = CalibratingEvaluator(truth, nominal)
+    alone = plan(8, (64, [("a100:0", 12, False)]))
+    for run in (c, alone):
+        assert ev.evaluate(run) == truth.evaluate(run)
+    assert len(ev.calibrator.observations) == 2
+    assert ev.simulator.evaluate(alone).iteration_time_s == pytest.approx(
+        truth.evaluate(alone).iteration_time_s, rel=0.1
+    )
