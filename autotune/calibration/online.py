@@ -248,7 +248,7 @@ class OnlineCalibrator:
     def update(self, config: ParallelConfig, measured: Measurement) -> CalibrationProfile:
         """Record one real run and refit. A run out of memory teaches the memory offsets only; other runs
         that did not finish (``status`` not ``ok``) are ignored."""
-        if measured.status == "ok" and not measured.oom and measured.iteration_time_s > 0:
+        if measured.status == "ok" and not measured.oom and 0 < measured.iteration_time_s < math.inf:
             runs = self.observations
         elif measured.oom or measured.status == "oom":
             runs = self.oom_runs
@@ -270,7 +270,7 @@ class OnlineCalibrator:
     def fit(self, pairs: list[tuple[ParallelConfig, Measurement]]) -> CalibrationProfile:
         """Record several runs at once and refit once."""
         for config, measured in pairs:
-            if measured.status == "ok" and not measured.oom and measured.iteration_time_s > 0:
+            if measured.status == "ok" and not measured.oom and 0 < measured.iteration_time_s < math.inf:
                 self.observations.append(_Observation(config, measured))
         self.refit()
         return self._profile
@@ -480,20 +480,23 @@ class CalibratingEvaluator:
 
     def evaluate(self, config: ParallelConfig) -> Measurement:
         measured = self.inner.evaluate(config)
+        self.observe(config, measured)
+        return measured
+
+    def observe(self, config: ParallelConfig, measured: Measurement) -> None:
+        """Refit the corrections with one measurement of ``config`` (``evaluate`` does this for its runs).
+        A refit that raises is logged and leaves the correction as it was: the run happened, and its
+        measurement is the caller's to keep."""
+        before = self.calibrator.runs_seen
         try:
-            self.observe(config, measured)
-        except Exception as e:  # the run happened: its measurement is kept, only the correction is not moved
+            self.calibrator.update(config, measured)
+        except Exception as e:
             log.warning(
                 "online calibration: could not refit with the run of %s (%s: %s); the correction stays as it was",
                 config.describe(),
                 type(e).__name__,
                 e,
             )
-        return measured
-
-    def observe(self, config: ParallelConfig, measured: Measurement) -> None:
-        """Refit the corrections with one measurement of ``config`` (``evaluate`` does this for its runs)."""
-        before = self.calibrator.runs_seen
-        self.calibrator.update(config, measured)
+            return
         if self.calibrator.runs_seen > before:
             self._simulator = self.calibrator.corrected_simulator()

@@ -506,3 +506,21 @@ def test_the_fit_has_one_residual_per_run_and_measured_stage_wherever_the_slowes
     assert ev.simulator.evaluate(alone).iteration_time_s == pytest.approx(
         truth.evaluate(alone).iteration_time_s, rel=0.1
     )
+
+
+def test_a_run_the_fit_cannot_take_is_kept_and_leaves_the_correction_as_it_was(caplog):
+    """The closed loop's evaluator returns the measurement whatever the refit does: a time the fit cannot
+    take (not finite) is ignored like a failed run, and a refit that raises keeps the correction it had."""
+    from autotune.calibration.online import CalibratingEvaluator
+
+    cluster, model = load_cluster("cpu-2"), load_model("tiny")
+    sim = Simulator(cluster, model)
+    ev = CalibratingEvaluator(sim, sim)
+    c = plan(2, (4, [("cpu:0", 4, False)]))
+    broken = replace(sim.evaluate(c), iteration_time_s=math.inf)
+    ev.observe(c, broken)
+    assert not ev.calibrator.observations and ev.simulator is sim
+    ev.calibrator.observations.append("not an observation")  # a state no refit can take: it raises
+    ev.observe(c, sim.evaluate(c))
+    assert ev.calibrator.observations == ["not an observation"] and ev.simulator is sim  # the new run rolled back
+    assert "could not refit with the run" in caplog.text
