@@ -51,6 +51,12 @@ and ``Simulator(..., profile=...)`` read it. The file is JSON::
 - ``source`` (per device, optional): free text saying who measured the device and how, e.g. per-layer
   times transcribed from another system's profiler (``experiments/fidelity/sailor_validation.py`` builds such a
   profile from Sailor's published per-layer times).
+- ``matmul_roofline`` (per device, optional, default false): ``true`` when ``matmul_tflops`` is the
+  datasheet curve rather than a measured one, so the simulator bounds each matmul by moving its operands
+  through memory as it does without a profile (``autotune.simulator.efficiency``; a measured curve holds
+  its shapes' memory effects already). The closed loop's corrected profile (``calibrated_profile.json``
+  of a ``--backend real`` search started without ``--profile``) is such a curve, scaled by what the runs
+  taught.
 - ``edges``: the same for the embedding (first stage) and the final norm + LM head + loss (last stage).
 - ``optimizer_s_per_param``: the optimizer step's time per parameter a device holds.
 - ``links``: measured one-direction bandwidth and latency, replacing the cluster file's numbers.
@@ -261,6 +267,7 @@ class DeviceProfile:
     data_parallel_overhead: tuple[tuple[float, float], ...] = ()  # (ranks on the host, s per step)
     tensor_parallel_overhead: tuple[tuple[float, float], ...] = ()  # (tp, s per layer and micro-batch)
     source: str = ""  # who measured it and how (free text)
+    matmul_roofline: bool = False  # ``matmul`` is the datasheet curve: bound each matmul by memory traffic too
 
     def __post_init__(self) -> None:
         if not self.matmul and not self.layers:
@@ -362,6 +369,8 @@ class CalibrationProfile:
             entry: dict[str, Any] = {"matmul_tflops": [[n, t] for n, t in d.matmul]} if d.matmul else {}
             if d.source:
                 entry["source"] = d.source
+            if d.matmul_roofline:
+                entry["matmul_roofline"] = True
             if d.memory_bandwidth_GBps is not None:
                 entry["memory_bandwidth_GBps"] = d.memory_bandwidth_GBps
             if d.layers:
@@ -484,6 +493,7 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
         "state_bytes_per_param",
         "activation_memory_factor",
         "source",
+        "matmul_roofline",
         *_CURVES,
     }
     extra = sorted(set(raw) - allowed)
@@ -566,7 +576,21 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     dev_source = raw.get("source", "")
     if not isinstance(dev_source, str):
         raise SpecError(source, f"{f}.source", f"must be a string, got {dev_source!r}")
-    return DeviceProfile(name, points, bw, tuple(layers), tuple(edges), opt, **curves, **extras, source=dev_source)
+    roofline = raw.get("matmul_roofline", False)
+    if not isinstance(roofline, bool):
+        raise SpecError(source, f"{f}.matmul_roofline", f"must be true or false, got {shown(roofline)}")
+    return DeviceProfile(
+        name,
+        points,
+        bw,
+        tuple(layers),
+        tuple(edges),
+        opt,
+        **curves,
+        **extras,
+        source=dev_source,
+        matmul_roofline=roofline,
+    )
 
 
 def _records(source: str, field: str, raw: Any, required, allowed: set[str]):

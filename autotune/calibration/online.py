@@ -93,10 +93,12 @@ def link_classes(cluster: ClusterSpec, config: ParallelConfig) -> set[str]:
     return out | {link_class(n) for n, k in nodes.items() if k > 1}
 
 
-def default_profile(cluster: ClusterSpec) -> CalibrationProfile:
-    """A profile equal to the simulator's built-in datasheet model (``autotune.simulator.efficiency``),
-    so the corrections have numbers to scale when no ``autotune profile`` file was given."""
-    from autotune.simulator.efficiency import HALF_SIZE, MEMORY_FRACTION, PEAK_FRACTION
+def default_profile(cluster: ClusterSpec, precision: str = "bf16") -> CalibrationProfile:
+    """A profile equal to the simulator's built-in datasheet model (``autotune.simulator.efficiency``) for
+    a model trained in ``precision``: its matmul curve at that precision's peak, with the memory roofline
+    (``matmul_roofline``), so the corrections have numbers to scale when no ``autotune profile`` file was
+    given and a run the datasheet predicts exactly moves no factor."""
+    from autotune.simulator.efficiency import HALF_SIZE, MEMORY_FRACTION, PEAK_FRACTION, effective_precision
 
     devices = {}
     for node in cluster.nodes:
@@ -104,8 +106,9 @@ def default_profile(cluster: ClusterSpec) -> CalibrationProfile:
         if d.name in devices:
             continue
         sizes = [2.0 ** (k / 8) for k in range(8, 8 * 17)]  # dense in log n: interpolation ~ the formula
-        curve = tuple((n, d.peak_tflops * PEAK_FRACTION * n * n / (n * n + HALF_SIZE * HALF_SIZE)) for n in sizes)
-        devices[d.name] = DeviceProfile(d.name, curve, d.memory_bandwidth_GBps * MEMORY_FRACTION)
+        peak = d.matmul_peak_tflops(effective_precision(d, precision))
+        curve = tuple((n, peak * PEAK_FRACTION * n * n / (n * n + HALF_SIZE * HALF_SIZE)) for n in sizes)
+        devices[d.name] = DeviceProfile(d.name, curve, d.memory_bandwidth_GBps * MEMORY_FRACTION, matmul_roofline=True)
     return CalibrationProfile(devices=tuple(devices.values()), notes="datasheet model (no profile given)")
 
 
@@ -231,7 +234,9 @@ class OnlineCalibrator:
     def __post_init__(self) -> None:
         self.cluster: ClusterSpec = self.simulator.cluster
         self.model: ModelSpec = self.simulator.model
-        self.base_profile: CalibrationProfile = self.simulator.profile or default_profile(self.cluster)
+        self.base_profile: CalibrationProfile = self.simulator.profile or default_profile(
+            self.cluster, self.model.precision
+        )
         self._profile = self.base_profile
 
     # ---------------------------------------------------------------------------------------------

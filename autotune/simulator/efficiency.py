@@ -69,9 +69,10 @@ class DeviceRates:
         """Seconds of ``mm``: its FLOPs at the sustained rate for its size, but no less than moving its
         operands and result once through memory (a roofline: a batched attention matmul with a 64-wide
         inner dimension writes an ``s x s`` result per head and is bound by that traffic). A profile's
-        measured curve already includes the memory effects at its shapes, so it is used alone."""
+        measured curve already includes the memory effects at its shapes, so it is used alone (unless the
+        profile says its curve is the datasheet's: ``DeviceProfile.matmul_roofline``)."""
         compute = mm.flops / (self.matmul_tflops(mm.size) * 1e12)
-        if self.profile is not None and self.profile.matmul:
+        if self.profile is not None and self.profile.matmul and not self.profile.matmul_roofline:
             return compute
         return max(compute, self.memory_s(self.elem_bytes * mm.elements))
 

@@ -106,6 +106,10 @@ BAD = [
         "links.a.network: must be a mapping",
     ),
     ('{"devices": {"cpu": {"matmul_tflops": [[1, 2]]}}, "colour": 1}', "colour: unknown field"),
+    (
+        '{"devices": {"cpu": {"matmul_tflops": [[1, 2]], "matmul_roofline": "yes"}}}',
+        "devices.cpu.matmul_roofline: must be true or false",
+    ),
 ]
 
 
