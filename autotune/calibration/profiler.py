@@ -26,11 +26,9 @@ from dataclasses import dataclass, field, replace
 from autotune.calibration import bench
 from autotune.calibration.runtime_probe import (
     RuntimeOverheads,
-    probe_data_parallel_overhead,
     probe_model_memory,
-    probe_pipeline_overhead,
+    probe_parallel_overheads,
     probe_runtime,
-    probe_tensor_parallel_overhead,
 )
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -260,20 +258,18 @@ def _cpu_runtime_steps(
     steps.append(Step(f"{dev.name}: host contention, 1..{max(2, min(ranks_here, 8))} processes", contention))
     pipe_ranks = max(2, min(ranks_here, PIPELINE_PROBE_MAX_RANKS))
 
-    def pipeline(res=res, n=pipe_ranks):
-        res.pipeline_overhead = probe_pipeline_overhead(n, rounds=1 if quick else 2)
+    def parallel(res=res, n=pipe_ranks):
+        measured = probe_parallel_overheads(n, rounds=1 if quick else 2)
+        res.pipeline_overhead = measured.pipeline
+        res.data_parallel_overhead = measured.data_parallel
+        res.tensor_parallel_overhead = measured.tensor_parallel
 
-    steps.append(Step(f"{dev.name}: pipeline hand-offs, 1..{pipe_ranks}-stage pipelines", pipeline))
-
-    def data_parallel(res=res, n=pipe_ranks):
-        res.data_parallel_overhead = probe_data_parallel_overhead(n, rounds=1 if quick else 2)
-
-    steps.append(Step(f"{dev.name}: data-parallel step, 1..{pipe_ranks} replicas", data_parallel))
-
-    def tensor_parallel(res=res, n=pipe_ranks):
-        res.tensor_parallel_overhead = probe_tensor_parallel_overhead(n, rounds=1 if quick else 2)
-
-    steps.append(Step(f"{dev.name}: tensor-parallel layers, tp 1..{pipe_ranks}", tensor_parallel))
+    steps.append(
+        Step(
+            f"{dev.name}: pipeline hand-offs, data-parallel steps, tensor-parallel layers, 1..{pipe_ranks} ranks",
+            parallel,
+        )
+    )
     return steps
 
 

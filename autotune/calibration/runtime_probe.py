@@ -15,11 +15,11 @@ math and memory are negligible, and time steps with 1 and with ``M`` micro-batch
 
 It prints one JSON object. ``probe_runtime()`` runs it in a subprocess and returns the numbers.
 
-``probe_pipeline_overhead``, ``probe_data_parallel_overhead`` and ``probe_tensor_parallel_overhead``
-(``... runtime_probe ranks ...``, one process per rank) run the same negligible model on several ranks
-as a pipeline, as data-parallel replicas and as a tensor-parallel stage, and return what each costs
-beyond one rank: per micro-batch and stage, per step, and per layer and micro-batch (the profile's
-``pipeline_overhead``, ``data_parallel_overhead`` and ``tensor_parallel_overhead`` curves).
+``probe_parallel_overheads`` (``... runtime_probe ranks ...``, one process per rank, one launch per rank
+count for all three) runs the same negligible model on several ranks as a pipeline, as data-parallel
+replicas and as a tensor-parallel stage, and returns what each costs beyond one rank: per micro-batch
+and stage, per step, and per layer and micro-batch (the profile's ``pipeline_overhead``,
+``data_parallel_overhead`` and ``tensor_parallel_overhead`` curves).
 
 ``probe_model_memory()`` (``... runtime_probe model ...``) trains the profiled model itself on one
 rank, all layers on one stage, and returns the rank's peak-RSS growth. The profiler runs it at two
@@ -136,12 +136,13 @@ def _probe(init_file: str, repeats: int) -> dict:
         dist.destroy_process_group()
 
 
-def _probe_ranks(init_file: str, rank: int, world: int, shape: str, sizes: tuple[int, ...], repeats: int) -> dict:
-    """One rank of ``world`` runner ranks training the negligible probe model: one layer per rank as one
-    ``world``-stage pipeline (``shape`` "pipeline") or as ``world`` one-stage data-parallel replicas
+def _probe_ranks(init_file: str, rank: int, world: int, jobs: dict[str, tuple[int, ...]], repeats: int) -> dict:
+    """One rank of ``world`` runner ranks training the negligible probe model, for each ``shape: sizes`` of
+    ``jobs`` in turn (one process group for all: starting the ranks costs more than the probes): one layer
+    per rank as one ``world``-stage pipeline ("pipeline") or as ``world`` one-stage data-parallel replicas
     ("replicas"), each at ``sizes`` micro-batches; or one ``world``-way tensor-parallel stage of ``sizes``
-    layers at ``TENSOR_MICROBATCHES`` micro-batches ("tensor"). Returns the step time at each size, as
-    every rank sees it (the step ends in an all-reduce)."""
+    layers at ``TENSOR_MICROBATCHES`` micro-batches ("tensor"). Returns the step time of each shape at
+    each size, as every rank sees it (the step ends in an all-reduce)."""
     import torch
 
     torch.set_num_threads(1)
@@ -163,8 +164,8 @@ def _probe_ranks(init_file: str, rank: int, world: int, shape: str, sizes: tuple
             },
             "probe",
         )
-        step_times: dict[int, float] = {}
-        for m in sizes:
+        step_s: dict[str, dict[str, float]] = {}
+        for shape, m in [(shape, m) for shape, sizes in jobs.items() for m in sizes]:
             if shape == "tensor":  # m layers; heads and FFN split across the world ranks
                 model = model_from_dict(
                     {
@@ -203,8 +204,9 @@ def _probe_ranks(init_file: str, rank: int, world: int, shape: str, sizes: tuple
             samples = []
             for i in range(repeats):
                 samples.append(engine.step(2 + i).time_s)
-            step_times[m] = statistics.median(samples)  # ranks on shared cores: the middle, not the luckiest
-        return {"step_s": {str(m): t for m, t in step_times.items()}}
+            # ranks on shared cores: the middle, not the luckiest
+            step_s.setdefault(shape, {})[str(m)] = statistics.median(samples)
+        return {"step_s": step_s}
     finally:
         dist.destroy_process_group()
 
@@ -215,8 +217,11 @@ TENSOR_LAYERS = (1, 4)
 DATA_PARALLEL_MICROBATCHES = (2, 8)
 
 
-def _step_times(world: int, shape: str, sizes: tuple[int, ...], repeats: int, timeout_s: float) -> dict[int, float]:
-    """Run ``_probe_ranks`` as ``world`` processes (as the runner's ranks are); rank 0's step times."""
+def _step_times(
+    world: int, jobs: dict[str, tuple[int, ...]], repeats: int, timeout_s: float
+) -> dict[str, dict[int, float]]:
+    """Run ``_probe_ranks`` as ``world`` processes (as the runner's ranks are); rank 0's step times per
+    shape and size."""
     from runner.launch import run_dir
 
     with run_dir("autotune-probe-") as d:  # swept by a later run when this process is killed
@@ -231,8 +236,7 @@ def _step_times(world: int, shape: str, sizes: tuple[int, ...], repeats: int, ti
                     f"{d}/rendezvous",
                     str(r),
                     str(world),
-                    shape,
-                    ",".join(map(str, sizes)),
+                    json.dumps(jobs),
                     str(repeats),
                 ],
                 stdout=subprocess.PIPE,
@@ -246,63 +250,71 @@ def _step_times(world: int, shape: str, sizes: tuple[int, ...], repeats: int, ti
     if any(proc.returncode != 0 for proc in procs):
         err = next((o[1] for proc, o in zip(procs, outs) if proc.returncode != 0), "")
         lines = err.strip().splitlines()
-        raise RuntimeError(f"{shape} probe with {world} ranks failed: {lines[-1] if lines else 'no output'}")
-    return {int(m): t for m, t in json.loads(outs[0][0].strip().splitlines()[-1])["step_s"].items()}
+        raise RuntimeError(f"{'/'.join(jobs)} probe with {world} ranks failed: {lines[-1] if lines else 'no output'}")
+    step_s = json.loads(outs[0][0].strip().splitlines()[-1])["step_s"]
+    return {shape: {int(m): t for m, t in times.items()} for shape, times in step_s.items()}
 
 
-def probe_pipeline_overhead(
-    max_ranks: int, repeats: int = 10, rounds: int = 2, timeout_s: float = 180.0
-) -> tuple[tuple[int, float], ...]:
-    """``(ranks, seconds)`` pairs: what each micro-batch costs each stage of a ``ranks``-stage pipeline on
-    this host beyond what it costs one rank alone. All stages run the negligible probe model, so this is
-    the pipelining runtime's hand-offs (gloo send/recv, waking the next rank) and the ranks' runtime
-    overheads competing for the host's cores: the slope of step time in ``microbatches + ranks - 1``
-    (the 1F1B critical path in stage slots) at ``ranks`` minus the same slope at one rank. The ranks run
-    as separate processes, as the runner's do."""
-    lo, hi = PIPELINE_MICROBATCHES
+@dataclass(frozen=True, slots=True)
+class ParallelOverheads:
+    """The profile's ``pipeline_overhead``, ``data_parallel_overhead`` and ``tensor_parallel_overhead``
+    curves (``probe_parallel_overheads``)."""
+
+    pipeline: tuple[tuple[int, float], ...]
+    data_parallel: tuple[tuple[int, float], ...]
+    tensor_parallel: tuple[tuple[int, float], ...]
+
+
+def probe_parallel_overheads(
+    max_ranks: int, repeats: int = 10, rounds: int = 2, timeout_s: float = 300.0
+) -> ParallelOverheads:
+    """What the runner's parallelism costs on this host beyond one rank, on the negligible probe model
+    (the ranks run as separate processes, as the runner's do; one launch per rank count and round runs
+    all three shapes):
+
+    - ``pipeline``: ``(ranks, seconds)``, what each micro-batch costs each stage of a ``ranks``-stage
+      pipeline beyond one rank alone: the pipelining runtime's hand-offs (gloo send/recv, waking the next
+      rank) and the ranks' runtime overheads competing for the host's cores. The slope of step time in
+      ``microbatches + ranks - 1`` (the 1F1B critical path in stage slots) at ``ranks`` minus at one rank.
+    - ``data_parallel``: ``(replicas, seconds)``, what a step of one-rank replicas costs beyond one rank's
+      step: the intercept (micro-batch count 0) of step time against micro-batches, minus one rank's. That
+      is the gradient all-reduce call and the wait for the slowest replica (ranks on shared cores do not
+      finish together), not the bytes moved, which the simulator's link model already prices.
+    - ``tensor_parallel``: ``(tp, seconds)``, what each layer costs per micro-batch (forward + backward)
+      in a ``tp``-way tensor-parallel stage beyond one rank's layer: the slope of step time in layers,
+      minus one rank's. The per-layer collectives' fixed costs (DTensor dispatch, gloo calls, waiting for
+      the other shard's rank), not the activation bytes. ``tp`` runs over the powers of two up to
+      ``max_ranks``."""
+    worlds = list(range(1, max(2, max_ranks) + 1))
+    degrees = {1} | {t for t in (2, 4, 8) if t <= max_ranks}
+    pipe_lo, pipe_hi = PIPELINE_MICROBATCHES
+    dp_lo, dp_hi = DATA_PARALLEL_MICROBATCHES
+    tp_lo, tp_hi = TENSOR_LAYERS
     slopes: dict[int, list[float]] = {}
-    for world in [w for _ in range(rounds) for w in range(1, max(2, max_ranks) + 1)]:
-        times = _step_times(world, "pipeline", PIPELINE_MICROBATCHES, repeats, timeout_s)
-        slopes.setdefault(world, []).append(max(0.0, (times[hi] - times[lo]) / (hi - lo)))
-    mean = {n: statistics.fmean(v) for n, v in slopes.items()}
-    return tuple((n, max(0.0, mean[n] - mean[1])) for n in sorted(mean) if n > 1)
-
-
-def probe_data_parallel_overhead(
-    max_ranks: int, repeats: int = 10, rounds: int = 2, timeout_s: float = 180.0
-) -> tuple[tuple[int, float], ...]:
-    """``(replicas, seconds)`` pairs: what a step of ``replicas`` one-rank data-parallel replicas costs on
-    this host beyond one rank's step, per step: the intercept (micro-batch count 0) of step time against
-    micro-batches at ``replicas`` ranks minus the intercept at one rank. All ranks train the negligible
-    probe model, so this is the runtime's gradient all-reduce call and the wait for the slowest replica
-    (ranks on shared cores do not finish together), not the bytes moved, which the simulator's link
-    model already prices."""
-    lo, hi = DATA_PARALLEL_MICROBATCHES
     intercepts: dict[int, list[float]] = {}
-    for world in [w for _ in range(rounds) for w in range(1, max(2, max_ranks) + 1)]:
-        times = _step_times(world, "replicas", DATA_PARALLEL_MICROBATCHES, repeats, timeout_s)
-        slope = (times[hi] - times[lo]) / (hi - lo)
-        intercepts.setdefault(world, []).append(times[lo] - slope * lo)
-    mean = {n: statistics.fmean(v) for n, v in intercepts.items()}
+    tp_slopes: dict[int, list[float]] = {}
+    for world in [w for _ in range(rounds) for w in worlds]:
+        jobs = {"pipeline": PIPELINE_MICROBATCHES, "replicas": DATA_PARALLEL_MICROBATCHES}
+        if world in degrees:
+            jobs["tensor"] = TENSOR_LAYERS
+        times = _step_times(world, jobs, repeats, timeout_s)
+        pipe = times["pipeline"]
+        slopes.setdefault(world, []).append(max(0.0, (pipe[pipe_hi] - pipe[pipe_lo]) / (pipe_hi - pipe_lo)))
+        dp = times["replicas"]
+        slope = (dp[dp_hi] - dp[dp_lo]) / (dp_hi - dp_lo)
+        intercepts.setdefault(world, []).append(dp[dp_lo] - slope * dp_lo)
+        if "tensor" in times:
+            tp = times["tensor"]
+            tp_slopes.setdefault(world, []).append(
+                max(0.0, (tp[tp_hi] - tp[tp_lo]) / ((tp_hi - tp_lo) * TENSOR_MICROBATCHES))
+            )
+    return ParallelOverheads(_beyond_one(slopes), _beyond_one(intercepts), _beyond_one(tp_slopes))
+
+
+def _beyond_one(samples: dict[int, list[float]]) -> tuple[tuple[int, float], ...]:
+    """``(n, mean at n - mean at 1)`` for each ``n > 1``, at least 0."""
+    mean = {n: statistics.fmean(v) for n, v in samples.items()}
     return tuple((n, max(0.0, mean[n] - mean[1])) for n in sorted(mean) if n > 1)
-
-
-def probe_tensor_parallel_overhead(
-    max_tp: int, repeats: int = 10, rounds: int = 2, timeout_s: float = 180.0
-) -> tuple[tuple[int, float], ...]:
-    """``(tp, seconds)`` pairs: what each layer costs per micro-batch (forward + backward) in a
-    ``tp``-way tensor-parallel stage of the runner beyond one rank's layer: the slope of step time in
-    layers, at ``tp`` ranks minus at one rank, on a negligible model. That is the per-layer collectives'
-    fixed costs (DTensor dispatch, gloo calls, waiting for the other shard's rank), not the activation
-    bytes, which the simulator's link model prices. ``tp`` runs over the powers of two up to ``max_tp``."""
-    lo, hi = TENSOR_LAYERS
-    slopes: dict[int, list[float]] = {}
-    degrees = [1] + [t for t in (2, 4, 8) if t <= max_tp]
-    for tp in [t for _ in range(rounds) for t in degrees]:
-        times = _step_times(tp, "tensor", TENSOR_LAYERS, repeats, timeout_s)
-        slopes.setdefault(tp, []).append(max(0.0, (times[hi] - times[lo]) / ((hi - lo) * TENSOR_MICROBATCHES)))
-    mean = {t: statistics.fmean(v) for t, v in slopes.items()}
-    return tuple((t, max(0.0, mean[t] - mean[1])) for t in sorted(mean) if t > 1)
 
 
 def _probe_model_memory(init_file: str, model_json: str, micro_batch_size: int, steps: int = 3) -> dict:
@@ -412,15 +424,9 @@ if __name__ == "__main__":
     die_with_parent()  # `autotune profile` may be killed: the probe processes go with it
     if sys.argv[1] == "model":  # model INIT_FILE MODEL_JSON MICRO_BATCH_SIZE
         print(json.dumps(_probe_model_memory(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
-    elif sys.argv[1] == "ranks":  # ranks INIT_FILE RANK WORLD pipeline|replicas M1,M2 REPEATS
-        result = _probe_ranks(
-            sys.argv[2],
-            int(sys.argv[3]),
-            int(sys.argv[4]),
-            sys.argv[5],
-            tuple(int(m) for m in sys.argv[6].split(",")),
-            int(sys.argv[7]),
-        )
+    elif sys.argv[1] == "ranks":  # ranks INIT_FILE RANK WORLD {"pipeline"|"replicas"|"tensor": [sizes]} REPEATS
+        jobs = {shape: tuple(int(m) for m in sizes) for shape, sizes in json.loads(sys.argv[5]).items()}
+        result = _probe_ranks(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), jobs, int(sys.argv[6]))
         if int(sys.argv[3]) == 0:
             print(json.dumps(result))
     else:  # INIT_FILE [REPEATS]
