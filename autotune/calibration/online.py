@@ -21,8 +21,8 @@ least squares, so the simulator used for the rest of the budget is closer to the
   does not (``OOM_MARGIN_GiB`` beyond), so no later plan needing as much there is spent on a real run.
 
 The time factors are fitted in log space (residual ``log(predicted / measured)``) with
-``scipy.optimize.least_squares`` and a weak ridge prior toward 1 (``prior_weight``; a third of it on the
-link classes, which can be off far more: ``link_prior_weight``), so one or two
+``scipy.optimize.least_squares`` and a weak ridge prior toward 1 (``prior_weight``; on the link classes,
+which are either about right or off 10-40x, a heavy-tailed one: ``link_prior``), so one or two
 measurements move them only as far as the data supports, and a factor the data cannot see (no
 plan measured yet across nodes: ``link[network]``) stays at 1. Each refit re-simulates the measured plans with
 the candidate factors; the simulator costs milliseconds per plan, so this is cheap next to one real run.
@@ -205,6 +205,15 @@ def run_residuals(sim, obs: list[_Observation]) -> list[float]:
     return res
 
 
+def link_prior(theta, scale: float):
+    """A link class's prior residual at log-factors ``theta``: ``theta`` near 0, growing only as
+    ``scale * sqrt(log(1 + (theta / scale)^2))`` past ``scale`` (a Cauchy prior's, signed, so the fit's
+    finite differences see a smooth slope through 0)."""
+    import numpy as np
+
+    return np.sign(theta) * scale * np.sqrt(np.log1p((np.asarray(theta) / scale) ** 2))
+
+
 #: the second starting point of the link factors' descent (``OnlineCalibrator._fit_time``)
 LINK_START = 10.0
 
@@ -214,16 +223,18 @@ class OnlineCalibrator:
     """Refits correction factors from measured runs; hands out a corrected simulator.
 
     ``simulator`` is the ``autotune.simulator.Simulator`` in use (its cluster, model and profile are
-    the starting point). ``prior_weight`` is the ridge weight pulling each log-factor to 0;
-    ``link_prior_weight`` the lighter one of the link classes: a link class may be far off (PCIe where the
-    file says NVLink: 10-40x; a network at a third of its rate) where a GPU class's compute rarely is beyond
-    1.6x, so where a run slows down and both could explain it, the ridge does not hand a 20x slower link to
-    its GPUs' compute (a prior spread about 3x as wide: weight 0.2 / 3).
+    the starting point). ``prior_weight`` is the ridge weight pulling each log-factor to 0. A link class's
+    pull is that ridge up to about ``link_prior_scale`` (log) and grows only logarithmically past it
+    (``link_prior``): a link class is about right or far off (PCIe where the file says NVLink: 10-40x; a
+    network at a third of its rate), where a GPU class's compute rarely is beyond 1.6x. So a small
+    slowdown that a slightly slower network or a slightly slower GPU could explain is not handed to a 20x
+    slower link (h100-l4-32's PCIe draw, 4% slower runs), and a large one is not handed to 3.7x slower
+    GPUs because the ridge preferred the smaller log change (three-gen-24's, a 3.2x slower ZeRO-3 run).
     """
 
     simulator: object
     prior_weight: float = 0.2
-    link_prior_weight: float = 0.2 / 3
+    link_prior_scale: float = 0.5
     max_factor: float = 10.0
     max_link_factor: float = 100.0  # a link class may be far off: PCIe where the file says NVLink is 10-40x
     min_validation_runs: int = 3  # from this many runs on, a fit must beat the profile on held-out runs
@@ -378,7 +389,7 @@ class OnlineCalibrator:
         names = [f"compute:{t}" for t in types] + [f"contention:{t}" for t in contention_types]
         names += [f"link:{c}" for c in classes]
         lim = np.array([math.log(self.max_link_factor if n.startswith("link:") else self.max_factor) for n in names])
-        ridge = np.array([self.link_prior_weight if n.startswith("link:") else self.prior_weight for n in names])
+        links = np.array([n.startswith("link:") for n in names])
 
         def corrections(theta) -> Corrections:
             vals = dict(zip(names, (math.exp(x) for x in theta)))
@@ -391,7 +402,8 @@ class OnlineCalibrator:
 
         def residuals(theta):
             res = run_residuals(self._simulator_with(corrections(theta)), obs)
-            res.extend(ridge * np.asarray(theta))
+            theta = np.asarray(theta)
+            res.extend(self.prior_weight * np.where(links, link_prior(theta, self.link_prior_scale), theta))
             return np.asarray(res)
 
         # The shared-host bound is a max(): while it does not bind, the contention factor has no
