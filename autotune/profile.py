@@ -51,12 +51,10 @@ and ``Simulator(..., profile=...)`` read it. The file is JSON::
 - ``source`` (per device, optional): free text saying who measured the device and how, e.g. per-layer
   times transcribed from another system's profiler (``experiments/fidelity/sailor_validation.py`` builds such a
   profile from Sailor's published per-layer times).
-- ``matmul_roofline`` (per device, optional, default false): ``true`` when ``matmul_tflops`` is the
-  datasheet curve rather than a measured one, so the simulator bounds each matmul by moving its operands
-  through memory as it does without a profile (``autotune.simulator.efficiency``; a measured curve holds
-  its shapes' memory effects already). The closed loop's corrected profile (``calibrated_profile.json``
-  of a ``--backend real`` search started without ``--profile``) is such a curve, scaled by what the runs
-  taught.
+- ``matmul_roofline`` (per device, default false): ``true`` when ``matmul_tflops`` is the datasheet curve,
+  not measured: each matmul then also takes at least its operands' memory traffic, as without a profile
+  (a measured curve holds that already). A ``--backend real`` search without ``--profile`` writes such a
+  curve, scaled by its runs, to ``calibrated_profile.json``.
 - ``edges``: the same for the embedding (first stage) and the final norm + LM head + loss (last stage).
 - ``optimizer_s_per_param``: the optimizer step's time per parameter a device holds.
 - ``links``: measured one-direction bandwidth and latency, replacing the cluster file's numbers.
@@ -512,11 +510,42 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
     bw = raw.get("memory_bandwidth_GBps")
     if bw is not None:
         bw = _number(source, f"{f}.memory_bandwidth_GBps", bw)
+    layers = _layers_from_dict(source, f, raw.get("layers", []))
+    edges = []
+    for ef, er in _records(
+        source, f"{f}.edges", raw.get("edges", []), required=_EDGE_FIELDS, allowed=set(_EDGE_FIELDS)
+    ):
+        ints = {k: _integer(source, f"{ef}.{k}", er[k]) for k in _EDGE_FIELDS[:5]}
+        times = {k: _number(source, f"{ef}.{k}", er[k], positive=False) for k in _EDGE_FIELDS[5:]}
+        edges.append(EdgeTiming(**ints, **times))
+    opt = raw.get("optimizer_s_per_param")
+    if opt is not None:
+        opt = _number(source, f"{f}.optimizer_s_per_param", opt, positive=False)
+    extras: dict[str, Any] = {}
+    for key in ("microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param", "activation_memory_factor"):
+        if raw.get(key) is not None:
+            extras[key] = _number(source, f"{f}.{key}", raw[key], positive=False)
+    curves = {
+        key: _pairs(source, f"{f}.{key}", raw.get(key, []), what, positive=key == "contention")
+        for key, what in _CURVES.items()
+    }
+    dev_source = raw.get("source", "")
+    if not isinstance(dev_source, str):
+        raise SpecError(source, f"{f}.source", f"must be a string, got {dev_source!r}")
+    roofline = raw.get("matmul_roofline", False)
+    if not isinstance(roofline, bool):
+        raise SpecError(source, f"{f}.matmul_roofline", f"must be true or false, got {shown(roofline)}")
+    kw = dict(**curves, **extras, source=dev_source, matmul_roofline=roofline)
+    return DeviceProfile(name, points, bw, tuple(layers), tuple(edges), opt, **kw)
+
+
+def _layers_from_dict(source: str, f: str, raw: Any) -> list[LayerTiming]:
+    """The ``layers`` entries of device field ``f``."""
     layers = []
     for lf, lr in _records(
         source,
         f"{f}.layers",
-        raw.get("layers", []),
+        raw,
         required=[k for k in _LAYER_FIELDS if k not in ("num_kv_heads", "recompute")],
         allowed={*_LAYER_FIELDS, "activation_bytes", "precision", "attention"},
     ):
@@ -555,42 +584,7 @@ def _device_from_dict(source: str, name: str, raw: Any) -> DeviceProfile:
                 **ints,
             )
         )
-    edges = []
-    for ef, er in _records(
-        source, f"{f}.edges", raw.get("edges", []), required=_EDGE_FIELDS, allowed=set(_EDGE_FIELDS)
-    ):
-        ints = {k: _integer(source, f"{ef}.{k}", er[k]) for k in _EDGE_FIELDS[:5]}
-        times = {k: _number(source, f"{ef}.{k}", er[k], positive=False) for k in _EDGE_FIELDS[5:]}
-        edges.append(EdgeTiming(**ints, **times))
-    opt = raw.get("optimizer_s_per_param")
-    if opt is not None:
-        opt = _number(source, f"{f}.optimizer_s_per_param", opt, positive=False)
-    extras: dict[str, Any] = {}
-    for key in ("microbatch_overhead_s", "memory_baseline_GiB", "state_bytes_per_param", "activation_memory_factor"):
-        if raw.get(key) is not None:
-            extras[key] = _number(source, f"{f}.{key}", raw[key], positive=False)
-    curves = {
-        key: _pairs(source, f"{f}.{key}", raw.get(key, []), what, positive=key == "contention")
-        for key, what in _CURVES.items()
-    }
-    dev_source = raw.get("source", "")
-    if not isinstance(dev_source, str):
-        raise SpecError(source, f"{f}.source", f"must be a string, got {dev_source!r}")
-    roofline = raw.get("matmul_roofline", False)
-    if not isinstance(roofline, bool):
-        raise SpecError(source, f"{f}.matmul_roofline", f"must be true or false, got {shown(roofline)}")
-    return DeviceProfile(
-        name,
-        points,
-        bw,
-        tuple(layers),
-        tuple(edges),
-        opt,
-        **curves,
-        **extras,
-        source=dev_source,
-        matmul_roofline=roofline,
-    )
+    return layers
 
 
 def _records(source: str, field: str, raw: Any, required, allowed: set[str]):
