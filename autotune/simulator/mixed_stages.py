@@ -239,24 +239,3 @@ def transfer_seconds(costs, pipe: PipelineConfig, comp: PipelineProgram, mbs: in
         comms[i] = costs.p2p(src, dst, mbs, stages[other].sequence_parallel, stages[s].sequence_parallel)
         across[i] = node[src[0]].name != node[dst[0]].name
     return tuple(comms), tuple(across)
-    ranks = [pipe.stage_ranks(s) for s in range(p)]
-    seen: dict[tuple, tuple[float, bool]] = {}  # one per (direction, stage, ranks): every micro-batch's the same
-    for i, transfer in enumerate(comp.transfers):
-        hit = seen.get(transfer)
-        if hit is None:
-            kind, s, k_src, k_dst = transfer
-            if kind == FORWARD and (s > 0 or v > 1):  # activations from the previous (virtual) stage
-                other = s - 1
-            elif kind != FORWARD and (s < p - 1 or v > 1):  # gradients from the next one
-                other = (s + 1) % p
-            else:
-                other = None
-            if other is None:
-                hit = (0.0, False)
-            else:
-                src, dst = ranks[other][k_src].devices, ranks[s][k_dst].devices
-                sp_src, sp_dst = pipe.stages[other].sequence_parallel, pipe.stages[s].sequence_parallel
-                hit = (costs.p2p(src, dst, mbs, sp_src, sp_dst), costs.node[src[0]].name != costs.node[dst[0]].name)
-            seen[transfer] = hit
-        comms[1 + i], across[1 + i] = hit
-    return tuple(comms), tuple(across)
