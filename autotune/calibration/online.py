@@ -98,17 +98,17 @@ def default_profile(cluster: ClusterSpec, precision: str = "bf16") -> Calibratio
     a model trained in ``precision``: its matmul curve at that precision's peak, with the memory roofline
     (``matmul_roofline``), so the corrections have numbers to scale when no ``autotune profile`` file was
     given and a run the datasheet predicts exactly moves no factor."""
-    from autotune.simulator.efficiency import HALF_SIZE, MEMORY_FRACTION, PEAK_FRACTION, effective_precision
+    from autotune.simulator.efficiency import DeviceRates
 
     devices = {}
     for node in cluster.nodes:
         d = node.device
         if d.name in devices:
             continue
+        rates = DeviceRates(d, precision=precision)  # the datasheet model itself, sampled
         sizes = [2.0 ** (k / 8) for k in range(8, 8 * 17)]  # dense in log n: interpolation ~ the formula
-        peak = d.matmul_peak_tflops(effective_precision(d, precision))
-        curve = tuple((n, peak * PEAK_FRACTION * n * n / (n * n + HALF_SIZE * HALF_SIZE)) for n in sizes)
-        devices[d.name] = DeviceProfile(d.name, curve, d.memory_bandwidth_GBps * MEMORY_FRACTION, matmul_roofline=True)
+        curve = tuple((n, rates.matmul_tflops(n)) for n in sizes)
+        devices[d.name] = DeviceProfile(d.name, curve, rates.memory_bandwidth_GBps, matmul_roofline=True)
     return CalibrationProfile(devices=tuple(devices.values()), notes="datasheet model (no profile given)")
 
 
