@@ -183,6 +183,11 @@ class _Observation:
     measured: Measurement
 
 
+def _timed(measured: Measurement) -> bool:
+    """Whether a run finished with an iteration time the fit can take (not out of memory, finite, > 0)."""
+    return measured.status == "ok" and not measured.oom and 0 < measured.iteration_time_s < math.inf
+
+
 def run_residuals(sim, obs: list[_Observation]) -> list[float]:
     """The fit's residuals of ``obs`` under ``sim``: per run ``log(predicted / measured)`` and half-weighted
     ones per stage it measured busy. Always one slot per run and one per measured busy stage, whatever the
@@ -266,7 +271,7 @@ class OnlineCalibrator:
     def update(self, config: ParallelConfig, measured: Measurement) -> CalibrationProfile:
         """Record one real run and refit. A run out of memory teaches the memory offsets only; other runs
         that did not finish (``status`` not ``ok``) are ignored."""
-        if measured.status == "ok" and not measured.oom and 0 < measured.iteration_time_s < math.inf:
+        if _timed(measured):
             runs = self.observations
         elif measured.oom or measured.status == "oom":
             runs = self.oom_runs
@@ -288,7 +293,7 @@ class OnlineCalibrator:
     def fit(self, pairs: list[tuple[ParallelConfig, Measurement]]) -> CalibrationProfile:
         """Record several runs at once and refit once."""
         for config, measured in pairs:
-            if measured.status == "ok" and not measured.oom and 0 < measured.iteration_time_s < math.inf:
+            if _timed(measured):
                 self.observations.append(_Observation(config, measured))
         self.refit()
         return self._profile
