@@ -106,7 +106,19 @@ def greedy_gain(post: Posterior, runs: int, budget: int) -> int:
     return int(np.argmax(value))
 
 
-CHOOSERS: dict[str, Chooser] = {"simulator order": simulator_order, "greedy gain": greedy_gain}
+def gain_and_teaching(post: Posterior, runs: int, budget: int) -> int:
+    """The candidate of largest expected gain plus what its run teaches about the others
+    (``Posterior.teaching``), times its chance to fit (ties: the fastest predicted)."""
+    value = (post.expected_gain() + post.teaching()) * post.fit_probability()
+    value[post.run] = -1.0
+    return int(np.argmax(value))
+
+
+CHOOSERS: dict[str, Chooser] = {
+    "simulator order": simulator_order,
+    "greedy gain": greedy_gain,
+    "gain and teaching": gain_and_teaching,
+}
 
 
 def policy_chooser(policy) -> Chooser:

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     from autotune.policy.acquisition_training import (
+        gain_and_teaching,
         greedy_gain,
         policy_chooser,
         run_episode,
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     choosers = {
         "sim order": simulator_order,
         "greedy gain": greedy_gain,
+        "gain + teach": gain_and_teaching,
         "agent": policy_chooser(load_policy_network(default_acquisition_path())),
     }
     curves = {

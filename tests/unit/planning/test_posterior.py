@@ -12,6 +12,7 @@ from simulator_cases import two_nodes
 from autotune import load_model
 from autotune.planning.posterior import (
     EXTRAPOLATION,
+    LINK_PRIOR,
     MAX_DOUBT,
     RUN_NOISE,
     CandidateTable,
@@ -55,6 +56,67 @@ def test_perturb_scales_compute_memory_and_links_as_drawn() -> None:
     a = draw_errors(cluster, "bf16", np.random.default_rng(3))
     assert a == draw_errors(cluster, "bf16", np.random.default_rng(3))  # reproducible
     assert set(a.compute_time) == {"A100-80GB"} and set(a.network_bandwidth) == {"a", "b"}
+
+
+def test_each_gpu_class_has_its_own_link_terms_measured_at_a_wrong_files_size() -> None:
+    """One node type on PCIe where the file says NVLink must be expressible: a term per GPU class's links
+    inside its nodes (and its network), with the link prior no narrower than ``LINK_PRIOR``; data parallelism
+    over one node's two GPUs depends on that node type's links only."""
+    from autotune.loading import cluster_from_dict
+
+    link = {"bandwidth_GBps": 300, "latency_us": 2}
+    net = {"bandwidth_GBps": 25, "latency_us": 20}
+    cluster = cluster_from_dict(
+        {
+            "name": "two-types",
+            "nodes": [
+                {"name": "h", "gpu": "H100-80GB", "count": 2, "intra_node": link, "network": net},
+                {"name": "a", "gpu": "A100-80GB", "count": 2, "intra_node": link, "network": net},
+            ],
+            "network": net,
+        },
+        "two-types",
+    )
+    model = load_model("gpt2-xl", global_batch_size=16)
+    dp_on_h = ParallelConfig.from_dict(
+        {
+            "micro_batch_size": 1,
+            "pipelines": [{"num_microbatches": 8, "stages": [{"devices": [d], "layers": 48}]} for d in ("h:0", "h:1")],
+        }
+    )
+    table = candidate_table(cluster, model, [dp_on_h], lambda c: Simulator(c, model))
+    terms = list(table.terms)
+    assert "links inside the H100-80GB nodes" in terms and "links inside the A100-80GB nodes" in terms
+    for name in terms:
+        if name.startswith(("links", "network")):
+            assert table.prior_sigma[terms.index(name)] >= LINK_PRIOR
+    sens = dict(zip(terms, table.sensitivity[0]))
+    assert sens["links inside the H100-80GB nodes"] > 0.01  # its gradient all-reduce runs over the H100 node's links
+    assert sens["links inside the A100-80GB nodes"] == 0.0 and sens["compute on A100-80GB"] == 0.0
+
+
+def test_a_run_that_separates_terms_teaches_even_when_it_cannot_win() -> None:
+    """Candidate 0 ran at its prediction (term 0 known); candidate 3 is predicted as fast but also depends on
+    term 1, so it may be faster or slower. Candidates 1 and 2 are 3x slower (neither can win) and alike to
+    ``expected_gain``; 1 depends on term 1, so its run tells whether 3 is worth running, 2's on a term no
+    other plan has: it teaches nothing."""
+    post = Posterior(
+        _table(
+            [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]],
+            [0.3, 0.3, 0.3],
+            predicted=(1.0, 3.0, 3.0, 1.0),
+            headroom=(0.5, 0.5, 0.5, 0.5),
+        )
+    )
+    post.observe(0, 1.0)
+    gain, teach = post.expected_gain(), post.teaching()
+    assert gain[1] == pytest.approx(gain[2]) and gain[1] < 1e-3
+    assert teach[0] == 0.0  # it ran
+    assert teach[1] > 0.05 > 1e-3 > teach[2]
+    # by hand: 1's run moves 3's mean by c xi, c = 0.3^2 / sqrt(0.3^2 + noise^2), so the best belief
+    # min(0, c xi) falls by c E[max(0, -xi)] = c / sqrt(2 pi) on average
+    c = 0.09 / math.sqrt(0.09 + RUN_NOISE**2)
+    assert teach[1] == pytest.approx(c / math.sqrt(2 * math.pi), rel=0.05)
 
 
 def _table(sensitivity, prior_sigma, predicted=(1.0, 2.0), headroom=(0.5, 0.5)) -> CandidateTable:
@@ -119,7 +181,8 @@ def test_candidate_table_measures_the_network_sensitivity_where_the_network_matt
         for bw in (100.0, 0.125)
     }
     for table in tables.values():
-        assert table.terms == ("common", "compute on A100-80GB", "network of the A100-80GB nodes", "links inside nodes")
+        # one GPU per node: no links inside a node to be wrong about
+        assert table.terms == ("common", "compute on A100-80GB", "network of the A100-80GB nodes")
         assert list(table.predicted_s) == sorted(table.predicted_s)  # fastest first
         assert np.all(table.sensitivity[:, 0] == 1.0)
     slow, fast = tables[0.125], tables[100.0]
@@ -129,7 +192,8 @@ def test_candidate_table_measures_the_network_sensitivity_where_the_network_matt
     assert slow.sensitivity[pipe_slow, 2] > 2 * fast.sensitivity[pipe_fast, 2]
     assert fast.sensitivity[one, 2] == 0.0  # one GPU sends nothing over the network
     assert 0.8 < fast.sensitivity[one, 1] <= 1.02  # and is compute-bound
-    assert slow.prior_sigma[2] > fast.prior_sigma[2]
+    # the link prior is a wrong file's (LINK_PRIOR), at least the simulator's own network error bar
+    assert slow.prior_sigma[2] >= fast.prior_sigma[2] >= LINK_PRIOR
 
 
 def test_the_env_rewards_minus_the_regret_of_each_run_and_masks_what_ran() -> None:
