@@ -8,8 +8,8 @@ takes there (simulated on the perturbed cluster; NaN where it does not run, e.g.
 memory). Episodes are stored as plain arrays (``save_episodes``: ``.npz`` read without pickle).
 
 ``play`` runs one chooser on one episode and returns its curve (best true time found / true best, per run);
-``CHOOSERS`` are the fixed rules it is compared with: the simulator's order and the greedy expected gain of
-the posterior. ``train`` fits MaskablePPO (sb3-contrib) on ``envs.acquisition.RealRunsEnv`` and keeps the
+``CHOOSERS`` are the fixed rules it is compared with: the simulator's order, the greedy expected gain of
+the posterior, and that gain plus what a run teaches about the other plans (``Posterior.teaching``). ``train`` fits MaskablePPO (sb3-contrib) on ``envs.acquisition.RealRunsEnv`` and keeps the
 checkpoint that validates best (mean regret over the budget on validation episodes).
 ``scripts/train_acquisition.py`` is the command.
 """

@@ -2,7 +2,8 @@
 
 The chooser of real runs (``--method rl --backend real``) picks among the planner's candidates using a
 posterior over their times (``envs.acquisition``); its fixed rule (``--policy greedy-gain``) runs the
-candidate of largest expected gain times its chance to fit. Here both replay (with the simulator's order
+candidate of largest expected gain times its chance to fit; ``gain + teach`` adds what the run is expected to
+teach about the other plans (``Posterior.teaching``, issue 45 item 2). Here both replay (with the simulator's order
 beside them) on realities where the cluster file lies the way users get it wrong
 (``autotune.simulator.perturbation.structured_lie``: network x 0.3-0.6, one GPU class slower, one class
 with less usable memory, one node type on PCIe, network latency x 5-20, two at once), on the held-out
