@@ -34,7 +34,11 @@ def test_the_training_script_writes_a_policy_rl_uses_on_real_runs(tmp_path) -> N
     assert "simulator order" in done.stdout and "greedy gain" in done.stdout and "best validation regret" in done.stdout
     record = json.loads(out.with_suffix(".json").read_text())
     assert record["steps"] == 256 and [v["steps"] for v in record["validation"]] == [0, 128, 256]
-    assert record["warm_start"]["epochs"] == 2 and set(record["baselines"]) == {"simulator order", "greedy gain"}
+    assert record["warm_start"]["epochs"] == 2 and set(record["baselines"]) == {
+        "simulator order",
+        "greedy gain",
+        "gain and teaching",
+    }
     assert policy_file.read(out)[1]["trained_steps"] in (0, 128, 256)
     assert uses_acquisition(out)  # a file of the chooser's layout: rl runs the chooser with it
     assert (tmp_path / "episodes").is_dir()  # the episodes are cached for the next run
