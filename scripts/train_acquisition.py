@@ -6,8 +6,8 @@ and ``--validation-scenarios`` validation ones (their own seed stream; never the
 drawn from its error bars), warm-starts the policy by imitating the greedy expected-gain rule (``--warm-epochs``,
 ``--teacher``), trains MaskablePPO for ``--steps`` env steps and keeps the checkpoint that validates best.
 Prints the validation curve beside the fixed rules (simulator order, greedy expected gain, gain and
-teaching), the training time and CPU seconds, and writes them beside the policy (``.json``). The episodes are cached in ``--episodes``
-(plain arrays, rebuilt when missing).
+teaching), the training time and CPU seconds, and writes them beside the policy (``.json``). The episodes are
+cached in ``--episodes`` (plain arrays, rebuilt when missing).
 
     .venv/bin/python scripts/train_acquisition.py --output autotune/data/acquisition.safetensors
 """
