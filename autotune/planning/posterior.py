@@ -37,7 +37,7 @@ STRETCH = 0.25
 #: as slow compute, and every plan sharing that compute looked 6x slow: experiments/RESULTS.md, "Structured lies")
 LINK_STRETCH = 3.0
 #: the least prior spread of a link class's log error: a wrong file's links are off by far more than the
-#: simulator's network model on a right one (``error_bar.network_error``: 10-11%). Checked on the stopping
+#: simulator's network model on a right one (``error_bar.network_error``: 10-15%). Checked on the stopping
 #: rule's validation realities (``experiments/quality/stop_rule.py``: 97 -> 98% reached, 0.3 more runs spent)
 #: and on the structured lies (``policy_vs_rule.py``); 0.3 to 1.0 did alike there, 0.3 spends the fewest runs
 LINK_PRIOR = 0.3
@@ -218,8 +218,9 @@ class Posterior:
         self.mean_log_s = np.log(t.predicted_s) + shift
         var = np.maximum(np.einsum("kt,ts,ks->k", t.sensitivity, cov, t.sensitivity), 0.0)
         self._fit_std = np.sqrt(var + self.noise**2)  # a run of it would also carry the run's own noise
-        # a shift the runs taught is a linear extrapolation of each plan's sensitivity (measured at +STRETCH):
-        # far from it a plan may hide the slow term (collectives behind compute) or not; that much more doubt
+        # a shift the runs taught is a linear extrapolation of each plan's sensitivity (measured at +STRETCH, a
+        # link's at +LINK_STRETCH): far from it a plan may hide the slow term (collectives behind compute) or
+        # not; that much more doubt
         self.std_log_s = np.sqrt(self._fit_std**2 + (EXTRAPOLATION * shift) ** 2)
 
     def set_noise(self, noise: float) -> None:
