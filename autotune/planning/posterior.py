@@ -26,7 +26,7 @@ import numpy as np
 from autotune.planning.planner import Planner
 from autotune.simulator.error_bar import compute_error, network_error
 from autotune.simulator.perturbation import MEMORY_ERROR, ClusterErrors, perturb
-from autotune.specs import ParallelConfig
+from autotune.specs import NodeSpec, ParallelConfig
 
 #: relative stretch of one term when measuring a plan's sensitivity to it
 STRETCH = 0.25
@@ -75,38 +75,41 @@ class CandidateTable:
         return len(self.predicted_s)
 
 
-def _terms(cluster, precision: str, calibrated: frozenset[str]) -> list[tuple[str, float, ClusterErrors, float]]:
-    """(name, prior spread, the errors that stretch that term, the stretch) of every term: ``STRETCH`` for a
-    class's compute, ``LINK_STRETCH`` for a link class."""
-    f = 1.0 + LINK_STRETCH
+@dataclass(frozen=True, slots=True)
+class _Term:
+    """One error term: its name, prior spread, the errors that stretch it, and by how much (``STRETCH`` for a
+    class's compute, ``LINK_STRETCH`` for a link class)."""
+
+    name: str
+    prior_sigma: float
+    errors: ClusterErrors
+    stretch: float
+
+
+def _link_term(name: str, nodes: list[NodeSpec], inside: bool) -> _Term:
+    """The term of ``nodes``' links between nodes (``inside`` False) or inside each node: its prior spread
+    the slowest link's network error, at least ``LINK_PRIOR``; stretched ``LINK_STRETCH``."""
+    slowest = min((n.intra_node if inside else n.network).bandwidth_GBps for n in nodes)
+    factor = {n.name: 1.0 / (1.0 + LINK_STRETCH) for n in nodes}
+    errors = ClusterErrors(intra_node_bandwidth=factor) if inside else ClusterErrors(network_bandwidth=factor)
+    return _Term(name, max(LINK_PRIOR, network_error(slowest)[0]), errors, LINK_STRETCH)
+
+
+def _terms(cluster, precision: str, calibrated: frozenset[str]) -> list[_Term]:
+    """Every term: each GPU class's compute, its nodes' network (several nodes), the links inside its nodes
+    (several GPUs in a node: one node type may be PCIe where the file says NVLink)."""
+    classes = list(dict.fromkeys(n.device.name for n in cluster.nodes))
     out = []
-    for name in dict.fromkeys(n.device.name for n in cluster.nodes):
+    for name in classes:
         sigma = compute_error(name, precision, name in calibrated)[0]
-        out.append((f"compute on {name}", sigma, ClusterErrors(compute_time={name: 1.0 + STRETCH}), STRETCH))
+        out.append(_Term(f"compute on {name}", sigma, ClusterErrors(compute_time={name: 1.0 + STRETCH}), STRETCH))
     if len(cluster.nodes) > 1:  # one term per GPU class's nodes: their links may be off each their own way
-        for name in dict.fromkeys(n.device.name for n in cluster.nodes):
+        for name in classes:
             nodes = [n for n in cluster.nodes if n.device.name == name]
-            slowest = min(n.network.bandwidth_GBps for n in nodes)
-            out.append(
-                (
-                    f"network of the {name} nodes",
-                    max(LINK_PRIOR, network_error(slowest)[0]),
-                    ClusterErrors(network_bandwidth={n.name: 1.0 / f for n in nodes}),
-                    LINK_STRETCH,
-                )
-            )
-    # one term per GPU class's links inside its nodes: one node type may be PCIe where the file says NVLink
+            out.append(_link_term(f"network of the {name} nodes", nodes, inside=False))
     for name in dict.fromkeys(n.device.name for n in cluster.nodes if n.count > 1):
         nodes = [n for n in cluster.nodes if n.device.name == name and n.count > 1]
-        slowest = min(n.intra_node.bandwidth_GBps for n in nodes)
-        out.append(
-            (
-                f"links inside the {name} nodes",
-                max(LINK_PRIOR, network_error(slowest)[0]),
-                ClusterErrors(intra_node_bandwidth={n.name: 1.0 / f for n in nodes}),
-                LINK_STRETCH,
-            )
-        )
+        out.append(_link_term(f"links inside the {name} nodes", nodes, inside=True))
     return out
 
 
@@ -125,12 +128,12 @@ def candidate_table(
     predicted = np.array([m.iteration_time_s for m in ms], dtype=float)
     terms = _terms(cluster, model.precision, calibrated)
     sens = np.ones((len(configs), len(terms) + 1))  # the common factor: every plan alike
-    for t, (_, _, errors, stretch) in enumerate(terms):
-        sim = simulator_factory(perturb(cluster, errors))
+    for t, term in enumerate(terms):
+        sim = simulator_factory(perturb(cluster, term.errors))
         for i, c in enumerate(configs):
             m = sim.evaluate(c)
             stretched = m.iteration_time_s if m.ok else predicted[i]
-            sens[i, t + 1] = max(0.0, math.log(stretched / predicted[i]) / math.log(1.0 + stretch))
+            sens[i, t + 1] = max(0.0, math.log(stretched / predicted[i]) / math.log(1.0 + term.stretch))
     headroom = np.array([1.0 - nominal.memory_use(m) for m in ms], dtype=float)
     return CandidateTable(
         configs,
@@ -138,8 +141,8 @@ def candidate_table(
         np.array([m.expected_error for m in ms], dtype=float),
         headroom,
         sens,
-        np.array([COMMON_ERROR] + [s for _, s, _, _ in terms], dtype=float),
-        ("common",) + tuple(name for name, _, _, _ in terms),
+        np.array([COMMON_ERROR] + [term.prior_sigma for term in terms], dtype=float),
+        ("common",) + tuple(term.name for term in terms),
     )
 
 
@@ -281,14 +284,16 @@ class Posterior:
         it cannot win itself; ``expected_gain`` sees only its own chance to win. 0 for a run candidate."""
         t = self.table
         fits = (self.fit_probability() >= 0.5) & ~self.failed
-        mu = np.where(np.isnan(self.measured_s), self.mean_log_s, np.log(np.where(self.run, self.measured_s, 1.0)))
-        mu = np.where(fits, mu, np.inf)
+        measured = ~np.isnan(self.measured_s)
+        mu = self.mean_log_s.copy()
+        mu[measured] = np.log(self.measured_s[measured])
+        mu[~fits] = np.inf
         if not np.isfinite(mu).any():
             return np.zeros(len(t))
         shared = t.sensitivity @ self._cov @ t.sensitivity.T  # (K, K) covariance of the plans' log shifts
         pred = np.sqrt(np.maximum(np.diag(shared), 0.0) + self.noise**2)
         slope = shared / pred[None, :]  # column i: each plan's shift per unit surprise of plan i's run
-        slope[self.run & ~np.isnan(self.measured_s)] = 0.0  # a measured plan keeps its measured time
+        slope[measured] = 0.0  # a measured plan keeps its measured time
         best = mu.min()
         # (Q, K candidates run, K believed): the best belief after run i's surprise xi_q
         after = (mu[None, None, :] + _XI[:, None, None] * slope.T[None, :, :]).min(axis=2)

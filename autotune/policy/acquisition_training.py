@@ -99,19 +99,22 @@ def simulator_order(post: Posterior, runs: int, budget: int) -> int:
     return post.first_not_run()
 
 
-def greedy_gain(post: Posterior, runs: int, budget: int) -> int:
-    """The candidate of largest expected gain times its chance to fit (ties: the fastest predicted)."""
-    value = post.expected_gain() * post.fit_probability()
+def _largest_open(post: Posterior, value: np.ndarray) -> int:
+    """The candidate not run yet of largest ``value`` times its chance to fit (ties: the fastest predicted)."""
+    value = value * post.fit_probability()
     value[post.run] = -1.0
     return int(np.argmax(value))
+
+
+def greedy_gain(post: Posterior, runs: int, budget: int) -> int:
+    """The candidate of largest expected gain times its chance to fit (ties: the fastest predicted)."""
+    return _largest_open(post, post.expected_gain())
 
 
 def gain_and_teaching(post: Posterior, runs: int, budget: int) -> int:
     """The candidate of largest expected gain plus what its run teaches about the others
     (``Posterior.teaching``), times its chance to fit (ties: the fastest predicted)."""
-    value = (post.expected_gain() + post.teaching()) * post.fit_probability()
-    value[post.run] = -1.0
-    return int(np.argmax(value))
+    return _largest_open(post, post.expected_gain() + post.teaching())
 
 
 CHOOSERS: dict[str, Chooser] = {
