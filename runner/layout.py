@@ -281,8 +281,6 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
         config.zero,
         sum(p.num_microbatches for p in config.pipelines),
     )
-    if layout.sharded:
-        check_sharded_layout(layout)
     return layout
 
 
@@ -352,10 +350,9 @@ def _pipeline_ranks(
 
 def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
     """Plan shapes with mixed stages or layer-wise execution (both run on ``runner.mixed``'s orders) the
-    runner does not run: ZeRO-3 unless every pipeline is layer-wise (then every holder gathers a layer
-    once per pass, in layer order, whatever its share; the specs already refuse interleaving, MoE expert
-    parallelism and SPES with mixed stages); ZeRO-2/3 with only some pipelines layer-wise; layer-wise
-    execution of MoE models or with tensor parallelism."""
+    runner does not run: ZeRO-2/3 with only some pipelines layer-wise; layer-wise execution of MoE models
+    or with tensor parallelism (the specs already refuse interleaving, MoE expert parallelism and SPES with
+    mixed stages). ZeRO-3 in mixed stages runs: its gathers are served point to point (``runner.zero``)."""
     layerwise = [p.execution == LAYERWISE for p in config.pipelines]
     if config.zero >= 2 and any(layerwise) and not all(layerwise):
         raise SpecError(
@@ -364,15 +361,6 @@ def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
             f"zero {config.zero} with layer-wise execution in some pipelines only is not run by the runner (a "
             "layer-wise holder gathers and reduces a layer once per pass, a micro-batch one once per "
             "micro-batch: their collectives would not pair up): make every pipeline layer-wise, or use zero 1",
-        )
-    if config.zero >= 3 and not all(layerwise):
-        raise SpecError(
-            "runner",
-            "zero",
-            f"zero {config.zero} with stages of several ranks is simulated and searched "
-            "but not run by the runner (its per-use all-gathers would pair a fast "
-            "rank's calls with a slow rank's and hold both to one pace): use zero 1 "
-            "or 2, or layer-wise execution in every pipeline (one gather per layer), to run this plan",
         )
     for p, pipe in enumerate(config.pipelines):
         if pipe.execution != LAYERWISE:
@@ -404,8 +392,9 @@ def _splits_and_counts(layout: Layout) -> tuple[dict[int, list], dict[int, int]]
 
 def replicas_out_of_step(layout: Layout) -> bool:
     """Whether the replicas' schedules reach the weight keys in different orders: mixed stages, different
-    layer splits, or different micro-batch counts in pipelines of several stages. Zero 2's per-micro-batch
-    reduce-scatters are then issued without waiting (``runner.zero``), zero 3 is refused."""
+    layer splits, or different micro-batch counts in pipelines of several stages. Zero 2/3's per-micro-batch
+    reduce-scatters are then issued without waiting and zero 3's gathers served point to point
+    (``runner.zero``)."""
     if layout.mixed:
         return True
     if len({r.pipeline for r in layout.ranks}) < 2:
@@ -414,33 +403,6 @@ def replicas_out_of_step(layout: Layout) -> bool:
     if len({tuple(sorted(set(v))) for v in splits.values()}) > 1:
         return True
     return max(len(set(v)) for v in splits.values()) > 1 and len(set(counts.values())) > 1
-
-
-def check_sharded_layout(layout: Layout) -> None:
-    """Plan shapes the sharded runner cannot run (one clear error before launch)."""
-    if layout.zero >= 3 and len({r.pipeline for r in layout.ranks}) > 1 and not layout.mixed:
-        # zero 3's per-use all-gathers are blocking calls on one group per layer (a rank needs the weights
-        # before it computes): the replicas must issue them in the same order. Zero 2's reduce-scatters are
-        # then issued without waiting, each on its layer's group, so any split and any micro-batch counts pair up
-        splits, counts = _splits_and_counts(layout)
-        if len({tuple(sorted(set(v))) for v in splits.values()}) > 1:
-            raise SpecError(
-                "runner",
-                "zero",
-                f"zero {layout.zero} needs every replica to split the layers the same "
-                "way (its per-use all-gathers must line up across the "
-                "replicas' schedules); use zero 1 or 2 with uneven layer splits",
-            )
-        stages = max(len(set(v)) for v in splits.values())
-        if stages > 1 and len(set(counts.values())) > 1:
-            raise SpecError(
-                "runner",
-                "zero",
-                f"zero {layout.zero} with pipelines of {stages} stages needs the same "
-                f"num_microbatches in every replica (got {sorted(counts.values())}): "
-                "their schedules would order the per-use all-gathers "
-                "differently; single-stage replicas may differ, or use zero 1 or 2",
-            )
 
 
 def _resharding_refused(config: ParallelConfig, model: ModelSpec) -> str | None:

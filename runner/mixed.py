@@ -22,7 +22,7 @@ one pipeline (``runner.layout.uneven_handoffs``) runs here instead, every pipeli
   and the holders of each weight (``Layout.grad_groups``: every rank of every stage and replica that holds
   it) simply sum. The step equals the single-process step on the whole batch.
 
-- ZeRO-1 / 2 (``runner.zero``): the peers of a weight are again all its holders (every rank of its stage in
+- ZeRO-1 / 2 / 3 (``runner.zero``): the peers of a weight are again all its holders (every rank of its stage in
   every replica). ZeRO-1's collectives run at the step's end only; ZeRO-2's per-micro-batch reduce-scatters
   are issued asynchronously here (``ShardedState(asynchronous=True)``): a rank with 5 micro-batches and its
   peer with 3 pair their calls by count on the key's own group, the peer making up the difference with
@@ -32,9 +32,10 @@ one pipeline (``runner.layout.uneven_handoffs``) runs here instead, every pipeli
 
 ``slowdown`` is emulated as in ``runner.engine.TimedStage`` (sleep ``slowdown - 1`` times each measured
 forward / backward). A rank of a mixed stage may be tensor-parallel at its own degree (its layer's
-gradients averaged part by part, ``runner.reshard``), and offload its stage's state (``runner.zero``). Not
-run here (refused before launch, ``runner.layout.check_mixed_plan``): ZeRO-3 in plans with mixed stages
-under micro-batch execution (``runner.layerwise`` runs it, gathering each layer once per pass)."""
+gradients averaged part by part, ``runner.reshard``), and offload its stage's state (``runner.zero``).
+ZeRO-3's per-use gathers are served point to point here (``runner.zero``: each holder posts the sends its
+peers' gathers will take at the step's start), so a 5-share rank's ten gathers of a layer and its 3-share
+peer's six never wait for each other; ``runner.layerwise`` gathers each layer once per pass instead."""
 
 from __future__ import annotations
 

@@ -32,18 +32,22 @@ collective call on a group moves the same buffer and calls pair up whatever orde
 backward run in. Replicas with fewer micro-batches than their peers make up the difference with
 zero-filled calls at the end of the step, so every holder makes the same number of calls. Where the
 replicas' schedules reach the units in different orders (different layer splits, different micro-batch
-counts in pipelines of several stages, mixed stages: ``runner.layout.replicas_out_of_step``), zero 2's
+counts in pipelines of several stages, mixed stages: ``runner.layout.replicas_out_of_step``), zero 2/3's
 per-micro-batch reduce-scatters are issued without waiting (``async_op``) and their shards summed in issue
 order when they complete: calls on one unit's group pair up in order (each moves the same buffer and the
 shards are summed, so which micro-batch pairs with which does not matter), and a rank never blocks on a
 call its peers issue later. The price is memory: a micro-batch's whole gradient of a unit stays until its
 call completes, so a replica ahead of its peers holds several (measured on two even single-stage replicas
 issuing every call this way: +0.35 GiB peak at 25.4M parameters, whose fp32 gradient is 0.1 GiB, against
-waiting for each call); replicas in step wait for each call, as the simulator counts. Zero 3's per-use
-all-gathers cannot wait (the weights are needed now): they are blocking, so zero 3 needs every replica to
-reach its units in the same order, and the runner refuses uneven layer splits, and uneven micro-batch counts
-in pipelines of several stages, with zero 3 (``runner.layout.check_sharded_layout``; zero 1 and 2 run
-there). Under tensor parallelism
+waiting for each call); replicas in step wait for each call, as the simulator counts. Zero 3's per-use gathers cannot wait (the
+weights are needed now): in step they are all-gathers; out of step a blocking all-gather would pair a fast
+rank's third gather with a slow rank's third and deadlock against the pipeline's hand-offs, so there they
+are served point to point (``Unit._serve``): at the step's start each holder posts one send of its weight
+shard per gather each peer will make this step (two per micro-batch the peer runs: forward and backward),
+and a gather receives one shard from each peer. The shard does not change before the optimizer step, so
+which send answers which gather does not matter, and no rank waits for a peer's schedule (the sends are
+waited for before the write-back). ZeRO-3 thus runs over any layer split, micro-batch counts and mixed
+stages (Zorse's ZeRO-sharded mixed stages under 1F1B, as well as layer-wise ones). Under tensor parallelism
 a weight is a DTensor whose local shard is the view into the flat buffer (the unit holds the rank's
 tensor-parallel shard of each weight, its holders the ranks of the same shard). Single-stage
 replicas may differ in micro-batches: the padding calls replay a micro-batch's order (forward
@@ -99,6 +103,7 @@ class Unit:
         max_microbatches: int,
         own_microbatches: int,
         asynchronous: bool = False,
+        gathers_of: dict[int, int] | None = None,
     ) -> None:
         self.key, self.params, self.modules = key, params, modules
         self.device, self.offload = device, offload
@@ -125,6 +130,12 @@ class Unit:
         # per-micro-batch reduce-scatters issued without waiting, summed in issue order (replicas out of step)
         self.asynchronous = asynchronous
         self._pending: list = []  # (work, shard) of reduce-scatters in flight, in issue order
+        # zero 3 over replicas out of step: gathers served point to point (``_serve``), the number of gathers
+        # each holder makes per step (global rank -> count) known in advance; None: all-gathers
+        self.holders = holders
+        self.gathers_of = gathers_of if zero >= 3 and n > 1 else None
+        self._sends: list = []  # this step's posted sends of the weight shard to the peers
+        self.received = 0  # gathers served to this rank this step
         host = offload != "none"
         with torch.no_grad():
             flat = self._flat_weights(local)
@@ -205,6 +216,33 @@ class Unit:
         self.flat.untyped_storage().resize_(0)
         self.gathered = False
 
+    def _served_shard(self) -> torch.Tensor:
+        return self._up(self.host_weights) if self.offload == "all" else self.weight_shard
+
+    def _serve(self) -> None:
+        """Post, at the step's start, every send of this rank's weight shard its peers' gathers will take
+        this step (``gathers_of``): the shard does not change before the optimizer step, so the k-th send
+        answers a peer's k-th gather whenever the peer reaches it, and no rank waits for a peer's schedule."""
+        shard = self._serving = self._served_shard()  # kept until the sends complete
+        for peer in self.holders:
+            if peer != self.holders[self.index]:
+                for _ in range(self.gathers_of[peer]):
+                    self._sends.append(dist.isend(shard, dst=peer, group=self.ag_group))
+        self.received = 0
+
+    def _served_gather(self, out: torch.Tensor, shard: torch.Tensor) -> None:
+        """``out`` from this rank's shard and one receive per peer (the sends ``_serve`` posted)."""
+        recvs = []
+        for i, peer in enumerate(self.holders):
+            part = out[i * self.shard : (i + 1) * self.shard]
+            if i == self.index:
+                part.copy_(shard)
+            else:
+                recvs.append(dist.irecv(part, src=peer, group=self.ag_group))
+        for r in recvs:
+            r.wait()
+        self.received += 1
+
     def gather(self) -> None:
         """Materialise the unit's parameters on the device (streamed units)."""
         if self.gathered:
@@ -215,7 +253,10 @@ class Unit:
                 self.flat.copy_(self._up(self.host_weights))
             else:
                 shard = self._up(self.host_weights) if self.offload == "all" else self.weight_shard
-                self._all_gather(self.flat, shard)
+                if self.gathers_of is not None:
+                    self._served_gather(self.flat, shard)
+                else:
+                    self._all_gather(self.flat, shard)
         self.gathered = True
 
     # -- hooks ---------------------------------------------------------------------------------------
@@ -332,6 +373,8 @@ class Unit:
             self.acc.zero_()
         self._seen = 0
         self.backward_pending = False
+        if self.gathers_of is not None:
+            self._serve()
 
     @property
     def gathers(self) -> bool:
@@ -376,6 +419,9 @@ class Unit:
 
     def write_back(self) -> None:
         """After the optimizer step: the updated master shard back into the weights."""
+        for work in self._sends:  # the peers have taken the old shard (every gather of theirs this step)
+            work.wait()
+        self._sends.clear()
         with torch.no_grad():
             self.master.grad = None
             if self.weight_shard is not None:  # zero 3: the device's weight shard
@@ -427,6 +473,9 @@ class ShardedState:
         }
         # replicas whose schedules reach the units in different orders: reduce-scatters without waiting
         asynchronous = replicas_out_of_step(layout)
+        # and zero 3's gathers served point to point (``Unit._serve``): every holder gathers each unit twice
+        # per micro-batch it runs (forward, backward; a recomputation reuses the backward's gather)
+        served = asynchronous and layout.zero >= 3 and not any(r.layerwise for r in layout.ranks)
         for key, _tp_index, holders, weights in units:
             groups = (
                 (dist.new_group(list(holders)), dist.new_group(list(holders))) if len(holders) > 1 else (None, None)
@@ -456,6 +505,7 @@ class ShardedState:
                 max(counts[h] for h in holders),
                 counts[rank],
                 asynchronous=asynchronous,
+                gathers_of={h: 2 * counts[h] for h in holders} if served else None,
             )
             if weights is None:  # every holder trains the key: its replica's share of the batch
                 unit.weight = self.grad_weight
@@ -487,16 +537,23 @@ class ShardedState:
     def finish_step(self) -> None:
         """Pad the per-micro-batch collectives, synchronise gradients, step AdamW on the master shards,
         write the weights back."""
+        for u in self.units:
+            if u.gathers_of is not None and u.received != u.gathers_of[u.holders[u.index]]:
+                raise RuntimeError(
+                    f"runner.zero: {u.key} was gathered {u.received} times this step, its peers served "
+                    f"{u.gathers_of[u.holders[u.index]]} (two per micro-batch): a schedule this rank runs "
+                    "gathers a unit other than once per forward and once per backward"
+                )
         pads = max((u.pads for u in self.units), default=0)
         with torch.no_grad():
             if self.plan.layerwise:  # every holder gathers and reduces once per layer and pass: nothing to pad
                 pads = 0
             for i in range(pads):  # replay a micro-batch's collective order (check_sharded_layout: single stage)
                 for u in self.units:  # forward: first unit to last
-                    if i < u.pads and u.gathers:
+                    if i < u.pads and u.gathers and u.gathers_of is None:
                         u.pad_gather()
                 for u in reversed(self.units):  # backward: last unit to first
-                    if i < u.pads and u.gathers:
+                    if i < u.pads and u.gathers and u.gathers_of is None:
                         u.pad_gather()
                     if i < u.pads and u.scatter_per_mb:
                         u.reduce_microbatch(pad=True)

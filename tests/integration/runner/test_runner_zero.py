@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import SpecError, load_cluster, load_config, load_model
+from autotune import load_cluster, load_config, load_model
 from runner.layout import build_layout, replicas_out_of_step
 from runner.reference import reference_losses
 from runner.train import train
@@ -91,6 +91,19 @@ PLANS = {
             ],
         },
     ),
+    # zero 3 over the same uneven replicas: the per-use gathers served point to point (runner.zero), one
+    # stage streaming its shard from host memory (offload all), another recomputing
+    "zero3-uneven-replicas": (
+        "cpu-4",
+        {
+            "micro_batch_size": 1,
+            "zero": 3,
+            "pipelines": [
+                {"num_microbatches": 5, "stages": [st("cpu:0", 3), st("cpu:1", 1, True, "all")]},
+                {"num_microbatches": 3, "stages": [st("cpu:2", 1, offload="optimizer"), st("cpu:3", 3)]},
+            ],
+        },
+    ),
 }
 
 
@@ -161,7 +174,7 @@ def _layout(cluster, config):
     return build_layout(load_cluster(cluster), load_model("tiny"), load_config(config))
 
 
-def test_plan_shapes_the_sharded_runner_refuses_are_named_before_launch():
+def test_zero_3_runs_over_replicas_out_of_step_and_in_step():
     tp_zero3 = {
         "micro_batch_size": 1,
         "zero": 3,
@@ -179,8 +192,7 @@ def test_plan_shapes_the_sharded_runner_refuses_are_named_before_launch():
             {"num_microbatches": 4, "stages": [st("cpu:2", 1), st("cpu:3", 3)]},
         ],
     }
-    with pytest.raises(SpecError, match="split the layers the same way"):
-        _layout("cpu-4", uneven_split)
+    assert _layout("cpu-4", uneven_split).sharded  # gathers served point to point (zero3-uneven-replicas)
     uneven_counts = {
         "micro_batch_size": 1,
         "zero": 3,
@@ -189,13 +201,14 @@ def test_plan_shapes_the_sharded_runner_refuses_are_named_before_launch():
             {"num_microbatches": 3, "stages": [st("cpu:2", 2), st("cpu:3", 2)]},
         ],
     }
-    with pytest.raises(SpecError, match=r"same num_microbatches in every replica \(got \[3, 5\]\)"):
-        _layout("cpu-4", uneven_counts)
-    # what it runs: zero 1 and 2 on any split and counts, zero 3 on single-stage replicas of uneven batch shares
+    assert _layout("cpu-4", uneven_counts).sharded
+    # zero 1-3 on any split and counts
     assert _layout("cpu-4", dict(uneven_split, zero=1)).sharded
     assert _layout("cpu-4", dict(uneven_split, zero=2)).sharded
     assert _layout("cpu-4", dict(uneven_counts, zero=2)).sharded
-    # ... their reduce-scatters issued without waiting there only (in step, each call waits: less memory)
+    # ... their reduce-scatters issued without waiting there only (in step, each call waits: less memory), and
+    # zero 3's gathers served point to point (in step: all-gathers)
+    assert replicas_out_of_step(_layout("cpu-4", uneven_split))
     assert replicas_out_of_step(_layout("cpu-4", dict(uneven_split, zero=2)))
     assert replicas_out_of_step(_layout("cpu-4", dict(uneven_counts, zero=2)))
     assert not replicas_out_of_step(_layout("cpu-4", PLANS["zero2-pipelines-offload"][1]))
