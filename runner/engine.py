@@ -324,9 +324,11 @@ class Engine:
         self.copies: dict[nn.Parameter, int] = {}  # gradient clipping (``_clip_gradients``)
         self.zero = None
         if layout.sharded:  # ZeRO sharding / CPU offload: runner.zero keeps the optimizer and the gradients
-            from runner.zero import ShardedState
+            from runner.sharded_state import ShardedState
 
-            self.zero = ShardedState(layout, rank, self.module, device, experts=self.expert_sync is not None)
+            self.zero = ShardedState(
+                layout, rank, self.module, device, experts=self.expert_sync is not None, vocab_size=model.vocab_size
+            )
             if self.zero.per_microbatch:  # its collectives pair up only if every expert runs every micro-batch
                 from runner.moe import MoEMLP
 

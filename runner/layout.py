@@ -408,8 +408,8 @@ def replicas_out_of_step(layout: Layout) -> bool:
 def _resharding_refused(config: ParallelConfig, model: ModelSpec) -> str | None:
     """Why replicas that shard a layer differently cannot average its gradients (``Layout.resharded``)
     in this plan, or None."""
-    if config.zero or config.offloads:
-        return "with ZeRO sharding or offload"
+    if (config.zero or config.offloads) and any(p.execution == LAYERWISE for p in config.pipelines):
+        return "with ZeRO sharding or offload and layer-wise execution"
     if model.is_moe or config.sync_every_steps > 1 or any(p.trains_experts for p in config.pipelines):
         return "with MoE experts or SPES (their exchange pairs ranks of the same tensor-parallel shard)"
     return None

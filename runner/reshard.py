@@ -11,7 +11,8 @@ tensor-parallel rank holds whole (norms, embedding, head) is all-reduced among e
 weighted by its replica's share over the replica's degree (its ranks hold the same gradient). The
 embedding and the head are split by vocabulary rows where the largest degree divides the vocabulary
 (``runner.engine.apply_tensor_parallel``), else held whole. One
-flat all-reduce per group and step, the groups in one global order on every rank.
+flat all-reduce per group and step, the groups in one global order on every rank. Under ZeRO / offload the
+same parts are units of ``runner.zero`` instead (``runner.sharded_state``).
 """
 
 from __future__ import annotations

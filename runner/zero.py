@@ -69,14 +69,14 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from autotune.simulator.zero import gradients_resident
-from runner.layout import EMBED_KEY, HEAD_KEY, Layout, replicas_out_of_step
-from runner.optim import local_tensor, make_optimizer
+from runner.optim import local_tensor
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,42 @@ def _pinned(numel: int, cuda: bool) -> torch.Tensor:
     return torch.zeros(numel, dtype=torch.float32, pin_memory=cuda)
 
 
+@dataclass(frozen=True)
+class Piece:
+    """The part of a weight's local tensor a unit holds: all of it (``n`` 1), or part ``k`` of ``n`` equal
+    parts along ``dim`` (a key that replicas shard at different tensor-parallel degrees: the unit of one of
+    ``runner.reshard``'s parts, which a lower-degree rank holds several of)."""
+
+    dim: int | None = None
+    k: int = 0
+    n: int = 1
+
+    def of(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.n == 1 else t.chunk(self.n, self.dim)[self.k]
+
+
+WHOLE = Piece()
+
+
+class SharedWeights:
+    """A rank's weights that several of its units hold parts of (``Piece``): each one's gradient is dropped
+    once every such unit has taken its part, and its storage (streamed units) freed once none is gathered."""
+
+    def __init__(self) -> None:
+        self.users: dict[nn.Parameter, int] = {}
+        self._taken: dict[nn.Parameter, int] = {}
+        self.live: dict[nn.Parameter, set] = {}
+
+    def taken(self, p: nn.Parameter) -> bool:
+        """One unit took its part of ``p``'s gradient: whether it was the last."""
+        users = self.users.get(p, 1)
+        n = self._taken.get(p, 0) + 1
+        self._taken[p] = 0 if n == users else n
+        return n == users
+
+
 class Unit:
-    """One weight key's sharded state on this rank."""
+    """One weight key's sharded state on this rank (or one part of it: ``pieces``)."""
 
     def __init__(
         self,
@@ -104,8 +138,16 @@ class Unit:
         own_microbatches: int,
         asynchronous: bool = False,
         gathers_of: dict[int, int] | None = None,
+        pieces: list[Piece] | None = None,
+        shared: SharedWeights | None = None,
     ) -> None:
         self.key, self.params, self.modules = key, params, modules
+        self.label = ""  # its checkpoint name's part (``runner.sharded_state``)
+        self.pieces = pieces or [WHOLE] * len(params)
+        self.shared = shared or SharedWeights()
+        # streamed parameters become views of the unit's buffer where it holds them whole; parts of weights
+        # are copied in after a gather (a column of a row-parallel weight is not contiguous)
+        self.views = all(pc.n == 1 for pc in self.pieces)
         self.device, self.offload = device, offload
         self.cuda = device.type == "cuda"
         n = len(holders)
@@ -116,7 +158,7 @@ class Unit:
         self.streamed = offload == "all" or (zero >= 3 and n > 1)
         self.resident = gradients_resident(zero, offload, n)
         self.scatter_per_mb = not self.resident and zero >= 2 and n > 1
-        local = [local_tensor(p) for p in params]
+        local = [pc.of(local_tensor(p)) for p, pc in zip(params, self.pieces)]
         self.shapes = [t.shape for t in local]
         self.sizes = [t.numel() for t in local]
         self.numel = sum(self.sizes)
@@ -164,11 +206,16 @@ class Unit:
                     self.weight_shard = mine.clone()
                 self.flat = flat  # the parameters become views of this buffer, freed between uses
                 offset = 0
-                for p, size, shape in zip(params, self.sizes, self.shapes):
+                for p, size, shape in zip(params if self.views else (), self.sizes, self.shapes):
                     # a DTensor (tensor parallelism) keeps its placement: its local shard becomes the view
                     local_tensor(p).data = flat[offset : offset + size].view(shape)
                     offset += size
-                self._free()
+                for p in params if not self.views else ():
+                    self.shared.live.setdefault(p, set()).add(self)
+                if self.views:
+                    self._free()
+                else:  # the weights stay until every unit holding a part is built (``free_parts``)
+                    self.flat.untyped_storage().resize_(0)
             del flat, mine
         self.gathered = False
         self.backward_pending = False
@@ -215,6 +262,27 @@ class Unit:
     def _free(self) -> None:
         self.flat.untyped_storage().resize_(0)
         self.gathered = False
+        for p in self.params if not self.views else ():  # parts copied in: free a weight no unit still holds
+            live = self.shared.live[p]
+            live.discard(self)
+            if not live:
+                local_tensor(p).untyped_storage().resize_(0)
+
+    def free_parts(self) -> None:
+        """After every unit of the rank is built: a streamed unit of parts frees the weights (``_free``)."""
+        if self.streamed and not self.views:
+            self._free()
+
+    def _copy_in(self) -> None:
+        """The gathered buffer into this unit's parts of the weights (their storage refilled if freed)."""
+        offset = 0
+        for p, pc, size, shape in zip(self.params, self.pieces, self.sizes, self.shapes):
+            t = local_tensor(p).data  # not an autograd write: a saved weight is refilled, not changed
+            if t.untyped_storage().size() == 0:
+                t.untyped_storage().resize_((t.storage_offset() + t.numel()) * t.element_size())
+            pc.of(t).copy_(self.flat[offset : offset + size].view(shape))
+            self.shared.live[p].add(self)
+            offset += size
 
     def _served_shard(self) -> torch.Tensor:
         return self._up(self.host_weights) if self.offload == "all" else self.weight_shard
@@ -257,6 +325,8 @@ class Unit:
                     self._served_gather(self.flat, shard)
                 else:
                     self._all_gather(self.flat, shard)
+            if not self.views:
+                self._copy_in()
         self.gathered = True
 
     # -- hooks ---------------------------------------------------------------------------------------
@@ -320,16 +390,23 @@ class Unit:
         """This rank's master shard from the (resident) weights, after something other than the optimizer
         changed them."""
         with torch.no_grad():
-            self.master.copy_(self._flat_weights([local_tensor(p) for p in self.params])[self.lo : self.hi])
+            local = [pc.of(local_tensor(p)) for p, pc in zip(self.params, self.pieces)]
+            self.master.copy_(self._flat_weights(local)[self.lo : self.hi])
 
     def _flat_grads(self, scale: float) -> torch.Tensor:
         flat = torch.zeros(self.padded, dtype=torch.float32, device=self.device)
         offset = 0
-        for p, size in zip(self.params, self.sizes):
+        for p, pc, size in zip(self.params, self.pieces, self.sizes):
             if p.grad is not None:
-                flat[offset : offset + size].copy_(local_tensor(p.grad).reshape(-1))
+                flat[offset : offset + size].copy_(pc.of(local_tensor(p.grad)).reshape(-1))
             offset += size
         return flat.mul_(scale)
+
+    def _drop_grads(self) -> None:
+        """The gradients this unit has taken: dropped (a weight other units hold parts of: after the last)."""
+        for p in self.params:
+            if self.shared.taken(p):
+                p.grad = None
 
     def reduce_microbatch(self, pad: bool = False) -> None:
         """One micro-batch's gradient of this unit: reduce-scattered (zero >= 2) and/or sent to host
@@ -338,8 +415,7 @@ class Unit:
         with torch.no_grad():
             g = torch.zeros(self.padded, device=self.device) if pad else self._flat_grads(self.factor)
             if not pad:
-                for p in self.params:
-                    p.grad = None
+                self._drop_grads()
             if self.scatter_per_mb:
                 part = torch.empty(self.shard, device=self.device)
                 if self.asynchronous:
@@ -392,8 +468,7 @@ class Unit:
             self._drain(wait=True)
             if self.resident:
                 g = self._flat_grads(weight)
-                for p in self.params:
-                    p.grad = None
+                self._drop_grads()
             elif self.scatter_per_mb:
                 g = None  # already reduce-scattered into the shard
             else:
@@ -444,185 +519,6 @@ class Unit:
             else:
                 full.copy_(shard)
             offset = 0
-            for p, size in zip(self.params, self.sizes):
-                local_tensor(p).copy_(full[offset : offset + size].view_as(local_tensor(p)))
+            for p, pc, size, shape in zip(self.params, self.pieces, self.sizes, self.shapes):
+                pc.of(local_tensor(p)).copy_(full[offset : offset + size].view(shape))
                 offset += size
-
-
-class ShardedState:
-    """All units of one rank, their process groups and the optimizer over their master shards.
-
-    Every rank constructs it (process groups are created by all ranks in one order)."""
-
-    def __init__(self, layout: Layout, rank: int, module, device: torch.device, experts: bool = False) -> None:
-        self.layout = layout
-        self.plan = layout.ranks[rank]
-        self.units: list[Unit] = []
-        # micro-batches each rank runs: its share in a mixed stage (runner.mixed), else its pipeline's
-        counts = {r.rank: r.share or r.num_microbatches for r in layout.ranks}
-        # runner.mixed weighs each micro-batch's loss by its part of the global batch already
-        self.grad_weight = 1.0 if layout.mixed else self.plan.grad_weight
-        #: an MoE / SPES plan (``experts``): each key's unit is its trainers (``Layout.key_trainers``), with
-        #: their gradient weights; a SPES plan's units are per expert-parallel group (its checkpoint names say which)
-        self.scope = f".g{self.plan.expert_group}" if experts and layout.sync_every_steps > 1 else ""
-        units = layout.key_trainers() if experts else [(*u, None) for u in layout.key_holders()]
-        # experts this rank holds and does not train (SPES): no unit, but saved and restored with the shards
-        names = {p: n for n, p in module.named_parameters()}
-        self.frozen = {
-            names[p]: p for key in self.plan.holds() if not self.plan.trains(key) for p in module.params_of(key)
-        }
-        # replicas whose schedules reach the units in different orders: reduce-scatters without waiting
-        asynchronous = replicas_out_of_step(layout)
-        # and zero 3's gathers served point to point (``Unit._serve``): every holder gathers each unit twice
-        # per micro-batch it runs (forward, backward; a recomputation reuses the backward's gather)
-        served = asynchronous and layout.zero >= 3 and not any(r.layerwise for r in layout.ranks)
-        for key, _tp_index, holders, weights in units:
-            groups = (
-                (dist.new_group(list(holders)), dist.new_group(list(holders))) if len(holders) > 1 else (None, None)
-            )
-            if rank not in holders:
-                continue
-            params = module.params_of(key)
-            if key == EMBED_KEY:
-                modules = [module.embed]
-            elif key == HEAD_KEY:
-                modules = [module.norm, module.head]
-            elif ".expert" in key:
-                layer, _, expert = key.removeprefix("layer").partition(".expert")
-                modules = [module.blocks[layer].mlp.experts[expert]]
-            else:
-                modules = [module.blocks[key.removeprefix("layer")]]
-            unit = Unit(
-                key,
-                params,
-                modules,
-                holders,
-                rank,
-                layout.zero,
-                self.plan.offload,
-                device,
-                *groups,
-                max(counts[h] for h in holders),
-                counts[rank],
-                asynchronous=asynchronous,
-                gathers_of={h: 2 * counts[h] for h in holders} if served else None,
-            )
-            if weights is None:  # every holder trains the key: its replica's share of the batch
-                unit.weight = self.grad_weight
-                unit.factor = 1.0 if layout.mixed else 1.0 / layout.total_microbatches
-            else:  # the exchange's weight (of the pipeline's mean gradient), per micro-batch over its count
-                unit.weight = weights[rank]
-                unit.factor = weights[rank] / counts[rank]
-            self.units.append(unit)
-        masters = [u.master for u in self.units]
-        # fused AdamW on the master shards (``runner.optim.make_optimizer``; in host memory with offload, as
-        # ZeRO-Offload's CPU Adam); ``runner.engine`` sets the step's rate and weight decay
-        self.optimizer = make_optimizer(masters)
-
-    @property
-    def streamed(self) -> bool:
-        return any(u.streamed for u in self.units)
-
-    def unit(self, key: str) -> Unit | None:
-        """This rank's unit of weight key ``key`` (``embed``, ``layer<i>``, ``head``), if it holds one."""
-        return next((u for u in self.units if u.key == key), None)
-
-    def host_bytes(self) -> int:
-        return sum(u.host_bytes() for u in self.units)
-
-    def begin_step(self) -> None:
-        for u in self.units:
-            u.begin_step()
-
-    def finish_step(self) -> None:
-        """Pad the per-micro-batch collectives, synchronise gradients, step AdamW on the master shards,
-        write the weights back."""
-        for u in self.units:
-            if u.gathers_of is not None and u.received != u.gathers_of[u.holders[u.index]]:
-                raise RuntimeError(
-                    f"runner.zero: {u.key} was gathered {u.received} times this step, its peers served "
-                    f"{u.gathers_of[u.holders[u.index]]} (two per micro-batch): a schedule this rank runs "
-                    "gathers a unit other than once per forward and once per backward"
-                )
-        pads = max((u.pads for u in self.units), default=0)
-        with torch.no_grad():
-            if self.plan.layerwise:  # every holder gathers and reduces once per layer and pass: nothing to pad
-                pads = 0
-            for i in range(pads):  # replay a micro-batch's collective order (check_sharded_layout: single stage)
-                for u in self.units:  # forward: first unit to last
-                    if i < u.pads and u.gathers and u.gathers_of is None:
-                        u.pad_gather()
-                for u in reversed(self.units):  # backward: last unit to first
-                    if i < u.pads and u.gathers and u.gathers_of is None:
-                        u.pad_gather()
-                    if i < u.pads and u.scatter_per_mb:
-                        u.reduce_microbatch(pad=True)
-        for u in self.units:
-            u.finish_step(u.weight)
-        self.optimizer.step()
-        for u in self.units:
-            u.write_back()
-
-    @property
-    def per_microbatch(self) -> bool:
-        """Whether some unit makes collective calls per micro-batch (gathers or reduce-scatters): then every
-        holder must run every unit on every micro-batch (an MoE block runs each expert, tokens or none)."""
-        return any(u.gathers or u.scatter_per_mb for u in self.units)
-
-    def reload_from_params(self) -> None:
-        """The master shards from the weights, after something other than the optimizer changed them (a
-        SPES synchronisation averages the trainers' weights): every unit's weights are resident."""
-        for u in self.units:
-            u.reload_master()
-
-    # -- checkpoints -------------------------------------------------------------------------------
-    def _name(self, u: Unit) -> str:
-        shard = u.index if u.n_shards > 1 else 0
-        return f"{u.key}{self.scope}.tp{self.plan.tp_index}.shard{shard}of{u.n_shards if u.n_shards > 1 else 1}"
-
-    def state_dict(self) -> dict:
-        """This rank's shards under names that say which shard they are (a sharded checkpoint is
-        resumed by the same plan)."""
-        out = {}
-        for u in self.units:
-            state = self.optimizer.state.get(u.master, {})
-            name = self._name(u)
-            if u.n_shards == 1 and u.index > 0:
-                continue  # an unsharded unit's replicas hold the same state: rank 0 of its holders saves it
-            out[f"{name}.master"] = u.master.detach()
-            if state:
-                out[f"{name}.exp_avg"] = state["exp_avg"]
-                out[f"{name}.exp_avg_sq"] = state["exp_avg_sq"]
-                out[f"{name}.step"] = state["step"]
-        for name, p in self.frozen.items():  # every holder's copy is the same (the last exchange's)
-            out[f"frozen.{name}"] = p.detach()
-        return out
-
-    def empty_state_dict(self, steps_done: bool) -> dict:
-        """Tensors of the right shapes for loading into (every unit, as a resumed rank needs them)."""
-        out = {}
-        for u in self.units:
-            name = self._name(u)
-            out[f"{name}.master"] = torch.empty_like(u.master.detach())
-            if steps_done:
-                out[f"{name}.exp_avg"] = torch.empty_like(u.master.detach())
-                out[f"{name}.exp_avg_sq"] = torch.empty_like(u.master.detach())
-                out[f"{name}.step"] = torch.zeros((), dtype=torch.float32)
-        for name, p in self.frozen.items():
-            out[f"frozen.{name}"] = torch.empty_like(p.detach())
-        return out
-
-    def load_state_dict(self, state: dict) -> None:
-        with torch.no_grad():
-            for u in self.units:
-                name = self._name(u)
-                u.master.copy_(state[f"{name}.master"])
-                if f"{name}.exp_avg" in state:
-                    self.optimizer.state[u.master] = {
-                        "step": state[f"{name}.step"].clone(),
-                        "exp_avg": state[f"{name}.exp_avg"].clone().to(u.master.device),
-                        "exp_avg_sq": state[f"{name}.exp_avg_sq"].clone().to(u.master.device),
-                    }
-                u.write_back()
-            for name, p in self.frozen.items():
-                p.copy_(state[f"frozen.{name}"])

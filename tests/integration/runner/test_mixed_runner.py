@@ -85,8 +85,8 @@ def test_layout_places_each_rank_of_a_mixed_stage_with_its_share():
 
 
 def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_field():
-    """ZeRO with ranks of a stage at different tensor-parallel degrees; ZeRO-3 runs (gathers served point to
-    point, runner.zero)."""
+    """Layer-wise execution with tensor parallelism; ZeRO-3 runs (gathers served point to point, runner.zero),
+    also with ranks of a stage at different tensor-parallel degrees (runner.sharded_state's parts)."""
     assert layout_of({**PLAN_REPLICA, "zero": 3}, 3, 2).sharded
     offload = {
         **PLAN_5_3,
@@ -116,8 +116,10 @@ def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_
         ],
     }
     assert layout_of(tp, 2, 1).mixed  # ranks at tp 2 and tp 1 run (tests/integration/runner/test_per_stage_tp.py)
-    with pytest.raises(SpecError, match=r"ranks that shard a layer differently are not run with ZeRO"):
-        layout_of({**tp, "zero": 1}, 2, 1)
+    assert layout_of({**tp, "zero": 3}, 2, 1).sharded  # and with ZeRO (test_zero_3_over_ranks_at_tp_2_and_1...)
+    layerwise = {**tp, "pipelines": [{**tp["pipelines"][0], "execution": "layerwise"}]}
+    with pytest.raises(SpecError, match=r"layer-wise execution with tensor parallelism"):
+        layout_of(layerwise, 2, 1)
 
 
 def test_zero_1_and_2_shard_a_mixed_stage_among_its_ranks_and_the_replicas():
@@ -205,6 +207,32 @@ def test_zero_3_over_a_mixed_stage_trains_like_a_single_process_and_resumes_bit_
     Single-process loss, exact resume."""
     plan = _offloaded({**PLAN_5_3, "zero": 3}, {(0, 0): "all"})
     trains_like_one_process_and_resumes(plan, cluster_yaml(tmp_path, 2, 1), tmp_path, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_zero_3_over_ranks_at_tp_2_and_1_in_a_mixed_stage_trains_like_a_single_process(reference, tmp_path):
+    """A stage of a tp-2 rank (3 micro-batches) and a tp-1 rank (1): each part of a sharded weight a ZeRO-3
+    unit of its own (the tp-1 rank holds both), gathers served point to point."""
+    import torch
+
+    plan = {
+        "micro_batch_size": 2,
+        "zero": 3,
+        "pipelines": [
+            {
+                "num_microbatches": 4,
+                "stages": [
+                    {
+                        "layers": 4,
+                        "ranks": [{"devices": ["fast:0", "fast:1"], "num_microbatches": 3}, rank("slow:0", 1)],
+                    }
+                ],
+            }
+        ],
+    }
+    losses = run(plan, cluster_yaml(tmp_path, 2, 1), tmp_path)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
 
 
 @pytest.mark.slow

@@ -1,0 +1,244 @@
+"""One rank's ZeRO state: its units (``runner.zero.Unit``, one per weight key it holds, or per part of a key
+that replicas shard at different tensor-parallel degrees), their process groups, the optimizer over their
+master shards, the step's padding and synchronisation, and sharded checkpoints."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from autotune.simulator.engine_terms import vocab_split
+from runner.layout import EMBED_KEY, HEAD_KEY, Layout, replicas_out_of_step
+from runner.optim import make_optimizer
+from runner.reshard import shard_dim
+from runner.zero import Piece, SharedWeights, Unit
+
+#: the unit of a resharded key's weights that every holder keeps whole (norms, row-parallel biases)
+WHOLE_PART = -1
+
+
+class ShardedState:
+    """All units of one rank, their process groups and the optimizer over their master shards.
+
+    Every rank constructs it (process groups are created by all ranks in one order)."""
+
+    def __init__(
+        self, layout: Layout, rank: int, module, device: torch.device, experts: bool = False, vocab_size: int = 0
+    ) -> None:
+        self.layout = layout
+        self.plan = layout.ranks[rank]
+        self.units: list[Unit] = []
+        # micro-batches each rank runs: its share in a mixed stage (runner.mixed), else its pipeline's
+        counts = {r.rank: r.share or r.num_microbatches for r in layout.ranks}
+        # runner.mixed weighs each micro-batch's loss by its part of the global batch already
+        self.grad_weight = 1.0 if layout.mixed else self.plan.grad_weight
+        #: an MoE / SPES plan (``experts``): each key's unit is its trainers (``Layout.key_trainers``), with
+        #: their gradient weights; a SPES plan's units are per expert-parallel group (its checkpoint names say which)
+        self.scope = f".g{self.plan.expert_group}" if experts and layout.sync_every_steps > 1 else ""
+        units = layout.key_trainers() if experts else [(*u, None) for u in layout.key_holders()]
+        # experts this rank holds and does not train (SPES): no unit, but saved and restored with the shards
+        names = {p: n for n, p in module.named_parameters()}
+        self.frozen = {
+            names[p]: p for key in self.plan.holds() if not self.plan.trains(key) for p in module.params_of(key)
+        }
+        specs = self._unit_specs(units, experts)
+        # replicas whose schedules reach the units in different orders, or ranks holding different numbers of
+        # units of a key (its parts: ``_unit_specs``): reduce-scatters without waiting
+        asynchronous = replicas_out_of_step(layout) or bool(self._resharded)
+        # and zero 3's gathers served point to point (``Unit._serve``): every holder gathers each unit twice
+        # per micro-batch it runs (forward, backward; a recomputation reuses the backward's gather)
+        served = asynchronous and layout.zero >= 3 and not any(r.layerwise for r in layout.ranks)
+        self.shared = SharedWeights()
+        for key, label, holders, weights, part in specs:
+            groups = (
+                (dist.new_group(list(holders)), dist.new_group(list(holders))) if len(holders) > 1 else (None, None)
+            )
+            if rank not in holders:
+                continue
+            params, pieces = self._parts(module, names, key, part, vocab_size)
+            if not params:
+                continue
+            if key == EMBED_KEY:
+                modules = [module.embed]
+            elif key == HEAD_KEY:
+                modules = [module.norm, module.head]
+            elif ".expert" in key:
+                layer, _, expert = key.removeprefix("layer").partition(".expert")
+                modules = [module.blocks[layer].mlp.experts[expert]]
+            else:
+                modules = [module.blocks[key.removeprefix("layer")]]
+            unit = Unit(
+                key,
+                params,
+                modules,
+                holders,
+                rank,
+                layout.zero,
+                self.plan.offload,
+                device,
+                *groups,
+                max(counts[h] for h in holders),
+                counts[rank],
+                asynchronous=asynchronous,
+                gathers_of={h: 2 * counts[h] for h in holders} if served else None,
+                pieces=pieces,
+                shared=self.shared,
+            )
+            unit.label = label
+            if weights is None:  # every holder trains the key: its replica's share of the batch
+                unit.weight = self.grad_weight
+                unit.factor = 1.0 if layout.mixed else 1.0 / layout.total_microbatches
+                if part == WHOLE_PART:  # its tensor-parallel ranks hold the same gradient (runner.reshard)
+                    unit.weight /= self.plan.tp_degree
+                    unit.factor /= self.plan.tp_degree
+            else:  # the exchange's weight (of the pipeline's mean gradient), per micro-batch over its count
+                unit.weight = weights[rank]
+                unit.factor = weights[rank] / counts[rank]
+            self.units.append(unit)
+        for u in self.units:
+            for p in u.params:
+                self.shared.users[p] = self.shared.users.get(p, 0) + 1
+            u.free_parts()
+        masters = [u.master for u in self.units]
+        # fused AdamW on the master shards (``runner.optim.make_optimizer``; in host memory with offload, as
+        # ZeRO-Offload's CPU Adam); ``runner.engine`` sets the step's rate and weight decay
+        self.optimizer = make_optimizer(masters)
+
+    def _unit_specs(self, units, experts: bool) -> list[tuple]:
+        """(key, label, holders, weights, part) of every unit of the plan, in one order on every rank: one per
+        key and tensor-parallel shard; a key replicas shard at different degrees (``Layout.resharded``, not
+        in MoE / SPES plans) one per part of its sharded weights (``part`` its index, the holders one rank per
+        replica) and one for the weights every holder keeps whole (``WHOLE_PART``)."""
+        resharded = self._resharded = {} if experts else self.layout.resharded()
+        specs, done = [], set()
+        for key, tp_index, holders, weights in units:
+            if key not in resharded:
+                specs.append((key, f"tp{tp_index}", holders, weights, None))
+            elif key not in done:
+                done.add(key)
+                t, parts, every = resharded[key]
+                specs += [(key, f"part{c}of{t}", parts[c], None, c) for c in range(t)]
+                specs.append((key, "whole", every, None, WHOLE_PART))
+        return specs
+
+    def _parts(self, module, names, key: str, part: int | None, vocab_size: int) -> tuple[list, list | None]:
+        """The weights of ``key`` a unit holds and which part of each (None: all of every one)."""
+        params = module.params_of(key)
+        if part is None:
+            return params, None
+        t = self._resharded[key][0]
+        dims = [shard_dim(names[p], p, vocab_split(vocab_size, t)) for p in params]
+        if part == WHOLE_PART:
+            return [p for p, d in zip(params, dims) if d is None], None
+        per_rank = t // self.plan.tp_degree  # this rank holds parts tp_index * per_rank ... + per_rank - 1
+        k = part - self.plan.tp_index * per_rank
+        kept = [(p, Piece(d, k, per_rank)) for p, d in zip(params, dims) if d is not None]
+        return [p for p, _ in kept], [pc for _, pc in kept]
+
+    @property
+    def streamed(self) -> bool:
+        return any(u.streamed for u in self.units)
+
+    def unit(self, key: str) -> Unit | None:
+        """This rank's unit of weight key ``key`` (``embed``, ``layer<i>``, ``head``), if it holds one."""
+        return next((u for u in self.units if u.key == key), None)
+
+    def host_bytes(self) -> int:
+        return sum(u.host_bytes() for u in self.units)
+
+    def begin_step(self) -> None:
+        for u in self.units:
+            u.begin_step()
+
+    def finish_step(self) -> None:
+        """Pad the per-micro-batch collectives, synchronise gradients, step AdamW on the master shards,
+        write the weights back."""
+        for u in self.units:
+            if u.gathers_of is not None and u.received != u.gathers_of[u.holders[u.index]]:
+                raise RuntimeError(
+                    f"runner.zero: {u.key} was gathered {u.received} times this step, its peers served "
+                    f"{u.gathers_of[u.holders[u.index]]} (two per micro-batch): a schedule this rank runs "
+                    "gathers a unit other than once per forward and once per backward"
+                )
+        pads = max((u.pads for u in self.units), default=0)
+        with torch.no_grad():
+            if self.plan.layerwise:  # every holder gathers and reduces once per layer and pass: nothing to pad
+                pads = 0
+            for i in range(pads):  # replay a micro-batch's collective order (check_sharded_layout: single stage)
+                for u in self.units:  # forward: first unit to last
+                    if i < u.pads and u.gathers and u.gathers_of is None:
+                        u.pad_gather()
+                for u in reversed(self.units):  # backward: last unit to first
+                    if i < u.pads and u.gathers and u.gathers_of is None:
+                        u.pad_gather()
+                    if i < u.pads and u.scatter_per_mb:
+                        u.reduce_microbatch(pad=True)
+        for u in self.units:
+            u.finish_step(u.weight)
+        self.optimizer.step()
+        for u in self.units:
+            u.write_back()
+
+    @property
+    def per_microbatch(self) -> bool:
+        """Whether some unit makes collective calls per micro-batch (gathers or reduce-scatters): then every
+        holder must run every unit on every micro-batch (an MoE block runs each expert, tokens or none)."""
+        return any(u.gathers or u.scatter_per_mb for u in self.units)
+
+    def reload_from_params(self) -> None:
+        """The master shards from the weights, after something other than the optimizer changed them (a
+        SPES synchronisation averages the trainers' weights): every unit's weights are resident."""
+        for u in self.units:
+            u.reload_master()
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def _name(self, u: Unit) -> str:
+        shard = u.index if u.n_shards > 1 else 0
+        return f"{u.key}{self.scope}.{u.label}.shard{shard}of{u.n_shards if u.n_shards > 1 else 1}"
+
+    def state_dict(self) -> dict:
+        """This rank's shards under names that say which shard they are (a sharded checkpoint is
+        resumed by the same plan)."""
+        out = {}
+        for u in self.units:
+            state = self.optimizer.state.get(u.master, {})
+            name = self._name(u)
+            if u.n_shards == 1 and u.index > 0:
+                continue  # an unsharded unit's replicas hold the same state: rank 0 of its holders saves it
+            out[f"{name}.master"] = u.master.detach()
+            if state:
+                out[f"{name}.exp_avg"] = state["exp_avg"]
+                out[f"{name}.exp_avg_sq"] = state["exp_avg_sq"]
+                out[f"{name}.step"] = state["step"]
+        for name, p in self.frozen.items():  # every holder's copy is the same (the last exchange's)
+            out[f"frozen.{name}"] = p.detach()
+        return out
+
+    def empty_state_dict(self, steps_done: bool) -> dict:
+        """Tensors of the right shapes for loading into (every unit, as a resumed rank needs them)."""
+        out = {}
+        for u in self.units:
+            name = self._name(u)
+            out[f"{name}.master"] = torch.empty_like(u.master.detach())
+            if steps_done:
+                out[f"{name}.exp_avg"] = torch.empty_like(u.master.detach())
+                out[f"{name}.exp_avg_sq"] = torch.empty_like(u.master.detach())
+                out[f"{name}.step"] = torch.zeros((), dtype=torch.float32)
+        for name, p in self.frozen.items():
+            out[f"frozen.{name}"] = torch.empty_like(p.detach())
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            for u in self.units:
+                name = self._name(u)
+                u.master.copy_(state[f"{name}.master"])
+                if f"{name}.exp_avg" in state:
+                    self.optimizer.state[u.master] = {
+                        "step": state[f"{name}.step"].clone(),
+                        "exp_avg": state[f"{name}.exp_avg"].clone().to(u.master.device),
+                        "exp_avg_sq": state[f"{name}.exp_avg_sq"].clone().to(u.master.device),
+                    }
+                u.write_back()
+            for name, p in self.frozen.items():
+                p.copy_(state[f"frozen.{name}"])
