@@ -318,7 +318,10 @@ class Engine:
         if model.is_moe or self.plan_config_spes(layout):
             from runner.moe import setup_experts
 
-            self.expert_sync = setup_experts(self.chunks, self.module.params_of, layout, rank)
+            names = {p: n for n, p in self.module.named_parameters()}
+            self.expert_sync = setup_experts(
+                self.chunks, self.module.params_of, layout, rank, names=names, vocab_size=model.vocab_size
+            )
         self.grad_groups: list[tuple[dist.ProcessGroup | None, list[nn.Parameter]]] = []
         self.settings = settings or TrainSettings()
         self.copies: dict[nn.Parameter, int] = {}  # gradient clipping (``_clip_gradients``)
@@ -364,9 +367,12 @@ class Engine:
             self.copies[p] = ranks * (1 if sharded else self.plan.tp_degree)
 
         if self.expert_sync is not None:
-            for _, trainers, keys, _ in layout.exchange_groups() if layout.sync_every_steps == 1 else ():
-                for p in (p for key in keys for p in self.module.params_of(key)) if rank in trainers else ():
-                    count(p, len(trainers))
+            for g in self.expert_sync.step_groups if layout.sync_every_steps == 1 else ():
+                for p in g.params if rank in g.trainers else ():
+                    if g.parted:  # a part's trainers: one rank per replica (a weight kept whole: every rank)
+                        self.copies[p] = len(g.trainers)
+                    else:
+                        count(p, len(g.trainers))
             return
         for ranks, keys in layout.grad_groups().items():
             group = dist.new_group(list(ranks)) if len(ranks) > 1 else None

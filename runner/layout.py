@@ -27,6 +27,9 @@ from autotune.specs import ClusterSpec, ModelSpec, ParallelConfig
 from autotune.specs.execution import LAYERWISE
 
 EMBED_KEY, HEAD_KEY = "embed", "head"
+#: the part of a key that replicas shard at different tensor-parallel degrees which every holder keeps whole
+#: (norms, row-parallel biases; ``runner.reshard``)
+WHOLE_PART = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,35 +188,59 @@ class Layout:
                 groups.setdefault((r.expert_group, r.stage, r.tp_index), []).append((r.expert_position, r.rank))
         return tuple(tuple(rank for _, rank in sorted(v)) for _, v in sorted(groups.items()))
 
-    def exchange_groups(
-        self, local: bool = False
-    ) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...], dict[int, tuple[float, float]]]]:
+    def exchange_groups(self, local: bool = False) -> list[tuple]:
         """The exchange of an MoE / SPES plan (``runner.moe.ExpertSync``): (holders, trainers, keys, weight per
-        trainer) for every set of weight keys held and trained by the same ranks. ``local``: only among the
-        ranks of one expert-parallel group (a SPES plan's per-step exchange). A holder's gradient covers
+        trainer, part) for every set of weight keys held and trained by the same ranks. ``local``: only among
+        the ranks of one expert-parallel group (a SPES plan's per-step exchange). A holder's gradient covers
         its pipeline's batch, an expert holder's its group's (its tokens came by all-to-all); each trainer's
         gradient weight is its pipeline's batch over the batch its key's trainers cover together, its weight
-        in a parameter average (SPES) the batch it covers over that."""
+        in a parameter average (SPES) the batch it covers over that. ``part`` is None where the key's
+        holders shard it alike (one group per tensor-parallel index), else ``(c, t)``: part ``c`` of the
+        ``t`` parts of its sharded weights (``runner.reshard``; ``c`` = ``WHOLE_PART``: the weights every
+        holder keeps whole, each rank's weights then over its tensor-parallel degree)."""
+        degrees: dict[tuple[str, int], set[int]] = {}
+        for r in self.ranks:
+            for key in r.holds():
+                degrees.setdefault((key, r.expert_group if local else -1), set()).add(r.tp_degree)
         holders: dict[tuple, list[RankPlan]] = {}
         for r in self.ranks:
             for key in r.holds():
                 scope = r.expert_group if local else -1
-                holders.setdefault((key, r.tp_index, scope), []).append(r)
+                if len(degrees[(key, scope)]) == 1:  # one group per tensor-parallel index
+                    holders.setdefault((key, None, r.tp_index, scope), []).append(r)
+                    continue
+                t = max(degrees[(key, scope)])
+                per_rank = t // r.tp_degree
+                for c in (WHOLE_PART, *range(r.tp_index * per_rank, (r.tp_index + 1) * per_rank)):
+                    holders.setdefault((key, (c, t), -1, scope), []).append(r)
         merged: dict[tuple, list[str]] = {}
         weights: dict[tuple, dict[int, float]] = {}
-        for (key, _, _), plans in holders.items():
+        for (key, part, _, _), plans in holders.items():
             trainers = [r for r in plans if r.trains(key)]
             expert = ".expert" in key
-            covered = sum(r.batch_size * (r.expert_parallel if expert else 1) for r in trainers)
+            # a weight every rank of a replica keeps whole: each of them counts 1 / degree of the replica
+            copies = {r.rank: r.tp_degree if part is not None and part[0] == WHOLE_PART else 1 for r in trainers}
+            covered = sum(r.batch_size * (r.expert_parallel if expert else 1) / copies[r.rank] for r in trainers)
             # (gradient weight, weight in a parameter average) per trainer
             w = {
-                r.rank: (r.batch_size / covered, r.batch_size * (r.expert_parallel if expert else 1) / covered)
+                r.rank: (
+                    r.batch_size / covered / copies[r.rank],
+                    r.batch_size * (r.expert_parallel if expert else 1) / covered / copies[r.rank],
+                )
                 for r in trainers
             }
-            ident = (tuple(r.rank for r in plans), tuple(r.rank for r in trainers), tuple(sorted(w.items())))
+            ident = (
+                tuple(r.rank for r in plans),
+                tuple(r.rank for r in trainers),
+                tuple(sorted(w.items())),
+                (-2, 0) if part is None else part,
+            )
             merged.setdefault(ident, []).append(key)
             weights[ident] = w
-        return [(ident[0], ident[1], tuple(keys), weights[ident]) for ident, keys in sorted(merged.items())]
+        return [
+            (ident[0], ident[1], tuple(keys), weights[ident], None if ident[3][0] == -2 else ident[3])
+            for ident, keys in sorted(merged.items())
+        ]
 
     def key_holders(self) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
         """(weight key, tensor-parallel index, ranks holding that shard), in one fixed order: the unit
@@ -226,24 +253,29 @@ class Layout:
             (k, t, tuple(sorted(v))) for (k, t), v in sorted(holders.items(), key=lambda kv: _key_order(*kv[0]))
         )
 
-    def key_trainers(self) -> tuple[tuple[str, int, tuple[int, ...], dict[int, float]], ...]:
-        """The units of ZeRO sharding of an MoE / SPES plan (``runner.zero``): (weight key, tensor-parallel
-        index, the ranks that train it together every step, each one's gradient weight), in
-        ``key_holders``' order. Those ranks are ``exchange_groups``' trainers (under SPES with
-        ``sync_every_steps`` > 1 the trainers inside one expert-parallel group: one unit per group) and the
-        weights theirs; a key a rank holds but does not train is no unit (frozen, updated by the exchange)."""
+    def key_trainers(self) -> tuple[tuple, ...]:
+        """The units of ZeRO sharding of an MoE / SPES plan (``runner.zero``): (weight key, label, the ranks
+        that train it together every step, each one's gradient weight, part), in ``key_holders``' order.
+        Those ranks are ``exchange_groups``' trainers (under SPES with ``sync_every_steps`` > 1 the trainers
+        inside one expert-parallel group: one unit per group), the weights and the part theirs (a key its
+        holders shard at different degrees: a unit per part, ``label`` ``part<c>of<t>`` or ``whole``); a key a
+        rank holds but does not train is no unit (frozen, updated by the exchange)."""
         local = self.sync_every_steps > 1
-        units: dict[tuple[str, int], list[tuple[tuple[int, ...], dict[int, float]]]] = {}
-        for _, trainers, keys, weights in self.exchange_groups(local=local):
+        units: dict[tuple[str, int], list[tuple]] = {}
+        for _, trainers, keys, weights, part in self.exchange_groups(local=local):
             if not trainers:
                 continue
-            tp_index = self.ranks[trainers[0]].tp_index
+            tp_index = self.ranks[trainers[0]].tp_index if part is None else 0
+            label = (
+                f"tp{tp_index}" if part is None else "whole" if part[0] == WHOLE_PART else f"part{part[0]}of{part[1]}"
+            )
             for key in keys:
-                units.setdefault((key, tp_index), []).append((trainers, {r: w for r, (w, _) in weights.items()}))
+                unit = (trainers, {r: w for r, (w, _) in weights.items()}, part, label)
+                units.setdefault((key, tp_index), []).append(unit)
         return tuple(
-            (key, tp_index, trainers, weights)
+            (key, label, trainers, weights, part)
             for key, tp_index, _ in self.key_holders()
-            for trainers, weights in sorted(units.pop((key, tp_index), ()), key=lambda u: u[0])
+            for trainers, weights, part, label in sorted(units.pop((key, tp_index), ()), key=lambda u: (u[3], u[0]))
         )
 
 
@@ -405,13 +437,11 @@ def replicas_out_of_step(layout: Layout) -> bool:
     return max(len(set(v)) for v in splits.values()) > 1 and len(set(counts.values())) > 1
 
 
-def _resharding_refused(config: ParallelConfig, model: ModelSpec) -> str | None:
+def _resharding_refused(config: ParallelConfig) -> str | None:
     """Why replicas that shard a layer differently cannot average its gradients (``Layout.resharded``)
     in this plan, or None."""
     if (config.zero or config.offloads) and any(p.execution == LAYERWISE for p in config.pipelines):
         return "with ZeRO sharding or offload and layer-wise execution"
-    if model.is_moe or config.sync_every_steps > 1 or any(p.trains_experts for p in config.pipelines):
-        return "with MoE experts or SPES (their exchange pairs ranks of the same tensor-parallel shard)"
     return None
 
 
@@ -431,7 +461,7 @@ def check_tensor_parallel_plan(config: ParallelConfig, model: ModelSpec) -> None
     """Stages of different tensor-parallel degrees in one pipeline run without interleaving; a layer
     sharded the same way in every replica unless the plan's gradients can be resharded
     (``Layout.resharded``)."""
-    refused = _resharding_refused(config, model)
+    refused = _resharding_refused(config)
     tp_of_layer: dict[int, tuple[int, int]] = {}
     if config.virtual_stages > 1 and uneven_handoffs(config):
         raise SpecError(
@@ -477,7 +507,7 @@ def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[Rank
                 f"vocabulary ({model.vocab_size}) and split it, some not: replicas must hold it alike (pad the "
                 "vocabulary to a multiple of the largest degree)",
             )
-        if len(degrees) > 1 and _resharding_refused(config, model):
+        if len(degrees) > 1 and _resharding_refused(config):
             raise SpecError(
                 "runner",
                 "pipelines",

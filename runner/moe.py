@@ -31,6 +31,9 @@ trainers is the gradient of the mean loss over their sequences.
 - ``sync_every_steps`` 1: every step the trainers all-reduce the weighted gradients; after the
   optimizer step a trainer broadcasts the new weights of an expert to the holders that do not train
   it. With every expert trained everywhere this is ordinary data parallelism.
+- replicas holding a key at different tensor-parallel degrees exchange it part by part
+  (``Layout.exchange_groups``' ``part``, ``runner.reshard``): each part of its sharded weights among the
+  ranks holding it, the weights every rank keeps whole among all of them, each over its degree.
 - ``sync_every_steps`` H > 1 (SPES): every step only the holders inside one expert-parallel group
   all-reduce (weights over the group's batch); after every H-th step the trainers of each key average
   its weights (weighted by covered batch) and one of them broadcasts the result to the key's other
@@ -50,6 +53,7 @@ from torch import nn
 
 from autotune.specs import ModelSpec
 from runner.optim import local_tensor
+from runner.reshard import Piece, parts_of
 
 
 class AllToAll(torch.autograd.Function):
@@ -219,11 +223,12 @@ def expert_seed(layer_seed: int, expert: int) -> int:
     return layer_seed * 131 + 7 + expert
 
 
-def setup_experts(chunks, params_of, layout, rank: int) -> ExpertSync:
+def setup_experts(chunks, params_of, layout, rank: int, names=None, vocab_size: int = 0) -> ExpertSync:
     """An MoE / SPES plan on one rank's ``chunks`` (``params_of(key)``: the rank's parameters of a layer key,
     ``RankModel.params_of``): expert-parallel groups on its MoE blocks, untrained experts frozen
     (no gradient, not in the optimizer), and the exchange that replaces the plain gradient all-reduce.
-    Every rank creates every process group, in the same order."""
+    Every rank creates every process group, in the same order. ``names`` (parameter -> name) and
+    ``vocab_size`` say which part of each weight a rank holds where replicas shard a key differently."""
     plan = layout.ranks[rank]
     for ranks in layout.expert_parallel_groups():
         group = dist.new_group(list(ranks))
@@ -236,7 +241,7 @@ def setup_experts(chunks, params_of, layout, rank: int) -> ExpertSync:
         if not plan.trains(key):
             for p in params_of(key):
                 p.requires_grad_(False)
-    return ExpertSync(layout, rank, params_of, layout.sync_every_steps)
+    return ExpertSync(layout, rank, params_of, layout.sync_every_steps, names or {}, vocab_size)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -253,14 +258,29 @@ class _Group:
     grad_weight: float  # this rank's weight in the gradient sum (0 when it does not train the keys)
     param_weight: float  # its weight in a parameter average (SPES)
     params: list[nn.Parameter]
+    pieces: list[Piece]  # the part of each weight the exchange moves (``runner.reshard``: all of it, or a part)
+    parted: bool = False  # its keys' holders shard them at different degrees: one rank per replica, or all
+
+    def grads(self) -> list[torch.Tensor]:
+        """This rank's parts of the gradients (a missing one zero-filled: it still takes part in the sum)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return [pc.of(local_tensor(p.grad)) for p, pc in zip(self.params, self.pieces)]
+
+    def weights(self) -> list[torch.Tensor]:
+        """This rank's parts of the weights, written outside autograd."""
+        return [pc.of(local_tensor(p).data) for p, pc in zip(self.params, self.pieces)]
 
 
 class ExpertSync:
     """The gradient / weight exchange of one rank under an MoE or SPES plan (see the module docstring).
     Every rank builds every process group in the same order."""
 
-    def __init__(self, layout, rank: int, params_of, sync_every_steps: int) -> None:
+    def __init__(self, layout, rank: int, params_of, sync_every_steps: int, names=None, vocab_size: int = 0) -> None:
         self.rank = rank
+        plan = layout.ranks[rank]
+        self._parts = (names or {}, plan.tp_degree, plan.tp_index, vocab_size)
         self.sync_every = sync_every_steps
         #: False: no synchronisation every sync_every steps (a profiled run times local steps and one
         #: ``synchronise`` apart)
@@ -275,26 +295,27 @@ class ExpertSync:
                 self.sync_groups.append(self._build(spec, params_of))
 
     def _build(self, spec, params_of) -> _Group:
-        holders, trainers, keys, weights = spec
+        holders, trainers, keys, weights, part = spec
         group = dist.new_group(list(trainers)) if len(trainers) > 1 else None
         bcast = dist.new_group(list(holders)) if trainers and len(holders) > len(trainers) else None
-        params = [p for key in keys for p in params_of(key)] if self.rank in holders else []
+        names, tp_degree, tp_index, vocab_size = self._parts
+        params, pieces = [], []
+        for key in keys if self.rank in holders else ():
+            ps, pcs = parts_of(params_of(key), names, part, tp_degree, tp_index, vocab_size)
+            params += ps
+            pieces += pcs
         gw, pw = weights.get(self.rank, (0.0, 0.0))
-        return _Group(keys, group, trainers, bcast, holders, gw, pw, params)
+        return _Group(keys, group, trainers, bcast, holders, gw, pw, params, pieces, part is not None)
 
     def _mine(self, groups: list[_Group]):
-        return [g for g in groups if self.rank in g.holders]
+        return [g for g in groups if self.rank in g.holders and g.params]  # a part may have no weights (``whole``)
 
     def sync_gradients(self) -> None:
         """Weighted gradients all-reduced among each key's trainers (per step)."""
         for g in self._mine(self.step_groups):
             if self.rank not in g.trainers:
                 continue
-            grads = []
-            for p in g.params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(local_tensor(p.grad))
+            grads = g.grads()
             if g.group is None:
                 if g.grad_weight != 1.0:
                     for t in grads:
@@ -324,19 +345,19 @@ class ExpertSync:
         with torch.no_grad():
             for g in self._mine(self.sync_groups):
                 if self.rank in g.trainers and g.group is not None:
-                    flat = torch.cat([local_tensor(p).detach().reshape(-1) for p in g.params]).mul_(g.param_weight)
+                    flat = torch.cat([t.reshape(-1) for t in g.weights()]).mul_(g.param_weight)
                     dist.all_reduce(flat, group=g.group)
-                    _unflatten(flat, [local_tensor(p).data for p in g.params])
+                    _unflatten(flat, g.weights())
                 _broadcast(g)
 
 
 def _broadcast(g: _Group) -> None:
     if g.bcast is None:
         return
-    flat = torch.cat([local_tensor(p).detach().reshape(-1) for p in g.params])
+    flat = torch.cat([t.reshape(-1) for t in g.weights()])
     dist.broadcast(flat, src=g.trainers[0], group=g.bcast)
     if g.trainers[0] != dist.get_rank():
-        _unflatten(flat, [local_tensor(p).data for p in g.params])
+        _unflatten(flat, g.weights())
 
 
 def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from autotune.simulator.engine_terms import vocab_split
+from runner.layout import WHOLE_PART
 from runner.optim import local_tensor
 
 #: the dimension ``runner.engine.apply_tensor_parallel`` shards each block weight along (column-parallel
@@ -62,6 +64,45 @@ def shard_dim(name: str, p: nn.Parameter, vocab_parts: bool = False) -> int | No
         placed = next((pl.dim for pl in p.placements if pl.is_shard()), None)
         assert placed == dim, f"{name}: sharded along {placed}, the resharding expects {dim}"
     return dim
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of a weight's local tensor a unit holds: all of it (``n`` 1), or part ``k`` of ``n`` equal
+    parts along ``dim`` (a key that replicas shard at different tensor-parallel degrees: the unit of one of
+    ``runner.reshard``'s parts, which a lower-degree rank holds several of)."""
+
+    dim: int | None = None
+    k: int = 0
+    n: int = 1
+
+    def of(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.n == 1 else t.chunk(self.n, self.dim)[self.k]
+
+
+WHOLE = Piece()
+
+
+def parts_of(
+    params: list[nn.Parameter],
+    names: dict[nn.Parameter, str],
+    part: tuple[int, int] | None,
+    tp_degree: int,
+    tp_index: int,
+    vocab_size: int,
+) -> tuple[list[nn.Parameter], list[Piece]]:
+    """The weights (of one key, ``params``) a rank of degree ``tp_degree`` and index ``tp_index`` holds of
+    ``part`` (``runner.layout``'s ``(c, t)``; None: all of every one) and which piece of each."""
+    if part is None:
+        return params, [WHOLE] * len(params)
+    c, t = part
+    dims = [shard_dim(names[p], p, vocab_split(vocab_size, t)) for p in params]
+    if c == WHOLE_PART:
+        kept = [p for p, d in zip(params, dims) if d is None]
+        return kept, [WHOLE] * len(kept)
+    per_rank = t // tp_degree  # the rank holds parts tp_index * per_rank ... + per_rank - 1
+    kept = [(p, Piece(d, c - tp_index * per_rank, per_rank)) for p, d in zip(params, dims) if d is not None]
+    return [p for p, _ in kept], [pc for _, pc in kept]
 
 
 class ReshardedGradients:

@@ -7,14 +7,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from autotune.simulator.engine_terms import vocab_split
-from runner.layout import EMBED_KEY, HEAD_KEY, Layout, replicas_out_of_step
+from runner.layout import EMBED_KEY, HEAD_KEY, WHOLE_PART, Layout, replicas_out_of_step
 from runner.optim import make_optimizer
-from runner.reshard import shard_dim
-from runner.zero import Piece, SharedWeights, Unit
-
-#: the unit of a resharded key's weights that every holder keeps whole (norms, row-parallel biases)
-WHOLE_PART = -1
+from runner.reshard import parts_of
+from runner.zero import SharedWeights, Unit
 
 
 class ShardedState:
@@ -35,7 +31,7 @@ class ShardedState:
         #: an MoE / SPES plan (``experts``): each key's unit is its trainers (``Layout.key_trainers``), with
         #: their gradient weights; a SPES plan's units are per expert-parallel group (its checkpoint names say which)
         self.scope = f".g{self.plan.expert_group}" if experts and layout.sync_every_steps > 1 else ""
-        units = layout.key_trainers() if experts else [(*u, None) for u in layout.key_holders()]
+        units = layout.key_trainers() if experts else layout.key_holders()
         # experts this rank holds and does not train (SPES): no unit, but saved and restored with the shards
         names = {p: n for n, p in module.named_parameters()}
         self.frozen = {
@@ -44,18 +40,19 @@ class ShardedState:
         specs = self._unit_specs(units, experts)
         # replicas whose schedules reach the units in different orders, or ranks holding different numbers of
         # units of a key (its parts: ``_unit_specs``): reduce-scatters without waiting
-        asynchronous = replicas_out_of_step(layout) or bool(self._resharded)
+        asynchronous = replicas_out_of_step(layout) or self.resharded
         # and zero 3's gathers served point to point (``Unit._serve``): every holder gathers each unit twice
         # per micro-batch it runs (forward, backward; a recomputation reuses the backward's gather)
         served = asynchronous and layout.zero >= 3 and not any(r.layerwise for r in layout.ranks)
         self.shared = SharedWeights()
+        self._tp = (self.plan.tp_degree, self.plan.tp_index)
         for key, label, holders, weights, part in specs:
             groups = (
                 (dist.new_group(list(holders)), dist.new_group(list(holders))) if len(holders) > 1 else (None, None)
             )
             if rank not in holders:
                 continue
-            params, pieces = self._parts(module, names, key, part, vocab_size)
+            params, pieces = parts_of(module.params_of(key), names, part, *self._tp, vocab_size)
             if not params:
                 continue
             if key == EMBED_KEY:
@@ -88,7 +85,7 @@ class ShardedState:
             if weights is None:  # every holder trains the key: its replica's share of the batch
                 unit.weight = self.grad_weight
                 unit.factor = 1.0 if layout.mixed else 1.0 / layout.total_microbatches
-                if part == WHOLE_PART:  # its tensor-parallel ranks hold the same gradient (runner.reshard)
+                if part is not None and part[0] == WHOLE_PART:  # its tp ranks hold one gradient (runner.reshard)
                     unit.weight /= self.plan.tp_degree
                     unit.factor /= self.plan.tp_degree
             else:  # the exchange's weight (of the pipeline's mean gradient), per micro-batch over its count
@@ -106,34 +103,24 @@ class ShardedState:
 
     def _unit_specs(self, units, experts: bool) -> list[tuple]:
         """(key, label, holders, weights, part) of every unit of the plan, in one order on every rank: one per
-        key and tensor-parallel shard; a key replicas shard at different degrees (``Layout.resharded``, not
-        in MoE / SPES plans) one per part of its sharded weights (``part`` its index, the holders one rank per
-        replica) and one for the weights every holder keeps whole (``WHOLE_PART``)."""
-        resharded = self._resharded = {} if experts else self.layout.resharded()
+        key and tensor-parallel shard; a key replicas shard at different degrees (``Layout.resharded``) one
+        per part ``(c, t)`` of its sharded weights (the holders one rank per replica) and one for the weights
+        every holder keeps whole (``c`` = ``WHOLE_PART``). An MoE / SPES plan's are ``Layout.key_trainers``."""
+        self.resharded = experts and any(u[4] is not None for u in units)
+        if experts:
+            return list(units)
+        resharded = self.layout.resharded()
+        self.resharded = bool(resharded)
         specs, done = [], set()
-        for key, tp_index, holders, weights in units:
+        for key, tp_index, holders in units:
             if key not in resharded:
-                specs.append((key, f"tp{tp_index}", holders, weights, None))
+                specs.append((key, f"tp{tp_index}", holders, None, None))
             elif key not in done:
                 done.add(key)
                 t, parts, every = resharded[key]
-                specs += [(key, f"part{c}of{t}", parts[c], None, c) for c in range(t)]
-                specs.append((key, "whole", every, None, WHOLE_PART))
+                specs.append((key, "whole", every, None, (WHOLE_PART, t)))
+                specs += [(key, f"part{c}of{t}", parts[c], None, (c, t)) for c in range(t)]
         return specs
-
-    def _parts(self, module, names, key: str, part: int | None, vocab_size: int) -> tuple[list, list | None]:
-        """The weights of ``key`` a unit holds and which part of each (None: all of every one)."""
-        params = module.params_of(key)
-        if part is None:
-            return params, None
-        t = self._resharded[key][0]
-        dims = [shard_dim(names[p], p, vocab_split(vocab_size, t)) for p in params]
-        if part == WHOLE_PART:
-            return [p for p, d in zip(params, dims) if d is None], None
-        per_rank = t // self.plan.tp_degree  # this rank holds parts tp_index * per_rank ... + per_rank - 1
-        k = part - self.plan.tp_index * per_rank
-        kept = [(p, Piece(d, k, per_rank)) for p, d in zip(params, dims) if d is not None]
-        return [p for p, _ in kept], [pc for _, pc in kept]
 
     @property
     def streamed(self) -> bool:

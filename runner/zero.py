@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -77,29 +76,13 @@ from torch import nn
 
 from autotune.simulator.zero import gradients_resident
 from runner.optim import local_tensor
+from runner.reshard import WHOLE, Piece
 
 log = logging.getLogger(__name__)
 
 
 def _pinned(numel: int, cuda: bool) -> torch.Tensor:
     return torch.zeros(numel, dtype=torch.float32, pin_memory=cuda)
-
-
-@dataclass(frozen=True)
-class Piece:
-    """The part of a weight's local tensor a unit holds: all of it (``n`` 1), or part ``k`` of ``n`` equal
-    parts along ``dim`` (a key that replicas shard at different tensor-parallel degrees: the unit of one of
-    ``runner.reshard``'s parts, which a lower-degree rank holds several of)."""
-
-    dim: int | None = None
-    k: int = 0
-    n: int = 1
-
-    def of(self, t: torch.Tensor) -> torch.Tensor:
-        return t if self.n == 1 else t.chunk(self.n, self.dim)[self.k]
-
-
-WHOLE = Piece()
 
 
 class SharedWeights:

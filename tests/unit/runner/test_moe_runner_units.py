@@ -57,10 +57,10 @@ def test_holder_keys_and_exchange_weights() -> None:
     assert "layer0" in keys and "layer0.expert2" in keys and "layer0.expert0" not in keys
     assert layout.expert_parallel_groups() == ((0, 1), (2, 3))
     groups = {g[2][0]: g for g in layout.exchange_groups()}
-    holders, trainers, _, w = groups["embed"]
+    holders, trainers, _, w, _ = groups["embed"]
     assert holders == trainers == (0, 1, 2, 3) and w[0] == (0.25, 0.25)
     # expert 0 is held by position 0 of both groups; a holder's gradient covers its group's 4 sequences
-    holders, trainers, _, w = groups["layer0.expert0"]
+    holders, trainers, _, w, _ = groups["layer0.expert0"]
     assert holders == (0, 2) and w[0] == (2 / 8, 4 / 8)
     # SPES: group 0 trains experts 0-1, group 1 experts 2-3
     spes = _layout(
@@ -72,11 +72,26 @@ def test_holder_keys_and_exchange_weights() -> None:
         }
     )
     groups = {g[2][0]: g for g in spes.exchange_groups()}
-    holders, trainers, _, w = groups["layer0.expert2"]
+    holders, trainers, _, w, _ = groups["layer0.expert2"]
     assert holders == (1, 3) and trainers == (3,) and w == {3: (2 / 4, 1.0)}
     local = {(g[0], g[2][0]) for g in spes.exchange_groups(local=True)}
     assert ((0, 1), "embed") in local and ((2, 3), "embed") in local
     assert not spes.ranks[1].trains("layer0.expert2") and spes.ranks[3].trains("layer0.expert2")
+    # replicas at tp 2 and tp 1: a group per part of the sharded weights (one rank per replica), one for the
+    # weights kept whole (every rank, each weighted by 1 / its degree)
+    parted = _layout(
+        {
+            "micro_batch_size": 1,
+            "pipelines": [
+                {"num_microbatches": 6, "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": 4}]},
+                {"num_microbatches": 2, "stages": [{"devices": ["cpu:2"], "layers": 4}]},
+            ],
+        }
+    )
+    groups = {(key, g[4]): g for g in parted.exchange_groups() for key in g[2]}
+    assert groups[("layer0", (0, 2))][1] == (0, 2) and groups[("layer0", (1, 2))][1] == (1, 2)
+    holders, trainers, _, w, _ = groups[("layer0", (-1, 2))]
+    assert trainers == (0, 1, 2) and w[0] == (3 / 8, 3 / 8) and w[2] == (1 / 4, 1 / 4)
 
 
 def test_runner_runs_tp_and_zero_with_moe_and_refuses_zero3_with_spes() -> None:
