@@ -124,6 +124,7 @@ class CostModel:
         self.usable = {d: n.device.memory_GiB for d, n in self.node.items()}
         self._layer_cache: dict[tuple, tuple[float, ...]] = {}
         self._stage_cache: dict[tuple, tuple] = {}
+        self._unit_cache: dict[tuple, tuple] = {}
         self._memory_cache: dict[tuple, float] = {}
         self._p2p_cache: dict[tuple, float] = {}
         self._dp_stage_cache: dict[tuple, tuple] = {}
@@ -515,6 +516,39 @@ class CostModel:
         if len(nodes) > 1:
             return "network"
         return intra_node_kind(first.intra_node.bandwidth_GBps, first.device.name)
+
+    def rank_costs(
+        self, view, first: bool, last: bool, mbs: int, in_flight: int, v: int, ep: int, dp: int, zero: int, memory
+    ):
+        """One stage rank's (``view``: its devices, layers, recompute, offload, sequence parallelism) ``stage_costs``,
+        its memory by ``memory`` (``stage_memory_GiB`` or layer-wise execution's: ``(devices, layers, recompute,
+        first, last, mbs, in_flight, v, dp, zero, offload, sp) -> (GiB, host GiB)``) and its device's view of
+        that memory: (costs, GiB, host GiB, device GiB), cached (a search meets the same ranks again and again)."""
+        key = (
+            view.devices,
+            view.layers,
+            view.recompute,
+            first,
+            last,
+            mbs,
+            in_flight,
+            v,
+            ep,
+            dp,
+            zero,
+            view.offload,
+            view.sequence_parallel,
+            memory,
+        )
+        hit = self._unit_cache.get(key)
+        if hit is None:
+            devices, sp = view.devices, view.sequence_parallel
+            c = self.stage_costs(devices, view.layers, view.recompute, first, last, mbs, v, ep, sp)
+            gib, host_gib = memory(
+                devices, view.layers, view.recompute, first, last, mbs, in_flight, v, dp, zero, view.offload, sp
+            )
+            hit = self._unit_cache[key] = (c, gib, host_gib, self.device_view(devices[0], gib))
+        return hit
 
     def device_view(self, device: str, allocated_GiB: float) -> float:
         """The device's view of a stage's memory (``device_memory``). A profile's measured per-process

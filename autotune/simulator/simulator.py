@@ -86,6 +86,7 @@ class Simulator:
         self.record_timeline = record_timeline
         self.engine = engine or DEFAULT_ENGINE
         self.costs = CostModel(cluster, model, profile, self.engine)
+        self._layerwise_memory = partial(layerwise.stage_memory_GiB, self.costs)  # one object: a cache key
         self._step_overhead_s = profile.step_overhead_s if profile is not None else 0.0
         self._rank_curves = profile is not None and any(
             d.pipeline_overhead or d.data_parallel_overhead for d in profile.devices
@@ -345,7 +346,7 @@ class Simulator:
             else:  # Zorse's layer-wise execution (autotune.simulator.layerwise)
                 shares = shares_key(pipe) or tuple((pipe.num_microbatches,) for _ in pipe.stages)
                 comp = layerwise.compile_layerwise(pipe.num_microbatches, tuple(s.layers for s in pipe.stages), shares)
-                stage_memory_GiB = partial(layerwise.stage_memory_GiB, costs)
+                stage_memory_GiB = self._layerwise_memory
             st.compiled.append(comp)
             st.units.append(pipeline_units(pipe))
             row = []
@@ -354,28 +355,14 @@ class Simulator:
             for u, unit in enumerate(st.units[r]):
                 s, view = unit.stage, unit.view
                 first, last = s == 0, s == p - 1
-                c = costs.stage_costs(
-                    view.devices, view.layers, view.recompute, first, last, mbs, v, ep, view.sequence_parallel
-                )
                 dp = st.peers[(r, s)]
-                gib, host_gib = stage_memory_GiB(
-                    view.devices,
-                    view.layers,
-                    view.recompute,
-                    first,
-                    last,
-                    mbs,
-                    comp.in_flight[u],
-                    v,
-                    dp,
-                    config.zero,
-                    view.offload,
-                    view.sequence_parallel,
+                c, gib, host_gib, device_gib = costs.rank_costs(
+                    view, first, last, mbs, comp.in_flight[u], v, ep, dp, config.zero, stage_memory_GiB
                 )
                 if model.is_moe:
                     c, gib, host_gib = costs.moe_stage(c, gib, host_gib, view, trained, ep, dp, config.zero)
+                    device_gib = costs.device_view(view.devices[0], gib)
                 row.append(c)
-                device_gib = costs.device_view(view.devices[0], gib)
                 for d in view.devices:
                     st.peak[d] = device_gib
                     st.allocated[d] = gib
