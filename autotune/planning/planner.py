@@ -626,21 +626,29 @@ def simulator_of(evaluator):
     return None
 
 
-def plan_candidates(space: SearchSpace, evaluator=None, limit: int = 64) -> list[Candidate]:
-    """The planner's first ``limit`` plans for ``space`` that ``evaluator`` would not refuse (its
-    ``refusal``, where it has one: the runner's limits; the refused ones it evaluates, free, so that it
-    records them as evaluating them would), costed by the simulator behind it (its profile included) or,
-    when there is none (real runs), by the datasheet simulator."""
+def planned(space: SearchSpace, evaluator, limit: int) -> list[Candidate]:
+    """The planner's first ``limit`` plans for ``space``, costed by the simulator behind ``evaluator`` (its
+    profile included) or, when there is none (real runs), by the datasheet simulator."""
     sim = simulator_of(evaluator)
     if sim is None:
         from autotune.simulator import Simulator
 
         sim = Simulator(space.cluster, space.model)
+    return Planner(space, sim).plan(limit)
+
+
+def plan_candidates(
+    space: SearchSpace, evaluator=None, limit: int = 64, ahead: list[Candidate] | None = None
+) -> list[Candidate]:
+    """The planner's first ``limit`` plans for ``space`` that ``evaluator`` would not refuse (its
+    ``refusal``, where it has one: the runner's limits; the refused ones it evaluates, free, so that it
+    records them as evaluating them would), from ``planned``'s first ``4 * limit`` (``ahead``: those,
+    computed earlier by the same evaluator's simulator: a search plans while its MLflow writer starts)."""
     refusal = getattr(evaluator, "refusal", None)
     if refusal is None:
-        return Planner(space, sim).plan(limit)
+        return planned(space, evaluator, limit)
     out = []
-    for c in Planner(space, sim).plan(4 * limit):
+    for c in ahead if ahead is not None else planned(space, evaluator, 4 * limit):
         if refusal(c.config) is None:
             out.append(c)
         else:

@@ -31,7 +31,7 @@ from autotune.loading import load_cluster, load_model
 from autotune.planning.budget import BudgetedEvaluator, Evaluation
 from autotune.planning.space import SearchSpace
 from autotune.search.agents import METHODS
-from autotune.search.methods import run_agent
+from autotune.search.methods import plans_ahead, run_agent
 from autotune.search.request import SearchRequest, study_variant  # noqa: F401 (study_variant: re-exported)
 from autotune.search.result import TuneResult
 from autotune.search.screen import log_prediction_error
@@ -125,6 +125,7 @@ def tune(
     _calibrate(space, inner)
     say = on_status or (lambda text: None)
     tracker = _open_tracker(req, background_record, say) if track else None
+    ahead = plans_ahead(req.method, req.start, req.policy, space, inner)  # while the MLflow writer starts
     study = _open_study(req, space, say) if method == "optuna" else None
     budgeted = _open_record(req, space, inner, screen, tracker, study)
     if on_evaluation is not None:
@@ -132,7 +133,7 @@ def tune(
     if on_start is not None:
         best_before = budgeted.best.score if budgeted.best is not None else 0.0
         on_start(tracker.parent_id if tracker else "", budgeted.used, best_before)
-    summary = _search(req, space, budgeted, tracker, study, screen, say)
+    summary = _search(req, space, budgeted, tracker, study, screen, say, ahead)
     return _result(req, budgeted, tracker, summary, tuple(screen.reports) if screen is not None else ())
 
 
@@ -334,8 +335,10 @@ def _search(
     study,
     screen,
     say: Callable[[str], None],
+    ahead: list | None = None,
 ) -> SearchSummary:
-    """Run the agent; whatever happens, summarise and finish the MLflow record."""
+    """Run the agent (``ahead``: the planner's plans its dp start filters, ``methods.plans_ahead``); whatever
+    happens, summarise and finish the MLflow record."""
     preloaded = budgeted.used
     began = time.monotonic()
     status = "FAILED"
@@ -359,6 +362,7 @@ def _search(
             study_name=study.study_name if study is not None else None,
             start=req.start,
             run_timeout_s=req.run_timeout_s,
+            ahead=ahead,
         )
         status = "FINISHED"
     except KeyboardInterrupt:

@@ -19,21 +19,42 @@ from autotune.specs import Measurement
 DP_START_PLANS = 3
 
 
+def _starts_with_dp(method: str, start: str, policy) -> bool:
+    """Whether ``method`` evaluates the planner's best plans first (``_dp_start``): optuna and rl with
+    ``start="dp"``; rl's chooser (an acquisition policy) starts itself."""
+    from autotune.search.agents.acquire import uses_acquisition  # the chooser's modules: only for a search
+
+    return method in ("optuna", "rl") and start == "dp" and not (method == "rl" and uses_acquisition(policy))
+
+
+def plans_ahead(method: str, start: str, policy, space: SearchSpace, evaluator) -> list | None:
+    """The planner's plans ``_dp_start`` will filter, computed now (``autotune.search.api`` calls it while
+    the MLflow writer process starts, whose start the search would otherwise wait for); None where the
+    search does not start with them."""
+    if not _starts_with_dp(method, start, policy):
+        return None
+    from autotune.planning.planner import planned
+
+    return planned(space, evaluator, 4 * 4 * DP_START_PLANS)  # plan_candidates' own ask for 4 x plans
+
+
 def _dp_start(
     space: SearchSpace,
     budgeted: BudgetedEvaluator,
     plans: int = DP_START_PLANS,
     evaluate: Callable[..., Measurement | None] | None = None,
+    ahead: list | None = None,
 ) -> list:
     """Evaluate the planner's best ``plans`` valid plans (free on a resume: already evaluated);
     returns their (config, measurement). ``evaluate(config, params)`` replaces
     ``budgeted.evaluate`` (an Optuna study records the plan under its budget rule; None: another
-    search on the study has it)."""
+    search on the study has it); ``ahead``: ``plans_ahead``'s plans for the default ``plans``."""
     from autotune.planning.planner import plan_candidates
 
     evaluate = evaluate or budgeted.evaluate
     out = []
-    for cand in plan_candidates(space, budgeted, limit=4 * plans):
+    ahead = ahead if plans == DP_START_PLANS else None
+    for cand in plan_candidates(space, budgeted, limit=4 * plans, ahead=ahead):
         if len(out) >= plans or (budgeted.exhausted and cand.config not in budgeted):
             break
         # the plan as a point of the space (``SearchSpace.encode``): TPE models it, an env episode starts from it
@@ -77,19 +98,21 @@ def _run_method(
     # the first real run was RoundPipe's default start on every method (issue 45), 0.29-1.0 of the best
     if kw.get("backend", "sim") != "real":
         _roundpipe_start(space, budgeted, kw.get("study") if method == "optuna" else None, worker)
+    ahead = kw.pop("ahead", None)
     from autotune.search.agents.acquire import uses_acquisition  # the chooser's modules: only for a search
 
     acquire = method == "rl" and uses_acquisition(kw.get("policy"))
-    if method in ("optuna", "rl") and kw.get("start", "dp") == "dp" and not acquire:  # the chooser starts itself
+    if _starts_with_dp(method, kw.get("start", "dp"), kw.get("policy")):  # the chooser starts itself
         study = kw.get("study") if method == "optuna" else None
         if study is not None:  # the study stays the budget's memory (see SharedStudy.evaluate_outside)
             _dp_start(
                 space,
                 budgeted,
                 evaluate=lambda config, params: study.evaluate_outside(budgeted, config, params, worker, source="dp"),
+                ahead=ahead,
             )
         else:
-            _dp_start(space, budgeted)
+            _dp_start(space, budgeted, ahead=ahead)
     if method == "random":
         run_random(space, budgeted, seed)
     elif method == "uniform":
