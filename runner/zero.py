@@ -178,27 +178,7 @@ class Unit:
             self.host_weights = None  # offload 'all': the weights in host memory (a shard with zero 3)
             self.flat = None
             if self.streamed:
-                if offload == "all":
-                    self.host_weights = _pinned(
-                        self.shard if self.n_shards > 1 and zero >= 3 else self.padded, self.cuda
-                    )
-                    self.host_weights.copy_(
-                        mine if self.host_weights.numel() == self.shard and self.n_shards > 1 else flat
-                    )
-                else:
-                    self.weight_shard = mine.clone()
-                self.flat = flat  # the parameters become views of this buffer, freed between uses
-                offset = 0
-                for p, size, shape in zip(params if self.views else (), self.sizes, self.shapes):
-                    # a DTensor (tensor parallelism) keeps its placement: its local shard becomes the view
-                    local_tensor(p).data = flat[offset : offset + size].view(shape)
-                    offset += size
-                for p in params if not self.views else ():
-                    self.shared.live.setdefault(p, set()).add(self)
-                if self.views:
-                    self._free()
-                else:  # the weights stay until every unit holding a part is built (``free_parts``)
-                    self.flat.untyped_storage().resize_(0)
+                self._stream(flat, mine)
             del flat, mine
         self.gathered = False
         self.backward_pending = False
@@ -213,6 +193,27 @@ class Unit:
         if self.streamed:
             self._handles.append(modules[0].register_forward_pre_hook(self._before_forward))
             self._handles.append(modules[-1].register_forward_hook(self._after_forward))
+
+    def _stream(self, flat: torch.Tensor, mine: torch.Tensor) -> None:
+        """Streamed parameters (zero 3, offload ``all``): the weights kept as a device shard or in host memory,
+        the parameters views of ``flat`` (or, parts of weights, copied in: ``_copy_in``), freed between uses."""
+        if self.offload == "all":
+            self.host_weights = _pinned(self.shard if self.n_shards > 1 and self.zero >= 3 else self.padded, self.cuda)
+            self.host_weights.copy_(mine if self.host_weights.numel() == self.shard and self.n_shards > 1 else flat)
+        else:
+            self.weight_shard = mine.clone()
+        self.flat = flat
+        offset = 0
+        for p, size, shape in zip(self.params if self.views else (), self.sizes, self.shapes):
+            # a DTensor (tensor parallelism) keeps its placement: its local shard becomes the view
+            local_tensor(p).data = flat[offset : offset + size].view(shape)
+            offset += size
+        for p in self.params if not self.views else ():
+            self.shared.live.setdefault(p, set()).add(self)
+        if self.views:
+            self._free()
+        else:  # the weights stay until every unit holding a part is built (``free_parts``)
+            self.flat.untyped_storage().resize_(0)
 
     # -- bytes -------------------------------------------------------------------------------------
     def host_bytes(self) -> int:

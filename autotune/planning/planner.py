@@ -629,21 +629,15 @@ def simulator_of(evaluator):
 def planned(space: SearchSpace, evaluator, limit: int) -> list[Candidate]:
     """The planner's first ``limit`` plans for ``space``, costed by the simulator behind ``evaluator`` (its
     profile included) or, when there is none (real runs), by the datasheet simulator."""
-    sim = simulator_of(evaluator)
-    if sim is None:
-        from autotune.simulator import Simulator
+    from autotune.simulator import Simulator
 
-        sim = Simulator(space.cluster, space.model)
-    return Planner(space, sim).plan(limit)
+    return Planner(space, simulator_of(evaluator) or Simulator(space.cluster, space.model)).plan(limit)
 
 
-def plan_candidates(
-    space: SearchSpace, evaluator=None, limit: int = 64, ahead: list[Candidate] | None = None
-) -> list[Candidate]:
-    """The planner's first ``limit`` plans for ``space`` that ``evaluator`` would not refuse (its
-    ``refusal``, where it has one: the runner's limits; the refused ones it evaluates, free, so that it
-    records them as evaluating them would), from ``planned``'s first ``4 * limit`` (``ahead``: those,
-    computed earlier by the same evaluator's simulator: a search plans while its MLflow writer starts)."""
+def plan_candidates(space: SearchSpace, evaluator=None, limit: int = 64, ahead: list | None = None) -> list[Candidate]:
+    """The planner's first ``limit`` plans for ``space`` that ``evaluator`` would not refuse (its ``refusal``, where
+    it has one: the runner's limits; the refused ones it evaluates, free, so that it records them as evaluating them
+    would), of ``planned``'s first ``4 * limit`` (``ahead``: those, computed earlier: while an MLflow writer starts)."""
     refusal = getattr(evaluator, "refusal", None)
     if refusal is None:
         return planned(space, evaluator, limit)
