@@ -44,19 +44,19 @@ class LayerwisePipeline(MixedPipeline):
         chunk = self.chunk
         keys = ([EMBED_KEY] if chunk.embed is not None else []) + [f"layer{i}" for i in chunk.blocks]
         keys += [HEAD_KEY] if chunk.head is not None else []
-        # each layer's sharded / streamed state (runner.zero): gathered once per pass, not per micro-batch
-        self.units = [zero.unit(k) if zero is not None else None for k in keys]
+        # each layer's sharded / streamed state (runner.zero; an MoE block's experts are units of their own):
+        # gathered once per pass, not per micro-batch
+        self.units = [zero.units_of(k) if zero is not None else [] for k in keys]
 
     @contextlib.contextmanager
     def _held(self, i: int):
         """Layer ``i``'s parameters gathered for all of its micro-batches (ZeRO-3, offload ``all``)."""
-        unit = self.units[i]
-        if unit is not None:
+        for unit in self.units[i]:
             unit.hold()
         try:
             yield
         finally:
-            if unit is not None:
+            for unit in self.units[i]:
                 unit.release()
 
     def _context(self):

@@ -224,7 +224,8 @@ class Layout:
             # (gradient weight, weight in a parameter average) per trainer
             w = {
                 r.rank: (
-                    r.batch_size / covered / copies[r.rank],
+                    # under runner.mixed each micro-batch's loss is already its part of the global mean
+                    (1.0 if self.mixed else r.batch_size / covered) / copies[r.rank],
                     r.batch_size * (r.expert_parallel if expert else 1) / covered / copies[r.rank],
                 )
                 for r in trainers
@@ -297,7 +298,7 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     config.validate(cluster, model)
     layerwise = any(p.execution == LAYERWISE for p in config.pipelines)
     if config.has_mixed_stages or layerwise:
-        check_mixed_plan(config, model)
+        check_mixed_plan(config)
     check_tensor_parallel_plan(config, model)
     ranks: list[RankPlan] = []
     offset = 0
@@ -380,11 +381,12 @@ def _pipeline_ranks(
 # Plan shapes the runner does not run (one clear error before launch)
 
 
-def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
+def check_mixed_plan(config: ParallelConfig) -> None:
     """Plan shapes with mixed stages or layer-wise execution (both run on ``runner.mixed``'s orders) the
-    runner does not run: ZeRO-2/3 with only some pipelines layer-wise; layer-wise execution of MoE models
-    or with tensor parallelism (the specs already refuse interleaving, MoE expert parallelism and SPES with
-    mixed stages). ZeRO-3 in mixed stages runs: its gathers are served point to point (``runner.zero``)."""
+    runner does not run: ZeRO-2/3 with only some pipelines layer-wise; layer-wise execution with tensor
+    parallelism (the specs already refuse interleaving, MoE expert parallelism and SPES with mixed stages).
+    ZeRO-3 in mixed stages runs (its gathers served point to point, ``runner.zero``), and layer-wise MoE /
+    SPES plans (each block's experts held with it, ``runner.layerwise``)."""
     layerwise = [p.execution == LAYERWISE for p in config.pipelines]
     if config.zero >= 2 and any(layerwise) and not all(layerwise):
         raise SpecError(
@@ -397,12 +399,6 @@ def check_mixed_plan(config: ParallelConfig, model: ModelSpec) -> None:
     for p, pipe in enumerate(config.pipelines):
         if pipe.execution != LAYERWISE:
             continue
-        if model.is_moe or config.spes:
-            raise SpecError(
-                "runner",
-                f"pipelines[{p}].execution",
-                "layer-wise execution of MoE or SPES plans is simulated and searched but not run by the runner",
-            )
         if any(st.tp > 1 for st in pipe.stages):
             raise SpecError(
                 "runner",

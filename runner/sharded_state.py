@@ -90,7 +90,7 @@ class ShardedState:
                     unit.factor /= self.plan.tp_degree
             else:  # the exchange's weight (of the pipeline's mean gradient), per micro-batch over its count
                 unit.weight = weights[rank]
-                unit.factor = weights[rank] / counts[rank]
+                unit.factor = weights[rank] if layout.mixed else weights[rank] / counts[rank]
             self.units.append(unit)
         for u in self.units:
             for p in u.params:
@@ -126,9 +126,9 @@ class ShardedState:
     def streamed(self) -> bool:
         return any(u.streamed for u in self.units)
 
-    def unit(self, key: str) -> Unit | None:
-        """This rank's unit of weight key ``key`` (``embed``, ``layer<i>``, ``head``), if it holds one."""
-        return next((u for u in self.units if u.key == key), None)
+    def units_of(self, key: str) -> list[Unit]:
+        """This rank's units of weight key ``key`` and, for a block, of its experts (``layer<i>.expert<e>``)."""
+        return [u for u in self.units if u.key == key or u.key.startswith(f"{key}.expert")]
 
     def host_bytes(self) -> int:
         return sum(u.host_bytes() for u in self.units)

@@ -27,11 +27,11 @@ def read_losses(path: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
-def run(config: dict, cluster: Path, directory: Path, steps: int = STEPS, **kw) -> list[float]:
+def run(config: dict, cluster: Path, directory: Path, steps: int = STEPS, model: str = "tiny", **kw) -> list[float]:
     from runner.train import train
 
     metrics = directory / "m.jsonl"
-    outcome = train(str(cluster), "tiny", config, steps=steps, metrics_out=metrics, quiet=True, timeout_s=300, **kw)
+    outcome = train(str(cluster), model, config, steps=steps, metrics_out=metrics, quiet=True, timeout_s=300, **kw)
     assert outcome.returncode == 0, outcome.error
     return read_losses(metrics)
 
