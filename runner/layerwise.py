@@ -102,7 +102,7 @@ class LayerwisePipeline(MixedPipeline):
             with self._context():
                 out = piece(inp)
                 if i == top and last:
-                    loss = lm_loss(out, y[j * mbs : (j + 1) * mbs])
+                    loss = lm_loss(out, y[j * mbs : (j + 1) * mbs], self.chunk.vocab_mesh)
                     losses[j] = loss.detach()
                     out = loss * self.scale
             if i == top and not last:

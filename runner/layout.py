@@ -383,10 +383,10 @@ def _pipeline_ranks(
 
 def check_mixed_plan(config: ParallelConfig) -> None:
     """Plan shapes with mixed stages or layer-wise execution (both run on ``runner.mixed``'s orders) the
-    runner does not run: ZeRO-2/3 with only some pipelines layer-wise; layer-wise execution with tensor
-    parallelism (the specs already refuse interleaving, MoE expert parallelism and SPES with mixed stages).
-    ZeRO-3 in mixed stages runs (its gathers served point to point, ``runner.zero``), and layer-wise MoE /
-    SPES plans (each block's experts held with it, ``runner.layerwise``)."""
+    runner does not run: ZeRO-2/3 with only some pipelines layer-wise (the specs already refuse
+    interleaving, MoE expert parallelism and SPES with mixed stages). ZeRO-3 in mixed stages runs (its
+    gathers served point to point, ``runner.zero``), and layer-wise MoE / SPES plans (each block's experts
+    held with it, ``runner.layerwise``) and layer-wise stages with tensor parallelism."""
     layerwise = [p.execution == LAYERWISE for p in config.pipelines]
     if config.zero >= 2 and any(layerwise) and not all(layerwise):
         raise SpecError(
@@ -396,16 +396,6 @@ def check_mixed_plan(config: ParallelConfig) -> None:
             "layer-wise holder gathers and reduces a layer once per pass, a micro-batch one once per "
             "micro-batch: their collectives would not pair up): make every pipeline layer-wise, or use zero 1",
         )
-    for p, pipe in enumerate(config.pipelines):
-        if pipe.execution != LAYERWISE:
-            continue
-        if any(st.tp > 1 for st in pipe.stages):
-            raise SpecError(
-                "runner",
-                f"pipelines[{p}].execution",
-                "layer-wise execution with tensor parallelism is simulated and searched but not run by the "
-                "runner: use one device per rank",
-            )
 
 
 def _splits_and_counts(layout: Layout) -> tuple[dict[int, list], dict[int, int]]:

@@ -85,8 +85,8 @@ def test_layout_places_each_rank_of_a_mixed_stage_with_its_share():
 
 
 def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_field():
-    """Layer-wise execution with tensor parallelism; ZeRO-3 runs (gathers served point to point, runner.zero),
-    also with ranks of a stage at different tensor-parallel degrees (runner.sharded_state's parts)."""
+    """ZeRO with layer-wise ranks of a stage at different tensor-parallel degrees; ZeRO-3 runs (gathers served
+    point to point, runner.zero), also with ranks at different degrees (runner.sharded_state's parts)."""
     assert layout_of({**PLAN_REPLICA, "zero": 3}, 3, 2).sharded
     offload = {
         **PLAN_5_3,
@@ -118,8 +118,9 @@ def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_
     assert layout_of(tp, 2, 1).mixed  # ranks at tp 2 and tp 1 run (tests/integration/runner/test_per_stage_tp.py)
     assert layout_of({**tp, "zero": 3}, 2, 1).sharded  # and with ZeRO (test_zero_3_over_ranks_at_tp_2_and_1...)
     layerwise = {**tp, "pipelines": [{**tp["pipelines"][0], "execution": "layerwise"}]}
-    with pytest.raises(SpecError, match=r"layer-wise execution with tensor parallelism"):
-        layout_of(layerwise, 2, 1)
+    assert layout_of(layerwise, 2, 1).mixed  # runs (measured 6.5e-8 from one process; not a test: suite time)
+    with pytest.raises(SpecError, match=r"not run with ZeRO sharding or offload and layer-wise execution"):
+        layout_of({**layerwise, "zero": 1}, 2, 1)
 
 
 def test_zero_1_and_2_shard_a_mixed_stage_among_its_ranks_and_the_replicas():
