@@ -234,12 +234,12 @@ class Layout:
                 tuple(r.rank for r in plans),
                 tuple(r.rank for r in trainers),
                 tuple(sorted(w.items())),
-                (-2, 0) if part is None else part,
+                part or (),  # () sorts before every part
             )
             merged.setdefault(ident, []).append(key)
             weights[ident] = w
         return [
-            (ident[0], ident[1], tuple(keys), weights[ident], None if ident[3][0] == -2 else ident[3])
+            (ident[0], ident[1], tuple(keys), weights[ident], ident[3] or None)
             for ident, keys in sorted(merged.items())
         ]
 
@@ -267,9 +267,7 @@ class Layout:
             if not trainers:
                 continue
             tp_index = self.ranks[trainers[0]].tp_index if part is None else 0
-            label = (
-                f"tp{tp_index}" if part is None else "whole" if part[0] == WHOLE_PART else f"part{part[0]}of{part[1]}"
-            )
+            label = unit_label(part, tp_index)
             for key in keys:
                 unit = (trainers, {r: w for r, (w, _) in weights.items()}, part, label)
                 units.setdefault((key, tp_index), []).append(unit)
@@ -278,6 +276,14 @@ class Layout:
             for key, tp_index, _ in self.key_holders()
             for trainers, weights, part, label in sorted(units.pop((key, tp_index), ()), key=lambda u: (u[3], u[0]))
         )
+
+
+def unit_label(part: tuple[int, int] | None, tp_index: int) -> str:
+    """A ZeRO unit's name in a sharded checkpoint: its tensor-parallel shard, or its part of a key that
+    replicas shard at different degrees (``Layout.exchange_groups``' ``part``)."""
+    if part is None:
+        return f"tp{tp_index}"
+    return "whole" if part[0] == WHOLE_PART else f"part{part[0]}of{part[1]}"
 
 
 def _key_order(key: str, tp_index: int) -> tuple[int, int, int]:

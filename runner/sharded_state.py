@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from runner.layout import EMBED_KEY, HEAD_KEY, WHOLE_PART, Layout, replicas_out_of_step
+from runner.layout import EMBED_KEY, HEAD_KEY, WHOLE_PART, Layout, replicas_out_of_step, unit_label
 from runner.optim import make_optimizer
 from runner.reshard import parts_of
 from runner.zero import SharedWeights, Unit
@@ -45,14 +45,14 @@ class ShardedState:
         # per micro-batch it runs (forward, backward; a recomputation reuses the backward's gather)
         served = asynchronous and layout.zero >= 3 and not any(r.layerwise for r in layout.ranks)
         self.shared = SharedWeights()
-        self._tp = (self.plan.tp_degree, self.plan.tp_index)
+        tp = (self.plan.tp_degree, self.plan.tp_index)
         for key, label, holders, weights, part in specs:
             groups = (
                 (dist.new_group(list(holders)), dist.new_group(list(holders))) if len(holders) > 1 else (None, None)
             )
             if rank not in holders:
                 continue
-            params, pieces = parts_of(module.params_of(key), names, part, *self._tp, vocab_size)
+            params, pieces = parts_of(module.params_of(key), names, part, *tp, vocab_size)
             if not params:
                 continue
             if key == EMBED_KEY:
@@ -106,20 +106,20 @@ class ShardedState:
         key and tensor-parallel shard; a key replicas shard at different degrees (``Layout.resharded``) one
         per part ``(c, t)`` of its sharded weights (the holders one rank per replica) and one for the weights
         every holder keeps whole (``c`` = ``WHOLE_PART``). An MoE / SPES plan's are ``Layout.key_trainers``."""
-        self.resharded = experts and any(u[4] is not None for u in units)
         if experts:
+            self.resharded = any(u[4] is not None for u in units)
             return list(units)
         resharded = self.layout.resharded()
         self.resharded = bool(resharded)
         specs, done = [], set()
         for key, tp_index, holders in units:
             if key not in resharded:
-                specs.append((key, f"tp{tp_index}", holders, None, None))
+                specs.append((key, unit_label(None, tp_index), holders, None, None))
             elif key not in done:
                 done.add(key)
                 t, parts, every = resharded[key]
-                specs.append((key, "whole", every, None, (WHOLE_PART, t)))
-                specs += [(key, f"part{c}of{t}", parts[c], None, (c, t)) for c in range(t)]
+                members = [(WHOLE_PART, every)] + list(enumerate(parts))
+                specs += [(key, unit_label((c, t), 0), ranks, None, (c, t)) for c, ranks in members]
         return specs
 
     @property
@@ -151,7 +151,7 @@ class ShardedState:
         with torch.no_grad():
             if self.plan.layerwise:  # every holder gathers and reduces once per layer and pass: nothing to pad
                 pads = 0
-            for i in range(pads):  # replay a micro-batch's collective order (check_sharded_layout: single stage)
+            for i in range(pads):  # replay a micro-batch's collective order (replicas in step: single stages)
                 for u in self.units:  # forward: first unit to last
                     if i < u.pads and u.gathers and u.gathers_of is None:
                         u.pad_gather()

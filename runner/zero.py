@@ -268,14 +268,15 @@ class Unit:
             self.shared.live[p].add(self)
             offset += size
 
-    def _served_shard(self) -> torch.Tensor:
+    def _weight_shard(self) -> torch.Tensor:
+        """This rank's shard of the weights on the device (zero 3; copied up from host memory with ``all``)."""
         return self._up(self.host_weights) if self.offload == "all" else self.weight_shard
 
     def _serve(self) -> None:
         """Post, at the step's start, every send of this rank's weight shard its peers' gathers will take
         this step (``gathers_of``): the shard does not change before the optimizer step, so the k-th send
         answers a peer's k-th gather whenever the peer reaches it, and no rank waits for a peer's schedule."""
-        shard = self._serving = self._served_shard()  # kept until the sends complete
+        shard = self._serving = self._weight_shard()  # kept until the sends complete
         for peer in self.holders:
             if peer != self.holders[self.index]:
                 for _ in range(self.gathers_of[peer]):
@@ -304,7 +305,7 @@ class Unit:
             if self.offload == "all" and self.host_weights.numel() == self.padded:
                 self.flat.copy_(self._up(self.host_weights))
             else:
-                shard = self._up(self.host_weights) if self.offload == "all" else self.weight_shard
+                shard = self._weight_shard()
                 if self.gathers_of is not None:
                     self._served_gather(self.flat, shard)
                 else:
@@ -444,7 +445,7 @@ class Unit:
     def pad_gather(self) -> None:
         """A zero-cost stand-in for one all-gather of a micro-batch this replica does not have."""
         buf = torch.empty(self.padded, device=self.device)
-        self._all_gather(buf, self.weight_shard if self.weight_shard is not None else self._up(self.host_weights))
+        self._all_gather(buf, self._weight_shard())
 
     def finish_step(self, weight: float) -> None:
         """Synchronise the step's gradient and leave it in ``master.grad``."""
