@@ -549,8 +549,7 @@ class Engine:
             t_opt = time.perf_counter()
             self.optimizer.step()
         if self.expert_sync is not None:  # send updated experts / SPES synchronisation (runner.moe)
-            if self.expert_sync.after_step(step_index) and self.zero is not None:
-                self.zero.reload_from_params()  # the averaged weights are the masters' now
+            self.expert_sync.after_step(step_index, self.zero.in_turn if self.zero is not None else None)
         if recorder:
             recorder.add("allreduce", t_sync, t_opt)
             recorder.add("optimizer", t_opt, time.perf_counter())

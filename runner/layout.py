@@ -478,17 +478,8 @@ def check_tensor_parallel_plan(config: ParallelConfig, model: ModelSpec) -> None
 
 
 def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[RankPlan]) -> None:
-    """ZeRO-3 or offload ``all`` with SPES, and an embedding or head on stages of different tensor-parallel
-    degrees that cannot be averaged part by part, are not run."""
-    streamed = config.zero >= 3 or any(r.offload == "all" for r in ranks)
-    if streamed and config.spes:
-        raise SpecError(
-            "runner",
-            "zero" if config.zero >= 3 else "offload",
-            "zero 3 or offload 'all' with SPES (experts trained by some replicas, or sync_every_steps > 1) is "
-            "not run by the runner (its exchange sends weights the sharded units hold only while they compute): "
-            "use zero 1 or 2",
-        )
+    """An embedding or head on stages of different tensor-parallel degrees that cannot be averaged part by
+    part is not run."""
     for key in (EMBED_KEY, HEAD_KEY):
         degrees = {(r.tp_degree) for r in ranks if key in r.holds()}
         if len({vocab_split(model.vocab_size, d) for d in degrees if d > 1}) > 1:

@@ -325,30 +325,40 @@ class ExpertSync:
             dist.all_reduce(flat, group=g.group)
             _unflatten(flat, grads)
 
-    def after_step(self, step: int) -> bool:
+    def after_step(self, step: int, in_turn=None) -> bool:
         """After the optimizer step of step ``step`` (0-based): H = 1, send updated experts to the holders
         that do not train them; H > 1, every H-th step, average the trainers' weights and send them to
-        every holder. Returns whether this step ended with a SPES synchronisation."""
+        every holder. Returns whether this step ended with a SPES synchronisation. ``in_turn``: the ZeRO
+        state's (``ShardedState.in_turn``), which brings streamed weights in around each group and reloads
+        the master shards from what the exchange wrote."""
         with torch.no_grad():
             if self.sync_every == 1:
-                for g in self._mine(self.step_groups):
+                for g in self._in_turn([g for g in self.step_groups if g.bcast is not None], in_turn):
                     _broadcast(g)
                 return False
         if not self.periodic or (step + 1) % self.sync_every:
             return False
-        self.synchronise()
+        self.synchronise(in_turn)
         return True
 
-    def synchronise(self) -> None:
+    def synchronise(self, in_turn=None) -> None:
         """One SPES synchronisation: every key's trainers average its weights (weighted by the batch they
         cover), then one of them sends the result to the key's other holders."""
         with torch.no_grad():
-            for g in self._mine(self.sync_groups):
+            moving = [g for g in self.sync_groups if g.group is not None or g.bcast is not None]
+            for g in self._in_turn(moving, in_turn):
                 if self.rank in g.trainers and g.group is not None:
                     flat = torch.cat([t.reshape(-1) for t in g.weights()]).mul_(g.param_weight)
                     dist.all_reduce(flat, group=g.group)
                     _unflatten(flat, g.weights())
                 _broadcast(g)
+
+    def _in_turn(self, groups: list[_Group], in_turn):
+        """This rank's groups among ``groups`` (the same list on every rank), each inside ``in_turn``'s turn."""
+        order = in_turn([g.keys for g in groups]) if in_turn is not None else range(len(groups))
+        for i in order:
+            if self.rank in groups[i].holders and groups[i].params:
+                yield groups[i]
 
 
 def _broadcast(g: _Group) -> None:

@@ -99,7 +99,7 @@ def profile_rank(
     if spes:
         dist.barrier()
         t1 = time.perf_counter()
-        engine.expert_sync.synchronise()
+        engine.expert_sync.synchronise(engine.zero.in_turn if engine.zero is not None else None)
         dist.barrier()
         sync_s = time.perf_counter() - t1
     host_bytes = engine.zero.host_bytes() if engine.zero is not None else 0

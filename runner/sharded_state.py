@@ -4,6 +4,8 @@ master shards, the step's padding and synchronisation, and sharded checkpoints."
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -172,11 +174,28 @@ class ShardedState:
         holder must run every unit on every micro-batch (an MoE block runs each expert, tokens or none)."""
         return any(u.gathers or u.scatter_per_mb for u in self.units)
 
-    def reload_from_params(self) -> None:
-        """The master shards from the weights, after something other than the optimizer changed them (a
-        SPES synchronisation averages the trainers' weights): every unit's weights are resident."""
-        for u in self.units:
-            u.reload_master()
+    def in_turn(self, keys: list[tuple[str, ...]]) -> Iterator[int]:
+        """Each index ``i`` of an exchange's groups (``keys[i]``: group ``i``'s weight keys, the same list on
+        every rank: ``runner.moe.ExpertSync``), with this rank's units of those keys whole while the group
+        reads and writes them: a streamed unit is gathered (``Unit.materialise``) before the first group that
+        names its key and, after the last, its master shard reloaded from the exchanged weights, its shard
+        rewritten and its parameters freed (``Unit.settle``); a resident unit's master is reloaded there. Every
+        rank gathers and settles in one order (group, then unit), so the collectives pair up, and only the
+        units of the keys in exchange are whole at once, as in a pass."""
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for i, group in enumerate(keys):
+            for key in group:
+                first.setdefault(key, i)
+                last[key] = i
+        for i in range(len(keys)):
+            for u in self.units:
+                if u.streamed and first.get(u.key) == i:
+                    u.materialise()
+            yield i
+            for u in self.units:
+                if last.get(u.key) == i:
+                    u.settle() if u.streamed else u.reload_master()
 
     # -- checkpoints -------------------------------------------------------------------------------
     def _name(self, u: Unit) -> str:

@@ -314,6 +314,25 @@ class Unit:
                 self._copy_in()
         self.gathered = True
 
+    def materialise(self) -> None:
+        """The unit's parameters whole on the device outside a pass (an MoE / SPES exchange reads and writes
+        them after the optimizer step): a blocking all-gather among its holders, whose sends of the step
+        have all completed by then (``write_back``), or a copy from host memory. Resident units: nothing."""
+        if self.gathered or not self.streamed:
+            return
+        served, self.gathers_of = self.gathers_of, None
+        try:
+            self.gather()
+        finally:
+            self.gathers_of = served
+
+    def settle(self) -> None:
+        """After an exchange changed the weights ``materialise`` brought in: the master shard reloaded from
+        them, the weight shard (or host copy) rewritten, the parameters freed."""
+        self.reload_master()
+        self.write_back()
+        self._free()
+
     # -- hooks ---------------------------------------------------------------------------------------
     def _before_forward(self, module, args):
         self.gather()

@@ -164,7 +164,8 @@ def test_spes_resume_is_bit_exact(runs) -> None:
 
 
 def test_measure_times_local_steps_and_one_sync() -> None:
-    """A profiled run of an expert-parallel SPES plan (2 groups of 2): the synchronisation is timed on its
+    """A profiled run of an expert-parallel SPES plan (2 groups of 2) under ZeRO-3 (the shared weights sharded
+    over each group's two ranks, gathered in turn for the synchronisation): the synchronisation is timed on its
     own and amortised over sync_every_steps in iteration_time_s."""
     from autotune import load_config
     from runner.launch import RealEvaluator
@@ -172,6 +173,7 @@ def test_measure_times_local_steps_and_one_sync() -> None:
     config = load_config(
         {
             "micro_batch_size": 1,
+            "zero": 3,
             "expert_parallel": 2,
             "sync_every_steps": 5,
             "pipelines": [

@@ -7,7 +7,11 @@ Four CPU ranks are started once and run every scenario on the engine the runner 
 - SPES with ``sync_every_steps`` 1 and ZeRO 2 is ordinary data parallelism;
 - SPES with 4 (each replica trains one expert) and ZeRO 2 trains as the same plan without ZeRO (the
   units of one expert-parallel group, the masters reloaded after each synchronisation), and a run
-  checkpointed mid-period and resumed is bit-exact (frozen experts saved beside the shards).
+  checkpointed mid-period and resumed is bit-exact (frozen experts saved beside the shards);
+- the same with offload ``all`` (every unit streamed from host memory), and SPES over two expert-parallel
+  groups of two ranks with ZeRO 3 (the shared weights streamed, sharded over each group's two ranks): the
+  synchronisation gathers each unit's weights in turn, averages them and writes the shards back
+  (``ShardedState.in_turn``), training as the plan without ZeRO; the ZeRO-3 run resumes bit-exact.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ STEPS = 6
 SPES_STEPS = 8
 
 
-def _pipelines(stages=1, trains=None) -> list[dict]:
+def _pipelines(stages=1, trains=None, offload="none") -> list[dict]:
     if stages == 2:
         return [
             {
@@ -34,7 +38,7 @@ def _pipelines(stages=1, trains=None) -> list[dict]:
             for p in range(2)
         ]
     return [
-        {"num_microbatches": 2, "stages": [{"devices": [f"cpu:{p}"], "layers": 4}]}
+        {"num_microbatches": 2, "stages": [{"devices": [f"cpu:{p}"], "layers": 4, "offload": offload}]}
         | ({"trains_experts": trains[p]} if trains else {})
         for p in range(4)
     ]
@@ -56,7 +60,23 @@ PLANS = {
         "sync_every_steps": 4,
         "pipelines": _pipelines(trains=[[p] for p in range(4)]),
     },
+    "spes-sync4-zero2-offload-all": {
+        "micro_batch_size": 1,
+        "zero": 2,
+        "sync_every_steps": 4,
+        "pipelines": _pipelines(trains=[[p] for p in range(4)], offload="all"),
+    },
 }
+# SPES over two expert-parallel groups of two ranks, each group training two of the four experts, weights
+# averaged every 2 steps; without ZeRO and with ZeRO 3
+SPES_EP2 = {
+    "micro_batch_size": 1,
+    "expert_parallel": 2,
+    "sync_every_steps": 2,
+    "pipelines": _pipelines(trains=[[0, 1], [0, 1], [2, 3], [2, 3]]),
+}
+PLANS["spes-ep2-sync2"] = SPES_EP2
+PLANS["spes-ep2-sync2-zero3"] = SPES_EP2 | {"zero": 3}
 
 
 def _engine(name: str, rank: int):
@@ -71,19 +91,30 @@ def _worker(rank: int, out: Path) -> dict:
         engine = _engine(name, rank)
         assert engine.zero is not None, name
         results[name] = [engine.step(i).loss for i in range(STEPS)]
-    for name in ("spes-sync4", "spes-sync4-zero2"):
+    for name in ("spes-sync4", "spes-sync4-zero2", "spes-sync4-zero2-offload-all", "spes-ep2-sync2"):
         engine = _engine(name, rank)
         results[name] = [engine.step(i).loss for i in range(SPES_STEPS)]
-        results[name + "-weights"] = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
-    ckpt = out / "ckpt"
-    engine = _engine("spes-sync4-zero2", rank)
-    for i in range(3):
-        engine.step(i)
-    checkpoint.save(ckpt, engine, 3)
-    engine = _engine("spes-sync4-zero2", rank)
-    start = checkpoint.load(checkpoint.latest(ckpt), engine)
-    results["resumed"] = [engine.step(i).loss for i in range(start, SPES_STEPS)]
+        results[name + "-weights"] = _weights(engine)
+    engine = _engine("spes-ep2-sync2-zero3", rank)
+    assert engine.zero.streamed
+    results["spes-ep2-sync2-zero3"] = [engine.step(i).loss for i in range(SPES_STEPS)]
+    results["spes-ep2-sync2-zero3-weights"] = _weights(engine)
+    for name, stop in (("spes-sync4-zero2", 3), ("spes-ep2-sync2-zero3", 3)):
+        ckpt = out / f"ckpt-{name}"
+        engine = _engine(name, rank)
+        for i in range(stop):
+            engine.step(i)
+        checkpoint.save(ckpt, engine, stop)
+        engine = _engine(name, rank)
+        start = checkpoint.load(checkpoint.latest(ckpt), engine)
+        results[f"{name}-resumed"] = [engine.step(i).loss for i in range(start, SPES_STEPS)]
     return results
+
+
+def _weights(engine) -> dict:
+    for u in engine.zero.units if engine.zero is not None else ():  # streamed weights gathered to be read
+        u.materialise()
+    return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
 
 
 @pytest.fixture(scope="module")
@@ -103,12 +134,19 @@ def test_zero_with_experts_trains_like_a_single_process(runs, reference, plan) -
     torch.testing.assert_close(torch.tensor(runs[0][plan]), torch.tensor(reference), rtol=1e-5, atol=0)
 
 
-def test_spes_with_zero_trains_as_without_and_resumes_exactly(runs) -> None:
-    torch.testing.assert_close(
-        torch.tensor(runs[0]["spes-sync4-zero2"]), torch.tensor(runs[0]["spes-sync4"]), rtol=1e-5, atol=0
-    )
-    for r in range(4):  # after the second synchronisation every rank holds what the plan without ZeRO holds
-        got, want = runs[r]["spes-sync4-zero2-weights"], runs[r]["spes-sync4-weights"]
+@pytest.mark.parametrize(
+    ("plan", "without"),
+    [
+        ("spes-sync4-zero2", "spes-sync4"),
+        ("spes-sync4-zero2-offload-all", "spes-sync4"),
+        ("spes-ep2-sync2-zero3", "spes-ep2-sync2"),
+    ],
+)
+def test_spes_with_zero_trains_as_without_and_resumes_exactly(runs, plan, without) -> None:
+    torch.testing.assert_close(torch.tensor(runs[0][plan]), torch.tensor(runs[0][without]), rtol=1e-5, atol=0)
+    for r in range(4):  # after the last synchronisation every rank holds what the plan without ZeRO holds
+        got, want = runs[r][f"{plan}-weights"], runs[r][f"{without}-weights"]
         for name, value in want.items():
             torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5)
-        assert runs[r]["resumed"] == runs[r]["spes-sync4-zero2"][3:]
+        if f"{plan}-resumed" in runs[r]:
+            assert runs[r][f"{plan}-resumed"] == runs[r][plan][3:]

@@ -71,27 +71,28 @@ def test_the_best_plan_of_every_method_passes_the_runners_preflight(family, tmp_
 
 def test_mixtral_s_only_fitting_plans_run_and_a_search_the_runner_cannot_run_says_so():
     """Mixtral-8x7B on 8 A100 + 8 V100 fits only with ZeRO-3 or tensor parallelism inside its MoE blocks, both of
-    which the runner runs (issue 44): the best plan passes ``autotune train``'s pre-flight. A search restricted to
-    what the runner does not run (ZeRO-3 with SPES) says so in one line and names --engine instead of returning
-    such a plan."""
+    which the runner runs (issue 44): the best plan passes ``autotune train``'s pre-flight, and so does the best
+    of a search restricted to ZeRO-3 with SPES's sparse sync (refused until the exchange gathered the sharded
+    units in turn). A search restricted to what the runner does not run (a tied LM head on the last of two
+    stages) says so in one line and names --engine instead of returning such a plan."""
+    from dataclasses import replace
+
     from runner.jobs import preflight_refusal
 
     cluster, model = load_cluster("mixed-a100-v100"), load_model("mixtral-8x7b")
     found = tune(cluster, model, method="dp", budget=5, track=False)
     assert found.best_measurement.ok and preflight_refusal(cluster, model, found.best_config) is None
-    spes = load_model("spes-2b")  # ZeRO-3 with SPES's sparse sync: the runner refuses every such plan
+    spes = load_model("spes-2b")
+    restrict = {"zero": [3], "sync_every": [10]}
+    sparse = tune(
+        cluster, spes, method="optuna", budget=5, track=False, storage="memory", restrict=restrict, max_sync_every=10
+    )
+    assert sparse.best_measurement.ok and sparse.best_config.zero == 3 and sparse.best_config.spes
+    assert preflight_refusal(cluster, spes, sparse.best_config) is None
+    assert sparse.summary is not None and sparse.summary.runner_limited == 0
+    tied = replace(load_model("llama2-7b"), tied_embeddings=True)
     with pytest.raises(SpecError, match=r"`autotune train` does not run them \(--engine torchtitan"):
-        restrict = {"zero": [3], "sync_every": [10]}
-        tune(
-            cluster,
-            spes,
-            method="optuna",
-            budget=5,
-            track=False,
-            storage="memory",
-            restrict=restrict,
-            max_sync_every=10,
-        )
+        tune(cluster, tied, method="optuna", budget=5, track=False, storage="memory", restrict={"pp": [2]})
     # the runner's limits bound only the default search: torchtitan runs it with ZeRO-3 (FSDP)
     plan = tune(cluster, model, method="dp", budget=5, track=False, engine="torchtitan")
     assert plan.best_measurement.ok and plan.best_config.zero == 3

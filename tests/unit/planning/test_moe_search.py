@@ -145,9 +145,9 @@ def test_every_method_searches_the_moe_space(method: str) -> None:
 
     if method == "uniform":  # the Megatron-style baseline synchronises every step
         best(0)
-    elif method == "random":  # 12 draws find a synchronise-every-few-steps plan in 3 of seeds 0-11 (measured; 7-8
-        # while the runner refused ZeRO with SPES, a third of the space the draws now also land in)
-        assert sum(best(seed).sync_every_steps > 1 for seed in range(12)) >= 2
+    elif method == "random":  # 12 draws find a synchronise-every-few-steps plan in 9 of seeds 0-11 (measured since
+        # the runner runs ZeRO-3 / offload 'all' with SPES; 3 while ZeRO with SPES was left out, 7-8 before that)
+        assert sum(best(seed).sync_every_steps > 1 for seed in range(12)) >= 6
     else:  # on a 1 Gbit/s internet, training locally for 10 steps between syncs wins
         config = best(0)
         assert config.sync_every_steps > 1, config.describe()
