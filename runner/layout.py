@@ -303,8 +303,6 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     """
     config.validate(cluster, model)
     layerwise = any(p.execution == LAYERWISE for p in config.pipelines)
-    if config.has_mixed_stages or layerwise:
-        check_mixed_plan(config)
     check_tensor_parallel_plan(config, model)
     ranks: list[RankPlan] = []
     offset = 0
@@ -387,23 +385,6 @@ def _pipeline_ranks(
 # Plan shapes the runner does not run (one clear error before launch)
 
 
-def check_mixed_plan(config: ParallelConfig) -> None:
-    """Plan shapes with mixed stages or layer-wise execution (both run on ``runner.mixed``'s orders) the
-    runner does not run: ZeRO-2/3 with only some pipelines layer-wise (the specs already refuse
-    interleaving, MoE expert parallelism and SPES with mixed stages). ZeRO-3 in mixed stages runs (its
-    gathers served point to point, ``runner.zero``), and layer-wise MoE / SPES plans (each block's experts
-    held with it, ``runner.layerwise``) and layer-wise stages with tensor parallelism."""
-    layerwise = [p.execution == LAYERWISE for p in config.pipelines]
-    if config.zero >= 2 and any(layerwise) and not all(layerwise):
-        raise SpecError(
-            "runner",
-            "zero",
-            f"zero {config.zero} with layer-wise execution in some pipelines only is not run by the runner (a "
-            "layer-wise holder gathers and reduces a layer once per pass, a micro-batch one once per "
-            "micro-batch: their collectives would not pair up): make every pipeline layer-wise, or use zero 1",
-        )
-
-
 def _splits_and_counts(layout: Layout) -> tuple[dict[int, list], dict[int, int]]:
     """Per replica: its (stage, chunk layers) and its micro-batch count."""
     splits: dict[int, list] = {}
@@ -429,14 +410,6 @@ def replicas_out_of_step(layout: Layout) -> bool:
     return max(len(set(v)) for v in splits.values()) > 1 and len(set(counts.values())) > 1
 
 
-def _resharding_refused(config: ParallelConfig) -> str | None:
-    """Why replicas that shard a layer differently cannot average its gradients (``Layout.resharded``)
-    in this plan, or None."""
-    if (config.zero or config.offloads) and any(p.execution == LAYERWISE for p in config.pipelines):
-        return "with ZeRO sharding or offload and layer-wise execution"
-    return None
-
-
 def uneven_handoffs(config: ParallelConfig) -> bool:
     """Whether the stages of some pipeline hold the activation differently (tensor-parallel degree or
     sequence parallelism): their hand-offs are ``autotune.specs.handoff``'s, run by ``runner.mixed``."""
@@ -450,11 +423,8 @@ def uneven_handoffs(config: ParallelConfig) -> bool:
 
 
 def check_tensor_parallel_plan(config: ParallelConfig, model: ModelSpec) -> None:
-    """Stages of different tensor-parallel degrees in one pipeline run without interleaving; a layer
-    sharded the same way in every replica unless the plan's gradients can be resharded
-    (``Layout.resharded``)."""
-    refused = _resharding_refused(config)
-    tp_of_layer: dict[int, tuple[int, int]] = {}
+    """Stages of different tensor-parallel degrees in one pipeline run without interleaving (replicas that
+    shard a layer differently average it part by part: ``Layout.resharded``)."""
     if config.virtual_stages > 1 and uneven_handoffs(config):
         raise SpecError(
             "runner",
@@ -462,19 +432,6 @@ def check_tensor_parallel_plan(config: ParallelConfig, model: ModelSpec) -> None
             "interleaved-1f1b with stages of different tensor-parallel degrees (or sequence parallelism) in "
             "one pipeline is not run by the runner: use 1f1b or gpipe, or one layout for every stage",
         )
-    for p, pipe in enumerate(config.pipelines):
-        chunk_layers = _chunk_layers(pipe, config.virtual_stages)
-        for s, stage in enumerate(pipe.stages):
-            for rank in stage.ranks_of(pipe.num_microbatches):
-                for layer in (i for c in range(config.virtual_stages) for i in chunk_layers[(s, c)]):
-                    seen = tp_of_layer.setdefault(layer, (rank.tp, p))
-                    if seen[0] != rank.tp and refused:
-                        raise SpecError(
-                            "runner",
-                            f"pipelines[{p}].stages[{s}].devices",
-                            f"layer {layer} has tensor-parallel degree {rank.tp} here but {seen[0]} in "
-                            f"pipeline {seen[1]}: ranks that shard a layer differently are not run {refused}",
-                        )
 
 
 def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[RankPlan]) -> None:
@@ -489,13 +446,6 @@ def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[Rank
                 f"the {key} sits on stages of tensor-parallel degrees {sorted(degrees)}, some of which divide the "
                 f"vocabulary ({model.vocab_size}) and split it, some not: replicas must hold it alike (pad the "
                 "vocabulary to a multiple of the largest degree)",
-            )
-        if len(degrees) > 1 and _resharding_refused(config):
-            raise SpecError(
-                "runner",
-                "pipelines",
-                f"the {key} sits on stages of different tensor-parallel degrees {sorted(degrees)}; "
-                "replicas must shard it the same way",
             )
 
 

@@ -28,6 +28,9 @@ class ShardedState:
         self.units: list[Unit] = []
         # micro-batches each rank runs: its share in a mixed stage (runner.mixed), else its pipeline's
         counts = {r.rank: r.share or r.num_microbatches for r in layout.ranks}
+        # the reductions a rank makes of a unit per step (zero 3: and twice as many gathers): one per micro-batch,
+        # or one per pass where it runs layer-wise (``runner.layerwise``); its peers pad to the most
+        passes = {r.rank: 1 if r.layerwise else counts[r.rank] for r in layout.ranks}
         # runner.mixed weighs each micro-batch's loss by its part of the global batch already
         self.grad_weight = 1.0 if layout.mixed else self.plan.grad_weight
         #: an MoE / SPES plan (``experts``): each key's unit is its trainers (``Layout.key_trainers``), with
@@ -44,8 +47,9 @@ class ShardedState:
         # units of a key (its parts: ``_unit_specs``): reduce-scatters without waiting
         asynchronous = replicas_out_of_step(layout) or self.resharded
         # and zero 3's gathers served point to point (``Unit._serve``): every holder gathers each unit twice
-        # per micro-batch it runs (forward, backward; a recomputation reuses the backward's gather)
-        served = asynchronous and layout.zero >= 3 and not any(r.layerwise for r in layout.ranks)
+        # per micro-batch it runs, or per layer-wise pass (forward, backward; a recomputation reuses the
+        # backward's gather); where every rank runs layer-wise, all make the same gathers in layer order
+        served = asynchronous and layout.zero >= 3 and not all(r.layerwise for r in layout.ranks)
         self.shared = SharedWeights()
         tp = (self.plan.tp_degree, self.plan.tp_index)
         for key, label, holders, weights, part in specs:
@@ -76,10 +80,10 @@ class ShardedState:
                 self.plan.offload,
                 device,
                 *groups,
-                max(counts[h] for h in holders),
-                counts[rank],
+                max(passes[h] for h in holders),
+                passes[rank],
                 asynchronous=asynchronous,
-                gathers_of={h: 2 * counts[h] for h in holders} if served else None,
+                gathers_of={h: 2 * passes[h] for h in holders} if served else None,
                 pieces=pieces,
                 shared=self.shared,
             )
@@ -151,8 +155,6 @@ class ShardedState:
                 )
         pads = max((u.pads for u in self.units), default=0)
         with torch.no_grad():
-            if self.plan.layerwise:  # every holder gathers and reduces once per layer and pass: nothing to pad
-                pads = 0
             for i in range(pads):  # replay a micro-batch's collective order (replicas in step: single stages)
                 for u in self.units:  # forward: first unit to last
                     if i < u.pads and u.gathers and u.gathers_of is None:

@@ -53,7 +53,9 @@ tensor-parallel shard of each weight, its holders the ranks of the same shard). 
 replicas may differ in micro-batches: the padding calls replay a micro-batch's order (forward
 gathers first to last unit, then per unit from the last: gather, reduce-scatter). Under layer-wise
 execution (``runner.layerwise``) a unit is held for a whole pass (``Unit.hold``): gathered once, its
-gradient summed over the micro-batches and reduced once, so every holder makes the same calls and none pads.
+gradient summed over the micro-batches and reduced once, so layer-wise holders make the same calls and none
+pads; beside holders that run per micro-batch it pads its reductions to their count (zero-filled, issued
+without waiting) and zero 3's gathers are served point to point (two per pass).
 
 Offload: host tensors live on the CPU (pinned when the device is CUDA) and every move between host and
 device is an explicit copy (``_up`` / ``_down``); on the CPU runner device and host are the same memory

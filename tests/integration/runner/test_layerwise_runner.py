@@ -11,7 +11,6 @@ import pytest
 from mixed_runs import RTOL, STEPS, cluster_yaml, rank, run, trains_like_one_process_and_resumes
 from paths import DATA
 
-from autotune.errors import SpecError
 from autotune.loading import cluster_from_dict, load_model
 from autotune.specs import ParallelConfig
 from runner.layout import build_layout
@@ -67,9 +66,10 @@ def _layout(config: dict, fast: int, slow: int, model: str = "tiny"):
     return build_layout(cluster, load_model(model), ParallelConfig.from_dict(config))
 
 
-def test_layerwise_ranks_run_on_the_mixed_pipeline_and_what_is_not_run_is_refused():
-    """ZeRO-3 runs when every pipeline is layer-wise (each holder gathers a layer once per pass), not beside a
-    micro-batch pipeline; tensor parallelism runs layer-wise too."""
+def test_layerwise_ranks_run_on_the_mixed_pipeline_beside_micro_batch_pipelines():
+    """ZeRO-3 runs when every pipeline is layer-wise (each holder gathers a layer once per pass) and beside a
+    micro-batch pipeline (gathers served, reductions padded: the slow test below); tensor parallelism runs
+    layer-wise too."""
     layout = _layout(PLAN, 2, 1)
     assert layout.mixed and all(r.layerwise for r in layout.ranks)
     assert [(r.device_id, r.share) for r in layout.ranks] == [("fast:0", 5), ("slow:0", 3), ("fast:1", 8)]
@@ -82,10 +82,7 @@ def test_layerwise_ranks_run_on_the_mixed_pipeline_and_what_is_not_run_is_refuse
             for d, execution in (("fast:0", "layerwise"), ("fast:1", "microbatch"))
         ],
     }
-    with pytest.raises(
-        SpecError, match=r"zero 3 with layer-wise execution in some pipelines only is not run by the runner"
-    ):
-        _layout(replicas, 2, 1)
+    assert _layout(replicas, 2, 1).sharded
     tp = {**replicas, "zero": 0, "pipelines": [replicas["pipelines"][0] | {"num_microbatches": 4}]}
     tp["pipelines"][0]["stages"] = [{"devices": ["fast:0", "fast:1"], "layers": 2}]
     # runs: tests/integration/runner/test_zero_tensor_parallel.py's layer-wise tests
@@ -146,6 +143,35 @@ def test_layerwise_zero3_over_replicas_of_different_splits_and_shares_trains_lik
                 "stages": [{"devices": ["fast:0"], "layers": 1}, {"devices": ["fast:1"], "layers": 3}],
             },
             {"num_microbatches": 3, "execution": "layerwise", "stages": [{"devices": ["slow:0"], "layers": 4}]},
+        ],
+    }
+    losses = run(plan, cluster_yaml(tmp_path, 2, 1), tmp_path)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("zero", [2, 3])
+def test_zero_over_a_layerwise_replica_beside_a_micro_batch_replica_trains_like_a_single_process(
+    reference, tmp_path, zero
+):
+    """A layer-wise pipeline (5 micro-batches, 2 stages) beside a micro-batch one (3, one stage) share ZeRO-2/3
+    shards: the layer-wise holder reduces (and gathers) each layer once per pass, the other once per
+    micro-batch, so the layer-wise one pads its reductions to the other's count and zero 3's gathers are served
+    point to point (refused before: the collectives would not pair up)."""
+    import torch
+
+    plan = {
+        "micro_batch_size": 1,
+        "schedule": "1f1b",
+        "zero": zero,
+        "pipelines": [
+            {
+                "num_microbatches": 5,
+                "execution": "layerwise",
+                "stages": [{"devices": ["fast:0"], "layers": 1}, {"devices": ["fast:1"], "layers": 3}],
+            },
+            {"num_microbatches": 3, "execution": "microbatch", "stages": [{"devices": ["slow:0"], "layers": 4}]},
         ],
     }
     losses = run(plan, cluster_yaml(tmp_path, 2, 1), tmp_path)

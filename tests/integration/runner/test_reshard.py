@@ -97,16 +97,23 @@ def without_zero(tmp_path_factory) -> list[float]:
     return _losses(PLAN, tmp_path_factory.mktemp("reshard") / "plain")
 
 
-@pytest.mark.parametrize("zero, offload", [(1, "optimizer"), (2, "none"), (3, "all")])
-def test_zero_over_replicas_at_tp2_and_tp1_trains_like_the_plan_without_it(zero, offload, without_zero, tmp_path):
+@pytest.mark.parametrize(
+    "zero, offload, execution",
+    [(1, "optimizer", "pipeline"), (2, "none", "pipeline"), (3, "all", "pipeline"), (3, "none", "layerwise")],
+)
+def test_zero_over_replicas_at_tp2_and_tp1_trains_like_the_plan_without_it(
+    zero, offload, execution, without_zero, tmp_path
+):
     """Each part of a resharded weight is a ZeRO unit over the ranks holding it (the tp 1 rank holds two),
     the norms one unit over all three ranks weighted by 1 / tp. Compared with the same plan without ZeRO
     (rtol 1e-6: measured 1.3e-7; weighing the norms' unit without 1 / tp moves the losses by 3.7e-6) and
     with one process (1e-5). Zero 3 with offload all: gathers served point to point, parts copied into
-    the weights; a resume from its sharded checkpoint is exact."""
+    the weights; a resume from its sharded checkpoint is exact. Layer-wise (Zorse): every unit of a layer,
+    the tp 1 rank's two parts and the weights kept whole, gathered once per pass in one order on every rank."""
     plan = {**PLAN, "zero": zero}
     plan["pipelines"] = [
-        {**pipe, "stages": [{**st, "offload": offload} for st in pipe["stages"]]} for pipe in PLAN["pipelines"]
+        {**pipe, "execution": execution, "stages": [{**st, "offload": offload} for st in pipe["stages"]]}
+        for pipe in PLAN["pipelines"]
     ]
     losses = _losses(plan, tmp_path / "whole")
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(without_zero), rtol=1e-6, atol=0)
