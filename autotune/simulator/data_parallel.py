@@ -33,9 +33,10 @@ def segments(model: ModelSpec, config: ParallelConfig) -> list[tuple[tuple[int, 
         starts.append(st)
     cuts_sorted = sorted(cuts)
     segments: list[tuple[tuple[int, ...], float]] = []
+    per_layer = model.params_per_layer  # a property that counts: read once
     for x, y in zip(cuts_sorted, cuts_sorted[1:]):
         owners = tuple(bisect.bisect_right(st, x) - 1 for st in starts)
-        params = (y - x) * model.params_per_layer + model.end_params(x == 0, y == L)
+        params = (y - x) * per_layer + (model.end_params(x == 0, y == L) if x == 0 or y == L else 0)
         if segments and segments[-1][0] == owners:
             segments[-1] = (owners, segments[-1][1] + params)
         else:

@@ -153,13 +153,8 @@ class ParallelConfig:
         if self.schedule == ROUNDPIPE:
             for p, pipe in enumerate(self.pipelines):
                 roundpipe.check_pool(pipe.roundpipe, bool(pipe.stages), pipe.num_microbatches, where, f"pipelines[{p}]")
-            roundpipe.check_plan(
-                self.zero,
-                self.expert_parallel,
-                self.sync_every_steps,
-                [p.trains_experts for p in self.pipelines],
-                where,
-            )
+            trains = [p.trains_experts for p in self.pipelines]
+            roundpipe.check_plan(self.zero, self.expert_parallel, self.sync_every_steps, trains, where)
             return
         for p, pipe in enumerate(self.pipelines):
             if pipe.roundpipe is not None:
@@ -289,17 +284,16 @@ class ParallelConfig:
                         f"pipelines[{p}].stages[{s}].layers",
                         f"{stage.layers} layers do not split into virtual_stages={self.virtual_stages} chunks",
                     )
-                dev_field = f"pipelines[{p}].stages[{s}]." + ("ranks" if stage.ranks else "devices")
                 for d in stage.devices:
                     if cluster is not None and not cluster.has_device(d):
                         raise SpecError(
                             source,
-                            dev_field,
+                            _field(p, s, stage),
                             f"unknown device id {shown(d)} (cluster {shown(cluster.name)} has "
                             f"{', '.join(n.name + ':0..' + str(n.count - 1) for n in cluster.nodes)})",
                         )
                     elif d in seen:
-                        raise SpecError(source, dev_field, f"device {shown(d)} is used more than once")
+                        raise SpecError(source, _field(p, s, stage), f"device {shown(d)} is used more than once")
                     seen.add(d)
                 for k, tp in enumerate([r.tp for r in stage.ranks] if stage.ranks else [len(stage.devices)]):
                     if tp in good_tp:
@@ -544,6 +538,11 @@ def _trains_experts_from(raw: Any, source: str, p: int) -> tuple[int, ...] | Non
             source, f"pipelines[{p}].trains_experts", f'must be "all" or a list of expert indices, got {shown(raw)}'
         )
     return tuple(raw)
+
+
+def _field(p: int, s: int, stage: StageConfig) -> str:
+    """The field naming stage ``s`` of pipeline ``p``'s devices (built only for an error)."""
+    return f"pipelines[{p}].stages[{s}]." + ("ranks" if stage.ranks else "devices")
 
 
 def _validate_expert_plan(config: ParallelConfig, model: ModelSpec, source: str) -> None:
