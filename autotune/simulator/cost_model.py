@@ -128,6 +128,7 @@ class CostModel:
         self._memory_cache: dict[tuple, float] = {}
         self._p2p_cache: dict[tuple, float] = {}
         self._dp_stage_cache: dict[tuple, tuple] = {}
+        self._dp_ring_cache: dict[tuple, tuple[float, float]] = {}
         self._flops_per_token = model_flops_per_token(model)
         # gradients are all-reduced in the model's precision (16-bit in Megatron-LM's fp16/bf16 default)
         self.grad_bytes = max(r.elem_bytes for r in self.rates.values())
@@ -582,12 +583,17 @@ class CostModel:
     def dp_bandwidth(self, owners: tuple[tuple[str, ...], ...]) -> tuple[float, float]:
         """(GB/s, latency us) of a ring among stages ``owners``: a stage moves ``tp x`` its devices'
         intra-node bandwidth, capped by its nodes' network bandwidth when the ring leaves the node; the
-        slowest stage sets the pace."""
-        infos = [self.dp_stage(stage) for stage in owners]
-        first = infos[0][0]
-        if len(first) == 1 and all(info[0] == first for info in infos):
-            return min(info[1] for info in infos), max(info[3] for info in infos)
-        return min(min(info[1], info[2]) for info in infos), max(info[4] for info in infos)
+        slowest stage sets the pace (cached: a search meets the same rings again and again)."""
+        hit = self._dp_ring_cache.get(owners)
+        if hit is None:
+            infos = [self.dp_stage(stage) for stage in owners]
+            first = infos[0][0]
+            if len(first) == 1 and all(info[0] == first for info in infos):
+                hit = min(info[1] for info in infos), max(info[3] for info in infos)
+            else:
+                hit = min(min(info[1], info[2]) for info in infos), max(info[4] for info in infos)
+            self._dp_ring_cache[owners] = hit
+        return hit
 
     # ---------------------------------------------------------------------------------------------
     # One iteration
