@@ -539,8 +539,8 @@ class Engine:
         grad_norm = None
         if lr is not None:  # the schedule's rate for this step (runner.optim.TrainSettings)
             set_lr(self.optimizer, lr)
-        if self.zero is not None:  # gradient sync, sharded step and write-back in one (runner.zero)
-            self.zero.finish_step()
+        if self.zero is not None:  # gradient sync, clipping, sharded step and write-back in one (runner.zero)
+            grad_norm = self.zero.finish_step(self.settings.clip_grad_norm)
             t_opt = time.perf_counter()
         else:
             self._sync_gradients()

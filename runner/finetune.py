@@ -67,11 +67,12 @@ class FineTuning:
                     "plans with ZeRO sharding, offload or SPES keep their weights in flat shards the runner does "
                     "not convert yet; use a plan without them",
                 )
-        if self.settings.clip_grad_norm > 0 and (layout.sharded or config.sync_every_steps > 1):
+        if self.settings.clip_grad_norm > 0 and config.sync_every_steps > 1:
             raise SpecError(
                 "--clip-grad-norm",
                 "",
-                "gradient clipping runs on plans without ZeRO sharding, offload or SPES's sync_every_steps > 1",
+                "gradient clipping runs on plans without SPES's sync_every_steps > 1 (its replicas train apart "
+                "between synchronisations: there is no global gradient to clip)",
             )
         if config.is_roundpipe and (self.settings != TrainSettings() or self.init_from or self.save_hf):
             raise SpecError("train", "", "RoundPipe plans train with the default settings and random weights only")

@@ -8,11 +8,17 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from runner.layout import EMBED_KEY, HEAD_KEY, WHOLE_PART, Layout, replicas_out_of_step, unit_label
 from runner.optim import make_optimizer
 from runner.reshard import parts_of
 from runner.zero import SharedWeights, Unit
+
+
+def _tp_sharded(p) -> bool:
+    """A weight split across its tensor-parallel ranks (a DTensor with a ``Shard`` placement)."""
+    return isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
 
 
 class ShardedState:
@@ -24,6 +30,7 @@ class ShardedState:
         self, layout: Layout, rank: int, module, device: torch.device, experts: bool = False, vocab_size: int = 0
     ) -> None:
         self.layout = layout
+        self.device = device
         self.plan = layout.ranks[rank]
         self.units: list[Unit] = []
         # micro-batches each rank runs: its share in a mixed stage (runner.mixed), else its pipeline's
@@ -88,6 +95,8 @@ class ShardedState:
                 shared=self.shared,
             )
             unit.label = label
+            if part is None and self.plan.tp_degree > 1:  # weights each tensor-parallel rank keeps whole
+                unit.tp_copies = [1 if _tp_sharded(q) else self.plan.tp_degree for q in params]
             if weights is None:  # every holder trains the key: its replica's share of the batch
                 unit.weight = self.grad_weight
                 unit.factor = 1.0 if layout.mixed else 1.0 / layout.total_microbatches
@@ -143,9 +152,10 @@ class ShardedState:
         for u in self.units:
             u.begin_step()
 
-    def finish_step(self) -> None:
-        """Pad the per-micro-batch collectives, synchronise gradients, step AdamW on the master shards,
-        write the weights back."""
+    def finish_step(self, clip_grad_norm: float = 0.0) -> float | None:
+        """Pad the per-micro-batch collectives, synchronise gradients, clip them by their global norm
+        (``clip_grad_norm`` > 0: the norm before, as ``torch.nn.utils.clip_grad_norm_`` on the whole model),
+        step AdamW on the master shards, write the weights back."""
         for u in self.units:
             if u.gathers_of is not None and u.received != u.gathers_of[u.holders[u.index]]:
                 raise RuntimeError(
@@ -166,9 +176,25 @@ class ShardedState:
                         u.reduce_microbatch(pad=True)
         for u in self.units:
             u.finish_step(u.weight)
+        norm = self._clip(clip_grad_norm) if clip_grad_norm > 0 else None
         self.optimizer.step()
         for u in self.units:
             u.write_back()
+        return norm
+
+    def _clip(self, max_norm: float) -> float:
+        """Scale the master shards' gradients so the global norm (every rank's ``Unit.grad_square``) is at most
+        ``max_norm``; the norm before."""
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for u in self.units:
+            sq += u.grad_square().to(self.device)
+        dist.all_reduce(sq)
+        norm = float(sq.sqrt())
+        scale = max_norm / (norm + 1e-6)
+        if scale < 1.0:
+            for u in self.units:
+                u.master.grad.mul_(scale)
+        return norm
 
     @property
     def per_microbatch(self) -> bool:

@@ -188,6 +188,7 @@ class Unit:
         self._accumulated = False
         self._seen = 0
         self.factor = 1.0  # per-micro-batch gradient weight (set by ShardedState)
+        self.tp_copies = [1] * len(params)  # ranks of its tensor-parallel group keeping each weight whole (clipping)
         self._handles = []
         if not self.resident:
             for p in params:
@@ -497,6 +498,20 @@ class Unit:
                 self._down(grad, host)
                 grad = host
             self.master.grad = grad.to(self.master.device) if grad.device != self.master.device else grad
+
+    def grad_square(self) -> torch.Tensor:
+        """This rank's share of the squared global gradient norm from ``master.grad`` (after ``finish_step``):
+        an element of a sharded unit is held by one holder, of an unsharded one by all ``n``; a weight that
+        the rank's tensor-parallel peers each keep whole (``tp_copies``) counts ``1 / copies`` on each."""
+        g = self.master.grad.double()
+        sq = g.pow(2).sum()
+        offset = 0
+        for size, copies in zip(self.sizes, self.tp_copies):
+            lo, hi = max(offset, self.lo) - self.lo, min(offset + size, self.hi) - self.lo
+            if copies > 1 and hi > lo:
+                sq -= g[lo:hi].pow(2).sum() * (1.0 - 1.0 / copies)
+            offset += size
+        return sq / (self.n if self.n_shards == 1 else 1)
 
     def write_back(self) -> None:
         """After the optimizer step: the updated master shard back into the weights."""
