@@ -279,7 +279,7 @@ def _reader(path: Path):
     return SafeReader(str(path))
 
 
-def save(directory: str | Path, engine, step: int) -> Path:
+def save(directory: str | Path, engine, step: int, weights: bool = False) -> Path:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -287,7 +287,13 @@ def save(directory: str | Path, engine, step: int) -> Path:
 
     directory = Path(directory)
     path = directory / f"step-{step:08d}"
-    if engine.zero is not None:  # sharded state: each rank writes its own shards (runner.zero)
+    if engine.zero is not None and weights:  # the shards and the full weights (``full_weights``: --save-hf)
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        with engine.zero.whole():
+            model = _wrap(engine, get_model_state_dict(engine.module))
+            dcp.save({"zero": engine.zero.state_dict(), "model": model, "step": step}, checkpoint_id=str(path))
+    elif engine.zero is not None:  # sharded state: each rank writes its own shards (runner.zero)
         dcp.save({"zero": engine.zero.state_dict(), "step": step}, checkpoint_id=str(path))
     else:
         model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer)

@@ -60,12 +60,12 @@ class FineTuning:
             from autotune import prechecks
 
             prechecks.writable_dir(self.save_hf, "--save-hf")
-            if layout.sharded or config.sync_every_steps > 1:
+            if config.sync_every_steps > 1:
                 raise SpecError(
                     "--save-hf",
                     "",
-                    "plans with ZeRO sharding, offload or SPES keep their weights in flat shards the runner does "
-                    "not convert yet; use a plan without them",
+                    "SPES plans with sync_every_steps > 1 hold a model per expert-parallel group between "
+                    "synchronisations (no one model to write); use sync_every_steps 1",
                 )
         if self.settings.clip_grad_norm > 0 and config.sync_every_steps > 1:
             raise SpecError(

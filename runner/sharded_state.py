@@ -4,6 +4,7 @@ master shards, the step's padding and synchronisation, and sharded checkpoints."
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import torch
@@ -201,6 +202,19 @@ class ShardedState:
         """Whether some unit makes collective calls per micro-batch (gathers or reduce-scatters): then every
         holder must run every unit on every micro-batch (an MoE block runs each expert, tokens or none)."""
         return any(u.gathers or u.scatter_per_mb for u in self.units)
+
+    @contextlib.contextmanager
+    def whole(self) -> Iterator[None]:
+        """Every unit's weights present while the block runs (streamed units gathered in unit order on every
+        rank, freed after): a checkpoint that stores the full weights beside the shards (``--save-hf``);
+        under ZeRO-3 / offload ``all`` the rank then holds its stage's weights whole, as ZeRO-1/2 always do."""
+        for u in self.units:
+            u.materialise()
+        try:
+            yield
+        finally:
+            for u in self.units:
+                u.unmaterialise()
 
     def in_turn(self, keys: list[tuple[str, ...]]) -> Iterator[int]:
         """Each index ``i`` of an exchange's groups (``keys[i]``: group ``i``'s weight keys, the same list on

@@ -114,13 +114,13 @@ def train_rank(
                 if tracker:
                     tracker.log(record)
             if ckpt_dir and (result.stop or (every and done % every == 0)):
-                checkpoint.save(ckpt_dir, engine, done)
+                checkpoint.save(ckpt_dir, engine, done, weights=bool(job.get("full_weights")))
                 saved_at = done
             if result.stop:
                 log.info("stopped by a signal after step %d", done)
                 break
         if ckpt_dir and saved_at != done:
-            checkpoint.save(ckpt_dir, engine, done)
+            checkpoint.save(ckpt_dir, engine, done, weights=bool(job.get("full_weights")))
         if rank == 0:
             Path(job["out_dir"], "result.json").write_text(
                 json.dumps({"steps_done": done, "stopped": stop["requested"]})
@@ -567,6 +567,7 @@ def _write_job(
         job["settings"] = tuning.settings.to_dict()
         job["init_from"] = str(tuning.init_from) if tuning.init_from else None
         job["tokenizer"] = str(tuning.tokenizer) if tuning.tokenizer and data else None
+        job["full_weights"] = tuning.save_hf is not None  # a sharded plan's checkpoints carry them too
     job["progress_out"] = str(run_dir / "progress.jsonl")  # rank 0's steps, for on_step and the summary
     job["log_steps"] = log_steps  # rank 0 logs each step unless on_step hears of them
     job_path = run_dir / "job.json"

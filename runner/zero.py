@@ -329,6 +329,11 @@ class Unit:
         finally:
             self.gathers_of = served
 
+    def unmaterialise(self) -> None:
+        """Free the parameters ``materialise`` brought in, unchanged (nothing to write back)."""
+        if self.streamed and self.gathered:
+            self._free()
+
     def settle(self) -> None:
         """After an exchange changed the weights ``materialise`` brought in: the master shard reloaded from
         them, the weight shard (or host copy) rewritten, the parameters freed."""
