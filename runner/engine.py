@@ -395,7 +395,7 @@ class Engine:
                 self.mixed = LayerwisePipeline(
                     layout,
                     self.plan,
-                    self.chunks[0],
+                    self.chunks,
                     model,
                     device,
                     schedule,
@@ -403,7 +403,7 @@ class Engine:
                     zero=self.zero,
                 )
             else:
-                self.mixed = MixedPipeline(layout, self.plan, self.chunks[0], model, device, schedule)
+                self.mixed = MixedPipeline(layout, self.plan, self.chunks, model, device, schedule)
             self.stages = [self.mixed.clock]
             return
         static = {}

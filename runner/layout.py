@@ -303,7 +303,6 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
     """
     config.validate(cluster, model)
     layerwise = any(p.execution == LAYERWISE for p in config.pipelines)
-    check_tensor_parallel_plan(config, model)
     ranks: list[RankPlan] = []
     offset = 0
     for p, pipe in enumerate(config.pipelines):
@@ -420,18 +419,6 @@ def uneven_handoffs(config: ParallelConfig) -> bool:
         if len(layouts) > 1:
             return True
     return False
-
-
-def check_tensor_parallel_plan(config: ParallelConfig, model: ModelSpec) -> None:
-    """Stages of different tensor-parallel degrees in one pipeline run without interleaving (replicas that
-    shard a layer differently average it part by part: ``Layout.resharded``)."""
-    if config.virtual_stages > 1 and uneven_handoffs(config):
-        raise SpecError(
-            "runner",
-            "virtual_stages",
-            "interleaved-1f1b with stages of different tensor-parallel degrees (or sequence parallelism) in "
-            "one pipeline is not run by the runner: use 1f1b or gpipe, or one layout for every stage",
-        )
 
 
 def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[RankPlan]) -> None:

@@ -8,7 +8,8 @@ one pipeline (``runner.layout.uneven_handoffs``) runs here instead, every pipeli
 
 - each rank runs its micro-batches in the order ``stage_ranks.rank_orders`` gives it (the simulator's
   orders: the stage's 1F1B or GPipe order restricted to the micro-batches ``microbatch_owners`` assigns to
-  the rank, round-robin by share);
+  the rank, round-robin by share); under ``interleaved-1f1b`` (stages of one rank at different degrees)
+  Megatron's interleaved order over the rank's chunks (``autotune.simulator.schedule.stage_orders``);
 - hand-offs: the activation of micro-batch ``j`` goes from its owner in stage ``s`` to its owner in stage
   ``s + 1`` (``dist.isend`` / ``dist.recv`` tagged by micro-batch and direction), its gradient back the same
   way, so stages of different width exchange with the right partner for each micro-batch; between the
@@ -40,8 +41,10 @@ peer's six never wait for each other; ``runner.layerwise`` gathers each layer on
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from autotune.simulator.schedule import stage_orders
 from autotune.specs import ModelSpec
 from autotune.specs.handoff import Transfer, handoff, held_parts
 from autotune.specs.mixed_stage import BACKWARD, FORWARD, microbatch_owners, rank_orders
@@ -92,13 +95,14 @@ class MixedPipeline:
         self,
         layout: Layout,
         plan: RankPlan,
-        chunk: torch.nn.Module,
+        chunks: Sequence[torch.nn.Module],
         model: ModelSpec,
         device: torch.device,
         schedule: str,
     ) -> None:
         self.device = device
-        self.chunk = chunk
+        self.chunks = list(chunks)  # interleaved-1f1b: the rank's model chunks, first to last
+        self.chunk = self.chunks[0]
         mine = [r for r in layout.ranks if r.pipeline == plan.pipeline]
         num_stages = 1 + max(r.stage for r in mine)
         # rank id of (stage, stage_rank, tp_index); how each stage rank holds the activation; every stage's shares
@@ -109,7 +113,11 @@ class MixedPipeline:
             ranks = sorted({(r.stage_rank, r.share) for r in mine if r.stage == s})
             shares.append(tuple(share for _, share in ranks))
         self.owners = [microbatch_owners(k) for k in shares]
-        self.order = rank_orders(schedule, shares)[plan.stage][plan.stage_rank]
+        self.v, self.m = len(self.chunks), plan.num_microbatches
+        if self.v > 1:  # interleaved-1f1b (stages of one rank each): Megatron's order, as the simulator runs it
+            self.order = stage_orders(schedule, num_stages, self.m, self.v)[plan.stage]
+        else:
+            self.order = [(kind, 0, j) for kind, j in rank_orders(schedule, shares)[plan.stage][plan.stage_rank]]
         self.stage, self.num_stages = plan.stage, num_stages
         self.me = (plan.stage_rank, plan.tp_index, plan.tp_degree, plan.sequence_parallel)
         self.clock = MixedClock(plan.slowdown, device.type == "cuda")
@@ -154,49 +162,64 @@ class MixedPipeline:
             msg = tensor[:, first - held : end - held].detach().float().contiguous()
             sends.append((msg, dist.isend(msg, dst=dst, tag=tag)))
 
+    def _tag(self, into: int, j: int, grad: int) -> int:
+        """The message tag of micro-batch ``j``'s activation (``grad`` 0) entering virtual stage ``into`` or its
+        gradient (1) leaving it (one pair per micro-batch without interleaving)."""
+        return 2 * ((into if self.v > 1 else 0) * self.m + j) + grad
+
     def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> list[torch.Tensor]:
         """Run this rank's forwards and backwards of one step; the last stage returns its micro-batches'
-        (unscaled) mean losses. Gradients accumulate in the chunk's parameters (sum over micro-batches,
-        each already weighted by ``mbs / B``)."""
-        from runner.model import lm_loss
-
-        s, first, last = self.stage, self.stage == 0, self.stage == self.num_stages - 1
-        mbs = self.mbs
-        inputs: dict[int, torch.Tensor] = {}
-        outputs: dict[int, torch.Tensor] = {}
+        (unscaled) mean losses. Gradients accumulate in the chunks' parameters (sum over micro-batches,
+        each already weighted by ``mbs / B``). Interleaved: chunk ``c`` of stage ``s`` is virtual stage
+        ``c p + s``; the last stage's chunk hands off to the first stage's next chunk."""
+        inputs: dict[tuple[int, int], torch.Tensor] = {}
+        outputs: dict[tuple[int, int], torch.Tensor] = {}
         losses: list[torch.Tensor] = []
-        sends = []
-        for kind, j in self.order:
-            t0 = self.clock.now()
+        sends: list = []
+        for kind, c, j in self.order:
             if kind == FORWARD:
-                if first:
-                    inp = x[j * mbs : (j + 1) * mbs]
-                else:
-                    inp = self._receive(s - 1, j, tag=2 * j)
-                    inp.requires_grad_()
-                    inputs[j] = inp
-                t0 = self.clock.now()  # the receive's wait is not compute
-                out = self.chunk(inp)
-                if last:
-                    loss = lm_loss(out, y[j * mbs : (j + 1) * mbs], self.chunk.vocab_mesh)
-                    losses.append(loss.detach())
-                    outputs[j] = loss * self.scale
-                else:
-                    outputs[j] = out
-                    self._send(out, s + 1, j, 2 * j, sends)
-                self.clock.done(FORWARD, j, t0)
+                self._forward(c, j, x, y, inputs, outputs, losses, sends)
             else:
-                out = outputs.pop(j)
-                if last:
-                    t0 = self.clock.now()
-                    out.backward()
-                else:
-                    grad = self._receive(s + 1, j, tag=2 * j + 1)
-                    t0 = self.clock.now()
-                    out.backward(grad.to(out.dtype))
-                if not first:
-                    self._send(inputs.pop(j).grad, s - 1, j, 2 * j + 1, sends)
-                self.clock.done(BACKWARD, j, t0)
+                self._backward(c, j, inputs, outputs, sends)
         for _, work in sends:  # each message kept alive until its send completed
             work.wait()
         return losses
+
+    def _forward(self, c: int, j: int, x, y, inputs: dict, outputs: dict, losses: list, sends: list) -> None:
+        from runner.model import lm_loss
+
+        p, s, mbs = self.num_stages, self.stage, self.mbs
+        vs = c * p + s
+        t0 = self.clock.now()
+        if vs == 0:
+            inp = x[j * mbs : (j + 1) * mbs]
+        else:
+            inp = self._receive((s - 1) % p, j, tag=self._tag(vs, j, 0))
+            inp.requires_grad_()
+            inputs[(c, j)] = inp
+        t0 = self.clock.now()  # the receive's wait is not compute
+        chunk = self.chunks[c]
+        out = chunk(inp)
+        if vs == self.v * p - 1:
+            loss = lm_loss(out, y[j * mbs : (j + 1) * mbs], chunk.vocab_mesh)
+            losses.append(loss.detach())
+            outputs[(c, j)] = loss * self.scale
+        else:
+            outputs[(c, j)] = out
+            self._send(out, (s + 1) % p, j, self._tag(vs + 1, j, 0), sends)
+        self.clock.done(FORWARD, j, t0)
+
+    def _backward(self, c: int, j: int, inputs: dict, outputs: dict, sends: list) -> None:
+        p, s = self.num_stages, self.stage
+        vs = c * p + s
+        out = outputs.pop((c, j))
+        if vs == self.v * p - 1:
+            t0 = self.clock.now()
+            out.backward()
+        else:
+            grad = self._receive((s + 1) % p, j, tag=self._tag(vs + 1, j, 1))
+            t0 = self.clock.now()
+            out.backward(grad.to(out.dtype))
+        if vs > 0:
+            self._send(inputs.pop((c, j)).grad, (s - 1) % p, j, self._tag(vs, j, 1), sends)
+        self.clock.done(BACKWARD, j, t0)

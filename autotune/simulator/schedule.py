@@ -59,7 +59,9 @@ class ScheduleDeadlock(ValueError):
     """The stage orders wait on each other (cannot happen for the orders above with m % p == 0)."""
 
 
-def _stage_orders(schedule: str, p: int, m: int, v: int) -> list[list[tuple[int, int, int]]]:
+def stage_orders(schedule: str, p: int, m: int, v: int) -> list[list[tuple[int, int, int]]]:
+    """Each stage's operations ``(kind, chunk, micro-batch)`` in the order it runs them (the runner's
+    ``runner.mixed`` runs the interleaved ones as simulated here)."""
     orders = []
     for s in range(p):
         if schedule == "gpipe":
@@ -92,7 +94,7 @@ def _stage_orders(schedule: str, p: int, m: int, v: int) -> list[list[tuple[int,
 @lru_cache(maxsize=256)
 def compile_schedule(schedule: str, p: int, m: int, v: int = 1) -> CompiledSchedule:
     """Order the operations of every stage and list them in a dependency-respecting order."""
-    orders = _stage_orders(schedule, p, m, v)
+    orders = stage_orders(schedule, p, m, v)
     op_id: dict[tuple[int, int, int, int], int] = {}
     program: list[tuple[int, int, int, int]] = []
     stages: list[int] = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 from mixed_runs import RTOL, STEPS, cluster_yaml, rank, run, trains_like_one_process_and_resumes
 
-from autotune.errors import SpecError
 from autotune.loading import cluster_from_dict, load_model
 from autotune.specs import ParallelConfig
 from runner.layout import build_layout
@@ -84,9 +83,10 @@ def test_layout_places_each_rank_of_a_mixed_stage_with_its_share():
     assert holders["layer0"] == tuple(sorted((by_device["fast:0"], by_device["slow:1"])))
 
 
-def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_field():
-    """ZeRO with layer-wise ranks of a stage at different tensor-parallel degrees; ZeRO-3 runs (gathers served
-    point to point, runner.zero), also with ranks at different degrees (runner.sharded_state's parts)."""
+def test_mixed_stage_plans_with_zero_offload_tp_and_layerwise_execution_all_build():
+    """ZeRO-3 runs (gathers served point to point, runner.zero), also with ranks at different degrees
+    (runner.sharded_state's parts), and with those ranks layer-wise (refused until ae8b77f; run in
+    test_reshard.py's layer-wise ZeRO-3 over tp-2 and tp-1 replicas)."""
     assert layout_of({**PLAN_REPLICA, "zero": 3}, 3, 2).sharded
     offload = {
         **PLAN_5_3,
@@ -119,8 +119,7 @@ def test_plans_the_runner_does_not_run_with_mixed_stages_are_refused_naming_the_
     assert layout_of({**tp, "zero": 3}, 2, 1).sharded  # and with ZeRO (test_zero_3_over_ranks_at_tp_2_and_1...)
     layerwise = {**tp, "pipelines": [{**tp["pipelines"][0], "execution": "layerwise"}]}
     assert layout_of(layerwise, 2, 1).mixed  # runs (measured 6.5e-8 from one process; not a test: suite time)
-    with pytest.raises(SpecError, match=r"not run with ZeRO sharding or offload and layer-wise execution"):
-        layout_of({**layerwise, "zero": 1}, 2, 1)
+    assert layout_of({**layerwise, "zero": 1}, 2, 1).sharded
 
 
 def test_zero_1_and_2_shard_a_mixed_stage_among_its_ranks_and_the_replicas():

@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 from proc_scan import processes_with
 
+from autotune.loading import load_model
 from autotune.specs import ParallelConfig
 from runner import RealEvaluator, profiled_run
 
@@ -66,22 +68,15 @@ def test_invalid_plan_is_a_measurement_not_an_exception():
     )
     m = RealEvaluator("cpu-2", "tiny").evaluate(bad)
     assert m.status == "invalid" and "layers sum to 3" in m.error
-    # valid, but the runner cannot run it: interleaving stages of different tensor-parallel degrees
+    # valid, but the runner cannot run it: tensor parallelism with qk_norm
     mixed_tp = ParallelConfig.from_dict(
         {
             "micro_batch_size": 2,
-            "schedule": "interleaved-1f1b",
-            "virtual_stages": 2,
-            "pipelines": [
-                {
-                    "num_microbatches": 4,
-                    "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": 2}, {"devices": ["cpu:2"], "layers": 2}],
-                }
-            ],
+            "pipelines": [{"num_microbatches": 4, "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": 4}]}],
         }
     )
-    m = RealEvaluator("cpu-4", "tiny").evaluate(mixed_tp)
-    assert m.status == "failed" and "interleaved-1f1b with stages of different tensor-parallel degrees" in m.error
+    m = RealEvaluator("cpu-4", replace(load_model("tiny"), qk_norm=True)).evaluate(mixed_tp)
+    assert m.status == "failed" and "qk_norm with tensor parallelism is not run by the runner" in m.error
 
 
 def test_process_scan_sees_a_live_tagged_process(tag):

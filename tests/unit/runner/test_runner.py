@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -9,7 +11,7 @@ from autotune import SpecError, load_cluster, load_model
 from autotune.loading import cluster_from_dict
 from autotune.specs import ModelSpec, ParallelConfig
 from runner.data import TokenSource
-from runner.jobs import cluster_to_dict, uses_cuda
+from runner.jobs import cluster_to_dict, preflight, uses_cuda
 from runner.layout import build_layout
 from runner.model import StageChunk, build_full_model, lm_loss
 
@@ -67,8 +69,10 @@ def test_unsupported_and_invalid_plans_raise_spec_errors():
     mixed_tp = cfg([{"num_microbatches": 8, "stages": [stage(["cpu:0", "cpu:1"], 2), stage(["cpu:2"], 2)]}])
     assert build_layout(load_cluster("cpu-4"), tiny, mixed_tp).mixed  # runs on runner.mixed's hand-offs
     interleaved = ParallelConfig.from_dict({**mixed_tp.to_dict(), "schedule": "interleaved-1f1b", "virtual_stages": 2})
-    with pytest.raises(SpecError, match="interleaved-1f1b with stages of different tensor-parallel degrees"):
-        build_layout(load_cluster("cpu-4"), tiny, interleaved)
+    assert build_layout(load_cluster("cpu-4"), tiny, interleaved).mixed  # runner.mixed runs Megatron's order
+    tp2 = cfg([{"num_microbatches": 8, "stages": [stage(["cpu:0", "cpu:1"], 4)]}])
+    with pytest.raises(SpecError, match="qk_norm with tensor parallelism is not run by the runner"):
+        preflight(load_cluster("cpu-2"), replace(tiny, qk_norm=True), tp2)
 
 
 def test_gpu_plan_without_cuda_is_a_clear_error():
@@ -237,7 +241,7 @@ def test_real_evaluator_check_names_plans_the_runner_cannot_run_without_launchin
     from autotune.planning.space import SearchSpace
     from runner import RealEvaluator
 
-    real = RealEvaluator("cpu-4", "tiny")
+    real = RealEvaluator("cpu-4", replace(load_model("tiny"), qk_norm=True))
     one_microbatch = ParallelConfig.from_dict(
         {
             "micro_batch_size": 8,
@@ -250,17 +254,10 @@ def test_real_evaluator_check_names_plans_the_runner_cannot_run_without_launchin
             ],
         }
     )
-    mixed_tp = ParallelConfig.from_dict(
+    mixed_tp = ParallelConfig.from_dict(  # tensor parallelism with qk_norm: not run by the runner
         {
             "micro_batch_size": 2,
-            "schedule": "interleaved-1f1b",
-            "virtual_stages": 2,
-            "pipelines": [
-                {
-                    "num_microbatches": 4,
-                    "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": 2}, {"devices": ["cpu:2"], "layers": 2}],
-                }
-            ],
+            "pipelines": [{"num_microbatches": 4, "stages": [{"devices": ["cpu:0", "cpu:1"], "layers": 4}]}],
         }
     )
     fine = ParallelConfig.from_dict(
@@ -275,7 +272,7 @@ def test_real_evaluator_check_names_plans_the_runner_cannot_run_without_launchin
         }
     )
     assert "needs at least as many micro-batches as stages: 1 < 2" in real.check(one_microbatch)
-    assert "interleaved-1f1b with stages of different tensor-parallel degrees" in real.check(mixed_tp)
+    assert "qk_norm with tensor parallelism is not run by the runner" in real.check(mixed_tp)
     assert real.check(fine) is None
 
     budgeted = BudgetedEvaluator(real, SearchSpace(real.cluster, real.model), budget=2)
