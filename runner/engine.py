@@ -488,7 +488,8 @@ class Engine:
 
     def record_next_step(self) -> EventRecorder:
         """Record the next step's forward/backward/all-reduce/optimizer events (times from its start)."""
-        recorder = EventRecorder(time.perf_counter(), tag_chunks=len(self.stages) > 1)
+        chunks = len(self.stages) > 1 or (self.mixed is not None and len(self.mixed.chunks) > 1)
+        recorder = EventRecorder(time.perf_counter(), tag_chunks=chunks)
         for stage in self.stages:
             stage.recorder = recorder
         self._recorder = recorder

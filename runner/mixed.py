@@ -73,7 +73,8 @@ class MixedClock:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def done(self, kind: int, j: int, t0: float) -> None:
+    def done(self, kind: int, j: int, t0: float, virtual: int = 0) -> None:
+        """One forward / backward of micro-batch ``j`` (on virtual stage ``virtual``) ended now, begun at ``t0``."""
         elapsed = self.now() - t0
         if self.slowdown > 1.0:
             extra = (self.slowdown - 1.0) * elapsed
@@ -85,7 +86,8 @@ class MixedClock:
         else:
             self.backward_s += elapsed
         if self.recorder:
-            self.recorder.add(("F" if kind == FORWARD else "B") + str(j), t0, t0 + elapsed)
+            tag = f"@{virtual}" if self.recorder.tag_chunks else ""  # interleaved: "F3@2", as TimedStage names it
+            self.recorder.add(("F" if kind == FORWARD else "B") + str(j) + tag, t0, t0 + elapsed)
 
 
 class MixedPipeline:
@@ -190,7 +192,6 @@ class MixedPipeline:
 
         p, s, mbs = self.num_stages, self.stage, self.mbs
         vs = c * p + s
-        t0 = self.clock.now()
         if vs == 0:
             inp = x[j * mbs : (j + 1) * mbs]
         else:
@@ -207,7 +208,7 @@ class MixedPipeline:
         else:
             outputs[(c, j)] = out
             self._send(out, (s + 1) % p, j, self._tag(vs + 1, j, 0), sends)
-        self.clock.done(FORWARD, j, t0)
+        self.clock.done(FORWARD, j, t0, vs)
 
     def _backward(self, c: int, j: int, inputs: dict, outputs: dict, sends: list) -> None:
         p, s = self.num_stages, self.stage
@@ -222,4 +223,4 @@ class MixedPipeline:
             out.backward(grad.to(out.dtype))
         if vs > 0:
             self._send(inputs.pop((c, j)).grad, (s - 1) % p, j, self._tag(vs, j, 1), sends)
-        self.clock.done(BACKWARD, j, t0)
+        self.clock.done(BACKWARD, j, t0, vs)
