@@ -106,6 +106,9 @@ def parts_of(
 
 
 class ReshardedGradients:
+    """The gradient average of a plan whose replicas shard some keys at different degrees, without ZeRO: one
+    flat all-reduce per group of ranks holding a part (``parts_of``), the groups in one order on every rank."""
+
     def __init__(
         self,
         layout,
@@ -116,10 +119,11 @@ class ReshardedGradients:
     ) -> None:
         plan = layout.ranks[rank]
         groups: dict[tuple[int, ...], dist.ProcessGroup | None] = {}
-        #: group members -> this rank's pieces they all-reduce: (weight, the dimension it is split along or None,
-        #: which of its local shard's pieces, how many pieces)
-        self.pieces: dict[tuple[int, ...], list[tuple[nn.Parameter, int | None, int, int]]] = {}
+        #: group members -> this rank's pieces they all-reduce: (weight, its piece, whether every tensor-parallel
+        #: rank holds it whole)
+        self.pieces: dict[tuple[int, ...], list[tuple[nn.Parameter, Piece, bool]]] = {}
         self.copies: dict[nn.Parameter, int] = {}  # ranks holding each of this rank's tensors (gradient clipping)
+        tp = (plan.tp_degree, plan.tp_index)
         for key, (t, parts, holders) in layout.resharded().items():
             for members in (*parts, holders):  # every rank creates every group, in the same order
                 if members not in groups:
@@ -128,15 +132,11 @@ class ReshardedGradients:
                 continue
             per_rank = t // plan.tp_degree
             mine = range(plan.tp_index * per_rank, (plan.tp_index + 1) * per_rank)
-            for p in params_of(key):
-                dim = shard_dim(names[p], p, vocab_split(vocab_size, t))
-                if dim is None:  # held whole by every tensor-parallel rank
-                    self.pieces.setdefault(holders, []).append((p, None, 0, 1))
-                    self.copies[p] = len(holders)
-                    continue
-                for k, c in enumerate(mine):
-                    self.pieces.setdefault(parts[c], []).append((p, dim, k, per_rank))
-                self.copies[p] = len(parts[mine[0]])
+            for c in (WHOLE_PART, *mine):
+                members = holders if c == WHOLE_PART else parts[c]
+                for p, pc in zip(*parts_of(params_of(key), names, (c, t), *tp, vocab_size)):
+                    self.pieces.setdefault(members, []).append((p, pc, c == WHOLE_PART))
+                    self.copies[p] = len(members)
         self.groups = {m: groups[m] for m in self.pieces}
         self.tp = plan.tp_degree
 
@@ -145,13 +145,10 @@ class ReshardedGradients:
         part of a sharded weight, ``weight / tp`` for a weight its tensor-parallel ranks all hold."""
         for members in sorted(self.pieces):
             views = []
-            for p, dim, k, n in self.pieces[members]:
+            for p, pc, whole in self.pieces[members]:
                 if p.grad is None:  # a weight the schedule did not touch still takes part in the sum
                     p.grad = torch.zeros_like(p)
-                g = local_tensor(p.grad)
-                views.append(
-                    (g if dim is None else g.chunk(n, dim)[k], weight if dim is not None else weight / self.tp)
-                )
+                views.append((pc.of(local_tensor(p.grad)), weight / self.tp if whole else weight))
             flat = torch.cat([v.reshape(-1) * w for v, w in views])
             if self.groups[members] is not None:
                 dist.all_reduce(flat, group=self.groups[members])
