@@ -309,7 +309,7 @@ def build_layout(cluster: ClusterSpec, model: ModelSpec, config: ParallelConfig)
         batch = pipe.num_microbatches * config.micro_batch_size
         ranks += _pipeline_ranks(cluster, model, config, p, len(ranks), offset)
         offset += batch
-    check_expert_plan(config, model, ranks)
+    check_vocabulary_split(model, ranks)
     layout = Layout(
         tuple(ranks),
         config.sync_every_steps,
@@ -421,9 +421,9 @@ def uneven_handoffs(config: ParallelConfig) -> bool:
     return False
 
 
-def check_expert_plan(config: ParallelConfig, model: ModelSpec, ranks: list[RankPlan]) -> None:
-    """An embedding or head on stages of different tensor-parallel degrees that cannot be averaged part by
-    part is not run."""
+def check_vocabulary_split(model: ModelSpec, ranks: list[RankPlan]) -> None:
+    """An embedding or head on stages of different tensor-parallel degrees, some splitting the vocabulary and
+    some not (so their parts cannot be averaged part by part), is not run."""
     for key in (EMBED_KEY, HEAD_KEY):
         degrees = {(r.tp_degree) for r in ranks if key in r.holds()}
         if len({vocab_split(model.vocab_size, d) for d in degrees if d > 1}) > 1:

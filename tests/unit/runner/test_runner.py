@@ -70,6 +70,18 @@ def test_unsupported_and_invalid_plans_raise_spec_errors():
     assert build_layout(load_cluster("cpu-4"), tiny, mixed_tp).mixed  # runs on runner.mixed's hand-offs
     interleaved = ParallelConfig.from_dict({**mixed_tp.to_dict(), "schedule": "interleaved-1f1b", "virtual_stages": 2})
     assert build_layout(load_cluster("cpu-4"), tiny, interleaved).mixed  # runner.mixed runs Megatron's order
+    # replicas at tp 4 and tp 2 over a vocabulary 4 does not divide: one splits the head, the other not
+    nodes = [{"name": "cpu", "gpu": "cpu", "count": 6}]
+    six = cluster_from_dict({"name": "six", "nodes": nodes, "network": {"bandwidth_GBps": 5}}, "test")
+    split = cfg(
+        [
+            {"num_microbatches": 4, "stages": [stage([f"cpu:{i}" for i in range(4)], 4)]},
+            {"num_microbatches": 4, "stages": [stage(["cpu:4", "cpu:5"], 4)]},
+        ]
+    )
+    with pytest.raises(SpecError, match=r"some of which divide the vocabulary \(258\)"):
+        build_layout(six, replace(tiny, vocab_size=258), split)
+    assert build_layout(six, tiny, split).resharded()  # 256: both split it, part by part
     tp2 = cfg([{"num_microbatches": 8, "stages": [stage(["cpu:0", "cpu:1"], 4)]}])
     with pytest.raises(SpecError, match="qk_norm with tensor parallelism is not run by the runner"):
         preflight(load_cluster("cpu-2"), replace(tiny, qk_norm=True), tp2)
