@@ -99,7 +99,7 @@ def without_zero(tmp_path_factory) -> list[float]:
 
 @pytest.mark.parametrize(
     "zero, offload, execution",
-    [(1, "optimizer", "pipeline"), (2, "none", "pipeline"), (3, "all", "pipeline"), (3, "none", "layerwise")],
+    [(1, "optimizer", "microbatch"), (2, "none", "microbatch"), (3, "all", "microbatch"), (3, "none", "layerwise")],
 )
 def test_zero_over_replicas_at_tp2_and_tp1_trains_like_the_plan_without_it(
     zero, offload, execution, without_zero, tmp_path
