@@ -307,12 +307,9 @@ class ExpertSync:
         gw, pw = weights.get(self.rank, (0.0, 0.0))
         return _Group(keys, group, trainers, bcast, holders, gw, pw, params, pieces, part is not None)
 
-    def _mine(self, groups: list[_Group]):
-        return [g for g in groups if self.rank in g.holders and g.params]  # a part may have no weights (``whole``)
-
     def sync_gradients(self) -> None:
         """Weighted gradients all-reduced among each key's trainers (per step)."""
-        for g in self._mine(self.step_groups):
+        for g in self._in_turn(self.step_groups, None):
             if self.rank not in g.trainers:
                 continue
             grads = g.grads()
@@ -354,7 +351,8 @@ class ExpertSync:
                 _broadcast(g)
 
     def _in_turn(self, groups: list[_Group], in_turn):
-        """This rank's groups among ``groups`` (the same list on every rank), each inside ``in_turn``'s turn."""
+        """This rank's groups among ``groups`` (the same list on every rank; a part may have no weights here:
+        ``whole``), each inside ``in_turn``'s turn (None: no ZeRO state to bring in)."""
         order = in_turn([g.keys for g in groups]) if in_turn is not None else range(len(groups))
         for i in order:
             if self.rank in groups[i].holders and groups[i].params:

@@ -52,6 +52,21 @@ PLAN_REPLICA = {
 }
 
 
+def _two_replicas(schedule: str, zero: int, second: str) -> dict:
+    """A layer-wise replica of two stages (1 + 3 layers, 5 micro-batches) beside a one-stage replica (3
+    micro-batches) whose execution is ``second``."""
+    first = {"devices": ["fast:0"], "layers": 1}, {"devices": ["fast:1"], "layers": 3}
+    return {
+        "micro_batch_size": 1,
+        "schedule": schedule,
+        "zero": zero,
+        "pipelines": [
+            {"num_microbatches": 5, "execution": "layerwise", "stages": list(first)},
+            {"num_microbatches": 3, "execution": second, "stages": [{"devices": ["slow:0"], "layers": 4}]},
+        ],
+    }
+
+
 def _offloaded(plan: dict, mode: str, **top) -> dict:
     out = copy.deepcopy(plan) | top
     for pipe in out["pipelines"]:
@@ -132,20 +147,7 @@ def test_layerwise_zero3_gathers_once_per_layer_in_a_mixed_stage_and_resumes_bit
 def test_layerwise_zero3_over_replicas_of_different_splits_and_shares_trains_like_a_single_process(reference, tmp_path):
     import torch
 
-    plan = {
-        "micro_batch_size": 1,
-        "schedule": "gpipe",
-        "zero": 3,
-        "pipelines": [
-            {
-                "num_microbatches": 5,
-                "execution": "layerwise",
-                "stages": [{"devices": ["fast:0"], "layers": 1}, {"devices": ["fast:1"], "layers": 3}],
-            },
-            {"num_microbatches": 3, "execution": "layerwise", "stages": [{"devices": ["slow:0"], "layers": 4}]},
-        ],
-    }
-    losses = run(plan, cluster_yaml(tmp_path, 2, 1), tmp_path)
+    losses = run(_two_replicas("gpipe", 3, "layerwise"), cluster_yaml(tmp_path, 2, 1), tmp_path)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
 
 
@@ -161,20 +163,7 @@ def test_zero_over_a_layerwise_replica_beside_a_micro_batch_replica_trains_like_
     point to point (refused before: the collectives would not pair up)."""
     import torch
 
-    plan = {
-        "micro_batch_size": 1,
-        "schedule": "1f1b",
-        "zero": zero,
-        "pipelines": [
-            {
-                "num_microbatches": 5,
-                "execution": "layerwise",
-                "stages": [{"devices": ["fast:0"], "layers": 1}, {"devices": ["fast:1"], "layers": 3}],
-            },
-            {"num_microbatches": 3, "execution": "microbatch", "stages": [{"devices": ["slow:0"], "layers": 4}]},
-        ],
-    }
-    losses = run(plan, cluster_yaml(tmp_path, 2, 1), tmp_path)
+    losses = run(_two_replicas("1f1b", zero, "microbatch"), cluster_yaml(tmp_path, 2, 1), tmp_path)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
 
 
