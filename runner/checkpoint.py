@@ -367,6 +367,16 @@ def _compare_settings(path: Path, engine) -> None:
             log.warning("resuming with other training settings than %s was trained with: %s, now %s", path, before, now)
 
 
+def holds_zero_units(path: Path) -> bool:
+    """Whether checkpoint ``path`` holds ``runner.zero``'s units: a plan FSDP2 runs now (``runner.fsdp``) that was
+    checkpointed when ``runner.zero`` ran it resumes on ``runner.zero`` (``load`` reports an unreadable one)."""
+    try:
+        stored = _reader(path).read_metadata().state_dict_metadata
+    except Exception:
+        return False
+    return any(k.startswith("zero.") for k in stored)
+
+
 def full_weights(path: Path, model, seed: int = 0) -> dict:
     """The whole model's weights (global names, full tensors) from checkpoint ``path``, read in this one
     process: DCP reassembles every rank's shards (tensor-parallel ones included) into the full shapes."""

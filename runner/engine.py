@@ -36,6 +36,7 @@ from autotune.errors import SpecError
 from autotune.simulator.engine_terms import vocab_split
 from autotune.specs import ModelSpec
 from runner.data import TokenSource
+from runner.fsdp import fsdp_misfit
 from runner.layout import EMBED_KEY, HEAD_KEY, Layout, check_supported
 from runner.model import StageChunk, lm_loss, vocab_parallel_loss
 from runner.optim import TrainSettings, local_tensor, make_optimizer, set_lr
@@ -96,8 +97,11 @@ class TimedStage(PipelineStage):
     or backward the rank sleeps ``(slowdown - 1)`` times the compute time it just measured.
     """
 
-    def __init__(self, *args, slowdown: float = 1.0, cuda: bool = False, **kwargs) -> None:
+    def __init__(
+        self, *args, slowdown: float = 1.0, cuda: bool = False, reshard_each_backward: bool = True, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.reshard_each_backward = reshard_each_backward  # FSDP2 units (zero 3), ``backward_maybe_with_nosync``
         self.slowdown = slowdown
         self.cuda = cuda
         self.forward_s = 0.0
@@ -135,6 +139,21 @@ class TimedStage(PipelineStage):
         if self.recorder:
             self.recorder.add(f"B{bwd_chunk_id}" + self._chunk_suffix(), t0, t0 + busy)
         return out
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
+        """An FSDP2 chunk (``runner.fsdp``) reduce-scatters every micro-batch's gradient after its backward, as
+        ZeRO does (torch's default accumulates the whole gradient until the step's last backward); zero 3 frees
+        the gathered weights after each backward, zero 2 after the step's last."""
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.pipelining._backward import stage_backward
+
+        if not isinstance(self.submod, FSDPModule) or backward_type != "full":
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        self.submod.set_requires_gradient_sync(True)
+        self.submod.set_reshard_after_backward(self.reshard_each_backward or last_backward)
+        self.submod.set_is_last_backward(True)
+        kw = bwd_kwargs
+        return stage_backward(kw["stage_output"], kw["output_grads"], kw["input_values"]), None
 
     def _chunk_suffix(self) -> str:
         return f"@{self.stage_index}" if self.recorder and self.recorder.tag_chunks else ""
@@ -270,7 +289,9 @@ class Engine:
         tokens: TokenSource,
         settings: TrainSettings | None = None,
         init_from: str | None = None,
+        fsdp: bool = True,
     ) -> None:
+        """``fsdp``: run ZeRO on FSDP2 where it fits (``runner.fsdp``), else on ``runner.zero``."""
         self.layout = layout
         self.plan = layout.ranks[rank]
         self.rank = rank
@@ -325,8 +346,24 @@ class Engine:
         self.grad_groups: list[tuple[dist.ProcessGroup | None, list[nn.Parameter]]] = []
         self.settings = settings or TrainSettings()
         self.copies: dict[nn.Parameter, int] = {}  # gradient clipping (``_clip_gradients``)
+        self._training_state(layout, rank, model, fsdp)
+
+        # 3. stages and schedule
+        self._build_schedule(layout, model, device, schedule)
+
+    def _training_state(self, layout: Layout, rank: int, model: ModelSpec, fsdp: bool) -> None:
+        """Optimizer, gradient synchronisation and clipping counts: FSDP2 for ZeRO 2/3 over even replicas
+        (``runner.fsdp``), ``runner.zero`` for every other sharded or offloaded plan, else all-reduce groups."""
+        device = self.device
         self.zero = None
-        if layout.sharded:  # ZeRO sharding / CPU offload: runner.zero keeps the optimizer and the gradients
+        self.fsdp = fsdp and layout.sharded and fsdp_misfit(layout) is None
+        if self.fsdp:  # ZeRO 2/3 over even replicas: torch's FSDP2 shards weights, gradients, optimizer state
+            from runner.fsdp import shard_chunks
+
+            shard_chunks(self.chunks, layout, rank, device.type)
+            self.optimizer = make_optimizer(list(self.module.parameters()), self.settings)
+            self.copies = dict.fromkeys(self.module.parameters(), 1)  # each element on one rank of its stage
+        elif layout.sharded:  # ZeRO sharding / CPU offload: runner.zero keeps the optimizer and the gradients
             from runner.sharded_state import ShardedState
 
             self.zero = ShardedState(
@@ -353,9 +390,6 @@ class Engine:
                 names = {p: n for n, p in self.module.named_parameters()}
                 self.reshard = ReshardedGradients(layout, rank, self.module.params_of, names, model.vocab_size)
                 self.copies.update(self.reshard.copies)
-
-        # 3. stages and schedule
-        self._build_schedule(layout, model, device, schedule)
 
     def _gradient_groups(self, layout: Layout, rank: int) -> None:
         """The groups that all-reduce each weight's gradient (``grad_groups``; an MoE / SPES plan's are its
@@ -409,7 +443,7 @@ class Engine:
         static = {}
         self.stages = []
         for chunk, c in zip(self.chunks, self.plan.chunks):
-            if self.zero is not None:  # no metadata-inference pass: it would run the units' hooks
+            if self.zero is not None or self.fsdp:  # no metadata-inference pass: it would run the units' hooks
                 static = self._static_metadata(c)
             self.stages.append(
                 TimedStage(
@@ -420,6 +454,7 @@ class Engine:
                     group=self.pp_group,
                     slowdown=self.plan.slowdown,
                     cuda=cuda,
+                    reshard_each_backward=layout.zero >= 3,
                     **static,
                 )
             )

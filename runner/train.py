@@ -65,6 +65,7 @@ def train_rank(
     seed = int(job.get("seed", 0))
     settings = TrainSettings(**job.get("settings", {}))
     tokens = TokenSource(model, seed, job.get("data"), job.get("tokenizer"))
+    resume = Path(job["resume_from"]) if job.get("resume_from") else None
     engine = Engine(
         layout,
         model,
@@ -75,12 +76,13 @@ def train_rank(
         tokens=tokens,
         settings=settings,
         init_from=job.get("init_from"),
+        fsdp=not (resume and checkpoint.holds_zero_units(resume)),  # checkpointed by runner.zero: keep it
     )
     ckpt_dir = job.get("checkpoint_dir")
     every = int(job.get("checkpoint_every") or 0)
     start = 0
-    if job.get("resume_from"):  # chosen by the launcher (checkpoint.resume_point) before any rank started
-        start = checkpoint.load(Path(job["resume_from"]), engine)
+    if resume:  # chosen by the launcher (checkpoint.resume_point) before any rank started
+        start = checkpoint.load(resume, engine)
 
     stop = {"requested": False}
 

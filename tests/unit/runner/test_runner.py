@@ -322,3 +322,24 @@ def test_a_checkpoint_s_settings_record_names_adamw_s_betas_and_eps():
     group = make_optimizer([torch.nn.Parameter(torch.zeros(2))], TrainSettings(lr=3e-3)).param_groups[0]
     assert record["optimizer"] == "AdamW" and tuple(record["betas"]) == group["betas"] and record["eps"] == group["eps"]
     assert record["lr"] == group["lr"] == 3e-3 and record["weight_decay"] == group["weight_decay"]
+
+
+def test_fsdp2_runs_zero_2_and_3_over_even_replicas_and_says_why_not_elsewhere():
+    from runner.fsdp import fsdp_misfit, stage_groups
+
+    def layout(zero=3, counts=(4, 4), splits=((2, 2), (2, 2)), offload="none", cluster="cpu-4", devices=None):
+        pipes = []
+        for p, (n, split) in enumerate(zip(counts, splits)):
+            stages = [{**stage([f"cpu:{2 * p + s}"], layers), "offload": offload} for s, layers in enumerate(split)]
+            pipes.append({"num_microbatches": n, "stages": stages})
+        return build_layout(load_cluster(cluster), load_model("tiny"), cfg(pipes, zero=zero))
+
+    even = layout()
+    assert fsdp_misfit(even) is None and fsdp_misfit(layout(zero=2)) is None
+    assert stage_groups(even) == ((0, 2), (1, 3))  # each stage's ranks, one per pipeline
+    assert "zero 1" in fsdp_misfit(layout(zero=1))
+    assert "offload" in fsdp_misfit(layout(offload="optimizer"))
+    assert "replicas" in fsdp_misfit(layout(counts=(5, 3)))
+    assert "replicas" in fsdp_misfit(layout(splits=((3, 1), (1, 3))))
+    tp = cfg([{"num_microbatches": 4, "stages": [stage([f"cpu:{2 * p}", f"cpu:{2 * p + 1}"], 4)]} for p in range(2)])
+    assert "tensor" in fsdp_misfit(build_layout(load_cluster("cpu-4"), load_model("tiny"), replace(tp, zero=3)))
