@@ -181,7 +181,7 @@ class StepResult:
 
 def apply_tensor_parallel(
     chunks: list[StageChunk],
-    group: dist.ProcessGroup,
+    mesh,
     device: torch.device,
     vocab_size: int,
     sequence_parallel: bool = False,
@@ -205,7 +205,6 @@ def apply_tensor_parallel(
     instead of all-reduced. A chunk's output (what the next stage receives) is its rank's part of the
     sequence; the first chunk splits the embedding's output, the last gathers the sequence again before
     the final norm and head (``StageChunk.sequence_mesh``)."""
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -215,7 +214,6 @@ def apply_tensor_parallel(
         parallelize_module,
     )
 
-    mesh = DeviceMesh.from_group(group, device.type)
     for chunk in chunks:
         for block in chunk.blocks.values():
             moe = hasattr(block.mlp, "set_tensor_parallel")  # an MoE block splits its experts itself
@@ -327,12 +325,24 @@ class Engine:
             group = dist.new_group(list(ranks))
             if rank in ranks:
                 self.pp_group = group
+        tp_group = None
         for ranks in layout.tp_groups():
             group = dist.new_group(list(ranks))
             if rank in ranks:
-                apply_tensor_parallel(
-                    self.chunks, group, device, model.vocab_size, sequence_parallel=self.plan.sequence_parallel
-                )
+                tp_group = group
+        # ZeRO 2/3 over even replicas: torch's FSDP2 over each stage's (data-parallel, tensor-parallel) mesh
+        self.fsdp_mesh = None
+        if fsdp and layout.sharded and fsdp_misfit(layout) is None:
+            from runner.fsdp import stage_mesh
+
+            self.fsdp_mesh = stage_mesh(layout, rank, device.type, tp_group)
+        if tp_group is not None:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            mesh = self.fsdp_mesh["tp"] if self.fsdp_mesh is not None else DeviceMesh.from_group(tp_group, device.type)
+            apply_tensor_parallel(
+                self.chunks, mesh, device, model.vocab_size, sequence_parallel=self.plan.sequence_parallel
+            )
         self.module = RankModel(self.chunks)
         # MoE / SPES plans: expert parallelism, frozen experts and their own exchange (runner.moe)
         self.expert_sync = None
@@ -356,13 +366,13 @@ class Engine:
         (``runner.fsdp``), ``runner.zero`` for every other sharded or offloaded plan, else all-reduce groups."""
         device = self.device
         self.zero = None
-        self.fsdp = fsdp and layout.sharded and fsdp_misfit(layout) is None
+        self.fsdp = self.fsdp_mesh is not None
         if self.fsdp:  # ZeRO 2/3 over even replicas: torch's FSDP2 shards weights, gradients, optimizer state
-            from runner.fsdp import shard_chunks
+            from runner.fsdp import shard_chunks, tp_copies
 
-            shard_chunks(self.chunks, layout, rank, device.type)
+            shard_chunks(self.chunks, self.fsdp_mesh, layout.zero)
             self.optimizer = make_optimizer(list(self.module.parameters()), self.settings)
-            self.copies = dict.fromkeys(self.module.parameters(), 1)  # each element on one rank of its stage
+            self.copies = tp_copies(self.module.parameters(), self.plan.tp_degree)
         elif layout.sharded:  # ZeRO sharding / CPU offload: runner.zero keeps the optimizer and the gradients
             from runner.sharded_state import ShardedState
 

@@ -1,20 +1,21 @@
 """ZeRO-2/3 by torch's FSDP2 (``fully_shard``) where the replicas are even.
 
 Where every pipeline splits the layers alike, runs the same micro-batches on the same share of the batch and
-keeps its weights on the device (no offload, no mixed stages, no MoE, no layer-wise execution, one
-tensor-parallel degree of 1), the ranks holding a stage's layers reach each layer in one order, and ZeRO is
-what torch's FSDP2 does: each transformer block, the embedding and the final norm with the LM head are one
-``fully_shard`` unit over the stage's data-parallel ranks (torchtitan's wrapping), the rest of a chunk (a tied
-embedding, learned positions) its root unit. Every other sharded plan runs on ``runner.zero`` (docs/runner.md
-says why FSDP2 does not fit those).
+keeps its weights on the device (no offload, no mixed stages, no MoE, no layer-wise execution), the ranks
+holding a stage's layers reach each layer in one order, and ZeRO is what torch's FSDP2 does: each transformer
+block, the embedding and the final norm with the LM head are one ``fully_shard`` unit over the stage's
+data-parallel ranks (torchtitan's wrapping; with tensor parallelism over the ``dp`` dimension of a ``dp`` x
+``tp`` mesh, sharding the DTensor weights further), the rest of a chunk (a tied embedding, learned positions)
+its root unit. Every other sharded plan runs on ``runner.zero`` (docs/runner.md says why FSDP2 does not fit
+those).
 
 Per micro-batch, as ``autotune.simulator.zero`` counts ZeRO (and not as ``torch.distributed.pipelining``
 drives FSDP by default, reducing once per step with the whole gradient accumulated on the device): every
-unit's gradient is reduce-scattered after its backward (``set_requires_gradient_sync(True)`` each backward,
-``FsdpStage``); zero 3 frees the gathered weights after each forward and backward
-(``reshard_after_forward``), zero 2 keeps them whole until the step's last backward, so they are gathered
-once per step. FSDP2 averages the gradient over the stage's ranks, which is the replicas' weighting when
-their shares are equal; the schedule's ``scale_grads`` averages the micro-batches.
+unit's gradient is reduce-scattered after its backward (``runner.engine.TimedStage.backward_maybe_with_nosync``);
+zero 3 frees the gathered weights after each forward and backward (``reshard_after_forward``), zero 2 keeps
+them whole until the step's last backward, so they are gathered once per step. FSDP2 averages the gradient
+over the stage's ranks, which is the replicas' weighting when their shares are equal; the schedule's
+``scale_grads`` averages the micro-batches.
 
 Checkpoints are the model's and the optimizer's sharded DTensors (``get_state_dict`` / ``dcp``), each rank
 writing its shards, as without ZeRO."""
@@ -37,39 +38,63 @@ def fsdp_misfit(layout: Layout) -> str | None:
         return "mixed stages or layer-wise execution (their ranks run different micro-batch counts)"
     if layout.sync_every_steps > 1 or any(r.moe_layers or r.trains_experts is not None for r in ranks):
         return "MoE blocks (each expert is trained by its own ranks)"
-    if any(r.tp_degree > 1 for r in ranks):
-        return "tensor parallelism"
     if replicas_out_of_step(layout) or len({(r.num_microbatches, r.batch_size) for r in ranks}) > 1:
         return "replicas of other layer splits, micro-batch counts or batch shares"
     return None
 
 
 def stage_groups(layout: Layout) -> tuple[tuple[int, ...], ...]:
-    """Per stage, the ranks holding its layers (its chunks, with virtual stages), one per pipeline."""
-    groups: dict[int, list[int]] = {}
+    """Per stage and tensor-parallel index, the ranks holding those layers (the stage's chunks, with virtual
+    stages) and that shard of them, one per pipeline: the data-parallel groups FSDP2 shards over."""
+    groups: dict[tuple[int, int], list[int]] = {}
     for r in sorted(layout.ranks, key=lambda r: (r.pipeline, r.rank)):
-        groups.setdefault(r.stage, []).append(r.rank)
+        groups.setdefault((r.stage, r.tp_index), []).append(r.rank)
     return tuple(tuple(v) for _, v in sorted(groups.items()))
 
 
-def shard_chunks(chunks: list, layout: Layout, rank: int, device_type: str) -> None:
-    """``fully_shard`` this rank's chunks over their stage's data-parallel ranks (every rank creates every
-    group, in one order)."""
+def stage_mesh(layout: Layout, rank: int, device_type: str, tp_group=None):
+    """This rank's stage as a device mesh: ``dp`` (its data-parallel group, one rank per pipeline) by ``tp`` (its
+    tensor-parallel group, where the stage has one), so that FSDP2 shards the tensor-parallel DTensors over
+    ``dp`` (both meshes one root, as FSDP2 needs). Every rank creates every data-parallel group, in one order."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
 
     mine = None
     for ranks in stage_groups(layout):
         group = dist.new_group(list(ranks))
         if rank in ranks:
             mine = group
-    mesh = DeviceMesh.from_group(mine, device_type)
-    reshard = layout.zero >= 3
+    if tp_group is None:
+        return DeviceMesh.from_group(mine, device_type, mesh_dim_names=("dp",))
+    me = layout.ranks[rank]
+    grid: dict[int, list[tuple[int, int]]] = {}
+    for r in layout.ranks:
+        if r.stage == me.stage:
+            grid.setdefault(r.pipeline, []).append((r.tp_index, r.rank))
+    mesh = [[rank_ for _, rank_ in sorted(row)] for _, row in sorted(grid.items())]
+    return DeviceMesh.from_group([mine, tp_group], device_type, mesh=mesh, mesh_dim_names=("dp", "tp"))
+
+
+def shard_chunks(chunks: list, mesh, zero: int) -> None:
+    """``fully_shard`` this rank's chunks over ``mesh``'s data-parallel dimension (``stage_mesh``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    dp = mesh["dp"] if mesh.ndim > 1 else mesh
     for chunk in chunks:
         for unit in units_of(chunk):
-            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
-        fully_shard(chunk, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(unit, mesh=dp, reshard_after_forward=zero >= 3)
+        fully_shard(chunk, mesh=dp, reshard_after_forward=zero >= 3)
+
+
+def tp_copies(params, tp_degree: int) -> dict:
+    """How many ranks hold each element of each FSDP2 shard (its share of the clipping norm): one, or
+    ``tp_degree`` for a weight the tensor-parallel ranks keep whole: replicated on the mesh's ``tp`` dimension,
+    or not tensor-parallel at all (sharded over ``dp`` alone, the same shard on each tensor-parallel rank)."""
+    copies = {}
+    for p in params:
+        split = p.device_mesh.ndim > 1 and p.placements[-1].is_shard()
+        copies[p] = 1 if split else tp_degree
+    return copies
 
 
 def units_of(chunk) -> list[nn.Module | list[nn.Module]]:

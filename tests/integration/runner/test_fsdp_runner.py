@@ -11,7 +11,7 @@ import pytest
 import torch
 from moe_ranks import run_ranks
 from paths import DATA
-from tp_runs import trains_like_one_process
+from tp_runs import tp2_replicas, trains_like_one_process
 
 from autotune import load_cluster, load_config, load_model
 from runner.checkpoint import _reader
@@ -104,6 +104,16 @@ def test_a_tied_head_under_fsdp2_trains_and_clips_like_one_process(tmp_path):
         "pipelines": [{"num_microbatches": 1, "stages": [st(f"cpu:{p}", 2)]} for p in range(4)],
     }
     trains_like_one_process(tmp_path, str(model), plan, TrainSettings(clip_grad_norm=0.5))
+
+
+@pytest.mark.parametrize(("zero", "sequence_parallel"), [(3, True), (2, False)])
+def test_fsdp2_over_tensor_parallel_replicas_trains_and_clips_like_one_process(zero, sequence_parallel, tmp_path):
+    """Two tp-2 replicas: FSDP2 shards the DTensor weights over the (dp, tp) mesh's dp dimension, the
+    vocabulary-parallel head and loss included; clipping counts a weight the tp ranks keep whole once."""
+    plan = tp2_replicas({"layers": 2, "sequence_parallel": sequence_parallel}, 2, zero=zero)
+    layout = build_layout(load_cluster("cpu-4"), load_model(str(DATA / "tiny-llama.yaml")), load_config(plan))
+    assert fsdp_misfit(layout) is None
+    trains_like_one_process(tmp_path, str(DATA / "tiny-llama.yaml"), plan, TrainSettings(clip_grad_norm=0.5))
 
 
 def _legacy_checkpoint(rank: int, directory: Path) -> dict:

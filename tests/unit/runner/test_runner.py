@@ -342,4 +342,6 @@ def test_fsdp2_runs_zero_2_and_3_over_even_replicas_and_says_why_not_elsewhere()
     assert "replicas" in fsdp_misfit(layout(counts=(5, 3)))
     assert "replicas" in fsdp_misfit(layout(splits=((3, 1), (1, 3))))
     tp = cfg([{"num_microbatches": 4, "stages": [stage([f"cpu:{2 * p}", f"cpu:{2 * p + 1}"], 4)]} for p in range(2)])
-    assert "tensor" in fsdp_misfit(build_layout(load_cluster("cpu-4"), load_model("tiny"), replace(tp, zero=3)))
+    tp_layout = build_layout(load_cluster("cpu-4"), load_model("tiny"), replace(tp, zero=3))
+    assert fsdp_misfit(tp_layout) is None  # over a (dp, tp) mesh
+    assert stage_groups(tp_layout) == ((0, 2), (1, 3))  # per tensor-parallel index, one rank per pipeline
