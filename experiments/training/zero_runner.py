@@ -9,10 +9,11 @@ measured vs predicted.
 3. Memory: short profiled runs (``runner.RealEvaluator``: 1 warm-up + 2 timed steps) of two
    single-stage replicas of a model whose training state dominates (``STATE_MODEL``: 25.2M parameters,
    short sequences), each plan's peak RSS growth per rank (host-held state counted apart) against the
-   model-state bytes ``autotune.simulator.zero`` predicts for it. The CPU runner trains in fp32 and keeps
-   the optimizer's master weights apart from the parameters whenever it shards or offloads, so its
+   model-state bytes ``autotune.simulator.zero`` predicts for it. The CPU runner trains in fp32;
+   ``runner.zero`` (offload, zero 1) keeps the optimizer's master weights apart from the parameters, so its
    bytes per parameter are weights 4, gradients 4, optimizer 12 (master 4 + two AdamW moments 8); the
-   unsharded engine (zero 0, no offload) has no separate master: 4 + 4 + 8. The working set (one
+   unsharded engine (zero 0) and FSDP2 (zero 2 / 3 here: ``runner.fsdp``, AdamW on the sharded weights)
+   have no separate master: 4 + 4 + 8. The working set (one
    block's whole gradient under zero 2, two gathered blocks and one gradient under zero 3) is added as
    the simulator counts it; activations, the model's construction copy and allocator slack are the
    same in every plan, so the comparison is of each plan's peak minus the zero-0 plan's.
@@ -176,8 +177,23 @@ EQUIVALENCE = [  # (name, cluster, config) on tiny
     ),
 ]
 
-# zero 1 uneven, zero 3 + all uneven, zero 3 + all pipelines, zero 2 over uneven splits and counts
-RESUME = [EQUIVALENCE[0], EQUIVALENCE[3], EQUIVALENCE[5], EQUIVALENCE[6]]
+EQUIVALENCE.append(  # even replicas: torch's FSDP2 (runner.fsdp)
+    (
+        "zero 3 on FSDP2, 2 x 2 stages 2+2, 4+4 mb, second stage recompute",
+        "cpu-4",
+        {
+            "micro_batch_size": 1,
+            "zero": 3,
+            "pipelines": [
+                {"num_microbatches": 4, "stages": [st(f"cpu:{2 * p}", 2), st(f"cpu:{2 * p + 1}", 2, True)]}
+                for p in range(2)
+            ],
+        },
+    )
+)
+
+# zero 1 uneven, zero 3 + all uneven, zero 3 + all pipelines, zero 2 over uneven splits and counts, FSDP2
+RESUME = [EQUIVALENCE[0], EQUIVALENCE[3], EQUIVALENCE[5], EQUIVALENCE[6], EQUIVALENCE[-1]]
 
 MEMORY = [
     ("zero 0", 0, "none"),
@@ -250,7 +266,7 @@ def resume(steps: int) -> None:
 def predicted_states_GiB(model, zero: int, offload: str) -> tuple[float, float]:
     """(device, host) model-state GiB of one rank holding the whole model with one peer."""
     units = stage_units(model, model.num_layers, 1, True, True)
-    split = PLAIN if zero == 0 and offload == "none" else SHARDED
+    split = PLAIN if zero in (0, 2, 3) and offload == "none" else SHARDED  # FSDP2 runs zero 2 / 3 here
     device, host = offload_state_bytes(sum(units), 2, zero, offload, split)
     return (device + working_bytes(units, zero, offload, 2, split)) / GiB, host / GiB
 

@@ -171,14 +171,24 @@ def test_stop_resume_and_save_a_checkpoint_transformers_loads(tiny, tmp_path):
 def test_save_hf_from_a_zero3_plan_writes_the_weights_of_the_plan_without_it(tiny, tmp_path):
     """``--save-hf`` from ZeRO-3 (refused before: a sharded checkpoint held flat shards only): its checkpoints
     carry the full weights beside the shards, gathered for the save, and the Hugging Face directory holds what
-    the same plan trains without ZeRO (rtol 1e-5, atol 1e-6), which ``transformers`` loads."""
+    the same plan trains without ZeRO (rtol 1e-5, atol 1e-6), which ``transformers`` loads; so does an even
+    ZeRO-3 plan on FSDP2, whose sharded weights DCP reassembles."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     checkpoint, corpus = tiny
     model = _model(checkpoint)
     saved = {}
-    for name, plan in (("zero3", {**TWO_BY_TWO, "zero": 3}), ("plain", TWO_BY_TWO)):
+    even = {  # FSDP2 runs this one (runner.fsdp): its checkpoints hold the model's sharded DTensors
+        "micro_batch_size": 1,
+        "zero": 3,
+        "pipelines": [
+            {"num_microbatches": 4, "stages": [{"devices": [f"cpu:{2 * p + s}"], "layers": 2} for s in range(2)]}
+            for p in range(2)
+        ],
+    }
+    plans = (("zero3", {**TWO_BY_TWO, "zero": 3}), ("fsdp2", even), ("plain", TWO_BY_TWO))
+    for name, plan in plans:
         out = tmp_path / name
         outcome = train(
             "cpu-4", model, plan, steps=3, data=corpus, init_from=checkpoint, settings=SETTINGS, save_hf=out,
@@ -186,11 +196,12 @@ def test_save_hf_from_a_zero3_plan_writes_the_weights_of_the_plan_without_it(tin
         )  # fmt: skip
         assert outcome.returncode == 0, outcome.error
         saved[name] = load_file(out / "model.safetensors")
-    assert saved["zero3"].keys() == saved["plain"].keys()
-    for key, value in saved["plain"].items():
-        # atol 1e-6 on weights of ~2e-2: Adam's step turns a near-zero gradient's rounding into ~4e-7
-        torch.testing.assert_close(saved["zero3"][key], value, rtol=1e-5, atol=1e-6)
-    assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "zero3")) is not None
+    for sharded in ("zero3", "fsdp2"):
+        assert saved[sharded].keys() == saved["plain"].keys()
+        for key, value in saved["plain"].items():
+            # atol 1e-6 on weights of ~2e-2: Adam's step turns a near-zero gradient's rounding into ~4e-7
+            torch.testing.assert_close(saved[sharded][key], value, rtol=1e-5, atol=1e-6)
+        assert AutoModelForCausalLM.from_pretrained(str(tmp_path / sharded)) is not None
 
 
 def test_a_checkpoint_without_a_tokenizer_is_refused_before_launch_when_data_is_given(tiny, tmp_path):
