@@ -275,6 +275,33 @@ PLANS = [  # (name, model, config)
             ],
         },
     ),
+    (
+        "zero 3 on FSDP2, 2 stages 2+2 x 2 replicas, 4+4 micro-batches, recompute",
+        "tiny",
+        {
+            "micro_batch_size": 1,
+            "zero": 3,
+            "pipelines": [
+                {"num_microbatches": 4, "stages": [st(f"cpu:{2 * p}", 2), st(f"cpu:{2 * p + 1}", 2, True)]}
+                for p in range(2)
+            ],
+        },
+    ),
+    (
+        "zero 2 on FSDP2, TP 2 sequence parallel x 2 replicas (vocab-parallel head)",
+        LLAMA,
+        {
+            "micro_batch_size": 1,
+            "zero": 2,
+            "pipelines": [
+                {
+                    "num_microbatches": 2,
+                    "stages": [dict(st([f"cpu:{2 * p}", f"cpu:{2 * p + 1}"], 2), sequence_parallel=True)],
+                }
+                for p in range(2)
+            ],
+        },
+    ),
 ]
 
 

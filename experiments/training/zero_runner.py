@@ -18,7 +18,10 @@ measured vs predicted.
    the simulator counts it; activations, the model's construction copy and allocator slack are the
    same in every plan, so the comparison is of each plan's peak minus the zero-0 plan's.
 
-    .venv/bin/python experiments/training/zero_runner.py [--steps 6] [--skip-equivalence] [--skip-resume] [--skip-memory]
+4. Speed (``--speed-rounds 0`` to leave out): zero 2 and 3 over two even replicas of ``STATE_MODEL``, step
+   time on torch's FSDP2 (what runs them) against ``runner.zero`` (what ran them before), alternating.
+
+    .venv/bin/python experiments/training/zero_runner.py [--steps 6] [--skip-equivalence] [--skip-resume] [--skip-memory] [--speed-rounds 2]
 """
 
 from __future__ import annotations
@@ -26,13 +29,18 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from autotune.loading import load_cluster, model_from_dict
+from autotune.loading import load_cluster, load_config, model_from_dict
 from autotune.simulator.zero import StateBytes, offload_state_bytes, stage_units, working_bytes
 from autotune.specs import ParallelConfig
+from runner.data import TokenSource
+from runner.engine import Engine
+from runner.layout import build_layout
 from runner.reference import reference_losses, trained_difference
 from runner.train import train
 
@@ -310,12 +318,61 @@ def memory() -> None:
         )
 
 
+def _timed_rank(rank: int, zero: int, fsdp: bool, steps: int, out: str) -> None:
+    """One of two ranks: ``steps`` + 1 training steps of the even two-replica plan, rank 0's step times saved."""
+    torch.set_num_threads(1)
+    init = f"file://{Path(out) / 'rendezvous'}"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=600))
+    model = model_from_dict(STATE_MODEL, "zero_runner")
+    config = load_config(_even(model, zero))
+    layout = build_layout(load_cluster("cpu-2"), model, config)
+    engine = Engine(
+        layout, model, rank, torch.device("cpu"), schedule="1f1b", seed=0, tokens=TokenSource(model, 0), fsdp=fsdp
+    )
+    assert engine.fsdp == fsdp
+    times = [engine.step(i).time_s for i in range(steps + 1)][1:]
+    if rank == 0:
+        (Path(out) / "times.json").write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+def _even(model, zero: int) -> dict:
+    pipes = [{"num_microbatches": 2, "stages": [st(f"cpu:{p}", model.num_layers)]} for p in range(2)]
+    return {"micro_batch_size": 1, "zero": zero, "pipelines": pipes}
+
+
+def speed(rounds: int, steps: int) -> None:
+    """Step time of zero 2 / 3 over two even single-stage replicas of ``STATE_MODEL`` on ``cpu-2``, run by torch's
+    FSDP2 (``runner.fsdp``, what ``autotune train`` runs for these plans) and by ``runner.zero`` (what ran them
+    before; the engine's ``fsdp=False``), in-process engines, rounds alternating so that load hits both alike."""
+    import statistics
+
+    import torch.multiprocessing as mp
+
+    times: dict[tuple[int, str], list[float]] = {}
+    for _ in range(rounds):
+        for zero in (2, 3):
+            for name, fsdp in (("FSDP2", True), ("runner.zero", False)):
+                with tempfile.TemporaryDirectory() as d:
+                    mp.spawn(_timed_rank, args=(zero, fsdp, steps, d), nprocs=2, join=True)
+                    times.setdefault((zero, name), []).extend(json.loads((Path(d) / "times.json").read_text()))
+    print(f"{'plan':36s} {'median s/step':>13s} {'min s/step':>10s}  (FSDP2 / runner.zero)")
+    for zero in (2, 3):
+        f, z = times[(zero, "FSDP2")], times[(zero, "runner.zero")]
+        for name, t in (("FSDP2", f), ("runner.zero", z)):
+            print(f"{f'zero {zero}, {name}':36s} {statistics.median(t):13.3f} {min(t):10.3f}")
+        print(
+            f"{f'zero {zero}, ratio':36s} {statistics.median(f) / statistics.median(z):13.2f} {min(f) / min(z):10.2f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--skip-equivalence", action="store_true")
     ap.add_argument("--skip-resume", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--speed-rounds", type=int, default=2, help="FSDP2 against runner.zero, rounds (0: skip)")
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -323,7 +380,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.skip_resume, args.skip_memory = 2, True, True
+        args.steps, args.skip_resume, args.skip_memory, args.speed_rounds = 2, True, True, 0
     torch.set_num_threads(1)
     if not args.skip_equivalence:
         equivalence(args.steps)
@@ -331,6 +388,8 @@ def main() -> None:
         resume(args.steps)
     if not args.skip_memory:
         memory()
+    if args.speed_rounds:
+        speed(args.speed_rounds, args.steps)
 
 
 if __name__ == "__main__":
