@@ -151,7 +151,7 @@ class TimedStage(PipelineStage):
             return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
         self.submod.set_requires_gradient_sync(True)
         self.submod.set_reshard_after_backward(self.reshard_each_backward or last_backward)
-        self.submod.set_is_last_backward(True)
+        self.submod.set_is_last_backward(True)  # each backward's reductions complete before the next micro-batch
         kw = bwd_kwargs
         return stage_backward(kw["stage_output"], kw["output_grads"], kw["input_values"]), None
 
@@ -356,12 +356,12 @@ class Engine:
         self.grad_groups: list[tuple[dist.ProcessGroup | None, list[nn.Parameter]]] = []
         self.settings = settings or TrainSettings()
         self.copies: dict[nn.Parameter, int] = {}  # gradient clipping (``_clip_gradients``)
-        self._training_state(layout, rank, model, fsdp)
+        self._training_state(layout, rank, model)
 
         # 3. stages and schedule
         self._build_schedule(layout, model, device, schedule)
 
-    def _training_state(self, layout: Layout, rank: int, model: ModelSpec, fsdp: bool) -> None:
+    def _training_state(self, layout: Layout, rank: int, model: ModelSpec) -> None:
         """Optimizer, gradient synchronisation and clipping counts: FSDP2 for ZeRO 2/3 over even replicas
         (``runner.fsdp``), ``runner.zero`` for every other sharded or offloaded plan, else all-reduce groups."""
         device = self.device
