@@ -367,6 +367,9 @@ class Engine:
         device = self.device
         self.zero = None
         self.fsdp = self.fsdp_mesh is not None
+        if layout.sharded and rank == 0:  # which engine shards the state, and why not FSDP2
+            why = fsdp_misfit(layout) or "a checkpoint runner.zero wrote"
+            log.info("zero %d on %s", layout.zero, "torch's FSDP2" if self.fsdp else f"runner.zero (not FSDP2: {why})")
         if self.fsdp:  # ZeRO 2/3 over even replicas: torch's FSDP2 shards weights, gradients, optimizer state
             from runner.fsdp import shard_chunks, tp_copies
 

@@ -82,6 +82,10 @@ from runner.reshard import WHOLE, Piece
 
 log = logging.getLogger(__name__)
 
+# torch 2.13 names them ``*_single`` and warns on the old names (same arguments); torch 2.8 has only the old ones
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
 
 def _pinned(numel: int, cuda: bool) -> torch.Tensor:
     return torch.zeros(numel, dtype=torch.float32, pin_memory=cuda)
@@ -244,7 +248,7 @@ class Unit:
         if self.ag_group is None:
             out.copy_(shard)
         else:
-            dist.all_gather_into_tensor(out, shard.contiguous(), group=self.ag_group)
+            _all_gather(out, shard.contiguous(), group=self.ag_group)
 
     def _free(self) -> None:
         self.flat.untyped_storage().resize_(0)
@@ -431,11 +435,11 @@ class Unit:
             if self.scatter_per_mb:
                 part = torch.empty(self.shard, device=self.device)
                 if self.asynchronous:
-                    work = dist.reduce_scatter_tensor(part, g, group=self.rs_group, async_op=True)
+                    work = _reduce_scatter(part, g, group=self.rs_group, async_op=True)
                     self._pending.append((work, part, g))  # g kept alive until the call completed
                     self._drain(wait=False)
                     return
-                dist.reduce_scatter_tensor(part, g, group=self.rs_group)
+                _reduce_scatter(part, g, group=self.rs_group)
                 g = part
             if pad and not self.scatter_per_mb:
                 return
@@ -488,7 +492,7 @@ class Unit:
             if g is not None and self.n > 1:
                 if self.n_shards > 1:
                     part = torch.empty(self.shard, device=self.device)
-                    dist.reduce_scatter_tensor(part, g, group=self.rs_group)
+                    _reduce_scatter(part, g, group=self.rs_group)
                     g = part
                 else:
                     dist.all_reduce(g, group=self.rs_group)
