@@ -30,14 +30,16 @@ from runner.layout import Layout, replicas_out_of_step
 def fsdp_misfit(layout: Layout) -> str | None:
     """Why FSDP2 does not run this sharded plan's ZeRO (``runner.zero`` does), or None where it does."""
     ranks = layout.ranks
-    if layout.zero not in (2, 3):
-        return f"zero {layout.zero} (FSDP2 shards the weights and gradients: zero 2 / 3)"
     if any(r.offload != "none" for r in ranks):
         return "CPU offload"
+    if layout.zero not in (2, 3):
+        return f"zero {layout.zero} (FSDP2 shards the weights and gradients: zero 2 / 3)"
     if layout.mixed or any(r.layerwise for r in ranks):
         return "mixed stages or layer-wise execution (their ranks run different micro-batch counts)"
     if layout.sync_every_steps > 1 or any(r.moe_layers or r.trains_experts is not None for r in ranks):
         return "MoE blocks (each expert is trained by its own ranks)"
+    if len({(r.stage, r.tp_degree) for r in ranks}) > len({r.stage for r in ranks}):
+        return "replicas sharding a stage at different tensor-parallel degrees"
     if replicas_out_of_step(layout) or len({(r.num_microbatches, r.batch_size) for r in ranks}) > 1:
         return "replicas of other layer splits, micro-batch counts or batch shares"
     return None

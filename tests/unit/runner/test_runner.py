@@ -345,3 +345,11 @@ def test_fsdp2_runs_zero_2_and_3_over_even_replicas_and_says_why_not_elsewhere()
     tp_layout = build_layout(load_cluster("cpu-4"), load_model("tiny"), replace(tp, zero=3))
     assert fsdp_misfit(tp_layout) is None  # over a (dp, tp) mesh
     assert stage_groups(tp_layout) == ((0, 2), (1, 3))  # per tensor-parallel index, one rank per pipeline
+    uneven_tp = cfg(
+        [
+            {"num_microbatches": 4, "stages": [stage(["cpu:0", "cpu:1"], 4)]},
+            {"num_microbatches": 4, "stages": [stage(["cpu:2"], 4)]},
+        ],
+        zero=3,
+    )
+    assert "tensor-parallel degrees" in fsdp_misfit(build_layout(load_cluster("cpu-4"), load_model("tiny"), uneven_tp))
