@@ -361,12 +361,16 @@ class Engine:
         # 3. stages and schedule
         self._build_schedule(layout, model, device, schedule)
 
+    @property
+    def fsdp(self) -> bool:
+        """Whether torch's FSDP2 shards this rank's training state (``runner.fsdp``)."""
+        return self.fsdp_mesh is not None
+
     def _training_state(self, layout: Layout, rank: int, model: ModelSpec) -> None:
         """Optimizer, gradient synchronisation and clipping counts: FSDP2 for ZeRO 2/3 over even replicas
         (``runner.fsdp``), ``runner.zero`` for every other sharded or offloaded plan, else all-reduce groups."""
         device = self.device
         self.zero = None
-        self.fsdp = self.fsdp_mesh is not None
         if layout.sharded and rank == 0:  # which engine shards the state, and why not FSDP2
             why = fsdp_misfit(layout) or "a checkpoint runner.zero wrote"
             log.info("zero %d on %s", layout.zero, "torch's FSDP2" if self.fsdp else f"runner.zero (not FSDP2: {why})")

@@ -13,18 +13,26 @@ MODEL = "tiny-moe"
 WORLD = 4
 
 
-def build_engine(plan: dict, rank: int):
-    """The engine ``autotune train`` builds on ``rank`` for ``plan`` (``tiny-moe`` on ``cpu-4``, seed 0)."""
+def build_engine(plan: dict, rank: int, model: str = MODEL, **options):
+    """The engine ``autotune train`` builds on ``rank`` for ``plan`` (``model``, ``tiny-moe`` unless named, on
+    ``cpu-4``, seed 0); ``options`` go to ``runner.engine.Engine`` (e.g. ``fsdp=False``)."""
     from autotune import load_cluster, load_config, load_model
     from runner.data import TokenSource
     from runner.engine import Engine
     from runner.layout import build_layout
 
-    model = load_model(MODEL)
+    spec = load_model(model)
     config = load_config(plan)
-    layout = build_layout(load_cluster("cpu-4"), model, config)
+    layout = build_layout(load_cluster("cpu-4"), spec, config)
     return Engine(
-        layout, model, rank, torch.device("cpu"), schedule=config.schedule, seed=0, tokens=TokenSource(model, 0)
+        layout,
+        spec,
+        rank,
+        torch.device("cpu"),
+        schedule=config.schedule,
+        seed=0,
+        tokens=TokenSource(spec, 0),
+        **options,
     )
 
 

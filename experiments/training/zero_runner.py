@@ -183,10 +183,7 @@ EQUIVALENCE = [  # (name, cluster, config) on tiny
             ],
         },
     ),
-]
-
-EQUIVALENCE.append(  # even replicas: torch's FSDP2 (runner.fsdp)
-    (
+    (  # even replicas: torch's FSDP2 (runner.fsdp)
         "zero 3 on FSDP2, 2 x 2 stages 2+2, 4+4 mb, second stage recompute",
         "cpu-4",
         {
@@ -197,8 +194,8 @@ EQUIVALENCE.append(  # even replicas: torch's FSDP2 (runner.fsdp)
                 for p in range(2)
             ],
         },
-    )
-)
+    ),
+]
 
 # zero 1 uneven, zero 3 + all uneven, zero 3 + all pipelines, zero 2 over uneven splits and counts, FSDP2
 RESUME = [EQUIVALENCE[0], EQUIVALENCE[3], EQUIVALENCE[5], EQUIVALENCE[6], EQUIVALENCE[-1]]
@@ -292,16 +289,7 @@ def memory() -> None:
     )
     base_measured = base_predicted = None
     for name, zero, offload in MEMORY:
-        config = ParallelConfig.from_dict(
-            {
-                "micro_batch_size": 1,
-                "zero": zero,
-                "pipelines": [
-                    {"num_microbatches": 2, "stages": [st("cpu:0", model.num_layers, offload=offload)]},
-                    {"num_microbatches": 2, "stages": [st("cpu:1", model.num_layers, offload=offload)]},
-                ],
-            }
-        )
+        config = ParallelConfig.from_dict(_even(model, zero, offload))
         m = ev.evaluate(config)
         if m.status != "ok":
             print(f"{name:28s} {m.status}: {m.error}")
@@ -336,8 +324,9 @@ def _timed_rank(rank: int, zero: int, fsdp: bool, steps: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _even(model, zero: int) -> dict:
-    pipes = [{"num_microbatches": 2, "stages": [st(f"cpu:{p}", model.num_layers)]} for p in range(2)]
+def _even(model, zero: int, offload: str = "none") -> dict:
+    """Two single-stage replicas of the whole ``model``, 2 micro-batches each (the memory and speed plans)."""
+    pipes = [{"num_microbatches": 2, "stages": [st(f"cpu:{p}", model.num_layers, offload=offload)]} for p in range(2)]
     return {"micro_batch_size": 1, "zero": zero, "pipelines": pipes}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from moe_ranks import run_ranks
+from moe_ranks import build_engine, run_ranks
 from paths import DATA
 from tp_runs import tp2_replicas, trains_like_one_process
 
@@ -119,14 +119,9 @@ def test_fsdp2_over_tensor_parallel_replicas_trains_and_clips_like_one_process(z
 def _legacy_checkpoint(rank: int, directory: Path) -> dict:
     """Three steps of the even ZeRO-3 plan on ``runner.zero`` (what ran it before FSDP2), checkpointed."""
     from runner import checkpoint
-    from runner.data import TokenSource
-    from runner.engine import Engine
     from runner.optim import TrainSettings
 
-    model = load_model("tiny")
-    layout = build_layout(load_cluster("cpu-4"), model, load_config(_pipelines(3)))
-    tokens = TokenSource(model, 0)
-    engine = Engine(layout, model, rank, torch.device("cpu"), schedule="1f1b", seed=0, tokens=tokens, fsdp=False)
+    engine = build_engine(_pipelines(3), rank, "tiny", fsdp=False)
     assert engine.zero is not None and not engine.fsdp
     losses = [engine.step(i, lr=TrainSettings().lr_at(i, STEPS)).loss for i in range(3)]
     checkpoint.save(directory / "ckpt", engine, 3)
@@ -160,13 +155,9 @@ def _collectives(rank: int, directory: Path) -> dict:
     """This rank's all-gathers and reduce-scatters in one training step (after a first), zero 2 and zero 3."""
     from torch.profiler import profile
 
-    from runner.data import TokenSource
-    from runner.engine import Engine
-
-    model, counts = load_model("tiny"), {}
+    counts = {}
     for zero in (2, 3):
-        layout = build_layout(load_cluster("cpu-4"), model, load_config(_pipelines(zero)))
-        engine = Engine(layout, model, rank, torch.device("cpu"), schedule="1f1b", seed=0, tokens=TokenSource(model, 0))
+        engine = build_engine(_pipelines(zero), rank, "tiny")
         engine.step(0)
         with profile() as prof:
             engine.step(1)
