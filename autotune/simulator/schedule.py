@@ -183,14 +183,19 @@ def run_program(
 
 
 def _straight_line(program: tuple[tuple[int, int, int, int], ...]):
-    """``run_program``'s loop unrolled for one program: one local per operation, no indexing of ``end``."""
-    lines = ["def run(d, c):", "    e0 = 0.0"]
+    """``run_program``'s loop unrolled for one program: one local per operation and per duration and transfer
+    slot read, no indexing of ``end`` (``comms[0]`` is 0 by definition: ``end[dep] + 0.0`` is ``end[dep]``,
+    end times being non-negative)."""
+    lines = ["def run(d, c):"]
+    lines += [f"    d{i} = d[{i}]" for i in sorted({di for _, _, _, di in program})]
+    lines += [f"    c{i} = c[{i}]" for i in sorted({ci for _, _, ci, _ in program if ci})]
+    lines.append("    e0 = 0.0")
     for k, (prev, dep, ci, di) in enumerate(program, start=1):
         if dep == 0 and ci == 0:  # max(end[prev], 0 + 0): end[prev] is never negative
-            lines.append(f"    e{k} = e{prev} + d[{di}]")
+            lines.append(f"    e{k} = e{prev} + d{di}")
         else:
-            lines.append(f"    t = e{dep} + c[{ci}]")
-            lines.append(f"    e{k} = (e{prev} if e{prev} > t else t) + d[{di}]")
+            lines.append(f"    t = e{dep} + c{ci}" if ci else f"    t = e{dep}")
+            lines.append(f"    e{k} = (e{prev} if e{prev} > t else t) + d{di}")
     lines.append("    return [" + ", ".join(f"e{k}" for k in range(len(program) + 1)) + "]")
     namespace: dict = {}
     exec(compile("\n".join(lines), "<pipeline schedule>", "exec"), namespace)  # noqa: S102 - our own program

@@ -11,7 +11,8 @@ replicas, micro-batch 1, 2 or 4), random layer splits, random placement of tenso
 Prints configs/s for: the search's usage (one Simulator, its caches on); with the whole-pipeline cache
 off (every pipeline simulated operation by operation); and per schedule. ``--against COMMIT`` instead times
 the search's usage of this tree and of that commit side by side in alternating rounds (``against.py``;
-default rounds 5, best of each), the previous release being 61c44b6.
+default rounds 5, best of each), the previous release being 61c44b6; by default per second of each child's CPU
+time (``--clock cpu``: on a shared machine its other programs stretch wall time, far less CPU time).
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ def random_config(rng: random.Random, cluster, num_layers: int, schedule: str) -
     return ParallelConfig(GLOBAL_BATCH // (dp * MICROBATCHES), tuple(pipelines), schedule=schedule, virtual_stages=v)
 
 
-def bench(sim: Simulator, configs: list[ParallelConfig]) -> tuple[float, int]:
-    t0 = time.perf_counter()
+def bench(sim: Simulator, configs: list[ParallelConfig], clock=time.perf_counter) -> tuple[float, int]:
+    t0 = clock()
     ok = sum(sim.evaluate(c).ok for c in configs)
-    return len(configs) / (time.perf_counter() - t0), ok
+    return len(configs) / (clock() - t0), ok
 
 
 def main() -> None:
@@ -68,6 +69,13 @@ def main() -> None:
     )
     ap.add_argument("--against", metavar="COMMIT", help=f"side by side with that commit (e.g. {PREVIOUS_RELEASE})")
     ap.add_argument("--rounds", type=int, default=5, help="--against: alternating rounds")
+    ap.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="--against: configs per second of the process's CPU time (default: what a loaded machine's other "
+        "programs do not move much; on a quiet machine the two agree) or of wall time",
+    )
     ap.add_argument("--search-usage-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
@@ -75,6 +83,8 @@ def main() -> None:
     if args.against:
         print(f"configs/s, search usage, {args.configs} plans, load average {os.getloadavg()[0]:.2f} (2 cores)")
         me = [str(Path(__file__).resolve()), "--configs", str(args.configs), "--seed", str(args.seed)]
+        me += ["--clock", args.clock]
+        print(f"clock: {args.clock} time")
 
         def measure(tree: Path) -> float:
             line = run_in(tree, [*me, "--search-usage-only"]).strip().splitlines()[-1]
@@ -93,9 +103,10 @@ def main() -> None:
         f"{STAGES} stages, {MICROBATCHES} micro-batches per replica"
     )
 
-    rate, ok = bench(Simulator(cluster, model), configs)
+    clock = time.process_time if args.search_usage_only and args.clock == "cpu" else time.perf_counter
+    rate, ok = bench(Simulator(cluster, model), configs, clock)
     if args.search_usage_only:  # --against's child: the best of three passes, each on a fresh Simulator
-        rate = max(rate, *(bench(Simulator(cluster, model), configs)[0] for _ in range(2)))
+        rate = max(rate, *(bench(Simulator(cluster, model), configs, clock)[0] for _ in range(2)))
     print(
         f"search usage (one Simulator, caches on):      {rate:8.0f} configs/s  ({ok} fit, "
         f"{len(configs) - ok} out of memory)"

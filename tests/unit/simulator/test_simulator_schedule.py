@@ -105,3 +105,32 @@ def test_schedule_respects_dependencies_and_never_overlaps(schedule: str, p: int
 def test_interleaving_with_uneven_micro_batches_is_detected() -> None:
     with pytest.raises(ScheduleDeadlock):
         compile_schedule("interleaved-1f1b", 4, 5, 3)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "p", "m", "v", "shares"),
+    [
+        ("1f1b", 5, 7, 1, None),
+        ("gpipe", 3, 4, 1, None),
+        ("interleaved-1f1b", 4, 8, 2, None),
+        ("1f1b", 3, 6, 1, ((6,), (4, 2), (6,))),  # a mixed stage: two ranks, uneven shares
+    ],
+)
+def test_straight_line_program_computes_the_loops_floats(schedule, p, m, v, shares) -> None:
+    """The unrolled program that often-run pipelines switch to (``schedule._straight_line``) gives the very
+    floats of ``run_program``'s loop, whatever the durations and transfers (a zero transfer slot included)."""
+    import random
+
+    from autotune.simulator.mixed_stages import compile_pipeline
+    from autotune.simulator.schedule import _straight_line
+
+    comp = compile_pipeline(schedule, p, m, v, shares)
+    rng = random.Random(7)
+    run = _straight_line(comp.program)
+    for _ in range(5):
+        durs = [rng.uniform(0.1, 3.0) for _ in range(1 + max(di for *_, di in comp.program))]
+        comms = [0.0] + [rng.choice([0.0, rng.uniform(0.0, 0.5)]) for _ in range(max(ci for _, _, ci, _ in comp.program))]
+        end = [0.0]
+        for prev, dep, ci, di in comp.program:  # the loop's definition
+            end.append(max(end[prev], end[dep] + comms[ci]) + durs[di])
+        assert run(durs, comms) == end
