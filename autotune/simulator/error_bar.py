@@ -24,6 +24,7 @@ independent sources) and names the largest.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 
@@ -70,6 +71,7 @@ def regime(precision: str) -> str:
     return "fp32" if precision == "fp32" else "16-bit"
 
 
+@functools.lru_cache(maxsize=256)
 def compute_error(device_name: str, precision: str, calibrated: bool) -> tuple[float, str]:
     """(relative error, label) of the compute term of one device class."""
     if calibrated:
@@ -80,6 +82,7 @@ def compute_error(device_name: str, precision: str, calibrated: bool) -> tuple[f
     return UNVALIDATED_TIME_ERROR, f"compute on {device_name} ({key[1]}, datasheet, no measured run)"
 
 
+@functools.lru_cache(maxsize=64)
 def network_error(bandwidth_GBps: float) -> tuple[float, str]:
     """(relative error, label) of traffic over a network link of this bandwidth."""
     if bandwidth_GBps >= NETWORK_VALIDATED_GBps:

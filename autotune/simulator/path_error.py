@@ -26,9 +26,10 @@ def class_error(costs: CostModel, rate_key: str, precision: str) -> tuple[float,
 def network_error(costs: CostModel, config: ParallelConfig) -> tuple[float, str, bool]:
     """(relative error, label) of the slowest network link among the plan's nodes, and whether the plan
     spans several nodes."""
-    nodes = {costs.node[d].name: costs.node[d] for d in config.devices}
-    slowest = min((n.network for n in nodes.values()), key=lambda link: link.bandwidth_GBps)
-    return (*error_bar.network_error(slowest.bandwidth_GBps), len(nodes) > 1)
+    node = costs.node
+    names = {node[d].name for pipe in config.pipelines for st in pipe.stages for d in st.devices}
+    slowest = min(costs.node_spec[n].network.bandwidth_GBps for n in names)
+    return (*error_bar.network_error(slowest), len(names) > 1)
 
 
 def sigma_bound(costs: CostModel, cluster: ClusterSpec, precision: str) -> float:
