@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test check lint gpu-check clean engines
+.PHONY: install demo test check lint gpu-check clean engines titan-site
 
 install: $(STAMP)
 
@@ -36,6 +36,12 @@ engines: .engines/.installed
 	( $(BIN)/pip install -q --target $(ENGINES) --no-deps -r requirements-engines.txt && \
 	  $(BIN)/pip install -q --target $(ENGINES) --no-deps --python-version 3.12 --only-binary=:all: \
 	    megatron-core==0.19.2 && touch $@ ) || echo "engine parsers not installed: tests/integration/engines skips them"
+
+# torchtitan and what it imports, without triton and Megatron (42 MB, a CUDA torch brings its own triton): what
+# scripts/titan_gpu_check.py needs on a GPU machine without a package index (carry .engines/titan there)
+titan-site: engines
+	rm -rf .engines/titan && mkdir -p .engines/titan
+	cd $(ENGINES) && cp -r $$(ls | grep -v -E '^(triton|megatron|bin)') ../titan/
 
 # the inner loop: lint and format, then tests/unit only (no processes, servers or MLflow stores)
 check: lint
