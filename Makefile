@@ -43,9 +43,10 @@ titan-site: engines
 	rm -rf .engines/titan && mkdir -p .engines/titan
 	cd $(ENGINES) && cp -r $$(ls | grep -v -E '^(triton|megatron|bin)') ../titan/
 
-# the inner loop: lint and format, then tests/unit only (no processes, servers or MLflow stores)
+# the inner loop: lint and format, then tests/unit only (no processes, servers or MLflow stores), less the unit
+# tests marked slow (whole searches, a policy's training, sweeps: each over ~5 s on 2 idle cores); make test runs them
 check: lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/unit
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/unit -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

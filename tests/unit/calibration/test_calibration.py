@@ -381,6 +381,7 @@ SIX_PLANS = [
 ]
 
 
+@pytest.mark.slow
 def test_online_calibration_keeps_a_right_profile_when_runs_only_add_noise():
     """Runs scattered +-8-12% around a profile that is right: a fit would chase the noise; the held-out
     check must keep the profile as it is."""
@@ -526,6 +527,7 @@ def test_a_run_the_fit_cannot_take_is_kept_and_leaves_the_correction_as_it_was(c
     assert "could not refit with the run" in caplog.text
 
 
+@pytest.mark.slow
 def test_the_closed_loop_starts_from_the_datasheet_simulator_and_a_run_it_predicts_moves_nothing(tmp_path):
     """Without a profile the corrections scale ``default_profile``, which must predict what the datasheet
     simulator predicts, memory roofline of the matmuls included (issue 45: it dropped the roofline, so it was

@@ -1,6 +1,8 @@
 """A run slowed by a PCIe node's links is read as slow links, not as slow GPUs (issue 45: the structured lie
 of three-gen-24's H100 node; ``OnlineCalibrator``'s link prior and its second starting point)."""
 
+import pytest
+
 from autotune.calibration.online import OnlineCalibrator
 from autotune.planning.planner import plan_candidates
 from autotune.planning.space import SearchSpace
@@ -9,6 +11,7 @@ from autotune.simulator import Simulator
 from autotune.simulator.perturbation import ClusterErrors, perturb
 
 
+@pytest.mark.slow
 def test_a_zero3_run_over_a_pcie_node_corrects_its_links_not_its_gpus():
     s = next(x for x in heldout_scenarios() if x.name == "three-gen-24")
     node = next(n.name for n in s.cluster.nodes if n.device.name.startswith("H100"))

@@ -46,6 +46,7 @@ def test_registered_and_passes_check_env():
     env.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cluster,model", SCENARIOS)
 def test_masks_never_leave_the_agent_without_a_valid_action(cluster, model):
     env = make_env(cluster, model, max_steps=16, random_start=True)

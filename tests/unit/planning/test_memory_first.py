@@ -149,6 +149,7 @@ CLOUD = dict(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["optuna", "rl", "random"])
 def test_the_issues_cloud_cluster_gets_a_plan_that_fits_at_budget_10(method):
     cluster = cluster_from_dict(CLOUD, source="test", default_name="cloud-t4-l4-a10g")
@@ -180,6 +181,7 @@ def test_optuna_learns_the_memory_constraint_and_keeps_one_budget():
     }
 
 
+@pytest.mark.slow
 def test_a_resumed_search_on_a_tight_cluster_reaches_exactly_its_budget(tmp_path):
     """Screened-out plans are not budget: a second run continues the same study and MLflow parent and
     ends with exactly the new budget of evaluated plans (the memory model answers the old ones again)."""

@@ -73,6 +73,7 @@ def test_none_for_a_dense_model():
     assert moe_plans.candidates(space, sim, Planner(space, sim).plan(8), 100) == []
 
 
+@pytest.mark.slow
 def test_plan_candidates_keep_to_the_searchs_limits(spes):
     space, sim, plans = spes
     runner = plan_limits(space.cluster, MODEL)

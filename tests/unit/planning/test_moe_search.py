@@ -120,6 +120,7 @@ def test_env_has_moe_moves_and_fine_edits_keep_moe_fields() -> None:
     assert env.config.sync_every_steps == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["random", "optuna", "rl", "uniform"])
 def test_every_method_searches_the_moe_space(method: str) -> None:
     from autotune.search.api import tune

@@ -19,6 +19,7 @@ def _space(cluster, model, **kw):
     return SearchSpace(cluster, model, **kw)
 
 
+@pytest.mark.slow
 def test_composed_time_matches_the_simulator_on_a_mixed_cluster():
     cluster, model = load_cluster("mixed-a100-v100"), load_model("gpt2-xl")
     space = _space(cluster, model)
@@ -107,6 +108,7 @@ def test_recompute_only_where_memory_needs_it():
     assert any(len({st.recompute for st in p.stages}) == 2 for c in cands for p in c.config.pipelines)
 
 
+@pytest.mark.slow
 def test_dp_reaches_the_exhaustive_optimum_of_a_tiny_space_and_respects_the_budget():
     cluster, model = load_cluster("cpu-hetero"), load_model("tiny")
     # a space small enough to enumerate: no ZeRO / offload (the planner's plans here use neither)
@@ -133,6 +135,7 @@ def _standalone_nodes(n: int):
     return cluster_from_dict({"nodes": nodes, "network": {"bandwidth_GBps": 1.25}}, source="test")
 
 
+@pytest.mark.slow
 def test_many_node_classes_are_planned_by_a_beam_close_to_the_exhaustive_plan(monkeypatch):
     """Per-class plans multiply (options + 1) per node class: 15 standalone nodes made 5^15 combinations
     and dp (the default start of optuna and rl) never returned. Past MAX_COMBINATIONS a beam over the
@@ -154,6 +157,7 @@ def test_many_node_classes_are_planned_by_a_beam_close_to_the_exhaustive_plan(mo
     assert best_beam <= 1.02 * best_exhaustive
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)  # before the beam this never returned
 def test_fifteen_node_classes_plan_with_a_bounded_number_of_compositions():
     from autotune.planning import planner as planner_mod

@@ -58,6 +58,7 @@ def test_the_start_plan_is_what_roundpipe_picks_with_its_defaults(box):
     assert shape["schedule"] == "roundpipe" and shape["devices_idle"] == 0
 
 
+@pytest.mark.slow
 def test_exhaustive_counts_each_kind_of_plan_once(box):
     # micro-batch execution only: with layer-wise execution too the space exceeds exhaustive's limit
     space = SearchSpace(box[0].cluster, box[0].model, restrict={"execution": ["microbatch"]})
@@ -70,6 +71,7 @@ def test_exhaustive_counts_each_kind_of_plan_once(box):
     assert len({c for _, c in plans}) == len(plans)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["random", "uniform", "optuna", "rl", "dp"])
 def test_every_method_evaluates_roundpipes_own_plan_first(box, method):
     from autotune.search.api import tune
@@ -133,6 +135,7 @@ def test_the_env_stays_defined_on_a_roundpipe_plan(box):
     assert space.check(env.config) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["optuna", "random"])
 def test_a_search_restricted_to_one_kind_of_plan_stays_in_it(box, method):
     """restrict={"roundpipe": [True]}: the dp start plan and the heuristic warm starts are pipeline plans,

@@ -3,6 +3,8 @@ parallelism and recomputation over the composed pipelines, timed by the simulato
 
 from __future__ import annotations
 
+import pytest
+
 from autotune import load_model
 from autotune.loading import cluster_from_dict
 from autotune.planning import sharded_dp, state_variants
@@ -128,6 +130,7 @@ def test_the_interleaved_schedule_where_the_split_allows_it():
     assert all(st.schedule != state_variants.INTERLEAVED for st in state_variants.choices(space, odd))
 
 
+@pytest.mark.slow
 def test_the_planner_returns_each_plan_once():
     from autotune import load_cluster
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from autotune import load_model
 from autotune.loading import cluster_from_dict
@@ -33,6 +34,7 @@ def tiny_scenario() -> Scenario:
     return Scenario("tiny", cluster, load_model("gpt2-xl", global_batch_size=32))
 
 
+@pytest.mark.slow
 def test_a_few_hundred_steps_improve_the_choosers_own_validation_score(tmp_path) -> None:
     episodes = scenario_episodes(tiny_scenario(), 24, np.random.default_rng(0))
     assert len(episodes) == 24 and all(len(ep.table) == len(episodes[0].table) > 8 for ep in episodes)

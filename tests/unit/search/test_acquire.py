@@ -45,6 +45,7 @@ def test_the_shipped_chooser_is_a_policy_file_of_its_layout() -> None:
     assert not uses_acquisition("scratch")  # online learning on the plan-editing env
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", [None, GREEDY])
 def test_rl_on_real_runs_stops_within_the_budget_and_says_why(policy, caplog) -> None:
     reality = Reality(CLUSTER, SLOW_NETWORK, MODEL)
@@ -84,6 +85,7 @@ def test_a_resumed_chooser_reads_back_what_ran_and_spends_only_the_rest() -> Non
     assert np.isclose(again.best.score, max(first.best.score, again.best.score))
 
 
+@pytest.mark.slow
 def test_the_chooser_predicts_with_the_simulator_the_search_began_with_and_replans_with_the_corrected_one(
     monkeypatch,
 ) -> None:

@@ -56,6 +56,7 @@ def test_exhaustive_evaluates_every_distinct_plan_once(tiny):
     assert ev.best.score == optimum > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["random", "optuna", "rl"])
 def test_method_finds_the_exhaustive_optimum_on_a_tiny_space(tiny, method):
     space, n, optimum = tiny
@@ -134,6 +135,7 @@ def test_every_method_respects_the_budget(tiny):
     assert ev.used == 7
 
 
+@pytest.mark.slow
 def test_rl_smoke_learn_and_act(tiny):
     from envs.parallel_config import ParallelConfigEnv
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from autotune import load_cluster, load_model
 from autotune.planning.budget import BudgetedEvaluator
 from autotune.planning.space import SearchSpace
@@ -18,6 +20,7 @@ def _first(backend: str):
     return budgeted.history[0].config, space
 
 
+@pytest.mark.slow
 def test_the_first_real_run_is_the_planner_s_and_a_simulated_search_still_starts_from_roundpipe_s_plan():
     first_sim, space = _first("sim")
     assert first_sim == space.decode(space.roundpipe_start()).config  # free in the simulator

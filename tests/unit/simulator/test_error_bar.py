@@ -124,6 +124,7 @@ def _sweep_bars():
                 yield cluster, got, sim.error_bar_by_rerun(config)
 
 
+@pytest.mark.slow
 def test_the_one_run_error_bar_agrees_with_the_rerun_definition_on_the_pinned_sweep() -> None:
     """``evaluate``'s bar (one schedule run: first order along the critical path, a rerun only of replicas where
     a class may take over the bottleneck) against its definition (the schedule rerun per term). The stated

@@ -259,6 +259,7 @@ def test_a_measured_backward_ratio_replaces_the_pass_counts_in_its_regime(no_hos
 # -- runner ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_runner_selective_recompute_and_standard_attention_train_the_same_model() -> None:
     import torch
 

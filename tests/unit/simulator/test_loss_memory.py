@@ -51,6 +51,7 @@ def test_an_unknown_engine_is_named() -> None:
         simulate("mixed-a100-v100", "gpt2-xl", {"micro_batch_size": 1, "pipelines": []}, engine="jax")
 
 
+@pytest.mark.slow
 def test_the_runner_s_loss_holds_what_the_simulator_says() -> None:
     """Measured on CPU through ``runner.model.lm_loss`` (``experiments/fidelity/loss_peak.py``): the peak
     resident growth per logit of the runner's way (stage output kept) and torchtitan's (deleted)."""

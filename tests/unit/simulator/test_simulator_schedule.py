@@ -129,7 +129,9 @@ def test_straight_line_program_computes_the_loops_floats(schedule, p, m, v, shar
     run = _straight_line(comp.program)
     for _ in range(5):
         durs = [rng.uniform(0.1, 3.0) for _ in range(1 + max(di for *_, di in comp.program))]
-        comms = [0.0] + [rng.choice([0.0, rng.uniform(0.0, 0.5)]) for _ in range(max(ci for _, _, ci, _ in comp.program))]
+        comms = [0.0] + [
+            rng.choice([0.0, rng.uniform(0.0, 0.5)]) for _ in range(max(ci for _, _, ci, _ in comp.program))
+        ]
         end = [0.0]
         for prev, dep, ci, di in comp.program:  # the loop's definition
             end.append(max(end[prev], end[dep] + comms[ci]) + durs[di])
