@@ -26,6 +26,10 @@ WIDTH, BLOCKS, SEED, LR = 32, 3, 0, 1e-2
 
 RANK = r"""
 import json, sys, torch, deepspeed
+import deepspeed.comm.torch
+# not DeepSpeed's shared-memory all-reduce for CPU ranks, a C++ op it compiles on first use (2-3 minutes on a
+# fresh machine): gloo carries the collectives, as torch.distributed does for the runner
+sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 sys.path.insert(0, sys.argv[3])
 from deepspeed_cpu import batch, model_of
 config = json.load(open(sys.argv[1]))

@@ -151,6 +151,10 @@ def _run(script: list[str], env: dict, timeout: int = 900) -> dict:
 CHECK = r"""
 import json, sys
 import deepspeed
+import deepspeed.comm.torch
+# not DeepSpeed's shared-memory all-reduce for CPU ranks (a C++ op it compiles on first use: 2-3 minutes on a fresh
+# machine); the config code under test does not use it
+sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 deepspeed.init_distributed(dist_backend="gloo")
 from deepspeed.runtime.config import DeepSpeedConfig
 
