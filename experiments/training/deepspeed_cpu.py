@@ -6,7 +6,8 @@ stand-in model (a stack of linear layers: DeepSpeed's config does not describe t
 batch: each step, rank r's k-th micro-batch is samples ``(k * dp + r) * mbs ...`` of the step's global
 batch. The same steps run in one process on the whole global batch (AdamW, the mean loss); the largest
 parameter difference after the steps says whether DeepSpeed read the file's batch, accumulation and ZeRO
-settings as the plan means them.
+settings as the plan means them. DeepSpeed's shared-memory all-reduce for CPU ranks (a C++ op it compiles on
+first use, 2-3 minutes on a fresh machine) is left out: gloo carries the collectives.
 
     DS_ACCELERATOR=cpu .venv/bin/python experiments/training/deepspeed_cpu.py [--steps 3]
 """
