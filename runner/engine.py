@@ -377,7 +377,7 @@ class Engine:
         if self.fsdp:  # ZeRO 2/3 over even replicas: torch's FSDP2 shards weights, gradients, optimizer state
             from runner.fsdp import shard_chunks, tp_copies
 
-            shard_chunks(self.chunks, self.fsdp_mesh, layout.zero)
+            shard_chunks(self.chunks, self.fsdp_mesh, layout.zero, self.plan.offload)
             self.optimizer = make_optimizer(list(self.module.parameters()), self.settings)
             self.copies = tp_copies(self.module.parameters(), self.plan.tp_degree)
         elif layout.sharded:  # ZeRO sharding / CPU offload: runner.zero keeps the optimizer and the gradients
@@ -556,7 +556,7 @@ class Engine:
             if p.grad is not None:
                 g = local_tensor(p.grad)
                 grads.append(g)
-                sq += g.double().pow(2).sum() / copies
+                sq += g.double().pow(2).sum().to(sq.device) / copies  # FSDP2 offload: gradients in host memory
         dist.all_reduce(sq)
         norm = float(sq.sqrt())
         scale = max_norm / (norm + 1e-6)

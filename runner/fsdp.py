@@ -1,7 +1,8 @@
 """ZeRO-2/3 by torch's FSDP2 (``fully_shard``) where the replicas are even.
 
 Where every pipeline splits the layers alike, runs the same micro-batches on the same share of the batch and
-keeps its weights on the device (no offload, no mixed stages, no MoE, no layer-wise execution), the ranks
+offloads a stage alike (nothing, or with zero 3 everything: FSDP2's ``CPUOffloadPolicy``; no mixed stages, no
+MoE, no layer-wise execution), the ranks
 holding a stage's layers reach each layer in one order, and ZeRO is what torch's FSDP2 does: each transformer
 block, the embedding and the final norm with the LM head are one ``fully_shard`` unit over the stage's
 data-parallel ranks (torchtitan's wrapping; with tensor parallelism over the ``dp`` dimension of a ``dp`` x
@@ -30,10 +31,14 @@ from runner.layout import Layout, replicas_out_of_step
 def fsdp_misfit(layout: Layout) -> str | None:
     """Why FSDP2 does not run this sharded plan's ZeRO (``runner.zero`` does), or None where it does."""
     ranks = layout.ranks
-    if any(r.offload != "none" for r in ranks):
-        return "CPU offload"
+    if any(r.offload == "optimizer" for r in ranks):
+        return "optimizer-only offload; FSDP2 offloads all or nothing"
     if layout.zero not in (2, 3):
         return f"zero {layout.zero} (FSDP2 shards the weights and gradients: zero 2 / 3)"
+    if layout.zero != 3 and any(r.offload == "all" for r in ranks):
+        return "offload all with zero 2; FSDP2 offloads sharded weights, zero 3"
+    if len({(r.stage, r.offload) for r in ranks}) > len({r.stage for r in ranks}):
+        return "replicas offloading a stage differently"
     if layout.mixed or any(r.layerwise for r in ranks):
         return "mixed stages or layer-wise execution (their ranks run different micro-batch counts)"
     if layout.sync_every_steps > 1 or any(r.moe_layers or r.trains_experts is not None for r in ranks):
@@ -77,15 +82,19 @@ def stage_mesh(layout: Layout, rank: int, device_type: str, tp_group=None):
     return DeviceMesh.from_group([mine, tp_group], device_type, mesh=mesh, mesh_dim_names=("dp", "tp"))
 
 
-def shard_chunks(chunks: list, mesh, zero: int) -> None:
-    """``fully_shard`` this rank's chunks over ``mesh``'s data-parallel dimension (``stage_mesh``)."""
-    from torch.distributed.fsdp import fully_shard
+def shard_chunks(chunks: list, mesh, zero: int, offload: str = "none") -> None:
+    """``fully_shard`` this rank's chunks over ``mesh``'s data-parallel dimension (``stage_mesh``); with
+    ``offload`` ``all`` (zero 3) under FSDP2's ``CPUOffloadPolicy``: the weights' shards, the gradients' and the
+    optimizer state in host memory, each unit's shards copied to the device for its gather, the step on the CPU."""
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     dp = mesh["dp"] if mesh.ndim > 1 else mesh
+    policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload == "all" else OffloadPolicy()
     for chunk in chunks:
         for unit in units_of(chunk):
-            fully_shard(unit, mesh=dp, reshard_after_forward=zero >= 3)
-        fully_shard(chunk, mesh=dp, reshard_after_forward=zero >= 3)
+            fully_shard(unit, mesh=dp, reshard_after_forward=zero >= 3, offload_policy=policy)
+        fully_shard(chunk, mesh=dp, reshard_after_forward=zero >= 3, offload_policy=policy)
 
 
 def tp_copies(params, tp_degree: int) -> dict:

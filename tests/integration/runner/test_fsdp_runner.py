@@ -26,14 +26,18 @@ STEPS = 6
 RTOL = 1e-5
 
 
-def st(device: str, layers: int, recompute: bool = False) -> dict:
-    return {"devices": [device], "layers": layers, "recompute": recompute}
+def st(device: str, layers: int, recompute: bool = False, offload: str = "none") -> dict:
+    return {"devices": [device], "layers": layers, "recompute": recompute, "offload": offload}
 
 
-def _pipelines(zero: int, **plan) -> dict:
+def _pipelines(zero: int, offload: str = "none", **plan) -> dict:
     """Two pipelines of two stages (2 + 2 layers, the second recomputing), 4 micro-batches each."""
     pipes = [
-        {"num_microbatches": 4, "stages": [st(f"cpu:{2 * p}", 2), st(f"cpu:{2 * p + 1}", 2, True)]} for p in range(2)
+        {
+            "num_microbatches": 4,
+            "stages": [st(f"cpu:{2 * p}", 2, offload=offload), st(f"cpu:{2 * p + 1}", 2, True, offload)],
+        }
+        for p in range(2)
     ]
     return {"micro_batch_size": 1, "zero": zero, "pipelines": pipes, **plan}
 
@@ -51,6 +55,8 @@ PLANS = {
     "zero2-pipelines": ("cpu-4", _pipelines(2)),
     # each rank holds two chunks (two FSDP roots), Megatron's interleaved order
     "zero3-interleaved": ("cpu-4", _pipelines(3, schedule="interleaved-1f1b", virtual_stages=2)),
+    # everything in host memory: FSDP2's CPUOffloadPolicy (the step on the CPU)
+    "zero3-offload-all": ("cpu-4", _pipelines(3, offload="all")),
 }
 
 
@@ -72,8 +78,9 @@ def test_even_zero_plans_train_on_fsdp2_like_a_single_process(plan, reference, t
     torch.testing.assert_close(torch.tensor(_losses(tmp_path / "m.jsonl")), torch.tensor(reference), rtol=RTOL, atol=0)
 
 
-def test_fsdp2_resumes_bit_exact_from_each_rank_s_shards(tmp_path):
-    config = _pipelines(3)
+@pytest.mark.parametrize("offload", ["none", "all"])
+def test_fsdp2_resumes_bit_exact_from_each_rank_s_shards(offload, tmp_path):
+    config = _pipelines(3, offload=offload)
     whole = train("cpu-4", "tiny", config, steps=STEPS, metrics_out=tmp_path / "w.jsonl", quiet=True, timeout_s=300)
     assert whole.returncode == 0, whole.error
     ckpt = tmp_path / "ckpt"

@@ -338,7 +338,19 @@ def test_fsdp2_runs_zero_2_and_3_over_even_replicas_and_says_why_not_elsewhere()
     assert fsdp_misfit(even) is None and fsdp_misfit(layout(zero=2)) is None
     assert stage_groups(even) == ((0, 2), (1, 3))  # each stage's ranks, one per pipeline
     assert "zero 1" in fsdp_misfit(layout(zero=1))
-    assert "offload" in fsdp_misfit(layout(offload="optimizer"))
+    assert "optimizer-only offload" in fsdp_misfit(layout(offload="optimizer"))
+    assert fsdp_misfit(layout(offload="all")) is None  # zero 3: FSDP2's CPUOffloadPolicy
+    assert "offload all with zero 2" in fsdp_misfit(layout(zero=2, offload="all"))
+    half = cfg(
+        [
+            {"num_microbatches": 4, "stages": [{**stage([f"cpu:{p}"], 4), "offload": off}]}
+            for p, off in enumerate(("all", "none"))
+        ],
+        zero=3,
+    )
+    assert "offloading a stage differently" in fsdp_misfit(
+        build_layout(load_cluster("cpu-2"), load_model("tiny"), half)
+    )
     assert "replicas" in fsdp_misfit(layout(counts=(5, 3)))
     assert "replicas" in fsdp_misfit(layout(splits=((3, 1), (1, 3))))
     tp = cfg([{"num_microbatches": 4, "stages": [stage([f"cpu:{2 * p}", f"cpu:{2 * p + 1}"], 4)]} for p in range(2)])
