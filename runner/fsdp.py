@@ -2,12 +2,11 @@
 
 Where every pipeline splits the layers alike, runs the same micro-batches on the same share of the batch and
 offloads a stage alike (nothing, or with zero 3 everything: FSDP2's ``CPUOffloadPolicy``; no mixed stages, no
-MoE, no layer-wise execution), the ranks
-holding a stage's layers reach each layer in one order, and ZeRO is what torch's FSDP2 does: each transformer
-block, the embedding and the final norm with the LM head are one ``fully_shard`` unit over the stage's
-data-parallel ranks (torchtitan's wrapping; with tensor parallelism over the ``dp`` dimension of a ``dp`` x
-``tp`` mesh, sharding the DTensor weights further), the rest of a chunk (a tied embedding, learned positions)
-its root unit. Every other sharded plan runs on ``runner.zero`` (docs/runner.md says why FSDP2 does not fit
+MoE, no layer-wise execution), the ranks holding a stage's layers reach each layer in one order, and ZeRO is
+what torch's FSDP2 does: each transformer block, the embedding and the final norm with the LM head are one
+``fully_shard`` unit over the stage's data-parallel ranks (torchtitan's wrapping; with tensor parallelism over
+the ``dp`` dimension of a ``dp`` x ``tp`` mesh, sharding the DTensor weights further), the rest of a chunk (a
+tied embedding, learned positions) its root unit. Every other sharded plan runs on ``runner.zero`` (docs/runner.md says why FSDP2 does not fit
 those).
 
 Per micro-batch, as ``autotune.simulator.zero`` counts ZeRO (and not as ``torch.distributed.pipelining``
@@ -86,11 +85,10 @@ def shard_chunks(chunks: list, mesh, zero: int, offload: str = "none") -> None:
     """``fully_shard`` this rank's chunks over ``mesh``'s data-parallel dimension (``stage_mesh``); with
     ``offload`` ``all`` (zero 3) under FSDP2's ``CPUOffloadPolicy``: the weights' shards, the gradients' and the
     optimizer state in host memory, each unit's shards copied to the device for its gather, the step on the CPU."""
-    import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     dp = mesh["dp"] if mesh.ndim > 1 else mesh
-    policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload == "all" else OffloadPolicy()
+    policy = CPUOffloadPolicy(pin_memory=dp.device_type == "cuda") if offload == "all" else OffloadPolicy()
     for chunk in chunks:
         for unit in units_of(chunk):
             fully_shard(unit, mesh=dp, reshard_after_forward=zero >= 3, offload_policy=policy)
