@@ -13,6 +13,8 @@ off (every pipeline simulated operation by operation); and per schedule. ``--aga
 the search's usage of this tree and of that commit side by side in alternating rounds (``against.py``;
 default rounds 5, best of each), the previous release being 61c44b6; by default per second of each child's CPU
 time (``--clock cpu``: on a shared machine its other programs stretch wall time, far less CPU time).
+``--against COMMIT --instructions N`` counts instructions per plan instead (valgrind's callgrind), which
+the machine's load does not move at all.
 """
 
 from __future__ import annotations
@@ -58,6 +60,50 @@ def bench(sim: Simulator, configs: list[ParallelConfig], clock=time.perf_counter
     return len(configs) / (clock() - t0), ok
 
 
+WARM = 300  # --instructions: plans evaluated first by every child (imports, compiled programs, caches warm)
+
+
+def instructions(commit: str, n: int, seed: int) -> None:
+    """Instructions per plan (callgrind) of that commit's simulator and this tree's, over ``n`` plans after the
+    warm-up: each tree's count with ``n`` plans less its count with none, all four runs at once."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from against import ROOT, checkout
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+    me = [str(Path(__file__).resolve()), "--configs", str(n + WARM), "--seed", str(seed)]
+    with checkout(commit) as old, tempfile.TemporaryDirectory() as tmp:
+        runs = {}
+        for name, tree in ((commit, old), ("this tree", ROOT)):
+            for k in (0, n):
+                out = Path(tmp) / f"{len(runs)}.out"
+                cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, *me]
+                env = dict(os.environ, PYTHONPATH=str(tree))
+                proc = subprocess.Popen([*cmd, "--instructions-child", str(k)], env=env, cwd=tree, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+                runs[(name, k)] = (proc, out)
+        counts: dict[str, dict[int, tuple[int, str]]] = {}
+        for (name, k), (proc, out) in runs.items():
+            stdout, _ = proc.communicate()
+            if proc.returncode:
+                raise SystemExit(f"callgrind of {name} with {k} plans exited {proc.returncode}")
+            total = int(re.search(r"^summary: (\d+)", out.read_text(), re.M).group(1))
+            counts.setdefault(name, {})[k] = (total, stdout.strip())
+    print(f"instructions per plan (callgrind), {n} plans after {WARM} warm-up plans")
+    per_plan = {}
+    for name, c in counts.items():
+        per_plan[name] = (c[n][0] - c[0][0]) / n
+        print(f"  {name:10s} {per_plan[name] / 1e6:8.3f} M  ({c[n][1]} of {n})")
+    print(
+        f"simulator: {commit} executes {per_plan[commit] / per_plan['this tree']:.2f}x this tree's instructions per plan"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", type=int, default=3000)
@@ -76,10 +122,21 @@ def main() -> None:
         help="--against: configs per second of the process's CPU time (default: what a loaded machine's other "
         "programs do not move much; on a quiet machine the two agree) or of wall time",
     )
+    ap.add_argument(
+        "--instructions",
+        type=int,
+        metavar="N",
+        help="--against: instead of timing, count the instructions each tree executes per plan over N plans "
+        "(valgrind's callgrind: what a shared machine's load does not move; ~20 min for N = 600)",
+    )
     ap.add_argument("--search-usage-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--instructions-child", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
         args.configs = 100
+    if args.against and args.instructions:
+        instructions(args.against, args.instructions, args.seed)
+        return
     if args.against:
         print(f"configs/s, search usage, {args.configs} plans, load average {os.getloadavg()[0]:.2f} (2 cores)")
         me = [str(Path(__file__).resolve()), "--configs", str(args.configs), "--seed", str(args.seed)]
@@ -103,6 +160,14 @@ def main() -> None:
         f"{STAGES} stages, {MICROBATCHES} micro-batches per replica"
     )
 
+    if args.instructions_child is not None:  # --instructions' child: warm (programs compiled), then the plans
+        sim = Simulator(cluster, model)
+        for c in configs[:WARM]:
+            sim.evaluate(c)
+        if args.instructions_child:
+            sim = Simulator(cluster, model)
+            print("fit", sum(sim.evaluate(c).ok for c in configs[WARM : WARM + args.instructions_child]))
+        return
     clock = time.process_time if args.search_usage_only and args.clock == "cpu" else time.perf_counter
     rate, ok = bench(Simulator(cluster, model), configs, clock)
     if args.search_usage_only:  # --against's child: the best of three passes, each on a fresh Simulator
