@@ -77,6 +77,22 @@ def catalog_name(device_name: str, memory_GiB: float) -> str | None:
     return None
 
 
+def one_gpu_cluster(name: str, device_name: str, memory_GiB: float) -> dict:
+    """A one-node cluster file of the GPU here: its catalog type when ``catalog_name`` knows ``device_name``,
+    else an inline GPU with the measured memory (datasheet peaks unknown)."""
+    gpu = catalog_name(device_name, memory_GiB) or {
+        "name": "local-gpu",
+        "peak_tflops": 100.0,
+        "memory_GiB": round(memory_GiB, 2),
+        "memory_bandwidth_GBps": 1000.0,
+    }
+    return {
+        "name": name,
+        "nodes": [{"name": "gpu", "gpu": gpu, "count": 1, "intra_node": {"bandwidth_GBps": 300}}],
+        "network": {"bandwidth_GBps": 25},
+    }
+
+
 def single_gpu_plan(model: dict, mbs: int, recompute: bool | str) -> dict:
     """The plan file of one of ``PLANS``: the whole model ``model`` (a model file's fields) as one stage on
     ``gpu:0``, 1F1B over the global batch (``experiments/fidelity/error_bars.py`` simulates the same plans)."""
@@ -132,27 +148,9 @@ def main() -> int:
         f"{'bf16' if bf16 else 'fp32'}",
         flush=True,
     )
-    gpu = (
-        name
-        if name
-        else {
-            "name": "local-gpu",
-            "peak_tflops": 100.0,
-            "memory_GiB": round(memory_GiB, 2),
-            "memory_bandwidth_GBps": 1000.0,
-        }
-    )
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     cluster = work / "cluster.json"
-    cluster.write_text(
-        json.dumps(
-            {
-                "name": "gpu-check",
-                "nodes": [{"name": "gpu", "gpu": gpu, "count": 1, "intra_node": {"bandwidth_GBps": 300}}],
-                "network": {"bandwidth_GBps": 25},
-            }
-        )
-    )
+    cluster.write_text(json.dumps(one_gpu_cluster("gpu-check", props.name, memory_GiB)))
     model = work / "model.json"
     model.write_text(json.dumps({**spec, "precision": "bf16" if bf16 else "fp32"}))
     profile = work / "profile.json"

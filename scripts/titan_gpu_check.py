@@ -69,28 +69,12 @@ def model_file(flavor: str, layers: int, seq_len: int, batch: int, precision: st
 def autotune_side(args, flavor: str, precision: str, work: Path) -> dict:
     """``autotune measure`` of the one-device plan: iteration seconds, peak allocated GiB, parameters."""
     if args.device == "cuda":
-        sys.path.insert(0, str(ROOT / "scripts"))
         import torch
-        from gpu_check import catalog_name
+        from gpu_check import one_gpu_cluster  # scripts/, this script's directory
 
         props = torch.cuda.get_device_properties(0)
-        gib = props.total_memory / 2**30
-        gpu = catalog_name(props.name, gib) or {
-            "name": "local-gpu",
-            "peak_tflops": 100.0,
-            "memory_GiB": round(gib, 2),
-            "memory_bandwidth_GBps": 1000.0,
-        }
         cluster = work / "cluster.json"
-        cluster.write_text(
-            json.dumps(
-                {
-                    "name": "titan-check",
-                    "nodes": [{"name": "gpu", "gpu": gpu, "count": 1, "intra_node": {"bandwidth_GBps": 300}}],
-                    "network": {"bandwidth_GBps": 25},
-                }
-            )
-        )
+        cluster.write_text(json.dumps(one_gpu_cluster("titan-check", props.name, props.total_memory / 2**30)))
         cluster_arg, device = str(cluster), "gpu:0"
     else:
         cluster_arg, device = "cpu-2", "cpu:0"
