@@ -30,7 +30,7 @@ from autotune.simulator.backward import backward_ratio
 from autotune.simulator.collectives import collective_s, intra_node_kind, send_s
 from autotune.simulator.device_memory import device_memory
 from autotune.simulator.efficiency import DeviceRates
-from autotune.simulator.engine_terms import DEFAULT_ENGINE, head_group, scatter_gather
+from autotune.simulator.engine_terms import DEFAULT_ENGINE, fp32_state, head_group, scatter_gather
 from autotune.simulator.flops import (
     head_matmul,
     layer_matmuls,
@@ -130,8 +130,10 @@ class CostModel:
         self._dp_stage_cache: dict[tuple, tuple] = {}
         self._dp_ring_cache: dict[tuple, tuple[float, float]] = {}
         self._flops_per_token = model_flops_per_token(model)
-        # gradients are all-reduced in the model's precision (16-bit in Megatron-LM's fp16/bf16 default)
-        self.grad_bytes = max(r.elem_bytes for r in self.rates.values())
+        # gradients are all-reduced in the model's precision (16-bit in Megatron-LM's fp16 default), in fp32
+        # where the engine keeps fp32 gradients under bf16 autocast (autotune's runner: engine_terms.fp32_state)
+        elem = max(r.elem_bytes for r in self.rates.values())
+        self.grad_bytes = 4 if fp32_state(model.precision, engine) else elem
 
     def memory_use(self, m: Measurement) -> float:
         """The fullest device's peak over its usable memory (capacity less the reserve) in ``m``; > 1
@@ -430,7 +432,7 @@ class CostModel:
                 act_factor = prof.activation_memory_factor or 1.0
             states_bytes, host_GiB = None, 0.0
             if (zero and dp > 1) or offload != "none":  # ZeRO sharding / CPU offload (autotune.simulator.zero)
-                split = state_bytes_for(self.model)
+                split = state_bytes_for(self.model, self.engine)
                 if per_param is not None:
                     split = split.scaled_to(per_param)
                 ht = head_group(self.engine, len(devices), self.model.vocab_size)
@@ -606,7 +608,7 @@ class CostModel:
         the expert's own data-parallel peers (``moe.expert_state_delta_bytes``)."""
         durs, params, opt_s = costs
         prof = self.profile.device(self.node[stage.devices[0]].device.name) if self.profile is not None else None
-        split = state_bytes_for(self.model)
+        split = state_bytes_for(self.model, self.engine)
         if prof is not None and prof.state_bytes_per_param:
             split = split.scaled_to(prof.state_bytes_per_param)
         dev, host = moe.expert_state_delta_bytes(

@@ -76,7 +76,7 @@ def synchronise(
     every replica (several in a mixed stage). With ``zero`` > 0: the reduce-scatter
     (``phase="allreduce"``) or the all-gather of the updated weights (``phase="allgather"``) of ZeRO
     (``zero.sync_s``, ``zero.gather_s``)."""
-    split = state_bytes_for(model)
+    split = state_bytes_for(model, costs.engine)
     by_stage = ranks_by_stage(units)
     for owners, params in reversed(segments(model, config)):
         members = peers_of(by_stage, owners)
@@ -149,7 +149,7 @@ def sharded_costs(
     v = config.virtual_stages
     rings = stage_rings(costs, model, config, units)
     hosts = host_links(costs, config)
-    split = state_bytes_for(model)
+    split = state_bytes_for(model, costs.engine)
     offloaded: dict[str, float] = {}  # node -> parameters its host CPU steps
     for r in range(len(config.pipelines)):
         for u, unit in enumerate(units[r]):

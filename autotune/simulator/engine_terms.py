@@ -28,6 +28,16 @@ validated on ran on other engines, so each term below is per engine (``Simulator
   whole ``(s, b, h)`` tensor), DeepSpeed's pipeline engine and ``torch.distributed.pipelining`` (autotune's
   runner, torchtitan): every rank sends the whole activation to its peer, ``t`` copies over the link
   (``autotune.specs.handoff``).
+- ``fp32_state``: what a bf16 plan's weights and gradients are held, all-reduced, reduce-scattered and
+  gathered in. autotune's runner computes under ``torch.autocast(bfloat16)`` over fp32 weights: fp32
+  weights and gradients, Adam's two fp32 moments beside them and no separate master copy (4 + 4 + 8 bytes
+  per parameter, ``zero.FP32_ADAM``); its data-parallel all-reduce (``Engine._sync_gradients``), its
+  ZeRO engine's and FSDP2's gathers and reduce-scatters all move fp32 (FSDP2 without a
+  ``MixedPrecisionPolicy``). The other engines keep 16-bit weights and gradients beside fp32 master
+  weights and reduce in 16 bits (ZeRO's mixed-precision Adam, 2 + 2 + 12, ``zero.MIXED_PRECISION_ADAM``:
+  DeepSpeed's default; Megatron-LM's fp16; the published runs were fitted so). Not modelled: Megatron-LM
+  reduces bf16 gradients in fp32 too (``--accumulate-allreduce-grads-in-fp32``, forced for bf16) and
+  torchtitan gathers bf16 weights and reduces fp32 gradients (its ``MixedPrecisionPolicy``).
 """
 
 from __future__ import annotations
@@ -41,10 +51,11 @@ class EngineTerms:
     vocab_parallel: bool  # embedding and LM head split across the tensor-parallel group
     pads_vocab: bool = True  # False: split only where the degree divides the vocabulary (autotune's runner)
     scatter_gather: bool = False  # pipeline hand-offs: 1/t per rank, then an all-gather in the receiving group
+    fp32_state: bool = False  # bf16 plans keep, reduce and gather fp32 weights and gradients (autotune's runner)
 
 
 ENGINE_TERMS: dict[str, EngineTerms] = {
-    "autotune": EngineTerms(16.0, True, pads_vocab=False),
+    "autotune": EngineTerms(16.0, True, pads_vocab=False, fp32_state=True),
     "torchtitan": EngineTerms(12.0, True),
     "megatron": EngineTerms(None, True),
     "deepspeed": EngineTerms(None, True),
@@ -64,6 +75,12 @@ def loss_bytes_per_logit(engine: str, elem_bytes: int) -> float:
     """Bytes per logit the loss holds at its peak under ``engine``."""
     fixed = engine_terms(engine).loss_bytes_per_logit
     return elem_bytes + 8.0 if fixed is None else fixed
+
+
+def fp32_state(precision: str, engine: str) -> bool:
+    """Whether a ``precision`` plan's weights and gradients are held and moved in fp32 under ``engine``:
+    fp32 training, or bf16 on an engine with ``fp32_state`` (autotune's runner)."""
+    return precision == "fp32" or (precision == "bf16" and engine_terms(engine).fp32_state)
 
 
 def scatter_gather(engine: str, src_tp: int, dst_tp: int, sequence_parallel: bool) -> bool:

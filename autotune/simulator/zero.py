@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.simulator.engine_terms import DEFAULT_ENGINE, fp32_state
 from autotune.specs import ModelSpec, ParallelConfig
 
 
@@ -63,10 +64,12 @@ MIXED_PRECISION_ADAM = StateBytes()
 FP32_ADAM = StateBytes(4.0, 4.0, 8.0)
 
 
-def state_bytes_for(model: ModelSpec) -> StateBytes:
-    """The per-parameter split for ``model``'s precision (``precision: fp32`` when the model has the
-    field; mixed-precision Adam otherwise)."""
-    return FP32_ADAM if getattr(model, "precision", "bf16") == "fp32" else MIXED_PRECISION_ADAM
+def state_bytes_for(model: ModelSpec, engine: str = DEFAULT_ENGINE) -> StateBytes:
+    """The per-parameter split for ``model``'s precision under ``engine``: fp32 training, or a bf16 plan on
+    an engine that keeps fp32 weights and gradients under autocast (autotune's runner:
+    ``engine_terms.EngineTerms.fp32_state``), hold 4 + 4 + 8; mixed-precision Adam 2 + 2 + 12 otherwise
+    (fp16, which the runner does not run: the engines it is exported to keep 16-bit gradients)."""
+    return FP32_ADAM if fp32_state(getattr(model, "precision", "bf16"), engine) else MIXED_PRECISION_ADAM
 
 
 def model_state_bytes(params: float, dp: int, zero: int, state: StateBytes = MIXED_PRECISION_ADAM) -> float:

@@ -75,13 +75,14 @@ def test_expert_memory_counts_every_expert_held() -> None:
     # expert parallelism 2: a device holds 2 of the 4 experts (16 bytes per parameter each)
     ep2 = sim.evaluate(plan(ep=2)).allocated_memory_GiB["n-0:0"]
     assert (full - ep2) * GiB == pytest.approx(2 * EXPERT * 16, rel=1e-9)
-    # SPES: all 4 experts kept, 1 trained: the 3 frozen ones keep their 16-bit weights only
+    # SPES: all 4 experts kept, 1 trained: the 3 frozen ones keep their weights only (the runner's: fp32,
+    # 4 of the 16 bytes; weights and gradients 4 + 4, Adam's two fp32 moments 8, engine_terms.fp32_state)
     spes = sim.evaluate(plan(sync=4, trains=[[0], [1], [2], [3]])).allocated_memory_GiB["n-0:0"]
-    assert (full - spes) * GiB == pytest.approx(3 * EXPERT * (16 - 2), rel=1e-9)
+    assert (full - spes) * GiB == pytest.approx(3 * EXPERT * (16 - 4), rel=1e-9)
     # ZeRO-1 with expert parallelism 2: dense optimizer state over 4 peers, each expert's over 2
     z1 = sim.evaluate(plan(ep=2, zero=1)).allocated_memory_GiB["n-0:0"]
     dense = SHARED  # every replica holds the whole shared part
-    expected = dense * (4 + 12 / 4) + 2 * EXPERT * (4 + 12 / 2)
+    expected = dense * (8 + 8 / 4) + 2 * EXPERT * (8 + 8 / 2)
     assert (ep2 - z1) * GiB == pytest.approx(dense * 16 + 2 * EXPERT * 16 - expected, rel=1e-9)
 
 
@@ -218,6 +219,7 @@ def test_zero_in_spes_mode_shards_only_over_the_replicas_that_step_together() ->
     groups = ([0, 1], [0, 1], [2, 3], [2, 3])
     zero0 = sim.evaluate(plan(ep=2, sync=4, trains=groups)).allocated_memory_GiB["n-0:0"]
     zero1 = sim.evaluate(plan(ep=2, sync=4, trains=groups, zero=1)).allocated_memory_GiB["n-0:0"]
-    # ZeRO-1: the shared part's fp32 master + Adam moments (12 bytes) split over the group's 2 replicas
-    assert (zero0 - zero1) * GiB == pytest.approx(SHARED * 12 / 2, rel=1e-6)
+    # ZeRO-1: the shared part's Adam moments (the runner's 8 bytes: its weights are the fp32 master) split
+    # over the group's 2 replicas
+    assert (zero0 - zero1) * GiB == pytest.approx(SHARED * 8 / 2, rel=1e-6)
     assert moe.zero_peers(plan(ep=2, sync=4, trains=groups), {(0, 0): 4}) == {(0, 0): 2}

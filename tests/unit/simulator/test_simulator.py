@@ -266,7 +266,8 @@ def test_data_parallel_allreduce_over_differently_split_replicas() -> None:
     r = sim.evaluate_detailed(cfg)
     assert r.ok
     P, E = model.params_per_layer, model.embedding_params
-    ring = lambda params: 2 * params / (bw * 1e9) * (2 - 1) / 2 * 2 + 2 * lat * 1e-6  # noqa: E731 (2 ranks)
+    # 2 ranks; 4 bytes per parameter: the runner all-reduces fp32 gradients under bf16 (engine_terms.fp32_state)
+    ring = lambda params: 2 * params / (bw * 1e9) * (2 - 1) / 2 * 4 + 2 * lat * 1e-6  # noqa: E731
     # runs of layers held by the same stages: [0,1) + embedding, [1,2), [2,4) + head
     expected = {
         "n:0": ring(E + P) + ring(P),
@@ -392,12 +393,15 @@ def test_h100_replicas_wait_for_a100_replicas() -> None:
 def test_data_parallel_across_nodes_is_capped_by_the_network() -> None:
     model = model_from_dict({**GPT, "num_layers": 2, "global_batch_size": 4}, "gpt")
     cluster = _cluster([_node("a", 2, intra=300.0), _node("b", 2, intra=300.0)], network_GBps=10.0, latency_us=7.0)
-    sim = Simulator(cluster, model)
-    r = sim.evaluate_detailed(_config([(2, [(["a:0", "a:1"], 2)]), (2, [(["b:0", "b:1"], 2)])]))
-    ar = [e for e in r.timeline if e.op == "allreduce" and e.device == "a:0"]
-    # two tensor-parallel ranks x 300 GB/s inside the node, but 10 GB/s out of it; 2 ranks in the ring
-    expected = 2 * (2 - 1) / 2 * 2 * model.num_params / 10e9 + 2 * (2 - 1) * 7e-6
-    assert sum(e.end_s - e.start_s for e in ar) == pytest.approx(expected, rel=1e-9)
+    # two tensor-parallel ranks x 300 GB/s inside the node, but 10 GB/s out of it; 2 ranks in the ring; fp32
+    # gradients (the runner's, 4 bytes), 16-bit under an engine that reduces them so (DeepSpeed's default)
+    for engine, grad_bytes in (("autotune", 4), ("deepspeed", 2)):
+        r = Simulator(cluster, model, engine=engine).evaluate_detailed(
+            _config([(2, [(["a:0", "a:1"], 2)]), (2, [(["b:0", "b:1"], 2)])])
+        )
+        ar = [e for e in r.timeline if e.op == "allreduce" and e.device == "a:0"]
+        expected = 2 * (2 - 1) / 2 * grad_bytes * model.num_params / 10e9 + 2 * (2 - 1) * 7e-6
+        assert sum(e.end_s - e.start_s for e in ar) == pytest.approx(expected, rel=1e-9), engine
 
 
 def test_gpipe_keeps_every_micro_batch() -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from paths import EXAMPLES
 
 from autotune import load_cluster, load_config, load_model
 from autotune.simulator import Simulator
-from autotune.simulator.zero import model_state_bytes, stage_units, working_bytes
+from autotune.simulator.zero import StateBytes, model_state_bytes, stage_units, state_bytes_for, working_bytes
 
 GiB = 2**30
 BOX = EXAMPLES / "8x4090.yaml"
@@ -20,8 +22,15 @@ def test_zero_paper_figure_1_example():
     assert [round(x, 1) for x in got] == [120.0, 31.4, 16.6, 1.9]
 
 
+#: bytes per parameter (weights, gradients, optimizer state) as each engine holds a bf16 plan's model states:
+#: ZeRO's mixed-precision Adam (16-bit weights and gradients, K = 12: DeepSpeed) and autotune's runner (fp32
+#: weights and gradients under autocast, Adam's two fp32 moments: engine_terms.fp32_state)
+SPLITS = {"deepspeed": (2, 2, 12), "autotune": (4, 4, 8)}
+
+
+@pytest.mark.parametrize("engine", sorted(SPLITS))
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
-def test_simulated_memory_follows_the_zero_formula_to_the_byte(zero):
+def test_simulated_memory_follows_the_zero_formula_to_the_byte(zero, engine):
     """Four replicas of one llama2-7b stage: the device peak differs from zero 0 by exactly the formula's
     resident states plus the documented working set (gathered units, whole gradients)."""
     cluster, model = load_cluster("mixed-h100-a100-32"), load_model("llama2-7b", 64)
@@ -29,7 +38,7 @@ def test_simulated_memory_follows_the_zero_formula_to_the_byte(zero):
         {"num_microbatches": 16, "stages": [{"devices": [f"h100-0:{i}"], "layers": 32, "recompute": True}]}
         for i in range(4)
     ]
-    sim = Simulator(cluster, model)
+    sim = Simulator(cluster, model, engine=engine)
     peak = {
         z: sim.evaluate(load_config({"micro_batch_size": 1, "zero": z, "pipelines": pipes})).allocated_memory_GiB[
             "h100-0:0"
@@ -39,20 +48,38 @@ def test_simulated_memory_follows_the_zero_formula_to_the_byte(zero):
     units = stage_units(model, 32, 1, True, True)
     psi = sum(units)
     assert psi == model.num_params
-    # the paper's formula, written out: weights 2, gradients 2, K = 12 bytes per parameter, N_d = 4
-    formula = {0: 16 * psi, 1: 4 * psi + 12 * psi / 4, 2: 2 * psi + 14 * psi / 4, 3: 16 * psi / 4}[zero]
-    assert model_state_bytes(psi, 4, zero) == formula
-    expected = (formula + working_bytes(units, zero, "none", 4) - 16 * psi) / GiB
+    # the paper's formula, written out: weights w, gradients g, K bytes per parameter, N_d = 4
+    w, g, k = SPLITS[engine]
+    formula = {0: 16 * psi, 1: (w + g) * psi + k * psi / 4, 2: w * psi + (g + k) * psi / 4, 3: 16 * psi / 4}[zero]
+    state = StateBytes(w, g, k)
+    assert state_bytes_for(model, engine) == state
+    assert model_state_bytes(psi, 4, zero, state) == formula
+    expected = (formula + working_bytes(units, zero, "none", 4, state) - 16 * psi) / GiB
     assert peak[zero] - peak[0] == pytest.approx(expected, abs=1e-9)  # bytes: 1e-9 GiB ~ 1 byte
-    if zero == 3:  # two blocks' 16-bit weights (current + prefetched) plus one block's whole gradient
+    if zero == 3:  # two blocks' weights (current + prefetched) plus one block's whole gradient
         block = model.params_per_layer
-        assert max(units) == block and working_bytes(units, 3, "none", 4) == 2 * 2 * block + 2 * block
+        assert max(units) == block and working_bytes(units, 3, "none", 4, state) == 2 * w * block + g * block
 
 
-def test_offload_moves_exactly_the_documented_bytes_to_host_memory():
+def test_only_bf16_plans_of_the_runner_take_its_fp32_split():
+    """fp32 training holds 4 + 4 + 8 under every engine; bf16 under the runner's (fp32 weights and gradients
+    under autocast); fp16, which the runner does not train, keeps mixed-precision Adam's 2 + 2 + 12."""
+    model = load_model("llama2-7b")
+    assert state_bytes_for(model) == StateBytes(4, 4, 8)
+    assert state_bytes_for(model, "deepspeed") == state_bytes_for(model, "megatron") == StateBytes(2, 2, 12)
+    assert state_bytes_for(replace(model, precision="fp16")) == StateBytes(2, 2, 12)
+    assert state_bytes_for(replace(model, precision="fp32"), "deepspeed") == StateBytes(4, 4, 8)
+    cluster = load_cluster("mixed-h100-a100-32")
+    assert Simulator(cluster, model).costs.grad_bytes == 4
+    assert Simulator(cluster, model, engine="megatron").costs.grad_bytes == 2
+
+
+@pytest.mark.parametrize("engine", sorted(SPLITS))
+def test_offload_moves_exactly_the_documented_bytes_to_host_memory(engine):
     cluster, model = load_cluster(BOX), load_model("llama2-13b", 64)
-    sim = Simulator(cluster, model)
+    sim = Simulator(cluster, model, engine=engine)
     psi = model.num_params
+    w, g, k = SPLITS[engine]
 
     def plan(zero, offload, dp=8):
         return load_config(
@@ -69,11 +96,11 @@ def test_offload_moves_exactly_the_documented_bytes_to_host_memory():
             }
         )
 
-    # optimizer: (2 + K) Psi / N_d per device with zero >= 1; all: also the weights (2 Psi, / N_d with zero 3)
+    # optimizer: (g + K) Psi / N_d per device with zero >= 1; all: also the weights (w Psi, / N_d with zero 3)
     for zero, offload, per_device in [
-        (2, "optimizer", 14 * psi / 8),
-        (3, "optimizer", 14 * psi / 8),
-        (1, "all", 14 * psi / 8 + 2 * psi),
+        (2, "optimizer", (g + k) * psi / 8),
+        (3, "optimizer", (g + k) * psi / 8),
+        (1, "all", (g + k) * psi / 8 + w * psi),
         (3, "all", 16 * psi / 8),
     ]:
         m = sim.evaluate(plan(zero, offload))
@@ -82,8 +109,10 @@ def test_offload_moves_exactly_the_documented_bytes_to_host_memory():
     none = sim.evaluate(plan(3, "none"))
     opt = sim.evaluate(plan(3, "optimizer"))
     assert "host_memory_GiB" not in none.to_dict()
-    # zero 3 + offload optimizer: the device no longer holds the K Psi / N_d and its 2 Psi / N_d gradient shard
-    assert none.allocated_memory_GiB["box:0"] - opt.allocated_memory_GiB["box:0"] == pytest.approx(14 * psi / 8 / GiB)
+    # zero 3 + offload optimizer: the device no longer holds the K Psi / N_d and its g Psi / N_d gradient shard
+    assert none.allocated_memory_GiB["box:0"] - opt.allocated_memory_GiB["box:0"] == pytest.approx(
+        (g + k) * psi / 8 / GiB
+    )
 
 
 def test_host_memory_is_checked_per_node_and_the_error_names_it(tmp_path):
@@ -111,8 +140,10 @@ def test_host_memory_is_checked_per_node_and_the_error_names_it(tmp_path):
 
 
 def test_llama2_13b_on_8x4090_fits_only_with_zero_3_or_offload():
+    """As DeepSpeed holds it (16-bit weights and gradients); autotune's runner's fp32 weights do not fit the
+    host's 512 GiB with zero 1 and offload all (8 x 52 GB of weights)."""
     cluster, model = load_cluster(BOX), load_model("llama2-13b")
-    sim = Simulator(cluster, model)
+    sim = Simulator(cluster, model, engine="deepspeed")
 
     def plan(zero, offload):
         return load_config(
@@ -133,6 +164,10 @@ def test_llama2_13b_on_8x4090_fits_only_with_zero_3_or_offload():
     assert sim.evaluate(plan(3, "optimizer")).ok
     assert sim.evaluate(plan(1, "all")).ok
     assert sim.evaluate(plan(0, "all")).oom  # every replica keeps its own full copy in host memory: 1.5 TiB
+    runner = Simulator(cluster, model)
+    assert runner.evaluate(plan(3, "optimizer")).ok and runner.evaluate(plan(3, "all")).ok
+    held = runner.evaluate(plan(1, "all"))
+    assert held.oom and "host memory of node 'box'" in held.error
 
 
 def test_zero_with_one_replica_changes_nothing():

@@ -52,7 +52,7 @@ def test_zero_3_gathers_cost_time_when_the_link_cannot_hide_them(tmp_path):
     from dataclasses import replace
 
     model = replace(model, seq_len=256)
-    sim = Simulator(cluster, model)
+    sim = Simulator(cluster, model, engine="deepspeed")  # 16-bit weights: zero 1 + optimizer offload fits 24 GB
     t = {z: sim.evaluate(_replicas(z, "optimizer", m=8, layers=32)).iteration_time_s for z in (1, 2, 3)}
     assert t[1] < t[2] < t[3]
     # one layer's all-gather of 2 bytes x params over the 1 GB/s ring bounds each layer's forward
@@ -60,12 +60,13 @@ def test_zero_3_gathers_cost_time_when_the_link_cannot_hide_them(tmp_path):
     assert t[3] > 8 * 2 * 32 * ag  # 8 micro-batches, forward and backward, 32 layers
 
 
-def test_offload_optimizer_adds_the_host_step_and_the_weight_upload_on_one_gpu():
+@pytest.mark.parametrize("engine, weight_bytes, host_bytes", [("deepspeed", 2, 14), ("autotune", 4, 12)])
+def test_offload_optimizer_adds_the_host_step_and_the_weight_upload_on_one_gpu(engine, weight_bytes, host_bytes):
     """One RTX 4090 training a small model: offloading the optimizer replaces the device's Adam step by
-    the host's (``HOST_ADAM_PARAMS_PER_S``) plus the 16-bit weights coming up over the host link;
-    the gradients go down during the backward, hidden behind it."""
+    the host's (``HOST_ADAM_PARAMS_PER_S``) plus the weights coming up over the host link (16-bit, or the
+    runner's fp32); the gradients go down during the backward, hidden behind it."""
     cluster, model = load_cluster(BOX), load_model("gpt2-small", 64)
-    sim = Simulator(cluster, model)
+    sim = Simulator(cluster, model, engine=engine)
     base = {
         "micro_batch_size": 4,
         "pipelines": [{"num_microbatches": 16, "stages": [{"devices": ["box:0"], "layers": 12, "recompute": False}]}],
@@ -85,9 +86,10 @@ def test_offload_optimizer_adds_the_host_step_and_the_weight_upload_on_one_gpu()
     opt_events = [e for e in device_opt.timeline if e.op == "optimizer"]
     device_opt_s = opt_events[0].end_s - opt_events[0].start_s
     host = cluster.nodes[0].host.link
-    expected = zr.host_step_s(psi) + zr.transfer_s(2 * psi, host.bandwidth_GBps, host.latency_us) - device_opt_s
+    up = zr.transfer_s(weight_bytes * psi, host.bandwidth_GBps, host.latency_us)
+    expected = zr.host_step_s(psi) + up - device_opt_s
     assert b.iteration_time_s - a.iteration_time_s == pytest.approx(expected, rel=1e-6)
-    assert b.host_memory_GiB["box"] == pytest.approx(14 * psi / 2**30)
+    assert b.host_memory_GiB["box"] == pytest.approx(host_bytes * psi / 2**30)
 
 
 def test_streaming_all_parameters_is_bounded_by_the_host_link(tmp_path):
@@ -97,8 +99,8 @@ def test_streaming_all_parameters_is_bounded_by_the_host_link(tmp_path):
     fast = Simulator(load_cluster(BOX), model).evaluate(_replicas(1, "all", m=1, layers=32))
     slow = Simulator(load_cluster(narrow), model).evaluate(_replicas(1, "all", m=1, layers=32))
     assert fast.ok and slow.ok
-    # every step streams each block's 16-bit weights up twice (forward, backward) at 0.5 GB/s
-    floor = 2 * 32 * 2 * model.params_per_layer / 0.5e9
+    # every step streams each block's weights (the runner's fp32) up twice (forward, backward) at 0.5 GB/s
+    floor = 2 * 32 * 4 * model.params_per_layer / 0.5e9
     assert slow.iteration_time_s > floor > fast.iteration_time_s / 4
 
 
