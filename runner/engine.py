@@ -98,10 +98,19 @@ class TimedStage(PipelineStage):
     """
 
     def __init__(
-        self, *args, slowdown: float = 1.0, cuda: bool = False, reshard_each_backward: bool = True, **kwargs
+        self,
+        *args,
+        slowdown: float = 1.0,
+        cuda: bool = False,
+        reshard_each_backward: bool = True,
+        sync_each_backward: bool = True,
+        **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.reshard_each_backward = reshard_each_backward  # FSDP2 units (zero 3), ``backward_maybe_with_nosync``
+        # FSDP2 units, ``backward_maybe_with_nosync``: free the gathered weights (zero 3) and reduce-scatter the
+        # gradient (zero 2 / 3) after every backward, or after the step's last one
+        self.reshard_each_backward = reshard_each_backward
+        self.sync_each_backward = sync_each_backward
         self.slowdown = slowdown
         self.cuda = cuda
         self.forward_s = 0.0
@@ -142,14 +151,15 @@ class TimedStage(PipelineStage):
 
     def backward_maybe_with_nosync(self, backward_type, bwd_kwargs: dict, last_backward: bool = False):
         """An FSDP2 chunk (``runner.fsdp``) reduce-scatters every micro-batch's gradient after its backward, as
-        ZeRO does (torch's default accumulates the whole gradient until the step's last backward); zero 3 frees
-        the gathered weights after each backward, zero 2 after the step's last."""
+        ZeRO-2/3 do (torch's default accumulates the whole gradient until the step's last backward), zero 1 the
+        accumulated gradient after the step's last; zero 3 frees the gathered weights after each backward, zero
+        1 / 2 after the step's last."""
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.pipelining._backward import stage_backward
 
         if not isinstance(self.submod, FSDPModule) or backward_type != "full":
             return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
-        self.submod.set_requires_gradient_sync(True)
+        self.submod.set_requires_gradient_sync(self.sync_each_backward or last_backward)
         self.submod.set_reshard_after_backward(self.reshard_each_backward or last_backward)
         self.submod.set_is_last_backward(True)  # each backward's reductions complete before the next micro-batch
         kw = bwd_kwargs
@@ -288,8 +298,10 @@ class Engine:
         settings: TrainSettings | None = None,
         init_from: str | None = None,
         fsdp: bool = True,
+        compile_blocks: bool = False,
     ) -> None:
-        """``fsdp``: run ZeRO on FSDP2 where it fits (``runner.fsdp``), else on ``runner.zero``."""
+        """``fsdp``: run ZeRO on FSDP2 where it fits (``runner.fsdp``), else on ``runner.zero``;
+        ``compile_blocks``: ``torch.compile`` each block (``runner.model.compile_blocks``)."""
         self.layout = layout
         self.plan = layout.ranks[rank]
         self.rank = rank
@@ -330,7 +342,7 @@ class Engine:
             group = dist.new_group(list(ranks))
             if rank in ranks:
                 tp_group = group
-        # ZeRO 2/3 over even replicas: torch's FSDP2 over each stage's (data-parallel, tensor-parallel) mesh
+        # ZeRO 1-3 over even replicas: torch's FSDP2 over each stage's (data-parallel, tensor-parallel) mesh
         self.fsdp_mesh = None
         if fsdp and layout.sharded and fsdp_misfit(layout) is None:
             from runner.fsdp import stage_mesh
@@ -343,6 +355,10 @@ class Engine:
             apply_tensor_parallel(
                 self.chunks, mesh, device, model.vocab_size, sequence_parallel=self.plan.sequence_parallel
             )
+        if compile_blocks:  # after tensor parallelism, before FSDP2 (torchtitan's order)
+            from runner.model import compile_blocks as compile_
+
+            compile_(self.chunks)
         self.module = RankModel(self.chunks)
         # MoE / SPES plans: expert parallelism, frozen experts and their own exchange (runner.moe)
         self.expert_sync = None
@@ -367,14 +383,14 @@ class Engine:
         return self.fsdp_mesh is not None
 
     def _training_state(self, layout: Layout, rank: int, model: ModelSpec) -> None:
-        """Optimizer, gradient synchronisation and clipping counts: FSDP2 for ZeRO 2/3 over even replicas
+        """Optimizer, gradient synchronisation and clipping counts: FSDP2 for ZeRO 1-3 over even replicas
         (``runner.fsdp``), ``runner.zero`` for every other sharded or offloaded plan, else all-reduce groups."""
         device = self.device
         self.zero = None
         if layout.sharded and rank == 0:  # which engine shards the state, and why not FSDP2
             why = fsdp_misfit(layout) or "a checkpoint runner.zero wrote"
             log.info("zero %d on %s", layout.zero, "torch's FSDP2" if self.fsdp else f"runner.zero (not FSDP2: {why})")
-        if self.fsdp:  # ZeRO 2/3 over even replicas: torch's FSDP2 shards weights, gradients, optimizer state
+        if self.fsdp:  # ZeRO 1-3 over even replicas: torch's FSDP2 shards weights, gradients, optimizer state
             from runner.fsdp import shard_chunks, tp_copies
 
             shard_chunks(self.chunks, self.fsdp_mesh, layout.zero, self.plan.offload)
@@ -472,6 +488,7 @@ class Engine:
                     slowdown=self.plan.slowdown,
                     cuda=cuda,
                     reshard_each_backward=layout.zero >= 3,
+                    sync_each_backward=layout.zero >= 2,
                     **static,
                 )
             )

@@ -1,4 +1,4 @@
-"""ZeRO-2/3 by torch's FSDP2 (``fully_shard``) where the replicas are even.
+"""ZeRO-1/2/3 by torch's FSDP2 (``fully_shard``) where the replicas are even.
 
 Where every pipeline splits the layers alike, runs the same micro-batches on the same share of the batch and
 offloads a stage alike (nothing, or with zero 3 everything: FSDP2's ``CPUOffloadPolicy``; no mixed stages, no
@@ -13,7 +13,12 @@ Per micro-batch, as ``autotune.simulator.zero`` counts ZeRO (and not as ``torch.
 drives FSDP by default, reducing once per step with the whole gradient accumulated on the device): every
 unit's gradient is reduce-scattered after its backward (``runner.engine.TimedStage.backward_maybe_with_nosync``);
 zero 3 frees the gathered weights after each forward and backward (``reshard_after_forward``), zero 2 keeps
-them whole until the step's last backward, so they are gathered once per step. FSDP2 averages the gradient
+them whole until the step's last backward, so they are gathered once per step. Zero 1 is FSDP2 with gradient
+synchronisation off until the step's last backward (``set_requires_gradient_sync``): the whole gradient
+accumulates on the device, as ZeRO-1 keeps it, and is reduce-scattered once; the weights are gathered once per
+step and kept whole until then. Its step's collectives are ZeRO-1's (one reduce-scatter, one all-gather: an
+all-reduce's bytes) and its peak holds what ZeRO-1 holds (whole weights and gradients, the optimizer state's
+shard); between steps the weights rest sharded, which ZeRO-1 does not do (less memory, never more). FSDP2 averages the gradient
 over the stage's ranks, which is the replicas' weighting when their shares are equal; the schedule's
 ``scale_grads`` averages the micro-batches.
 
@@ -32,10 +37,10 @@ def fsdp_misfit(layout: Layout) -> str | None:
     ranks = layout.ranks
     if any(r.offload == "optimizer" for r in ranks):
         return "optimizer-only offload; FSDP2 offloads all or nothing"
-    if layout.zero not in (2, 3):
-        return f"zero {layout.zero} (FSDP2 shards the weights and gradients: zero 2 / 3)"
+    if layout.zero not in (1, 2, 3):
+        return f"zero {layout.zero} (nothing sharded)"
     if layout.zero != 3 and any(r.offload == "all" for r in ranks):
-        return "offload all with zero 2; FSDP2 offloads sharded weights, zero 3"
+        return f"offload all with zero {layout.zero}; FSDP2 offloads sharded weights, zero 3"
     if len({(r.stage, r.offload) for r in ranks}) > len({r.stage for r in ranks}):
         return "replicas offloading a stage differently"
     if layout.mixed or any(r.layerwise for r in ranks):

@@ -10,10 +10,10 @@ measured vs predicted.
    single-stage replicas of a model whose training state dominates (``STATE_MODEL``: 25.2M parameters,
    short sequences), each plan's peak RSS growth per rank (host-held state counted apart) against the
    model-state bytes ``autotune.simulator.zero`` predicts for it. The CPU runner trains in fp32;
-   ``runner.zero`` (offload, zero 1) keeps the optimizer's master weights apart from the parameters, so its
-   bytes per parameter are weights 4, gradients 4, optimizer 12 (master 4 + two AdamW moments 8); the
-   unsharded engine (zero 0) and FSDP2 (zero 2 / 3 here: ``runner.fsdp``, AdamW on the sharded weights)
-   have no separate master: 4 + 4 + 8. The working set (one
+   ``runner.zero`` (optimizer-only offload here) keeps the optimizer's master weights apart from the
+   parameters, so its bytes per parameter are weights 4, gradients 4, optimizer 12 (master 4 + two AdamW
+   moments 8); the unsharded engine (zero 0) and FSDP2 (zero 1-3 and zero 3 + offload all here:
+   ``runner.fsdp``, AdamW on the sharded weights) have no separate master: 4 + 4 + 8. The working set (one
    block's whole gradient under zero 2, two gathered blocks and one gradient under zero 3) is added as
    the simulator counts it; activations, the model's construction copy and allocator slack are the
    same in every plan, so the comparison is of each plan's peak minus the zero-0 plan's.
@@ -271,7 +271,7 @@ def resume(steps: int) -> None:
 def predicted_states_GiB(model, zero: int, offload: str) -> tuple[float, float]:
     """(device, host) model-state GiB of one rank holding the whole model with one peer."""
     units = stage_units(model, model.num_layers, 1, True, True)
-    split = PLAIN if zero in (0, 2, 3) and offload == "none" else SHARDED  # FSDP2 runs zero 2 / 3 here
+    split = SHARDED if offload == "optimizer" else PLAIN  # runner.zero runs optimizer-only offload, FSDP2 the rest
     device, host = offload_state_bytes(sum(units), 2, zero, offload, split)
     return (device + working_bytes(units, zero, offload, 2, split)) / GiB, host / GiB
 

@@ -53,6 +53,8 @@ PLANS = {
         },
     ),
     "zero2-pipelines": ("cpu-4", _pipelines(2)),
+    # the whole gradient accumulated through the step, reduce-scattered after its last backward
+    "zero1-pipelines": ("cpu-4", _pipelines(1)),
     # each rank holds two chunks (two FSDP roots), Megatron's interleaved order
     "zero3-interleaved": ("cpu-4", _pipelines(3, schedule="interleaved-1f1b", virtual_stages=2)),
     # everything in host memory: FSDP2's CPUOffloadPolicy (the step on the CPU)
@@ -78,9 +80,9 @@ def test_even_zero_plans_train_on_fsdp2_like_a_single_process(plan, reference, t
     torch.testing.assert_close(torch.tensor(_losses(tmp_path / "m.jsonl")), torch.tensor(reference), rtol=RTOL, atol=0)
 
 
-@pytest.mark.parametrize("offload", ["none", "all"])
-def test_fsdp2_resumes_bit_exact_from_each_rank_s_shards(offload, tmp_path):
-    config = _pipelines(3, offload=offload)
+@pytest.mark.parametrize(("zero", "offload"), [(3, "none"), (3, "all"), (1, "none")])
+def test_fsdp2_resumes_bit_exact_from_each_rank_s_shards(zero, offload, tmp_path):
+    config = _pipelines(zero, offload=offload)
     whole = train("cpu-4", "tiny", config, steps=STEPS, metrics_out=tmp_path / "w.jsonl", quiet=True, timeout_s=300)
     assert whole.returncode == 0, whole.error
     ckpt = tmp_path / "ckpt"
@@ -113,7 +115,7 @@ def test_a_tied_head_under_fsdp2_trains_and_clips_like_one_process(tmp_path):
     trains_like_one_process(tmp_path, str(model), plan, TrainSettings(clip_grad_norm=0.5))
 
 
-@pytest.mark.parametrize(("zero", "sequence_parallel"), [(3, True), (2, False)])
+@pytest.mark.parametrize(("zero", "sequence_parallel"), [(3, True), (2, False), (1, True)])
 def test_fsdp2_over_tensor_parallel_replicas_trains_and_clips_like_one_process(zero, sequence_parallel, tmp_path):
     """Two tp-2 replicas: FSDP2 shards the DTensor weights over the (dp, tp) mesh's dp dimension, the
     vocabulary-parallel head and loss included; clipping counts a weight the tp ranks keep whole once."""
@@ -159,11 +161,11 @@ def test_a_checkpoint_of_runner_zero_resumes_there(reference, tmp_path):
 
 
 def _collectives(rank: int, directory: Path) -> dict:
-    """This rank's all-gathers and reduce-scatters in one training step (after a first), zero 2 and zero 3."""
+    """This rank's all-gathers and reduce-scatters in one training step (after a first), zero 1 to 3."""
     from torch.profiler import profile
 
     counts = {}
-    for zero in (2, 3):
+    for zero in (1, 2, 3):
         engine = build_engine(_pipelines(zero), rank, "tiny")
         engine.step(0)
         with profile() as prof:
@@ -175,8 +177,9 @@ def _collectives(rank: int, directory: Path) -> dict:
 
 def test_fsdp2_units_gather_and_reduce_as_zero_does():
     """Each rank holds three units (two blocks and the embedding, or the norm with the head) and runs four
-    micro-batches: every unit's gradient is reduce-scattered after each backward; zero 2 gathers each unit once
-    per step, zero 3 before each forward and each backward (the recomputing second stage's recomputation reuses
+    micro-batches: zero 1 gathers each unit once per step and reduce-scatters its accumulated gradient once
+    (ZeRO-1's all-gather and reduce-scatter); with zero 2 / 3 every unit's gradient is reduce-scattered after
+    each backward; zero 2 gathers each unit once per step, zero 3 before each forward and each backward (the recomputing second stage's recomputation reuses
     the backward's gather), what ``autotune.simulator.zero`` counts. The first stage runs two forwards before
     its first backward, and FSDP2's implicit backward prefetch, whose forward order then spans two
     micro-batches, gathers one unit once more per step there (measured: 25 gathers, not 24)."""
@@ -186,6 +189,7 @@ def test_fsdp2_units_gather_and_reduce_as_zero_does():
         runs = run_ranks(_collectives, Path(d))
     units, microbatches = 3, 4
     for rank, counts in enumerate(runs):
+        assert counts[1] == (units, units)
         assert counts[2] == (units, units * microbatches)
         extra = 1 if rank % 2 == 0 else 0  # ranks 0 and 2: the first stage
         assert counts[3] == (2 * units * microbatches + extra, units * microbatches)

@@ -324,7 +324,7 @@ def test_a_checkpoint_s_settings_record_names_adamw_s_betas_and_eps():
     assert record["lr"] == group["lr"] == 3e-3 and record["weight_decay"] == group["weight_decay"]
 
 
-def test_fsdp2_runs_zero_2_and_3_over_even_replicas_and_says_why_not_elsewhere():
+def test_fsdp2_runs_zero_1_to_3_over_even_replicas_and_says_why_not_elsewhere():
     from runner.fsdp import fsdp_misfit, stage_groups
 
     def layout(zero=3, counts=(4, 4), splits=((2, 2), (2, 2)), offload="none", cluster="cpu-4", devices=None):
@@ -335,9 +335,9 @@ def test_fsdp2_runs_zero_2_and_3_over_even_replicas_and_says_why_not_elsewhere()
         return build_layout(load_cluster(cluster), load_model("tiny"), cfg(pipes, zero=zero))
 
     even = layout()
-    assert fsdp_misfit(even) is None and fsdp_misfit(layout(zero=2)) is None
+    assert fsdp_misfit(even) is None and fsdp_misfit(layout(zero=2)) is None and fsdp_misfit(layout(zero=1)) is None
     assert stage_groups(even) == ((0, 2), (1, 3))  # each stage's ranks, one per pipeline
-    assert "zero 1" in fsdp_misfit(layout(zero=1))
+    assert "offload all with zero 1" in fsdp_misfit(layout(zero=1, offload="all"))
     assert "optimizer-only offload" in fsdp_misfit(layout(offload="optimizer"))
     assert fsdp_misfit(layout(offload="all")) is None  # zero 3: FSDP2's CPUOffloadPolicy
     assert "offload all with zero 2" in fsdp_misfit(layout(zero=2, offload="all"))
