@@ -382,6 +382,9 @@ def train(
     min_lr_ratio: float = typer.Option(0.0, "--min-lr-ratio", help="cosine / linear end at this fraction of --lr."),
     weight_decay: float = typer.Option(0.1, "--weight-decay", help="AdamW weight decay."),
     clip_grad_norm: float = typer.Option(0.0, "--clip-grad-norm", help="Clip the global gradient norm (0: off)."),
+    compile_blocks: bool = typer.Option(
+        False, "--compile", help="torch.compile each transformer block (dense models; compiles on the first step)."
+    ),
 ) -> None:
     """Train the model with a plan on torch.distributed (torchrun); extra args go to torchrun.
 
@@ -412,6 +415,7 @@ def train(
             weight_decay=weight_decay,
             clip_grad_norm=clip_grad_norm,
         ),
+        compile_blocks=compile_blocks,
     )
 
 

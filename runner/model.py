@@ -354,6 +354,16 @@ def _op_policy():
     return policy
 
 
+def compile_blocks(chunks: list[StageChunk]) -> None:
+    """``torch.compile`` each transformer block's forward (``autotune train --compile``), in place: the block's
+    module hooks (FSDP2's gathers) and the chunk's recomputation (``checkpointed``) stay outside the compiled
+    region, so every engine calls the block as before. Compiled on the first call of each (TorchInductor; a
+    C++ compiler on CPU ranks), cached across runs by torch."""
+    for chunk in chunks:
+        for block in chunk.blocks.values():
+            block.forward = torch.compile(block.forward)
+
+
 def checkpointed(block: nn.Module, x: torch.Tensor, mode: bool | str, position: int) -> torch.Tensor:
     """``block(x)`` under the stage's recompute ``mode`` (``autotune.specs.recompute``), the block being the
     ``position``-th of its chunk: fully recomputed (``true``, every N-th block under ``"every-N"``),

@@ -77,6 +77,7 @@ def train_rank(
         settings=settings,
         init_from=job.get("init_from"),
         fsdp=not (resume and checkpoint.holds_zero_units(resume)),  # checkpointed by runner.zero: keep it
+        compile_blocks=bool(job.get("compile_blocks")),
     )
     ckpt_dir = job.get("checkpoint_dir")
     every = int(job.get("checkpoint_every") or 0)
@@ -317,6 +318,7 @@ def train(
     init_from: str | Path | None = None,
     save_hf: str | Path | None = None,
     settings=None,
+    compile_blocks: bool = False,
 ) -> TrainOutcome:
     """Train ``model`` under ``config`` for ``steps`` optimizer steps on torchrun-launched ranks.
 
@@ -325,7 +327,8 @@ def train(
     (``{"step", "loss", "tokens_per_s"}``; rank 0 on this machine only), and rank 0 then leaves the
     per-step log lines to it. The outcome sums the run up (steps, mean tokens/s, final loss, wall time).
     ``init_from`` (a Hugging Face checkpoint directory; also the model when ``model`` is None),
-    ``save_hf`` and ``settings`` (``runner.optim.TrainSettings``): ``runner.finetune``.
+    ``save_hf`` and ``settings`` (``runner.optim.TrainSettings``): ``runner.finetune``. ``compile_blocks``:
+    ``torch.compile`` each transformer block (``runner.model.compile_blocks``; not RoundPipe or MoE plans).
     """
     from runner.data import TokenSource
     from runner.finetune import FineTuning
@@ -340,6 +343,9 @@ def train(
     layout = preflight(cluster, model, config)
     tuning = FineTuning.of(init_from, save_hf, settings)
     tuning.check(model, config, layout, data)
+    if compile_blocks and (config.is_roundpipe or model.is_moe):
+        what = "RoundPipe plans" if config.is_roundpipe else "MoE models"
+        raise SpecError("--compile", "", f"compiles the blocks of dense models on the pipeline engine, not {what}")
     if config.is_roundpipe:
         from runner.roundpipe_run import refuse_checkpoints
 
@@ -376,6 +382,7 @@ def train(
                 tracking_uri=tracking_uri,
                 log_steps=on_step is None,
                 tuning=tuning,
+                compile_blocks=compile_blocks,
             )
             outcome = _launch(
                 run_dir,
@@ -545,6 +552,7 @@ def _write_job(
     tracking_uri,
     log_steps: bool,
     tuning=None,
+    compile_blocks: bool = False,
 ) -> Path:
     """The job file every rank reads (``runner.jobs.make_job``), written into the run directory."""
     from runner.jobs import make_job
@@ -572,6 +580,7 @@ def _write_job(
         job["full_weights"] = tuning.save_hf is not None  # a sharded plan's checkpoints carry them too
     job["progress_out"] = str(run_dir / "progress.jsonl")  # rank 0's steps, for on_step and the summary
     job["log_steps"] = log_steps  # rank 0 logs each step unless on_step hears of them
+    job["compile_blocks"] = compile_blocks
     job_path = run_dir / "job.json"
     job_path.write_text(json.dumps(job))
     return job_path

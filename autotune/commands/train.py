@@ -28,6 +28,7 @@ def run(
     init_from: Path | None = None,
     save_hf: Path | None = None,
     settings: dict | None = None,
+    compile_blocks: bool = False,
 ) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -69,6 +70,7 @@ def run(
             init_from=init_from,
             save_hf=save_hf,
             settings=train_settings,
+            compile_blocks=compile_blocks,
         )
     if outcome.returncode != 0 and not outcome.stopped:
         console.print(f"[red]training failed[/red]: {escape(outcome.error)}")  # gloo writes "[/path:line]"
