@@ -343,13 +343,7 @@ def train(
     layout = preflight(cluster, model, config)
     tuning = FineTuning.of(init_from, save_hf, settings)
     tuning.check(model, config, layout, data)
-    if compile_blocks and (config.is_roundpipe or model.is_moe):
-        what = "RoundPipe plans" if config.is_roundpipe else "MoE models"
-        raise SpecError("--compile", "", f"compiles the blocks of dense models on the pipeline engine, not {what}")
-    if config.is_roundpipe:
-        from runner.roundpipe_run import refuse_checkpoints
-
-        refuse_checkpoints(checkpoint_dir, resume)
+    _check_engine_options(model, config, checkpoint_dir, resume, compile_blocks)
     _check_options(steps, checkpoint_every, resume, checkpoint_dir, seed, metrics_out, tracking_uri)
     if data is not None:  # checks the file, the tokenizer and the vocabulary now, with a clear error
         TokenSource(model, seed, data, tuning.tokenizer)
@@ -403,6 +397,18 @@ def train(
     finally:
         if held is not None:
             held.close()
+
+
+def _check_engine_options(model, config, checkpoint_dir, resume: bool, compile_blocks: bool) -> None:
+    """Refuse in one line what the plan's engine does not do: ``--compile`` outside dense pipeline plans,
+    checkpoints of a RoundPipe plan."""
+    if compile_blocks and (config.is_roundpipe or model.is_moe):
+        what = "RoundPipe plans" if config.is_roundpipe else "MoE models"
+        raise SpecError("--compile", "", f"compiles the blocks of dense models on the pipeline engine, not {what}")
+    if config.is_roundpipe:
+        from runner.roundpipe_run import refuse_checkpoints
+
+        refuse_checkpoints(checkpoint_dir, resume)
 
 
 def _drop_rows_after(path: Path, step: int) -> None:
