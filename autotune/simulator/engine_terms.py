@@ -33,7 +33,8 @@ validated on ran on other engines, so each term below is per engine (``Simulator
   weights and gradients, Adam's two fp32 moments beside them and no separate master copy (4 + 4 + 8 bytes
   per parameter, ``zero.FP32_ADAM``); its data-parallel all-reduce (``Engine._sync_gradients``), its
   ZeRO engine's and FSDP2's gathers and reduce-scatters all move fp32 (FSDP2 without a
-  ``MixedPrecisionPolicy``). The other engines keep 16-bit weights and gradients beside fp32 master
+  ``MixedPrecisionPolicy``; ``runner.zero``'s separate fp32 master shard, 4 bytes per parameter over the
+  peers, is not counted). The other engines keep 16-bit weights and gradients beside fp32 master
   weights and reduce in 16 bits (ZeRO's mixed-precision Adam, 2 + 2 + 12, ``zero.MIXED_PRECISION_ADAM``:
   DeepSpeed's default; Megatron-LM's fp16; the published runs were fitted so). Not modelled: Megatron-LM
   reduces bf16 gradients in fp32 too (``--accumulate-allreduce-grads-in-fp32``, forced for bf16) and
