@@ -134,6 +134,7 @@ class CostModel:
         # where the engine keeps fp32 gradients under bf16 autocast (autotune's runner: engine_terms.fp32_state)
         elem = max(r.elem_bytes for r in self.rates.values())
         self.grad_bytes = 4 if fp32_state(model.precision, engine) else elem
+        self.state_split = state_bytes_for(model, engine)  # bytes per parameter: weights, gradients, optimizer
 
     def memory_use(self, m: Measurement) -> float:
         """The fullest device's peak over its usable memory (capacity less the reserve) in ``m``; > 1
@@ -432,7 +433,7 @@ class CostModel:
                 act_factor = prof.activation_memory_factor or 1.0
             states_bytes, host_GiB = None, 0.0
             if (zero and dp > 1) or offload != "none":  # ZeRO sharding / CPU offload (autotune.simulator.zero)
-                split = state_bytes_for(self.model, self.engine)
+                split = self.state_split
                 if per_param is not None:
                     split = split.scaled_to(per_param)
                 ht = head_group(self.engine, len(devices), self.model.vocab_size)
@@ -608,7 +609,7 @@ class CostModel:
         the expert's own data-parallel peers (``moe.expert_state_delta_bytes``)."""
         durs, params, opt_s = costs
         prof = self.profile.device(self.node[stage.devices[0]].device.name) if self.profile is not None else None
-        split = state_bytes_for(self.model, self.engine)
+        split = self.state_split
         if prof is not None and prof.state_bytes_per_param:
             split = split.scaled_to(prof.state_bytes_per_param)
         dev, host = moe.expert_state_delta_bytes(

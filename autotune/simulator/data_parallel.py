@@ -13,7 +13,6 @@ from autotune.simulator import zero as zr
 from autotune.simulator.collectives import collective_s
 from autotune.simulator.cost_model import CostModel
 from autotune.simulator.engine_terms import head_group
-from autotune.simulator.zero import state_bytes_for
 from autotune.specs import ModelSpec, ParallelConfig, TimelineEvent
 from autotune.specs.execution import LAYERWISE
 
@@ -76,7 +75,7 @@ def synchronise(
     every replica (several in a mixed stage). With ``zero`` > 0: the reduce-scatter
     (``phase="allreduce"``) or the all-gather of the updated weights (``phase="allgather"``) of ZeRO
     (``zero.sync_s``, ``zero.gather_s``)."""
-    split = state_bytes_for(model, costs.engine)
+    split = costs.state_split
     by_stage = ranks_by_stage(units)
     for owners, params in reversed(segments(model, config)):
         members = peers_of(by_stage, owners)
@@ -149,7 +148,7 @@ def sharded_costs(
     v = config.virtual_stages
     rings = stage_rings(costs, model, config, units)
     hosts = host_links(costs, config)
-    split = state_bytes_for(model, costs.engine)
+    split = costs.state_split
     offloaded: dict[str, float] = {}  # node -> parameters its host CPU steps
     for r in range(len(config.pipelines)):
         for u, unit in enumerate(units[r]):
