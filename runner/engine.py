@@ -343,11 +343,12 @@ class Engine:
             if rank in ranks:
                 tp_group = group
         # ZeRO 1-3 over even replicas: torch's FSDP2 over each stage's (data-parallel, tensor-parallel) mesh
-        self.fsdp_mesh = None
+        self.fsdp_mesh = self.expert_mesh = None
         if fsdp and layout.sharded and fsdp_misfit(layout) is None:
-            from runner.fsdp import stage_mesh
+            from runner.fsdp import expert_mesh, stage_mesh
 
             self.fsdp_mesh = stage_mesh(layout, rank, device.type, tp_group)
+            self.expert_mesh = expert_mesh(layout, rank, device.type)  # MoE: experts over their holders
         if tp_group is not None:
             from torch.distributed.device_mesh import DeviceMesh
 
@@ -367,7 +368,7 @@ class Engine:
 
             names = {p: n for n, p in self.module.named_parameters()}
             self.expert_sync = setup_experts(
-                self.chunks, self.module.params_of, layout, rank, names=names, vocab_size=model.vocab_size
+                self.chunks, self.module.params_of, layout, rank, names, model.vocab_size, exchange=not self.fsdp
             )
         self.grad_groups: list[tuple[dist.ProcessGroup | None, list[nn.Parameter]]] = []
         self.settings = settings or TrainSettings()
@@ -393,7 +394,7 @@ class Engine:
         if self.fsdp:  # ZeRO 1-3 over even replicas: torch's FSDP2 shards weights, gradients, optimizer state
             from runner.fsdp import shard_chunks, tp_copies
 
-            shard_chunks(self.chunks, self.fsdp_mesh, layout.zero, self.plan.offload)
+            shard_chunks(self.chunks, self.fsdp_mesh, layout.zero, self.plan.offload, self.expert_mesh)
             self.optimizer = make_optimizer(list(self.module.parameters()), self.settings)
             self.copies = tp_copies(self.module.parameters(), self.plan.tp_degree)
         elif layout.sharded:  # ZeRO sharding / CPU offload: runner.zero keeps the optimizer and the gradients

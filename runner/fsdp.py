@@ -2,11 +2,16 @@
 
 Where every pipeline splits the layers alike, runs the same micro-batches on the same share of the batch and
 offloads a stage alike (nothing, or with zero 3 everything: FSDP2's ``CPUOffloadPolicy``; no mixed stages, no
-MoE, no layer-wise execution), the ranks holding a stage's layers reach each layer in one order, and ZeRO is
-what torch's FSDP2 does: each transformer block, the embedding and the final norm with the LM head are one
-``fully_shard`` unit over the stage's data-parallel ranks (torchtitan's wrapping; with tensor parallelism over
-the ``dp`` dimension of a ``dp`` x ``tp`` mesh, sharding the DTensor weights further), the rest of a chunk (a
-tied embedding, learned positions) its root unit. Every other sharded plan runs on ``runner.zero`` (docs/runner.md says why FSDP2 does not fit
+layer-wise execution, no SPES subsets or periods, no MoE block split by tensor parallelism), the ranks holding a
+stage's layers reach each layer in one order, and ZeRO is what torch's FSDP2 does: each transformer block, the
+embedding and the final norm with the LM head are one ``fully_shard`` unit over the stage's data-parallel ranks
+(torchtitan's wrapping; with tensor parallelism over the ``dp`` dimension of a ``dp`` x ``tp`` mesh, sharding the
+DTensor weights further), the rest of a chunk (a tied embedding, learned positions) its root unit. Under expert
+parallelism an MoE block's held experts are one more unit, inside the block's, over the ranks that hold them
+(one per expert-parallel group: torchtitan's ``dp_shard_mod_ep``); a holder's expert gradient sums the tokens of
+its whole group, so the unit divides by the stage's data-parallel size, not its own mesh's
+(``set_gradient_divide_factor``), and every held expert runs on every micro-batch (``runner.moe.setup_experts``)
+so that every holder makes the unit's collectives. Every other sharded plan runs on ``runner.zero`` (docs/runner.md says why FSDP2 does not fit
 those).
 
 Per micro-batch, as ``autotune.simulator.zero`` counts ZeRO (and not as ``torch.distributed.pipelining``
@@ -45,8 +50,10 @@ def fsdp_misfit(layout: Layout) -> str | None:
         return "replicas offloading a stage differently"
     if layout.mixed or any(r.layerwise for r in ranks):
         return "mixed stages or layer-wise execution (their ranks run different micro-batch counts)"
-    if layout.sync_every_steps > 1 or any(r.moe_layers or r.trains_experts is not None for r in ranks):
-        return "MoE blocks (each expert is trained by its own ranks)"
+    if layout.sync_every_steps > 1 or any(not r.trains(k) for r in ranks for k in r.holds()):
+        return "SPES (experts trained by some of their holders, or averaged every few steps)"
+    if any(r.moe_layers and r.tp_degree > 1 for r in ranks):
+        return "MoE blocks split by tensor parallelism (runner.moe splits each expert itself)"
     if len({(r.stage, r.tp_degree) for r in ranks}) > len({r.stage for r in ranks}):
         return "replicas sharding a stage at different tensor-parallel degrees"
     if replicas_out_of_step(layout) or len({(r.num_microbatches, r.batch_size) for r in ranks}) > 1:
@@ -86,16 +93,49 @@ def stage_mesh(layout: Layout, rank: int, device_type: str, tp_group=None):
     return DeviceMesh.from_group([mine, tp_group], device_type, mesh=mesh, mesh_dim_names=("dp", "tp"))
 
 
-def shard_chunks(chunks: list, mesh, zero: int, offload: str = "none") -> None:
+def expert_groups(layout: Layout) -> tuple[tuple[int, ...], ...]:
+    """Under expert parallelism, per stage and held experts, the ranks holding those experts, one per
+    expert-parallel group: the data-parallel groups FSDP2 shards the experts over (none without it)."""
+    groups: dict[tuple[int, int, tuple[int, ...]], list[int]] = {}
+    for r in sorted(layout.ranks, key=lambda r: (r.pipeline, r.rank)):
+        if r.moe_layers and r.expert_parallel > 1:
+            groups.setdefault((r.stage, r.tp_index, r.held_experts or ()), []).append(r.rank)
+    return tuple(tuple(v) for _, v in sorted(groups.items()))
+
+
+def expert_mesh(layout: Layout, rank: int, device_type: str):
+    """This rank's expert data-parallel mesh (``edp``: the ranks holding its experts, ``expert_groups``), or
+    None where it holds no expert-parallel MoE block. Every rank creates every group, in one order."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mine = None
+    for ranks in expert_groups(layout):
+        group = dist.new_group(list(ranks))
+        if rank in ranks:
+            mine = group
+    return None if mine is None else DeviceMesh.from_group(mine, device_type, mesh_dim_names=("edp",))
+
+
+def shard_chunks(chunks: list, mesh, zero: int, offload: str = "none", experts=None) -> None:
     """``fully_shard`` this rank's chunks over ``mesh``'s data-parallel dimension (``stage_mesh``); with
     ``offload`` ``all`` (zero 3) under FSDP2's ``CPUOffloadPolicy``: the weights' shards, the gradients' and the
-    optimizer state in host memory, each unit's shards copied to the device for its gather, the step on the CPU."""
+    optimizer state in host memory, each unit's shards copied to the device for its gather, the step on the CPU.
+    ``experts`` (``expert_mesh``): the held experts of each MoE block are one unit over it, inside the block's."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     dp = mesh["dp"] if mesh.ndim > 1 else mesh
     policy = CPUOffloadPolicy(pin_memory=dp.device_type == "cuda") if offload == "all" else OffloadPolicy()
     for chunk in chunks:
         for unit in units_of(chunk):
+            held = getattr(getattr(unit, "mlp", None), "experts", None) if experts is not None else None
+            if held:  # its holder's gradient sums its expert-parallel group's tokens: averaged over dp, not edp
+                fully_shard(list(held.values()), mesh=experts, reshard_after_forward=zero >= 3, offload_policy=policy)
+                unit_ = next(iter(held.values()))
+                unit_.set_gradient_divide_factor(float(dp.size()))
+                # gloo has no PREMUL_SUM: a sum, then the division; not on a mesh of one rank, where torch 2.13
+                # already divides as it copies (forcing the sum there divides twice)
+                unit_.set_force_sum_reduction_for_comms(experts.device_type != "cuda" and experts.size() > 1)
             fully_shard(unit, mesh=dp, reshard_after_forward=zero >= 3, offload_policy=policy)
         fully_shard(chunk, mesh=dp, reshard_after_forward=zero >= 3, offload_policy=policy)
 

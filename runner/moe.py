@@ -223,25 +223,30 @@ def expert_seed(layer_seed: int, expert: int) -> int:
     return layer_seed * 131 + 7 + expert
 
 
-def setup_experts(chunks, params_of, layout, rank: int, names=None, vocab_size: int = 0) -> ExpertSync:
+def setup_experts(
+    chunks, params_of, layout, rank: int, names=None, vocab_size: int = 0, exchange: bool = True
+) -> ExpertSync | None:
     """An MoE / SPES plan on one rank's ``chunks`` (``params_of(key)``: the rank's parameters of a layer key,
     ``RankModel.params_of``): expert-parallel groups on its MoE blocks, untrained experts frozen
     (no gradient, not in the optimizer), and the exchange that replaces the plain gradient all-reduce.
     Every rank creates every process group, in the same order. ``names`` (parameter -> name) and
-    ``vocab_size`` say which part of each weight a rank holds where replicas shard a key differently."""
+    ``vocab_size`` say which part of each weight a rank holds where replicas shard a key differently.
+    ``exchange`` False (FSDP2 reduces every gradient, ``runner.fsdp``): no exchange (None), and every held
+    expert runs on every micro-batch, as FSDP2's collectives around each unit need every holder to call them."""
     plan = layout.ranks[rank]
     for ranks in layout.expert_parallel_groups():
         group = dist.new_group(list(ranks))
         if rank in ranks:
-            for chunk in chunks:
-                for block in chunk.blocks.values():
-                    if isinstance(block.mlp, MoEMLP):
-                        block.mlp.set_expert_parallel(group, len(ranks))
+            for block in (b for chunk in chunks for b in chunk.blocks.values() if isinstance(b.mlp, MoEMLP)):
+                block.mlp.set_expert_parallel(group, len(ranks))
+    for block in (b for chunk in chunks for b in chunk.blocks.values()) if not exchange else ():
+        if isinstance(block.mlp, MoEMLP):
+            block.mlp.every_expert = True
     for key in plan.holds():
         if not plan.trains(key):
             for p in params_of(key):
                 p.requires_grad_(False)
-    return ExpertSync(layout, rank, params_of, layout.sync_every_steps, names or {}, vocab_size)
+    return ExpertSync(layout, rank, params_of, layout.sync_every_steps, names or {}, vocab_size) if exchange else None
 
 
 # --------------------------------------------------------------------------------------------------

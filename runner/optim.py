@@ -82,11 +82,12 @@ def make_optimizer(params, settings: TrainSettings | None = None) -> torch.optim
     from torch.distributed.tensor import DTensor
 
     s = settings or TrainSettings()
-    # the fused kernel takes a group of DTensors or of plain tensors, not both: tensor-parallel weights apart
-    params = list(params)
-    plain = [p for p in params if not isinstance(p, DTensor)]
-    split = [p for p in params if isinstance(p, DTensor)]
-    groups = [{"params": g} for g in (plain, split) if g]
+    # the fused kernel takes a group of plain tensors or of DTensors on one mesh: each apart (FSDP2 shards an MoE
+    # plan's experts over their holders, the rest over the stage's ranks)
+    by_mesh: dict = {}
+    for p in params:
+        by_mesh.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+    groups = [{"params": g} for g in by_mesh.values()]
     return torch.optim.AdamW(groups, **{**ADAMW, "lr": s.lr, "weight_decay": s.weight_decay}, fused=True)
 
 

@@ -1,10 +1,13 @@
-"""ZeRO sharding of MoE and SPES plans in the runner (``runner.zero`` units over ``Layout.key_trainers``).
+"""ZeRO sharding of MoE and SPES plans in the runner: torch's FSDP2 (``runner.fsdp``, experts sharded over
+their holders) where every holder trains every step, ``runner.zero``'s units (``Layout.key_trainers``) for SPES.
 
 Four CPU ranks are started once and run every scenario on the engine the runner uses:
 
-- ZeRO 1, 2 and 3 with expert parallelism (each expert held by two replicas, whose shards they split;
-  a 2-stage pipeline with ZeRO 1) train like a single process to 1e-5 relative over 6 steps;
-- SPES with ``sync_every_steps`` 1 and ZeRO 2 is ordinary data parallelism;
+- on FSDP2, ZeRO 1, 2 and 3 (and 3 with offload ``all``) with expert parallelism (each expert held by two
+  replicas, whose shards they split; a 2-stage pipeline with ZeRO 1, each expert held by one rank) and SPES with
+  ``sync_every_steps`` 1 (ordinary data parallelism) train like a single process to 1e-5 relative over 6 steps,
+  losses and gradient norms (clipped: a gradient scaled wrongly shows in the norm, which Adam's steps hide);
+  the ZeRO-3 run checkpointed at step 3 resumes bit-exact; the same ZeRO-3 plan on ``runner.zero`` too;
 - SPES with 4 (each replica trains one expert) and ZeRO 2 trains as the same plan without ZeRO (the
   units of one expert-parallel group, the masters reloaded after each synchronisation), and a run
   checkpointed mid-period and resumed is bit-exact (frozen experts saved beside the shards);
@@ -22,10 +25,13 @@ import pytest
 import torch
 from moe_ranks import MODEL, build_engine, run_ranks
 
+from runner.optim import TrainSettings
+
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 STEPS = 6
 SPES_STEPS = 8
+CLIP = TrainSettings(clip_grad_norm=0.5)
 
 
 def _pipelines(stages=1, trains=None, offload="none") -> list[dict]:
@@ -48,6 +54,12 @@ PLANS = {
     "ep2-pp2-zero1": {"micro_batch_size": 1, "zero": 1, "expert_parallel": 2, "pipelines": _pipelines(2)},
     "ep2-zero2": {"micro_batch_size": 1, "zero": 2, "expert_parallel": 2, "pipelines": _pipelines()},
     "ep2-zero3": {"micro_batch_size": 1, "zero": 3, "expert_parallel": 2, "pipelines": _pipelines()},
+    "ep2-zero3-offload-all": {
+        "micro_batch_size": 1,
+        "zero": 3,
+        "expert_parallel": 2,
+        "pipelines": _pipelines(offload="all"),
+    },
     "spes-sync1-zero2": {"micro_batch_size": 1, "zero": 2, "pipelines": _pipelines(trains=[[0, 1, 2, 3]] * 4)},
     "spes-sync4": {
         "micro_batch_size": 1,
@@ -79,18 +91,38 @@ PLANS["spes-ep2-sync2"] = SPES_EP2
 PLANS["spes-ep2-sync2-zero3"] = SPES_EP2 | {"zero": 3}
 
 
-def _engine(name: str, rank: int):
-    return build_engine(PLANS[name], rank)
+# on FSDP2, and one of them on runner.zero
+FSDP2 = ("ep2-pp2-zero1", "ep2-zero2", "ep2-zero3", "ep2-zero3-offload-all", "spes-sync1-zero2")
+ON_RUNNER_ZERO = "ep2-zero3@runner.zero"
+
+
+def _engine(name: str, rank: int, **options):
+    return build_engine(PLANS[name], rank, **options)
+
+
+def _clipped_run(engine, start: int = 0) -> tuple[list[float], list[float]]:
+    steps = [engine.step(i) for i in range(start, STEPS)]
+    return [s.loss for s in steps], [s.grad_norm for s in steps]
 
 
 def _worker(rank: int, out: Path) -> dict:
     from runner import checkpoint
 
     results: dict = {}
-    for name in ("ep2-pp2-zero1", "ep2-zero2", "ep2-zero3", "spes-sync1-zero2"):
-        engine = _engine(name, rank)
-        assert engine.zero is not None, name
-        results[name] = [engine.step(i).loss for i in range(STEPS)]
+    for name in FSDP2:
+        engine = _engine(name, rank, settings=CLIP)
+        assert engine.fsdp and engine.zero is None and engine.expert_sync is None, name
+        results[name], results[name + "-norms"] = _clipped_run(engine)
+    engine = _engine("ep2-zero3", rank, settings=CLIP, fsdp=False)
+    assert engine.zero is not None
+    results[ON_RUNNER_ZERO], results[ON_RUNNER_ZERO + "-norms"] = _clipped_run(engine)
+    engine = _engine("ep2-zero3", rank, settings=CLIP)  # FSDP2's sharded checkpoint, resumed
+    for i in range(3):
+        engine.step(i)
+    checkpoint.save(out / "ckpt-ep2-zero3", engine, 3)
+    engine = _engine("ep2-zero3", rank, settings=CLIP)
+    start = checkpoint.load(checkpoint.latest(out / "ckpt-ep2-zero3"), engine)
+    results["ep2-zero3-resumed"], _ = _clipped_run(engine, start)
     for name in ("spes-sync4", "spes-sync4-zero2", "spes-sync4-zero2-offload-all", "spes-ep2-sync2"):
         engine = _engine(name, rank)
         results[name] = [engine.step(i).loss for i in range(SPES_STEPS)]
@@ -123,15 +155,23 @@ def runs(tmp_path_factory) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference() -> list[float]:
+def reference() -> tuple[list[float], list[float]]:
     from runner.reference import reference_losses
 
-    return reference_losses(MODEL, STEPS)
+    norms: list[float] = []
+    return reference_losses(MODEL, STEPS, settings=CLIP, grad_norms=norms), norms
 
 
-@pytest.mark.parametrize("plan", ["ep2-pp2-zero1", "ep2-zero2", "ep2-zero3", "spes-sync1-zero2"])
+@pytest.mark.parametrize("plan", [*FSDP2, ON_RUNNER_ZERO])
 def test_zero_with_experts_trains_like_a_single_process(runs, reference, plan) -> None:
-    torch.testing.assert_close(torch.tensor(runs[0][plan]), torch.tensor(reference), rtol=1e-5, atol=0)
+    losses, norms = reference
+    torch.testing.assert_close(torch.tensor(runs[0][plan]), torch.tensor(losses), rtol=1e-5, atol=0)
+    torch.testing.assert_close(torch.tensor(runs[0][plan + "-norms"]), torch.tensor(norms), rtol=1e-5, atol=0)
+
+
+def test_zero_3_with_experts_on_fsdp2_resumes_bit_exact(runs) -> None:
+    for r in range(4):
+        assert runs[r]["ep2-zero3-resumed"] == runs[r]["ep2-zero3"][3:]
 
 
 @pytest.mark.parametrize(

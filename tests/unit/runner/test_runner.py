@@ -365,3 +365,30 @@ def test_fsdp2_runs_zero_1_to_3_over_even_replicas_and_says_why_not_elsewhere():
         zero=3,
     )
     assert "tensor-parallel degrees" in fsdp_misfit(build_layout(load_cluster("cpu-4"), load_model("tiny"), uneven_tp))
+
+
+def test_fsdp2_shards_moe_experts_over_their_holders_and_leaves_spes_and_split_experts_to_runner_zero():
+    from runner.fsdp import expert_groups, fsdp_misfit, stage_groups
+
+    moe = load_model("tiny-moe")
+
+    def layout(ep=2, trains=None, sync=1, devices=lambda p: [f"cpu:{p}"], n=4):
+        pipes = [
+            {"num_microbatches": 8 // n, "stages": [stage(devices(p), 4)]}
+            | ({"trains_experts": trains[p]} if trains else {})
+            for p in range(n)
+        ]
+        return build_layout(
+            load_cluster("cpu-4"), moe, replace(cfg(pipes, zero=3), expert_parallel=ep, sync_every_steps=sync)
+        )
+
+    ep2 = layout()
+    assert fsdp_misfit(ep2) is None
+    assert stage_groups(ep2) == ((0, 1, 2, 3),)  # the shared weights over every replica
+    assert expert_groups(ep2) == ((0, 2), (1, 3))  # each half of the experts over its two holders
+    assert fsdp_misfit(layout(ep=1)) is None and expert_groups(layout(ep=1)) == ()  # every replica holds all
+    assert fsdp_misfit(layout(ep=1, trains=[[0, 1, 2, 3]] * 4)) is None  # SPES training every expert every step
+    assert "SPES" in fsdp_misfit(layout(ep=1, trains=[[p] for p in range(4)], sync=4))
+    assert "SPES" in fsdp_misfit(layout(ep=1, trains=[[p] for p in range(4)]))
+    split = layout(ep=2, devices=lambda p: [f"cpu:{2 * p}", f"cpu:{2 * p + 1}"], n=2)
+    assert "MoE blocks split by tensor parallelism" in fsdp_misfit(split)
