@@ -57,7 +57,19 @@ HELPERS = {
 }
 
 
+#: what torch leaves in the temporary directory on its own (torchrun's per-launch directories, TorchInductor's
+#: cache)
+TORCH_LEFTOVERS = ("torchelastic_", "torchinductor_")
+
+
 def _run(script: str, args: list[str], tmp_path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    """The script's quick run, its temporary files in ``tmp_path / "tmp"`` (``left_behind`` reads them)."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path / "tmp"))
     cmd = [sys.executable, str(REPO / script), "--quick", *(a.format(tmp=tmp_path) for a in args)]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def left_behind(tmp_path) -> list[str]:
+    """What a finished ``_run`` left in its temporary directory (a script removes its scratch files)."""
+    return sorted(p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith(TORCH_LEFTOVERS))

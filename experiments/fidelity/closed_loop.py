@@ -12,7 +12,9 @@ Cluster: ``experiments/fidelity/fidelity_cluster.yaml`` (4 CPU ranks + 2 emulate
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -55,6 +57,7 @@ def main() -> None:
     start_profile = CalibrationProfile.load(args.profile) if args.profile else None
     real = RealEvaluator(cluster, model, steps=args.steps, warmup=1, timeout_s=120)
     tmp = Path(tempfile.mkdtemp(prefix="closed-loop-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # its stores and files are scratch
     uri = f"sqlite:///{tmp}/mlflow.db"
     t0 = time.monotonic()
     result = tune(

@@ -24,7 +24,9 @@ so the launching process is kept small.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -349,6 +351,7 @@ def main() -> None:
         return
 
     work = Path(tempfile.mkdtemp(prefix="fidelity-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # its stores and files are scratch
     profile_dir = args.out.parent / args.out.stem.replace("fidelity_results", "fidelity_profiles")
     profile_dir.mkdir(parents=True, exist_ok=True)
     selected = {

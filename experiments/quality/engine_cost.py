@@ -14,6 +14,8 @@ plan is checked to export (``autotune.engines.export``).
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import statistics
 import time
 
@@ -57,7 +59,9 @@ def main() -> None:
         scenarios = [s for s in scenarios if s.name in keep]
     names = list(engines.ENGINES)
     fractions: dict[str, list[float]] = {e: [] for e in names}
-    storage = f"{tempfile.mkdtemp()}/optuna.journal"
+    scratch = tempfile.mkdtemp(prefix="engine-cost-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    storage = f"{scratch}/optuna.journal"
     print(f"{args.method} at budget {budget} per search; whole space = max({args.method}, dp) at that budget")
     print(
         f"{'scenario':<20} {'whole space':>12} "

@@ -11,6 +11,8 @@ then the counts.
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import tempfile
 from collections import Counter
 
@@ -40,7 +42,9 @@ def main() -> None:
     scenarios, budget = heldout_scenarios(), args.budget
     if args.quick:
         scenarios, budget = scenarios[2:4], 5
-    storage = f"{tempfile.mkdtemp()}/optuna.journal"
+    scratch = tempfile.mkdtemp(prefix="runnable-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    storage = f"{scratch}/optuna.journal"
     counts: Counter = Counter()
     print(f"best plan of each method at budget {budget}: runnable by the runner?")
     for s in scenarios:

@@ -13,7 +13,9 @@ Cases: a Mixtral-8x7B-shaped model on 2 x 8 A100-40GB + 8 RTX-4090 over 25 Gbit/
 from __future__ import annotations
 
 import argparse
+import atexit
 import re
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -61,7 +63,8 @@ def main() -> None:
         return refused
 
     jobs.preflight_refusal = counted
-    directory = Path(tempfile.mkdtemp())
+    directory = Path(tempfile.mkdtemp(prefix="runner-limits-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
     todo = cases(directory)
     methods = args.methods.split(",")
     budget = args.budget

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from experiment_runs import HELPERS, QUICK, _run
+from experiment_runs import HELPERS, QUICK, _run, left_behind
 from paths import REPO
 
 
@@ -21,6 +21,7 @@ def test_quick_mode_runs(script, tmp_path):
     out = _run(script, QUICK[script], tmp_path)
     assert out.returncode == 0, f"{script} --quick failed:\n{out.stderr[-3000:]}"
     assert out.stdout.strip(), f"{script} --quick printed nothing"
+    assert not left_behind(tmp_path), f"{script} --quick left temporary files: {left_behind(tmp_path)}"
 
 
 @pytest.mark.slow
