@@ -404,12 +404,9 @@ class Engine:
                 layout, rank, self.module, device, experts=self.expert_sync is not None, vocab_size=model.vocab_size
             )
             if self.zero.per_microbatch:  # its collectives pair up only if every expert runs every micro-batch
-                from runner.moe import MoEMLP
+                from runner.moe import run_every_expert
 
-                for chunk in self.chunks:
-                    for block in chunk.blocks.values():
-                        if isinstance(block.mlp, MoEMLP):
-                            block.mlp.every_expert = True
+                run_every_expert(self.chunks)
             self.optimizer = self.zero.optimizer
             for g in self.optimizer.param_groups:
                 g["weight_decay"] = self.settings.weight_decay

@@ -64,24 +64,37 @@ def fsdp_misfit(layout: Layout) -> str | None:
 def stage_groups(layout: Layout) -> tuple[tuple[int, ...], ...]:
     """Per stage and tensor-parallel index, the ranks holding those layers (the stage's chunks, with virtual
     stages) and that shard of them, one per pipeline: the data-parallel groups FSDP2 shards over."""
-    groups: dict[tuple[int, int], list[int]] = {}
+    return _ranks_by(layout, lambda r: (r.stage, r.tp_index))
+
+
+def _ranks_by(layout: Layout, key, keep=lambda r: True) -> tuple[tuple[int, ...], ...]:
+    """The ranks ``keep`` takes, grouped by ``key(rank plan)``, each group in pipeline order, the groups by key."""
+    groups: dict[tuple, list[int]] = {}
     for r in sorted(layout.ranks, key=lambda r: (r.pipeline, r.rank)):
-        groups.setdefault((r.stage, r.tp_index), []).append(r.rank)
+        if keep(r):
+            groups.setdefault(key(r), []).append(r.rank)
     return tuple(tuple(v) for _, v in sorted(groups.items()))
+
+
+def _my_group(groups: tuple[tuple[int, ...], ...], rank: int):
+    """A process group for each of ``groups`` (every rank creates every one, in one order); ``rank``'s, or None."""
+    import torch.distributed as dist
+
+    mine = None
+    for ranks in groups:
+        group = dist.new_group(list(ranks))
+        if rank in ranks:
+            mine = group
+    return mine
 
 
 def stage_mesh(layout: Layout, rank: int, device_type: str, tp_group=None):
     """This rank's stage as a device mesh: ``dp`` (its data-parallel group, one rank per pipeline) by ``tp`` (its
     tensor-parallel group, where the stage has one), so that FSDP2 shards the tensor-parallel DTensors over
     ``dp`` (both meshes one root, as FSDP2 needs). Every rank creates every data-parallel group, in one order."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    mine = None
-    for ranks in stage_groups(layout):
-        group = dist.new_group(list(ranks))
-        if rank in ranks:
-            mine = group
+    mine = _my_group(stage_groups(layout), rank)
     if tp_group is None:
         return DeviceMesh.from_group(mine, device_type, mesh_dim_names=("dp",))
     me = layout.ranks[rank]
@@ -96,24 +109,17 @@ def stage_mesh(layout: Layout, rank: int, device_type: str, tp_group=None):
 def expert_groups(layout: Layout) -> tuple[tuple[int, ...], ...]:
     """Under expert parallelism, per stage and held experts, the ranks holding those experts, one per
     expert-parallel group: the data-parallel groups FSDP2 shards the experts over (none without it)."""
-    groups: dict[tuple[int, int, tuple[int, ...]], list[int]] = {}
-    for r in sorted(layout.ranks, key=lambda r: (r.pipeline, r.rank)):
-        if r.moe_layers and r.expert_parallel > 1:
-            groups.setdefault((r.stage, r.tp_index, r.held_experts or ()), []).append(r.rank)
-    return tuple(tuple(v) for _, v in sorted(groups.items()))
+    return _ranks_by(
+        layout, lambda r: (r.stage, r.tp_index, r.held_experts or ()), lambda r: r.moe_layers and r.expert_parallel > 1
+    )
 
 
 def expert_mesh(layout: Layout, rank: int, device_type: str):
     """This rank's expert data-parallel mesh (``edp``: the ranks holding its experts, ``expert_groups``), or
     None where it holds no expert-parallel MoE block. Every rank creates every group, in one order."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    mine = None
-    for ranks in expert_groups(layout):
-        group = dist.new_group(list(ranks))
-        if rank in ranks:
-            mine = group
+    mine = _my_group(expert_groups(layout), rank)
     return None if mine is None else DeviceMesh.from_group(mine, device_type, mesh_dim_names=("edp",))
 
 

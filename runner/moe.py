@@ -239,14 +239,21 @@ def setup_experts(
         if rank in ranks:
             for block in (b for chunk in chunks for b in chunk.blocks.values() if isinstance(b.mlp, MoEMLP)):
                 block.mlp.set_expert_parallel(group, len(ranks))
-    for block in (b for chunk in chunks for b in chunk.blocks.values()) if not exchange else ():
-        if isinstance(block.mlp, MoEMLP):
-            block.mlp.every_expert = True
+    if not exchange:
+        run_every_expert(chunks)
     for key in plan.holds():
         if not plan.trains(key):
             for p in params_of(key):
                 p.requires_grad_(False)
     return ExpertSync(layout, rank, params_of, layout.sync_every_steps, names or {}, vocab_size) if exchange else None
+
+
+def run_every_expert(chunks) -> None:
+    """Every MoE block of ``chunks`` runs each held expert on every micro-batch (``MoEMLP.every_expert``): what
+    collectives made around each expert's unit (FSDP2's, ``runner.zero``'s per micro-batch) need of every holder."""
+    for block in (b for chunk in chunks for b in chunk.blocks.values()):
+        if isinstance(block.mlp, MoEMLP):
+            block.mlp.every_expert = True
 
 
 # --------------------------------------------------------------------------------------------------
