@@ -3,7 +3,6 @@ Um et al. ATC'24): compose a plan's iteration time from per-stage costs instead 
 
 It decides the tensor-parallel groups (one degree per node class), how they chain into pipelines, the
 layer split (recomputation only where needed to fit), the micro-batch size and the replicas' batch shares.
-
 How it scores a plan, without running the simulator on whole plans:
 
 1. Per stage: ``CostModel.stage_estimate`` (time per micro-batch, peak memory for ``l`` layers with ``q``
@@ -26,7 +25,6 @@ Plan families it enumerates (every micro-batch size of the space):
   on A100 + V100, e.g. 8 A100 replicas at tp 1 beside 2 V100 replicas at tp 4);
 - ``mixed``: identical replicas that each take stages from every class (a heterogeneous pipeline,
   classes in order of speed, reversed, or of memory), layers split by the partition above.
-
 - ``sharded-dp`` (``autotune.planning.sharded_dp``): DeepSpeed-style ZeRO data parallelism, every
   tensor-parallel group one replica of the whole model, with the zero stage and offload that fit; these
   few plans are timed by the simulator itself (a one-stage replica has no pipeline to compose).
@@ -47,14 +45,13 @@ recomputation the memory model says fits, timed by the simulator (the composed t
 offload traffic), at most ``MAX_STATE_SIMULATIONS`` plans (fewer past 512 GPUs), ranked by that time among
 the composed ones; when nothing fits without offload, the offload modes' composed plans are kept too.
 
-The best few per family and micro-batch size, ranked by the composed time, are what ``run_dp`` sends
-to the real evaluator (the full simulator or real runs) within the budget. ``plan_candidates`` is
-also the start of ``optuna`` and ``rl`` (``autotune.search.api``).
+The best few per family and micro-batch size, ranked by the composed time, are what ``run_dp`` sends to the
+real evaluator (the simulator or real runs) within the budget; ``plan_candidates`` also starts ``optuna`` and
+``rl`` (``autotune.search.api``).
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 import logging
@@ -143,7 +140,6 @@ class Planner:
         self._coef: dict[tuple, tuple[float, ...]] = {}
         self._p2p: dict[tuple, float] = {}
         self._partitions: dict[tuple, Template | None] = {}
-        self._ring: dict[tuple, float] = {}
         self.composed = 0  # plans composed by the last ``plan`` call
         self.offload = "none"  # offload of every stage of the plans being composed (``compose``)
         # --restrict: the recomputation a composed stage may take and the schedule it is built with
@@ -243,22 +239,25 @@ class Planner:
         if np.any(most < 1) or np.sum(most) < L:
             return None
 
-        def most_layers(B: float) -> tuple[np.ndarray, np.ndarray]:
-            best = np.zeros(p)
-            use_rc = np.full(p, modes[0], dtype=bool)
-            for rc in modes:
-                t1, dt = rows[rc][0], rows[rc][1]
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    n = np.where(dt > 0, np.floor((B - t1) / np.where(dt > 0, dt, 1.0)) + 1, L)
-                n = np.where(B >= t1, np.clip(n, 0, limits[rc]), 0)
-                better = n > best
-                use_rc = np.where(better, rc, use_rc)
-                best = np.maximum(best, n)
-            return best, use_rc
+        # asked ~40 times per partition on p <= 8 stages: plain floats, not numpy calls on tiny arrays
+        lines = [(rows[rc][0].tolist(), rows[rc][1].tolist(), limits[rc].tolist()) for rc in modes]
+
+        def most_layers(B: float) -> list[float]:
+            """Per stage, the most layers it runs within ``B`` seconds per micro-batch, in any mode."""
+            best = [0.0] * p
+            for t1s, dts, caps in lines:
+                for i in range(p):
+                    t1, dt = t1s[i], dts[i]
+                    if B >= t1:
+                        q = (B - t1) / dt if dt > 0 else L  # >= 0; past L the cap (<= L) decides
+                        n = min(math.floor(q) + 1 if q < L else L, caps[i])
+                        if n > best[i]:
+                            best[i] = n
+            return best
 
         def enough(B: float) -> bool:
-            n = most_layers(B)[0]
-            return bool(np.sum(n) >= L and np.all(n >= 1))
+            n = most_layers(B)
+            return sum(n) >= L and min(n) >= 1
 
         lo = float(np.max(np.minimum.reduce([rows[rc][0] for rc in modes]))) * (1 - 1e-12)  # one layer each
         hi = float(np.max(np.maximum.reduce([rows[rc][0] + (L - 1) * rows[rc][1] for rc in modes]))) * 2 + 1e-9
@@ -272,7 +271,7 @@ class Planner:
                 hi = mid
             else:
                 lo = mid
-        layers = [int(x) for x in most_layers(hi)[0]]
+        layers = [int(x) for x in most_layers(hi)]
 
         def stage_time(i: int, n: int) -> tuple[float, bool]:
             for rc in modes:
@@ -361,32 +360,33 @@ class Planner:
         """Data-parallel gradient sync after the pipelines: per run of layers held by the same stage
         in every replica, the simulator's ring all-reduce among those stages; a stage's runs add up.
         ``pipes`` are the replicas that stand for the others (the first and last of each type: the
-        ring's slowest hop is among them); the ring has ``ring`` members."""
+        ring's slowest hop is among them); the ring has ``ring`` members. Rings are new all the time:
+        each is combined from its stages' ``dp_stage`` (``CostModel.ring_of``), not looked up."""
         if ring < 2:
             return 0.0
-        model = self.model
+        model, costs = self.model, self.costs
         L = model.num_layers
-        starts, cuts = [], {0, L}
-        for pipe in pipes:
-            acc, st = 0, []
-            for _, n in pipe:
-                st.append(acc)
-                cuts.add(acc)
+        starts: dict[int, list[int]] = {}  # layer index -> the pipes whose next stage starts there
+        stages = []  # per pipe, its stages' dp_stage; the walk below advances each pipe's owning stage
+        for r, pipe in enumerate(pipes):
+            acc = 0
+            for s, (_, n) in enumerate(pipe):
+                if s:
+                    starts.setdefault(acc, []).append(r)
                 acc += n
-            starts.append(st)
-        cuts_sorted = sorted(cuts)
-        per_stage: dict[tuple[int, int], float] = {}
-        for x, y in zip(cuts_sorted, cuts_sorted[1:]):
-            owners = [bisect.bisect_right(st, x) - 1 for st in starts]
-            params = (y - x) * model.params_per_layer + model.end_params(x == 0, y == L)
-            devs = tuple(pipes[r][s][0] for r, s in enumerate(owners))
-            key = (devs, params, ring)
-            t = self._ring.get(key)
-            if t is None:
-                t = self._ring[key] = self.costs.allreduce_time_s(devs, params, ranks=ring)
-            for r, s in enumerate(owners):
-                per_stage[(r, s)] = per_stage.get((r, s), 0.0) + t
-        return max(per_stage.values(), default=0.0)
+            stages.append([costs.dp_stage(dev) for dev, _ in pipe])
+        cuts = sorted({0, L, *starts})
+        owners = [0] * len(pipes)
+        totals = [[0.0] * len(pipe) for pipe in pipes]
+        per_layer = model.params_per_layer  # a computed property: read once, not per run of layers
+        for x, y in zip(cuts, cuts[1:]):
+            for r in starts.get(x, ()):
+                owners[r] += 1
+            params = (y - x) * per_layer + model.end_params(x == 0, y == L)
+            t = costs.ring_allreduce_s(costs.ring_of([row[s] for row, s in zip(stages, owners)]), params, ring)
+            for row, s in zip(totals, owners):
+                row[s] += t
+        return max(max(row) for row in totals)
 
     def _score(self, types: list[tuple[Template, list[tuple[tuple[str, ...], ...]]]], mbs: int) -> float | None:
         """Composed iteration time of replica types (a template and the device groups of each of its

@@ -128,7 +128,7 @@ class CostModel:
         self._memory_cache: dict[tuple, float] = {}
         self._p2p_cache: dict[tuple, float] = {}
         self._dp_stage_cache: dict[tuple, tuple] = {}
-        self._dp_ring_cache: dict[tuple, tuple[float, float]] = {}
+        self._dp_ring_cache: dict[tuple, tuple[float, float, str]] = {}
         self._flops_per_token = model_flops_per_token(model)
         # gradients are all-reduced in the model's precision (16-bit in Megatron-LM's fp16 default), in fp32
         # where the engine keeps fp32 gradients under bf16 autocast (autotune's runner: engine_terms.fp32_state)
@@ -203,8 +203,12 @@ class CostModel:
         if n < 2:
             return 0.0
         owners = tuple(tuple(o) for o in owners)
-        bw, lat = self.dp_bandwidth(owners)
-        return collective_s("allreduce", self.grad_bytes * params, n, bw, lat, self.dp_kind(owners))
+        return self.ring_allreduce_s(self.dp_ring(owners), params, n)
+
+    def ring_allreduce_s(self, ring: tuple[float, float, str], params: float, ranks: int) -> float:
+        """``allreduce_time_s`` over a ring whose ``dp_ring`` (or ``ring_of``) is ``ring``."""
+        bw, lat, kind = ring
+        return collective_s("allreduce", self.grad_bytes * params, ranks, bw, lat, kind)
 
     # ---------------------------------------------------------------------------------------------
 
@@ -511,16 +515,6 @@ class CostModel:
             return "network"
         return intra_node_kind(node.intra_node.bandwidth_GBps, node.device.name)
 
-    def dp_kind(self, owners: tuple[tuple[str, ...], ...]) -> str:
-        """Link kind of a data-parallel ring among stages ``owners``."""
-        nodes = {self.node[d].name for stage in owners for d in stage}
-        first = self.node[owners[0][0]]
-        if first.device.name == "cpu":
-            return "host"
-        if len(nodes) > 1:
-            return "network"
-        return intra_node_kind(first.intra_node.bandwidth_GBps, first.device.name)
-
     def rank_costs(
         self, view, first: bool, last: bool, mbs: int, in_flight: int, v: int, ep: int, dp: int, zero: int, memory
     ):
@@ -568,17 +562,21 @@ class CostModel:
         return dm.device_GiB(allocated_GiB)
 
     def dp_stage(self, devices: tuple[str, ...]) -> tuple:
-        """(nodes, intra-node GB/s, network GB/s, intra latency us, network latency us) of one stage as a
-        data-parallel ring member: its tensor-parallel ranks carry their shards in parallel."""
+        """(nodes, intra-node GB/s, network GB/s, intra latency us, network latency us, the first device's
+        class, its node's intra-node GB/s) of one stage as a data-parallel ring member: its tensor-parallel
+        ranks carry their shards in parallel."""
         hit = self._dp_stage_cache.get(devices)
         if hit is None:
             nodes = {self.node[d].name: self.node[d] for d in devices}
+            node = self.node[devices[0]]
             hit = (
                 frozenset(nodes),
                 len(devices) * min(n.intra_node.bandwidth_GBps for n in nodes.values()),
                 sum(n.network.bandwidth_GBps for n in nodes.values()),
                 max(n.intra_node.latency_us for n in nodes.values()),
                 max(n.network.latency_us for n in nodes.values()),
+                node.device.name,
+                node.intra_node.bandwidth_GBps,
             )
             self._dp_stage_cache[devices] = hit
         return hit
@@ -586,17 +584,36 @@ class CostModel:
     def dp_bandwidth(self, owners: tuple[tuple[str, ...], ...]) -> tuple[float, float]:
         """(GB/s, latency us) of a ring among stages ``owners``: a stage moves ``tp x`` its devices'
         intra-node bandwidth, capped by its nodes' network bandwidth when the ring leaves the node; the
-        slowest stage sets the pace (cached: a search meets the same rings again and again)."""
+        slowest stage sets the pace (``dp_ring``)."""
+        bw, lat, _ = self.dp_ring(owners)
+        return bw, lat
+
+    def dp_ring(self, owners: tuple[tuple[str, ...], ...]) -> tuple[float, float, str]:
+        """(GB/s, latency us, link kind: ``collectives``) of a data-parallel ring among stages ``owners``
+        (``dp_bandwidth`` without the kind), from each stage's ``dp_stage``, cached (a search meets the same
+        rings again and again; the planner meets new ones all the time, so a miss is one pass over the
+        stages)."""
         hit = self._dp_ring_cache.get(owners)
         if hit is None:
-            infos = [self.dp_stage(stage) for stage in owners]
-            first = infos[0][0]
-            if len(first) == 1 and all(info[0] == first for info in infos):
-                hit = min(info[1] for info in infos), max(info[3] for info in infos)
-            else:
-                hit = min(min(info[1], info[2]) for info in infos), max(info[4] for info in infos)
-            self._dp_ring_cache[owners] = hit
+            hit = self._dp_ring_cache[owners] = self.ring_of([self.dp_stage(stage) for stage in owners])
         return hit
+
+    def ring_of(self, infos: list[tuple]) -> tuple[float, float, str]:
+        """``dp_ring`` of the stages whose ``dp_stage`` are ``infos`` (the first stage's first)."""
+        first = infos[0]
+        names = first[0]
+        one_node = len(names) == 1
+        if one_node:
+            for info in infos:
+                if info[0] != names:
+                    one_node = False
+                    break
+        device = first[5]
+        if one_node:  # every stage on the same single node: its intra-node links
+            bw, lat = min(info[1] for info in infos), max(info[3] for info in infos)
+            return bw, lat, "host" if device == "cpu" else intra_node_kind(first[6], device)
+        bw, lat = min(min(info[1], info[2]) for info in infos), max(info[4] for info in infos)
+        return bw, lat, "host" if device == "cpu" else "network"
 
     # ---------------------------------------------------------------------------------------------
     # One iteration

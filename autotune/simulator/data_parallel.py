@@ -83,9 +83,9 @@ def synchronise(
         if n < 2:
             continue
         stages = tuple(devs for _, _, devs in members)
-        bw, lat = costs.dp_bandwidth(stages)
+        bw, lat, kind = costs.dp_ring(stages)
         if zero == 0:
-            t = collective_s("allreduce", costs.grad_bytes * params, n, bw, lat, costs.dp_kind(stages))
+            t = collective_s("allreduce", costs.grad_bytes * params, n, bw, lat, kind)
         elif phase == "allreduce":
             t = zr.sync_s(params, n, zero, (bw, lat), split)
         else:
