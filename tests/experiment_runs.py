@@ -57,9 +57,9 @@ HELPERS = {
 }
 
 
-#: what torch leaves in the temporary directory on its own (torchrun's per-launch directories, TorchInductor's
-#: cache)
-TORCH_LEFTOVERS = ("torchelastic_", "torchinductor_")
+#: what torch leaves in the temporary directory on its own (TorchInductor's cache; torchrun's per-launch
+#: directories are not: a script starting torchrun gives it ``--log-dir`` in its scratch directory)
+TORCH_LEFTOVERS = ("torchinductor_",)
 
 
 def _run(script: str, args: list[str], tmp_path) -> subprocess.CompletedProcess:

@@ -37,16 +37,24 @@ def run(config: dict, cluster: Path, directory: Path, steps: int = STEPS, model:
 
 
 def trains_like_one_process_and_resumes(plan: dict, cluster: Path, tmp: Path, reference: list[float]) -> list[float]:
-    """Run ``plan`` for STEPS steps (single-process loss), then 3 steps with a checkpoint and a resume to STEPS:
-    the identical curve. The losses of the whole run."""
+    """Run ``plan`` for STEPS steps (single-process loss), checkpointing every 3 steps, then resume from its
+    step-3 checkpoint to STEPS: the identical steps 4-6 (two launches, not three). The losses of the whole run."""
     import torch
 
-    full = tmp / "full"
+    full, ckpt = tmp / "full", tmp / "ckpt"
     full.mkdir()
-    losses = run(plan, cluster, full)
+    losses = run(plan, cluster, full, checkpoint_dir=ckpt, checkpoint_every=3)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=RTOL, atol=0)
-    part = tmp / "part"
-    part.mkdir()
-    run(plan, cluster, part, steps=3, checkpoint_dir=part / "ckpt")
-    assert run(plan, cluster, part, checkpoint_dir=part / "ckpt", resume=True) == losses
+    rewind(ckpt, 3)
+    again = tmp / "resumed"
+    again.mkdir()
+    assert run(plan, cluster, again, checkpoint_dir=ckpt, resume=True) == losses[3:]
     return losses
+
+
+def rewind(checkpoint_dir: Path, step: int) -> None:
+    """Point the directory's ``latest`` at its step-``step`` checkpoint: a ``--resume`` continues from there."""
+    from runner.checkpoint import LATEST
+
+    assert (checkpoint_dir / f"step-{step:08d}").is_dir()
+    (checkpoint_dir / LATEST).write_text(f"step-{step:08d}\n")

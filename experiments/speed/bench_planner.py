@@ -8,12 +8,19 @@ not inflate, and wall time), the number of plans composed, the best plan's estim
 iteration time, or its simulated time for a state variant), and the full simulator's time for that plan.
 
     python experiments/speed/bench_planner.py            # --sizes 128 512 1024 --model llama2-70b
+    python experiments/speed/bench_planner.py --against COMMIT --sizes 1024 --rounds 3
+
+``--against COMMIT`` times this tree's planner and that commit's side by side (``against.py``: alternating
+child processes, the best CPU time of each).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
+
+from against import alternate, run_in
 
 from autotune.loading import cluster_from_dict, load_model
 from autotune.planning.planner import Planner
@@ -46,9 +53,22 @@ def main() -> None:
         action="store_true",
         help="a tiny run that checks the script still works (tests/integration/experiments/test_experiments.py runs it)",
     )
+    ap.add_argument("--against", metavar="COMMIT", help="side by side with that commit's planner (CPU time)")
+    ap.add_argument("--rounds", type=int, default=3, help="--against: alternating runs of each tree")
     args = ap.parse_args()
     if args.quick:
-        args.sizes = [128]
+        args.sizes, args.rounds = [128], 1
+    if args.against:
+        for n in args.sizes:
+            me = [str(Path(__file__).resolve()), "--sizes", str(n), "--model", args.model]
+            me += ["--global-batch-size", str(args.global_batch_size)]
+
+            def measure(tree: Path) -> float:  # the child's table row: | GPUs | model | CPU s | ...
+                return float(run_in(tree, me).strip().splitlines()[-1].split("|")[3])
+
+            print(f"planning CPU time (s), {n} GPUs, {args.model}:")
+            alternate(args.against, args.rounds, measure, f"planner at {n} GPUs", higher_is_better=False)
+        return
     import torch
 
     torch.set_num_threads(1)

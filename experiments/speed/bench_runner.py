@@ -60,11 +60,18 @@ def runner_times(model: str, mbs: int, steps: int, warmup: int) -> list[float]:
 
 
 def minimal_times(model: str, mbs: int, steps: int, warmup: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:  # torchrun's log folder (else a /tmp/torchelastic_* per run)
+        return _minimal_times(model, mbs, steps, warmup, Path(tmp))
+
+
+def _minimal_times(model: str, mbs: int, steps: int, warmup: int, log_dir: Path) -> list[float]:
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
+        "--log-dir",
+        str(log_dir),
         "--nproc-per-node",
         "2",
         str(Path(__file__).with_name("minimal_pipeline.py")),

@@ -121,6 +121,7 @@ def main() -> None:
             path.write_text(engines.export("deepspeed", config, model))
             doc = json.loads(path.read_text())
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+            cmd += ["--log-dir", str(Path(tmp) / f"torchrun-zero{zero}")]  # else a /tmp/torchelastic_* per run
             cmd += [str(script), str(path), str(args.steps), str(Path(__file__).parent), str(LR)]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
             line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mixed_runs import rewind
 from paths import DATA
 
 from runner.optim import TrainSettings
@@ -49,7 +50,7 @@ def test_stages_at_tp2_then_tp1_train_like_one_process_and_resume_exactly(tmp_pa
     torch.testing.assert_close(torch.tensor([r["loss"] for r in got]), torch.tensor(reference), rtol=RTOL, atol=0)
     torch.testing.assert_close(torch.tensor([r["grad_norm"] for r in got]), torch.tensor(norms), rtol=RTOL, atol=0)
     # resume from the step-3 checkpoint: steps 4 to 6 again, the same losses bit for bit
-    (ckpt / "latest").write_text("step-00000003\n")
+    rewind(ckpt, 3)
     resumed = tmp_path / "resumed.jsonl"
     again = train("cpu-4", LLAMA, plan, metrics_out=resumed, resume=True, **kw)
     assert again.returncode == 0, again.error

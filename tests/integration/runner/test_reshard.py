@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mixed_runs import rewind
 from paths import DATA
 
 from autotune.loading import load_model
@@ -115,10 +116,10 @@ def test_zero_over_replicas_at_tp2_and_tp1_trains_like_the_plan_without_it(
         {**pipe, "execution": execution, "stages": [{**st, "offload": offload} for st in pipe["stages"]]}
         for pipe in PLAN["pipelines"]
     ]
-    losses = _losses(plan, tmp_path / "whole")
+    ckpt = tmp_path / "ckpt"  # zero 3: checkpointed at step 3 on the way, resumed from there below
+    losses = _losses(plan, tmp_path / "whole", **({"checkpoint_dir": ckpt, "checkpoint_every": 3} if zero == 3 else {}))
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(without_zero), rtol=1e-6, atol=0)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference_losses(LLAMA, STEPS)), rtol=RTOL, atol=0)
     if zero == 3:
-        ckpt = tmp_path / "ckpt"
-        _losses(plan, tmp_path / "first", steps=3, checkpoint_dir=ckpt)
+        rewind(ckpt, 3)
         assert _losses(plan, tmp_path / "resumed", checkpoint_dir=ckpt, resume=True) == losses[3:]
