@@ -84,14 +84,12 @@ def run(
                 run_timeout_s=run_timeout,
                 engine=engine,
             )
+        except Exception as e:  # an error raised while Ctrl-C unwound (Optuna's journal lock) is the Ctrl-C
+            if not _during_interrupt(e):
+                raise
+            _interrupted(console, shown, budget)
         except KeyboardInterrupt:
-            shown.progress.stop()
-            console.print(
-                f"interrupted: {shown.done} of {budget} plans are recorded. Re-run the same command "
-                "to resume where it stopped (add --fresh to start over).",
-                highlight=False,
-            )
-            raise SystemExit(130) from None
+            _interrupted(console, shown, budget)
     code = _report(console, result, budget, time.monotonic() - started, output)
     if engine is not None and backend == "real":
         _print_engine_runs(console, engine)
@@ -418,3 +416,23 @@ def escape(text: str) -> str:
     from rich.markup import escape as rich_escape
 
     return rich_escape(str(text))
+
+
+def _during_interrupt(e: BaseException) -> bool:
+    """Whether ``e`` was raised while a KeyboardInterrupt was being handled (its context chain holds one)."""
+    seen = e.__context__
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__context__
+    return False
+
+
+def _interrupted(console, shown, budget: int) -> None:
+    shown.progress.stop()
+    console.print(
+        f"interrupted: {shown.done} of {budget} plans are recorded. Re-run the same command "
+        "to resume where it stopped (add --fresh to start over).",
+        highlight=False,
+    )
+    raise SystemExit(130) from None
