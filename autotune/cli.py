@@ -17,6 +17,8 @@ from pathlib import Path
 
 import typer
 
+from autotune.errors import raised_by_interrupt
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -114,7 +116,9 @@ def _count(n: int) -> str:
 def _run(module: str, **kwargs) -> None:
     try:
         code = importlib.import_module(f"autotune.commands.{module}").run(**kwargs)
-    except KeyboardInterrupt:  # typer would turn it into a silent exit 130: say it in one line
+    except (KeyboardInterrupt, Exception) as e:  # typer would turn Ctrl-C into a silent exit 130: say it
+        if not isinstance(e, KeyboardInterrupt) and not raised_by_interrupt(e):
+            raise
         typer.echo("interrupted", err=True)
         raise typer.Exit(130) from None
     if code:

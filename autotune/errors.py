@@ -39,3 +39,14 @@ class SpecError(ValueError):
         self.rule = _cut(rule)
         where = ": ".join(part for part in (self.source, self.field) if part)
         super().__init__(f"{where}: {self.rule}" if where else self.rule)
+
+
+def raised_by_interrupt(e: BaseException) -> bool:
+    """Whether ``e`` was raised while a KeyboardInterrupt unwound (its context chain holds one): a library's
+    clean-up interrupted by Ctrl-C (Optuna's journal-file lock met its own ``.rename`` file gone) is the Ctrl-C."""
+    seen = e.__context__
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__context__
+    return False

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from autotune.commands.progress_bar import ProgressLines, step_bar
+from autotune.errors import raised_by_interrupt
 from autotune.simulator.error_bar import describe as describe_error
 from autotune.specs.recompute import label as recompute_label
 
@@ -84,12 +85,16 @@ def run(
                 run_timeout_s=run_timeout,
                 engine=engine,
             )
-        except Exception as e:  # an error raised while Ctrl-C unwound (Optuna's journal lock) is the Ctrl-C
-            if not _during_interrupt(e):
+        except (KeyboardInterrupt, Exception) as e:
+            if not isinstance(e, KeyboardInterrupt) and not raised_by_interrupt(e):
                 raise
-            _interrupted(console, shown, budget)
-        except KeyboardInterrupt:
-            _interrupted(console, shown, budget)
+            shown.progress.stop()
+            console.print(
+                f"interrupted: {shown.done} of {budget} plans are recorded. Re-run the same command "
+                "to resume where it stopped (add --fresh to start over).",
+                highlight=False,
+            )
+            raise SystemExit(130) from None
     code = _report(console, result, budget, time.monotonic() - started, output)
     if engine is not None and backend == "real":
         _print_engine_runs(console, engine)
@@ -416,23 +421,3 @@ def escape(text: str) -> str:
     from rich.markup import escape as rich_escape
 
     return rich_escape(str(text))
-
-
-def _during_interrupt(e: BaseException) -> bool:
-    """Whether ``e`` was raised while a KeyboardInterrupt was being handled (its context chain holds one)."""
-    seen = e.__context__
-    while seen is not None:
-        if isinstance(seen, KeyboardInterrupt):
-            return True
-        seen = seen.__context__
-    return False
-
-
-def _interrupted(console, shown, budget: int) -> None:
-    shown.progress.stop()
-    console.print(
-        f"interrupted: {shown.done} of {budget} plans are recorded. Re-run the same command "
-        "to resume where it stopped (add --fresh to start over).",
-        highlight=False,
-    )
-    raise SystemExit(130) from None
