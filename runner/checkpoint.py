@@ -51,6 +51,11 @@ def step_of(path: Path) -> int:
     return int(path.name.split("-", 1)[1])
 
 
+def step_dir(directory: str | Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` goes in ``directory`` (``step-00000010``)."""
+    return Path(directory) / f"step-{step:08d}"
+
+
 def _complete(path: Path) -> bool:
     return path.is_dir() and (path / METADATA).is_file() and path.name.startswith("step-") and path.name[5:].isdigit()
 
@@ -75,7 +80,7 @@ def resume_point(directory: str | Path) -> Path:
     found = latest(directory)
     if found is not None:
         return found
-    complete = sorted((p for p in directory.glob("step-*") if _complete(p)), key=step_of)
+    complete = complete_steps(directory)
     marker = directory / LATEST
     if marker.is_file():
         named = marker.read_text(errors="replace").strip()[:80]
@@ -286,7 +291,7 @@ def save(directory: str | Path, engine, step: int, weights: bool = False) -> Pat
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     directory = Path(directory)
-    path = directory / f"step-{step:08d}"
+    path = step_dir(directory, step)
     if engine.zero is not None and weights:  # the shards and the full weights (``full_weights``: --save-hf)
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 

@@ -54,7 +54,8 @@ def trains_like_one_process_and_resumes(plan: dict, cluster: Path, tmp: Path, re
 
 def rewind(checkpoint_dir: Path, step: int) -> None:
     """Point the directory's ``latest`` at its step-``step`` checkpoint: a ``--resume`` continues from there."""
-    from runner.checkpoint import LATEST
+    from runner.checkpoint import LATEST, step_dir
 
-    assert (checkpoint_dir / f"step-{step:08d}").is_dir()
-    (checkpoint_dir / LATEST).write_text(f"step-{step:08d}\n")
+    path = step_dir(checkpoint_dir, step)
+    assert path.is_dir()
+    (checkpoint_dir / LATEST).write_text(path.name + "\n")

@@ -60,31 +60,27 @@ def runner_times(model: str, mbs: int, steps: int, warmup: int) -> list[float]:
 
 
 def minimal_times(model: str, mbs: int, steps: int, warmup: int) -> list[float]:
-    with tempfile.TemporaryDirectory() as tmp:  # torchrun's log folder (else a /tmp/torchelastic_* per run)
-        return _minimal_times(model, mbs, steps, warmup, Path(tmp))
-
-
-def _minimal_times(model: str, mbs: int, steps: int, warmup: int, log_dir: Path) -> list[float]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--log-dir",
-        str(log_dir),
-        "--nproc-per-node",
-        "2",
-        str(Path(__file__).with_name("minimal_pipeline.py")),
-        "--model",
-        model,
-        "--steps",
-        str(steps),
-        "--warmup",
-        str(warmup),
-        "--micro-batch-size",
-        str(mbs),
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(), cwd=REPO_ROOT, timeout=900)
+    with tempfile.TemporaryDirectory() as log_dir:  # torchrun's log folder (else a /tmp/torchelastic_* per run)
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--log-dir",
+            log_dir,
+            "--nproc-per-node",
+            "2",
+            str(Path(__file__).with_name("minimal_pipeline.py")),
+            "--model",
+            model,
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+            "--micro-batch-size",
+            str(mbs),
+        ]
+        res = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(), cwd=REPO_ROOT, timeout=900)
     if res.returncode != 0:
         raise SystemExit(f"minimal script failed:\n{res.stderr[-2000:]}")
     line = [s for s in res.stdout.splitlines() if s.startswith("{")][-1]
