@@ -36,7 +36,7 @@ from autotune.errors import SpecError
 from autotune.simulator.engine_terms import vocab_split
 from autotune.specs import ModelSpec
 from runner.data import TokenSource
-from runner.fsdp import fsdp_misfit
+from runner.fsdp import fsdp_misfit, loss_scale
 from runner.layout import EMBED_KEY, HEAD_KEY, Layout, check_supported
 from runner.model import StageChunk, lm_loss, vocab_parallel_loss
 from runner.optim import TrainSettings, local_tensor, make_optimizer, set_lr
@@ -104,13 +104,16 @@ class TimedStage(PipelineStage):
         cuda: bool = False,
         reshard_each_backward: bool = True,
         sync_each_backward: bool = True,
+        loss_scale: float | None = None,
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
         # FSDP2 units, ``backward_maybe_with_nosync``: free the gathered weights (zero 3) and reduce-scatter the
-        # gradient (zero 2 / 3) after every backward, or after the step's last one
+        # gradient (zero 2 / 3) after every backward, or after the step's last one; ``loss_scale`` multiplies a
+        # last stage's micro-batch loss before its backward (``runner.fsdp.loss_scale``)
         self.reshard_each_backward = reshard_each_backward
         self.sync_each_backward = sync_each_backward
+        self.loss_scale = loss_scale
         self.slowdown = slowdown
         self.cuda = cuda
         self.forward_s = 0.0
@@ -163,7 +166,10 @@ class TimedStage(PipelineStage):
         self.submod.set_reshard_after_backward(self.reshard_each_backward or last_backward)
         self.submod.set_is_last_backward(True)  # each backward's reductions complete before the next micro-batch
         kw = bwd_kwargs
-        return stage_backward(kw["stage_output"], kw["output_grads"], kw["input_values"]), None
+        out = kw["stage_output"]
+        if self.loss_scale is not None and self.is_last:  # the loss: its share of the global batch's gradient
+            out = out * self.loss_scale
+        return stage_backward(out, kw["output_grads"], kw["input_values"]), None
 
     def _chunk_suffix(self) -> str:
         return f"@{self.stage_index}" if self.recorder and self.recorder.tag_chunks else ""
@@ -342,7 +348,7 @@ class Engine:
             group = dist.new_group(list(ranks))
             if rank in ranks:
                 tp_group = group
-        # ZeRO 1-3 over even replicas: torch's FSDP2 over each stage's (data-parallel, tensor-parallel) mesh
+        # ZeRO 1-3 over replicas of one layer split: torch's FSDP2 over each stage's (data-parallel, tensor-parallel) mesh
         self.fsdp_mesh = self.expert_mesh = None
         if fsdp and layout.sharded and fsdp_misfit(layout) is None:
             from runner.fsdp import expert_mesh, stage_mesh
@@ -384,14 +390,16 @@ class Engine:
         return self.fsdp_mesh is not None
 
     def _training_state(self, layout: Layout, rank: int, model: ModelSpec) -> None:
-        """Optimizer, gradient synchronisation and clipping counts: FSDP2 for ZeRO 1-3 over even replicas
+        """Optimizer, gradient synchronisation and clipping counts: FSDP2 for ZeRO 1-3 over replicas of one layer split
         (``runner.fsdp``), ``runner.zero`` for every other sharded or offloaded plan, else all-reduce groups."""
         device = self.device
         self.zero = None
         if layout.sharded and rank == 0:  # which engine shards the state, and why not FSDP2
             why = fsdp_misfit(layout) or "a checkpoint runner.zero wrote"
             log.info("zero %d on %s", layout.zero, "torch's FSDP2" if self.fsdp else f"runner.zero (not FSDP2: {why})")
-        if self.fsdp:  # ZeRO 1-3 over even replicas: torch's FSDP2 shards weights, gradients, optimizer state
+        if (
+            self.fsdp
+        ):  # ZeRO 1-3 over replicas of one layer split: torch's FSDP2 shards weights, gradients, optimizer state
             from runner.fsdp import shard_chunks, tp_copies
 
             shard_chunks(self.chunks, self.fsdp_mesh, layout.zero, self.plan.offload, self.expert_mesh)
@@ -473,6 +481,7 @@ class Engine:
             return
         static = {}
         self.stages = []
+        scale = loss_scale(layout) if self.fsdp else None  # zero 1 over other micro-batch counts (runner.fsdp)
         for chunk, c in zip(self.chunks, self.plan.chunks):
             if self.zero is not None or self.fsdp:  # no metadata-inference pass: it would run the units' hooks
                 static = self._static_metadata(c)
@@ -487,18 +496,19 @@ class Engine:
                     cuda=cuda,
                     reshard_each_backward=layout.zero >= 3,
                     sync_each_backward=layout.zero >= 2,
+                    loss_scale=scale,
                     **static,
                 )
             )
         n = self.plan.num_microbatches
-        loss_fn = partial(lm_loss, mesh=self.chunks[-1].vocab_mesh)
+        kw = {"loss_fn": partial(lm_loss, mesh=self.chunks[-1].vocab_mesh), "scale_grads": scale is None}
         try:
             if schedule == "interleaved-1f1b":
-                self.schedule = ScheduleInterleaved1F1B(self.stages, n, loss_fn=loss_fn)
+                self.schedule = ScheduleInterleaved1F1B(self.stages, n, **kw)
             elif schedule == "gpipe":
-                self.schedule = ScheduleGPipe(self.stages[0], n, loss_fn=loss_fn)
+                self.schedule = ScheduleGPipe(self.stages[0], n, **kw)
             else:
-                self.schedule = Schedule1F1B(self.stages[0], n, loss_fn=loss_fn)
+                self.schedule = Schedule1F1B(self.stages[0], n, **kw)
         except ValueError as e:  # e.g. interleaved 1F1B's micro-batch rule
             raise SpecError("runner", "schedule", f"torch.distributed.pipelining rejects this plan: {e}") from None
 

@@ -1,6 +1,6 @@
-"""ZeRO-1/2/3 by torch's FSDP2 (``fully_shard``) where the replicas are even.
+"""ZeRO-1/2/3 by torch's FSDP2 (``fully_shard``) where the replicas split the layers alike.
 
-Where every pipeline splits the layers alike, runs the same micro-batches on the same share of the batch and
+Where every pipeline splits the layers alike, runs the same micro-batch count (zero 1: any counts) and
 offloads a stage alike (nothing, or with zero 3 everything: FSDP2's ``CPUOffloadPolicy``; no mixed stages, no
 layer-wise execution, no SPES subsets or periods, no MoE block split by tensor parallelism), the ranks holding a
 stage's layers reach each layer in one order, and ZeRO is what torch's FSDP2 does: each transformer block, the
@@ -25,7 +25,11 @@ step and kept whole until then. Its step's collectives are ZeRO-1's (one reduce-
 all-reduce's bytes) and its peak holds what ZeRO-1 holds (whole weights and gradients, the optimizer state's
 shard); between steps the weights rest sharded, which ZeRO-1 does not do (less memory, never more). FSDP2 averages the gradient
 over the stage's ranks, which is the replicas' weighting when their shares are equal; the schedule's
-``scale_grads`` averages the micro-batches.
+``scale_grads`` averages the micro-batches. Zero 1 over replicas of different micro-batch counts (uneven batch
+shares, the heterogeneous case) makes the same collectives once per step on every rank, so it runs on FSDP2 too:
+each micro-batch's loss is weighted by its part of the global batch (``loss_scale``) and the schedule does not
+divide. Zero 2 / 3 reduce-scatter per micro-batch, so replicas of different counts would not pair their calls
+(``runner.zero`` pads them).
 
 Checkpoints are the model's and the optimizer's sharded DTensors (``get_state_dict`` / ``dcp``), each rank
 writing its shards, as without ZeRO."""
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from runner.layout import Layout, replicas_out_of_step
+from runner.layout import Layout, replica_splits
 
 
 def fsdp_misfit(layout: Layout) -> str | None:
@@ -56,9 +60,27 @@ def fsdp_misfit(layout: Layout) -> str | None:
         return "MoE blocks split by tensor parallelism (runner.moe splits each expert itself)"
     if len({(r.stage, r.tp_degree) for r in ranks}) > len({r.stage for r in ranks}):
         return "replicas sharding a stage at different tensor-parallel degrees"
-    if replicas_out_of_step(layout) or len({(r.num_microbatches, r.batch_size) for r in ranks}) > 1:
-        return "replicas of other layer splits, micro-batch counts or batch shares"
+    if len({tuple(sorted(set(v))) for v in replica_splits(layout).values()}) > 1:
+        return "replicas of other layer splits"
+    if layout.zero >= 2 and len({r.num_microbatches for r in ranks}) > 1:
+        return f"zero {layout.zero} over replicas of other micro-batch counts (a reduce-scatter per micro-batch)"
+    if any(r.moe_layers for r in ranks) and len({r.num_microbatches for r in ranks}) > 1:
+        return "MoE replicas of other micro-batch counts"
     return None
+
+
+def loss_scale(layout: Layout) -> float | None:
+    """Zero 1 over replicas of other micro-batch counts: what every micro-batch's mean loss is multiplied by
+    before its backward, ``P * micro_batch_size / B`` over ``P`` replicas and the global batch ``B`` (the same on
+    every rank), in place of the schedule's division by its own micro-batch count (``scale_grads``), which after
+    FSDP2's reduce-scatter would divide each shard by its holder's count. FSDP2's average over the ``P`` replicas
+    then gives the global batch's gradient, ``sum_p (B_p / B) grad_p``. None where the counts agree (the schedule
+    divides, FSDP2 averages: equal shares)."""
+    ranks = layout.ranks
+    if len({r.num_microbatches for r in ranks}) < 2:
+        return None
+    shares = {r.pipeline: r.batch_size for r in ranks}
+    return len(shares) * (ranks[0].batch_size // ranks[0].num_microbatches) / sum(shares.values())
 
 
 def stage_groups(layout: Layout) -> tuple[tuple[int, ...], ...]:

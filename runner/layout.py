@@ -384,14 +384,12 @@ def _pipeline_ranks(
 # Plan shapes the runner does not run (one clear error before launch)
 
 
-def _splits_and_counts(layout: Layout) -> tuple[dict[int, list], dict[int, int]]:
-    """Per replica: its (stage, chunk layers) and its micro-batch count."""
+def replica_splits(layout: Layout) -> dict[int, list]:
+    """Per replica: its ranks' (stage, chunk layers)."""
     splits: dict[int, list] = {}
-    counts: dict[int, int] = {}
     for r in layout.ranks:
         splits.setdefault(r.pipeline, []).append((r.stage, tuple(c.layers for c in r.chunks)))
-        counts[r.pipeline] = r.num_microbatches
-    return splits, counts
+    return splits
 
 
 def replicas_out_of_step(layout: Layout) -> bool:
@@ -403,7 +401,8 @@ def replicas_out_of_step(layout: Layout) -> bool:
         return True
     if len({r.pipeline for r in layout.ranks}) < 2:
         return False
-    splits, counts = _splits_and_counts(layout)
+    splits = replica_splits(layout)
+    counts = {r.pipeline: r.num_microbatches for r in layout.ranks}
     if len({tuple(sorted(set(v))) for v in splits.values()}) > 1:
         return True
     return max(len(set(v)) for v in splits.values()) > 1 and len(set(counts.values())) > 1

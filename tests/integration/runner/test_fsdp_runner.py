@@ -31,11 +31,11 @@ def st(device: str, layers: int, recompute: bool = False, offload: str = "none")
     return {"devices": [device], "layers": layers, "recompute": recompute, "offload": offload}
 
 
-def _pipelines(zero: int, offload: str = "none", **plan) -> dict:
-    """Two pipelines of two stages (2 + 2 layers, the second recomputing), 4 micro-batches each."""
+def _pipelines(zero: int, offload: str = "none", counts: tuple[int, int] = (4, 4), **plan) -> dict:
+    """Two pipelines of two stages (2 + 2 layers, the second recomputing), ``counts`` micro-batches."""
     pipes = [
         {
-            "num_microbatches": 4,
+            "num_microbatches": counts[p],
             "stages": [st(f"cpu:{2 * p}", 2, offload=offload), st(f"cpu:{2 * p + 1}", 2, True, offload)],
         }
         for p in range(2)
@@ -83,9 +83,29 @@ def test_even_zero_plans_train_on_fsdp2_like_a_single_process(plan, reference, t
 
 @pytest.mark.parametrize(("zero", "offload"), [(3, "none"), (3, "all"), (1, "none")])
 def test_fsdp2_resumes_bit_exact_from_each_rank_s_shards(zero, offload, tmp_path):
-    config = _pipelines(zero, offload=offload)
+    _trains_and_resumes(_pipelines(zero, offload=offload), tmp_path)
+
+
+def test_zero_1_over_replicas_of_other_micro_batch_counts_trains_on_fsdp2_like_one_process(tmp_path):
+    """5 and 3 micro-batches (batch shares of 5/8 and 3/8): FSDP2 gathers and reduce-scatters once per step,
+    and each micro-batch's loss is weighted before its backward (``runner.fsdp.loss_scale``). Clipping checks
+    the weighting: Adam would hide a constant factor on a shard (as it would the schedule's division by each
+    replica's own count after the reduce-scatter), the global gradient norm does not."""
+    config = _pipelines(1, counts=(5, 3))
+    assert fsdp_misfit(build_layout(load_cluster("cpu-4"), load_model("tiny"), load_config(config))) is None
+    settings = TrainSettings(clip_grad_norm=0.5)
+    norms: list[float] = []
+    reference = reference_losses("tiny", STEPS, settings=settings, grad_norms=norms)
+    got = _trains_and_resumes(config, tmp_path, settings=settings)
+    torch.testing.assert_close(torch.tensor([r["grad_norm"] for r in got]), torch.tensor(norms), rtol=RTOL, atol=0)
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in got]), torch.tensor(reference), rtol=RTOL, atol=0)
+
+
+def _trains_and_resumes(config: dict, tmp_path: Path, **kw) -> list[dict]:
+    """``config`` on cpu-4 for STEPS steps checkpointed at step 3, then resumed from step 3 with the identical
+    steps 4-6 (the checkpoint FSDP2's, each rank's shards); the whole run's metrics rows."""
     ckpt = tmp_path / "ckpt"
-    common = {"checkpoint_dir": ckpt, "quiet": True, "timeout_s": 300}
+    common = {"checkpoint_dir": ckpt, "quiet": True, "timeout_s": 300, **kw}
     whole = train("cpu-4", "tiny", config, steps=STEPS, metrics_out=tmp_path / "w.jsonl", checkpoint_every=3, **common)
     assert whole.returncode == 0, whole.error
     stored = _reader(ckpt / "step-00000003").read_metadata().state_dict_metadata
@@ -97,6 +117,7 @@ def test_fsdp2_resumes_bit_exact_from_each_rank_s_shards(zero, offload, tmp_path
     second = train("cpu-4", "tiny", config, steps=STEPS, resume=True, metrics_out=tmp_path / "a.jsonl", **common)
     assert second.returncode == 0, second.error
     assert _losses(tmp_path / "a.jsonl") == _losses(tmp_path / "w.jsonl")[3:]
+    return [json.loads(line) for line in (tmp_path / "w.jsonl").read_text().splitlines()]
 
 
 def test_a_tied_head_under_fsdp2_trains_and_clips_like_one_process(tmp_path):
