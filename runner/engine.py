@@ -400,9 +400,10 @@ class Engine:
         if (
             self.fsdp
         ):  # ZeRO 1-3 over replicas of one layer split: torch's FSDP2 shards weights, gradients, optimizer state
-            from runner.fsdp import shard_chunks, tp_copies
+            from runner.fsdp import key_meshes, shard_chunks, tp_copies
 
-            shard_chunks(self.chunks, self.fsdp_mesh, layout.zero, self.plan.offload, self.expert_mesh)
+            by_key = key_meshes(layout, rank, device.type)  # replicas of other layer splits: per weight key
+            shard_chunks(self.chunks, self.fsdp_mesh, layout.zero, self.plan.offload, self.expert_mesh, by_key)
             self.optimizer = make_optimizer(list(self.module.parameters()), self.settings)
             self.copies = tp_copies(self.module.parameters(), self.plan.tp_degree)
         elif layout.sharded:  # ZeRO sharding / CPU offload: runner.zero keeps the optimizer and the gradients

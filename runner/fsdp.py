@@ -1,7 +1,7 @@
-"""ZeRO-1/2/3 by torch's FSDP2 (``fully_shard``) where the replicas split the layers alike.
+"""ZeRO-1/2/3 by torch's FSDP2 (``fully_shard``) where the replicas' collectives pair up.
 
-Where every pipeline splits the layers alike, runs the same micro-batch count (zero 1: any counts) and
-offloads a stage alike (nothing, or with zero 3 everything: FSDP2's ``CPUOffloadPolicy``; no mixed stages, no
+Where every pipeline splits the layers alike (zero 1: any splits), runs the same micro-batch count (zero 1:
+any counts) and offloads a stage alike (nothing, or with zero 3 everything: FSDP2's ``CPUOffloadPolicy``; no mixed stages, no
 layer-wise execution, no SPES subsets or periods, no MoE block split by tensor parallelism), the ranks holding a
 stage's layers reach each layer in one order, and ZeRO is what torch's FSDP2 does: each transformer block, the
 embedding and the final norm with the LM head are one ``fully_shard`` unit over the stage's data-parallel ranks
@@ -28,8 +28,13 @@ over the stage's ranks, which is the replicas' weighting when their shares are e
 ``scale_grads`` averages the micro-batches. Zero 1 over replicas of different micro-batch counts (uneven batch
 shares, the heterogeneous case) makes the same collectives once per step on every rank, so it runs on FSDP2 too:
 each micro-batch's loss is weighted by its part of the global batch (``loss_scale``) and the schedule does not
-divide. Zero 2 / 3 reduce-scatter per micro-batch, so replicas of different counts would not pair their calls
-(``runner.zero`` pads them).
+divide. Replicas of other layer splits (zero 1, one device per stage, no interleaving or MoE) shard each unit over
+its own weight key's holders, one rank per replica at whatever pipeline position (``key_meshes``): a group then
+holds one layer, and each holder gathers it at its first forward and reduce-scatters it at its last backward, so
+every group's calls pair up and no rank waits on a group whose lower layers (forward) or higher layers (backward)
+are not done. Zero 2 / 3 reduce-scatter per micro-batch (zero 3 also gathers per use), so replicas of other
+counts or splits would not pair their calls, or would wait on each other's schedules (``runner.zero`` pads them
+and issues them without waiting).
 
 Checkpoints are the model's and the optimizer's sharded DTensors (``get_state_dict`` / ``dcp``), each rank
 writing its shards, as without ZeRO."""
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from runner.layout import Layout, replica_splits
+from runner.layout import EMBED_KEY, HEAD_KEY, Layout, replica_splits
 
 
 def fsdp_misfit(layout: Layout) -> str | None:
@@ -60,13 +65,21 @@ def fsdp_misfit(layout: Layout) -> str | None:
         return "MoE blocks split by tensor parallelism (runner.moe splits each expert itself)"
     if len({(r.stage, r.tp_degree) for r in ranks}) > len({r.stage for r in ranks}):
         return "replicas sharding a stage at different tensor-parallel degrees"
-    if len({tuple(sorted(set(v))) for v in replica_splits(layout).values()}) > 1:
-        return "replicas of other layer splits"
+    if splits_differ(layout):
+        if layout.zero != 1:
+            return f"zero {layout.zero} over replicas of other layer splits (their collectives per micro-batch)"
+        if any(len(r.chunks) > 1 or r.tp_degree > 1 or r.moe_layers for r in ranks):
+            return "interleaved, tensor-parallel or MoE replicas of other layer splits"
     if layout.zero >= 2 and len({r.num_microbatches for r in ranks}) > 1:
         return f"zero {layout.zero} over replicas of other micro-batch counts (a reduce-scatter per micro-batch)"
     if any(r.moe_layers for r in ranks) and len({r.num_microbatches for r in ranks}) > 1:
         return "MoE replicas of other micro-batch counts"
     return None
+
+
+def splits_differ(layout: Layout) -> bool:
+    """Whether some replicas split the layers otherwise than others (zero 1 on FSDP2: ``key_meshes``)."""
+    return len({tuple(sorted(set(v))) for v in replica_splits(layout).values()}) > 1
 
 
 def loss_scale(layout: Layout) -> float | None:
@@ -128,6 +141,24 @@ def stage_mesh(layout: Layout, rank: int, device_type: str, tp_group=None):
     return DeviceMesh.from_group([mine, tp_group], device_type, mesh=mesh, mesh_dim_names=("dp", "tp"))
 
 
+def key_meshes(layout: Layout, rank: int, device_type: str) -> dict:
+    """Where the replicas split the layers otherwise (zero 1, one stage of one device per rank: ``fsdp_misfit``),
+    for each weight key this rank holds, the mesh of that key's holders, one rank per replica
+    (``Layout.grad_groups``): FSDP2 shards the key's unit over it. Empty where they split alike (every unit over
+    its stage's mesh, ``stage_mesh``). Every rank creates every group, in one order."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not splits_differ(layout):
+        return {}
+    mine = {}
+    for ranks, keys in layout.grad_groups().items():
+        group = _my_group((ranks,), rank)
+        if group is not None:
+            mesh = DeviceMesh.from_group(group, device_type, mesh_dim_names=("dp",))
+            mine.update(dict.fromkeys(keys, mesh))
+    return mine
+
+
 def expert_groups(layout: Layout) -> tuple[tuple[int, ...], ...]:
     """Under expert parallelism, per stage and held experts, the ranks holding those experts, one per
     expert-parallel group: the data-parallel groups FSDP2 shards the experts over (none without it)."""
@@ -145,17 +176,19 @@ def expert_mesh(layout: Layout, rank: int, device_type: str):
     return None if mine is None else DeviceMesh.from_group(mine, device_type, mesh_dim_names=("edp",))
 
 
-def shard_chunks(chunks: list, mesh, zero: int, offload: str = "none", experts=None) -> None:
+def shard_chunks(chunks: list, mesh, zero: int, offload: str = "none", experts=None, by_key=None) -> None:
     """``fully_shard`` this rank's chunks over ``mesh``'s data-parallel dimension (``stage_mesh``); with
     ``offload`` ``all`` (zero 3) under FSDP2's ``CPUOffloadPolicy``: the weights' shards, the gradients' and the
     optimizer state in host memory, each unit's shards copied to the device for its gather, the step on the CPU.
-    ``experts`` (``expert_mesh``): the held experts of each MoE block are one unit over it, inside the block's."""
+    ``experts`` (``expert_mesh``): the held experts of each MoE block are one unit over it, inside the block's.
+    ``by_key`` (``key_meshes``, replicas of other layer splits): each unit over its weight key's holders, the
+    chunk's root (no weights of its own there but learned positions, held by every first stage) over ``mesh``."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     dp = mesh["dp"] if mesh.ndim > 1 else mesh
     policy = CPUOffloadPolicy(pin_memory=dp.device_type == "cuda") if offload == "all" else OffloadPolicy()
     for chunk in chunks:
-        for unit in units_of(chunk):
+        for key, unit in units_of(chunk):
             held = getattr(getattr(unit, "mlp", None), "experts", None) if experts is not None else None
             if held:  # its holder's gradient sums its expert-parallel group's tokens: averaged over dp, not edp
                 fully_shard(list(held.values()), mesh=experts, reshard_after_forward=zero >= 3, offload_policy=policy)
@@ -164,7 +197,9 @@ def shard_chunks(chunks: list, mesh, zero: int, offload: str = "none", experts=N
                 # gloo has no PREMUL_SUM: a sum, then the division; not on a mesh of one rank, where torch 2.13
                 # already divides as it copies (forcing the sum there divides twice)
                 unit_.set_force_sum_reduction_for_comms(experts.device_type != "cuda" and experts.size() > 1)
-            fully_shard(unit, mesh=dp, reshard_after_forward=zero >= 3, offload_policy=policy)
+            fully_shard(
+                unit, mesh=by_key[key] if by_key else dp, reshard_after_forward=zero >= 3, offload_policy=policy
+            )
         fully_shard(chunk, mesh=dp, reshard_after_forward=zero >= 3, offload_policy=policy)
 
 
@@ -179,13 +214,14 @@ def tp_copies(params, tp_degree: int) -> dict:
     return copies
 
 
-def units_of(chunk) -> list[nn.Module | list[nn.Module]]:
-    """A chunk's FSDP units but its root: each block, the embedding, the final norm with an untied head (a
-    tied head multiplies by the embedding, so both stay in the root unit, gathered for the whole forward)."""
-    units: list[nn.Module | list[nn.Module]] = list(chunk.blocks.values())
+def units_of(chunk) -> list[tuple[str, nn.Module | list[nn.Module]]]:
+    """A chunk's FSDP units but its root, each with its weight key (``RankPlan.holds``): each block, the
+    embedding, the final norm with an untied head (a tied head multiplies by the embedding, so both stay in the
+    root unit, gathered for the whole forward)."""
+    units: list[tuple[str, nn.Module | list[nn.Module]]] = [(f"layer{i}", b) for i, b in chunk.blocks.items()]
     tied = chunk.head is not None and not isinstance(chunk.head, nn.Linear)
     if chunk.embed is not None and not tied:
-        units.insert(0, chunk.embed)
+        units.insert(0, (EMBED_KEY, chunk.embed))
     if chunk.head is not None and not tied:
-        units.append([chunk.norm, chunk.head])
+        units.append((HEAD_KEY, [chunk.norm, chunk.head]))
     return units

@@ -18,7 +18,8 @@ measured vs predicted.
    the simulator counts it; activations, the model's construction copy and allocator slack are the
    same in every plan, so the comparison is of each plan's peak minus the zero-0 plan's.
 
-4. Speed (``--speed-rounds 0`` to leave out): zero 2 and 3 over two even replicas of ``STATE_MODEL``, step
+4. Speed (``--speed-rounds 0`` to leave out): zero 2 and 3 over two even replicas of ``STATE_MODEL`` and zero 1
+   over two replicas of 3 and 1 micro-batches, step
    time on torch's FSDP2 (what runs them) against ``runner.zero`` (what ran them before), alternating.
 
     .venv/bin/python experiments/training/zero_runner.py [--steps 6] [--skip-equivalence] [--skip-resume] [--skip-memory] [--speed-rounds 2]
@@ -306,13 +307,13 @@ def memory() -> None:
         )
 
 
-def _timed_rank(rank: int, zero: int, fsdp: bool, steps: int, out: str) -> None:
-    """One of two ranks: ``steps`` + 1 training steps of the even two-replica plan, rank 0's step times saved."""
+def _timed_rank(rank: int, plan: str, fsdp: bool, steps: int, out: str) -> None:
+    """One of two ranks: ``steps`` + 1 training steps of ``SPEED[plan]``, rank 0's step times saved."""
     torch.set_num_threads(1)
     init = f"file://{Path(out) / 'rendezvous'}"
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=600))
     model = model_from_dict(STATE_MODEL, "zero_runner")
-    config = load_config(_even(model, zero))
+    config = load_config(SPEED[plan](model))
     layout = build_layout(load_cluster("cpu-2"), model, config)
     engine = Engine(
         layout, model, rank, torch.device("cpu"), schedule="1f1b", seed=0, tokens=TokenSource(model, 0), fsdp=fsdp
@@ -324,35 +325,44 @@ def _timed_rank(rank: int, zero: int, fsdp: bool, steps: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _even(model, zero: int, offload: str = "none") -> dict:
-    """Two single-stage replicas of the whole ``model``, 2 micro-batches each (the memory and speed plans)."""
-    pipes = [{"num_microbatches": 2, "stages": [st(f"cpu:{p}", model.num_layers, offload=offload)]} for p in range(2)]
+def _even(model, zero: int, offload: str = "none", counts: tuple[int, int] = (2, 2)) -> dict:
+    """Two single-stage replicas of the whole ``model``, 2 micro-batches each unless ``counts`` says otherwise
+    (the memory and speed plans)."""
+    pipes = [
+        {"num_microbatches": counts[p], "stages": [st(f"cpu:{p}", model.num_layers, offload=offload)]} for p in range(2)
+    ]
     return {"micro_batch_size": 1, "zero": zero, "pipelines": pipes}
 
 
+#: the speed plans: what FSDP2 runs since it took them over from runner.zero
+SPEED = {
+    "zero 2": lambda model: _even(model, 2),
+    "zero 3": lambda model: _even(model, 3),
+    "zero 1, 3 + 1 micro-batches": lambda model: _even(model, 1, counts=(3, 1)),
+}
+
+
 def speed(rounds: int, steps: int) -> None:
-    """Step time of zero 2 / 3 over two even single-stage replicas of ``STATE_MODEL`` on ``cpu-2``, run by torch's
+    """Step time of the ``SPEED`` plans (single-stage replicas of ``STATE_MODEL`` on ``cpu-2``), run by torch's
     FSDP2 (``runner.fsdp``, what ``autotune train`` runs for these plans) and by ``runner.zero`` (what ran them
     before; the engine's ``fsdp=False``), in-process engines, rounds alternating so that load hits both alike."""
     import statistics
 
     import torch.multiprocessing as mp
 
-    times: dict[tuple[int, str], list[float]] = {}
+    times: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
-        for zero in (2, 3):
+        for plan in SPEED:
             for name, fsdp in (("FSDP2", True), ("runner.zero", False)):
                 with tempfile.TemporaryDirectory() as d:
-                    mp.spawn(_timed_rank, args=(zero, fsdp, steps, d), nprocs=2, join=True)
-                    times.setdefault((zero, name), []).extend(json.loads((Path(d) / "times.json").read_text()))
-    print(f"{'plan':36s} {'median s/step':>13s} {'min s/step':>10s}  (FSDP2 / runner.zero)")
-    for zero in (2, 3):
-        f, z = times[(zero, "FSDP2")], times[(zero, "runner.zero")]
+                    mp.spawn(_timed_rank, args=(plan, fsdp, steps, d), nprocs=2, join=True)
+                    times.setdefault((plan, name), []).extend(json.loads((Path(d) / "times.json").read_text()))
+    print(f"{'plan':42s} {'median s/step':>13s} {'min s/step':>10s}  (FSDP2 / runner.zero)")
+    for plan in SPEED:
+        f, z = times[(plan, "FSDP2")], times[(plan, "runner.zero")]
         for name, t in (("FSDP2", f), ("runner.zero", z)):
-            print(f"{f'zero {zero}, {name}':36s} {statistics.median(t):13.3f} {min(t):10.3f}")
-        print(
-            f"{f'zero {zero}, ratio':36s} {statistics.median(f) / statistics.median(z):13.2f} {min(f) / min(z):10.2f}"
-        )
+            print(f"{f'{plan}, {name}':42s} {statistics.median(t):13.3f} {min(t):10.3f}")
+        print(f"{f'{plan}, ratio':42s} {statistics.median(f) / statistics.median(z):13.2f} {min(f) / min(z):10.2f}")
 
 
 def main() -> None:

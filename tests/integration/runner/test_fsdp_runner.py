@@ -86,12 +86,28 @@ def test_fsdp2_resumes_bit_exact_from_each_rank_s_shards(zero, offload, tmp_path
     _trains_and_resumes(_pipelines(zero, offload=offload), tmp_path)
 
 
-def test_zero_1_over_replicas_of_other_micro_batch_counts_trains_on_fsdp2_like_one_process(tmp_path):
-    """5 and 3 micro-batches (batch shares of 5/8 and 3/8): FSDP2 gathers and reduce-scatters once per step,
-    and each micro-batch's loss is weighted before its backward (``runner.fsdp.loss_scale``). Clipping checks
-    the weighting: Adam would hide a constant factor on a shard (as it would the schedule's division by each
-    replica's own count after the reduce-scatter), the global gradient norm does not."""
-    config = _pipelines(1, counts=(5, 3))
+UNEVEN_ZERO1 = {
+    "counts": _pipelines(1, counts=(5, 3)),
+    # layers 3 + 1 and 1 + 3: each unit over its layer's two holders (key_meshes), at other pipeline positions
+    "splits": {
+        "micro_batch_size": 1,
+        "zero": 1,
+        "pipelines": [
+            {"num_microbatches": 5, "stages": [st("cpu:0", 3), st("cpu:1", 1, True)]},
+            {"num_microbatches": 3, "stages": [st("cpu:2", 1), st("cpu:3", 3)]},
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize("plan", list(UNEVEN_ZERO1))
+def test_zero_1_over_uneven_replicas_trains_on_fsdp2_like_one_process(plan, tmp_path):
+    """5 and 3 micro-batches (batch shares of 5/8 and 3/8), with the same or other layer splits: FSDP2 gathers
+    and reduce-scatters each unit once per step, and each micro-batch's loss is weighted before its backward
+    (``runner.fsdp.loss_scale``). Clipping checks the weighting: Adam would hide a constant factor on a shard
+    (as it would the schedule's division by each replica's own count after the reduce-scatter), the global
+    gradient norm does not."""
+    config = UNEVEN_ZERO1[plan]
     assert fsdp_misfit(build_layout(load_cluster("cpu-4"), load_model("tiny"), load_config(config))) is None
     settings = TrainSettings(clip_grad_norm=0.5)
     norms: list[float] = []

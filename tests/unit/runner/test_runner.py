@@ -325,7 +325,7 @@ def test_a_checkpoint_s_settings_record_names_adamw_s_betas_and_eps():
 
 
 def test_fsdp2_runs_zero_1_to_3_over_even_replicas_and_says_why_not_elsewhere():
-    from runner.fsdp import fsdp_misfit, loss_scale, stage_groups
+    from runner.fsdp import fsdp_misfit, loss_scale, splits_differ, stage_groups
 
     def layout(zero=3, counts=(4, 4), splits=((2, 2), (2, 2)), offload="none", cluster="cpu-4", devices=None):
         pipes = []
@@ -354,7 +354,10 @@ def test_fsdp2_runs_zero_1_to_3_over_even_replicas_and_says_why_not_elsewhere():
     assert "zero 3 over replicas of other micro-batch counts" in fsdp_misfit(layout(counts=(5, 3)))
     assert "zero 2 over replicas of other micro-batch counts" in fsdp_misfit(layout(zero=2, counts=(5, 3)))
     assert fsdp_misfit(layout(zero=1, counts=(5, 3))) is None  # one gather and one reduce-scatter per step
-    assert "other layer splits" in fsdp_misfit(layout(zero=1, splits=((3, 1), (1, 3))))
+    assert "zero 2 over replicas of other layer splits" in fsdp_misfit(layout(zero=2, splits=((3, 1), (1, 3))))
+    # zero 1: each unit over its layer's holders (key_meshes), one gather and one reduce-scatter per step
+    assert fsdp_misfit(layout(zero=1, splits=((3, 1), (1, 3)), counts=(5, 3))) is None
+    assert splits_differ(layout(zero=1, splits=((3, 1), (1, 3)))) and not splits_differ(even)
     # zero 1 over 5 + 3 micro-batches: each micro-batch's loss weighted by P * mbs / B, the schedule not dividing
     assert loss_scale(layout(zero=1, counts=(5, 3))) == 2 * 1 / 8 and loss_scale(even) is None
     tp = cfg([{"num_microbatches": 4, "stages": [stage([f"cpu:{2 * p}", f"cpu:{2 * p + 1}"], 4)]} for p in range(2)])
