@@ -172,7 +172,8 @@ def test_save_hf_from_a_zero3_plan_writes_the_weights_of_the_plan_without_it(tin
     """``--save-hf`` from ZeRO-3 (refused before: a sharded checkpoint held flat shards only): its checkpoints
     carry the full weights beside the shards, gathered for the save, and the Hugging Face directory holds what
     the same plan trains without ZeRO (rtol 1e-5, atol 1e-6), which ``transformers`` loads; so does an even
-    ZeRO-3 plan on FSDP2, whose sharded weights DCP reassembles."""
+    ZeRO-3 plan on FSDP2, whose sharded weights DCP reassembles, and ZeRO-1 over the uneven replicas on FSDP2
+    (each layer sharded over its own holders: ``runner.fsdp.key_meshes``)."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
@@ -187,7 +188,12 @@ def test_save_hf_from_a_zero3_plan_writes_the_weights_of_the_plan_without_it(tin
             for p in range(2)
         ],
     }
-    plans = (("zero3", {**TWO_BY_TWO, "zero": 3}), ("fsdp2", even), ("plain", TWO_BY_TWO))
+    plans = (
+        ("zero3", {**TWO_BY_TWO, "zero": 3}),
+        ("fsdp2", even),
+        ("fsdp2-uneven", {**TWO_BY_TWO, "zero": 1}),
+        ("plain", TWO_BY_TWO),
+    )
     for name, plan in plans:
         out = tmp_path / name
         outcome = train(
@@ -196,7 +202,7 @@ def test_save_hf_from_a_zero3_plan_writes_the_weights_of_the_plan_without_it(tin
         )  # fmt: skip
         assert outcome.returncode == 0, outcome.error
         saved[name] = load_file(out / "model.safetensors")
-    for sharded in ("zero3", "fsdp2"):
+    for sharded in ("zero3", "fsdp2", "fsdp2-uneven"):
         assert saved[sharded].keys() == saved["plain"].keys()
         for key, value in saved["plain"].items():
             # atol 1e-6 on weights of ~2e-2: Adam's step turns a near-zero gradient's rounding into ~4e-7
