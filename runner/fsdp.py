@@ -1,7 +1,7 @@
 """ZeRO-1/2/3 by torch's FSDP2 (``fully_shard``) where the replicas' collectives pair up.
 
-Where every pipeline splits the layers alike (zero 1: any splits), runs the same micro-batch count (zero 1:
-any counts) and offloads a stage alike (nothing, or with zero 3 everything: FSDP2's ``CPUOffloadPolicy``; no mixed stages, no
+Where every pipeline splits the layers alike and runs the same micro-batch count (zero 1 on one-device stages
+without interleaving or MoE: any splits and counts) and offloads a stage alike (nothing, or with zero 3 everything: FSDP2's ``CPUOffloadPolicy``; no mixed stages, no
 layer-wise execution, no SPES subsets or periods, no MoE block split by tensor parallelism), the ranks holding a
 stage's layers reach each layer in one order, and ZeRO is what torch's FSDP2 does: each transformer block, the
 embedding and the final norm with the LM head are one ``fully_shard`` unit over the stage's data-parallel ranks
@@ -26,7 +26,8 @@ all-reduce's bytes) and its peak holds what ZeRO-1 holds (whole weights and grad
 shard); between steps the weights rest sharded, which ZeRO-1 does not do (less memory, never more). FSDP2 averages the gradient
 over the stage's ranks, which is the replicas' weighting when their shares are equal; the schedule's
 ``scale_grads`` averages the micro-batches. Zero 1 over replicas of different micro-batch counts (uneven batch
-shares, the heterogeneous case) makes the same collectives once per step on every rank, so it runs on FSDP2 too:
+shares, the heterogeneous case; one device per stage, no interleaving or MoE: untested there) makes the same
+collectives once per step on every rank, so it runs on FSDP2 too:
 each micro-batch's loss is weighted by its part of the global batch (``loss_scale``) and the schedule does not
 divide. Replicas of other layer splits (zero 1, one device per stage, no interleaving or MoE) shard each unit over
 its own weight key's holders, one rank per replica at whatever pipeline position (``key_meshes``): a group then
@@ -65,15 +66,12 @@ def fsdp_misfit(layout: Layout) -> str | None:
         return "MoE blocks split by tensor parallelism (runner.moe splits each expert itself)"
     if len({(r.stage, r.tp_degree) for r in ranks}) > len({r.stage for r in ranks}):
         return "replicas sharding a stage at different tensor-parallel degrees"
-    if splits_differ(layout):
-        if layout.zero != 1:
-            return f"zero {layout.zero} over replicas of other layer splits (their collectives per micro-batch)"
-        if any(len(r.chunks) > 1 or r.tp_degree > 1 or r.moe_layers for r in ranks):
-            return "interleaved, tensor-parallel or MoE replicas of other layer splits"
-    if layout.zero >= 2 and len({r.num_microbatches for r in ranks}) > 1:
-        return f"zero {layout.zero} over replicas of other micro-batch counts (a reduce-scatter per micro-batch)"
-    if any(r.moe_layers for r in ranks) and len({r.num_microbatches for r in ranks}) > 1:
-        return "MoE replicas of other micro-batch counts"
+    if splits_differ(layout) or len({r.num_microbatches for r in ranks}) > 1:
+        what = "replicas of other layer splits or micro-batch counts"
+        if layout.zero != 1:  # a reduce-scatter per micro-batch (zero 3: a gather per use) at other positions
+            return f"zero {layout.zero} over {what} (their collectives per micro-batch)"
+        if any(len(r.chunks) > 1 or r.tp_degree > 1 or r.moe_layers for r in ranks):  # not tested there
+            return f"interleaved, tensor-parallel or MoE {what}"
     return None
 
 

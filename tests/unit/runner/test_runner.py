@@ -351,13 +351,21 @@ def test_fsdp2_runs_zero_1_to_3_over_even_replicas_and_says_why_not_elsewhere():
     assert "offloading a stage differently" in fsdp_misfit(
         build_layout(load_cluster("cpu-2"), load_model("tiny"), half)
     )
-    assert "zero 3 over replicas of other micro-batch counts" in fsdp_misfit(layout(counts=(5, 3)))
-    assert "zero 2 over replicas of other micro-batch counts" in fsdp_misfit(layout(zero=2, counts=(5, 3)))
+    assert "zero 3 over replicas of other layer splits or micro-batch counts" in fsdp_misfit(layout(counts=(5, 3)))
+    assert "zero 2 over replicas of other" in fsdp_misfit(layout(zero=2, counts=(5, 3)))
     assert fsdp_misfit(layout(zero=1, counts=(5, 3))) is None  # one gather and one reduce-scatter per step
-    assert "zero 2 over replicas of other layer splits" in fsdp_misfit(layout(zero=2, splits=((3, 1), (1, 3))))
+    assert "zero 2 over replicas of other" in fsdp_misfit(layout(zero=2, splits=((3, 1), (1, 3))))
     # zero 1: each unit over its layer's holders (key_meshes), one gather and one reduce-scatter per step
     assert fsdp_misfit(layout(zero=1, splits=((3, 1), (1, 3)), counts=(5, 3))) is None
     assert splits_differ(layout(zero=1, splits=((3, 1), (1, 3)))) and not splits_differ(even)
+    pipes = [
+        {"num_microbatches": n, "stages": [stage([f"cpu:{2 * p + s}"], 2) for s in range(2)]}
+        for p, n in enumerate((6, 2))
+    ]
+    interleaved = cfg(pipes, zero=1, schedule="interleaved-1f1b", virtual_stages=2)
+    assert "interleaved, tensor-parallel or MoE" in fsdp_misfit(
+        build_layout(load_cluster("cpu-4"), load_model("tiny"), interleaved)
+    )
     # zero 1 over 5 + 3 micro-batches: each micro-batch's loss weighted by P * mbs / B, the schedule not dividing
     assert loss_scale(layout(zero=1, counts=(5, 3))) == 2 * 1 / 8 and loss_scale(even) is None
     tp = cfg([{"num_microbatches": 4, "stages": [stage([f"cpu:{2 * p}", f"cpu:{2 * p + 1}"], 4)]} for p in range(2)])
