@@ -272,6 +272,22 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count()
 
 
+def killed_ranks(torchrun_log: str) -> list[str]:
+    """The ranks torchrun's failure summary lists with a negative exit code, i.e. killed by a signal (a crash in
+    native code, such as glibc's abort on a corrupted heap, or the kernel's out-of-memory killer): they report
+    no Python error, and their peers only lose them. As ``rank 1 (SIGABRT)``, in rank order."""
+    import re
+
+    found = {}
+    for m in re.finditer(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*-(\d+)", torchrun_log):
+        try:
+            name = signal.Signals(int(m[2])).name
+        except ValueError:
+            name = f"signal {m[2]}"
+        found[int(m[1])] = f"rank {m[1]} ({name})"
+    return [found[r] for r in sorted(found)]
+
+
 def _is_peer_loss(error: dict) -> bool:
     text = error.get("message", "").lower()
     return error.get("type") == "DistBackendError" or any(

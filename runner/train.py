@@ -622,8 +622,15 @@ def _outcome(run_dir: Path, code: int, wall_s: float, records: list[dict], stop_
 
 def output_tail(run_dir: Path, lines: int = 15) -> str:
     """The last ``lines`` non-empty lines of torchrun's output (``torchrun.log``) and of each rank's stdout and
-    stderr that torchrun redirected under ``run_dir/torchrun``, each headed by its file's name."""
-    parts = []
+    stderr that torchrun redirected under ``run_dir/torchrun``, each headed by its file's name; first, the ranks
+    that a signal killed (``launch.killed_ranks``: their lines may be above the tail)."""
+    from runner.launch import killed_ranks
+
+    try:
+        killed = killed_ranks((run_dir / "torchrun.log").read_text(errors="replace"))
+    except OSError:
+        killed = []
+    parts = [f"killed by a signal, without a Python error: {', '.join(killed)}"] if killed else []
     files = [run_dir / "torchrun.log"] + sorted((run_dir / "torchrun").glob("**/*.log"))
     for path in files:
         try:

@@ -199,6 +199,7 @@ def test_a_rank_killed_without_a_word_leaves_torchrun_s_and_the_ranks_output_in_
     # rank 0 reports only that its peer went away: the cause is in torchrun's output, now quoted
     assert "no rank reported a failure of its own" in out.error or "torchrun exited with" in out.error
     assert "--- torchrun.log" in out.error and ("Signal 9" in out.error or "SIGKILL" in out.error), out.error
+    assert "killed by a signal, without a Python error: rank " in out.error and " (SIGKILL)" in out.error, out.error
 
 
 def test_a_directory_of_another_model_s_checkpoints_is_refused_before_launch_and_its_resume_kept(tmp_path):
