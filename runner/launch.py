@@ -288,6 +288,30 @@ def killed_ranks(torchrun_log: str) -> list[str]:
     return [found[r] for r in sorted(found)]
 
 
+def output_tail(run_dir: Path, lines: int = 15) -> str:
+    """The last ``lines`` non-empty lines of torchrun's output (``torchrun.log``) and of each rank's stdout and
+    stderr that torchrun redirected under ``run_dir/torchrun``, each headed by its file's name; a rank's Python
+    stack from a crash in native code (``faulthandler``'s "Fatal Python error") from its first line instead.
+    First, the ranks that a signal killed (``killed_ranks``: torchrun's lines for them may be above the tail)."""
+    try:
+        killed = killed_ranks((run_dir / "torchrun.log").read_text(errors="replace"))
+    except OSError:
+        killed = []
+    parts = [f"killed by a signal, without a Python error: {', '.join(killed)}"] if killed else []
+    for path in [run_dir / "torchrun.log"] + sorted((run_dir / "torchrun").glob("**/*.log")):
+        try:
+            text = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            continue
+        fatal = [i for i, line in enumerate(text) if line.startswith("Fatal Python error")]
+        quoted = text[fatal[-1] : fatal[-1] + 2 * lines] if fatal else text[-lines:]
+        if text:
+            where = "from line" if fatal else "last"
+            head = f"--- {path.relative_to(run_dir)} ({where} {fatal[-1] + 1 if fatal else len(quoted)} of {len(text)} lines)"
+            parts.append(head + "\n" + "\n".join(quoted))
+    return "\n".join(parts)
+
+
 def _is_peer_loss(error: dict) -> bool:
     text = error.get("message", "").lower()
     return error.get("type") == "DistBackendError" or any(

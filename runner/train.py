@@ -616,28 +616,7 @@ def _outcome(run_dir: Path, code: int, wall_s: float, records: list[dict], stop_
     from runner.launch import _is_peer_loss
 
     if code != 0 and not outcome.stopped and all(_is_peer_loss(e) for e in outcome.errors):
+        from runner.launch import output_tail
+
         outcome.output_tail = output_tail(run_dir)  # nobody said why: what torchrun and the ranks printed
     return outcome
-
-
-def output_tail(run_dir: Path, lines: int = 15) -> str:
-    """The last ``lines`` non-empty lines of torchrun's output (``torchrun.log``) and of each rank's stdout and
-    stderr that torchrun redirected under ``run_dir/torchrun``, each headed by its file's name; first, the ranks
-    that a signal killed (``launch.killed_ranks``: their lines may be above the tail)."""
-    from runner.launch import killed_ranks
-
-    try:
-        killed = killed_ranks((run_dir / "torchrun.log").read_text(errors="replace"))
-    except OSError:
-        killed = []
-    parts = [f"killed by a signal, without a Python error: {', '.join(killed)}"] if killed else []
-    files = [run_dir / "torchrun.log"] + sorted((run_dir / "torchrun").glob("**/*.log"))
-    for path in files:
-        try:
-            text = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-        except OSError:
-            continue
-        if text:
-            name = path.relative_to(run_dir)
-            parts.append(f"--- {name} (last {min(lines, len(text))} of {len(text)} lines)\n" + "\n".join(text[-lines:]))
-    return "\n".join(parts)
