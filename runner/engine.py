@@ -348,7 +348,7 @@ class Engine:
             group = dist.new_group(list(ranks))
             if rank in ranks:
                 tp_group = group
-        # ZeRO 1-3 over replicas of one layer split: torch's FSDP2 over each stage's (data-parallel, tensor-parallel) mesh
+        # ZeRO 1-3 where the replicas' collectives pair up: torch's FSDP2 over each stage's (dp, tp) mesh
         self.fsdp_mesh = self.expert_mesh = None
         if fsdp and layout.sharded and fsdp_misfit(layout) is None:
             from runner.fsdp import expert_mesh, stage_mesh
@@ -390,16 +390,15 @@ class Engine:
         return self.fsdp_mesh is not None
 
     def _training_state(self, layout: Layout, rank: int, model: ModelSpec) -> None:
-        """Optimizer, gradient synchronisation and clipping counts: FSDP2 for ZeRO 1-3 over replicas of one layer split
-        (``runner.fsdp``), ``runner.zero`` for every other sharded or offloaded plan, else all-reduce groups."""
+        """Optimizer, gradient synchronisation and clipping counts: FSDP2 for ZeRO 1-3 where the replicas'
+        collectives pair up (``runner.fsdp``), ``runner.zero`` for every other sharded or offloaded plan, else
+        all-reduce groups."""
         device = self.device
         self.zero = None
         if layout.sharded and rank == 0:  # which engine shards the state, and why not FSDP2
             why = fsdp_misfit(layout) or "a checkpoint runner.zero wrote"
             log.info("zero %d on %s", layout.zero, "torch's FSDP2" if self.fsdp else f"runner.zero (not FSDP2: {why})")
-        if (
-            self.fsdp
-        ):  # ZeRO 1-3 over replicas of one layer split: torch's FSDP2 shards weights, gradients, optimizer state
+        if self.fsdp:  # torch's FSDP2 shards weights, gradients, optimizer state (runner.fsdp)
             from runner.fsdp import key_meshes, shard_chunks, tp_copies
 
             by_key = key_meshes(layout, rank, device.type)  # replicas of other layer splits: per weight key

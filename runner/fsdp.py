@@ -1,9 +1,9 @@
 """ZeRO-1/2/3 by torch's FSDP2 (``fully_shard``) where the replicas' collectives pair up.
 
 Where every pipeline splits the layers alike and runs the same micro-batch count (zero 1 on one-device stages
-without interleaving or MoE: any splits and counts) and offloads a stage alike (nothing, or with zero 3 everything: FSDP2's ``CPUOffloadPolicy``; no mixed stages, no
-layer-wise execution, no SPES subsets or periods, no MoE block split by tensor parallelism), the ranks holding a
-stage's layers reach each layer in one order, and ZeRO is what torch's FSDP2 does: each transformer block, the
+without interleaving or MoE: any splits and counts) and offloads a stage alike (nothing, or with zero 3
+everything: FSDP2's ``CPUOffloadPolicy``; no mixed stages, no layer-wise execution, no SPES subsets or periods,
+no MoE block split by tensor parallelism), the ranks holding a stage's layers reach each layer in one order, and ZeRO is what torch's FSDP2 does: each transformer block, the
 embedding and the final norm with the LM head are one ``fully_shard`` unit over the stage's data-parallel ranks
 (torchtitan's wrapping; with tensor parallelism over the ``dp`` dimension of a ``dp`` x ``tp`` mesh, sharding the
 DTensor weights further), the rest of a chunk (a tied embedding, learned positions) its root unit. Under expert
@@ -27,8 +27,7 @@ shard); between steps the weights rest sharded, which ZeRO-1 does not do (less m
 over the stage's ranks, which is the replicas' weighting when their shares are equal; the schedule's
 ``scale_grads`` averages the micro-batches. Zero 1 over replicas of different micro-batch counts (uneven batch
 shares, the heterogeneous case; one device per stage, no interleaving or MoE: untested there) makes the same
-collectives once per step on every rank, so it runs on FSDP2 too:
-each micro-batch's loss is weighted by its part of the global batch (``loss_scale``) and the schedule does not
+collectives once per step on every rank, so it runs on FSDP2 too: each micro-batch's loss is weighted by its part of the global batch (``loss_scale``) and the schedule does not
 divide. Replicas of other layer splits (zero 1, one device per stage, no interleaving or MoE) shard each unit over
 its own weight key's holders, one rank per replica at whatever pipeline position (``key_meshes``): a group then
 holds one layer, and each holder gathers it at its first forward and reduce-scatters it at its last backward, so
@@ -140,7 +139,7 @@ def stage_mesh(layout: Layout, rank: int, device_type: str, tp_group=None):
 
 
 def key_meshes(layout: Layout, rank: int, device_type: str) -> dict:
-    """Where the replicas split the layers otherwise (zero 1, one stage of one device per rank: ``fsdp_misfit``),
+    """Where the replicas split the layers otherwise (zero 1 on one-device stages: ``fsdp_misfit``),
     for each weight key this rank holds, the mesh of that key's holders, one rank per replica
     (``Layout.grad_groups``): FSDP2 shards the key's unit over it. Empty where they split alike (every unit over
     its stage's mesh, ``stage_mesh``). Every rank creates every group, in one order."""

@@ -303,12 +303,14 @@ def output_tail(run_dir: Path, lines: int = 15) -> str:
             text = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
         except OSError:
             continue
+        if not text:
+            continue
         fatal = [i for i, line in enumerate(text) if line.startswith("Fatal Python error")]
-        quoted = text[fatal[-1] : fatal[-1] + 2 * lines] if fatal else text[-lines:]
-        if text:
-            where = "from line" if fatal else "last"
-            head = f"--- {path.relative_to(run_dir)} ({where} {fatal[-1] + 1 if fatal else len(quoted)} of {len(text)} lines)"
-            parts.append(head + "\n" + "\n".join(quoted))
+        if fatal:  # the stack from its first line: its end is a list of extension modules
+            quoted, where = text[fatal[-1] : fatal[-1] + 2 * lines], f"from line {fatal[-1] + 1}"
+        else:
+            quoted, where = text[-lines:], f"last {min(lines, len(text))}"
+        parts.append(f"--- {path.relative_to(run_dir)} ({where} of {len(text)} lines)\n" + "\n".join(quoted))
     return "\n".join(parts)
 
 

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
 
     die_with_parent()  # SIGKILL when the launcher (or torchrun) dies, however it dies
     # a crash in native code (a segfault, glibc's abort on a corrupted heap) prints every thread's Python stack to
-    # this rank's stderr, which a failed run's report quotes (runner.train.output_tail)
+    # this rank's stderr, which a failed run's report quotes (runner.launch.output_tail)
     faulthandler.enable(all_threads=True)
     job_path = Path(argv[0])
     job = json.loads(job_path.read_text())
