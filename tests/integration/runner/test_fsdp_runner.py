@@ -97,6 +97,15 @@ UNEVEN_ZERO1 = {
             {"num_microbatches": 3, "stages": [st("cpu:2", 1), st("cpu:3", 3)]},
         ],
     },
+    # one stage beside two: the head's holders sit at stage 0 and stage 1
+    "stages": {
+        "micro_batch_size": 1,
+        "zero": 1,
+        "pipelines": [
+            {"num_microbatches": 5, "stages": [st("cpu:0", 4)]},
+            {"num_microbatches": 3, "stages": [st("cpu:1", 2), st("cpu:2", 2)]},
+        ],
+    },
 }
 
 
