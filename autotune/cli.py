@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from autotune.errors import raised_by_interrupt
+from autotune.errors import is_interrupt
 
 app = typer.Typer(
     add_completion=False,
@@ -117,7 +117,7 @@ def _run(module: str, **kwargs) -> None:
     try:
         code = importlib.import_module(f"autotune.commands.{module}").run(**kwargs)
     except (KeyboardInterrupt, Exception) as e:  # typer would turn Ctrl-C into a silent exit 130: say it
-        if not isinstance(e, KeyboardInterrupt) and not raised_by_interrupt(e):
+        if not is_interrupt(e):
             raise
         typer.echo("interrupted", err=True)
         raise typer.Exit(130) from None

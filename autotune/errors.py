@@ -41,10 +41,11 @@ class SpecError(ValueError):
         super().__init__(f"{where}: {self.rule}" if where else self.rule)
 
 
-def raised_by_interrupt(e: BaseException) -> bool:
-    """Whether ``e`` was raised while a KeyboardInterrupt unwound (its context chain holds one): a library's
-    clean-up interrupted by Ctrl-C (Optuna's journal-file lock met its own ``.rename`` file gone) is the Ctrl-C."""
-    seen = e.__context__
+def is_interrupt(e: BaseException) -> bool:
+    """Whether ``e`` is the user's Ctrl-C: a KeyboardInterrupt, or an error raised while one unwound (its context
+    chain holds one: a library's clean-up interrupted by Ctrl-C, such as Optuna's journal-file lock meeting its
+    own ``.rename`` file gone)."""
+    seen: BaseException | None = e
     while seen is not None:
         if isinstance(seen, KeyboardInterrupt):
             return True

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from runner.layout import EMBED_KEY, HEAD_KEY, Layout, replica_splits
+from runner.layout import EMBED_KEY, HEAD_KEY, Layout, splits_differ
 
 
 def fsdp_misfit(layout: Layout) -> str | None:
@@ -72,11 +72,6 @@ def fsdp_misfit(layout: Layout) -> str | None:
         if any(len(r.chunks) > 1 or r.tp_degree > 1 or r.moe_layers for r in ranks):  # not tested there
             return f"interleaved, tensor-parallel or MoE {what}"
     return None
-
-
-def splits_differ(layout: Layout) -> bool:
-    """Whether some replicas split the layers otherwise than others (zero 1 on FSDP2: ``key_meshes``)."""
-    return len({tuple(sorted(set(v))) for v in replica_splits(layout).values()}) > 1
 
 
 def loss_scale(layout: Layout) -> float | None:

@@ -293,16 +293,16 @@ def output_tail(run_dir: Path, lines: int = 15) -> str:
     stderr that torchrun redirected under ``run_dir/torchrun``, each headed by its file's name; a rank's Python
     stack from a crash in native code (``faulthandler``'s "Fatal Python error") from its first line instead.
     First, the ranks that a signal killed (``killed_ranks``: torchrun's lines for them may be above the tail)."""
-    try:
-        killed = killed_ranks((run_dir / "torchrun.log").read_text(errors="replace"))
-    except OSError:
-        killed = []
-    parts = [f"killed by a signal, without a Python error: {', '.join(killed)}"] if killed else []
-    for path in [run_dir / "torchrun.log"] + sorted((run_dir / "torchrun").glob("**/*.log")):
+    torchrun_log = run_dir / "torchrun.log"
+    killed, parts = [], []
+    for path in [torchrun_log] + sorted((run_dir / "torchrun").glob("**/*.log")):
         try:
-            text = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+            raw = path.read_text(errors="replace")
         except OSError:
             continue
+        if path == torchrun_log:
+            killed = killed_ranks(raw)
+        text = [line for line in raw.splitlines() if line.strip()]
         if not text:
             continue
         fatal = [i for i, line in enumerate(text) if line.startswith("Fatal Python error")]
@@ -311,6 +311,8 @@ def output_tail(run_dir: Path, lines: int = 15) -> str:
         else:
             quoted, where = text[-lines:], f"last {min(lines, len(text))}"
         parts.append(f"--- {path.relative_to(run_dir)} ({where} of {len(text)} lines)\n" + "\n".join(quoted))
+    if killed:
+        parts.insert(0, f"killed by a signal, without a Python error: {', '.join(killed)}")
     return "\n".join(parts)
 
 

@@ -384,12 +384,12 @@ def _pipeline_ranks(
 # Plan shapes the runner does not run (one clear error before launch)
 
 
-def replica_splits(layout: Layout) -> dict[int, list]:
-    """Per replica: its ranks' (stage, chunk layers)."""
-    splits: dict[int, list] = {}
+def splits_differ(layout: Layout) -> bool:
+    """Whether some replicas split the layers otherwise than others (their ranks' stages and chunk layers)."""
+    splits: dict[int, set] = {}
     for r in layout.ranks:
-        splits.setdefault(r.pipeline, []).append((r.stage, tuple(c.layers for c in r.chunks)))
-    return splits
+        splits.setdefault(r.pipeline, set()).add((r.stage, tuple(c.layers for c in r.chunks)))
+    return len({frozenset(v) for v in splits.values()}) > 1
 
 
 def replicas_out_of_step(layout: Layout) -> bool:
@@ -397,15 +397,10 @@ def replicas_out_of_step(layout: Layout) -> bool:
     layer splits, or different micro-batch counts in pipelines of several stages. Zero 2/3's per-micro-batch
     reduce-scatters are then issued without waiting and zero 3's gathers served point to point
     (``runner.zero``)."""
-    if layout.mixed:
+    if layout.mixed or splits_differ(layout):
         return True
-    if len({r.pipeline for r in layout.ranks}) < 2:
-        return False
-    splits = replica_splits(layout)
-    counts = {r.pipeline: r.num_microbatches for r in layout.ranks}
-    if len({tuple(sorted(set(v))) for v in splits.values()}) > 1:
-        return True
-    return max(len(set(v)) for v in splits.values()) > 1 and len(set(counts.values())) > 1
+    several_stages = any(r.stage > 0 for r in layout.ranks)
+    return several_stages and len({r.num_microbatches for r in layout.ranks}) > 1
 
 
 def uneven_handoffs(config: ParallelConfig) -> bool:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from autotune.commands.progress_bar import ProgressLines, step_bar
-from autotune.errors import raised_by_interrupt
+from autotune.errors import is_interrupt
 from autotune.simulator.error_bar import describe as describe_error
 from autotune.specs.recompute import label as recompute_label
 
@@ -86,7 +86,7 @@ def run(
                 engine=engine,
             )
         except (KeyboardInterrupt, Exception) as e:
-            if not isinstance(e, KeyboardInterrupt) and not raised_by_interrupt(e):
+            if not is_interrupt(e):
                 raise
             shown.progress.stop()
             console.print(

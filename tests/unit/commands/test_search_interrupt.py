@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from autotune.errors import raised_by_interrupt
+from autotune.errors import is_interrupt
 
 
 def _lock_cleanup_after_ctrl_c(tmp_path) -> None:
@@ -23,17 +23,17 @@ def _lock_cleanup_after_ctrl_c(tmp_path) -> None:
 def test_an_error_raised_while_ctrl_c_unwinds_counts_as_the_interrupt(tmp_path):
     with pytest.raises(FileNotFoundError) as caught:
         _lock_cleanup_after_ctrl_c(tmp_path)
-    assert raised_by_interrupt(caught.value)
+    assert is_interrupt(caught.value) and is_interrupt(KeyboardInterrupt())
 
 
 def test_an_error_of_its_own_is_not_an_interrupt(tmp_path):
     with pytest.raises(FileNotFoundError) as caught:
         os.remove(tmp_path / "missing")
-    assert not raised_by_interrupt(caught.value)
+    assert not is_interrupt(caught.value)
     try:
         try:
             raise ValueError("first")
         except ValueError:
             raise RuntimeError("second") from None
     except RuntimeError as e:
-        assert not raised_by_interrupt(e)
+        assert not is_interrupt(e)

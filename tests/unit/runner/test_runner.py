@@ -12,7 +12,7 @@ from autotune.loading import cluster_from_dict
 from autotune.specs import ModelSpec, ParallelConfig
 from runner.data import TokenSource
 from runner.jobs import cluster_to_dict, preflight, uses_cuda
-from runner.layout import build_layout
+from runner.layout import build_layout, splits_differ
 from runner.model import StageChunk, build_full_model, lm_loss
 
 torch.set_num_threads(1)
@@ -325,7 +325,7 @@ def test_a_checkpoint_s_settings_record_names_adamw_s_betas_and_eps():
 
 
 def test_fsdp2_runs_zero_1_to_3_over_even_replicas_and_says_why_not_elsewhere():
-    from runner.fsdp import fsdp_misfit, loss_scale, splits_differ, stage_groups
+    from runner.fsdp import fsdp_misfit, loss_scale, stage_groups
 
     def layout(zero=3, counts=(4, 4), splits=((2, 2), (2, 2)), offload="none", cluster="cpu-4", devices=None):
         pipes = []
